@@ -1,0 +1,73 @@
+# cudapool — `make` builds everything, `make test` runs the tests (no GPU needed),
+# `make bench` runs the CPU benchmarks, `make fuzz` runs the policy fuzzers (clang),
+# `make install PREFIX=/usr/local`. Sanitizers: `make test SAN=address,undefined` or SAN=thread.
+# Each directory describes its own targets in module.mk; this file holds the shared rules.
+
+comma := ,
+SAN ?=
+ifeq ($(SAN),)
+  BUILD := build/release
+  OPT := -O2
+else
+  BUILD := build/san-$(subst $(comma),-,$(SAN))
+  OPT := -O1 -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+
+CXX ?= g++
+PREFIX ?= /usr/local
+CPPFLAGS := -I. -DSPDLOG_HEADER_ONLY -DFMT_HEADER_ONLY
+CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -fPIC -pthread
+LDFLAGS := -pthread $(if $(SAN),-fsanitize=$(SAN))
+DEPFLAGS = -MMD -MP
+
+# Filled in by the module.mk files.
+PROGRAMS :=       # built by `make`
+TEST_BINS :=      # run by `make test` (GoogleTest binaries or scripts that exit non-zero on failure)
+BENCH_BINS :=     # run by `make bench`
+FUZZ_TARGETS :=   # run by `make fuzz`
+INSTALL_LIBS :=   # installed into $(PREFIX)/lib
+INSTALL_BINS :=   # installed into $(PREFIX)/bin
+INSTALL_HEADERS := # installed into $(PREFIX)/include
+
+.PHONY: all test bench fuzz install clean deps
+all: programs
+
+include allocator/module.mk
+include config/module.mk
+include shim/module.mk
+include tools/module.mk
+include tests/module.mk
+
+programs: $(PROGRAMS)
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(DEPFLAGS) -c $< -o $@
+
+test: $(PROGRAMS) $(TEST_BINS)
+	@bash tests/run_tests.sh $(TEST_BINS)
+
+bench: $(BENCH_BINS)
+	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; $$b; done
+
+FUZZ_TIME ?= 30
+fuzz: $(FUZZ_TARGETS)
+	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f ($(FUZZ_TIME) s)"; \
+	  n=$$(basename $$f); mkdir -p $(BUILD)/fuzz-corpus/$$n; \
+	  seeds=; [ -d tests/fuzz/corpus/$$n ] && seeds=tests/fuzz/corpus/$$n; \
+	  $$f -max_total_time=$(FUZZ_TIME) -timeout=5 -rss_limit_mb=2048 -print_final_stats=1 \
+	      $(BUILD)/fuzz-corpus/$$n $$seeds 2>&1 | tail -n 15; done
+
+install: $(PROGRAMS)
+	install -d $(PREFIX)/lib $(PREFIX)/bin $(PREFIX)/include
+	$(if $(INSTALL_LIBS),install -m 755 $(INSTALL_LIBS) $(PREFIX)/lib)
+	$(if $(INSTALL_BINS),install -m 755 $(INSTALL_BINS) $(PREFIX)/bin)
+	$(if $(INSTALL_HEADERS),install -m 644 $(INSTALL_HEADERS) $(PREFIX)/include)
+
+clean:
+	rm -rf build
+
+deps:
+	bash scripts/setup.sh
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

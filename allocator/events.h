@@ -1,0 +1,43 @@
+// Optional observer of what the pool does (trace file, logs). The pool checks one pointer on the
+// hot path; with no sink attached it costs nothing else. Sinks must be fast and must not call
+// back into the pool. Time and thread are added by the sink.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/types.h"
+
+namespace cudapool {
+
+enum class EventKind : std::uint8_t {
+  allocate,          // ptr, size (rounded), requested, stream
+  free,              // ptr, size, requested, stream (the free's stream, or the block's)
+  allocate_failure,  // size = requested, after release-and-retry failed
+  segment_alloc,     // ptr = segment base, size = segment size (an upstream call)
+  segment_free,      // ptr = segment base, size
+  segment_map,       // expandable: pages mapped at ptr, size bytes
+  segment_unmap,     // expandable: pages unmapped
+  oom,               // the upstream refused; size = segment size asked
+  gc,                // size = bytes released by one GC pass
+  empty_cache,       // size = bytes released
+};
+
+struct Event {
+  EventKind kind;
+  int device;
+  std::uintptr_t ptr;
+  std::size_t size;
+  std::size_t requested;
+  StreamId stream;
+  std::int64_t duration_ns;  // upstream events: time the upstream took; else 0
+};
+
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  virtual void on_event(const Event& e) = 0;
+};
+
+const char* to_string(EventKind k) noexcept;
+
+}  // namespace cudapool

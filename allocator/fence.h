@@ -1,0 +1,29 @@
+// Stream safety, abstracted. A fence is a point in the GPU's timeline: "all work issued so far"
+// on one stream or on the whole device. The pool records fences when memory is freed and only
+// reuses that memory once the fence has completed. The shim builds fences from CUDA events;
+// tests complete them by hand.
+#pragma once
+#include <cstdint>
+
+#include "allocator/types.h"
+
+namespace cudapool {
+
+using FenceHandle = std::uint64_t;  // 0 is never a valid fence
+
+class FenceProvider {
+ public:
+  virtual ~FenceProvider() = default;
+  // A fence covering all work issued so far on every stream of the device/context.
+  virtual FenceHandle record_device() = 0;
+  // A fence covering all work issued so far on one stream.
+  virtual FenceHandle record_stream(StreamId stream) = 0;
+  // true once the fence has completed. Must be cheap: called on the allocation path.
+  virtual bool query(FenceHandle fence) = 0;
+  // Block the calling thread until the fence has completed.
+  virtual void wait(FenceHandle fence) = 0;
+  // The pool no longer needs the fence.
+  virtual void release(FenceHandle fence) = 0;
+};
+
+}  // namespace cudapool

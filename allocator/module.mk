@@ -1,0 +1,6 @@
+# allocator/: the pool core, a static library with no CUDA dependency.
+ALLOCATOR_SRCS := $(wildcard allocator/*.cpp)
+ALLOCATOR_LIB := $(BUILD)/libcudapool_core.a
+$(ALLOCATOR_LIB): $(ALLOCATOR_SRCS:%.cpp=$(BUILD)/%.o)
+	@mkdir -p $(@D)
+	ar rcs $@ $^

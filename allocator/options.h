@@ -1,0 +1,41 @@
+// The pool's policy knobs. config/ parses CUDAPOOL_CONF / TOML into this; tests set it directly.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "allocator/types.h"
+
+namespace cudapool {
+
+// What cudaFree (a free without a stream) means for reuse.
+enum class FreeSync : std::uint8_t {
+  fenced,     // reusable after a device-wide fence recorded after the free completes (default)
+  device,     // like fenced, but when pending memory is needed the pool waits for the fence
+  immediate,  // reusable at once on the block's allocation stream (PyTorch's own semantics)
+};
+
+inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
+
+struct PoolOptions {
+  // Blocks >= this are "oversize": never split, not handed to smaller requests. kNoLimit = off.
+  std::size_t max_split_size = kNoLimit;
+  // A request >= max_split_size takes an oversize block only if block < request + this.
+  std::size_t max_non_split_rounding = 20 * MiB;
+  // roundup_power2_divisions per bucket; bucket i covers [2^(20+i), 2^(21+i)) bytes, bucket 0 also
+  // everything below 2 MiB, the last bucket everything above. 0 or 1 = plain 512 B rounding.
+  std::array<std::uint32_t, kRoundupIntervals> roundup_power2_divisions{};
+  // 0 = off; else in (0, 1): GC starts when reserved exceeds this fraction of the allowed memory.
+  double garbage_collection_threshold = 0.0;
+  bool expandable_segments = false;
+  // When true the pool lock is dropped while the upstream allocates / releases.
+  bool release_lock_on_cudamalloc = false;
+  // 0 = unset; else (0, 1]: reserved may not exceed this fraction of the device's total memory.
+  double per_process_memory_fraction = 0.0;
+  // Absolute cap on reserved bytes. kNoLimit = off.
+  std::size_t max_reserved = kNoLimit;
+  FreeSync free_sync = FreeSync::fenced;
+};
+
+}  // namespace cudapool

@@ -1,0 +1,91 @@
+// One caching pool for one device (one CUDA context). Thread-safe; one mutex on the hot path.
+//
+// Contract (see docs/design.md for the why):
+//  * allocate(size, stream): best fit among blocks usable by `stream`; else a new segment from
+//    the upstream; on refusal, release cache and retry (PyTorch's order), then out_of_memory.
+//  * free(p): cudaFree meaning. The block becomes reusable by any stream only after a device-wide
+//    fence recorded after the free has completed (FreeSync::fenced/device); with
+//    FreeSync::immediate it is reusable at once on its allocation stream.
+//  * free_on_stream(p, s): cudaFreeAsync meaning. Reusable at once on `s`; by other streams
+//    only after a fence on `s` recorded after the free has completed.
+//  * Bad frees return a distinct status and leave the pool untouched.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "allocator/events.h"
+#include "allocator/fence.h"
+#include "allocator/options.h"
+#include "allocator/stats.h"
+#include "allocator/types.h"
+#include "allocator/upstream.h"
+
+namespace cudapool {
+
+struct AllocResult {
+  void* ptr = nullptr;
+  AllocStatus status = AllocStatus::ok;
+};
+
+// Where an address lies, for cuMemGetAddressRange / cuPointerGetAttribute / IPC answers.
+struct AddressInfo {
+  std::uintptr_t block_base = 0;    // the live block containing the address
+  std::size_t block_size = 0;       // the size the caller asked for (not the rounded size)
+  std::uintptr_t segment_base = 0;
+  std::size_t segment_size = 0;
+  bool whole_segment = false;       // the block is the only block of its segment (IPC-safe)
+  bool expandable = false;
+};
+
+class DevicePool {
+ public:
+  DevicePool(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences,
+             EventSink* sink = nullptr);
+  // Releases every segment still held back to the upstream. The shim never destroys its pools
+  // (no CUDA at exit); tests and tools do.
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  AllocResult allocate(std::size_t size, StreamId stream);
+  FreeStatus free(void* ptr);
+  FreeStatus free_on_stream(void* ptr, StreamId stream);
+
+  // The live block containing `ptr` (any address inside it), or nullopt if none.
+  std::optional<AddressInfo> address_info(const void* ptr) const;
+  // true if `ptr` lies in any segment of this pool.
+  bool owns(const void* ptr) const;
+
+  // Wait for pending fences, then release every segment with no live block. Returns bytes released.
+  std::size_t empty_cache();
+  // A stream is about to be destroyed: blocks that only it could reuse become pending on a
+  // fence recorded on it now (call before the real destroy).
+  void retire_stream(StreamId stream);
+  // The context is gone (reset/destroy): forget every segment without calling the upstream.
+  void abandon();
+
+  // Bytes reserved but not allocated (cached free + pending): counted as free by cuMemGetInfo.
+  std::size_t cached_bytes() const;
+  Stats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  Snapshot snapshot() const;
+  const PoolOptions& options() const;
+  int device() const;
+
+  // Replace the event sink (nullptr = none). Not synchronized with concurrent allocations.
+  void set_event_sink(EventSink* sink);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Size rules, exposed for tests, tools and documentation.
+std::size_t round_size(std::size_t size, const PoolOptions& options);
+std::size_t segment_size_for(std::size_t rounded_size);
+bool is_small(std::size_t rounded_size);
+
+}  // namespace cudapool

@@ -1,0 +1,34 @@
+// The pool's only way to reach memory. The shim implements it with the CUDA driver, tests with
+// host memory, the replay tool with a simulated device. One Upstream serves one device pool.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace cudapool {
+
+enum class UpstreamStatus : std::uint8_t { ok, out_of_memory, error };
+
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+
+  // Map a new segment of exactly `bytes` bytes (a multiple of 512). On success *out is its base.
+  virtual UpstreamStatus allocate(std::size_t bytes, void** out) = 0;
+  // Give a segment obtained from allocate() back. The pool has already made sure no GPU work
+  // still uses it (fences), so implementations need not synchronize.
+  virtual void release(void* base, std::size_t bytes) = 0;
+  // The device's free and total bytes as the driver reports them.
+  virtual void mem_info(std::size_t* free_bytes, std::size_t* total_bytes) = 0;
+
+  // --- Expandable segments (optional). granularity() == 0 means unsupported. -----------------
+  virtual std::size_t granularity() { return 0; }
+  // Reserve virtual address space without backing memory.
+  virtual UpstreamStatus reserve(std::size_t /*bytes*/, void** /*out*/) { return UpstreamStatus::error; }
+  virtual void unreserve(void* /*base*/, std::size_t /*bytes*/) {}
+  // Back [addr, addr+bytes) with physical pages (multiples of granularity()) and make it accessible.
+  virtual UpstreamStatus map(void* /*addr*/, std::size_t /*bytes*/) { return UpstreamStatus::error; }
+  // Remove the backing of [addr, addr+bytes); the pool fences GPU work on it first.
+  virtual void unmap(void* /*addr*/, std::size_t /*bytes*/) {}
+};
+
+}  // namespace cudapool

@@ -1,0 +1,6 @@
+# config/: policy grammar (CUDAPOOL_CONF), TOML profiles, validation.
+CONFIG_SRCS := $(wildcard config/*.cpp)
+CONFIG_LIB := $(BUILD)/libcudapool_config.a
+$(CONFIG_LIB): $(CONFIG_SRCS:%.cpp=$(BUILD)/%.o)
+	@mkdir -p $(@D)
+	ar rcs $@ $^

@@ -1,0 +1,56 @@
+// The whole policy a process runs with: the pool's options plus the shim's own settings, and
+// where each key's value came from (so `cudapool check` and the shim's start line can say it).
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "allocator/options.h"
+
+namespace cudapool {
+
+enum class Backend : std::uint8_t { native, passthrough };
+enum class OnError : std::uint8_t { stop, passthrough };
+
+struct Policy {
+  PoolOptions pool;
+  Backend backend = Backend::native;
+  std::string log_level = "warn";   // spdlog names: trace debug info warn error critical off
+  std::string log_file;             // empty = stderr; %p = pid (see docs/policy.md)
+  std::string trace_file;           // empty = no trace
+  std::string stats_file;           // empty = no JSON summary
+  OnError on_error = OnError::stop;
+  // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
+  std::map<std::string, std::string> origin;
+  std::vector<std::string> warnings;  // accepted-but-ignored keys etc.
+};
+
+// Where the policy comes from. Empty strings mean "not set".
+struct PolicySources {
+  std::string conf;          // CUDAPOOL_CONF
+  std::string config_path;   // CUDAPOOL_CONFIG
+  std::string profile;       // CUDAPOOL_PROFILE
+  std::string command_line;  // for profile `match` globs ("prog arg1 arg2")
+};
+
+struct PolicyResult {
+  std::optional<Policy> policy;  // set on success
+  std::string error;             // set on failure: what is wrong and how to fix it
+};
+
+// Parse a CUDAPOOL_CONF / PYTORCH_CUDA_ALLOC_CONF string over `base`.
+PolicyResult parse_conf(std::string_view text, const Policy& base, std::string_view origin_name = "CUDAPOOL_CONF");
+// Full layering: defaults < file [policy] < profile < CUDAPOOL_CONF.
+PolicyResult load_policy(const PolicySources& sources);
+// Sources from the environment (CUDAPOOL_CONF, CUDAPOOL_CONFIG, CUDAPOOL_PROFILE, /proc/self/cmdline).
+PolicySources sources_from_environment();
+// One line per key: "key = value   (origin)"; the effective policy as `cudapool check` prints it.
+std::string describe(const Policy& policy);
+// The effective policy as a CUDAPOOL_CONF string that parse_conf accepts back.
+std::string to_conf_string(const Policy& policy);
+
+// Exit status of a CUDA process stopped because its policy is invalid.
+inline constexpr int kPolicyErrorExitStatus = 78;  // EX_CONFIG from sysexits.h
+
+}  // namespace cudapool

@@ -1,0 +1,1 @@
+# tools/: the `cudapool` command.
