@@ -34,6 +34,7 @@ all: programs
 
 include allocator/module.mk
 include config/module.mk
+include telemetry/module.mk
 include shim/module.mk
 include tools/module.mk
 include tests/module.mk
