@@ -1,0 +1,62 @@
+// The run summary: what CUDAPOOL_STATS=path.json writes at exit and what `cudapool ab` reads.
+// JSON written and read by our own small codec (json.h); the format is documented in
+// docs/trace-format.md ("JSON summary").
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "allocator/stats.h"
+
+namespace cudapool {
+
+struct DeviceSummary {
+  int device = 0;
+  Stats stats;                         // the pool's stats at exit
+  std::uint64_t driver_total_bytes = 0;  // 0 = unknown
+  // Derived from stats (also written to the JSON for readers that do not recompute).
+  double hit_rate() const;             // cache_hits / (cache_hits + cache_misses); 0 if none
+};
+
+struct Summary {
+  static constexpr int kFormatVersion = 1;
+  std::int64_t pid = 0;
+  std::string command;                 // the process's command line, space separated
+  std::string policy;                  // the effective policy as a CUDAPOOL_CONF string
+  std::string backend;                 // "native" or "passthrough"
+  std::int64_t start_unix_ns = 0;
+  double wall_time_s = 0.0;            // from library start to exit
+  int exit_status = -1;                // -1 = unknown
+  std::vector<DeviceSummary> devices;
+  // Pass-through decisions by kind ("foreign_pointer", "capture", "managed", …) → count.
+  std::map<std::string, std::int64_t> passthrough;
+
+  // Over all devices.
+  double hit_rate() const;
+  std::int64_t upstream_ns() const;
+};
+
+// Serializes as one JSON object (pretty-printed, stable key order).
+std::string to_json(const Summary& s);
+// Parses what to_json wrote (unknown keys are ignored, so newer writers stay readable).
+// false with *error (what is wrong, with the byte offset) on malformed input.
+bool from_json(std::string_view text, Summary* out, std::string* error);
+
+// Writes the summary to `path` (patterns of expand_path_pattern expanded) with plain
+// open/write/close: safe at exit. Returns "" or why it failed.
+std::string write_summary_file(const std::string& path, const Summary& s);
+bool read_summary_file(const std::string& path, Summary* out, std::string* error);
+
+// Flat PyTorch-style stat names ("allocated_bytes.all.peak", "num_ooms", "cache_hits", …) and
+// values, in a fixed order. The JSON uses these names; tools can use them for tables.
+std::vector<std::pair<std::string, std::int64_t>> flatten_stats(const Stats& s);
+// Sets the stat named `name` (as flatten_stats names it). false if the name is unknown.
+bool set_stat(Stats* s, std::string_view name, std::int64_t value);
+
+// The exit summary table for the log: one block per device (reserved/allocated current and
+// peak, hit rate, upstream calls and time, OOMs, GC, bad frees) plus pass-through counts.
+std::string format_summary_table(const Summary& s);
+
+}  // namespace cudapool

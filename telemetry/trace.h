@@ -1,0 +1,128 @@
+// The event trace: one CSV row per pool event. See docs/trace-format.md for the format.
+//
+// The first six columns are RMM's logging_resource_adaptor columns, so RMM's replay benchmark
+// (after filtering to allocate/free rows) and pandas scripts written for RMM logs read it:
+//   Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns
+//
+// Cost model: on_event() stores a fixed-size binary record in a preallocated buffer under one
+// mutex; formatting and write(2) happen only when the buffer fills, on flush(), at exit, or from
+// the shim's signal path. Nothing is formatted or allocated per event.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocator/events.h"
+
+namespace cudapool {
+
+// Actions as written in the Action column. The first three are RMM's.
+enum class TraceAction : std::uint8_t {
+  allocate,          // "allocate"
+  free,              // "free"
+  allocate_failure,  // "allocate failure"
+  segment_alloc,     // "segment_alloc"
+  segment_free,      // "segment_free"
+  segment_map,       // "segment_map"
+  segment_unmap,     // "segment_unmap"
+  oom,               // "oom"
+  gc,                // "gc"
+  empty_cache,       // "empty_cache"
+  device,            // "device": Size = the device's total memory (written once per pool)
+};
+
+const char* trace_action_name(TraceAction a) noexcept;
+TraceAction trace_action_of(EventKind k) noexcept;
+
+// One row of a trace, as written and as read back.
+struct TraceRow {
+  std::uint64_t thread = 0;       // OS thread id (gettid), like RMM's spdlog %t
+  std::int64_t time_ns = 0;       // ns since the Unix epoch (CLOCK_REALTIME at trace start +
+                                  // CLOCK_MONOTONIC since). Plain RMM logs: ns since midnight.
+  TraceAction action = TraceAction::allocate;
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;           // rounded block size (allocate/free), segment size, bytes freed…
+  std::uintptr_t stream = 0;
+  int device = 0;                 // plain RMM logs: 0
+  std::size_t requested = 0;      // the caller's size; plain RMM logs: = size
+  std::int64_t duration_ns = 0;   // upstream events: time the upstream took; else 0
+};
+
+class TraceWriter : public EventSink {
+ public:
+  struct Options {
+    std::size_t buffer_records = 8192;  // records buffered before a flush (≈ 64 B each)
+  };
+
+  // Creates/truncates `path` (patterns of expand_path_pattern are expanded) and writes the
+  // header. nullptr and *error set on failure. The writer registers itself so that exit()
+  // and flush_all_writers() flush it.
+  static std::unique_ptr<TraceWriter> open(const std::string& path, std::string* error);
+  static std::unique_ptr<TraceWriter> open(const std::string& path, const Options& options,
+                                           std::string* error);
+  // Flushes and closes.
+  ~TraceWriter() override;
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // EventSink: records the event with the current thread and time. Thread-safe.
+  void on_event(const Event& e) override;
+  // Writes a "device" row: the pool of `device` starts, the device has `total_bytes` memory.
+  void note_device(int device, std::size_t total_bytes);
+  // Writes every buffered row to the file. Thread-safe.
+  void flush();
+  // Rows recorded so far (written or buffered).
+  std::uint64_t rows() const;
+  const std::string& path() const;
+
+  // Flushes every open writer. Runs automatically from an atexit handler.
+  static void flush_all_writers() noexcept;
+  // For the shim's signal handler (e.g. SIGTERM it intercepts before re-raising): flushes every
+  // writer whose lock can be taken without blocking, using only write(2) and preallocated memory
+  // (no malloc, no stdio). A writer busy in another thread at that instant is skipped.
+  static void flush_all_writers_from_signal() noexcept;
+
+  struct Impl;
+
+ private:
+  explicit TraceWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Formats one row (no newline) exactly as the writer does. Used by tests and tools.
+std::string format_trace_row(const TraceRow& row);
+// The header line (no newline).
+const char* trace_header() noexcept;
+
+// Strict reader for cudapool traces (10 columns) and plain RMM logs (6 columns). The header
+// decides which. Every malformed line is an error naming its line number and what is wrong;
+// reading stops at the first error. Never throws on bad input.
+class TraceReader {
+ public:
+  explicit TraceReader(std::istream& in);
+  // Reads the next row into *row. false at end of input or on error (then error() is non-empty).
+  bool next(TraceRow* row);
+  const std::string& error() const { return error_; }
+  // 1-based number of the last line read.
+  std::size_t line() const { return line_; }
+  // true when the input is a plain RMM log (6 columns).
+  bool rmm_only() const { return rmm_only_; }
+
+ private:
+  bool read_header();
+  bool fail(std::string what);
+  std::istream& in_;
+  std::string buf_;
+  std::string error_;
+  std::size_t line_ = 0;
+  bool header_done_ = false;
+  bool rmm_only_ = false;
+};
+
+// Reads a whole trace file. On error returns false with *error = "path:line: what".
+bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error);
+
+}  // namespace cudapool
