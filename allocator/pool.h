@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "allocator/events.h"
 #include "allocator/fence.h"
@@ -78,12 +79,21 @@ class DevicePool {
   // Replace the event sink (nullptr = none). Not synchronized with concurrent allocations.
   void set_event_sink(EventSink* sink);
 
+  // Walks every internal structure and returns "" if they agree with each other (free sets,
+  // block states, neighbours, pointer map, stats), else the first disagreement. Slow; for tests
+  // and debugging tools.
+  std::string check_consistency() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
+// Requests above this are refused with invalid_size before any rounding (no overflow possible).
+inline constexpr std::size_t kMaxRequestSize = 1024 * GiB;
+
 // Size rules, exposed for tests, tools and documentation.
+// round_size returns 0 for a size above kMaxRequestSize.
 std::size_t round_size(std::size_t size, const PoolOptions& options);
 std::size_t segment_size_for(std::size_t rounded_size);
 bool is_small(std::size_t rounded_size);
