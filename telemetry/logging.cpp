@@ -1,0 +1,148 @@
+// spdlog setup. The logger objects are never destroyed: hooks may log during static destruction
+// and after our own exit handler ran, and spdlog's registry is not used (the host program may
+// have its own spdlog with its own registry).
+#include "telemetry/logging.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+
+namespace cudapool {
+namespace {
+
+// "[cudapool 12345] [warn] message": pid first because the log often interleaves with the
+// program's own stderr and with other processes of a multi-process job.
+constexpr const char* kPattern = "[cudapool %P %Y-%m-%d %H:%M:%S.%e] [%l] %v";
+
+std::atomic<spdlog::logger*> g_logger{nullptr};
+std::mutex g_init_mutex;
+std::once_flag g_atexit_once;
+
+spdlog::logger* make_stderr_logger(spdlog::level::level_enum level) {
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  auto* l = new spdlog::logger("cudapool", std::move(sink));
+  l->set_pattern(kPattern);
+  l->set_level(level);
+  l->flush_on(spdlog::level::warn);
+  return l;
+}
+
+spdlog::logger* current() {
+  spdlog::logger* l = g_logger.load(std::memory_order_acquire);
+  if (l != nullptr) return l;
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  l = g_logger.load(std::memory_order_relaxed);
+  if (l == nullptr) {
+    l = make_stderr_logger(spdlog::level::warn);
+    g_logger.store(l, std::memory_order_release);
+  }
+  return l;
+}
+
+bool parse_level(std::string_view name, spdlog::level::level_enum* out) {
+  // spdlog::level::from_str maps unknown names to "off"; we want to reject them instead.
+  static const std::pair<std::string_view, spdlog::level::level_enum> table[] = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
+      {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
+      {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
+      {"err", spdlog::level::err},     {"critical", spdlog::level::critical},
+      {"off", spdlog::level::off}};
+  for (const auto& [n, l] : table) {
+    if (n == name) {
+      *out = l;
+      return true;
+    }
+  }
+  return false;
+}
+
+void flush_at_exit() { flush_logs(); }
+
+}  // namespace
+
+std::string expand_path_pattern(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 16);
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    char c = pattern[i];
+    if (c != '%' || i + 1 == pattern.size()) {
+      out += c;
+      continue;
+    }
+    char k = pattern[i + 1];
+    if (k == 'p') {
+      out += std::to_string(static_cast<long>(::getpid()));
+    } else if (k == 'h') {
+      char host[256] = {};
+      if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+      out += host[0] != '\0' ? host : "unknown-host";
+    } else if (k == 't') {
+      out += std::to_string(static_cast<long long>(std::time(nullptr)));
+    } else if (k == '%') {
+      out += '%';
+    } else {
+      out += c;
+      out += k;
+    }
+    ++i;
+  }
+  return out;
+}
+
+std::string init_logging(const Policy& policy) {
+  std::call_once(g_atexit_once, [] { std::atexit(flush_at_exit); });
+  spdlog::level::level_enum level;
+  if (!parse_level(policy.log_level, &level)) {
+    return "unknown log level '" + policy.log_level +
+           "' (use trace, debug, info, warn, error, critical or off)";
+  }
+  spdlog::logger* fresh = nullptr;
+  if (policy.log_file.empty()) {
+    fresh = make_stderr_logger(level);
+  } else {
+    const std::string path = expand_path_pattern(policy.log_file);
+    try {
+      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
+      fresh = new spdlog::logger("cudapool", std::move(sink));
+      fresh->set_pattern(kPattern);
+      fresh->set_level(level);
+      fresh->flush_on(spdlog::level::warn);
+    } catch (const std::exception& e) {
+      return "cannot open log file '" + path + "': " + e.what();
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  spdlog::logger* old = g_logger.exchange(fresh, std::memory_order_acq_rel);
+  if (old != nullptr) old->flush();  // kept alive on purpose: another thread may hold it
+  return "";
+}
+
+spdlog::logger& log() { return *current(); }
+
+bool set_log_level(std::string_view level) {
+  spdlog::level::level_enum l;
+  if (!parse_level(level, &l)) return false;
+  current()->set_level(l);
+  return true;
+}
+
+std::string log_level_name() {
+  auto sv = spdlog::level::to_string_view(current()->level());
+  return std::string(sv.data(), sv.size());
+}
+
+void flush_logs() noexcept {
+  try {
+    if (spdlog::logger* l = g_logger.load(std::memory_order_acquire)) l->flush();
+  } catch (...) {
+    // Flushing at exit must never throw out of an atexit handler.
+  }
+}
+
+}  // namespace cudapool

@@ -1,0 +1,86 @@
+// OOM diagnosis text. Shape follows PyTorch's message (sizes, capacity, free, reserved vs
+// allocated, the fragmentation hint); the words are cudapool's.
+#include "telemetry/oom.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace cudapool {
+
+std::string format_size(std::uint64_t bytes) {
+  char buf[64];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+    return buf;
+  }
+  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size,
+                      const Stats& stats, const PoolOptions& options, std::size_t driver_free,
+                      std::size_t driver_total) {
+  OomInfo info;
+  info.device = device;
+  info.requested = requested;
+  info.segment_size = segment_size;
+  auto nonneg = [](std::int64_t v) { return v > 0 ? static_cast<std::size_t>(v) : 0; };
+  info.reserved = nonneg(stats.reserved_bytes[kAll].current);
+  info.allocated = nonneg(stats.allocated_bytes[kAll].current);
+  info.pending = nonneg(stats.pending_bytes);
+  info.driver_free = driver_free;
+  info.driver_total = driver_total;
+  info.limit = options.max_reserved;
+  if (options.per_process_memory_fraction > 0.0 && driver_total > 0) {
+    auto by_fraction = static_cast<std::size_t>(options.per_process_memory_fraction *
+                                                static_cast<double>(driver_total));
+    info.limit = std::min(info.limit, by_fraction);
+  }
+  // The limit refused when the segment would not have fit under it; otherwise the driver did.
+  info.limit_refused = info.limit != kNoLimit && segment_size > 0 &&
+                       (info.reserved > info.limit || segment_size > info.limit - info.reserved);
+  info.expandable_segments = options.expandable_segments;
+  return info;
+}
+
+std::string format_oom(const OomInfo& in) {
+  std::string s = "CUDA out of memory. Tried to allocate " + format_size(in.requested);
+  if (in.segment_size > 0 && in.segment_size != in.requested)
+    s += " (the pool asked for a segment of " + format_size(in.segment_size) + ")";
+  s += ". GPU " + std::to_string(in.device);
+  if (in.driver_total > 0) {
+    s += " has a total capacity of " + format_size(in.driver_total) + " of which " +
+         format_size(in.driver_free) + " is free";
+  } else {
+    s += " reported no capacity";
+  }
+  const std::size_t unallocated = in.reserved > in.allocated ? in.reserved - in.allocated : 0;
+  s += ". Of the memory cudapool reserved (" + format_size(in.reserved) + "), " +
+       format_size(in.allocated) + " is allocated and " + format_size(unallocated) +
+       " is reserved but unallocated";
+  if (in.pending > 0) s += " (" + format_size(in.pending) + " of it freed, waiting for GPU work)";
+  s += ".";
+  if (in.limit != kNoLimit) {
+    s += " The pool's limit is " + format_size(in.limit);
+    s += in.limit_refused ? " and it refused this segment before the driver was asked."
+                          : "; the driver refused below it.";
+  }
+  // Fragmentation hint: a lot is cached but nothing fits. 20 % of reserved and at least the
+  // request itself, so a nearly empty cache does not trigger it.
+  const bool fragmented = unallocated >= in.requested && unallocated * 5 >= in.reserved &&
+                          unallocated > 0;
+  if (fragmented && !in.expandable_segments) {
+    s += " If reserved but unallocated memory is large try setting "
+         "CUDAPOOL_CONF=expandable_segments:True to avoid fragmentation.";
+  }
+  return s;
+}
+
+}  // namespace cudapool

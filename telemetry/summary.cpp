@@ -1,0 +1,367 @@
+// Summary ↔ JSON. Stats go out under flat PyTorch memory_stats() names so a reader needs no
+// knowledge of our struct layout, and unknown names are skipped so newer files stay readable.
+#include "telemetry/summary.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "telemetry/json.h"
+#include "telemetry/logging.h"
+
+namespace cudapool {
+namespace {
+
+struct CounterField {
+  const char* name;
+  std::int64_t StatCounter::*member;
+};
+constexpr CounterField kCounterFields[] = {{"current", &StatCounter::current},
+                                           {"peak", &StatCounter::peak},
+                                           {"allocated", &StatCounter::allocated},
+                                           {"freed", &StatCounter::freed}};
+
+struct ArrayFamily {
+  const char* name;
+  StatArray Stats::*member;
+};
+constexpr ArrayFamily kArrayFamilies[] = {
+    {"allocation", &Stats::allocation},
+    {"segment", &Stats::segment},
+    {"active", &Stats::active},
+    {"inactive_split", &Stats::inactive_split},
+    {"allocated_bytes", &Stats::allocated_bytes},
+    {"reserved_bytes", &Stats::reserved_bytes},
+    {"active_bytes", &Stats::active_bytes},
+    {"inactive_split_bytes", &Stats::inactive_split_bytes},
+    {"requested_bytes", &Stats::requested_bytes},
+};
+constexpr const char* kPoolNames[kNumStatPools] = {"all", "small_pool", "large_pool"};
+
+struct CounterFamily {
+  const char* name;
+  StatCounter Stats::*member;
+};
+constexpr CounterFamily kCounterFamilies[] = {
+    {"oversize_allocations", &Stats::oversize_allocations},
+    {"oversize_segments", &Stats::oversize_segments},
+};
+
+struct Scalar {
+  const char* name;
+  std::int64_t Stats::*member;
+};
+constexpr Scalar kScalars[] = {
+    {"num_alloc_retries", &Stats::num_alloc_retries},
+    {"num_ooms", &Stats::num_ooms},
+    {"num_sync_all_streams", &Stats::num_sync_all_streams},
+    {"num_device_alloc", &Stats::num_device_alloc},
+    {"num_device_free", &Stats::num_device_free},
+    {"max_split_size", &Stats::max_split_size},
+    {"cache_hits", &Stats::cache_hits},
+    {"cache_misses", &Stats::cache_misses},
+    {"upstream_ns", &Stats::upstream_ns},
+    {"fences_recorded", &Stats::fences_recorded},
+    {"fence_waits", &Stats::fence_waits},
+    {"pending_bytes", &Stats::pending_bytes},
+    {"gc_passes", &Stats::gc_passes},
+    {"gc_freed_bytes", &Stats::gc_freed_bytes},
+    {"empty_cache_calls", &Stats::empty_cache_calls},
+    {"bad_frees", &Stats::bad_frees},
+};
+
+double ratio(std::int64_t hits, std::int64_t misses) {
+  const std::int64_t total = hits + misses;
+  return total > 0 ? static_cast<double>(hits) / static_cast<double>(total) : 0.0;
+}
+
+void indent(std::string* out, int n) { out->append(static_cast<std::size_t>(n), ' '); }
+
+void put_key(std::string* out, int n, std::string_view key) {
+  indent(out, n);
+  json::append_string(out, key);
+  *out += ": ";
+}
+
+bool want_int(const json::Value* v, std::int64_t* out) {
+  if (v == nullptr) return true;  // absent: keep the default
+  if (v->type != json::Value::Type::integer) return false;
+  *out = v->i;
+  return true;
+}
+
+}  // namespace
+
+double DeviceSummary::hit_rate() const { return ratio(stats.cache_hits, stats.cache_misses); }
+
+double Summary::hit_rate() const {
+  std::int64_t hits = 0, misses = 0;
+  for (const auto& d : devices) {
+    hits += d.stats.cache_hits;
+    misses += d.stats.cache_misses;
+  }
+  return ratio(hits, misses);
+}
+
+std::int64_t Summary::upstream_ns() const {
+  std::int64_t ns = 0;
+  for (const auto& d : devices) ns += d.stats.upstream_ns;
+  return ns;
+}
+
+std::vector<std::pair<std::string, std::int64_t>> flatten_stats(const Stats& s) {
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  out.reserve(9 * 3 * 4 + 2 * 4 + std::size(kScalars));
+  for (const auto& fam : kArrayFamilies) {
+    for (std::size_t p = 0; p < kNumStatPools; ++p) {
+      for (const auto& f : kCounterFields) {
+        out.emplace_back(std::string(fam.name) + "." + kPoolNames[p] + "." + f.name,
+                         (s.*fam.member)[p].*f.member);
+      }
+    }
+  }
+  for (const auto& fam : kCounterFamilies) {
+    for (const auto& f : kCounterFields) {
+      out.emplace_back(std::string(fam.name) + "." + f.name, (s.*fam.member).*f.member);
+    }
+  }
+  for (const auto& sc : kScalars) out.emplace_back(sc.name, s.*sc.member);
+  return out;
+}
+
+bool set_stat(Stats* s, std::string_view name, std::int64_t value) {
+  for (const auto& sc : kScalars) {
+    if (name == sc.name) {
+      s->*sc.member = value;
+      return true;
+    }
+  }
+  const std::size_t dot = name.find('.');
+  if (dot == std::string_view::npos) return false;
+  const std::string_view family = name.substr(0, dot);
+  std::string_view rest = name.substr(dot + 1);
+  auto set_counter = [&](StatCounter* c, std::string_view field) {
+    for (const auto& f : kCounterFields) {
+      if (field == f.name) {
+        c->*f.member = value;
+        return true;
+      }
+    }
+    return false;
+  };
+  for (const auto& fam : kCounterFamilies) {
+    if (family == fam.name) return set_counter(&(s->*fam.member), rest);
+  }
+  for (const auto& fam : kArrayFamilies) {
+    if (family != fam.name) continue;
+    const std::size_t dot2 = rest.find('.');
+    if (dot2 == std::string_view::npos) return false;
+    const std::string_view pool = rest.substr(0, dot2);
+    for (std::size_t p = 0; p < kNumStatPools; ++p) {
+      if (pool == kPoolNames[p]) return set_counter(&(s->*fam.member)[p], rest.substr(dot2 + 1));
+    }
+    return false;
+  }
+  return false;
+}
+
+std::string to_json(const Summary& s) {
+  std::string o;
+  o.reserve(16 * 1024);
+  o += "{\n";
+  put_key(&o, 2, "format");
+  o += "\"cudapool-summary\",\n";
+  put_key(&o, 2, "version");
+  o += std::to_string(Summary::kFormatVersion) + ",\n";
+  put_key(&o, 2, "pid");
+  o += std::to_string(s.pid) + ",\n";
+  put_key(&o, 2, "command");
+  json::append_string(&o, s.command);
+  o += ",\n";
+  put_key(&o, 2, "policy");
+  json::append_string(&o, s.policy);
+  o += ",\n";
+  put_key(&o, 2, "backend");
+  json::append_string(&o, s.backend);
+  o += ",\n";
+  put_key(&o, 2, "start_unix_ns");
+  o += std::to_string(s.start_unix_ns) + ",\n";
+  put_key(&o, 2, "wall_time_s");
+  json::append_double(&o, s.wall_time_s);
+  o += ",\n";
+  put_key(&o, 2, "exit_status");
+  o += std::to_string(s.exit_status) + ",\n";
+  put_key(&o, 2, "hit_rate");
+  json::append_double(&o, s.hit_rate());
+  o += ",\n";
+  put_key(&o, 2, "upstream_ns");
+  o += std::to_string(s.upstream_ns()) + ",\n";
+  put_key(&o, 2, "passthrough");
+  o += "{";
+  bool first = true;
+  for (const auto& [kind, count] : s.passthrough) {
+    o += first ? "\n" : ",\n";
+    first = false;
+    put_key(&o, 4, kind);
+    o += std::to_string(count);
+  }
+  o += first ? "},\n" : "\n  },\n";
+  put_key(&o, 2, "devices");
+  o += "[";
+  for (std::size_t i = 0; i < s.devices.size(); ++i) {
+    const DeviceSummary& d = s.devices[i];
+    o += i == 0 ? "\n" : ",\n";
+    o += "    {\n";
+    put_key(&o, 6, "device");
+    o += std::to_string(d.device) + ",\n";
+    put_key(&o, 6, "driver_total_bytes");
+    o += std::to_string(d.driver_total_bytes) + ",\n";
+    put_key(&o, 6, "hit_rate");
+    json::append_double(&o, d.hit_rate());
+    o += ",\n";
+    put_key(&o, 6, "stats");
+    o += "{\n";
+    auto flat = flatten_stats(d.stats);
+    for (std::size_t k = 0; k < flat.size(); ++k) {
+      put_key(&o, 8, flat[k].first);
+      o += std::to_string(flat[k].second);
+      o += k + 1 < flat.size() ? ",\n" : "\n";
+    }
+    o += "      }\n    }";
+  }
+  o += s.devices.empty() ? "]\n" : "\n  ]\n";
+  o += "}\n";
+  return o;
+}
+
+bool from_json(std::string_view text, Summary* out, std::string* error) {
+  json::Value root;
+  std::string perr;
+  if (!json::parse(text, &root, &perr)) {
+    if (error) *error = "invalid JSON: " + perr;
+    return false;
+  }
+  auto bad = [&](const std::string& what) {
+    if (error) *error = what;
+    return false;
+  };
+  if (root.type != json::Value::Type::object) return bad("the summary is not a JSON object");
+  const json::Value* fmt = root.find("format");
+  if (fmt == nullptr || fmt->type != json::Value::Type::string || fmt->s != "cudapool-summary")
+    return bad("not a cudapool summary (\"format\" is not \"cudapool-summary\")");
+  std::int64_t version = 0;
+  if (!want_int(root.find("version"), &version) || version < 1)
+    return bad("\"version\" must be a positive integer");
+  if (version > Summary::kFormatVersion)
+    return bad("summary format version " + std::to_string(version) + " is newer than this reader (" +
+               std::to_string(Summary::kFormatVersion) + ")");
+
+  Summary s;
+  if (!want_int(root.find("pid"), &s.pid)) return bad("\"pid\" must be an integer");
+  if (!want_int(root.find("start_unix_ns"), &s.start_unix_ns))
+    return bad("\"start_unix_ns\" must be an integer");
+  std::int64_t exit_status = s.exit_status;
+  if (!want_int(root.find("exit_status"), &exit_status)) return bad("\"exit_status\" must be an integer");
+  s.exit_status = static_cast<int>(exit_status);
+  for (auto [key, dst] : {std::pair<const char*, std::string*>{"command", &s.command},
+                          {"policy", &s.policy},
+                          {"backend", &s.backend}}) {
+    if (const json::Value* v = root.find(key)) {
+      if (v->type != json::Value::Type::string) return bad(std::string("\"") + key + "\" must be a string");
+      *dst = v->s;
+    }
+  }
+  if (const json::Value* v = root.find("wall_time_s")) {
+    if (!v->is_number()) return bad("\"wall_time_s\" must be a number");
+    s.wall_time_s = v->as_double();
+  }
+  if (const json::Value* v = root.find("passthrough")) {
+    if (v->type != json::Value::Type::object) return bad("\"passthrough\" must be an object");
+    for (const auto& [kind, count] : v->members) {
+      if (count.type != json::Value::Type::integer)
+        return bad("passthrough count \"" + kind + "\" must be an integer");
+      s.passthrough[kind] = count.i;
+    }
+  }
+  if (const json::Value* v = root.find("devices")) {
+    if (v->type != json::Value::Type::array) return bad("\"devices\" must be an array");
+    for (std::size_t i = 0; i < v->items.size(); ++i) {
+      const json::Value& dv = v->items[i];
+      const std::string where = "devices[" + std::to_string(i) + "]";
+      if (dv.type != json::Value::Type::object) return bad(where + " must be an object");
+      DeviceSummary d;
+      std::int64_t dev = 0, total = 0;
+      if (!want_int(dv.find("device"), &dev)) return bad(where + ".device must be an integer");
+      if (!want_int(dv.find("driver_total_bytes"), &total) || total < 0)
+        return bad(where + ".driver_total_bytes must be a non-negative integer");
+      d.device = static_cast<int>(dev);
+      d.driver_total_bytes = static_cast<std::uint64_t>(total);
+      if (const json::Value* st = dv.find("stats")) {
+        if (st->type != json::Value::Type::object) return bad(where + ".stats must be an object");
+        for (const auto& [name, val] : st->members) {
+          if (val.type != json::Value::Type::integer)
+            return bad(where + ".stats." + name + " must be an integer");
+          set_stat(&d.stats, name, val.i);  // unknown names: from a newer writer, skipped
+        }
+      }
+      s.devices.push_back(d);
+    }
+  }
+  *out = std::move(s);
+  return true;
+}
+
+std::string write_summary_file(const std::string& path, const Summary& s) {
+  const std::string p = expand_path_pattern(path);
+  const std::string text = to_json(s);
+  // Write a sibling temp file and rename: a reader (cudapool ab) never sees half a file.
+  const std::string tmp = p + ".tmp" + std::to_string(static_cast<long>(::getpid()));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot create '" + tmp + "': " + std::strerror(errno);
+  const char* data = text.data();
+  std::size_t left = text.size();
+  while (left > 0) {
+    ssize_t w = ::write(fd, data, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return "cannot write '" + tmp + "': " + why;
+    }
+    data += w;
+    left -= static_cast<std::size_t>(w);
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return "cannot write '" + tmp + "': " + std::strerror(errno);
+  }
+  if (::rename(tmp.c_str(), p.c_str()) != 0) {
+    std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return "cannot rename to '" + p + "': " + why;
+  }
+  return "";
+}
+
+bool read_summary_file(const std::string& path, Summary* out, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (error) *error = path + ": cannot open";
+    return false;
+  }
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  std::string err;
+  if (!from_json(buf.str(), out, &err)) {
+    if (error) *error = path + ": " + err;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace cudapool

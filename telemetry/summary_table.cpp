@@ -1,0 +1,109 @@
+// The table logged at exit: one column per device, one row per figure users ask about first.
+#include <algorithm>
+#include <cstdio>
+
+#include "telemetry/oom.h"
+#include "telemetry/summary.h"
+
+namespace cudapool {
+namespace {
+
+std::string pct(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %%", r * 100.0);
+  return buf;
+}
+
+std::string ms(std::int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
+  return buf;
+}
+
+std::string bytes(std::int64_t v) { return format_size(v > 0 ? static_cast<std::uint64_t>(v) : 0); }
+
+}  // namespace
+
+std::string format_summary_table(const Summary& s) {
+  struct Row {
+    const char* label;
+    std::string (*value)(const DeviceSummary&);
+  };
+  static const Row rows[] = {
+      {"allocated (current)", [](const DeviceSummary& d) { return bytes(d.stats.allocated_bytes[kAll].current); }},
+      {"allocated (peak)", [](const DeviceSummary& d) { return bytes(d.stats.allocated_bytes[kAll].peak); }},
+      {"reserved (current)", [](const DeviceSummary& d) { return bytes(d.stats.reserved_bytes[kAll].current); }},
+      {"reserved (peak)", [](const DeviceSummary& d) { return bytes(d.stats.reserved_bytes[kAll].peak); }},
+      {"allocations", [](const DeviceSummary& d) { return std::to_string(d.stats.allocation[kAll].allocated); }},
+      {"cache hit rate", [](const DeviceSummary& d) { return pct(d.hit_rate()); }},
+      {"upstream allocs / frees",
+       [](const DeviceSummary& d) {
+         return std::to_string(d.stats.num_device_alloc) + " / " + std::to_string(d.stats.num_device_free);
+       }},
+      {"upstream time", [](const DeviceSummary& d) { return ms(d.stats.upstream_ns); }},
+      {"fence waits", [](const DeviceSummary& d) { return std::to_string(d.stats.fence_waits); }},
+      {"alloc retries / OOMs",
+       [](const DeviceSummary& d) {
+         return std::to_string(d.stats.num_alloc_retries) + " / " + std::to_string(d.stats.num_ooms);
+       }},
+      {"GC passes (freed)",
+       [](const DeviceSummary& d) {
+         return std::to_string(d.stats.gc_passes) + " (" + bytes(d.stats.gc_freed_bytes) + ")";
+       }},
+      {"bad frees", [](const DeviceSummary& d) { return std::to_string(d.stats.bad_frees); }},
+  };
+
+  std::size_t label_w = 0;
+  for (const Row& r : rows) label_w = std::max(label_w, std::string(r.label).size());
+  std::vector<std::vector<std::string>> cells;  // [device][row]
+  std::vector<std::size_t> col_w;
+  for (const DeviceSummary& d : s.devices) {
+    std::vector<std::string> col;
+    std::size_t w = ("GPU " + std::to_string(d.device)).size();
+    for (const Row& r : rows) {
+      col.push_back(r.value(d));
+      w = std::max(w, col.back().size());
+    }
+    cells.push_back(std::move(col));
+    col_w.push_back(w);
+  }
+
+  auto pad_left = [](std::string t, std::size_t w) {
+    return std::string(w > t.size() ? w - t.size() : 0, ' ') + t;
+  };
+  auto pad_right = [](std::string t, std::size_t w) {
+    return t + std::string(w > t.size() ? w - t.size() : 0, ' ');
+  };
+
+  char head[128];
+  std::snprintf(head, sizeof head, "cudapool summary: pid %lld, %.3f s, backend %s\n",
+                static_cast<long long>(s.pid), s.wall_time_s,
+                s.backend.empty() ? "native" : s.backend.c_str());
+  std::string out = head;
+  if (s.devices.empty()) {
+    out += "  (no device pool was used)\n";
+  } else {
+    out += "  " + pad_right("", label_w);
+    for (std::size_t i = 0; i < s.devices.size(); ++i)
+      out += "  " + pad_left("GPU " + std::to_string(s.devices[i].device), col_w[i]);
+    out += "\n";
+    for (std::size_t r = 0; r < std::size(rows); ++r) {
+      out += "  " + pad_right(rows[r].label, label_w);
+      for (std::size_t i = 0; i < s.devices.size(); ++i) out += "  " + pad_left(cells[i][r], col_w[i]);
+      out += "\n";
+    }
+  }
+  if (!s.passthrough.empty()) {
+    out += "  passed through:";
+    bool first = true;
+    for (const auto& [kind, count] : s.passthrough) {
+      out += first ? " " : ", ";
+      first = false;
+      out += kind + " " + std::to_string(count);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace cudapool

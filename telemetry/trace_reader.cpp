@@ -1,0 +1,195 @@
+// Strict trace reader. Every field is checked for shape and range; the first problem stops the
+// read with "line N: column C (Name): what". Input is untrusted (files from other machines, hand
+// edits), so nothing here throws or indexes past what it checked.
+#include <charconv>
+#include <fstream>
+#include <string_view>
+
+#include "telemetry/trace.h"
+
+namespace cudapool {
+namespace {
+
+constexpr std::string_view kRmmHeader = "Thread,Time,Action,Pointer,Size,Stream";
+constexpr std::string_view kExtraHeader = ",device,requested,time_ns,duration_ns";
+constexpr const char* kColumnNames[] = {"Thread", "Time",      "Action",  "Pointer", "Size",
+                                        "Stream", "device",    "requested", "time_ns",
+                                        "duration_ns"};
+
+bool parse_action(std::string_view s, TraceAction* out) {
+  for (int i = 0; i <= static_cast<int>(TraceAction::device); ++i) {
+    auto a = static_cast<TraceAction>(i);
+    if (s == trace_action_name(a)) {
+      *out = a;
+      return true;
+    }
+  }
+  return false;
+}
+
+template <typename T>
+bool parse_dec(std::string_view s, T* out) {
+  if (s.empty()) return false;
+  if (s.front() == '+') return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out, 10);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Hex with an optional 0x/0X prefix (RMM writes fmt::ptr, which has it).
+bool parse_hex(std::string_view s, std::uint64_t* out) {
+  if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out, 16);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Stream: hex with 0x prefix as written by RMM and by us; a bare number is decimal (RMM's own
+// parser reads the column as a decimal integer).
+bool parse_stream(std::string_view s, std::uint64_t* out) {
+  if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) return parse_hex(s, out);
+  return parse_dec(s, out);
+}
+
+// "HH:MM:SS.f…" (1–9 fractional digits) → ns since midnight.
+bool parse_time_of_day(std::string_view s, std::int64_t* out) {
+  if (s.size() < 10 || s[2] != ':' || s[5] != ':' || s[8] != '.') return false;
+  unsigned h = 0, m = 0, sec = 0;
+  if (!parse_dec(s.substr(0, 2), &h) || !parse_dec(s.substr(3, 2), &m) ||
+      !parse_dec(s.substr(6, 2), &sec))
+    return false;
+  if (h > 23 || m > 59 || sec > 60) return false;
+  std::string_view frac = s.substr(9);
+  if (frac.empty() || frac.size() > 9) return false;
+  std::int64_t f = 0;
+  for (char c : frac) {
+    if (c < '0' || c > '9') return false;
+    f = f * 10 + (c - '0');
+  }
+  for (std::size_t i = frac.size(); i < 9; ++i) f *= 10;
+  *out = ((static_cast<std::int64_t>(h) * 60 + m) * 60 + sec) * 1'000'000'000LL + f;
+  return true;
+}
+
+std::string show(std::string_view field) {
+  constexpr std::size_t kMax = 40;
+  std::string s = "'";
+  s.append(field.substr(0, kMax));
+  if (field.size() > kMax) s += "…";
+  return s + "'";
+}
+
+}  // namespace
+
+TraceReader::TraceReader(std::istream& in) : in_(in) {}
+
+bool TraceReader::fail(std::string what) {
+  error_ = "line " + std::to_string(line_) + ": " + std::move(what);
+  return false;
+}
+
+bool TraceReader::read_header() {
+  header_done_ = true;
+  if (!std::getline(in_, buf_)) {
+    line_ = 1;
+    return fail("empty file: expected the header '" + std::string(kRmmHeader) + "…'");
+  }
+  ++line_;
+  if (!buf_.empty() && buf_.back() == '\r') buf_.pop_back();
+  std::string_view h = buf_;
+  // A UTF-8 byte order mark from editors that add one.
+  if (h.substr(0, 3) == "\xEF\xBB\xBF") h.remove_prefix(3);
+  if (h == kRmmHeader) {
+    rmm_only_ = true;
+    return true;
+  }
+  if (h.size() == kRmmHeader.size() + kExtraHeader.size() && h.substr(0, kRmmHeader.size()) == kRmmHeader &&
+      h.substr(kRmmHeader.size()) == kExtraHeader) {
+    rmm_only_ = false;
+    return true;
+  }
+  return fail("header is " + show(h) + "; expected '" + std::string(kRmmHeader) +
+              "' (RMM log) or that followed by '" + std::string(kExtraHeader) + "' (cudapool trace)");
+}
+
+bool TraceReader::next(TraceRow* row) {
+  if (!error_.empty()) return false;
+  if (!header_done_ && !read_header()) return false;
+  if (!std::getline(in_, buf_)) {
+    if (in_.bad()) return fail("read error");
+    return false;  // clean end of input
+  }
+  ++line_;
+  if (!buf_.empty() && buf_.back() == '\r') buf_.pop_back();
+  if (buf_.empty()) return fail("empty line (a trace has no blank lines)");
+
+  const std::size_t want = rmm_only_ ? 6 : 10;
+  std::string_view f[10];
+  std::size_t n = 0;
+  std::string_view rest = buf_;
+  while (true) {
+    std::size_t comma = rest.find(',');
+    if (n == want) {
+      return fail("more than " + std::to_string(want) + " columns");
+    }
+    f[n++] = rest.substr(0, comma);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (n != want) {
+    return fail("has " + std::to_string(n) + " columns, expected " + std::to_string(want));
+  }
+  auto bad = [&](std::size_t col, const char* what) {
+    return fail("column " + std::to_string(col + 1) + " (" + kColumnNames[col] + "): " +
+                show(f[col]) + " " + what);
+  };
+
+  TraceRow r;
+  if (!parse_dec(f[0], &r.thread)) return bad(0, "is not a thread id (decimal integer)");
+  std::int64_t tod = 0;
+  if (!parse_time_of_day(f[1], &tod)) return bad(1, "is not a time of day HH:MM:SS.ffffff");
+  if (!parse_action(f[2], &r.action)) {
+    return bad(2, rmm_only_ ? "is not an action (allocate, free, allocate failure)"
+                            : "is not a cudapool action (see docs/trace-format.md)");
+  }
+  if (rmm_only_ && r.action != TraceAction::allocate && r.action != TraceAction::free &&
+      r.action != TraceAction::allocate_failure) {
+    return bad(2, "is a cudapool action, but the header is RMM's 6 columns");
+  }
+  std::uint64_t v = 0;
+  if (!parse_hex(f[3], &v)) return bad(3, "is not a hex pointer (0x…)");
+  r.ptr = static_cast<std::uintptr_t>(v);
+  if (!parse_dec(f[4], &r.size)) return bad(4, "is not a size in bytes (decimal integer)");
+  if (!parse_stream(f[5], &v)) return bad(5, "is not a stream (0x… hex or decimal)");
+  r.stream = static_cast<std::uintptr_t>(v);
+  if (rmm_only_) {
+    r.time_ns = tod;
+    r.device = 0;
+    r.requested = r.size;
+    r.duration_ns = 0;
+  } else {
+    if (!parse_dec(f[6], &r.device) || r.device < 0) return bad(6, "is not a device ordinal");
+    if (!parse_dec(f[7], &r.requested)) return bad(7, "is not a size in bytes");
+    if (!parse_dec(f[8], &r.time_ns) || r.time_ns < 0) return bad(8, "is not a time in ns");
+    if (!parse_dec(f[9], &r.duration_ns) || r.duration_ns < 0) return bad(9, "is not a duration in ns");
+  }
+  *row = r;
+  return true;
+}
+
+bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (error) *error = path + ": cannot open";
+    return false;
+  }
+  TraceReader reader(in);
+  TraceRow row;
+  while (reader.next(&row)) rows->push_back(row);
+  if (!reader.error().empty()) {
+    if (error) *error = path + ":" + reader.error().substr(5);  // "line N: …" → "path:N: …"
+    return false;
+  }
+  return true;
+}
+
+}  // namespace cudapool
