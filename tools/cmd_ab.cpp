@@ -1,0 +1,158 @@
+// `cudapool ab --a S --b S [-n N] [--baseline passthrough] [--json F] [--markdown F] -- CMD …`
+//
+// Runs are interleaved (A B A B …) so that drift of the machine (clocks, other load, caches)
+// lands on both sides alike instead of biasing whichever policy ran second.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "config/policy.h"
+#include "telemetry/summary.h"
+#include "tools/commands.h"
+#include "tools/compare.h"
+#include "tools/launch.h"
+#include "tools/process.h"
+#include "tools/units.h"
+
+namespace cudapool::tools {
+
+namespace {
+
+struct AbOptions {
+  std::string a, b, baseline, json, markdown;
+  int n = 3;
+  LaunchSettings launch;  // --config / --profile shared by every run
+  std::vector<std::string> command;
+};
+
+// The stats of every device of a summary, added up: a multi-GPU run is compared as one whole.
+Stats combined_stats(const Summary& s) {
+  Stats total;
+  for (const auto& d : s.devices) {
+    for (const auto& [name, value] : flatten_stats(d.stats)) {
+      std::int64_t old = 0;
+      for (const auto& [n2, v2] : flatten_stats(total))
+        if (n2 == name) old = v2;
+      set_stat(&total, name, old + value);
+    }
+  }
+  return total;
+}
+
+std::string temp_stats_path() {
+  const char* dir = std::getenv("TMPDIR");
+  std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/cudapool-ab-XXXXXX.json";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  int fd = mkstemps(buf.data(), 5);
+  if (fd < 0) return {};
+  close(fd);
+  return buf.data();
+}
+
+int ab_main(const AbOptions& o, const CommandTail& tail) {
+  std::vector<std::string> command = tail.present ? tail.words : o.command;
+  if (command.empty()) {
+    std::fprintf(stderr, "cudapool ab: no command given (usage: cudapool ab --a S --b S -- CMD ...)\n");
+    return kExitUsage;
+  }
+  if (!o.baseline.empty() && o.baseline != "passthrough") {
+    std::fprintf(stderr, "cudapool ab: --baseline takes only 'passthrough'\n");
+    return kExitUsage;
+  }
+  std::vector<std::string> searched;
+  auto library = find_library(&searched);
+  if (!library) {
+    std::fprintf(stderr, "cudapool ab: cannot find libcudapool.so (looked at %zu places; set CUDAPOOL_LIBRARY)\n",
+                 searched.size());
+    return kExitNoInput;
+  }
+
+  std::vector<VariantRuns> variants;
+  if (!o.baseline.empty()) variants.push_back({"base", "backend:passthrough", {}, 0});
+  variants.push_back({"A", o.a, {}, 0});
+  variants.push_back({"B", o.b, {}, 0});
+  for (const auto& v : variants) {
+    LaunchSettings s = o.launch;
+    s.conf = v.conf;
+    if (std::string err = validate_launch_policy(s, command); !err.empty()) {
+      std::fprintf(stderr, "cudapool ab: policy %s (%s) is invalid: %s\n", v.label.c_str(), v.conf.c_str(),
+                   err.c_str());
+      return kPolicyErrorExitStatus;
+    }
+  }
+
+  int total = o.n * static_cast<int>(variants.size()), k = 0;
+  for (int i = 0; i < o.n; ++i) {
+    for (auto& v : variants) {
+      ++k;
+      LaunchSettings s = o.launch;
+      s.conf = v.conf;
+      s.stats = temp_stats_path();
+      if (s.stats.empty()) {
+        std::fprintf(stderr, "cudapool ab: cannot create a temporary file\n");
+        return kExitNoInput;
+      }
+      auto env = build_environment(launch_environment(*library, s));
+      std::fflush(nullptr);
+      ChildResult r = run_child(command, env);
+      Summary summary;
+      std::string err;
+      // The library writes the summary at exit; an empty file means it never did.
+      bool have = r.started && read_summary_file(s.stats, &summary, &err);
+      std::remove(s.stats.c_str());
+      std::string what;
+      if (!r.started) what = "could not start";
+      else if (r.signaled) what = "killed by signal " + std::to_string(r.exit_status - 128);
+      else if (r.exit_status != 0) what = "exit status " + std::to_string(r.exit_status);
+      else if (!have) what = "no summary written (was libcudapool.so loaded?): " + err;
+      if (what.empty()) {
+        v.runs.push_back(metrics_from_stats(combined_stats(summary), r.wall_seconds));
+        std::fprintf(stderr, "cudapool ab: run %d/%d %s ok, %s\n", k, total, v.label.c_str(),
+                     format_seconds(r.wall_seconds).c_str());
+      } else {
+        ++v.failed;
+        std::fprintf(stderr, "cudapool ab: run %d/%d %s FAILED: %s\n", k, total, v.label.c_str(), what.c_str());
+      }
+    }
+  }
+
+  std::size_t a = variants.size() - 2, b = variants.size() - 1;
+  std::printf("A: %s\nB: %s\n", o.a.empty() ? "(defaults)" : o.a.c_str(), o.b.empty() ? "(defaults)" : o.b.c_str());
+  Table table = ab_table(variants, a, b);
+  std::printf("%s", table.to_text().c_str());
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream f(path);
+    f << text;
+    if (!f) std::fprintf(stderr, "cudapool ab: cannot write %s\n", path.c_str());
+    return static_cast<bool>(f);
+  };
+  bool wrote = true;
+  if (!o.json.empty()) wrote &= write(o.json, ab_json(command, variants, a, b));
+  if (!o.markdown.empty()) wrote &= write(o.markdown, table.to_markdown());
+  int failed = 0;
+  for (const auto& v : variants) failed += v.failed;
+  if (failed) std::fprintf(stderr, "cudapool ab: %d of %d runs failed\n", failed, total);
+  return failed ? kExitFailedRuns : (wrote ? 0 : kExitNoInput);
+}
+
+}  // namespace
+
+void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status) {
+  auto o = std::make_shared<AbOptions>();
+  CLI::App* sub = root.add_subcommand("ab", "run CMD alternately under policies A and B and compare");
+  sub->add_option("--a", o->a, "policy A (CUDAPOOL_CONF string; empty = defaults)")->required();
+  sub->add_option("--b", o->b, "policy B")->required();
+  sub->add_option("-n", o->n, "runs per policy")->check(CLI::Range(1, 1000));
+  sub->add_option("--baseline", o->baseline, "also run with the pool off: 'passthrough'");
+  sub->add_option("--json", o->json, "write the comparison as JSON");
+  sub->add_option("--markdown", o->markdown, "write the table as Markdown");
+  add_launch_options(sub, &o->launch, false);
+  sub->add_option("command", o->command, "the program and its arguments (after --)");
+  sub->callback([o, &tail, exit_status] { *exit_status = ab_main(*o, tail); });
+}
+
+}  // namespace cudapool::tools

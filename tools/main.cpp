@@ -1,0 +1,42 @@
+// `cudapool`: run a program under the pool, compare policies, replay and tune on traces, report.
+#include <CLI/CLI.hpp>
+#include <cstring>
+
+#include "tools/commands.h"
+
+using namespace cudapool::tools;
+
+int main(int argc, char** argv) {
+  // Split "CMD…" off `run`/`ab` at the first "--" (see CommandTail).
+  CommandTail tail;
+  int parsed_argc = argc;
+  if (argc > 1 && (std::strcmp(argv[1], "run") == 0 || std::strcmp(argv[1], "ab") == 0)) {
+    for (int i = 2; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--") == 0) {
+        tail.present = true;
+        tail.words.assign(argv + i + 1, argv + argc);
+        parsed_argc = i;
+        break;
+      }
+    }
+  }
+
+  CLI::App app{"cudapool: run CUDA programs on a caching pool, compare policies, replay and tune on traces"};
+  app.require_subcommand(1);
+  app.failure_message(CLI::FailureMessage::help);
+  int exit_status = 0;
+  add_run_command(app, tail, &exit_status);
+  add_ab_command(app, tail, &exit_status);
+  add_replay_command(app, &exit_status);
+  add_tune_command(app, &exit_status);
+  add_report_command(app, &exit_status);
+  add_check_command(app, &exit_status);
+  try {
+    app.parse(parsed_argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    // --help is success; every other parse error is a usage error with one status.
+    return rc == 0 ? 0 : kExitUsage;
+  }
+  return exit_status;
+}

@@ -1,0 +1,52 @@
+#include "tools/metrics.h"
+
+#include <cstdio>
+
+#include "tools/units.h"
+
+namespace cudapool::tools {
+
+const std::vector<MetricDef>& metric_defs() {
+  static const std::vector<MetricDef> defs = {
+      {"wall_time_s", "wall time", MetricUnit::seconds},
+      {"peak_reserved_bytes", "peak reserved", MetricUnit::bytes},
+      {"peak_allocated_bytes", "peak allocated", MetricUnit::bytes},
+      {"fragmentation", "fragmentation", MetricUnit::fraction},
+      {"upstream_calls", "upstream calls", MetricUnit::count},
+      {"upstream_time_s", "upstream time", MetricUnit::seconds},
+      {"hit_rate", "hit rate", MetricUnit::fraction},
+      {"ooms", "OOMs", MetricUnit::count},
+  };
+  return defs;
+}
+
+Metrics metrics_from_stats(const Stats& s, std::optional<double> wall_seconds) {
+  double reserved = static_cast<double>(s.reserved_bytes[kAll].peak);
+  double allocated = static_cast<double>(s.allocated_bytes[kAll].peak);
+  double lookups = static_cast<double>(s.cache_hits + s.cache_misses);
+  Metrics m;
+  m.values = {
+      wall_seconds,
+      reserved,
+      allocated,
+      reserved > 0 ? 1.0 - allocated / reserved : 0.0,
+      static_cast<double>(s.num_device_alloc + s.num_device_free),
+      static_cast<double>(s.upstream_ns) * 1e-9,
+      lookups > 0 ? static_cast<double>(s.cache_hits) / lookups : 1.0,
+      static_cast<double>(s.num_ooms),
+  };
+  return m;
+}
+
+std::string format_metric(MetricUnit unit, double v) {
+  char buf[48];
+  switch (unit) {
+    case MetricUnit::seconds: return format_seconds(v);
+    case MetricUnit::bytes: return format_bytes(v);
+    case MetricUnit::fraction: std::snprintf(buf, sizeof buf, "%.1f %%", v * 100.0); return buf;
+    case MetricUnit::count: std::snprintf(buf, sizeof buf, "%.0f", v); return buf;
+  }
+  return "?";
+}
+
+}  // namespace cudapool::tools

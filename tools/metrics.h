@@ -1,0 +1,35 @@
+// The figures ab, replay and tune compare, derived from the pool's Stats in one place so every
+// table means the same thing by the same word.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "allocator/stats.h"
+
+namespace cudapool::tools {
+
+enum class MetricUnit { seconds, bytes, count, fraction };
+
+struct MetricDef {
+  const char* key;    // JSON key (ab --json)
+  const char* label;  // table row label
+  MetricUnit unit;
+};
+
+// The rows, in table order: wall_time, peak_reserved, peak_allocated, fragmentation,
+// upstream_calls, upstream_time, hit_rate, ooms.
+const std::vector<MetricDef>& metric_defs();
+
+// One run's values, indexed like metric_defs(). wall_time is nullopt when not measured (replay).
+struct Metrics {
+  std::vector<std::optional<double>> values;
+};
+
+// fragmentation = 1 - peak allocated / peak reserved (0 when nothing was reserved);
+// upstream calls = segment allocations + releases; hit rate = hits / (hits + misses).
+Metrics metrics_from_stats(const Stats& stats, std::optional<double> wall_seconds);
+
+std::string format_metric(MetricUnit unit, double value);
+
+}  // namespace cudapool::tools

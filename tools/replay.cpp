@@ -1,0 +1,190 @@
+#include "tools/replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "allocator/pool.h"
+#include "tools/sim_device.h"
+
+namespace cudapool::tools {
+
+PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
+  PreparedTrace out;
+  TraceFacts& f = out.facts;
+  f.rows = rows.size();
+  if (device < 0) {  // the device with the most allocations
+    std::map<int, std::size_t> per_device;
+    for (const auto& r : rows)
+      if (r.action == TraceAction::allocate) ++per_device[r.device];
+    std::size_t best = 0;
+    device = rows.empty() ? 0 : rows.front().device;
+    for (auto [d, n] : per_device)
+      if (n > best) best = n, device = d;
+  }
+  f.device = device;
+  std::unordered_map<std::uintptr_t, std::uint32_t> live;  // trace pointer -> slot
+  std::unordered_map<std::uint32_t, std::size_t> live_size;
+  std::unordered_set<std::uintptr_t> streams;
+  std::unordered_set<int> others;
+  bool saw_segments = false;
+  std::int64_t reserved = 0, peak_reserved = 0;
+  std::size_t allocated = 0;
+  bool first = true;
+  for (const auto& r : rows) {
+    if (r.device != device) {
+      others.insert(r.device);
+      continue;
+    }
+    if (first) f.start_ns = r.time_ns, first = false;
+    f.end_ns = std::max(f.end_ns, r.time_ns);
+    switch (r.action) {
+      case TraceAction::allocate: {
+        std::uint32_t slot = out.slots++;
+        // A pointer allocated again without a free in between: the old allocation's free was
+        // lost (e.g. a trace cut short); the newest allocation owns the pointer.
+        live[r.ptr] = slot;
+        live_size[slot] = r.size;
+        allocated += r.size;
+        f.recorded_peak_allocated = std::max(f.recorded_peak_allocated, allocated);
+        f.largest_allocation = std::max(f.largest_allocation, r.requested);
+        out.ops.push_back({ReplayOp::allocate, slot, r.requested, r.stream, r.time_ns});
+        ++f.allocations;
+        streams.insert(r.stream);
+        break;
+      }
+      case TraceAction::free: {
+        auto it = live.find(r.ptr);
+        if (it == live.end()) {
+          ++f.unmatched_frees;
+          break;
+        }
+        allocated -= live_size[it->second];
+        live_size.erase(it->second);
+        out.ops.push_back({ReplayOp::free, it->second, 0, r.stream, r.time_ns});
+        live.erase(it);
+        ++f.frees;
+        break;
+      }
+      case TraceAction::allocate_failure:
+        out.ops.push_back({ReplayOp::failed_allocate, 0, r.requested ? r.requested : r.size, r.stream, r.time_ns});
+        ++f.failed_allocations;
+        break;
+      case TraceAction::empty_cache:
+        out.ops.push_back({ReplayOp::empty_cache, 0, 0, r.stream, r.time_ns});
+        saw_segments = true;
+        break;
+      case TraceAction::segment_alloc:
+      case TraceAction::segment_map:
+        saw_segments = true;
+        reserved += static_cast<std::int64_t>(r.size);
+        peak_reserved = std::max(peak_reserved, reserved);
+        break;
+      case TraceAction::segment_free:
+      case TraceAction::segment_unmap:
+        saw_segments = true;
+        reserved -= static_cast<std::int64_t>(r.size);
+        break;
+      case TraceAction::device:
+        if (!f.device_memory) f.device_memory = r.size;
+        saw_segments = true;
+        break;
+      case TraceAction::oom:
+      case TraceAction::gc:
+        saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
+        break;
+    }
+  }
+  f.streams = streams.size();
+  f.other_devices.assign(others.begin(), others.end());
+  std::sort(f.other_devices.begin(), f.other_devices.end());
+  f.rmm_only = !saw_segments;
+  if (saw_segments) f.recorded_peak_reserved = static_cast<std::size_t>(peak_reserved);
+  return out;
+}
+
+namespace {
+
+// Turns the replayed pool's events into trace rows stamped with the trace's own clock.
+class RowCollector : public EventSink {
+ public:
+  RowCollector(std::vector<TraceRow>* rows, const std::int64_t* now) : rows_(rows), now_(now) {}
+  void on_event(const Event& e) override {
+    TraceRow r;
+    r.time_ns = *now_;
+    r.action = trace_action_of(e.kind);
+    r.ptr = e.ptr;
+    r.size = e.size;
+    r.requested = e.requested;
+    r.stream = e.stream;
+    r.device = e.device;
+    r.duration_ns = e.duration_ns;
+    rows_->push_back(r);
+  }
+
+ private:
+  std::vector<TraceRow>* rows_;
+  const std::int64_t* now_;
+};
+
+}  // namespace
+
+ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config) {
+  ReplayResult res;
+  res.device_memory = config.device_memory ? *config.device_memory
+                                           : trace.facts.device_memory.value_or(kUnknownDeviceMemory);
+  SimUpstream upstream(res.device_memory);
+  SimFences fences(config.fence_latency_ns);
+  std::int64_t now = trace.facts.start_ns;
+  RowCollector collector(&res.rows, &now);
+  std::vector<void*> slots(trace.slots, nullptr);
+  auto start = std::chrono::steady_clock::now();
+  {
+    DevicePool pool(trace.facts.device, config.pool, upstream, fences,
+                    config.collect_rows ? &collector : nullptr);
+    std::uint64_t index = 0;
+    for (const ReplayOp& op : trace.ops) {
+      fences.advance(++index, op.time_ns);
+      now = op.time_ns;
+      switch (op.kind) {
+        case ReplayOp::allocate: {
+          AllocResult a = pool.allocate(op.size, op.stream);
+          if (a.status == AllocStatus::ok) slots[op.slot] = a.ptr;
+          else ++res.failed_allocations;
+          break;
+        }
+        case ReplayOp::free: {
+          void* p = slots[op.slot];
+          if (!p) break;  // its allocation failed in this replay
+          FreeStatus s = config.free_mode == FreeMode::async ? pool.free_on_stream(p, op.stream) : pool.free(p);
+          if (s != FreeStatus::ok) ++res.bad_frees;
+          slots[op.slot] = nullptr;
+          break;
+        }
+        case ReplayOp::failed_allocate: {
+          // The program survived a refusal; if this policy can serve it, give it straight back.
+          AllocResult a = pool.allocate(op.size, op.stream);
+          if (a.status == AllocStatus::ok) {
+            ++res.recorded_failures_served;
+            pool.free_on_stream(a.ptr, op.stream);
+          }
+          break;
+        }
+        case ReplayOp::empty_cache:
+          pool.empty_cache();
+          break;
+      }
+    }
+    res.stats = pool.stats();
+    pool.set_event_sink(nullptr);  // the destructor's releases are not part of the program's run
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  res.ops = trace.ops.size();
+  res.fences = fences.recorded();
+  res.fence_waits = fences.waits();
+  return res;
+}
+
+}  // namespace cudapool::tools

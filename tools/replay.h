@@ -1,0 +1,84 @@
+// Replaying a trace through the real DevicePool on a simulated device (tools/sim_device.h).
+//
+// A trace is first turned into a PreparedTrace: pointers become dense slot numbers, so a replay
+// (tune runs dozens on one trace) does no hashing and no parsing, only pool calls.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "allocator/options.h"
+#include "allocator/stats.h"
+#include "telemetry/trace.h"
+
+namespace cudapool::tools {
+
+struct ReplayOp {
+  enum Kind : std::uint8_t { allocate, free, failed_allocate, empty_cache };
+  Kind kind;
+  std::uint32_t slot;       // allocate/free: which allocation (dense, 0-based)
+  std::size_t size;         // allocate: the caller's requested size
+  std::uintptr_t stream;
+  std::int64_t time_ns;
+};
+
+// What the trace itself says, before any replay.
+struct TraceFacts {
+  std::size_t rows = 0;
+  std::size_t allocations = 0, frees = 0, failed_allocations = 0;
+  std::size_t unmatched_frees = 0;  // frees of pointers the trace never allocated (skipped)
+  std::size_t streams = 0;
+  int device = 0;                   // the device replayed
+  std::vector<int> other_devices;   // rows of these devices are ignored
+  bool rmm_only = false;            // no pool rows (segment_*): a plain allocation log
+  std::optional<std::size_t> device_memory;      // from the "device" row
+  std::optional<std::size_t> recorded_peak_reserved;  // from segment rows, when present
+  std::size_t recorded_peak_allocated = 0;       // sum of live (rounded) allocation sizes
+  std::int64_t start_ns = 0, end_ns = 0;
+  std::size_t largest_allocation = 0;
+};
+
+struct PreparedTrace {
+  std::vector<ReplayOp> ops;
+  std::uint32_t slots = 0;
+  TraceFacts facts;
+};
+
+// Chooses the device (`device` < 0: the one with the most allocations) and builds the ops.
+PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device = -1);
+
+// How a recorded free is replayed. The trace does not say whether the program called cudaFree
+// or cudaFreeAsync; `async` (the default) replays free_on_stream on the recorded stream, which is
+// what RMM logs mean and what the project's generator records; `sync` replays cudaFree, so
+// free_sync (fenced/device/immediate) takes effect.
+enum class FreeMode : std::uint8_t { async, sync };
+
+struct ReplayConfig {
+  PoolOptions pool;
+  std::optional<std::size_t> device_memory;  // default: the trace's, else kUnknownDeviceMemory
+  std::int64_t fence_latency_ns = 0;
+  FreeMode free_mode = FreeMode::async;
+  bool collect_rows = false;  // keep the pool's own events as trace rows (for report)
+};
+
+// The device size assumed when neither the trace nor the user gives one: large enough that no
+// realistic trace runs out, so the replay measures the policy and not a guessed limit.
+inline constexpr std::size_t kUnknownDeviceMemory = std::size_t{1} << 40;  // 1 TiB
+
+struct ReplayResult {
+  Stats stats;
+  std::size_t device_memory = 0;
+  std::size_t ops = 0;
+  double seconds = 0;                     // replay only (no parsing)
+  std::size_t failed_allocations = 0;     // the pool said out of memory / error in the replay
+  std::size_t recorded_failures_served = 0;  // "allocate failure" rows the replay could serve
+  std::size_t bad_frees = 0;              // the pool refused a free (should be 0)
+  std::uint64_t fences = 0, fence_waits = 0;
+  std::vector<TraceRow> rows;             // when collect_rows
+};
+
+ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config);
+
+}  // namespace cudapool::tools

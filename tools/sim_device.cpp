@@ -1,0 +1,89 @@
+#include "tools/sim_device.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace cudapool::tools {
+
+SimUpstream::SimUpstream(std::size_t total_bytes, std::size_t granularity)
+    : total_(total_bytes), granularity_(granularity) {}
+
+std::uintptr_t SimUpstream::take_addresses(std::size_t bytes) {
+  constexpr std::uintptr_t kAlign = 2 * 1024 * 1024;  // what cuMemAlloc gives large segments
+  std::uintptr_t base = next_address_;
+  next_address_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  return base;
+}
+
+bool SimUpstream::charge(std::size_t bytes) {
+  ++calls_;
+  if (bytes > total_ - used_) {
+    ++refusals_;
+    return false;
+  }
+  used_ += bytes;
+  if (used_ > peak_used_) peak_used_ = used_;
+  return true;
+}
+
+UpstreamStatus SimUpstream::allocate(std::size_t bytes, void** out) {
+  if (!charge(bytes)) return UpstreamStatus::out_of_memory;
+  *out = reinterpret_cast<void*>(take_addresses(bytes));
+  return UpstreamStatus::ok;
+}
+
+void SimUpstream::release(void*, std::size_t bytes) {
+  ++calls_;
+  used_ -= bytes <= used_ ? bytes : used_;
+}
+
+void SimUpstream::mem_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  if (free_bytes) *free_bytes = total_ - used_;
+  if (total_bytes) *total_bytes = total_;
+}
+
+UpstreamStatus SimUpstream::reserve(std::size_t bytes, void** out) {
+  if (granularity_ == 0) return UpstreamStatus::error;
+  *out = reinterpret_cast<void*>(take_addresses(bytes));  // address space only: not charged
+  return UpstreamStatus::ok;
+}
+
+void SimUpstream::unreserve(void*, std::size_t) {}
+
+UpstreamStatus SimUpstream::map(void*, std::size_t bytes) {
+  return charge(bytes) ? UpstreamStatus::ok : UpstreamStatus::out_of_memory;
+}
+
+void SimUpstream::unmap(void*, std::size_t bytes) {
+  ++calls_;
+  used_ -= bytes <= used_ ? bytes : used_;
+}
+
+FenceHandle SimFences::record() {
+  fences_.push_back({index_, now_ns_ + latency_ns_, false});
+  ++live_;
+  return fences_.size();
+}
+
+bool SimFences::query(FenceHandle h) {
+  Fence& f = fences_[h - 1];
+  if (!f.done && index_ > f.index && now_ns_ >= f.ready_ns) f.done = true;
+  return f.done;
+}
+
+void SimFences::wait(FenceHandle h) {
+  Fence& f = fences_[h - 1];
+  if (!f.done) ++waits_;
+  f.done = true;
+}
+
+void SimFences::release(FenceHandle h) {
+  if (h == 0 || h > fences_.size()) {
+    std::fprintf(stderr, "cudapool: internal error: release of unknown fence %llu\n",
+                 static_cast<unsigned long long>(h));
+    std::abort();
+  }
+  --live_;
+}
+
+}  // namespace cudapool::tools

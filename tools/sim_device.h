@@ -1,0 +1,83 @@
+// The simulated GPU that replay and tune run the pool against: an Upstream that hands out fake
+// addresses from a device of settable size, and a FenceProvider whose fences complete on the
+// trace's clock. The pool never touches the memory it manages, so fake addresses are enough.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "allocator/fence.h"
+#include "allocator/upstream.h"
+
+namespace cudapool::tools {
+
+class SimUpstream : public Upstream {
+ public:
+  // `total_bytes`: the device's memory; allocations beyond it fail with out_of_memory.
+  // `granularity`: page size for expandable segments (0 = expandable unsupported).
+  explicit SimUpstream(std::size_t total_bytes, std::size_t granularity = 2 * 1024 * 1024);
+
+  UpstreamStatus allocate(std::size_t bytes, void** out) override;
+  void release(void* base, std::size_t bytes) override;
+  void mem_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
+  std::size_t granularity() override { return granularity_; }
+  UpstreamStatus reserve(std::size_t bytes, void** out) override;
+  void unreserve(void* base, std::size_t bytes) override;
+  UpstreamStatus map(void* addr, std::size_t bytes) override;
+  void unmap(void* addr, std::size_t bytes) override;
+
+  std::size_t used() const { return used_; }
+  std::size_t peak_used() const { return peak_used_; }
+  std::uint64_t calls() const { return calls_; }  // allocate + release + map + unmap
+  std::uint64_t refusals() const { return refusals_; }
+
+ private:
+  std::uintptr_t take_addresses(std::size_t bytes);
+  bool charge(std::size_t bytes);
+  std::size_t total_, granularity_;
+  std::size_t used_ = 0, peak_used_ = 0;
+  std::uint64_t calls_ = 0, refusals_ = 0;
+  // Addresses are never reused: a stale pointer in the pool can never alias a new segment.
+  std::uintptr_t next_address_ = std::uintptr_t{1} << 40;
+};
+
+// Fence model (docs/tools.md, "replay"): a fence recorded while the replay is at event i with
+// trace time t completes once the replay has moved past event i and the trace time has reached
+// t + latency. With latency 0 that is "the GPU caught up by the next call", which is what a
+// free on one stream followed by an allocation on another looks like on an idle-enough device.
+// Waiting on a fence (the pool blocking) completes it at once and is counted.
+class SimFences : public FenceProvider {
+ public:
+  explicit SimFences(std::int64_t latency_ns = 0) : latency_ns_(latency_ns) {}
+
+  // The replay calls this before each event.
+  void advance(std::uint64_t event_index, std::int64_t time_ns) {
+    index_ = event_index;
+    now_ns_ = time_ns;
+  }
+
+  FenceHandle record_device() override { return record(); }
+  FenceHandle record_stream(StreamId) override { return record(); }
+  bool query(FenceHandle f) override;
+  void wait(FenceHandle f) override;
+  void release(FenceHandle f) override;
+
+  std::uint64_t recorded() const { return fences_.size(); }
+  std::uint64_t waits() const { return waits_; }
+  std::uint64_t live() const { return live_; }
+
+ private:
+  struct Fence {
+    std::uint64_t index;
+    std::int64_t ready_ns;
+    bool done;
+  };
+  FenceHandle record();
+  std::int64_t latency_ns_;
+  std::uint64_t index_ = 0;
+  std::int64_t now_ns_ = 0;
+  std::vector<Fence> fences_;  // handle h is fences_[h - 1]
+  std::uint64_t waits_ = 0, live_ = 0;
+};
+
+}  // namespace cudapool::tools
