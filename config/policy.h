@@ -32,11 +32,14 @@ struct PolicySources {
   std::string config_path;   // CUDAPOOL_CONFIG
   std::string profile;       // CUDAPOOL_PROFILE
   std::string command_line;  // for profile `match` globs ("prog arg1 arg2")
+  std::string on_error;      // CUDAPOOL_ON_ERROR: "stop" (default) or "passthrough"
 };
 
 struct PolicyResult {
   std::optional<Policy> policy;  // set on success
   std::string error;             // set on failure: what is wrong and how to fix it
+  // What to do when `error` is set (from CUDAPOOL_ON_ERROR, read first so it holds even then).
+  OnError on_error = OnError::stop;
 };
 
 // Parse a CUDAPOOL_CONF / PYTORCH_CUDA_ALLOC_CONF string over `base`.
@@ -45,6 +48,8 @@ PolicyResult parse_conf(std::string_view text, const Policy& base, std::string_v
 PolicyResult load_policy(const PolicySources& sources);
 // Sources from the environment (CUDAPOOL_CONF, CUDAPOOL_CONFIG, CUDAPOOL_PROFILE, /proc/self/cmdline).
 PolicySources sources_from_environment();
+// What the shim calls once at start: load_policy(sources_from_environment()), never throws.
+PolicyResult load_policy_from_environment();
 // One line per key: "key = value   (origin)"; the effective policy as `cudapool check` prints it.
 std::string describe(const Policy& policy);
 // The effective policy as a CUDAPOOL_CONF string that parse_conf accepts back.

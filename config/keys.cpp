@@ -1,0 +1,384 @@
+#include "config/keys.h"
+
+#include <algorithm>
+#include <array>
+
+#include "config/roundup.h"
+#include "config/values.h"
+
+namespace cudapool::config {
+namespace {
+
+using Warnings = std::vector<std::string>;
+constexpr std::uint64_t kMaxMiB = kNoLimit / MiB;  // larger MiB counts clamp here, as in PyTorch
+
+// ---- sizes in MiB ------------------------------------------------------------------------------
+
+std::string set_mib(std::size_t& field, std::string_view v, std::uint64_t min) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  if (n < min) return "below the minimum " + std::to_string(min);
+  field = static_cast<std::size_t>(std::min(n, kMaxMiB)) * MiB;
+  return {};
+}
+
+std::string apply_max_split(Policy& p, std::string_view v, Warnings&) {
+  // PyTorch 2.9+: >= 20 (the large segment size); earlier versions wanted > 20.
+  return set_mib(p.pool.max_split_size, v, kLargeBuffer / MiB);
+}
+std::string format_max_split(const Policy& p) {
+  return p.pool.max_split_size == kNoLimit ? "none" : std::to_string(p.pool.max_split_size / MiB);
+}
+bool default_max_split(const Policy& p) { return p.pool.max_split_size == kNoLimit; }
+
+std::string apply_non_split(Policy& p, std::string_view v, Warnings&) {
+  return set_mib(p.pool.max_non_split_rounding, v, kLargeBuffer / MiB);
+}
+std::string format_non_split(const Policy& p) { return std::to_string(p.pool.max_non_split_rounding / MiB); }
+bool default_non_split(const Policy& p) { return p.pool.max_non_split_rounding == PoolOptions{}.max_non_split_rounding; }
+
+std::string apply_max_reserved(Policy& p, std::string_view v, Warnings&) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  p.pool.max_reserved = n == 0 ? kNoLimit : static_cast<std::size_t>(std::min(n, kMaxMiB)) * MiB;
+  return {};
+}
+std::string format_max_reserved(const Policy& p) {
+  return p.pool.max_reserved == kNoLimit ? "0" : std::to_string(p.pool.max_reserved / MiB);
+}
+bool default_max_reserved(const Policy& p) { return p.pool.max_reserved == kNoLimit; }
+
+// ---- fractions ---------------------------------------------------------------------------------
+
+std::string apply_gc(Policy& p, std::string_view v, Warnings&) {
+  double x = 0;
+  if (std::string why = parse_number(v, x); !why.empty()) return why;
+  if (!(x > 0.0 && x < 1.0)) return "outside the open interval";
+  p.pool.garbage_collection_threshold = x;
+  return {};
+}
+std::string format_gc(const Policy& p) { return format_number(p.pool.garbage_collection_threshold); }
+bool default_gc(const Policy& p) { return p.pool.garbage_collection_threshold == 0.0; }
+
+std::string apply_fraction(Policy& p, std::string_view v, Warnings&) {
+  double x = 0;
+  if (std::string why = parse_number(v, x); !why.empty()) return why;
+  if (!(x >= 0.0 && x <= 1.0)) return "outside [0, 1]";
+  p.pool.per_process_memory_fraction = x;
+  return {};
+}
+std::string format_fraction(const Policy& p) { return format_number(p.pool.per_process_memory_fraction); }
+bool default_fraction(const Policy& p) { return p.pool.per_process_memory_fraction == 0.0; }
+
+// ---- booleans ----------------------------------------------------------------------------------
+
+std::string apply_expandable(Policy& p, std::string_view v, Warnings&) {
+  return parse_bool(v, p.pool.expandable_segments);
+}
+std::string format_expandable(const Policy& p) { return p.pool.expandable_segments ? "True" : "False"; }
+bool default_expandable(const Policy& p) { return !p.pool.expandable_segments; }
+
+std::string apply_release_lock(Policy& p, std::string_view v, Warnings&) {
+  return parse_bool(v, p.pool.release_lock_on_cudamalloc);
+}
+std::string format_release_lock(const Policy& p) { return p.pool.release_lock_on_cudamalloc ? "True" : "False"; }
+bool default_release_lock(const Policy& p) { return !p.pool.release_lock_on_cudamalloc; }
+
+// ---- roundup -----------------------------------------------------------------------------------
+
+std::string apply_roundup(Policy& p, std::string_view v, Warnings&) {
+  return parse_roundup(v, p.pool.roundup_power2_divisions);
+}
+std::string format_roundup_key(const Policy& p) { return format_roundup(p.pool.roundup_power2_divisions); }
+bool default_roundup(const Policy& p) {
+  return std::all_of(p.pool.roundup_power2_divisions.begin(), p.pool.roundup_power2_divisions.end(),
+                     [](std::uint32_t d) { return d == 0; });
+}
+
+// ---- choices -----------------------------------------------------------------------------------
+
+std::string apply_backend(Policy& p, std::string_view v, Warnings& w) {
+  const std::string l = lower(v);
+  if (l == "native") p.backend = Backend::native;
+  else if (l == "passthrough") p.backend = Backend::passthrough;
+  else if (l == "cudamallocasync")
+    warn_once(w, "backend:cudaMallocAsync is ignored: cudapool serves allocations from its own pool "
+                 "(backend stays " + std::string(p.backend == Backend::native ? "native" : "passthrough") +
+                 "; use backend:passthrough to hand every call to CUDA untouched)");
+  else return "not a backend";
+  return {};
+}
+std::string format_backend(const Policy& p) { return p.backend == Backend::native ? "native" : "passthrough"; }
+bool default_backend(const Policy& p) { return p.backend == Backend::native; }
+
+std::string apply_free_sync(Policy& p, std::string_view v, Warnings&) {
+  const std::string l = lower(v);
+  if (l == "fenced") p.pool.free_sync = FreeSync::fenced;
+  else if (l == "device") p.pool.free_sync = FreeSync::device;
+  else if (l == "immediate") p.pool.free_sync = FreeSync::immediate;
+  else return "not a free_sync mode";
+  return {};
+}
+std::string format_free_sync(const Policy& p) {
+  switch (p.pool.free_sync) {
+    case FreeSync::device: return "device";
+    case FreeSync::immediate: return "immediate";
+    case FreeSync::fenced: break;
+  }
+  return "fenced";
+}
+bool default_free_sync(const Policy& p) { return p.pool.free_sync == FreeSync::fenced; }
+
+std::string apply_log_level(Policy& p, std::string_view v, Warnings&) {
+  // spdlog's names, plus its aliases "warning" and "err", stored in the canonical spelling.
+  const std::string l = lower(v);
+  static constexpr std::array<std::string_view, 7> names{"trace", "debug", "info", "warn",
+                                                         "error", "critical", "off"};
+  if (l == "warning") p.log_level = "warn";
+  else if (l == "err") p.log_level = "error";
+  else if (std::find(names.begin(), names.end(), l) != names.end()) p.log_level = l;
+  else return "not a log level";
+  return {};
+}
+std::string format_log_level(const Policy& p) { return p.log_level; }
+bool default_log_level(const Policy& p) { return p.log_level == Policy{}.log_level; }
+
+// ---- paths -------------------------------------------------------------------------------------
+
+std::string check_path(std::string_view v) {
+  for (char c : v)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return "contains a control character";
+  return {};
+}
+std::string apply_log_file(Policy& p, std::string_view v, Warnings&) {
+  if (std::string why = check_path(v); !why.empty()) return why;
+  p.log_file = v;
+  return {};
+}
+std::string apply_trace_file(Policy& p, std::string_view v, Warnings&) {
+  if (std::string why = check_path(v); !why.empty()) return why;
+  p.trace_file = v;
+  return {};
+}
+std::string apply_stats_file(Policy& p, std::string_view v, Warnings&) {
+  if (std::string why = check_path(v); !why.empty()) return why;
+  p.stats_file = v;
+  return {};
+}
+std::string format_log_file(const Policy& p) { return p.log_file; }
+std::string format_trace_file(const Policy& p) { return p.trace_file; }
+std::string format_stats_file(const Policy& p) { return p.stats_file; }
+bool default_log_file(const Policy& p) { return p.log_file.empty(); }
+bool default_trace_file(const Policy& p) { return p.trace_file.empty(); }
+bool default_stats_file(const Policy& p) { return p.stats_file.empty(); }
+
+// ---- PyTorch keys that configure something other than device memory ---------------------------
+// Checked the way PyTorch checks them (so a string PyTorch refuses is refused here too), then dropped.
+
+std::string ignore_bool(Policy&, std::string_view v, Warnings&) {
+  bool b = false;
+  return parse_bool(v, b);
+}
+std::string ignore_threads(Policy&, std::string_view v, Warnings&) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  if (!is_power_of_two(n) || n > 128) return "not a power of two <= 128";
+  return {};
+}
+std::string ignore_mib(Policy&, std::string_view v, Warnings&) {
+  std::uint64_t n = 0;
+  return parse_uint(v, n);
+}
+std::string ignore_positive_mib(Policy&, std::string_view v, Warnings&) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  return n == 0 ? "must be > 0" : "";
+}
+std::string refuse(Policy&, std::string_view, Warnings&) {
+  return "cudapool does not implement it: segments for requests under 10 MiB are always 20 MiB; "
+         "remove the key";
+}
+
+constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
+
+using K = ValueKind;
+const std::array<KeySpec, 24> kKeys{{
+    // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
+    {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
+     "blocks this large or larger are never split and serve only requests of at least this size",
+     {}, apply_max_split, format_max_split, default_max_split},
+    {"max_non_split_rounding_mb", K::integer, "a whole number of MiB >= 20", "40",
+     "a request >= max_split_size_mb takes a cached oversize block only if it wastes less than this",
+     {}, apply_non_split, format_non_split, default_non_split},
+    {"roundup_power2_divisions", K::roundup,
+     "0 or a power of two <= 2^31, or a list [MiB:N,...,>:N] of power-of-two MiB boundaries", "[256:1,512:2,>:4]",
+     "round request sizes up to one of N equal steps between powers of two (0 = plain 512 B rounding)",
+     {}, apply_roundup, format_roundup_key, default_roundup},
+    {"garbage_collection_threshold", K::number, "a number strictly between 0 and 1", "0.8",
+     "free old cached blocks when reserved memory exceeds this fraction of the allowed memory "
+     "(needs per_process_memory_fraction or max_reserved_mb)",
+     {}, apply_gc, format_gc, default_gc},
+    {"expandable_segments", K::boolean, "True or False (any case)", "True",
+     "grow one virtual range per stream instead of allocating separate segments",
+     {}, apply_expandable, format_expandable, default_expandable},
+    {"release_lock_on_cudamalloc", K::boolean, "True or False (any case)", "True",
+     "drop the pool lock while CUDA allocates or frees a segment",
+     {}, apply_release_lock, format_release_lock, default_release_lock},
+    {"per_process_memory_fraction", K::number, "a number in [0, 1] (0 = no limit)", "0.9",
+     "reserved memory may not exceed this fraction of the device's total memory",
+     {}, apply_fraction, format_fraction, default_fraction},
+    {"backend", K::choice, "native, passthrough (cudaMallocAsync is accepted and ignored)", "native",
+     "native = serve allocations from the pool; passthrough = hand every call to CUDA untouched",
+     {}, apply_backend, format_backend, default_backend},
+    // cudapool's own keys.
+    {"free_sync", K::choice, "fenced, device or immediate", "fenced",
+     "when memory freed by cudaFree may be reused: fenced = after a device-wide fence completes; "
+     "device = the same, waiting on the fence when memory is short; immediate = at once on its "
+     "allocation stream (PyTorch's semantics)",
+     {}, apply_free_sync, format_free_sync, default_free_sync},
+    {"max_reserved_mb", K::integer, "a whole number of MiB (0 = no limit)", "16384",
+     "absolute cap on the memory the pool reserves from the device",
+     {}, apply_max_reserved, format_max_reserved, default_max_reserved},
+    {"log_level", K::choice, "trace, debug, info, warn, error, critical or off", "info",
+     "how much cudapool logs", {}, apply_log_level, format_log_level, default_log_level},
+    {"log_file", K::text, "a path; %p = process id, %h = host name, %% = % (empty = stderr)",
+     "/tmp/cudapool-%p.log", "where the log goes", {}, apply_log_file, format_log_file, default_log_file},
+    {"trace_file", K::text, "a path; %p, %h, %% as for log_file (empty = no trace)",
+     "/tmp/cudapool-%p.csv", "write one CSV line per pool event here",
+     {}, apply_trace_file, format_trace_file, default_trace_file},
+    {"stats_file", K::text, "a path; %p, %h, %% as for log_file (empty = none)",
+     "/tmp/cudapool-%p.json", "write a JSON summary of the pool's counters here at exit",
+     {}, apply_stats_file, format_stats_file, default_stats_file},
+    // PyTorch keys accepted for compatibility with no effect here.
+    {"pinned_use_cuda_host_register", K::boolean, "True or False (any case)", "False",
+     "PyTorch: pin host memory with cudaHostRegister", kPinned, ignore_bool, nullptr, nullptr},
+    {"pinned_use_hip_host_register", K::boolean, "True or False (any case)", "False",
+     "PyTorch on ROCm: the same as pinned_use_cuda_host_register", kPinned, ignore_bool, nullptr, nullptr},
+    {"pinned_num_register_threads", K::integer, "a power of two <= 128", "8",
+     "PyTorch: threads used to register pinned memory", kPinned, ignore_threads, nullptr, nullptr},
+    {"pinned_use_background_threads", K::boolean, "True or False (any case)", "False",
+     "PyTorch: free pinned memory from a background thread", kPinned, ignore_bool, nullptr, nullptr},
+    {"pinned_reserve_segment_size_mb", K::integer, "a whole number of MiB > 0", "64",
+     "PyTorch: size of the pinned-memory reserve", kPinned, ignore_positive_mib, nullptr, nullptr},
+    {"pinned_max_round_threshold_mb", K::integer, "a whole number of MiB", "64",
+     "PyTorch: largest pinned request rounded to a power of two", kPinned, ignore_mib, nullptr, nullptr},
+    {"pinned_max_cached_size_mb", K::integer, "a whole number of MiB", "1024",
+     "PyTorch: cap on cached pinned memory", kPinned, ignore_mib, nullptr, nullptr},
+    {"graph_capture_record_stream_reuse", K::boolean, "True or False (any case)", "False",
+     "PyTorch: reuse of recorded-stream blocks during CUDA graph capture",
+     "it tunes PyTorch's CUDA-graph private pools, which cudapool does not have", ignore_bool, nullptr, nullptr},
+    {"release_lock_on_hipmalloc", K::boolean, "True or False (any case)", "False",
+     "PyTorch on ROCm: the same as release_lock_on_cudamalloc",
+     "cudapool runs on CUDA only; use release_lock_on_cudamalloc", ignore_bool, nullptr, nullptr},
+    // Changes device segment sizes in newer PyTorch; running without it would not be the policy
+    // the user wrote, so it is refused rather than ignored.
+    {"large_segment_size_mb", K::integer, "not supported", "20",
+     "PyTorch: segment size for requests under 10 MiB (not supported by cudapool)",
+     {}, refuse, nullptr, nullptr},
+}};
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string_view kind_name(ValueKind k) {
+  switch (k) {
+    case K::integer: return "integer";
+    case K::number: return "number";
+    case K::boolean: return "boolean";
+    case K::choice: return "choice";
+    case K::text: return "path";
+    case K::roundup: return "integer or list";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::span<const KeySpec> keys() { return kKeys; }
+
+const KeySpec* find_key(std::string_view name) {
+  for (const KeySpec& k : kKeys)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string suggest_key(std::string_view unknown) {
+  const std::string u = lower(unknown);
+  const KeySpec* best = nullptr;
+  std::size_t best_d = ~std::size_t{0};
+  for (const KeySpec& k : kKeys) {
+    std::size_t d = edit_distance(u, k.name);
+    // A key cut short or with something appended ("max_split", "expandable_segments_on") is close
+    // whatever its edit distance.
+    const bool prefix = u.size() >= 4 && (k.name.starts_with(u) || std::string_view(u).starts_with(k.name));
+    if (prefix) d = std::min<std::size_t>(d, 1);
+    if (d < best_d) best_d = d, best = &k;
+  }
+  if (best != nullptr && (best_d <= 2 || best_d * 4 <= best->name.size()))
+    return "did you mean '" + std::string(best->name) + "'?";
+  std::string list;
+  for (const KeySpec& k : kKeys) {
+    if (!k.ignored_because.empty() || k.format == nullptr) continue;
+    list += list.empty() ? "" : ", ";
+    list += k.name;
+  }
+  return "valid keys: " + list + " (and PyTorch's pinned_* keys, accepted and ignored)";
+}
+
+std::string bad_value_message(const KeySpec& key, std::string_view value, std::string_view reason,
+                              bool toml) {
+  std::string example;
+  if (toml) {
+    const bool quoted = key.kind == K::choice || key.kind == K::text ||
+                        (key.kind == K::roundup && key.example.starts_with('['));
+    std::string ex(key.example);
+    if (key.kind == K::boolean) ex = lower(ex);
+    example = std::string(key.name) + " = " + (quoted ? "\"" + ex + "\"" : ex);
+  } else {
+    example = std::string(key.name) + ":" + std::string(key.example);
+  }
+  std::string msg = "bad value '" + std::string(value) + "' for " + std::string(key.name);
+  if (!reason.empty()) msg += " (" + std::string(reason) + ")";
+  return msg + "; allowed: " + std::string(key.allowed) + ", e.g. " + example;
+}
+
+std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view value,
+                          std::string origin, bool toml) {
+  if (std::string why = key.apply(policy, value, policy.warnings); !why.empty())
+    return bad_value_message(key, value, why, toml);
+  if (!key.ignored_because.empty())
+    warn_once(policy.warnings, std::string(key.name) + " is ignored: " + std::string(key.ignored_because));
+  else
+    policy.origin[std::string(key.name)] = std::move(origin);
+  return {};
+}
+
+std::string key_table_markdown() {
+  const Policy defaults;
+  std::string s =
+      "| key | type | allowed | default | what it does |\n"
+      "| --- | --- | --- | --- | --- |\n";
+  for (const KeySpec& k : kKeys) {
+    std::string def = k.format ? k.format(defaults) : "—";
+    if (def.empty()) def = "(empty)";
+    std::string help(k.help);
+    if (!k.ignored_because.empty()) help += "; **ignored**: " + std::string(k.ignored_because);
+    s += "| `" + std::string(k.name) + "` | " + std::string(kind_name(k.kind)) + " | " +
+         std::string(k.allowed) + " | `" + def + "` | " + help + " |\n";
+  }
+  return s;
+}
+
+}  // namespace cudapool::config

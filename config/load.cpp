@@ -1,0 +1,166 @@
+// Layering, lowest to highest: built-in defaults < file [policy] (+ [log]) < chosen profile <
+// CUDAPOOL_CONF. CUDAPOOL_ON_ERROR is read first and on its own, so the shim knows what to do with
+// an invalid policy.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "config/keys.h"
+#include "config/policy.h"
+#include "config/toml_loader.h"
+#include "config/values.h"
+
+namespace cudapool {
+namespace {
+
+constexpr std::size_t kMaxPolicyFileBytes = 1 << 20;  // a policy is a few lines; more is a wrong path
+
+std::string read_policy_file(const std::string& path, std::string& out) {
+  const std::string who = "CUDAPOOL_CONFIG=" + path + ": ";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return who + "no such file; create it or point CUDAPOOL_CONFIG at an existing TOML file";
+    if (err == EACCES) return who + "permission denied; make it readable or point CUDAPOOL_CONFIG elsewhere";
+    return who + "cannot open: " + std::strerror(err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return who + "is a directory; CUDAPOOL_CONFIG must name a TOML file";
+  }
+  out.clear();
+  char buf[8192];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return who + "cannot read: " + std::strerror(err);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() > kMaxPolicyFileBytes) {
+      ::close(fd);
+      return who + "larger than 1 MiB; that is not a policy file";
+    }
+  }
+  ::close(fd);
+  return {};
+}
+
+std::string parse_on_error(std::string_view text, OnError& out) {
+  const std::string l = config::lower(text);
+  if (l.empty() || l == "stop") out = OnError::stop;
+  else if (l == "passthrough") out = OnError::passthrough;
+  else
+    return "CUDAPOOL_ON_ERROR=" + std::string(text) +
+           ": not a choice; use stop (the default: an invalid policy stops a CUDA process with exit status " +
+           std::to_string(kPolicyErrorExitStatus) + ") or passthrough (run it untouched, without the pool)";
+  return {};
+}
+
+// Warnings about combinations that are valid but do not do what they seem to.
+void add_combination_warnings(Policy& p) {
+  if (p.pool.garbage_collection_threshold > 0 && p.pool.per_process_memory_fraction == 0 &&
+      p.pool.max_reserved == kNoLimit)
+    config::warn_once(p.warnings,
+                      "garbage_collection_threshold has no effect without per_process_memory_fraction or "
+                      "max_reserved_mb (the threshold is a fraction of the allowed memory)");
+  if (p.backend == Backend::passthrough)
+    for (const auto& [key, origin] : p.origin)
+      if (key != "backend" && key != "on_error" && key.rfind("log_", 0) != 0 && origin != "default") {
+        config::warn_once(p.warnings, "backend:passthrough: the pool is off, so " + key + " has no effect");
+      }
+}
+
+PolicyResult load(const PolicySources& src) {
+  PolicyResult r;
+  if (std::string e = parse_on_error(src.on_error, r.on_error); !e.empty()) {
+    r.error = std::move(e);
+    return r;
+  }
+  Policy p;
+  for (const config::KeySpec& k : config::keys())
+    if (k.format != nullptr) p.origin[std::string(k.name)] = "default";
+  p.on_error = r.on_error;
+  p.origin["on_error"] = src.on_error.empty() ? "default" : "CUDAPOOL_ON_ERROR";
+
+  if (!src.config_path.empty()) {
+    std::string text;
+    if (std::string e = read_policy_file(src.config_path, text); !e.empty()) {
+      r.error = std::move(e);
+      return r;
+    }
+    if (std::string e = config::apply_toml(text, src.config_path, src.profile, src.command_line, p); !e.empty()) {
+      r.error = std::move(e);
+      return r;
+    }
+  } else if (!src.profile.empty()) {
+    r.error = "CUDAPOOL_PROFILE=" + src.profile +
+              " is set but CUDAPOOL_CONFIG is not; profiles live in a TOML file: set "
+              "CUDAPOOL_CONFIG=/path/policy.toml or unset CUDAPOOL_PROFILE";
+    return r;
+  }
+  if (!src.conf.empty()) {
+    PolicyResult c = parse_conf(src.conf, p, "CUDAPOOL_CONF");
+    if (!c.policy) {
+      r.error = std::move(c.error);
+      return r;
+    }
+    p = std::move(*c.policy);
+  }
+  add_combination_warnings(p);
+  r.policy = std::move(p);
+  return r;
+}
+
+}  // namespace
+
+PolicyResult load_policy(const PolicySources& sources) {
+  try {
+    return load(sources);
+  } catch (const std::exception& e) {  // allocation failure: report, never unwind into the caller
+    PolicyResult r;
+    r.error = std::string("internal error while loading the policy: ") + e.what();
+    return r;
+  }
+}
+
+PolicySources sources_from_environment() {
+  PolicySources s;
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::string(v) : std::string();
+  };
+  s.conf = env("CUDAPOOL_CONF");
+  s.config_path = env("CUDAPOOL_CONFIG");
+  s.profile = env("CUDAPOOL_PROFILE");
+  s.on_error = env("CUDAPOOL_ON_ERROR");
+  // argv joined by spaces; /proc/self/cmdline separates (and ends) them with NULs.
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
+  for (char& c : raw)
+    if (c == '\0') c = ' ';
+  s.command_line = std::move(raw);
+  return s;
+}
+
+PolicyResult load_policy_from_environment() {
+  try {
+    return load_policy(sources_from_environment());
+  } catch (const std::exception& e) {
+    PolicyResult r;
+    r.error = std::string("internal error while reading the environment: ") + e.what();
+    return r;
+  }
+}
+
+}  // namespace cudapool

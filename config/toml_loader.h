@@ -1,0 +1,17 @@
+// The policy file: [policy], [log] and [profiles.NAME] tables of a TOML document (toml++).
+#pragma once
+#include <string>
+#include <string_view>
+
+#include "config/policy.h"
+
+namespace cudapool::config {
+
+// Applies the TOML document `text` (read from `path`, which messages name) over `p`: first
+// [policy], then [log], then the profile named by `profile` or, when that is empty, the one whose
+// `match` globs match `command_line`. Every profile is checked, chosen or not. Returns "" or the
+// error (file:line[:column] first). Never throws: toml++'s parse_error is caught here.
+std::string apply_toml(std::string_view text, const std::string& path, std::string_view profile,
+                       std::string_view command_line, Policy& p);
+
+}  // namespace cudapool::config
