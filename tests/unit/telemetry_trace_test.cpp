@@ -1,0 +1,285 @@
+// Trace writer and reader without a pool: exact rows for scripted events, RMM column shape,
+// strict reader errors with line numbers, and garbage that must not crash the reader.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "telemetry/trace.h"
+#include "telemetry_util.h"
+
+namespace cudapool {
+namespace {
+
+using testing::read_lines;
+using testing::split;
+using testing::TempPath;
+
+Event ev(EventKind k, std::uintptr_t ptr, std::size_t size, std::size_t requested,
+         StreamId stream, int device = 0, std::int64_t dur = 0) {
+  return Event{k, device, ptr, size, requested, stream, dur};
+}
+
+TEST(TelemetryTrace, HeaderStartsWithRmmColumns) {
+  auto cols = split(trace_header(), ',');
+  ASSERT_EQ(cols.size(), 10u);
+  const char* rmm[] = {"Thread", "Time", "Action", "Pointer", "Size", "Stream"};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(cols[i], rmm[i]);
+}
+
+TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
+  TempPath path;
+  std::string err;
+  auto w = TraceWriter::open(path.str(), &err);
+  ASSERT_TRUE(w) << err;
+  w->note_device(1, 141 * GiB);
+  w->on_event(ev(EventKind::segment_alloc, 0x7f0000000000, 2 * MiB, 2 * MiB, 0, 1, 1500));
+  w->on_event(ev(EventKind::allocate, 0x7f0000000000, 1024, 1000, 0, 1));
+  w->on_event(ev(EventKind::allocate, 0x7f0000000400, 512, 3, 0x2, 1));
+  w->on_event(ev(EventKind::free, 0x7f0000000000, 1024, 1000, 0, 1));
+  w->on_event(ev(EventKind::allocate_failure, 0, 100 * GiB, 100 * GiB, 0xdeadbeef, 1));
+  w->on_event(ev(EventKind::segment_free, 0x7f0000000000, 2 * MiB, 2 * MiB, 0, 1, 700));
+  w->on_event(ev(EventKind::empty_cache, 0, 2 * MiB, 0, 0, 1));
+  EXPECT_EQ(w->rows(), 8u);
+  w->flush();
+
+  auto lines = read_lines(path.str());
+  ASSERT_EQ(lines.size(), 9u);
+  EXPECT_EQ(lines[0], trace_header());
+  // Everything but Thread, Time and time_ns is determined by the events.
+  const char* expect[] = {
+      "device,0x0,151397597184,0x0,1,151397597184",
+      "segment_alloc,0x7f0000000000,2097152,0x0,1,2097152",
+      "allocate,0x7f0000000000,1024,0x0,1,1000",
+      "allocate,0x7f0000000400,512,0x2,1,3",
+      "free,0x7f0000000000,1024,0x0,1,1000",
+      "allocate failure,0x0,107374182400,0xdeadbeef,1,107374182400",
+      "segment_free,0x7f0000000000,2097152,0x0,1,2097152",
+      "empty_cache,0x0,2097152,0x0,1,0",
+  };
+  const std::int64_t durations[] = {0, 1500, 0, 0, 0, 0, 700, 0};
+  std::int64_t prev_time = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto c = split(lines[i + 1], ',');
+    ASSERT_EQ(c.size(), 10u) << lines[i + 1];
+    std::string middle = c[2] + "," + c[3] + "," + c[4] + "," + c[5] + "," + c[6] + "," + c[7];
+    EXPECT_EQ(middle, expect[i]);
+    EXPECT_EQ(c[0].find_first_not_of("0123456789"), std::string::npos) << c[0];
+    EXPECT_GT(std::stoull(c[0]), 0u);  // a real thread id
+    EXPECT_EQ(std::stoll(c[9]), durations[i]);
+    std::int64_t t = std::stoll(c[8]);
+    EXPECT_GE(t, prev_time);  // one thread: times never go backwards
+    prev_time = t;
+    EXPECT_EQ(c[1].size(), 15u) << c[1];  // HH:MM:SS.uuuuuu
+  }
+}
+
+TEST(TelemetryTrace, FormatRowRoundTripsThroughReader) {
+  TraceRow r;
+  r.thread = 4242;
+  r.time_ns = 1'700'000'000'123'456'789LL;
+  r.action = TraceAction::segment_map;
+  r.ptr = 0x7fffdeadb000;
+  r.size = 20 * MiB;
+  r.stream = 0x55aa;
+  r.device = 3;
+  r.requested = 123;
+  r.duration_ns = 99;
+  std::istringstream in(std::string(trace_header()) + "\n" + format_trace_row(r) + "\n");
+  TraceReader reader(in);
+  TraceRow back;
+  ASSERT_TRUE(reader.next(&back)) << reader.error();
+  EXPECT_FALSE(reader.rmm_only());
+  EXPECT_EQ(back.thread, r.thread);
+  EXPECT_EQ(back.time_ns, r.time_ns);
+  EXPECT_EQ(back.action, r.action);
+  EXPECT_EQ(back.ptr, r.ptr);
+  EXPECT_EQ(back.size, r.size);
+  EXPECT_EQ(back.stream, r.stream);
+  EXPECT_EQ(back.device, r.device);
+  EXPECT_EQ(back.requested, r.requested);
+  EXPECT_EQ(back.duration_ns, r.duration_ns);
+  EXPECT_FALSE(reader.next(&back));
+  EXPECT_EQ(reader.error(), "");
+}
+
+TEST(TelemetryTrace, TimeColumnAgreesWithTimeNs) {
+  TraceRow r;
+  r.time_ns = 1'700'000'000'123'456'789LL;
+  auto cols = split(format_trace_row(r), ',');
+  // Time is local wall-clock time; compare the parts that do not depend on the time zone
+  // offset (whole minutes in every zone this runs in) and the microseconds.
+  EXPECT_EQ(cols[1].substr(6), "20.123456");  // 1'700'000'000 s = ...:13:20 UTC
+  EXPECT_EQ(cols[8], "1700000000123456789");
+}
+
+TEST(TelemetryTrace, ReadsPlainRmmLog) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "140573312345856,10:11:12.500000,allocate,0x7f8a40000000,1024,0x0\n"
+      "140573312345856,10:11:12.600001,allocate failure,0x0,99999999999,0x2\n"
+      "140573312345856,10:11:13.000000,free,0x7f8a40000000,1024,0x0\r\n");
+  TraceReader reader(in);
+  std::vector<TraceRow> rows;
+  TraceRow r;
+  while (reader.next(&r)) rows.push_back(r);
+  ASSERT_EQ(reader.error(), "");
+  EXPECT_TRUE(reader.rmm_only());
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].action, TraceAction::allocate);
+  EXPECT_EQ(rows[0].ptr, 0x7f8a40000000u);
+  EXPECT_EQ(rows[0].requested, 1024u);  // RMM logs have no separate request size
+  EXPECT_EQ(rows[0].time_ns, ((10 * 60 + 11) * 60 + 12) * 1'000'000'000LL + 500'000'000LL);
+  EXPECT_EQ(rows[1].action, TraceAction::allocate_failure);
+  EXPECT_EQ(rows[1].stream, 2u);
+  EXPECT_EQ(rows[2].action, TraceAction::free);
+  EXPECT_EQ(rows[2].time_ns - rows[0].time_ns, 500'000'000LL);
+}
+
+struct BadCase {
+  std::string text;
+  const char* expect;  // substring of the error
+};
+
+TEST(TelemetryTrace, ReaderRejectsMalformedInputWithLineNumber) {
+  const std::string good_rmm = "Thread,Time,Action,Pointer,Size,Stream\n";
+  const std::string good = std::string(trace_header()) + "\n";
+  const std::string row = "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n";
+  const BadCase cases[] = {
+      {"", "line 1: empty file"},
+      {"Thread,Time,Action\n", "line 1: header is"},
+      {"thread,time,action,pointer,size,stream\n", "line 1: header is"},
+      {(good_rmm + "1,00:00:00.000001,allocate,0x10,512\n"), "line 2: has 5 columns, expected 6"},
+      {(good_rmm + "1,00:00:00.000001,allocate,0x10,512,0x0,7\n"), "line 2: more than 6 columns"},
+      {(good_rmm + "x,00:00:00.000001,allocate,0x10,512,0x0\n"), "line 2: column 1 (Thread)"},
+      {(good_rmm + "1,0:00:00.000001,allocate,0x10,512,0x0\n"), "line 2: column 2 (Time)"},
+      {(good_rmm + "1,25:00:00.000001,allocate,0x10,512,0x0\n"), "column 2 (Time)"},
+      {(good_rmm + "1,00:00:00.000001,alloc,0x10,512,0x0\n"), "line 2: column 3 (Action)"},
+      {(good_rmm + "1,00:00:00.000001,segment_alloc,0x10,512,0x0\n"), "cudapool action, but the header is RMM"},
+      {(good_rmm + "1,00:00:00.000001,allocate,0xZZ,512,0x0\n"), "line 2: column 4 (Pointer)"},
+      {(good_rmm + "1,00:00:00.000001,allocate,0x10,-5,0x0\n"), "line 2: column 5 (Size)"},
+      {(good_rmm + "1,00:00:00.000001,allocate,0x10,99999999999999999999999,0x0\n"), "column 5 (Size)"},
+      {(good_rmm + "1,00:00:00.000001,allocate,0x10,512,0xq\n"), "line 2: column 6 (Stream)"},
+      {(good + row + row + "\n" + row), "line 4: empty line"},
+      {(good + row + "1,00:00:00.000001,allocate,0x10,512,0x0,-1,500,1,0\n"), "line 3: column 7 (device)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,,1,0\n"), "line 2: column 8 (requested)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1.5,0\n"), "line 2: column 9 (time_ns)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,-3\n"), "line 2: column 10 (duration_ns)"},
+  };
+  for (const BadCase& c : cases) {
+    std::istringstream in(c.text);
+    TraceReader reader(in);
+    TraceRow r;
+    while (reader.next(&r)) {
+    }
+    EXPECT_NE(reader.error().find(c.expect), std::string::npos)
+        << "input:\n" << c.text << "error: " << reader.error();
+  }
+}
+
+TEST(TelemetryTrace, ReadTraceFileNamesPathAndLine) {
+  TempPath path;
+  {
+    std::ofstream out(path.str());
+    out << trace_header() << "\n1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\nbroken\n";
+  }
+  std::vector<TraceRow> rows;
+  std::string err;
+  EXPECT_FALSE(read_trace_file(path.str(), &rows, &err));
+  EXPECT_EQ(err.rfind(path.str() + ":3: ", 0), 0u) << err;
+  EXPECT_FALSE(read_trace_file(path.str() + ".missing", &rows, &err));
+  EXPECT_NE(err.find("cannot open"), std::string::npos);
+}
+
+TEST(TelemetryTrace, GarbageNeverCrashesTheReader) {
+  std::mt19937 rng(12345);
+  const std::string alphabet = "0123456789abcdefx,:.\n\r -allocatefreeQ\xff";
+  const std::string valid = std::string(trace_header()) + "\n" +
+                            "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n";
+  int errors = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string text = valid;
+    // Mutate a valid trace: flip, insert or delete characters.
+    std::uniform_int_distribution<int> n_mut(1, 6);
+    for (int m = n_mut(rng); m > 0; --m) {
+      std::uniform_int_distribution<std::size_t> pos(0, text.size());
+      std::size_t p = pos(rng);
+      char c = alphabet[std::uniform_int_distribution<std::size_t>(0, alphabet.size() - 1)(rng)];
+      switch (rng() % 3) {
+        case 0: if (p < text.size()) text[p] = c; break;
+        case 1: text.insert(text.begin() + static_cast<long>(p), c); break;
+        default: if (p < text.size()) text.erase(p, 1); break;
+      }
+    }
+    std::istringstream in(text);
+    TraceReader reader(in);
+    TraceRow r;
+    std::size_t n = 0;
+    while (reader.next(&r)) ++n;
+    if (!reader.error().empty()) {
+      ++errors;
+      EXPECT_EQ(reader.error().rfind("line ", 0), 0u) << reader.error();
+    }
+    EXPECT_LE(n, 3u);
+  }
+  EXPECT_GT(errors, 1000);  // most mutations break something, and each is reported
+}
+
+TEST(TelemetryTrace, ConcurrentWritersLoseNothingAndFlushBySize) {
+  TempPath path;
+  std::string err;
+  TraceWriter::Options opt;
+  opt.buffer_records = 64;  // force many size-triggered flushes
+  auto w = TraceWriter::open(path.str(), opt, &err);
+  ASSERT_TRUE(w) << err;
+  constexpr int kThreads = 4, kPerThread = 5000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i)
+        w->on_event(ev(EventKind::allocate, 0x1000u * (t * kPerThread + i + 1), 512, 512,
+                       static_cast<StreamId>(t)));
+    });
+  }
+  for (auto& th : threads) th.join();
+  w.reset();  // destructor flushes
+  std::vector<TraceRow> rows;
+  ASSERT_TRUE(read_trace_file(path.str(), &rows, &err)) << err;
+  ASSERT_EQ(rows.size(), static_cast<std::size_t>(kThreads * kPerThread));
+  std::vector<int> per_stream(kThreads, 0);
+  std::set<std::uintptr_t> ptrs;
+  std::set<std::uint64_t> tids;
+  for (const auto& r : rows) {
+    ASSERT_LT(r.stream, static_cast<std::uintptr_t>(kThreads));
+    ++per_stream[r.stream];
+    ptrs.insert(r.ptr);
+    tids.insert(r.thread);
+  }
+  for (int c : per_stream) EXPECT_EQ(c, kPerThread);
+  EXPECT_EQ(ptrs.size(), rows.size());  // every event exactly once
+  EXPECT_EQ(tids.size(), static_cast<std::size_t>(kThreads));
+}
+
+TEST(TelemetryTrace, OpenFailsWithReason) {
+  std::string err;
+  auto w = TraceWriter::open("/nonexistent-dir/x/trace.csv", &err);
+  EXPECT_FALSE(w);
+  EXPECT_NE(err.find("/nonexistent-dir/x/trace.csv"), std::string::npos) << err;
+}
+
+TEST(TelemetryTrace, PathPatternIsExpanded) {
+  TempPath base;
+  std::string err;
+  auto w = TraceWriter::open(base.str() + ".%p", &err);
+  ASSERT_TRUE(w) << err;
+  EXPECT_EQ(w->path(), base.str() + "." + std::to_string(::getpid()));
+  std::string p = w->path();
+  w.reset();
+  EXPECT_EQ(testing::read_lines(p).size(), 1u);  // the header
+  std::remove(p.c_str());
+}
+
+}  // namespace
+}  // namespace cudapool
