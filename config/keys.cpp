@@ -371,12 +371,12 @@ std::string key_table_markdown() {
       "| key | type | allowed | default | what it does |\n"
       "| --- | --- | --- | --- | --- |\n";
   for (const KeySpec& k : kKeys) {
-    std::string def = k.format ? k.format(defaults) : "—";
-    if (def.empty()) def = "(empty)";
+    std::string def = k.format ? k.format(defaults) : "";
+    def = k.format == nullptr ? "—" : def.empty() ? "(empty)" : "`" + def + "`";
     std::string help(k.help);
     if (!k.ignored_because.empty()) help += "; **ignored**: " + std::string(k.ignored_because);
     s += "| `" + std::string(k.name) + "` | " + std::string(kind_name(k.kind)) + " | " +
-         std::string(k.allowed) + " | `" + def + "` | " + help + " |\n";
+         std::string(k.allowed) + " | " + def + " | " + help + " |\n";
   }
   return s;
 }

@@ -1,0 +1,29 @@
+#include "config/path_pattern.h"
+
+#include <unistd.h>
+
+namespace cudapool {
+
+std::string expand_path_pattern(std::string_view pattern, long pid, std::string_view host) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const char c = pattern[++i];
+    if (c == 'p') out += std::to_string(pid);
+    else if (c == 'h') out += host;
+    else if (c == '%') out += '%';
+    else { out += '%'; out += c; }
+  }
+  return out;
+}
+
+std::string expand_path_pattern(std::string_view pattern) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return expand_path_pattern(pattern, static_cast<long>(::getpid()), host);
+}
+
+}  // namespace cudapool

@@ -1,0 +1,333 @@
+// The TOML file, layering, profile selection, CUDAPOOL_ON_ERROR and the environment.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+
+#include "config/policy.h"
+#include "tests/unit/config_test_util.h"
+
+namespace cudapool {
+namespace {
+
+using testing::TempFile;
+
+bool has(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+
+Policy must_load(const PolicySources& s) {
+  PolicyResult r = load_policy(s);
+  EXPECT_TRUE(r.policy) << r.error;
+  return r.policy.value_or(Policy{});
+}
+
+std::string must_not_load(const PolicySources& s) {
+  PolicyResult r = load_policy(s);
+  EXPECT_FALSE(r.policy);
+  EXPECT_FALSE(r.error.empty());
+  return r.error;
+}
+
+PolicySources file(const TempFile& f, std::string profile = {}, std::string cmd = {}) {
+  PolicySources s;
+  s.config_path = f.path();
+  s.profile = std::move(profile);
+  s.command_line = std::move(cmd);
+  return s;
+}
+
+const char* kJobFile = R"(# shared by every job
+[policy]
+max_split_size_mb = 128
+garbage_collection_threshold = 0.8
+per_process_memory_fraction = 0.9
+
+[log]
+level = "info"
+file = "/tmp/cudapool-%p.log"
+
+[profiles.train]
+match = ["*train.py*"]
+expandable_segments = true
+max_split_size_mb = 256
+
+[profiles.eval]
+match = "*eval.py*"
+free_sync = "immediate"
+roundup_power2_divisions = {256 = 1, 512 = 2, ">" = 4}
+)";
+
+TEST(PolicyFile, PolicyAndLogTablesWithOrigins) {
+  TempFile f(kJobFile);
+  Policy p = must_load(file(f));
+  EXPECT_EQ(p.pool.max_split_size, 128 * MiB);
+  EXPECT_EQ(p.pool.garbage_collection_threshold, 0.8);
+  EXPECT_EQ(p.log_level, "info");
+  EXPECT_EQ(p.log_file, "/tmp/cudapool-%p.log");
+  EXPECT_FALSE(p.pool.expandable_segments);  // no profile matched
+  EXPECT_EQ(p.origin.at("max_split_size_mb"), "file " + f.path() + ":3");
+  EXPECT_EQ(p.origin.at("log_level"), "file " + f.path() + ":8");
+  EXPECT_EQ(p.origin.at("expandable_segments"), "default");
+  EXPECT_TRUE(p.warnings.empty());
+}
+
+TEST(PolicyFile, LayeringDefaultsFileProfileEnv) {
+  TempFile f(kJobFile);
+  PolicySources s = file(f, "", "python train.py --epochs 3");
+  s.conf = "max_split_size_mb:512,log_level:debug";
+  Policy p = must_load(s);
+  EXPECT_EQ(p.pool.max_split_size, 512 * MiB);              // env over profile over file
+  EXPECT_EQ(p.origin.at("max_split_size_mb"), "CUDAPOOL_CONF col 1");
+  EXPECT_TRUE(p.pool.expandable_segments);                   // profile
+  EXPECT_EQ(p.origin.at("expandable_segments"), "profile train (" + f.path() + ":13)");
+  EXPECT_EQ(p.pool.garbage_collection_threshold, 0.8);       // file
+  EXPECT_EQ(p.origin.at("garbage_collection_threshold"), "file " + f.path() + ":4");
+  EXPECT_EQ(p.log_level, "debug");                            // env over [log]
+  EXPECT_EQ(p.pool.max_non_split_rounding, 20 * MiB);        // default
+  EXPECT_EQ(p.origin.at("max_non_split_rounding_mb"), "default");
+
+  // Without the env string the profile's value shows through.
+  s.conf.clear();
+  EXPECT_EQ(must_load(s).pool.max_split_size, 256 * MiB);
+}
+
+TEST(PolicyFile, ProfileByNameAndByMatch) {
+  TempFile f(kJobFile);
+  Policy eval = must_load(file(f, "", "/usr/bin/python3 eval.py"));
+  EXPECT_EQ(eval.pool.free_sync, FreeSync::immediate);
+  const std::array<std::uint32_t, 16> want{1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4, 4, 4, 4, 4};
+  EXPECT_EQ(eval.pool.roundup_power2_divisions, want);
+  // An explicit choice wins over match.
+  Policy train = must_load(file(f, "train", "/usr/bin/python3 eval.py"));
+  EXPECT_TRUE(train.pool.expandable_segments);
+  EXPECT_EQ(train.pool.free_sync, FreeSync::fenced);
+  // Nothing matches: the file's [policy] alone.
+  Policy none = must_load(file(f, "", "./a.out"));
+  EXPECT_EQ(none.pool.max_split_size, 128 * MiB);
+  EXPECT_EQ(none.pool.free_sync, FreeSync::fenced);
+}
+
+TEST(PolicyFile, TwoMatchingProfilesNameBoth) {
+  TempFile f(kJobFile);
+  std::string e = must_not_load(file(f, "", "python train.py --then eval.py"));
+  EXPECT_TRUE(has(e, "'eval'")) << e;
+  EXPECT_TRUE(has(e, "'train'")) << e;
+  EXPECT_TRUE(has(e, "CUDAPOOL_PROFILE=NAME")) << e;
+  // Choosing one resolves it.
+  EXPECT_TRUE(must_load(file(f, "eval", "python train.py --then eval.py")).pool.free_sync == FreeSync::immediate);
+}
+
+TEST(PolicyFile, UnknownProfile) {
+  TempFile f(kJobFile);
+  std::string e = must_not_load(file(f, "trian"));
+  EXPECT_TRUE(has(e, "profile 'trian' (CUDAPOOL_PROFILE) is not in " + f.path())) << e;
+  EXPECT_TRUE(has(e, "eval, train")) << e;
+  TempFile bare("[policy]\nmax_split_size_mb = 64\n");
+  e = must_not_load(file(bare, "train"));
+  EXPECT_TRUE(has(e, "no [profiles.NAME] tables")) << e;
+}
+
+TEST(PolicyFile, ProfileWithoutFile) {
+  PolicySources s;
+  s.profile = "train";
+  std::string e = must_not_load(s);
+  EXPECT_TRUE(has(e, "CUDAPOOL_PROFILE=train")) << e;
+  EXPECT_TRUE(has(e, "CUDAPOOL_CONFIG")) << e;
+}
+
+TEST(PolicyFile, MissingFileAndDirectory) {
+  PolicySources s;
+  s.config_path = "/nonexistent/cudapool/policy.toml";
+  std::string e = must_not_load(s);
+  EXPECT_TRUE(has(e, "CUDAPOOL_CONFIG=/nonexistent/cudapool/policy.toml")) << e;
+  EXPECT_TRUE(has(e, "no such file")) << e;
+  s.config_path = "/tmp";
+  e = must_not_load(s);
+  EXPECT_TRUE(has(e, "is a directory")) << e;
+}
+
+TEST(PolicyFile, UnreadableFile) {
+  TempFile f("[policy]\n");
+  ASSERT_EQ(::chmod(f.path().c_str(), 0), 0);
+  PolicyResult r = load_policy(file(f));
+  if (::geteuid() == 0) {
+    // root reads it anyway; the file is then simply valid.
+    EXPECT_TRUE(r.policy) << r.error;
+  } else {
+    ASSERT_FALSE(r.policy);
+    EXPECT_TRUE(has(r.error, "permission denied")) << r.error;
+  }
+}
+
+TEST(PolicyFile, SyntaxErrorHasLineAndColumn) {
+  TempFile f("[policy]\nmax_split_size_mb = 128\nexpandable_segments = \n");
+  std::string e = must_not_load(file(f));
+  EXPECT_TRUE(has(e, f.path() + ":3:")) << e;
+  EXPECT_TRUE(has(e, "TOML syntax error")) << e;
+  TempFile g("[policy\n");
+  EXPECT_TRUE(has(must_not_load(file(g)), g.path() + ":1:")) << must_not_load(file(g));
+}
+
+TEST(PolicyFile, UnknownKeyHasFileLineAndSuggestion) {
+  TempFile f("[policy]\nexpandable_segments = true\nmax_split_size = 64\n");
+  std::string e = must_not_load(file(f));
+  EXPECT_TRUE(has(e, f.path() + ":3: unknown key 'max_split_size' in [policy]")) << e;
+  EXPECT_TRUE(has(e, "did you mean 'max_split_size_mb'?")) << e;
+  TempFile g("[profiles.x]\nreserve_percentage = 0.1\n");
+  e = must_not_load(file(g));
+  EXPECT_TRUE(has(e, g.path() + ":2: unknown key 'reserve_percentage' in [profiles.x]")) << e;
+  EXPECT_TRUE(has(e, "valid keys:")) << e;
+  TempFile h("[log]\nlevels = \"info\"\n");
+  e = must_not_load(file(h));
+  EXPECT_TRUE(has(e, h.path() + ":2: unknown key 'levels' in [log]")) << e;
+  EXPECT_TRUE(has(e, "level, file")) << e;
+}
+
+TEST(PolicyFile, BadValueUsesTomlSyntaxInTheExample) {
+  TempFile f("[policy]\n\nmax_split_size_mb = 10\n");
+  std::string e = must_not_load(file(f));
+  EXPECT_TRUE(has(e, f.path() + ":3: bad value '10' for max_split_size_mb")) << e;
+  EXPECT_TRUE(has(e, "e.g. max_split_size_mb = 128")) << e;
+  TempFile g("[policy]\nfree_sync = \"sometimes\"\n");
+  e = must_not_load(file(g));
+  EXPECT_TRUE(has(e, "e.g. free_sync = \"fenced\"")) << e;
+  TempFile h("[policy]\nexpandable_segments = [true]\n");
+  e = must_not_load(file(h));
+  EXPECT_TRUE(has(e, "bad value 'an array' for expandable_segments (wrong TOML type)")) << e;
+  EXPECT_TRUE(has(e, "e.g. expandable_segments = true")) << e;
+  TempFile i("[policy]\ngarbage_collection_threshold = 1.0\n");
+  EXPECT_TRUE(has(must_not_load(file(i)), "strictly between 0 and 1"));
+  TempFile j("[policy]\nmax_reserved_mb = -1\n");
+  EXPECT_TRUE(has(must_not_load(file(j)), "bad value '-1' for max_reserved_mb"));
+}
+
+TEST(PolicyFile, TomlValueForms) {
+  TempFile f(R"([policy]
+expandable_segments = "True"
+release_lock_on_cudamalloc = true
+per_process_memory_fraction = 1
+roundup_power2_divisions = "[256:1,512:2,>:4]"
+stats_file = "/tmp/s p a c e, and comma.json"
+[log]
+trace_file = "/tmp/t-%p.csv"
+)");
+  Policy p = must_load(file(f));
+  EXPECT_TRUE(p.pool.expandable_segments);
+  EXPECT_TRUE(p.pool.release_lock_on_cudamalloc);
+  EXPECT_EQ(p.pool.per_process_memory_fraction, 1.0);
+  EXPECT_EQ(p.pool.roundup_power2_divisions[9], 2u);
+  EXPECT_EQ(p.stats_file, "/tmp/s p a c e, and comma.json");
+  EXPECT_EQ(p.trace_file, "/tmp/t-%p.csv");
+  TempFile g("[policy]\nroundup_power2_divisions = 8\n");
+  EXPECT_EQ(must_load(file(g)).pool.roundup_power2_divisions[15], 8u);
+  TempFile h("[policy]\nroundup_power2_divisions = {1024 = 4, 256 = 2}\n");
+  // Ordered by boundary, not by spelling: 256:2 first (buckets 0..8), then 1024:4 (bucket 10).
+  const std::array<std::uint32_t, 16> want{2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 4, 0, 0, 0, 0, 0};
+  EXPECT_EQ(must_load(file(h)).pool.roundup_power2_divisions, want);
+  TempFile k("[policy]\nroundup_power2_divisions = {256 = \"x\"}\n");
+  EXPECT_TRUE(has(must_not_load(file(k)), "divisions must be an integer"));
+}
+
+TEST(PolicyFile, StructureErrors) {
+  TempFile f("max_split_size_mb = 64\n");
+  std::string e = must_not_load(file(f));
+  EXPECT_TRUE(has(e, "outside any table; put it under [policy]")) << e;
+  TempFile g("[polcy]\nmax_split_size_mb = 64\n");
+  e = must_not_load(file(g));
+  EXPECT_TRUE(has(e, "unknown table 'polcy'")) << e;
+  TempFile h("policy = 3\n");
+  EXPECT_TRUE(has(must_not_load(file(h)), "'policy' must be a table"));
+  TempFile i("[profiles]\ntrain = 1\n");
+  EXPECT_TRUE(has(must_not_load(file(i)), "profile 'train' must be a table"));
+  TempFile j("[profiles.train]\nmatch = 5\n");
+  EXPECT_TRUE(has(must_not_load(file(j)), "match must be a string or an array of strings"));
+  TempFile k("[profiles.train]\nmatch = [\"a\", 5]\n");
+  EXPECT_TRUE(has(must_not_load(file(k)), "match globs must be strings"));
+}
+
+TEST(PolicyFile, EveryProfileIsCheckedEvenWhenNotChosen) {
+  TempFile f("[profiles.good]\nmax_split_size_mb = 64\n[profiles.bad]\nmax_split_size_mb = 5\n");
+  std::string e = must_not_load(file(f, "good"));
+  EXPECT_TRUE(has(e, f.path() + ":4: bad value '5' for max_split_size_mb")) << e;
+}
+
+TEST(PolicyFile, ProfileLogSubtable) {
+  TempFile f("[profiles.dbg]\n[profiles.dbg.log]\nlevel = \"trace\"\n");
+  Policy p = must_load(file(f, "dbg"));
+  EXPECT_EQ(p.log_level, "trace");
+  EXPECT_EQ(p.origin.at("log_level"), "profile dbg (" + f.path() + ":3)");
+}
+
+TEST(PolicyFile, EnvErrorAfterFileStillReported) {
+  TempFile f(kJobFile);
+  PolicySources s = file(f);
+  s.conf = "max_split_size_mb:1";
+  std::string e = must_not_load(s);
+  EXPECT_TRUE(has(e, "CUDAPOOL_CONF col 19")) << e;
+}
+
+TEST(OnError, FromSourcesEvenWhenThePolicyIsInvalid) {
+  PolicySources s;
+  s.on_error = "passthrough";
+  s.conf = "reserve_percentage:0.1";
+  PolicyResult r = load_policy(s);
+  EXPECT_FALSE(r.policy);
+  EXPECT_EQ(r.on_error, OnError::passthrough);
+  s.conf.clear();
+  r = load_policy(s);
+  ASSERT_TRUE(r.policy) << r.error;
+  EXPECT_EQ(r.policy->on_error, OnError::passthrough);
+  EXPECT_EQ(r.policy->origin.at("on_error"), "CUDAPOOL_ON_ERROR");
+  s.on_error = "STOP";
+  EXPECT_EQ(load_policy(s).policy->on_error, OnError::stop);
+  s.on_error = "ignore";
+  r = load_policy(s);
+  EXPECT_FALSE(r.policy);
+  EXPECT_EQ(r.on_error, OnError::stop);
+  EXPECT_TRUE(has(r.error, "CUDAPOOL_ON_ERROR=ignore")) << r.error;
+  EXPECT_TRUE(has(r.error, "passthrough")) << r.error;
+  EXPECT_TRUE(has(r.error, "78")) << r.error;
+}
+
+TEST(Warnings, GarbageCollectionWithoutALimit) {
+  PolicySources s;
+  s.conf = "garbage_collection_threshold:0.7";
+  Policy p = must_load(s);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_TRUE(has(p.warnings[0], "garbage_collection_threshold has no effect")) << p.warnings[0];
+  s.conf += ",max_reserved_mb:4096";
+  EXPECT_TRUE(must_load(s).warnings.empty());
+}
+
+TEST(Warnings, PassthroughMakesPoolKeysMoot) {
+  PolicySources s;
+  s.conf = "backend:passthrough,max_split_size_mb:64,log_level:info";
+  Policy p = must_load(s);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_TRUE(has(p.warnings[0], "max_split_size_mb has no effect")) << p.warnings[0];
+}
+
+TEST(Environment, SourcesAndLoad) {
+  TempFile f(kJobFile);
+  ::setenv("CUDAPOOL_CONF", "expandable_segments:True", 1);
+  ::setenv("CUDAPOOL_CONFIG", f.path().c_str(), 1);
+  ::setenv("CUDAPOOL_PROFILE", "eval", 1);
+  ::setenv("CUDAPOOL_ON_ERROR", "passthrough", 1);
+  PolicySources s = sources_from_environment();
+  EXPECT_EQ(s.conf, "expandable_segments:True");
+  EXPECT_EQ(s.config_path, f.path());
+  EXPECT_EQ(s.profile, "eval");
+  EXPECT_EQ(s.on_error, "passthrough");
+  EXPECT_TRUE(has(s.command_line, "config_tests")) << s.command_line;  // this binary's argv[0]
+  PolicyResult r = load_policy_from_environment();
+  ASSERT_TRUE(r.policy) << r.error;
+  EXPECT_TRUE(r.policy->pool.expandable_segments);
+  EXPECT_EQ(r.policy->pool.free_sync, FreeSync::immediate);
+  EXPECT_EQ(r.on_error, OnError::passthrough);
+  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR"}) ::unsetenv(v);
+  r = load_policy_from_environment();
+  ASSERT_TRUE(r.policy) << r.error;
+  testing::expect_same_policy(*r.policy, Policy{});
+}
+
+}  // namespace
+}  // namespace cudapool

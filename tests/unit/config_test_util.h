@@ -1,0 +1,68 @@
+// Helpers shared by the config tests.
+#pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "config/policy.h"
+
+namespace cudapool::testing {
+
+inline Policy must_parse(std::string_view conf, const Policy& base = Policy{}) {
+  PolicyResult r = parse_conf(conf, base);
+  EXPECT_TRUE(r.policy.has_value()) << "conf: " << conf << "\nerror: " << r.error;
+  EXPECT_TRUE(r.error.empty());
+  return r.policy.value_or(Policy{});
+}
+
+inline std::string must_fail(std::string_view conf) {
+  PolicyResult r = parse_conf(conf, Policy{});
+  EXPECT_FALSE(r.policy.has_value()) << "conf unexpectedly accepted: " << conf;
+  EXPECT_FALSE(r.error.empty()) << "no message for: " << conf;
+  return r.error;
+}
+
+// Every field that decides behaviour (origin and warnings are bookkeeping).
+inline void expect_same_policy(const Policy& a, const Policy& b) {
+  EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
+  EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);
+  EXPECT_EQ(a.pool.roundup_power2_divisions, b.pool.roundup_power2_divisions);
+  EXPECT_EQ(a.pool.garbage_collection_threshold, b.pool.garbage_collection_threshold);
+  EXPECT_EQ(a.pool.expandable_segments, b.pool.expandable_segments);
+  EXPECT_EQ(a.pool.release_lock_on_cudamalloc, b.pool.release_lock_on_cudamalloc);
+  EXPECT_EQ(a.pool.per_process_memory_fraction, b.pool.per_process_memory_fraction);
+  EXPECT_EQ(a.pool.max_reserved, b.pool.max_reserved);
+  EXPECT_EQ(a.pool.free_sync, b.pool.free_sync);
+  EXPECT_EQ(a.backend, b.backend);
+  EXPECT_EQ(a.log_level, b.log_level);
+  EXPECT_EQ(a.log_file, b.log_file);
+  EXPECT_EQ(a.trace_file, b.trace_file);
+  EXPECT_EQ(a.stats_file, b.stats_file);
+}
+
+// A file under $TMPDIR (or /tmp) removed when the test ends.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& contents) {
+    const char* dir = std::getenv("TMPDIR");
+    std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/cudapool-policy-XXXXXX";
+    int fd = ::mkstemp(tmpl.data());
+    EXPECT_GE(fd, 0);
+    path_ = tmpl;
+    ssize_t n = ::write(fd, contents.data(), contents.size());
+    EXPECT_EQ(n, static_cast<ssize_t>(contents.size()));
+    ::close(fd);
+  }
+  ~TempFile() { ::unlink(path_.c_str()); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace cudapool::testing
