@@ -1,0 +1,58 @@
+// Logging setup: file name patterns, level names, run-time level changes, file output.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <ctime>
+
+#include "telemetry/logging.h"
+#include "telemetry_util.h"
+
+namespace cudapool {
+namespace {
+
+TEST(TelemetryLogging, PathPatterns) {
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_EQ(expand_path_pattern("/tmp/x-%p.log"), "/tmp/x-" + pid + ".log");
+  EXPECT_EQ(expand_path_pattern("%%p"), "%p");
+  EXPECT_EQ(expand_path_pattern("a%qb%"), "a%qb%");  // unknown patterns stay as written
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  EXPECT_EQ(expand_path_pattern("%h"), host);
+  const long long before = std::time(nullptr);
+  const long long t = std::stoll(expand_path_pattern("%t"));
+  EXPECT_GE(t, before);
+  EXPECT_LE(t, before + 5);
+}
+
+TEST(TelemetryLogging, LevelsAndFileOutput) {
+  testing::TempPath path(".log");
+  Policy p;
+  p.log_file = path.str();
+  p.log_level = "loud";
+  EXPECT_NE(init_logging(p).find("unknown log level 'loud'"), std::string::npos);
+  p.log_level = "warn";
+  ASSERT_EQ(init_logging(p), "");
+  EXPECT_EQ(log_level_name(), "warning");
+  log().info("hidden {}", 1);
+  log().warn("shown {}", 2);
+  EXPECT_FALSE(set_log_level("chatty"));
+  EXPECT_TRUE(set_log_level("debug"));
+  EXPECT_EQ(log_level_name(), "debug");
+  log().debug("shown {}", 3);
+  log().trace("hidden {}", 4);
+  flush_logs();
+  auto lines = testing::read_lines(path.str());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("[warning] shown 2"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("[cudapool " + std::to_string(::getpid())), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("[debug] shown 3"), std::string::npos) << lines[1];
+
+  p.log_file = "/dev/null/a.log";
+  EXPECT_NE(init_logging(p).find("cannot open log file '/dev/null/a.log'"), std::string::npos);
+  // Back to stderr so later tests do not write into a removed file.
+  p.log_file.clear();
+  EXPECT_EQ(init_logging(p), "");
+}
+
+}  // namespace
+}  // namespace cudapool

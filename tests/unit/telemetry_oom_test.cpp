@@ -1,0 +1,78 @@
+// OOM diagnosis: sizes formatted like PyTorch, every number present, the hint when (and only
+// when) fragmentation is the likely cause.
+#include <gtest/gtest.h>
+
+#include "telemetry/oom.h"
+
+namespace cudapool {
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(TelemetryOom, FormatSize) {
+  EXPECT_EQ(format_size(0), "0 bytes");
+  EXPECT_EQ(format_size(1023), "1023 bytes");
+  EXPECT_EQ(format_size(1024), "1.00 KiB");
+  EXPECT_EQ(format_size(1536), "1.50 KiB");
+  EXPECT_EQ(format_size(20 * MiB), "20.00 MiB");
+  EXPECT_EQ(format_size(150'109'880'320ULL), "139.80 GiB");
+  EXPECT_EQ(format_size(3 * 1024ULL * GiB), "3.00 TiB");
+}
+
+TEST(TelemetryOom, DiagnosisContainsTheNumbers) {
+  Stats st;
+  st.reserved_bytes[kAll].current = static_cast<std::int64_t>(6 * GiB);
+  st.allocated_bytes[kAll].current = static_cast<std::int64_t>(2 * GiB);
+  st.pending_bytes = static_cast<std::int64_t>(512 * MiB);
+  PoolOptions opt;
+  OomInfo info = make_oom_info(1, 1536 * MiB, 1536 * MiB + 2 * MiB, st, opt, 300 * MiB, 8 * GiB);
+  EXPECT_EQ(info.reserved, 6 * GiB);
+  EXPECT_EQ(info.allocated, 2 * GiB);
+  EXPECT_EQ(info.limit, kNoLimit);
+  EXPECT_FALSE(info.limit_refused);
+  const std::string t = format_oom(info);
+  EXPECT_TRUE(has(t, "CUDA out of memory. Tried to allocate 1.50 GiB")) << t;
+  EXPECT_TRUE(has(t, "segment of 1.50 GiB")) << t;  // 1538 MiB prints as 1.50 GiB
+  EXPECT_TRUE(has(t, "GPU 1 has a total capacity of 8.00 GiB of which 300.00 MiB is free")) << t;
+  EXPECT_TRUE(has(t, "(6.00 GiB)")) << t;
+  EXPECT_TRUE(has(t, "2.00 GiB is allocated and 4.00 GiB is reserved but unallocated")) << t;
+  EXPECT_TRUE(has(t, "512.00 MiB")) << t;
+  EXPECT_TRUE(has(t, "expandable_segments:True")) << t;  // 4 GiB idle, 1.5 GiB wanted
+  EXPECT_FALSE(has(t, "limit")) << t;
+}
+
+TEST(TelemetryOom, NoHintWhenCacheIsSmallOrExpandableIsOn) {
+  Stats st;
+  st.reserved_bytes[kAll].current = static_cast<std::int64_t>(4 * GiB);
+  st.allocated_bytes[kAll].current = static_cast<std::int64_t>(4 * GiB - 2 * MiB);
+  PoolOptions opt;
+  std::string t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, st, opt, 0, 4 * GiB));
+  EXPECT_FALSE(has(t, "expandable_segments")) << t;
+  st.allocated_bytes[kAll].current = 0;
+  opt.expandable_segments = true;
+  t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, st, opt, 0, 4 * GiB));
+  EXPECT_FALSE(has(t, "expandable_segments")) << t;
+  opt.expandable_segments = false;
+  t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, st, opt, 0, 4 * GiB));
+  EXPECT_TRUE(has(t, "expandable_segments:True")) << t;
+}
+
+TEST(TelemetryOom, LimitFromFractionAndCap) {
+  Stats st;
+  st.reserved_bytes[kAll].current = static_cast<std::int64_t>(3 * GiB);
+  st.allocated_bytes[kAll].current = static_cast<std::int64_t>(3 * GiB);
+  PoolOptions opt;
+  opt.per_process_memory_fraction = 0.5;
+  OomInfo info = make_oom_info(0, 2 * GiB, 2 * GiB, st, opt, 70 * GiB, 80 * GiB);
+  EXPECT_EQ(info.limit, 40 * GiB);
+  EXPECT_FALSE(info.limit_refused);  // 3 + 2 GiB fits under 40 GiB: the driver refused
+  EXPECT_TRUE(has(format_oom(info), "limit is 40.00 GiB; the driver refused")) << format_oom(info);
+  opt.max_reserved = 4 * GiB;
+  info = make_oom_info(0, 2 * GiB, 2 * GiB, st, opt, 70 * GiB, 80 * GiB);
+  EXPECT_EQ(info.limit, 4 * GiB);
+  EXPECT_TRUE(info.limit_refused);
+  EXPECT_TRUE(has(format_oom(info), "limit is 4.00 GiB and it refused")) << format_oom(info);
+}
+
+}  // namespace
+}  // namespace cudapool
