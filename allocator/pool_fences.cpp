@@ -1,0 +1,197 @@
+// Stream safety: when freed memory becomes reusable by whom (docs/design.md, "Streams and fences").
+//  * free() puts blocks in the open batch; the next allocate() records ONE device fence for the
+//    whole batch; completed batches turn into shared free blocks.
+//  * Blocks freed on a stream are local to it; a miss on another stream records one fence on that
+//    stream (at most one outstanding per stream) and promotes the blocks it covers once complete.
+//  * retire_stream() turns a stream's local blocks into a batch on a fence on that stream.
+//  * Under memory pressure (OOM path, empty_cache) every fence is waited for.
+#include <algorithm>
+
+#include "allocator/pool_impl.h"
+
+namespace cudapool {
+
+using detail::BState;
+
+void DevicePool::Impl::close_open() {
+  if (open->count == 0) return;
+  open->fence = fences.record_device();
+  ++st.fences_recorded;
+  if (dev_tail != nullptr) dev_tail->next = open; else dev_head = open;
+  dev_tail = open;
+  open = batch_pool.get();
+}
+
+// Blocks of a completed batch (pending or retiring) become shared free blocks.
+void DevicePool::Impl::complete_batch(Batch* batch) {
+  for (Block* b = batch->head; b != nullptr;) {
+    Block* next = b->link;
+    b->link = nullptr;
+    if (b->state == BState::pending) {
+      st.pending_bytes -= static_cast<std::int64_t>(b->size);
+      deactivate(b);
+    } else if (b->is_split()) {
+      count_inactive_split(b, -1);  // retiring blocks were counted; insert_free recounts
+    }
+    insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
+    b = next;
+  }
+  fences.release(batch->fence);
+  batch_pool.put(batch);
+}
+
+// The stream's promotion fence completed: its local blocks freed before it became shared.
+void DevicePool::Impl::complete_promo(StreamFree* sf) {
+  std::vector<Block*> covered;
+  for (FreeSet& set : sf->sets)
+    for (Block* b : set)
+      if (b->epoch <= sf->promo_epoch) covered.push_back(b);
+  for (Block* b : covered) {
+    FreeSet& set = sf->sets[detail::kind_index(b->seg->small)];
+    set.erase(b);
+    if (b->is_split()) count_inactive_split(b, -1);
+    insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
+  }
+  drop_promo(sf);
+}
+
+void DevicePool::Impl::drop_promo(StreamFree* sf) {
+  if (sf->promo_fence == 0) return;
+  fences.release(sf->promo_fence);
+  sf->promo_fence = 0;
+  promo_list.erase(std::find(promo_list.begin(), promo_list.end(), sf));
+}
+
+// Called by allocate() only when some fence work exists; each step is a cheap query.
+void DevicePool::Impl::service_fences() {
+  close_open();
+  // Device fences complete in recording order: stop at the first one still running.
+  while (dev_head != nullptr && fences.query(dev_head->fence)) {
+    Batch* b = dev_head;
+    dev_head = b->next;
+    if (dev_head == nullptr) dev_tail = nullptr;
+    complete_batch(b);
+  }
+  for (Batch** pp = &retire_head; *pp != nullptr;) {
+    Batch* b = *pp;
+    if (fences.query(b->fence)) {
+      *pp = b->next;
+      complete_batch(b);
+    } else {
+      pp = &b->next;
+    }
+  }
+  for (std::size_t i = 0; i < promo_list.size();) {
+    StreamFree* sf = promo_list[i];
+    if (fences.query(sf->promo_fence))
+      complete_promo(sf);  // removes promo_list[i]
+    else
+      ++i;
+  }
+}
+
+// A miss on `stream`: other streams' local blocks that could serve `rounded` get a fence on
+// their stream (one outstanding per stream). Returns true if anything was promoted now.
+bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
+  const int k = detail::kind_index(is_small(rounded));
+  bool promoted = false;
+  for (auto& [sid, owned] : streams) {
+    StreamFree* sf = owned.get();
+    if (sid == stream || sf->sets[k].empty()) continue;
+    if ((*sf->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
+    if (sf->promo_fence == 0) {
+      sf->promo_fence = fences.record_stream(sid);
+      sf->promo_epoch = epoch;
+      ++st.fences_recorded;
+      promo_list.push_back(sf);
+    }
+    if (fences.query(sf->promo_fence)) {
+      complete_promo(sf);
+      promoted = true;
+    }
+  }
+  return promoted;
+}
+
+// FreeSync::device: block on the fences of free()d memory. Returns true if there was any.
+bool DevicePool::Impl::wait_device_batches() {
+  close_open();
+  if (dev_head == nullptr) return false;
+  while (dev_head != nullptr) {
+    Batch* b = dev_head;
+    dev_head = b->next;
+    fences.wait(b->fence);
+    ++st.fence_waits;
+    complete_batch(b);
+  }
+  dev_tail = nullptr;
+  return true;
+}
+
+// Memory pressure: every block that waits on a fence, and every local block, becomes shared.
+void DevicePool::Impl::wait_all() {
+  ++st.num_sync_all_streams;
+  wait_device_batches();
+  while (retire_head != nullptr) {
+    Batch* b = retire_head;
+    retire_head = b->next;
+    fences.wait(b->fence);
+    ++st.fence_waits;
+    complete_batch(b);
+  }
+  for (auto& [sid, owned] : streams) {
+    StreamFree* sf = owned.get();
+    if (sf->empty()) {
+      drop_promo(sf);
+      continue;
+    }
+    if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
+    if (sf->promo_fence == 0) {
+      sf->promo_fence = fences.record_stream(sid);
+      sf->promo_epoch = epoch;
+      ++st.fences_recorded;
+      promo_list.push_back(sf);
+    }
+    fences.wait(sf->promo_fence);
+    ++st.fence_waits;
+    complete_promo(sf);
+  }
+}
+
+std::size_t DevicePool::empty_cache() {
+  Impl& I = *impl_;
+  Impl::Lock lk(I.mu);
+  I.wait_all();
+  const std::size_t bytes = I.release_cached(lk);
+  ++I.st.empty_cache_calls;
+  I.emit(EventKind::empty_cache, 0, bytes, 0, 0);
+  return bytes;
+}
+
+void DevicePool::retire_stream(StreamId stream) {
+  Impl& I = *impl_;
+  Impl::Lock lk(I.mu);
+  auto it = I.streams.find(stream);
+  if (it == I.streams.end()) return;
+  Impl::StreamFree* sf = it->second.get();
+  if (!sf->empty()) {
+    Impl::Batch* batch = I.batch_pool.get();
+    batch->stream = stream;
+    batch->fence = I.fences.record_stream(stream);
+    ++I.st.fences_recorded;
+    for (Impl::FreeSet& set : sf->sets) {
+      for (Impl::Block* b : set) {
+        b->state = BState::retiring;  // stays inactive (and counted so) but in no set
+        batch->push(b);
+      }
+      set.clear();
+    }
+    batch->next = I.retire_head;
+    I.retire_head = batch;
+  }
+  I.drop_promo(sf);
+  if (I.last_sf == sf) I.last_sf = nullptr;
+  I.streams.erase(it);
+}
+
+}  // namespace cudapool

@@ -1,0 +1,385 @@
+// Internal: the pool's data structures and the primitives both the fast path (pool_fast.cpp)
+// and the slow paths (pool_slow.cpp, pool_fences.cpp) use. Not installed, not for other modules.
+//
+// Picture (docs/design.md has the why):
+//   Segment  = one upstream allocation; its Blocks tile it in address order (prev/next).
+//   Block    = allocated | pending (freed by free(), waits for a device fence) |
+//              local (free, reusable at once by one stream) | shared (free, any stream) |
+//              retiring (free, its stream was retired; waits for a fence on that stream).
+//   Free sets: std::set ordered by (size, address) per pool kind (small/large) and per class:
+//              one shared set each, one local set each per stream. Best fit for a request on
+//              stream t = the smaller of lower_bound() in t's local set and in the shared set.
+//   live     = PtrMap from the start of each allocated block to the block (the free path).
+//   Batches  = blocks waiting on one fence: the open batch (free()s since the last allocate),
+//              recorded device batches (FIFO), retire batches. Local blocks are promoted to
+//              shared through one outstanding stream fence per stream (StreamFree::promo_*).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "allocator/node_pool.h"
+#include "allocator/pool.h"
+#include "allocator/ptr_map.h"
+
+namespace cudapool {
+namespace detail {
+
+enum class BState : std::uint8_t { allocated, pending, local, shared, retiring };
+
+struct Segment;
+
+struct Block {
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // allocated/pending: what the caller asked for; else 0
+  Segment* seg = nullptr;
+  Block* prev = nullptr;  // address neighbours inside the segment
+  Block* next = nullptr;
+  Block* link = nullptr;  // next block of the same batch (pending / retiring)
+  StreamId owner = 0;     // allocated/pending: allocation stream; local: the stream it is local to
+  std::uint64_t epoch = 0;    // local: free stamp; promoted by a stream fence recorded at >= epoch
+  std::uint64_t gc_base = 0;  // pool searches counter when the block was last cached (GC age)
+  BState state = BState::shared;
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool is_free() const { return state == BState::local || state == BState::shared || state == BState::retiring; }
+};
+
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  Block* head = nullptr;
+  StreamId stream = 0;  // stream of the allocation that created it (snapshot only)
+  bool small = false;
+};
+
+struct BySizeAddr {
+  using is_transparent = void;
+  struct Key {
+    std::size_t size;
+    std::uintptr_t ptr;
+  };
+  bool operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+  }
+  bool operator()(const Block* a, const Key& k) const {
+    return a->size != k.size ? a->size < k.size : a->ptr < k.ptr;
+  }
+  bool operator()(const Key& k, const Block* b) const {
+    return k.size != b->size ? k.size < b->size : k.ptr < b->ptr;
+  }
+};
+using FreeSet = std::set<Block*, BySizeAddr, ArenaAllocator<Block*>>;
+
+struct Batch {
+  FenceHandle fence = 0;
+  StreamId stream = 0;  // retire batches: the stream the fence was recorded on
+  Block* head = nullptr;
+  std::size_t count = 0;
+  std::size_t bytes = 0;
+  Batch* next = nullptr;
+  void push(Block* b) {
+    b->link = head;
+    head = b;
+    ++count;
+    bytes += b->size;
+  }
+};
+
+// Index of a pool kind into the per-kind arrays: 0 small, 1 large.
+inline int kind_index(bool small) { return small ? 0 : 1; }
+inline StatPool stat_pool(bool small) { return small ? kSmallPool : kLargePool; }
+
+struct StreamFree {
+  StreamId id;
+  FreeSet sets[2];
+  FenceHandle promo_fence = 0;  // outstanding fence on this stream, 0 = none
+  std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
+  StreamFree(StreamId s, NodeArena* arena)
+      : id(s),
+        sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),
+             FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena))} {}
+  bool empty() const { return sets[0].empty() && sets[1].empty(); }
+};
+
+struct Fit {
+  FreeSet* set = nullptr;
+  FreeSet::iterator it{};
+  explicit operator bool() const { return set != nullptr; }
+};
+
+// A segment taken out of the pool's structures, to be handed back to the upstream (possibly
+// with the lock dropped).
+struct Detached {
+  std::uintptr_t base;
+  std::size_t size;
+};
+
+inline void add_stat(StatCounter& c, std::int64_t d) {
+  c.current += d;
+  if (d >= 0) {
+    c.allocated += d;
+    if (c.current > c.peak) c.peak = c.current;
+  } else {
+    c.freed -= d;
+  }
+}
+inline void bump(StatArray& a, StatPool pool, std::int64_t d) {
+  add_stat(a[kAll], d);
+  add_stat(a[pool], d);
+}
+
+}  // namespace detail
+
+struct DevicePool::Impl {
+  using Block = detail::Block;
+  using Segment = detail::Segment;
+  using Batch = detail::Batch;
+  using FreeSet = detail::FreeSet;
+  using StreamFree = detail::StreamFree;
+  using Fit = detail::Fit;
+  using Detached = detail::Detached;
+  using BState = detail::BState;
+  using Lock = std::unique_lock<std::mutex>;
+
+  Impl(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences, EventSink* sink);
+  ~Impl();
+
+  // ---- configuration (immutable after construction) ----
+  const int device;
+  const PoolOptions opt;
+  Upstream& up;
+  FenceProvider& fences;
+  EventSink* sink;
+
+  mutable std::mutex mu;
+
+  // ---- storage (arena first: the sets below allocate from it and must die before it) ----
+  detail::NodeArena arena;
+  detail::ObjectPool<Block> block_pool;
+  detail::ObjectPool<Segment> segment_pool;
+  detail::ObjectPool<Batch> batch_pool;
+
+  detail::PtrMap<Block*> live;                     // allocated blocks by start address
+  std::map<std::uintptr_t, Segment*> segments;     // by base; slow paths and queries only
+  FreeSet shared[2];
+  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams;
+  StreamFree* last_sf = nullptr;  // one-entry cache in front of `streams`
+  StreamId last_sid = 0;
+
+  Batch* open = nullptr;                     // free()d blocks since the last fence record
+  Batch* dev_head = nullptr;                 // recorded device batches, oldest first
+  Batch* dev_tail = nullptr;
+  Batch* retire_head = nullptr;              // retire batches (unordered)
+  std::vector<StreamFree*> promo_list;       // streams with an outstanding promotion fence
+
+  std::uint64_t epoch = 0;        // bumped by every stream-local free
+  std::uint64_t searches[2] = {0, 0};
+  Stats st;
+
+  // Limits, computed on first need (mem_info may be slow).
+  bool limits_ready = false;
+  std::size_t device_total = 0;
+  std::size_t limit = kNoLimit;   // reserved may not exceed this (fraction / max_reserved)
+  std::size_t inflight = 0;       // segment bytes being allocated/released with the lock dropped
+
+  // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
+  bool has_fence_work() const {
+    return open->count != 0 || dev_head != nullptr || retire_head != nullptr || !promo_list.empty();
+  }
+
+  StreamFree* stream_find(StreamId s) {
+    if (last_sf != nullptr && last_sid == s) return last_sf;
+    auto it = streams.find(s);
+    if (it == streams.end()) return nullptr;
+    last_sf = it->second.get();
+    last_sid = s;
+    return last_sf;
+  }
+  StreamFree* stream_get(StreamId s) {
+    if (StreamFree* sf = stream_find(s)) return sf;
+    auto& slot = streams[s];
+    slot = std::make_unique<StreamFree>(s, &arena);
+    last_sf = slot.get();
+    last_sid = s;
+    return last_sf;
+  }
+
+  bool fits_oversize_rules(std::size_t rounded, std::size_t block) const {
+    const std::size_t m = opt.max_split_size;
+    if (rounded < m && block >= m) return false;  // oversize blocks are not for small requests
+    if (rounded >= m && block - rounded >= opt.max_non_split_rounding) return false;
+    return true;
+  }
+
+  // Best fit for `rounded` on `stream`: the smaller of t's local candidate and the shared one.
+  Fit find_fit(std::size_t rounded, StreamId stream) {
+    const int k = detail::kind_index(is_small(rounded));
+    ++searches[k];
+    const detail::BySizeAddr::Key key{rounded, 0};
+    Fit best;
+    FreeSet& sh = shared[k];
+    if (!sh.empty()) {
+      auto it = sh.lower_bound(key);
+      if (it != sh.end()) best = Fit{&sh, it};
+    }
+    if (StreamFree* sf = stream_find(stream)) {
+      FreeSet& ls = sf->sets[k];
+      if (!ls.empty()) {
+        auto it = ls.lower_bound(key);
+        if (it != ls.end() && (!best || detail::BySizeAddr{}(*it, *best.it))) best = Fit{&ls, it};
+      }
+    }
+    if (best && !fits_oversize_rules(rounded, (*best.it)->size)) return Fit{};
+    return best;
+  }
+
+  void count_inactive_split(Block* b, int sign) {
+    const StatPool p = detail::stat_pool(b->seg->small);
+    detail::bump(st.inactive_split, p, sign);
+    detail::bump(st.inactive_split_bytes, p, sign * static_cast<std::int64_t>(b->size));
+  }
+
+  // Turn the free block at `fit` into an allocated block of `rounded` bytes for `stream`,
+  // splitting off the rest when PyTorch's rules say so.
+  Block* take(Fit fit, std::size_t rounded, std::size_t requested, StreamId stream) {
+    Block* b = *fit.it;
+    const bool small = b->seg->small;
+    const StatPool p = detail::stat_pool(small);
+    if (b->is_split()) count_inactive_split(b, -1);
+    const std::size_t rest = b->size - rounded;
+    const bool split = small ? rest >= kMinBlockSize : (rounded < opt.max_split_size && rest > kSmallSize);
+    if (split) {
+      // The remainder keeps b's place in the same set: same class, larger address.
+      Block* r = block_pool.get();
+      r->ptr = b->ptr + rounded;
+      r->size = rest;
+      r->seg = b->seg;
+      r->prev = b;
+      r->next = b->next;
+      if (b->next != nullptr) b->next->prev = r;
+      b->next = r;
+      r->state = b->state;
+      r->owner = b->owner;
+      r->epoch = b->epoch;
+      r->gc_base = b->gc_base;
+      auto hint = fit.set->erase(fit.it);  // before b->size changes: the set is ordered by size
+      b->size = rounded;
+      fit.set->insert(hint, r);
+      count_inactive_split(r, +1);
+    } else {
+      fit.set->erase(fit.it);
+    }
+    b->state = BState::allocated;
+    b->owner = stream;
+    b->requested = requested;
+    const auto sz = static_cast<std::int64_t>(b->size);
+    detail::bump(st.allocation, p, 1);
+    detail::bump(st.allocated_bytes, p, sz);
+    detail::bump(st.active, p, 1);
+    detail::bump(st.active_bytes, p, sz);
+    detail::bump(st.requested_bytes, p, static_cast<std::int64_t>(requested));
+    if (b->size >= opt.max_split_size) detail::add_stat(st.oversize_allocations, 1);
+    live.insert(b->ptr, b);
+    return b;
+  }
+
+  // Allocated -> no longer allocated (still active until it becomes free).
+  void unallocate(Block* b) {
+    const StatPool p = detail::stat_pool(b->seg->small);
+    detail::bump(st.allocation, p, -1);
+    detail::bump(st.allocated_bytes, p, -static_cast<std::int64_t>(b->size));
+    if (b->size >= opt.max_split_size) detail::add_stat(st.oversize_allocations, -1);
+  }
+  // Active (allocated or pending) -> inactive.
+  void deactivate(Block* b) {
+    const StatPool p = detail::stat_pool(b->seg->small);
+    detail::bump(st.active, p, -1);
+    detail::bump(st.active_bytes, p, -static_cast<std::int64_t>(b->size));
+    detail::bump(st.requested_bytes, p, -static_cast<std::int64_t>(b->requested));
+    b->requested = 0;
+  }
+
+  static bool same_class(const Block* a, const Block* b) {
+    return a->state == b->state && (a->state != BState::local || a->owner == b->owner);
+  }
+
+  // Put an inactive block that is in no set and not counted in inactive_split into `set` as
+  // `state`, merging with free neighbours of the same class first.
+  void insert_free(Block* b, BState state, StreamId owner, FreeSet& set) {
+    b->state = state;
+    b->owner = owner;
+    Block* n = b->prev;
+    if (n != nullptr && same_class(n, b)) {
+      set.erase(n);
+      count_inactive_split(n, -1);
+      b->ptr = n->ptr;
+      b->size += n->size;
+      b->prev = n->prev;
+      if (n->prev != nullptr) n->prev->next = b; else b->seg->head = b;
+      if (n->epoch > b->epoch) b->epoch = n->epoch;
+      block_pool.put(n);
+    }
+    n = b->next;
+    if (n != nullptr && same_class(n, b)) {
+      set.erase(n);
+      count_inactive_split(n, -1);
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next != nullptr) n->next->prev = b;
+      if (n->epoch > b->epoch) b->epoch = n->epoch;
+      block_pool.put(n);
+    }
+    if (b->is_split()) count_inactive_split(b, +1);
+    b->gc_base = searches[detail::kind_index(b->seg->small)];
+    set.insert(b);
+  }
+
+  // An active block becomes free and local to `stream` (cudaFreeAsync meaning).
+  void make_local(Block* b, StreamId stream) {
+    StreamFree* sf = stream_get(stream);
+    deactivate(b);
+    b->epoch = ++epoch;
+    insert_free(b, BState::local, stream, sf->sets[detail::kind_index(b->seg->small)]);
+  }
+
+  void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
+            std::int64_t ns = 0) {
+    if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns});
+  }
+
+  // ---- slow paths (pool_slow.cpp) ----
+  AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream);
+  Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream);
+  UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out);
+  void ensure_limits();
+  void detach_segment(Block* b, std::vector<Detached>& out);
+  std::size_t release_segments(Lock& lk, std::vector<Detached>& list);
+  bool release_oversize(Lock& lk, std::size_t rounded);
+  std::size_t release_cached(Lock& lk);
+  void garbage_collect(Lock& lk);
+
+  // ---- fences (pool_fences.cpp) ----
+  void service_fences();
+  void close_open();
+  void complete_batch(Batch* b);
+  void complete_promo(StreamFree* sf);
+  void drop_promo(StreamFree* sf);
+  bool try_promote_for(std::size_t rounded, StreamId stream);
+  bool wait_device_batches();
+  void wait_all();
+
+  // ---- queries (pool_query.cpp) ----
+  FreeStatus diagnose_bad_free(std::uintptr_t p);
+  Segment* segment_containing(std::uintptr_t p) const;
+  std::string check() const;
+  void forget_all();
+};
+
+}  // namespace cudapool

@@ -1,0 +1,285 @@
+// Everything that is not allocation or freeing: queries, stats, snapshot, bad-free diagnosis,
+// the consistency checker, abandon() and teardown.
+#include <sstream>
+
+#include "allocator/pool_impl.h"
+
+namespace cudapool {
+
+using detail::BState;
+
+DevicePool::Impl::~Impl() {
+  // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
+  auto drop_list = [&](Batch* b) {
+    while (b != nullptr) {
+      Batch* next = b->next;
+      fences.release(b->fence);
+      b = next;
+    }
+  };
+  drop_list(dev_head);
+  drop_list(retire_head);
+  for (StreamFree* sf : promo_list) fences.release(sf->promo_fence);
+  for (auto& [base, seg] : segments) up.release(reinterpret_cast<void*>(base), seg->size);
+}
+
+DevicePool::Impl::Segment* DevicePool::Impl::segment_containing(std::uintptr_t p) const {
+  auto it = segments.upper_bound(p);
+  if (it == segments.begin()) return nullptr;
+  --it;
+  Segment* seg = it->second;
+  return p < seg->base + seg->size ? seg : nullptr;
+}
+
+// The pointer is not the start of a live block. Say why, touching nothing.
+FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
+  Segment* seg = segment_containing(p);
+  if (seg == nullptr) return FreeStatus::not_owned;
+  ++st.bad_frees;
+  for (Block* b = seg->head; b != nullptr; b = b->next)
+    if (b->ptr == p) return FreeStatus::double_free;  // starts a block that is not allocated
+  return FreeStatus::interior_pointer;
+}
+
+std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
+  const Impl& I = *impl_;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(I.mu);
+  Impl::Segment* seg = I.segment_containing(p);
+  if (seg == nullptr) return std::nullopt;
+  for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
+    if (p < b->ptr || p >= b->ptr + b->size) continue;
+    if (b->state != BState::allocated) return std::nullopt;
+    AddressInfo info;
+    info.block_base = b->ptr;
+    info.block_size = b->requested;
+    info.segment_base = seg->base;
+    info.segment_size = seg->size;
+    info.whole_segment = !b->is_split();
+    info.expandable = false;
+    return info;
+  }
+  return std::nullopt;
+}
+
+bool DevicePool::owns(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->segment_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+}
+
+std::size_t DevicePool::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return static_cast<std::size_t>(impl_->st.reserved_bytes[kAll].current - impl_->st.allocated_bytes[kAll].current);
+}
+
+Stats DevicePool::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->st;
+}
+
+namespace {
+template <class F>
+void for_each_counter(Stats& s, F f) {
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes})
+    for (StatCounter& c : *a) f(c);
+  f(s.oversize_allocations);
+  f(s.oversize_segments);
+}
+}  // namespace
+
+void DevicePool::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for_each_counter(impl_->st, [](StatCounter& c) { c.peak = c.current; });
+}
+
+void DevicePool::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stats& s = impl_->st;
+  for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
+  s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
+  s.cache_hits = s.cache_misses = s.upstream_ns = s.fences_recorded = s.fence_waits = 0;
+  s.gc_passes = s.gc_freed_bytes = s.empty_cache_calls = s.bad_frees = 0;
+}
+
+Snapshot DevicePool::snapshot() const {
+  const Impl& I = *impl_;
+  std::lock_guard<std::mutex> lock(I.mu);
+  Snapshot snap;
+  snap.segments.reserve(I.segments.size());
+  for (auto& [base, seg] : I.segments) {
+    SegmentInfo si;
+    si.device = I.device;
+    si.address = base;
+    si.total_size = seg->size;
+    si.stream = seg->stream;
+    si.is_small = seg->small;
+    for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
+      BlockInfo bi;
+      bi.address = b->ptr;
+      bi.size = b->size;
+      bi.requested_size = b->requested;
+      bi.state = b->state == BState::allocated ? BlockState::active_allocated
+                 : b->state == BState::pending ? BlockState::active_pending_free
+                                               : BlockState::inactive;
+      if (b->state == BState::allocated) si.allocated_size += b->size;
+      if (b->state == BState::allocated || b->state == BState::pending) {
+        si.active_size += b->size;
+        si.requested_size += b->requested;
+      }
+      si.blocks.push_back(bi);
+    }
+    snap.segments.push_back(std::move(si));
+  }
+  return snap;
+}
+
+const PoolOptions& DevicePool::options() const { return impl_->opt; }
+int DevicePool::device() const { return impl_->device; }
+void DevicePool::set_event_sink(EventSink* sink) { impl_->sink = sink; }
+
+// Forget every segment without calling the upstream or the fence provider: the context that
+// owned them is gone, so both would only fail.
+void DevicePool::Impl::forget_all() {
+  for (auto& [base, seg] : segments) {
+    for (Block* b = seg->head; b != nullptr;) {
+      Block* next = b->next;
+      block_pool.put(b);
+      b = next;
+    }
+    segment_pool.put(seg);
+  }
+  segments.clear();
+  live.clear();
+  for (FreeSet& s : shared) s.clear();
+  last_sf = nullptr;
+  streams.clear();
+  promo_list.clear();
+  for (Batch* b = dev_head; b != nullptr;) {
+    Batch* next = b->next;
+    batch_pool.put(b);
+    b = next;
+  }
+  for (Batch* b = retire_head; b != nullptr;) {
+    Batch* next = b->next;
+    batch_pool.put(b);
+    b = next;
+  }
+  dev_head = dev_tail = retire_head = nullptr;
+  *open = Batch{};
+  for_each_counter(st, [](StatCounter& c) {
+    if (c.current > 0) {
+      c.freed += c.current;
+      c.current = 0;
+    }
+  });
+  st.pending_bytes = 0;
+}
+
+void DevicePool::abandon() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->forget_all();
+}
+
+std::string DevicePool::check_consistency() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->check();
+}
+
+// Slow full walk; every structure must agree with every other one.
+std::string DevicePool::Impl::check() const {
+  std::ostringstream err;
+  auto fail = [&](const char* what, const Block* b) {
+    err << what << " (block 0x" << std::hex << (b ? b->ptr : 0) << std::dec << " size " << (b ? b->size : 0) << ")";
+    return err.str();
+  };
+  Stats recount;
+  std::size_t free_blocks = 0, pending_blocks = 0, retiring_blocks = 0;
+  std::int64_t pending_bytes = 0;
+  for (auto& [base, seg] : segments) {
+    if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr) return fail("bad segment head", seg->head);
+    const StatPool p = detail::stat_pool(seg->small);
+    detail::bump(recount.segment, p, 1);
+    detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(seg->size));
+    std::uintptr_t at = base;
+    for (const Block* b = seg->head; b != nullptr; b = b->next) {
+      if (b->seg != seg) return fail("block points at the wrong segment", b);
+      if (b->ptr != at || b->size == 0 || b->size % kMinBlockSize != 0) return fail("blocks do not tile the segment", b);
+      if (b->next != nullptr && b->next->prev != b) return fail("broken neighbour links", b);
+      at += b->size;
+      const auto sz = static_cast<std::int64_t>(b->size);
+      switch (b->state) {
+        case BState::allocated:
+          if (live.find(b->ptr) != b) return fail("allocated block missing from the pointer map", b);
+          detail::bump(recount.allocation, p, 1);
+          detail::bump(recount.allocated_bytes, p, sz);
+          [[fallthrough]];
+        case BState::pending:
+          detail::bump(recount.active, p, 1);
+          detail::bump(recount.active_bytes, p, sz);
+          detail::bump(recount.requested_bytes, p, static_cast<std::int64_t>(b->requested));
+          if (b->state == BState::pending) {
+            ++pending_blocks;
+            pending_bytes += sz;
+          }
+          break;
+        case BState::local:
+        case BState::shared:
+        case BState::retiring: {
+          if (b->requested != 0) return fail("free block keeps a requested size", b);
+          if (b->state == BState::retiring) {
+            ++retiring_blocks;
+          } else {
+            const FreeSet* set = nullptr;
+            if (b->state == BState::shared) {
+              set = &shared[detail::kind_index(seg->small)];
+            } else {
+              auto it = streams.find(b->owner);
+              if (it == streams.end()) return fail("local block of an unknown stream", b);
+              set = &it->second->sets[detail::kind_index(seg->small)];
+            }
+            if (set->find(const_cast<Block*>(b)) == set->end()) return fail("free block missing from its set", b);
+            ++free_blocks;
+            if (b->next != nullptr && same_class(b, b->next)) return fail("unmerged free neighbours", b);
+          }
+          if (b->is_split()) {
+            detail::bump(recount.inactive_split, p, 1);
+            detail::bump(recount.inactive_split_bytes, p, sz);
+          }
+          break;
+        }
+      }
+    }
+    if (at != base + seg->size) return fail("blocks do not cover the segment", seg->head);
+  }
+  std::size_t in_sets = shared[0].size() + shared[1].size();
+  for (auto& [sid, sf] : streams) in_sets += sf->sets[0].size() + sf->sets[1].size();
+  if (in_sets != free_blocks) return fail("free sets hold blocks that are not free", nullptr);
+  if (live.size() != static_cast<std::size_t>(recount.allocation[kAll].current)) return fail("pointer map size", nullptr);
+  std::size_t batched = open->count;
+  for (const Batch* b = dev_head; b != nullptr; b = b->next) batched += b->count;
+  std::size_t retire_batched = 0;
+  for (const Batch* b = retire_head; b != nullptr; b = b->next) retire_batched += b->count;
+  if (batched != pending_blocks) return fail("pending blocks and batches disagree", nullptr);
+  if (retire_batched != retiring_blocks) return fail("retiring blocks and batches disagree", nullptr);
+  if (pending_bytes != st.pending_bytes) return fail("pending_bytes stat", nullptr);
+  auto same = [&](const StatArray& a, const StatArray& b, const char* name) {
+    for (std::size_t i = 0; i < kNumStatPools; ++i)
+      if (a[i].current != b[i].current) {
+        err << "stat " << name << "[" << i << "] is " << a[i].current << ", recount " << b[i].current;
+        return false;
+      }
+    return true;
+  };
+  if (!same(st.allocation, recount.allocation, "allocation") || !same(st.segment, recount.segment, "segment") ||
+      !same(st.active, recount.active, "active") || !same(st.inactive_split, recount.inactive_split, "inactive_split") ||
+      !same(st.allocated_bytes, recount.allocated_bytes, "allocated_bytes") ||
+      !same(st.reserved_bytes, recount.reserved_bytes, "reserved_bytes") ||
+      !same(st.active_bytes, recount.active_bytes, "active_bytes") ||
+      !same(st.inactive_split_bytes, recount.inactive_split_bytes, "inactive_split_bytes") ||
+      !same(st.requested_bytes, recount.requested_bytes, "requested_bytes"))
+    return err.str();
+  return "";
+}
+
+}  // namespace cudapool

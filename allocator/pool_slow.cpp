@@ -1,0 +1,281 @@
+// The slow path of allocate(): no cached block fits. In order (docs/design.md):
+//   1. promote other streams' local blocks whose stream fence has completed; search again;
+//   2. FreeSync::device: wait for pending free() fences; search again;
+//   3. garbage collection (garbage_collection_threshold);
+//   4. a new segment from the upstream (unless a limit says no: then no upstream call);
+//   5. on refusal: release oversize blocks (max_split_size) and retry; then wait for every
+//      fence, search the pool AGAIN (PyTorch misses this, its issue #189504), release every
+//      unsplit free segment and retry; then out_of_memory.
+// Any upstream error other than out-of-memory is returned at once.
+#include <algorithm>
+#include <chrono>
+
+#include "allocator/pool_impl.h"
+
+namespace cudapool {
+
+using detail::BState;
+
+namespace {
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) {
+  Block* b = take(fit, rounded, size, stream);
+  emit(EventKind::allocate, b->ptr, b->size, size, stream);
+  return b;
+}
+
+AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
+  const bool small = is_small(rounded);
+  auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
+
+  if (try_promote_for(rounded, stream)) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
+  if (opt.free_sync == FreeSync::device && wait_device_batches()) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
+  if (opt.garbage_collection_threshold > 0.0) garbage_collect(lk);
+
+  ++st.cache_misses;
+  const std::size_t seg_size = segment_size_for(rounded);
+  Block* fresh = nullptr;
+  UpstreamStatus us = new_segment(lk, seg_size, small, stream, &fresh);
+
+  // The fresh segment's block is taken directly, as PyTorch's alloc_block does: the oversize
+  // rules are for reusing cached blocks (a 5 MiB request gets its 20 MiB segment even when
+  // max_split_size is 20 MiB). We hold the lock again here, so nobody else has taken it.
+  auto finish = [&]() -> AllocResult {
+    FreeSet& set = shared[detail::kind_index(small)];
+    return ok(serve(Fit{&set, set.find(fresh)}, rounded, size, stream));
+  };
+  if (us == UpstreamStatus::ok) return finish();
+  if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
+
+  // Refused (out of memory or over a limit). Step 1: oversize blocks.
+  if (release_oversize(lk, rounded)) {
+    us = new_segment(lk, seg_size, small, stream, &fresh);
+    if (us == UpstreamStatus::ok) return finish();
+    if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
+  }
+  // Step 2: everything that waits on a fence becomes shared, then look again before releasing.
+  wait_all();
+  if (Fit fit = find_fit(rounded, stream)) return ok(serve(fit, rounded, size, stream));
+  release_cached(lk);
+  ++st.num_alloc_retries;
+  us = new_segment(lk, seg_size, small, stream, &fresh);
+  if (us == UpstreamStatus::ok) return finish();
+  if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
+  // Step 3: give up.
+  ++st.num_ooms;
+  emit(EventKind::allocate_failure, 0, size, size, stream);
+  return AllocResult{nullptr, AllocStatus::out_of_memory};
+}
+
+void DevicePool::Impl::ensure_limits() {
+  if (limits_ready) return;
+  const bool need_total = opt.per_process_memory_fraction > 0.0 || opt.garbage_collection_threshold > 0.0;
+  if (need_total) {
+    std::size_t free_bytes = 0;
+    up.mem_info(&free_bytes, &device_total);
+  }
+  limit = opt.max_reserved;
+  if (opt.per_process_memory_fraction > 0.0) {
+    const auto by_fraction = static_cast<std::size_t>(opt.per_process_memory_fraction * static_cast<double>(device_total));
+    limit = std::min(limit, by_fraction);
+  }
+  limits_ready = true;
+}
+
+UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) {
+  ensure_limits();
+  const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+  if (limit != kNoLimit && (seg_size > limit || reserved + inflight > limit - seg_size)) {
+    // Over the cap: refuse without asking the upstream, like PyTorch's memory fraction.
+    emit(EventKind::oom, 0, seg_size, seg_size, stream);
+    return UpstreamStatus::out_of_memory;
+  }
+  void* base = nullptr;
+  UpstreamStatus us;
+  const std::int64_t t0 = now_ns();
+  if (opt.release_lock_on_cudamalloc) {
+    // The bytes stay counted against the limit while the lock is dropped, so two threads
+    // cannot both squeeze under it.
+    inflight += seg_size;
+    lk.unlock();
+    us = up.allocate(seg_size, &base);
+    lk.lock();
+    inflight -= seg_size;
+  } else {
+    us = up.allocate(seg_size, &base);
+  }
+  const std::int64_t dt = now_ns() - t0;
+  st.upstream_ns += dt;
+  if (us != UpstreamStatus::ok) {
+    if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
+    return us;
+  }
+  Segment* seg = segment_pool.get();
+  seg->base = reinterpret_cast<std::uintptr_t>(base);
+  seg->size = seg_size;
+  seg->stream = stream;
+  seg->small = small;
+  Block* b = block_pool.get();
+  b->ptr = seg->base;
+  b->size = seg_size;
+  b->seg = seg;
+  seg->head = b;
+  segments.emplace(seg->base, seg);
+  const StatPool p = detail::stat_pool(small);
+  detail::bump(st.segment, p, 1);
+  detail::bump(st.reserved_bytes, p, static_cast<std::int64_t>(seg_size));
+  if (seg_size >= opt.max_split_size) detail::add_stat(st.oversize_segments, 1);
+  ++st.num_device_alloc;
+  emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
+  // Fresh memory has never been used by any stream: shared at once.
+  insert_free(b, BState::shared, 0, shared[detail::kind_index(small)]);
+  *out = b;
+  return UpstreamStatus::ok;
+}
+
+// b: a free shared block covering its whole segment. Removes both from every structure.
+void DevicePool::Impl::detach_segment(Block* b, std::vector<Detached>& out) {
+  Segment* seg = b->seg;
+  shared[detail::kind_index(seg->small)].erase(b);
+  segments.erase(seg->base);
+  const StatPool p = detail::stat_pool(seg->small);
+  detail::bump(st.segment, p, -1);
+  detail::bump(st.reserved_bytes, p, -static_cast<std::int64_t>(seg->size));
+  if (seg->size >= opt.max_split_size) detail::add_stat(st.oversize_segments, -1);
+  out.push_back(Detached{seg->base, seg->size});
+  block_pool.put(b);
+  segment_pool.put(seg);
+}
+
+std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& list) {
+  std::size_t total = 0;
+  for (const Detached& d : list) total += d.size;
+  if (list.empty()) return 0;
+  std::vector<std::int64_t> ns(list.size());
+  auto run = [&] {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::int64_t t0 = now_ns();
+      up.release(reinterpret_cast<void*>(list[i].base), list[i].size);
+      ns[i] = now_ns() - t0;
+    }
+  };
+  if (opt.release_lock_on_cudamalloc) {
+    inflight += total;  // still "reserved" for the limit until the upstream has it back
+    lk.unlock();
+    run();
+    lk.lock();
+    inflight -= total;
+  } else {
+    run();
+  }
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    st.upstream_ns += ns[i];
+    ++st.num_device_free;
+    emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+  }
+  list.clear();
+  return total;
+}
+
+// PyTorch's release_available_cached_blocks: with max_split_size set, free the smallest cached
+// oversize block >= max(request, M); if there is none, free oversize blocks from the largest
+// down until the request's size is covered. Only shared (fence-safe) whole-segment blocks.
+bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
+  if (opt.max_split_size == kNoLimit) return false;
+  FreeSet& set = shared[1];
+  const std::size_t key_size = std::max(rounded, opt.max_split_size);
+  std::vector<Detached> out;
+  for (auto it = set.lower_bound(detail::BySizeAddr::Key{key_size, 0}); it != set.end(); ++it) {
+    if (!(*it)->is_split()) {
+      detach_segment(*it, out);
+      break;
+    }
+  }
+  if (out.empty()) {
+    std::vector<Block*> victims;
+    std::size_t total = 0;
+    for (auto it = set.rbegin(); it != set.rend() && total < key_size && (*it)->size >= opt.max_split_size; ++it) {
+      if ((*it)->is_split()) continue;
+      victims.push_back(*it);
+      total += (*it)->size;
+    }
+    if (total < key_size) return false;  // PyTorch frees nothing then either
+    for (Block* b : victims) detach_segment(b, out);
+  }
+  release_segments(lk, out);
+  return true;
+}
+
+// Every free shared block that covers a whole segment goes back (both pool kinds).
+std::size_t DevicePool::Impl::release_cached(Lock& lk) {
+  std::vector<Block*> victims;
+  for (FreeSet& set : shared)
+    for (Block* b : set)
+      if (!b->is_split()) victims.push_back(b);
+  std::vector<Detached> out;
+  out.reserve(victims.size());
+  for (Block* b : victims) detach_segment(b, out);
+  return release_segments(lk, out);
+}
+
+// PyTorch's garbage_collect_cached_blocks with its age rule. Where PyTorch is inert because no
+// memory fraction is set, the threshold applies to the device's total memory instead.
+void DevicePool::Impl::garbage_collect(Lock& lk) {
+  ensure_limits();
+  const std::size_t allowed = limit != kNoLimit ? limit : device_total;
+  const double threshold = opt.garbage_collection_threshold * static_cast<double>(allowed);
+  const auto reserved = static_cast<double>(st.reserved_bytes[kAll].current);
+  if (reserved <= threshold) return;
+  const double target = reserved - threshold;
+
+  std::vector<Block*> candidates;
+  for (Block* b : shared[1])
+    if (!b->is_split()) candidates.push_back(b);
+  if (candidates.empty()) return;
+  const std::uint64_t now = searches[1];
+  double total_age = 0;
+  for (Block* b : candidates) total_age += static_cast<double>(now - b->gc_base);
+  std::size_t count = candidates.size();
+  std::vector<bool> gone(candidates.size(), false);
+  std::vector<Detached> out;
+  double reclaimed = 0;
+  bool freed = true;
+  while (reclaimed < target && freed && count > 0) {
+    const double avg_age = total_age / static_cast<double>(count);
+    freed = false;
+    // Free every block at least as old as the average, even past the target, so GC does not
+    // run again on the very next miss (PyTorch's reasoning).
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      if (gone[i]) continue;
+      const auto age = static_cast<double>(now - candidates[i]->gc_base);
+      if (age < avg_age) continue;
+      gone[i] = true;
+      freed = true;
+      reclaimed += static_cast<double>(candidates[i]->size);
+      total_age -= age;
+      --count;
+      detach_segment(candidates[i], out);
+    }
+  }
+  const std::size_t bytes = release_segments(lk, out);
+  ++st.gc_passes;
+  st.gc_freed_bytes += static_cast<std::int64_t>(bytes);
+  emit(EventKind::gc, 0, bytes, 0, 0);
+}
+
+}  // namespace cudapool

@@ -1,0 +1,104 @@
+// Shared by the pool_* tests: a pool on the fakes, and an independent recount of the stats
+// from the snapshot (the pool's incremental counters must agree with it).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocator/pool.h"
+#include "tests/support/fake_fence.h"
+#include "tests/support/fake_upstream.h"
+
+namespace cudapool::testing {
+
+inline Stats recount_from_snapshot(const Snapshot& snap) {
+  Stats r;
+  auto add = [](StatArray& a, bool small, std::int64_t v) {
+    a[kAll].current += v;
+    a[small ? kSmallPool : kLargePool].current += v;
+  };
+  for (const SegmentInfo& s : snap.segments) {
+    add(r.segment, s.is_small, 1);
+    add(r.reserved_bytes, s.is_small, static_cast<std::int64_t>(s.total_size));
+    for (const BlockInfo& b : s.blocks) {
+      const auto sz = static_cast<std::int64_t>(b.size);
+      if (b.state == BlockState::active_allocated) {
+        add(r.allocation, s.is_small, 1);
+        add(r.allocated_bytes, s.is_small, sz);
+      }
+      if (b.state != BlockState::inactive) {
+        add(r.active, s.is_small, 1);
+        add(r.active_bytes, s.is_small, sz);
+        add(r.requested_bytes, s.is_small, static_cast<std::int64_t>(b.requested_size));
+      } else if (s.blocks.size() > 1) {
+        add(r.inactive_split, s.is_small, 1);
+        add(r.inactive_split_bytes, s.is_small, sz);
+      }
+    }
+  }
+  return r;
+}
+
+// "" if every current value of `s` equals the recount, else the first difference.
+inline std::string compare_with_recount(const Stats& s, const Snapshot& snap) {
+  const Stats r = recount_from_snapshot(snap);
+  struct Fam {
+    const char* name;
+    const StatArray Stats::*member;
+  };
+  const Fam fams[] = {{"allocation", &Stats::allocation},
+                      {"segment", &Stats::segment},
+                      {"active", &Stats::active},
+                      {"inactive_split", &Stats::inactive_split},
+                      {"allocated_bytes", &Stats::allocated_bytes},
+                      {"reserved_bytes", &Stats::reserved_bytes},
+                      {"active_bytes", &Stats::active_bytes},
+                      {"inactive_split_bytes", &Stats::inactive_split_bytes},
+                      {"requested_bytes", &Stats::requested_bytes}};
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  for (const Fam& f : fams)
+    for (std::size_t i = 0; i < kNumStatPools; ++i)
+      if ((s.*f.member)[i].current != (r.*f.member)[i].current)
+        return std::string(f.name) + "." + pools[i] + ".current = " + std::to_string((s.*f.member)[i].current) +
+               ", recount " + std::to_string((r.*f.member)[i].current);
+  return "";
+}
+
+// A pool on a fake upstream and a fake fence, with helpers most tests want.
+struct PoolRig {
+  FakeUpstream up;
+  FakeFence fence;
+  std::unique_ptr<DevicePool> pool;
+
+  explicit PoolRig(PoolOptions opt = {}, std::size_t capacity = 80 * GiB, bool auto_fence = false,
+                   bool backed = false)
+      : up(capacity, backed), fence(auto_fence) {
+    pool = std::make_unique<DevicePool>(0, opt, up, fence);
+  }
+  void* alloc(std::size_t n, StreamId s = 0) {
+    AllocResult r = pool->allocate(n, s);
+    EXPECT_EQ(r.status, AllocStatus::ok) << "allocate(" << n << ")";
+    return r.ptr;
+  }
+  // The pool is intact: internal check plus recount of the stats from the snapshot.
+  void expect_intact() {
+    EXPECT_EQ(pool->check_consistency(), "");
+    EXPECT_EQ(compare_with_recount(pool->stats(), pool->snapshot()), "");
+  }
+  std::size_t segment_size_of(const void* p) {
+    auto info = pool->address_info(p);
+    return info ? info->segment_size : 0;
+  }
+};
+
+inline PoolOptions immediate_options() {
+  PoolOptions o;
+  o.free_sync = FreeSync::immediate;
+  return o;
+}
+
+inline char* at(void* p, std::size_t off) { return static_cast<char*>(p) + off; }
+
+}  // namespace cudapool::testing
