@@ -24,6 +24,7 @@ namespace {
 struct AbOptions {
   std::string a, b, baseline, json, markdown;
   int n = 3;
+  bool no_preload = false;
   LaunchSettings launch;  // --config / --profile shared by every run
   std::vector<std::string> command;
 };
@@ -64,7 +65,7 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
     return kExitUsage;
   }
   std::vector<std::string> searched;
-  auto library = find_library(&searched);
+  auto library = o.no_preload ? std::optional<std::string>("") : find_library(&searched);
   if (!library) {
     std::fprintf(stderr, "cudapool ab: cannot find libcudapool.so (looked at %zu places; set CUDAPOOL_LIBRARY)\n",
                  searched.size());
@@ -96,7 +97,9 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
         std::fprintf(stderr, "cudapool ab: cannot create a temporary file\n");
         return kExitNoInput;
       }
-      auto env = build_environment(launch_environment(*library, s));
+      EnvChanges changes = launch_environment(*library, s);
+      if (o.no_preload) changes.erase("LD_PRELOAD");  // the caller's LD_PRELOAD stays as it is
+      auto env = build_environment(changes);
       std::fflush(nullptr);
       ChildResult r = run_child(command, env);
       Summary summary;
@@ -150,6 +153,8 @@ void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status) {
   sub->add_option("--baseline", o->baseline, "also run with the pool off: 'passthrough'");
   sub->add_option("--json", o->json, "write the comparison as JSON");
   sub->add_option("--markdown", o->markdown, "write the table as Markdown");
+  sub->add_flag("--no-preload", o->no_preload,
+                 "do not preload libcudapool.so (CMD loads it itself, or is `cudapool replay`)");
   add_launch_options(sub, &o->launch, false);
   sub->add_option("command", o->command, "the program and its arguments (after --)");
   sub->callback([o, &tail, exit_status] { *exit_status = ab_main(*o, tail); });

@@ -53,8 +53,8 @@ void add_run_command(CLI::App& root, const CommandTail& tail, int* exit_status) 
   auto o = std::make_shared<RunOptions>();
   CLI::App* sub = root.add_subcommand("run", "run CMD with libcudapool.so preloaded; exits with CMD's status");
   add_launch_options(sub, &o->launch, true);
-  sub->add_option("--trace", o->launch.trace, "write the event trace CSV here (CUDAPOOL_TRACE)");
-  sub->add_option("--stats", o->launch.stats, "write the JSON summary here at exit (CUDAPOOL_STATS)");
+  sub->add_option("--trace", o->launch.trace, "write the event trace CSV here (policy key trace_file)");
+  sub->add_option("--stats", o->launch.stats, "write the JSON summary here at exit (policy key stats_file)");
   sub->add_option("command", o->command, "the program and its arguments (after --)");
   sub->footer("Example: cudapool run --conf max_split_size_mb:128 -- ./app --iters 10");
   sub->callback([o, &tail, exit_status] { *exit_status = run_main(*o, tail); });

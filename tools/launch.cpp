@@ -69,23 +69,35 @@ std::string preload_value(const std::string& library, const char* existing) {
   return out;
 }
 
+std::string launch_conf(const LaunchSettings& s) {
+  std::string conf = s.conf;
+  if (conf.empty())
+    if (const char* env = std::getenv("CUDAPOOL_CONF")) conf = env;
+  // The output files are policy keys (trace_file, stats_file): the highest layer carries them.
+  auto add = [&](const char* key, const std::string& value) {
+    if (value.empty()) return;
+    conf += (conf.empty() ? "" : ",") + std::string(key) + ":" + value;
+  };
+  add("trace_file", s.trace);
+  add("stats_file", s.stats);
+  return conf;
+}
+
 EnvChanges launch_environment(const std::string& library, const LaunchSettings& s) {
   EnvChanges env;
   env["LD_PRELOAD"] = preload_value(library, std::getenv("LD_PRELOAD"));
   auto set = [&](const char* key, const std::string& value) {
     if (!value.empty()) env[key] = value;
   };
-  set("CUDAPOOL_CONF", s.conf);
+  set("CUDAPOOL_CONF", launch_conf(s));
   set("CUDAPOOL_CONFIG", s.config);
   set("CUDAPOOL_PROFILE", s.profile);
-  set("CUDAPOOL_TRACE", s.trace);
-  set("CUDAPOOL_STATS", s.stats);
   return env;
 }
 
 std::string validate_launch_policy(const LaunchSettings& s, const std::vector<std::string>& command) {
   PolicySources sources = sources_from_environment();
-  if (!s.conf.empty()) sources.conf = s.conf;
+  sources.conf = launch_conf(s);
   if (!s.config.empty()) sources.config_path = s.config;
   if (!s.profile.empty()) sources.profile = s.profile;
   sources.command_line.clear();

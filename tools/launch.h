@@ -12,12 +12,15 @@ namespace cudapool::tools {
 // The policy-and-output settings a launched program receives as CUDAPOOL_* variables.
 // Empty fields leave the variable as the caller's environment has it.
 struct LaunchSettings {
-  std::string conf;     // CUDAPOOL_CONF
+  std::string conf;     // CUDAPOOL_CONF (empty: the caller's CUDAPOOL_CONF)
   std::string config;   // CUDAPOOL_CONFIG
   std::string profile;  // CUDAPOOL_PROFILE
-  std::string trace;    // CUDAPOOL_TRACE
-  std::string stats;    // CUDAPOOL_STATS
+  std::string trace;    // appended to the conf as trace_file:PATH
+  std::string stats;    // appended to the conf as stats_file:PATH
 };
+
+// The CUDAPOOL_CONF the program gets: `conf` (or the caller's) plus the output-file keys.
+std::string launch_conf(const LaunchSettings& settings);
 
 // Where libcudapool.so is, in this order: $CUDAPOOL_LIBRARY; next to this executable; ../lib
 // relative to it (`make install`); build/release/ under the current directory. nullopt when none
@@ -27,7 +30,8 @@ std::optional<std::string> find_library(std::vector<std::string>* searched = nul
 // `library` prepended to LD_PRELOAD (kept once, the caller's entries after it).
 std::string preload_value(const std::string& library, const char* existing_ld_preload);
 
-// The environment changes for a launch: LD_PRELOAD and the non-empty CUDAPOOL_* settings.
+// The environment changes for a launch: LD_PRELOAD, CUDAPOOL_CONF = launch_conf(), and the
+// non-empty --config/--profile.
 EnvChanges launch_environment(const std::string& library, const LaunchSettings& settings);
 
 // The policy the program would run with (validated by config/), so `run` and `ab` stop with the

@@ -19,5 +19,5 @@ $(CUDAPOOL_BIN): $(BUILD)/tools/main.o $(TOOLS_LINK)
 $(GEN_TRACE_BIN): $(BUILD)/tools/gen_trace_main.o $(TOOLS_LINK)
 	$(CXX) $(LDFLAGS) $< $(TOOLS_LINK) $(TOOLS_LDLIBS) -o $@
 
-# PROGRAMS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)  (enabled once every subcommand links)
-# INSTALL_BINS += $(CUDAPOOL_BIN)
+PROGRAMS += $(CUDAPOOL_BIN)
+INSTALL_BINS += $(CUDAPOOL_BIN)

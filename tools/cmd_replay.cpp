@@ -1,0 +1,152 @@
+// `cudapool replay TRACE [--conf S …] [--sweep key=v1,v2,…] [--device-memory SIZE] …`
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "config/policy.h"
+#include "telemetry/summary.h"
+#include "tools/commands.h"
+#include "tools/compare.h"
+#include "tools/policies.h"
+#include "tools/replay.h"
+#include "tools/trace_input.h"
+#include "tools/units.h"
+
+namespace cudapool::tools {
+
+namespace {
+
+struct ReplayCliOptions {
+  std::string trace;
+  std::vector<std::string> confs;
+  std::string sweep;
+  std::string device_memory;
+  double fence_latency_us = 0;
+  std::string free_as = "async";
+  int device = -1;
+  std::string stats;
+  bool quiet = false;
+};
+
+int replay_main(const ReplayCliOptions& o) {
+  ReplayConfig base;
+  if (!o.device_memory.empty()) {
+    auto size = parse_size(o.device_memory);
+    if (!size || *size == 0) {
+      std::fprintf(stderr, "cudapool replay: --device-memory '%s' is not a size (e.g. 80GiB)\n",
+                   o.device_memory.c_str());
+      return kExitUsage;
+    }
+    base.device_memory = size;
+  }
+  base.fence_latency_ns = static_cast<std::int64_t>(o.fence_latency_us * 1000.0);
+  base.free_mode = o.free_as == "sync" ? FreeMode::sync : FreeMode::async;
+
+  // The policies: --conf as given; a sweep over the first (or the defaults); with neither, the
+  // environment's CUDAPOOL_CONF, so that a replay stands in for a program under the library.
+  std::vector<NamedConf> policies;
+  for (const auto& c : o.confs) policies.push_back({c.empty() ? "defaults" : c, c});
+  if (!o.sweep.empty()) {
+    std::string sweep_base = policies.empty() ? "" : policies.front().conf;
+    std::string err;
+    if (!policies.empty()) policies.erase(policies.begin());
+    if (!expand_sweep(sweep_base, o.sweep, &policies, &err)) {
+      std::fprintf(stderr, "cudapool replay: %s\n", err.c_str());
+      return kExitUsage;
+    }
+  }
+  if (policies.empty()) {
+    const char* env = std::getenv("CUDAPOOL_CONF");
+    std::string conf = env ? env : "";
+    policies.push_back({conf.empty() ? "defaults" : conf, conf});
+  }
+  std::vector<Policy> options(policies.size());
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    std::string err;
+    if (!policy_from_conf(policies[i].conf, &options[i], &err)) {
+      std::fprintf(stderr, "cudapool replay: invalid policy '%s': %s\n", policies[i].conf.c_str(), err.c_str());
+      return kExitUsage;
+    }
+  }
+
+  LoadedTrace loaded;
+  if (int rc = load_trace(o.trace, o.device, &loaded, "cudapool replay"); rc != 0) return rc;
+  if (!o.quiet) print_trace_facts(o.trace, loaded);
+
+  std::vector<std::string> names;
+  std::vector<Metrics> results;
+  std::vector<ReplayResult> raw;
+  double seconds = 0;
+  std::size_t ops = 0;
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    ReplayConfig cfg = base;
+    cfg.pool = options[i].pool;
+    raw.push_back(replay_trace(loaded.prepared, cfg));
+    seconds += raw.back().seconds;
+    ops += raw.back().ops;
+    names.push_back(policies[i].name);
+    results.push_back(metrics_from_stats(raw.back().stats, std::nullopt));
+    // Simulated time is not GPU time: leave the upstream-time row out rather than mislead.
+    results.back().values[5].reset();
+  }
+  Table t = policy_table(names, results);
+  std::vector<std::string> fails{"failed allocations"}, served{"device memory"};
+  for (const auto& r : raw) {
+    fails.push_back(std::to_string(r.failed_allocations));
+    served.push_back(format_bytes(static_cast<double>(r.device_memory)));
+  }
+  t.add(fails);
+  t.add(served);
+  std::printf("%s", t.to_text().c_str());
+  if (!o.quiet)
+    std::printf("replayed %zu events x %zu policies in %s (%.2f M events/s)\n", loaded.prepared.ops.size(),
+                policies.size(), format_seconds(seconds).c_str(), seconds > 0 ? ops / seconds / 1e6 : 0.0);
+  for (const auto& r : raw)
+    if (r.bad_frees)
+      std::fprintf(stderr, "cudapool replay: warning: the pool refused %zu frees\n", r.bad_frees);
+
+  // A summary file (--stats, or the policy's stats_file as `cudapool ab` sets it) makes a replay
+  // usable as the program under `cudapool ab --no-preload`.
+  std::string stats_path = o.stats.empty() ? options.front().stats_file : o.stats;
+  if (!stats_path.empty()) {
+    Summary s;
+    s.command = "cudapool replay " + o.trace;
+    s.policy = policies.front().conf;
+    s.backend = "native";
+    s.wall_time_s = raw.front().seconds;
+    s.exit_status = 0;
+    DeviceSummary d;
+    d.device = loaded.prepared.facts.device;
+    d.stats = raw.front().stats;
+    d.driver_total_bytes = raw.front().device_memory;
+    s.devices.push_back(d);
+    if (std::string err = write_summary_file(stats_path, s); !err.empty()) {
+      std::fprintf(stderr, "cudapool replay: %s\n", err.c_str());
+      return kExitNoInput;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App& root, int* exit_status) {
+  auto o = std::make_shared<ReplayCliOptions>();
+  CLI::App* sub = root.add_subcommand("replay", "replay a trace through the pool on a simulated device (no GPU)");
+  sub->add_option("trace", o->trace, "cudapool trace CSV or plain RMM log")->required();
+  sub->add_option("--conf", o->confs, "policy string; repeat for a side-by-side table (default: $CUDAPOOL_CONF)")
+      ->allow_extra_args(false);
+  sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value, over the first --conf");
+  sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
+  sub->add_option("--fence-latency-us", o->fence_latency_us, "simulated GPU lag behind a free, in trace time")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--free-as", o->free_as, "replay frees as cudaFreeAsync (async) or cudaFree (sync)")
+      ->check(CLI::IsMember({"async", "sync"}));
+  sub->add_option("--device", o->device, "device to replay (default: the busiest)");
+  sub->add_option("--stats", o->stats, "write the first policy's JSON summary here (default: its stats_file)");
+  sub->add_flag("--quiet", o->quiet, "print only the table");
+  sub->callback([o, exit_status] { *exit_status = replay_main(*o); });
+}
+
+}  // namespace cudapool::tools

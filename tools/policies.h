@@ -1,0 +1,34 @@
+// Policy strings as the tools use them: a CUDAPOOL_CONF string turned into the pool's options by
+// config/ (so every string the tools print is one the library accepts), and --sweep expansion.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "allocator/options.h"
+
+namespace cudapool {
+struct Policy;
+}
+
+namespace cudapool::tools {
+
+struct NamedConf {
+  std::string name;  // column title: "defaults", the conf string, or "key=value" for a sweep
+  std::string conf;
+};
+
+// The policy of `conf` over the defaults; false with *error when config/ rejects it.
+bool policy_from_conf(const std::string& conf, Policy* out, std::string* error);
+// Just its pool options.
+bool pool_options_from_conf(const std::string& conf, PoolOptions* out, std::string* error);
+
+// "a,b" + "c" -> "a,c"-style join that skips empty parts.
+std::string join_conf(const std::string& base, const std::string& extra);
+
+// --sweep "key=v1,v2,…" over `base`: one NamedConf per value ("key:v" appended to base).
+// Values may be lists in brackets ("roundup_power2_divisions=[256:1,>:4],8"): commas inside
+// brackets do not split. false with *error on a malformed sweep.
+bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out,
+                  std::string* error);
+
+}  // namespace cudapool::tools

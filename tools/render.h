@@ -1,0 +1,28 @@
+// The report's outputs: one self-contained HTML page (inline SVG and CSS, no script, no network)
+// and Chrome/Perfetto trace-event JSON with counter tracks.
+#pragma once
+#include <string>
+
+#include "tools/analysis.h"
+
+namespace cudapool::tools {
+
+struct ReportContext {
+  std::string title;          // usually the trace path
+  std::string source_note;    // e.g. "segments from a replay under the default policy"
+  std::size_t device_memory = 0;  // 0 = unknown
+};
+
+// Elements a test (or a script) can find: <svg id="timeline">, <svg id="segments"> with one
+// <rect class="segment"> per segment and <rect class="block"> per live block, <svg id="sizes">
+// with one <rect class="size-bar"> per size; data-* attributes carry the exact byte counts.
+std::string render_html(const TraceReport& report, const ReportContext& context);
+
+// {"traceEvents":[…],"displayTimeUnit":"ms"}: counter events "allocated"/"reserved" (bytes) on
+// the device's process track, instant events for OOMs, ts in microseconds from the trace start.
+std::string render_perfetto(const TraceReport& report, const std::vector<TraceRow>& rows);
+
+// The terminal summary: peaks, fragmentation at the peak, segments, the largest sizes.
+std::string render_text_summary(const TraceReport& report, const ReportContext& context);
+
+}  // namespace cudapool::tools

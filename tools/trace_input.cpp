@@ -1,0 +1,52 @@
+#include "tools/trace_input.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "tools/commands.h"
+#include "tools/units.h"
+
+namespace cudapool::tools {
+
+int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    std::fprintf(stderr, "%s: cannot open trace '%s': %s\n", who, path.c_str(),
+                 std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
+    return kExitNoInput;
+  }
+  auto start = std::chrono::steady_clock::now();
+  std::string error;
+  if (!read_trace_file(path, &out->rows, &error)) {
+    std::fprintf(stderr, "%s: %s\n", who, error.c_str());
+    return kExitBadInput;
+  }
+  out->parse_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out->prepared = prepare_trace(out->rows, device);
+  if (out->prepared.facts.allocations == 0) {
+    std::fprintf(stderr, "%s: %s: no allocation to replay%s\n", who, path.c_str(),
+                 device >= 0 ? " on that device" : "");
+    return kExitBadInput;
+  }
+  return 0;
+}
+
+void print_trace_facts(const std::string& path, const LoadedTrace& t) {
+  const TraceFacts& f = t.prepared.facts;
+  std::printf("trace %s: %zu rows%s, %zu allocations, %zu frees, %zu streams, %.3f s of program time\n",
+              path.c_str(), f.rows, f.rmm_only ? " (plain allocation log)" : "", f.allocations, f.frees,
+              f.streams, static_cast<double>(f.end_ns - f.start_ns) * 1e-9);
+  std::printf("recorded: device memory %s, peak allocated %s, peak reserved %s\n",
+              f.device_memory ? format_bytes(static_cast<double>(*f.device_memory)).c_str() : "unknown",
+              format_bytes(static_cast<double>(f.recorded_peak_allocated)).c_str(),
+              f.recorded_peak_reserved ? format_bytes(static_cast<double>(*f.recorded_peak_reserved)).c_str()
+                                       : "not recorded");
+  if (!f.other_devices.empty())
+    std::printf("note: the trace has rows for %zu other device(s); replaying device %d (choose with --device)\n",
+                f.other_devices.size(), f.device);
+  if (f.unmatched_frees)
+    std::printf("note: %zu frees of pointers the trace never allocated were skipped\n", f.unmatched_frees);
+}
+
+}  // namespace cudapool::tools
