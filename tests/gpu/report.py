@@ -1,0 +1,573 @@
+#!/usr/bin/env python3
+"""Turns the raw outputs of tests/gpu/run.sh into result rows, and the rows into the final table.
+
+Every check appends rows to OUT/results.tsv:
+    check, value, baseline, ratio, target, status (PASS/FAIL/MISS/INFO), note
+Raw outputs live in OUT/logs/NAME.{out,err,rc} (program stdout, stderr, exit status),
+NAME.json (what a Python workload wrote), NAME.peak.json (nvml_peak), NAME.stats.json (the shim's
+CUDAPOOL_STATS summary). Details that do not fit a row go to OUT/details/*.md and end up in
+OUT/results.md.
+
+Usage: report.py COMMAND OUT [ARGS...]; COMMAND is one of the functions in COMMANDS below.
+"""
+import json
+import os
+import re
+import statistics
+import sys
+
+PASS, FAIL, MISS, INFO = "PASS", "FAIL", "MISS", "INFO"
+
+# Counters a test program prints that must be zero in every run (with or without the shim).
+MUST_BE_ZERO = re.compile(r"\b(corrupted_bytes|overlaps|misaligned|errors|wrong_results|new_block_errors)=(\d+)")
+
+
+# ---------------------------------------------------------------------------- raw outputs
+class Run:
+    """One program run of run.sh: its stdout, stderr, exit status and side files."""
+
+    def __init__(self, out, name):
+        self.name = name
+        self.base = os.path.join(out, "logs", name)
+
+    def _read(self, ext):
+        try:
+            with open(f"{self.base}.{ext}", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    @property
+    def ran(self):
+        return self._read("rc") is not None
+
+    @property
+    def rc(self):
+        text = self._read("rc")
+        return int(text.strip()) if text and text.strip().lstrip("-").isdigit() else None
+
+    @property
+    def ok(self):
+        return self.rc == 0
+
+    @property
+    def stdout(self):
+        return self._read("out") or ""
+
+    @property
+    def stderr(self):
+        return self._read("err") or ""
+
+    def json(self, ext="json"):
+        text = self._read(ext)
+        try:
+            return json.loads(text) if text else None
+        except ValueError:
+            return None
+
+    def why_failed(self):
+        if not self.ran:
+            return f"{self.name} did not run (skipped: time budget or missing binary)"
+        rc = self.rc
+        what = {124: "timed out", 137: "killed (timeout)", 78: "policy error exit"}.get(rc, f"exit {rc}")
+        tail = self.stderr.strip().splitlines()[-1:] or [""]
+        return f"{self.name} {what}: {tail[0][:120]}"
+
+    def peak(self, device=0):
+        p = self.json("peak.json")
+        try:
+            return p["devices"][device]["peak_delta"]
+        except (TypeError, KeyError, IndexError):
+            return None
+
+
+def rows_path(out):
+    return os.path.join(out, "results.tsv")
+
+
+def add_row(out, check, value="", baseline="", ratio="", target="", status=INFO, note=""):
+    clean = [str(x).replace("\t", " ").replace("\n", " ") for x in
+             (check, value, baseline, ratio, target, status, note)]
+    with open(rows_path(out), "a") as f:
+        f.write("\t".join(clean) + "\n")
+
+
+def add_detail(out, name, markdown):
+    os.makedirs(os.path.join(out, "details"), exist_ok=True)
+    with open(os.path.join(out, "details", f"{name}.md"), "w") as f:
+        f.write(markdown.rstrip() + "\n")
+
+
+def fmt_ratio(value, baseline):
+    try:
+        return f"{value / baseline:.3f}x" if baseline else ""
+    except TypeError:
+        return ""
+
+
+def gib(n):
+    return f"{n / 2**30:.3f} GiB" if n is not None else "n/a"
+
+
+def nonzero_counters(text):
+    return [m.group(0) for m in MUST_BE_ZERO.finditer(text) if int(m.group(2)) != 0]
+
+
+def select_lines(text, only=None, exclude=None):
+    lines = [l for l in text.splitlines() if l.strip()]
+    if only:
+        lines = [l for l in lines if l.startswith(only)]
+    if exclude:
+        lines = [l for l in lines if not l.startswith(exclude)]
+    return lines
+
+
+def compare_runs(ref, shim, only=None, exclude=None):
+    """(status, note): PASS when both runs succeeded, print the same lines, and no must-be-zero
+    counter is set in either."""
+    if not ref.ok:
+        return (MISS if not ref.ran else FAIL), "baseline: " + ref.why_failed()
+    if not shim.ok:
+        return FAIL, shim.why_failed()
+    a, b = select_lines(ref.stdout, only, exclude), select_lines(shim.stdout, only, exclude)
+    if not a:
+        return FAIL, f"{ref.name} printed nothing to compare"
+    if a != b:
+        diff = [f"'{x}' vs '{y}'" for x, y in zip(a, b) if x != y] or [f"{len(a)} vs {len(b)} lines"]
+        return FAIL, "outputs differ: " + "; ".join(diff)[:300]
+    bad = nonzero_counters("\n".join(a))
+    if bad:
+        return FAIL, "both runs agree but report errors: " + ", ".join(bad)
+    return PASS, ""
+
+
+# ---------------------------------------------------------------------------- commands
+def cmd_miss(out, check, *why):
+    add_row(out, check, status=MISS, note=" ".join(why))
+
+
+def cmd_row(out, check, status, *note):
+    add_row(out, check, status=status, note=" ".join(note))
+
+
+def cmd_compare(out, check, ref_name, shim_name, only="", exclude=""):
+    ref, shim = Run(out, ref_name), Run(out, shim_name)
+    status, note = compare_runs(ref, shim, only or None, exclude or None)
+    n = len(select_lines(ref.stdout, only or None, exclude or None))
+    add_row(out, check, value=("identical" if status == PASS else "differs" if status == FAIL else ""),
+            baseline="no shim", target="identical, counters 0", status=status,
+            note=note or f"{n} result lines compared")
+
+
+def find_key(obj, key):
+    """First value stored under `key`, searching breadth-first (the top-level total wins)."""
+    queue = [obj]
+    while queue:
+        cur = queue.pop(0)
+        if isinstance(cur, dict):
+            if key in cur and isinstance(cur[key], (int, float)):
+                return cur[key]
+            queue.extend(cur.values())
+        elif isinstance(cur, list):
+            queue.extend(cur)
+    return None
+
+
+def cmd_pooled(out, check, run_name, max_fraction="0.05"):
+    """The stats JSON of a shim run must show far fewer device allocations than malloc calls."""
+    run = Run(out, run_name)
+    m = re.search(r"alloc_calls=(\d+)", run.stderr)
+    stats = run.json("stats.json")
+    if not run.ok or not m:
+        add_row(out, check, status=FAIL if run.ran else MISS, note=run.why_failed())
+        return
+    if stats is None:
+        add_row(out, check, status=FAIL, note=f"no stats JSON at {run.base}.stats.json (CUDAPOOL_STATS)")
+        return
+    calls, dev = int(m.group(1)), find_key(stats, "num_device_alloc")
+    if dev is None:
+        add_row(out, check, status=FAIL, note="stats JSON has no num_device_alloc")
+        return
+    limit = float(max_fraction)
+    add_row(out, check, value=f"{dev:g} device allocs", baseline=f"{calls} cudaMalloc calls",
+            ratio=fmt_ratio(dev, calls), target=f"<= {limit:g}x", status=PASS if dev <= limit * calls else FAIL)
+
+
+def race_total(run):
+    m = re.search(r"total_corrupted=(\d+) corrupted_cases=(\d+) cases=(\d+)", run.stdout)
+    return tuple(int(x) for x in m.groups()) if run.ok and m else None
+
+
+def cmd_race(out):
+    ref = race_total(Run(out, "race_ref"))
+    for name, label in (("race_default", "default (fenced)"), ("race_device", "free_sync:device")):
+        run = Run(out, name)
+        got = race_total(run)
+        if got is None:
+            add_row(out, f"reuse race, {label}: corrupted bytes", status=FAIL if run.ran else MISS,
+                    note=run.why_failed())
+            continue
+        base = "n/a" if ref is None else str(ref[0])
+        ok = got[0] == 0 and ref is not None and ref[0] == 0
+        note = f"{got[2]} cases (5 stream kinds x read/write x 4 KiB/8 MiB)"
+        if ref is None:
+            note = "baseline run missing: " + Run(out, "race_ref").why_failed()
+        elif ref[0] != 0:
+            note = "the real driver itself showed corruption: the test is broken"
+        add_row(out, f"reuse race, {label}: corrupted bytes", value=got[0], baseline=base,
+                target="0", status=PASS if ok else FAIL, note=note)
+    run = Run(out, "race_immediate")
+    got = race_total(run)
+    if got is None:
+        add_row(out, "reuse race, free_sync:immediate shows it", status=FAIL if run.ran else MISS,
+                note=run.why_failed())
+    else:
+        add_row(out, "reuse race, free_sync:immediate shows it", value=f"{got[1]}/{got[2]} cases",
+                baseline=f"{got[0]} bytes", target=">= 1 case corrupted", status=PASS if got[1] > 0 else FAIL,
+                note="proves the race test can fail" if got[1] else
+                "no corruption even without fences: the test cannot detect the bug")
+
+
+# ---- allocation latency
+LAT_LABELS = ["raw", "driverpool", "torch", "passthrough", "cudapool-immediate", "cudapool-default",
+              "cudapool-default-async"]
+
+
+def load_latency(out):
+    data, failed = {}, []
+    for label in LAT_LABELS:
+        run = Run(out, f"lat_{label}")
+        for line in run.stdout.splitlines():
+            f = line.split(",")
+            if len(f) != 10 or f[0] == "label":
+                continue
+            key = (f[0], f[2], int(f[3]), int(f[4]))
+            data[key] = {"samples": int(f[5]), "median": float(f[6]), "p99": float(f[7]),
+                         "pps": float(f[8]), "failed": f[9] == "1"}
+            if f[9] == "1":
+                failed.append(f"{f[0]} {f[2]} {f[3]} B x{f[4]}")
+    return data, failed
+
+
+def size_name(n):
+    for unit, div in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def worst(data, label, pattern):
+    """(size, entry) with the highest median over all sizes; None if the label did not run."""
+    items = [(k[2], v) for k, v in data.items() if k[0] == label and k[1] == pattern and k[3] == 1]
+    return max(items, key=lambda kv: kv[1]["median"]) if items else None
+
+
+def cmd_latency(out):
+    data, failed = load_latency(out)
+
+    def target_row(check, label, pattern, limit_ns, base_label):
+        w = worst(data, label, pattern)
+        if w is None:
+            add_row(out, check, status=MISS, note=Run(out, f"lat_{label}").why_failed())
+            return
+        size, e = w
+        b = data.get((base_label, pattern, size, 1))
+        bad = [f for f in failed if f.startswith(label + " " + pattern)]
+        status = INFO if limit_ns is None else (PASS if e["median"] <= limit_ns and not bad else FAIL)
+        add_row(out, check, value=f"{e['median'] / 1e3:.3f} us @ {size_name(size)}",
+                baseline=f"{base_label} {b['median'] / 1e3:.3f} us" if b else f"{base_label} n/a",
+                ratio=fmt_ratio(e["median"], b["median"]) if b else "",
+                target="" if limit_ns is None else f"<= {limit_ns / 1e3:g} us", status=status,
+                note=("allocation failed: " + "; ".join(bad)) if bad else "median, worst of 7 sizes 256 B..512 MiB")
+
+    target_row("alloc+free pair, tight, immediate", "cudapool-immediate", "tight", 250, "raw")
+    target_row("alloc+free pair, tight, default", "cudapool-default", "tight", 1200, "raw")
+    target_row("alloc+free pair, bursts of 100, default", "cudapool-default", "burst", 300, "raw")
+    target_row("pair, tight, default vs PyTorch C++", "cudapool-default", "tight", None, "torch")
+    target_row("async pair, tight, default vs driver pool", "cudapool-default-async", "tight", None, "driverpool")
+    target_row("hooks only (backend:passthrough) vs raw", "passthrough", "tight", None, "raw")
+
+    # p99 of the default policy's tight loop, worst size.
+    items = [(k[2], v) for k, v in data.items() if k[:2] == ("cudapool-default", "tight") and k[3] == 1]
+    if items:
+        size, e = max(items, key=lambda kv: kv[1]["p99"])
+        b = data.get(("raw", "tight", size, 1))
+        add_row(out, "pair p99, tight, default", value=f"{e['p99'] / 1e3:.3f} us @ {size_name(size)}",
+                baseline=f"raw {b['p99'] / 1e3:.3f} us" if b else "raw n/a",
+                ratio=fmt_ratio(e["p99"], b["p99"]) if b else "", status=INFO, note="worst size")
+
+    def pps(label, n):
+        e = data.get((label, "threads", 64 << 10, n))
+        return None if e is None or e["failed"] else e["pps"]
+
+    p1, p16, t16 = pps("cudapool-default", 1), pps("cudapool-default", 16), pps("torch", 16)
+    if p1 and p16:
+        add_row(out, "16 threads vs 1 thread, default (pairs/s)", value=f"{p16:.3g}", baseline=f"{p1:.3g}",
+                ratio=fmt_ratio(p16, p1), target=">= 1.00x", status=PASS if p16 >= p1 else FAIL,
+                note="64 KiB pairs, aggregate over threads")
+    else:
+        add_row(out, "16 threads vs 1 thread, default (pairs/s)", status=MISS if not Run(out, "lat_cudapool-default").ran else FAIL,
+                note=Run(out, "lat_cudapool-default").why_failed())
+    if p16 and t16:
+        add_row(out, "16 threads, default vs PyTorch (pairs/s)", value=f"{p16:.3g}", baseline=f"{t16:.3g}",
+                ratio=fmt_ratio(p16, t16), target=">= 1.00x", status=PASS if p16 >= t16 else FAIL)
+    else:
+        add_row(out, "16 threads, default vs PyTorch (pairs/s)", status=MISS,
+                note=Run(out, "lat_torch").why_failed() if not t16 else "cudapool run missing")
+
+    # Details: every size, every label.
+    labels = [l for l in LAT_LABELS if any(k[0] == l for k in data)]
+    md = ["### Allocation latency (alloc+free pair, median / p99 in us)", "",
+          "| size | pattern | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for pattern in ("tight", "burst"):
+        for size in sorted({k[2] for k in data if k[1] == pattern}):
+            cells = []
+            for l in labels:
+                e = data.get((l, pattern, size, 1))
+                cells.append("—" if e is None else ("FAILED" if e["failed"] else
+                             f"{e['median'] / 1e3:.3f} / {e['p99'] / 1e3:.3f}"))
+            md.append(f"| {size_name(size)} | {pattern} | " + " | ".join(cells) + " |")
+    md += ["", "### Threads (64 KiB pairs, aggregate pairs/s)", "",
+           "| threads | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for n in (1, 2, 4, 8, 16):
+        cells = []
+        for l in labels:
+            e = data.get((l, "threads", 64 << 10, n))
+            cells.append("—" if e is None else ("FAILED" if e["failed"] else f"{e['pps']:.3g}"))
+        md.append(f"| {n} | " + " | ".join(cells) + " |")
+    md += ["", "Bursts: free N held blocks then allocate N again, N = 100 (fewer above 160 MiB so a "
+           "burst holds at most 16 GiB); value = burst time / N."]
+    add_detail(out, "latency", "\n".join(md))
+
+
+# ---- legacy program
+def cmd_legacy(out):
+    ref, shim = Run(out, "legacy_ref"), Run(out, "legacy_shim")
+    cmd_compare(out, "legacy app (static cudart): output", "legacy_ref", "legacy_shim")
+
+    def times(run):
+        m = re.search(r"wall_s=([\d.]+) alloc_s=([\d.]+)", run.stderr)
+        return (float(m.group(1)), float(m.group(2))) if run.ok and m else None
+
+    a, b = times(ref), times(shim)
+    if not a or not b:
+        why = ref.why_failed() if not a else shim.why_failed()
+        add_row(out, "legacy app: time in cudaMalloc/cudaFree", status=FAIL if (ref.ran and shim.ran) else MISS, note=why)
+        return
+    gain = a[1] / b[1] if b[1] > 0 else float("inf")
+    add_row(out, "legacy app: time in cudaMalloc/cudaFree", value=f"{b[1]:.4f} s", baseline=f"{a[1]:.4f} s",
+            ratio=f"{gain:.1f}x less", target=">= 20x less", status=PASS if gain >= 20 else FAIL,
+            note="raw cudaFree waits for the device; the shim's does not")
+    add_row(out, "legacy app: wall time of the loop", value=f"{b[0]:.3f} s", baseline=f"{a[0]:.3f} s",
+            ratio=fmt_ratio(b[0], a[0]), status=INFO)
+
+
+# ---- Python workloads
+def max_abs_diff(a, b):
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def max_rel_diff(a, b):
+    return max((abs(x - y) / max(abs(x), abs(y), 1e-30) for x, y in zip(a, b)), default=0.0)
+
+
+def compare_series(check, ref, shim, key, out, rel_tol=0.0, what="results"):
+    r, s = ref.json(), shim.json()
+    if not ref.ok or r is None:
+        add_row(out, check, status=MISS if not ref.ran else FAIL, note="baseline: " + ref.why_failed())
+        return
+    if not shim.ok or s is None:
+        add_row(out, check, status=FAIL, note=shim.why_failed())
+        return
+    a, b = r[key], s[key]
+    if len(a) != len(b) or not a:
+        add_row(out, check, status=FAIL, note=f"{len(a)} vs {len(b)} {what}")
+        return
+    d = max_rel_diff(a, b)
+    same = a == b if rel_tol == 0 else d <= rel_tol
+    add_row(out, check, value="identical" if a == b else f"max rel diff {d:.3g}", baseline="no shim",
+            target="identical" if rel_tol == 0 else f"rel diff <= {rel_tol:g}", status=PASS if same else FAIL,
+            note=f"{len(a)} {what} compared")
+
+
+def mode_table(out, title, modes):
+    md = [f"### {title}", "", "| mode | median step (ms) | NVML peak (process) | status |", "|---|---|---|---|"]
+    for label, name in modes:
+        run = Run(out, name)
+        j = run.json()
+        if run.ok and j:
+            md.append(f"| {label} | {j['median_step_ms']:.3f} | {gib(run.peak())} | ok |")
+        else:
+            md.append(f"| {label} | — | — | {run.why_failed()} |")
+    return md
+
+
+def timing_row(out, check, run, baselines, target=None):
+    """Median step of `run` against the best (lowest) of the named baseline runs."""
+    j = run.json()
+    best = None
+    for label, b in baselines:
+        bj = b.json()
+        if b.ok and bj and (best is None or bj["median_step_ms"] < best[1]):
+            best = (label, bj["median_step_ms"])
+    if not run.ok or not j:
+        add_row(out, check, status=FAIL if run.ran else MISS, note=run.why_failed())
+        return
+    if best is None:
+        add_row(out, check, value=f"{j['median_step_ms']:.3f} ms", status=MISS, note="no baseline ran")
+        return
+    ratio = j["median_step_ms"] / best[1]
+    status = INFO if target is None else (PASS if ratio <= target else FAIL)
+    add_row(out, check, value=f"{j['median_step_ms']:.3f} ms", baseline=f"{best[0]} {best[1]:.3f} ms",
+            ratio=f"{ratio:.3f}x", target="" if target is None else f"<= {target:.2f}x", status=status)
+
+
+def peak_row(out, check, run, base_label, base, target=None):
+    p, b = run.peak(), base.peak()
+    if p is None or b is None or not run.ok or not base.ok:
+        bad = run if (p is None or not run.ok) else base
+        add_row(out, check, status=FAIL if (run.ran and not run.ok) else MISS, note=bad.why_failed() if not bad.ok
+                else "no NVML peak recorded")
+        return
+    ratio = p / b if b else float("inf")
+    status = INFO if target is None else (PASS if ratio <= target else FAIL)
+    add_row(out, check, value=gib(p), baseline=f"{base_label} {gib(b)}", ratio=f"{ratio:.3f}x",
+            target="" if target is None else f"<= {target:.2f}x", status=status,
+            note="NVML device memory, process peak minus idle baseline")
+
+
+TORCH_MODES = [("PyTorch native", "torch_native"), ("PyTorch expandable_segments", "torch_expandable"),
+               ("PyTorch cudaMallocAsync", "torch_async"), ("no caching (floor)", "torch_nocache"),
+               ("cudapool default", "torch_cudapool"), ("cudapool expandable", "torch_cudapool_exp")]
+
+
+def cmd_torch(out):
+    R = {name: Run(out, name) for _, name in TORCH_MODES}
+    native = [(l, R[n]) for l, n in TORCH_MODES[:3]]
+    compare_series("PyTorch training: losses, cudapool default", R["torch_nocache"], R["torch_cudapool"],
+                   "losses", out, what="step losses")
+    compare_series("PyTorch training: losses, cudapool expandable", R["torch_nocache"], R["torch_cudapool_exp"],
+                   "losses", out, what="step losses")
+    timing_row(out, "PyTorch step time, cudapool default", R["torch_cudapool"], native, 1.00)
+    timing_row(out, "PyTorch step time, cudapool expandable", R["torch_cudapool_exp"], native, 1.00)
+    peak_row(out, "PyTorch peak memory, cudapool default", R["torch_cudapool"], "no caching", R["torch_nocache"], 1.03)
+    peak_row(out, "PyTorch peak memory, cudapool expandable", R["torch_cudapool_exp"], "no caching",
+             R["torch_nocache"], 1.03)
+    md = mode_table(out, "PyTorch training (transformer, varying batch and sequence length)", TORCH_MODES)
+    same = []
+    ref = R["torch_nocache"].json()
+    for label, name in TORCH_MODES:
+        j = R[name].json()
+        if ref and j and R[name].ok:
+            same.append(f"{label}: max |loss - no-caching loss| = {max_abs_diff(ref['losses'], j['losses']):.3g}")
+    add_detail(out, "torch", "\n".join(md + [""] + [f"- {s}" for s in same]))
+
+
+CUPY_MODES = [("CuPy pool (default)", "cupy_pool"), ("no pool (floor)", "cupy_nopool"),
+              ("cudapool (set_allocator(None))", "cupy_cudapool")]
+JAX_MODES = [("XLA BFC, preallocate (default)", "jax_bfc"), ("XLA BFC, no preallocation", "jax_bfc_noprealloc"),
+             ("platform allocator (floor)", "jax_platform"), ("cudapool (platform allocator)", "jax_cudapool")]
+
+
+def cmd_cupy(out):
+    R = {name: Run(out, name) for _, name in CUPY_MODES}
+    compare_series("CuPy: results, cudapool", R["cupy_nopool"], R["cupy_cudapool"], "results", out, 1e-6)
+    timing_row(out, "CuPy step time, cudapool vs CuPy pool", R["cupy_cudapool"], [("CuPy pool", R["cupy_pool"])])
+    peak_row(out, "CuPy peak memory, cudapool vs CuPy pool", R["cupy_cudapool"], "CuPy pool", R["cupy_pool"])
+    add_detail(out, "cupy", "\n".join(mode_table(out, "CuPy (GEMM, FFT, sort; varying sizes)", CUPY_MODES)))
+
+
+def cmd_jax(out):
+    R = {name: Run(out, name) for _, name in JAX_MODES}
+    compare_series("JAX: losses, cudapool", R["jax_platform"], R["jax_cudapool"], "results", out, 1e-6)
+    timing_row(out, "JAX step time, cudapool vs XLA BFC", R["jax_cudapool"],
+               [("BFC", R["jax_bfc"]), ("BFC no-prealloc", R["jax_bfc_noprealloc"])])
+    peak_row(out, "JAX peak memory, cudapool vs BFC no-prealloc", R["jax_cudapool"], "BFC no-prealloc",
+             R["jax_bfc_noprealloc"])
+    add_detail(out, "jax", "\n".join(mode_table(out, "JAX (MLP value-and-grad, 4 batch sizes)", JAX_MODES)))
+
+
+def cmd_ddp(out):
+    for rank in (0, 1):
+        ref, shim = Run(out, "ddp_ref"), Run(out, "ddp_cudapool")
+        r, s = ref.json(f"rank{rank}.json"), shim.json(f"rank{rank}.json")
+        check = f"DDP 2 ranks: losses, rank {rank}"
+        if not ref.ok or r is None:
+            add_row(out, check, status=MISS if not ref.ran else FAIL, note="baseline: " + ref.why_failed())
+            continue
+        if not shim.ok or s is None:
+            add_row(out, check, status=FAIL, note=shim.why_failed())
+            continue
+        same = r["losses"] == s["losses"]
+        add_row(out, check, value="identical" if same else f"max |diff| {max_abs_diff(r['losses'], s['losses']):.3g}",
+                baseline="no shim", target="identical", status=PASS if same else FAIL,
+                note=f"step {s['median_step_ms']:.2f} ms vs {r['median_step_ms']:.2f} ms; peak {gib(shim.peak(rank))}"
+                     f" vs {gib(ref.peak(rank))}")
+
+
+# ---- the table
+def read_rows(out):
+    rows = []
+    try:
+        with open(rows_path(out)) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                rows.append((parts + [""] * 7)[:7])
+    except OSError:
+        pass
+    return rows
+
+
+def cmd_table(out, command="bash tests/gpu/run.sh"):
+    rows = read_rows(out)
+    head = ("check", "value", "baseline", "ratio", "target", "status")
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i]) for i in range(6)]
+    widths = [min(w, 48) for w in widths]
+
+    def line(cells):
+        return "  ".join(str(c)[:widths[i]].ljust(widths[i]) for i, c in enumerate(cells[:6]))
+
+    counts = {s: sum(r[5] == s for r in rows) for s in (PASS, FAIL, MISS, INFO)}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+
+    env = ""
+    try:
+        with open(os.path.join(out, "env.txt")) as f:
+            env = f.read().strip()
+    except OSError:
+        pass
+    md = ["## GPU results", "", f"Command: `{command}`", "", "```", env, "```", "",
+          "| check | value | baseline | ratio | target | status | note |", "|---|---|---|---|---|---|---|"]
+    md += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
+    md += ["", f"Summary: {summary}.", ""]
+    ddir = os.path.join(out, "details")
+    for name in sorted(os.listdir(ddir)) if os.path.isdir(ddir) else []:
+        with open(os.path.join(ddir, name)) as f:
+            md += [f.read(), ""]
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(md))
+
+    notes = [f"  {r[0]}: {r[6]}" for r in rows if r[5] in (FAIL, MISS) and r[6]]
+    if notes:
+        print("\nWhy (FAIL / MISS):")
+        print("\n".join(n[:200] for n in notes))
+    print()
+    print(line(head))
+    print(line(["-" * w for w in widths]))
+    for r in rows:
+        print(line(r))
+    print(f"{summary}   (details: {os.path.join(out, 'results.md')})")
+    return 1 if counts[FAIL] else 0
+
+
+COMMANDS = {
+    "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "race": cmd_race,
+    "latency": cmd_latency, "legacy": cmd_legacy, "torch": cmd_torch, "cupy": cmd_cupy, "jax": cmd_jax,
+    "ddp": cmd_ddp, "table": cmd_table,
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: {sys.argv[0]} {{{'|'.join(COMMANDS)}}} OUT [ARGS...]")
+    rc = COMMANDS[sys.argv[1]](*sys.argv[2:])
+    sys.exit(rc or 0)

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# The real-GPU suite: correctness under the shim, the reuse race, stream-ordered / graph / reset,
+# allocation latency, a legacy program, PyTorch / CuPy / JAX, DDP when two GPUs are present.
+#   bash tests/gpu/run.sh
+# Needs build/release/libcudapool.so (built by `make` elsewhere and carried here: this script never
+# rebuilds it, which proves that library loads on this machine). Compiles its own test programs
+# with nvcc into a scratch directory (or uses build/gpu-bin if nvcc is missing).
+# Writes everything under $OUT (default build/gpu-out): logs/, details/, results.tsv, results.md,
+# env.txt. Prints the table last. Exit status 1 when any check FAILs.
+# Knobs: GPU_SUITE_BUDGET_S (default 500: checks that would not finish in it are skipped as MISS),
+# CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
+# load correctness race ordered legacy latency torch cupy jax ddp), GPU_BIN (use programs already
+# built there instead of compiling; default: compile into build/gpu-scratch).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build/gpu-out}
+mkdir -p "$OUT/logs" "$OUT/details"
+OUT=$(cd "$OUT" && pwd)
+: >"$OUT/results.tsv"
+rm -f "$OUT"/details/*.md
+SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
+BUDGET=${GPU_SUITE_BUDGET_S:-500}
+START=$(date +%s)
+REPORT=(python3 "$ROOT/tests/gpu/report.py")
+ONLY=" ${GPU_ONLY:-load correctness race ordered legacy latency torch cupy jax ddp} "
+
+say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+want() { [[ "$ONLY" == *" $1 "* ]]; }
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+# run NAME LIMIT_S [VAR=value ...] -- COMMAND...
+# Runs COMMAND with the given environment, stdout/stderr/status into logs/NAME.{out,err,rc}.
+# The limit shrinks to what is left of the suite's budget; under 10 s left, the run is skipped
+# (no .rc file, so the report says MISS).
+run() {
+  local name=$1 limit=$2; shift 2
+  local envs=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  rm -f "$OUT/logs/$name".*
+  if [ "$(left)" -lt 10 ]; then
+    say "$name: skipped, the suite's budget of $BUDGET s is spent"
+    return 0
+  fi
+  [ "$(left)" -lt "$limit" ] && limit=$(left)
+  local t0 rc
+  t0=$(date +%s%N)
+  timeout -k 5 "$limit" env "${envs[@]}" "$@" >"$OUT/logs/$name.out" 2>"$OUT/logs/$name.err"
+  rc=$?
+  echo "$rc" >"$OUT/logs/$name.rc"
+  say "$name: rc=$rc ($(( ($(date +%s%N) - t0) / 1000000 )) ms)"
+}
+# Shorthands for the environment of a run under the shim; STATS names the JSON summary.
+shim_env() {  # shim_env NAME [CUDAPOOL_CONF]
+  echo "LD_PRELOAD=$SHIM"
+  echo "CUDAPOOL_STATS=$OUT/logs/$1.stats.json"
+  [ -n "${2:-}" ] && echo "CUDAPOOL_CONF=$2"
+}
+peak() { echo "$BIN/nvml_peak" "$OUT/logs/$1.peak.json" --; }  # NVML peak wrapper for run NAME
+
+# ---------------------------------------------------------------- environment and build
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "host: $(hostname)"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  echo "cuda: $( (command -v nvcc >/dev/null && nvcc --version | tail -n 1) || echo 'nvcc not found')"
+  python3 -c 'import torch; print("torch:", torch.__version__)' 2>/dev/null
+  python3 -c 'import cupy; print("cupy:", cupy.__version__)' 2>/dev/null
+  python3 -c 'import jax; print("jax:", jax.__version__)' 2>/dev/null
+  echo "shim: $SHIM ($(stat -c %s "$SHIM" 2>/dev/null || echo missing) bytes, git $(git rev-parse --short HEAD 2>/dev/null))"
+} >"$OUT/env.txt" 2>&1
+say "$(grep '^gpu:' "$OUT/env.txt" | head -n 2 | tr '\n' ' ')"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+
+BIN=${GPU_BIN:-}
+BUILD=0
+if [ -z "$BIN" ]; then
+  if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+    BIN=$ROOT/build/gpu-scratch BUILD=1
+  else
+    BIN=$ROOT/build/gpu-bin
+    say "no nvcc here: using the programs in $BIN"
+  fi
+fi
+TORCH_BUILD_PID=
+if [ "$BUILD" = 1 ]; then
+  bash tests/gpu/build.sh "$BIN" torch >"$OUT/logs/build-torch.txt" 2>&1 &
+  TORCH_BUILD_PID=$!
+  say "building the test programs into $BIN"
+  bash tests/gpu/build.sh "$BIN" cuda >"$OUT/logs/build.txt" 2>&1 || { cat "$OUT/logs/build.txt"; }
+  cp "$BIN"/build-*.log "$OUT/logs/" 2>/dev/null
+fi
+missing=()
+for p in correctness correctness_shared race stream_ordered graph_capture device_reset legacy_app alloc_bench nvml_peak; do
+  [ -x "$BIN/$p" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  "${REPORT[@]}" row "$OUT" "build of the GPU test programs" FAIL "missing: ${missing[*]} (see logs/build.txt)"
+else
+  "${REPORT[@]}" row "$OUT" "build of the GPU test programs" PASS "$(grep '^cuda:' "$OUT/env.txt")"
+fi
+
+# ---------------------------------------------------------------- the shim loads here
+if want load; then
+  if [ ! -f "$SHIM" ]; then
+    "${REPORT[@]}" row "$OUT" "shim loads (built on another machine)" FAIL "no $SHIM: run make there and carry it"
+  else
+    run load_true 20 "LD_PRELOAD=$SHIM" -- /bin/true
+    run load_python 30 "LD_PRELOAD=$SHIM" -- python3 -c 'print("ok")'
+    if [ "$(cat "$OUT/logs/load_true.rc" 2>/dev/null)" = 0 ] && grep -qx ok "$OUT/logs/load_python.out" &&
+       ! grep -qi 'error' "$OUT/logs/load_true.err" "$OUT/logs/load_python.err"; then
+      "${REPORT[@]}" row "$OUT" "shim loads (built on another machine)" PASS "non-CUDA processes run undisturbed"
+    else
+      "${REPORT[@]}" row "$OUT" "shim loads (built on another machine)" FAIL \
+        "$(cat "$OUT/logs/load_true.err" "$OUT/logs/load_python.err" 2>/dev/null | head -c 200)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- 1. correctness, static and shared cudart
+if want correctness; then
+  for kind in static shared; do
+    exe=$BIN/correctness; [ "$kind" = shared ] && exe=$BIN/correctness_shared
+    run "correct_${kind}_ref" 60 -- "$exe"
+    run "correct_${kind}_shim" 60 $(shim_env "correct_${kind}_shim") -- "$exe"
+    "${REPORT[@]}" compare "$OUT" "correctness ($kind cudart): output" "correct_${kind}_ref" "correct_${kind}_shim"
+    "${REPORT[@]}" pooled "$OUT" "correctness ($kind cudart): served by the pool" "correct_${kind}_shim"
+  done
+fi
+
+# ---------------------------------------------------------------- 2. cross-stream reuse race
+if want race; then
+  run race_ref 60 -- "$BIN/race"
+  run race_default 60 $(shim_env race_default) -- "$BIN/race"
+  run race_device 60 $(shim_env race_device free_sync:device) -- "$BIN/race"
+  run race_immediate 60 $(shim_env race_immediate free_sync:immediate) -- "$BIN/race"
+  "${REPORT[@]}" race "$OUT"
+fi
+
+# ---------------------------------------------------------------- 3. stream-ordered, graphs, device reset
+if want ordered; then
+  for p in stream_ordered graph_capture device_reset; do
+    run "${p}_ref" 60 -- "$BIN/$p"
+    run "${p}_shim" 60 $(shim_env "${p}_shim") -- "$BIN/$p"
+  done
+  "${REPORT[@]}" compare "$OUT" "cudaMallocAsync/FreeAsync across streams" stream_ordered_ref stream_ordered_shim
+  "${REPORT[@]}" compare "$OUT" "CUDA graph with cudaMallocAsync, replayed" graph_capture_ref graph_capture_shim graph:
+  "${REPORT[@]}" compare "$OUT" "cudaMalloc during global capture: answer" graph_capture_ref graph_capture_shim "malloc during"
+  "${REPORT[@]}" compare "$OUT" "cudaDeviceReset mid-run" device_reset_ref device_reset_shim
+fi
+
+# ---------------------------------------------------------------- 6. legacy program
+if want legacy; then
+  run legacy_ref 90 -- "$BIN/legacy_app"
+  run legacy_shim 90 $(shim_env legacy_shim) -- "$BIN/legacy_app"
+  "${REPORT[@]}" legacy "$OUT"
+fi
+
+# ---------------------------------------------------------------- 5. allocation latency
+if want latency; then
+  run lat_raw 60 -- "$BIN/alloc_bench" raw malloc
+  run lat_driverpool 60 -- "$BIN/alloc_bench" driverpool async --release-max
+  run lat_passthrough 60 $(shim_env lat_passthrough backend:passthrough) -- "$BIN/alloc_bench" passthrough malloc
+  run lat_cudapool-immediate 60 $(shim_env lat_cudapool-immediate free_sync:immediate) -- \
+    "$BIN/alloc_bench" cudapool-immediate malloc
+  run lat_cudapool-default 60 $(shim_env lat_cudapool-default) -- "$BIN/alloc_bench" cudapool-default malloc
+  run lat_cudapool-default-async 60 $(shim_env lat_cudapool-default-async) -- \
+    "$BIN/alloc_bench" cudapool-default-async async
+  if [ -n "$TORCH_BUILD_PID" ]; then
+    say "waiting for the PyTorch C++ benchmark build"
+    wait "$TORCH_BUILD_PID"
+    cp "$BIN"/build-torch_alloc_bench.log "$OUT/logs/" 2>/dev/null
+  fi
+  if [ -x "$BIN/torch_alloc_bench" ]; then
+    run lat_torch 60 -- "$BIN/torch_alloc_bench"
+  else
+    say "no PyTorch C++ benchmark: $(tail -n 3 "$OUT/logs/build-torch.txt" 2>/dev/null)"
+  fi
+  "${REPORT[@]}" latency "$OUT"
+fi
+
+# ---------------------------------------------------------------- 4. PyTorch, CuPy, JAX
+# Fixed seeds and deterministic algorithms, so losses can be compared exactly.
+DET=(CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0)
+NOCACHE=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+if want torch; then
+  T=(python3 "$ROOT/tests/gpu/torch_train.py" --steps 60)
+  run torch_native 100 "${DET[@]}" -- $(peak torch_native) "${T[@]}" --out "$OUT/logs/torch_native.json"
+  run torch_expandable 100 "${DET[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
+    $(peak torch_expandable) "${T[@]}" --out "$OUT/logs/torch_expandable.json"
+  run torch_async 100 "${DET[@]}" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- \
+    $(peak torch_async) "${T[@]}" --out "$OUT/logs/torch_async.json"
+  run torch_nocache 100 "${DET[@]}" $NOCACHE -- $(peak torch_nocache) "${T[@]}" --out "$OUT/logs/torch_nocache.json"
+  # The shim is preloaded into the measured process only (env inside nvml_peak's command).
+  run torch_cudapool 100 "${DET[@]}" $NOCACHE -- $(peak torch_cudapool) \
+    env $(shim_env torch_cudapool) "${T[@]}" --out "$OUT/logs/torch_cudapool.json"
+  run torch_cudapool_exp 100 "${DET[@]}" $NOCACHE -- $(peak torch_cudapool_exp) \
+    env $(shim_env torch_cudapool_exp expandable_segments:True) "${T[@]}" --out "$OUT/logs/torch_cudapool_exp.json"
+  "${REPORT[@]}" torch "$OUT"
+fi
+
+if want cupy; then
+  C=(python3 "$ROOT/tests/gpu/cupy_work.py")
+  run cupy_pool 60 -- $(peak cupy_pool) "${C[@]}" --pool default --out "$OUT/logs/cupy_pool.json"
+  run cupy_nopool 60 -- $(peak cupy_nopool) "${C[@]}" --pool none --out "$OUT/logs/cupy_nopool.json"
+  run cupy_cudapool 60 -- $(peak cupy_cudapool) env $(shim_env cupy_cudapool) "${C[@]}" --pool none \
+    --out "$OUT/logs/cupy_cudapool.json"
+  "${REPORT[@]}" cupy "$OUT"
+fi
+
+if want jax; then
+  J=(python3 "$ROOT/tests/gpu/jax_work.py")
+  run jax_bfc 60 -- $(peak jax_bfc) "${J[@]}" --out "$OUT/logs/jax_bfc.json"
+  run jax_bfc_noprealloc 60 XLA_PYTHON_CLIENT_PREALLOCATE=false -- $(peak jax_bfc_noprealloc) "${J[@]}" \
+    --out "$OUT/logs/jax_bfc_noprealloc.json"
+  run jax_platform 60 XLA_PYTHON_CLIENT_ALLOCATOR=platform -- $(peak jax_platform) "${J[@]}" \
+    --out "$OUT/logs/jax_platform.json"
+  run jax_cudapool 60 XLA_PYTHON_CLIENT_ALLOCATOR=platform -- $(peak jax_cudapool) env $(shim_env jax_cudapool) \
+    "${J[@]}" --out "$OUT/logs/jax_cudapool.json"
+  "${REPORT[@]}" jax "$OUT"
+fi
+
+# ---------------------------------------------------------------- 7. DDP on two GPUs
+if want ddp; then
+  if [ "$NGPU" -ge 2 ]; then
+    D=(torchrun --standalone --nproc_per_node=2 "$ROOT/tests/gpu/torch_train.py" --ddp --steps 40)
+    run ddp_ref 120 "${DET[@]}" $NOCACHE -- $(peak ddp_ref) "${D[@]}" --out "$OUT/logs/ddp_ref.rankRANK.json"
+    # Both ranks and torchrun itself (which never touches CUDA) run under the shim; no stats file,
+    # as two ranks would write the same one.
+    run ddp_cudapool 120 "${DET[@]}" $NOCACHE -- $(peak ddp_cudapool) env "LD_PRELOAD=$SHIM" "${D[@]}" \
+      --out "$OUT/logs/ddp_cudapool.rankRANK.json"
+    "${REPORT[@]}" ddp "$OUT"
+  else
+    "${REPORT[@]}" miss "$OUT" "DDP 2 ranks: losses" "$NGPU GPU(s) here; needs 2 (nvidia-smi -L)"
+  fi
+fi
+
+say "done in $(( $(date +%s) - START )) s"
+"${REPORT[@]}" table "$OUT"

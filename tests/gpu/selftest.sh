@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs tests/gpu/run.sh on this machine (no GPU needed) with stand-in programs (mock/fakeprog),
+# twice: with a well-behaved pool every check must PASS; with a broken one (MOCK_BROKEN=1) the
+# checks that guard against it must FAIL. This tests the suite's plumbing and its verdicts,
+# not the shim. Run by `make test` (tests/mk/gpu.mk).
+set -u
+cd "$(dirname "$0")/../.."
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/bin"
+for p in correctness correctness_shared race stream_ordered graph_capture device_reset legacy_app \
+         alloc_bench torch_alloc_bench nvml_peak; do
+  ln -s "$PWD/tests/gpu/mock/fakeprog" "$work/bin/$p"
+done
+echo 'int cudapool_mock_marker;' >"$work/empty.c"
+cc -shared -fPIC -o "$work/libfake.so" "$work/empty.c" || exit 1
+
+failures=0
+expect() {  # expect RESULTS_TSV "check name prefix" STATUS
+  local got
+  got=$(awk -F'\t' -v c="$2" 'index($1, c) == 1 { print $6; exit }' "$1")
+  if [ "$got" = "$3" ]; then echo "PASS $2 -> $3"
+  else echo "FAIL $2: expected $3, got '${got:-no row}'"; failures=$((failures + 1)); fi
+}
+
+checks="load correctness race ordered legacy latency"
+OUT=$work/good GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=$checks \
+  bash tests/gpu/run.sh >"$work/good.txt" 2>&1
+rc_good=$?
+r=$work/good/results.tsv
+expect "$r" "shim loads" PASS
+expect "$r" "correctness (static cudart): output" PASS
+expect "$r" "correctness (shared cudart): served by the pool" PASS
+expect "$r" "reuse race, default (fenced)" PASS
+expect "$r" "reuse race, free_sync:immediate shows it" PASS
+expect "$r" "cudaDeviceReset mid-run" PASS
+expect "$r" "cudaMalloc during global capture" FAIL   # the mock pool answers 0 where CUDA says 900
+expect "$r" "legacy app: time in cudaMalloc/cudaFree" PASS
+expect "$r" "alloc+free pair, tight, immediate" PASS
+expect "$r" "16 threads vs 1 thread" PASS
+expect "$r" "16 threads, default vs PyTorch" PASS
+grep -q '^check ' "$work/good.txt" || { echo "FAIL no table printed"; failures=$((failures + 1)); }
+[ "$(tail -n 1 "$work/good.txt" | grep -c 'PASS')" = 1 ] || { echo "FAIL table is not last"; failures=$((failures + 1)); }
+[ -s "$work/good/results.md" ] || { echo "FAIL no results.md"; failures=$((failures + 1)); }
+[ "$rc_good" = 1 ] || { echo "FAIL run.sh must exit 1 when a check fails (got $rc_good)"; failures=$((failures + 1)); }
+
+OUT=$work/bad GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=$checks MOCK_BROKEN=1 \
+  bash tests/gpu/run.sh >"$work/bad.txt" 2>&1
+r=$work/bad/results.tsv
+expect "$r" "correctness (static cudart): output" FAIL
+expect "$r" "correctness (static cudart): served by the pool" FAIL
+expect "$r" "reuse race, default (fenced)" FAIL
+expect "$r" "cudaDeviceReset mid-run" FAIL
+expect "$r" "legacy app: time in cudaMalloc/cudaFree" FAIL
+expect "$r" "alloc+free pair, tight, default" FAIL
+expect "$r" "16 threads vs 1 thread" FAIL
+
+# The budget: with none left, runs are skipped and reported as MISS, not as PASS.
+OUT=$work/late GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race GPU_SUITE_BUDGET_S=5 \
+  bash tests/gpu/run.sh >"$work/late.txt" 2>&1
+expect "$work/late/results.tsv" "reuse race, default (fenced)" MISS
+
+if [ "$failures" -gt 0 ]; then
+  echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"
+  exit 1
+fi
+echo "selftest: all expectations met"
