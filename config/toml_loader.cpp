@@ -6,7 +6,30 @@
 #include <array>
 #include <vector>
 
+#include <stdexcept>
+
+// toml++ 3.3 checks some of its parser's assumptions with assert(), and an input it does not expect
+// ("[[[x]]]" as a table header) trips one: the process would abort, or with NDEBUG run on into
+// undefined behaviour (the check becomes __builtin_assume). A policy file must never do either to a
+// CUDA program, so here a failed check throws; the parser already unwinds safely from the
+// parse_error it throws for every other syntax error. Only this file includes toml++.
+namespace cudapool::config {
+struct TomlCheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+}  // namespace cudapool::config
+// Where a check sits in a noexcept function the throw still ends the process (as assert did); all
+// checks that depend on the input are in the parser, which is not noexcept.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wterminate"
+#endif
+#pragma push_macro("NDEBUG")
+#undef NDEBUG
+#undef TOML_ASSERT
+#define TOML_ASSERT(expr) \
+  ((expr) ? static_cast<void>(0) : throw ::cudapool::config::TomlCheckFailed(#expr))
 #include <toml++/toml.h>
+#pragma pop_macro("NDEBUG")
 
 #include "config/keys.h"
 #include "config/values.h"
@@ -47,6 +70,9 @@ class Loader {
       const auto& b = e.source().begin;
       return path_ + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
              ": TOML syntax error: " + std::string(e.description()) + "; fix the file or unset CUDAPOOL_CONFIG";
+    } catch (const TomlCheckFailed& e) {
+      return path_ + ": TOML syntax error the parser could not place (its check '" + std::string(e.what()) +
+             "' failed); look for a malformed table header such as [[[name]]] or [=]";
     }
     for (auto&& [k, node] : doc) {
       const std::string_view name = k.str();
@@ -138,9 +164,10 @@ class Loader {
   template <class Origin>
   std::string log_section(const toml::table& t, std::string_view label, Origin origin, Policy& p) const {
     for (auto&& [k, node] : t) {
-      auto it = std::find_if(kLogKeys.begin(), kLogKeys.end(), [&](const auto& e) { return e.first == k.str(); });
+      const std::string_view name = k.str();  // clang 14 cannot capture a structured binding
+      auto it = std::find_if(kLogKeys.begin(), kLogKeys.end(), [&](const auto& e) { return e.first == name; });
       if (it == kLogKeys.end())
-        return where(node) + ": unknown key '" + std::string(k.str()) + "' in " + std::string(label) +
+        return where(node) + ": unknown key '" + std::string(name) + "' in " + std::string(label) +
                "; it takes level, file, trace_file and stats_file";
       if (std::string e = set(*find_key(it->second), node, origin, p); !e.empty()) return e;
     }

@@ -167,6 +167,16 @@ TEST(PolicyFile, SyntaxErrorHasLineAndColumn) {
   EXPECT_TRUE(has(must_not_load(file(g)), g.path() + ":1:")) << must_not_load(file(g));
 }
 
+// toml++ asserts on these headers; the loader turns that into an error instead of an abort.
+TEST(PolicyFile, HeadersThatTripTomlPlusPlusChecksAreErrors) {
+  for (const char* text : {"[[[policy]]]\n", "[=]\n", "[[ [x]]]\n", "[policy]\n[.x]\n"}) {
+    TempFile f(text);
+    std::string e = must_not_load(file(f));
+    EXPECT_TRUE(has(e, f.path())) << e;
+    EXPECT_TRUE(has(e, "TOML syntax error")) << e;
+  }
+}
+
 TEST(PolicyFile, UnknownKeyHasFileLineAndSuggestion) {
   TempFile f("[policy]\nexpandable_segments = true\nmax_split_size = 64\n");
   std::string e = must_not_load(file(f));
