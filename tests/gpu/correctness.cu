@@ -146,7 +146,12 @@ void range_queries() {
   using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  CK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q));
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess || !fn) {
+    cudaGetLastError();
+    std::printf("ranges: cuMemGetAddressRange not resolvable (status %d)\n", static_cast<int>(q));
+    return;
+  }
   auto get_range = reinterpret_cast<GetRange>(fn);
   const std::size_t sizes[] = {1000, 3000, 5000, 70000, 3 << 20};
   std::vector<std::uint8_t*> ptrs;
@@ -161,7 +166,7 @@ void range_queries() {
     for (std::size_t off : {std::size_t{0}, sizes[i] / 2}) {
       CUdeviceptr base = 0;
       size_t size = 0;
-      if (!get_range || get_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptrs[i] + off)) != CUDA_SUCCESS) {
+      if (get_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptrs[i] + off)) != CUDA_SUCCESS) {
         ++errors;
         continue;
       }

@@ -51,11 +51,12 @@ run() {
   echo "$rc" >"$OUT/logs/$name.rc"
   say "$name: rc=$rc ($(( ($(date +%s%N) - t0) / 1000000 )) ms)"
 }
-# Shorthands for the environment of a run under the shim; STATS names the JSON summary.
-shim_env() {  # shim_env NAME [CUDAPOOL_CONF]
+# The environment of a run under the shim: the policy, and the JSON summary written at exit to
+# logs/NAME.stats.json (policy key stats_file, docs/policy.md; CUDAPOOL_STATS as well).
+shim_env() {  # shim_env NAME [EXTRA_CUDAPOOL_CONF]
   echo "LD_PRELOAD=$SHIM"
   echo "CUDAPOOL_STATS=$OUT/logs/$1.stats.json"
-  [ -n "${2:-}" ] && echo "CUDAPOOL_CONF=$2"
+  echo "CUDAPOOL_CONF=stats_file:$OUT/logs/$1.stats.json${2:+,$2}"
 }
 peak() { echo "$BIN/nvml_peak" "$OUT/logs/$1.peak.json" --; }  # NVML peak wrapper for run NAME
 
@@ -65,9 +66,11 @@ peak() { echo "$BIN/nvml_peak" "$OUT/logs/$1.peak.json" --; }  # NVML peak wrapp
   echo "host: $(hostname)"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   echo "cuda: $( (command -v nvcc >/dev/null && nvcc --version | tail -n 1) || echo 'nvcc not found')"
-  python3 -c 'import torch; print("torch:", torch.__version__)' 2>/dev/null
-  python3 -c 'import cupy; print("cupy:", cupy.__version__)' 2>/dev/null
-  python3 -c 'import jax; print("jax:", jax.__version__)' 2>/dev/null
+  # Versions from package metadata: importing torch, CuPy and JAX here would cost seconds.
+  python3 -c 'import importlib.metadata as m
+for d in m.distributions():
+    n = d.metadata["Name"] or ""
+    if n.lower().startswith(("torch", "cupy", "jax", "nvidia-nccl")): print(f"python: {n} {d.version}")' 2>/dev/null | sort -u
   echo "shim: $SHIM ($(stat -c %s "$SHIM" 2>/dev/null || echo missing) bytes, git $(git rev-parse --short HEAD 2>/dev/null))"
 } >"$OUT/env.txt" 2>&1
 say "$(grep '^gpu:' "$OUT/env.txt" | head -n 2 | tr '\n' ' ')"

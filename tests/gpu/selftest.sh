@@ -60,6 +60,29 @@ OUT=$work/late GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race GP
   bash tests/gpu/run.sh >"$work/late.txt" 2>&1
 expect "$work/late/results.tsv" "reuse race, default (fenced)" MISS
 
+# The Python workloads' verdicts, from hand-made results: identical losses and a small peak pass;
+# a loss that differs in the last bit, a slower step or a larger peak fail.
+python3 - "$work/py" <<'PY'
+import json, os, sys
+logs = os.path.join(sys.argv[1], "logs"); os.makedirs(logs)
+def put(name, losses, step_ms, peak, rc=0):
+    with open(f"{logs}/{name}.rc", "w") as f: f.write(f"{rc}\n")
+    with open(f"{logs}/{name}.json", "w") as f: json.dump({"losses": losses, "results": losses, "median_step_ms": step_ms}, f)
+    with open(f"{logs}/{name}.peak.json", "w") as f: json.dump({"devices": [{"peak_delta": peak}]}, f)
+l = [2.5, 2.25, 2.0000001]
+put("torch_native", l, 10.0, 5e9); put("torch_expandable", l, 11.0, 4e9); put("torch_async", l, 12.0, 4e9)
+put("torch_nocache", l, 30.0, 3.0e9); put("torch_cudapool", l, 9.5, 3.05e9)
+put("torch_cudapool_exp", l[:2] + [2.0000002], 10.5, 3.5e9)
+PY
+python3 tests/gpu/report.py torch "$work/py" >/dev/null
+r=$work/py/results.tsv
+expect "$r" "PyTorch training: losses, cudapool default" PASS
+expect "$r" "PyTorch training: losses, cudapool expandable" FAIL
+expect "$r" "PyTorch step time, cudapool default" PASS
+expect "$r" "PyTorch step time, cudapool expandable" FAIL
+expect "$r" "PyTorch peak memory, cudapool default" PASS
+expect "$r" "PyTorch peak memory, cudapool expandable" FAIL
+
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"
   exit 1

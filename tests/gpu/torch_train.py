@@ -30,6 +30,8 @@ def main():
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+    if not torch.cuda.is_available():
+        raise SystemExit("torch sees no GPU")
 
     rank = 0
     if args.ddp:
