@@ -309,6 +309,15 @@ struct DevicePool::Impl {
   static bool same_class(const Block* a, const Block* b) {
     return a->state == b->state && (a->state != BState::local || a->owner == b->owner);
   }
+  // b (being inserted) may swallow free neighbour n: same class, or b is local and n shared
+  // (making shared memory local is only more restrictive, so always safe; the reverse is not).
+  static bool can_absorb(const Block* b, const Block* n) {
+    return same_class(b, n) || (b->state == BState::local && n->state == BState::shared);
+  }
+  FreeSet& set_of(Block* n) {
+    const int k = detail::kind_index(n->seg->small);
+    return n->state == BState::shared ? shared[k] : stream_find(n->owner)->sets[k];
+  }
 
   // Put an inactive block that is in no set and not counted in inactive_split into `set` as
   // `state`, merging with free neighbours of the same class first.
@@ -316,8 +325,8 @@ struct DevicePool::Impl {
     b->state = state;
     b->owner = owner;
     Block* n = b->prev;
-    if (n != nullptr && same_class(n, b)) {
-      set.erase(n);
+    if (n != nullptr && can_absorb(b, n)) {
+      set_of(n).erase(n);
       count_inactive_split(n, -1);
       b->ptr = n->ptr;
       b->size += n->size;
@@ -327,8 +336,8 @@ struct DevicePool::Impl {
       block_pool.put(n);
     }
     n = b->next;
-    if (n != nullptr && same_class(n, b)) {
-      set.erase(n);
+    if (n != nullptr && can_absorb(b, n)) {
+      set_of(n).erase(n);
       count_inactive_split(n, -1);
       b->size += n->size;
       b->next = n->next;

@@ -77,12 +77,14 @@ TEST(PoolRules, FreeMergesNeighboursBackIntoOneBlock) {
   ASSERT_EQ(rig.pool->free(c), FreeStatus::ok);
   auto snap = rig.pool->snapshot();
   ASSERT_EQ(snap.segments.size(), 1u);
-  // a (free) | b | c merged with nothing: rest is shared (fresh) and c is local to kS.
-  EXPECT_EQ(snap.segments[0].blocks.size(), 4u);
+  // a (free, local) | b | c + the fresh rest: a local block swallows shared neighbours.
+  EXPECT_EQ(snap.segments[0].blocks.size(), 3u);
+  EXPECT_EQ(snap.segments[0].blocks[2].size, 2 * MiB - 2 * KiB);
   ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
   snap = rig.pool->snapshot();
-  EXPECT_EQ(snap.segments[0].blocks.size(), 2u);  // a+b+c local to kS | fresh rest (shared)
-  EXPECT_EQ(snap.segments[0].blocks[0].size, 3 * KiB);
+  ASSERT_EQ(snap.segments[0].blocks.size(), 1u);  // whole again
+  EXPECT_EQ(snap.segments[0].blocks[0].size, 2 * MiB);
+  EXPECT_EQ(rig.pool->stats().inactive_split[kAll].current, 0);
   rig.expect_intact();
   // empty_cache promotes (fence on kS), merges the segment back whole and releases it.
   EXPECT_EQ(rig.pool->empty_cache(), 2 * MiB);
@@ -96,9 +98,11 @@ TEST(PoolRules, BlocksOfDifferentStreamsDoNotMerge) {
   void* b = rig.alloc(1 * KiB, 1);
   ASSERT_EQ(rig.pool->free_on_stream(a, 1), FreeStatus::ok);
   ASSERT_EQ(rig.pool->free_on_stream(b, 2), FreeStatus::ok);
+  // a is local to 1; b (local to 2) swallowed the fresh shared rest but not a.
   auto snap = rig.pool->snapshot();
-  EXPECT_EQ(snap.segments[0].blocks.size(), 3u);
-  EXPECT_EQ(rig.pool->stats().inactive_split[kSmallPool].current, 3);
+  EXPECT_EQ(snap.segments[0].blocks.size(), 2u);
+  EXPECT_EQ(snap.segments[0].blocks[0].size, 1 * KiB);
+  EXPECT_EQ(rig.pool->stats().inactive_split[kSmallPool].current, 2);
   rig.expect_intact();
 }
 

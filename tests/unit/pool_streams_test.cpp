@@ -20,23 +20,24 @@ TEST(PoolStreams, FreeOnStreamIsReusableAtOnceOnThatStream) {
   rig.expect_intact();
 }
 
-// Layout: one 2 MiB small segment. a = first 1 MiB (freed on S1: local to S1), the fresh
-// remainder (1 MiB) is shared.
+// a (1 MiB) comes from a fresh 2 MiB small segment; freed on S1 it swallows the segment's
+// fresh rest, so the whole segment is local to S1.
 TEST(PoolStreams, OtherStreamWaitsForFenceOnFreeingStream) {
   PoolRig rig;
   void* a = rig.alloc(1 * MiB, kS1);
   ASSERT_EQ(rig.pool->free_on_stream(a, kS1), FreeStatus::ok);
-  void* rest = rig.alloc(1 * MiB, kS2);  // the shared remainder, not a
-  EXPECT_EQ(rest, at(a, 1 * MiB));
   void* other = rig.alloc(1 * MiB, kS2);  // miss: fence recorded on S1, not complete -> upstream
-  EXPECT_NE(other, a);
+  EXPECT_NE(rig.pool->address_info(other)->segment_base, reinterpret_cast<std::uintptr_t>(a));
   EXPECT_EQ(rig.fence.stream_records(), 1u);
   EXPECT_EQ(rig.up.allocate_calls(), 2u);
-  void* again = rig.alloc(1 * MiB, kS2);  // fence still running: not a, another miss
-  EXPECT_NE(again, a);
+  EXPECT_EQ(rig.alloc(1 * MiB, kS2), at(other, 1 * MiB));  // fresh rest of the new segment
+  void* third = rig.alloc(1 * MiB, kS2);  // fence still running: another miss
+  EXPECT_NE(rig.pool->address_info(third)->segment_base, reinterpret_cast<std::uintptr_t>(a));
   EXPECT_EQ(rig.fence.stream_records(), 1u);  // once per batch
+  EXPECT_EQ(rig.up.allocate_calls(), 3u);
   rig.fence.complete_all();
-  EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);     // promoted to shared
+  EXPECT_EQ(rig.alloc(1 * MiB, kS2), at(third, 1 * MiB));  // best fit: the 1 MiB rest first
+  EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);  // a was promoted to shared
   EXPECT_EQ(rig.fence.outstanding(), 0u);
   rig.expect_intact();
 }
