@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "allocator/pool.h"
+#include "tools/row_sink.h"
 #include "tools/sim_device.h"
 
 namespace cudapool::tools {
@@ -105,31 +106,6 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   return out;
 }
 
-namespace {
-
-// Turns the replayed pool's events into trace rows stamped with the trace's own clock.
-class RowCollector : public EventSink {
- public:
-  RowCollector(std::vector<TraceRow>* rows, const std::int64_t* now) : rows_(rows), now_(now) {}
-  void on_event(const Event& e) override {
-    TraceRow r;
-    r.time_ns = *now_;
-    r.action = trace_action_of(e.kind);
-    r.ptr = e.ptr;
-    r.size = e.size;
-    r.requested = e.requested;
-    r.stream = e.stream;
-    r.device = e.device;
-    r.duration_ns = e.duration_ns;
-    rows_->push_back(r);
-  }
-
- private:
-  std::vector<TraceRow>* rows_;
-  const std::int64_t* now_;
-};
-
-}  // namespace
 
 ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config) {
   ReplayResult res;
@@ -138,7 +114,7 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   SimUpstream upstream(res.device_memory);
   SimFences fences(config.fence_latency_ns);
   std::int64_t now = trace.facts.start_ns;
-  RowCollector collector(&res.rows, &now);
+  RowSink collector(&res.rows, &now);
   std::vector<void*> slots(trace.slots, nullptr);
   auto start = std::chrono::steady_clock::now();
   {

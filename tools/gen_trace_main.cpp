@@ -1,0 +1,56 @@
+// cudapool-gen-trace: writes the sample traces of tests/traces/ (see tests/traces/README.md and
+// tools/synth.h for what the workloads model).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+
+#include "tools/policies.h"
+#include "tools/synth.h"
+#include "tools/units.h"
+
+using namespace cudapool;
+using namespace cudapool::tools;
+
+int main(int argc, char** argv) {
+  CLI::App app{"cudapool-gen-trace: write a synthetic transformer trace recorded by the real pool"};
+  SynthOptions o;
+  std::string out, conf, device_memory = "16GiB";
+  app.add_option("--pattern", o.pattern, "train or serve")->check(CLI::IsMember({"train", "serve"}));
+  app.add_option("-o,--output", out, "trace file to write")->required();
+  app.add_option("--steps", o.steps, "training steps / serving steps")->check(CLI::Range(1, 100000));
+  app.add_option("--layers", o.layers, "transformer layers")->check(CLI::Range(1, 1000));
+  app.add_option("--hidden", o.hidden, "hidden size")->check(CLI::Range(64, 65536));
+  app.add_option("--seed", o.seed, "random seed (sequence lengths, request sizes)");
+  app.add_option("--conf", conf, "policy the pool records under (default: the defaults)");
+  app.add_option("--device-memory", device_memory, "simulated device size");
+  CLI11_PARSE(app, argc, argv);
+
+  PoolOptions options;
+  std::string err;
+  if (!pool_options_from_conf(conf, &options, &err)) {
+    std::fprintf(stderr, "cudapool-gen-trace: %s\n", err.c_str());
+    return 2;
+  }
+  auto total = parse_size(device_memory);
+  if (!total || *total == 0) {
+    std::fprintf(stderr, "cudapool-gen-trace: bad --device-memory\n");
+    return 2;
+  }
+  o.device_memory = *total;
+  SynthResult r;
+  if (!synthesize_trace(o, options, &r, &err)) {
+    std::fprintf(stderr, "cudapool-gen-trace: %s\n", err.c_str());
+    return 2;
+  }
+  std::ofstream f(out, std::ios::binary);
+  f << trace_header() << "\n";
+  for (const auto& row : r.rows) f << format_trace_row(row) << "\n";
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "cudapool-gen-trace: cannot write %s\n", out.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "cudapool-gen-trace: %zu rows to %s (%d failed allocations)\n", r.rows.size(), out.c_str(),
+               r.failed_allocations);
+  return 0;
+}
