@@ -24,6 +24,7 @@ FLAGS=(-arch="$GPU_ARCH" -O2 -std=c++17 -Xcompiler=-Wall,-Wextra)
 pids=()
 build() {  # build NAME command...
   local name=$1; shift
+  rm -f "$DIR/$name"  # a failed build must not leave an old binary behind
   ( "$@" >"$DIR/build-$name.log" 2>&1 || { echo "build of $name failed:"; tail -n 20 "$DIR/build-$name.log"; exit 1; } ) &
   pids+=($!)
 }
@@ -38,6 +39,7 @@ torch_pid=
 if [ "$WHAT" != cuda ] && [ "${TORCH_BENCH:-1}" != 0 ]; then
   TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
   if [ -n "$TORCH_DIR" ]; then
+    rm -f "$DIR/torch_alloc_bench"
     ( "${CXX:-g++}" -std=c++20 -O2 -I"$TORCH_DIR/include" -I"$(dirname "$NVCC")/../include" \
         tests/gpu/torch_alloc_bench.cpp -o "$DIR/torch_alloc_bench" \
         -L"$TORCH_DIR/lib" -lc10_cuda -lc10 -Wl,-rpath,"$TORCH_DIR/lib" -pthread \
