@@ -324,8 +324,9 @@ struct DevicePool::Impl {
   void insert_free(Block* b, BState state, StreamId owner, FreeSet& set) {
     b->state = state;
     b->owner = owner;
-    Block* n = b->prev;
-    if (n != nullptr && can_absorb(b, n)) {
+    // Loops: a local block that swallows a shared neighbour may then touch a local one.
+    Block* n;
+    while ((n = b->prev) != nullptr && can_absorb(b, n)) {
       set_of(n).erase(n);
       count_inactive_split(n, -1);
       b->ptr = n->ptr;
@@ -335,8 +336,7 @@ struct DevicePool::Impl {
       if (n->epoch > b->epoch) b->epoch = n->epoch;
       block_pool.put(n);
     }
-    n = b->next;
-    if (n != nullptr && can_absorb(b, n)) {
+    while ((n = b->next) != nullptr && can_absorb(b, n)) {
       set_of(n).erase(n);
       count_inactive_split(n, -1);
       b->size += n->size;

@@ -1,0 +1,269 @@
+// Randomized multi-threaded stress test with invariants checked continuously:
+//  * every allocation is checked against a registry of freed ranges: memory freed with free()
+//    (or on another stream) must not come back before a fence recorded after that free has
+//    completed (the fake fence completes fences at random, only when the completer says so);
+//  * blocks live in backed host memory and carry tags at both ends, checked at free: two live
+//    blocks that overlap would clobber each other's tags;
+//  * at checkpoints (all workers paused): check_consistency(), stats == recount from snapshot,
+//    the union of every worker's live blocks has no overlap and each is an allocated block of
+//    the snapshot;
+//  * at the end, after freeing everything and empty_cache(), the upstream holds nothing and no
+//    fence is left.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "tests/unit/pool_helpers.h"
+
+using namespace cudapool;
+using namespace cudapool::testing;
+
+namespace {
+
+#if defined(__SANITIZE_THREAD__)
+constexpr long kSlowdown = 12;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr long kSlowdown = 4;
+#else
+constexpr long kSlowdown = 1;
+#endif
+
+long total_ops() {
+  if (const char* e = std::getenv("CUDAPOOL_STRESS_OPS")) return std::atol(e);
+  return 2'400'000 / kSlowdown;  // over the three configurations below
+}
+
+struct Freed {
+  std::uintptr_t end;
+  FenceHandle since;  // FakeFence::next_handle() read before the free
+  bool on_stream;     // freed on a stream (reusable there at once) vs. free()
+  StreamId stream;
+};
+
+struct Live {
+  std::uintptr_t p;
+  std::size_t n;        // requested
+  std::size_t rounded;
+  StreamId stream;
+  std::uint64_t tag;
+};
+
+class Stress {
+ public:
+  Stress(PoolOptions opt, int workers, long ops)
+      : opt_(opt), up_(384 * MiB, /*backed=*/true), fence_(false), workers_(workers), ops_(ops),
+        barrier_(workers + 1), live_(workers) {
+    pool_ = std::make_unique<DevicePool>(0, opt_, up_, fence_);
+  }
+
+  void run() {
+    std::atomic<bool> stop{false};
+    std::thread completer([&] {
+      std::mt19937_64 rng(7);
+      while (!stop.load(std::memory_order_relaxed)) {
+        fence_.complete_some(rng, 0.3);
+        std::this_thread::yield();
+      }
+    });
+    std::vector<std::thread> threads;
+    for (int w = 0; w < workers_; ++w) threads.emplace_back([this, w] { worker(w); });
+    const long rounds = ops_ / workers_ / kOpsPerRound;
+    for (long r = 0; r < rounds; ++r) {
+      barrier_.arrive_and_wait();  // workers paused
+      checkpoint();
+      barrier_.arrive_and_wait();  // resume
+    }
+    for (auto& t : threads) t.join();
+    stop = true;
+    completer.join();
+    finish();
+  }
+
+ private:
+  static constexpr long kOpsPerRound = 20'000;
+
+  void worker(int w) {
+    std::mt19937_64 rng(1000 + w);
+    std::vector<Live>& mine = live_[w];
+    StreamId streams[2] = {static_cast<StreamId>(100 * (w + 1) + 1), static_cast<StreamId>(100 * (w + 1) + 2)};
+    StreamId next_stream = 1'000'000 * (w + 1);
+    const long rounds = ops_ / workers_ / kOpsPerRound;
+    for (long r = 0; r < rounds; ++r) {
+      for (long i = 0; i < kOpsPerRound; ++i) {
+        const unsigned roll = rng() % 10000;
+        if (roll < 10) {
+          pool_->empty_cache();
+        } else if (roll < 15) {
+          pool_->retire_stream(streams[0]);  // "destroyed": never used again
+          streams[0] = next_stream++;
+        } else if (mine.size() < 48 && (mine.empty() || roll < 5500)) {
+          StreamId s = (rng() % 8 == 0) ? StreamId{0} : streams[rng() % 2];
+          allocate(mine, s, rng);
+        } else if (!mine.empty()) {
+          const std::size_t k = rng() % mine.size();
+          Live l = mine[k];
+          mine[k] = mine.back();
+          mine.pop_back();
+          release(l, rng() % 2 == 0, streams[rng() % 2]);
+        }
+      }
+      barrier_.arrive_and_wait();
+      barrier_.arrive_and_wait();
+    }
+    for (const Live& l : mine) release(l, true, 0);
+    mine.clear();
+  }
+
+  std::size_t pick_size(std::mt19937_64& rng) {
+    const unsigned c = rng() % 100;
+    if (c < 70) return 16 + rng() % (64 * KiB);
+    if (c < 96) return 1 * MiB + rng() % (5 * MiB);
+    return 10 * MiB + rng() % (14 * MiB);
+  }
+
+  void allocate(std::vector<Live>& mine, StreamId s, std::mt19937_64& rng) {
+    const std::size_t n = pick_size(rng);
+    AllocResult r = pool_->allocate(n, s);
+    if (r.status != AllocStatus::ok) {
+      if (r.status != AllocStatus::out_of_memory) bad_.fetch_add(1);
+      ooms_.fetch_add(1);
+      return;
+    }
+    const auto p = reinterpret_cast<std::uintptr_t>(r.ptr);
+    const std::size_t rounded = round_size(n, opt_);
+    check_reuse(p, rounded, s);
+    const std::uint64_t tag = next_tag_.fetch_add(1) * 2654435761u + 1;
+    std::memcpy(r.ptr, &tag, 8);
+    std::memcpy(reinterpret_cast<void*>(p + n - 8), &tag, 8);
+    mine.push_back(Live{p, n, rounded, s, tag});
+  }
+
+  void release(const Live& l, bool plain_free, StreamId s) {
+    std::uint64_t a = 0, b = 0;
+    std::memcpy(&a, reinterpret_cast<void*>(l.p), 8);
+    std::memcpy(&b, reinterpret_cast<void*>(l.p + l.n - 8), 8);
+    if (a != l.tag || b != l.tag) clobbered_.fetch_add(1);
+    const bool immediate = opt_.free_sync == FreeSync::immediate;
+    {
+      std::lock_guard<std::mutex> lock(reg_mu_);
+      Freed f;
+      f.end = l.p + l.rounded;
+      f.since = fence_.next_handle();
+      f.on_stream = !plain_free || immediate;
+      f.stream = plain_free ? l.stream : s;
+      freed_[l.p] = f;
+    }
+    FreeStatus st = plain_free ? pool_->free(reinterpret_cast<void*>(l.p))
+                               : pool_->free_on_stream(reinterpret_cast<void*>(l.p), s);
+    if (st != FreeStatus::ok) bad_.fetch_add(1);
+  }
+
+  // Memory handed to stream t must not overlap a freed range that is not yet safe for t.
+  void check_reuse(std::uintptr_t p, std::size_t n, StreamId t) {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    auto it = freed_.lower_bound(p + n);
+    while (it != freed_.begin()) {
+      --it;
+      if (it->second.end <= p) break;  // ranges never overlap each other, so none further left
+      const Freed& f = it->second;
+      const bool safe = (f.on_stream && f.stream == t) ||
+                        fence_.covered(f.since, f.on_stream ? std::optional<StreamId>(f.stream) : std::nullopt);
+      if (!safe) early_.fetch_add(1);
+      it = freed_.erase(it);
+    }
+  }
+
+  void checkpoint() {
+    ++checkpoints_;
+    const std::string why = pool_->check_consistency();
+    if (!why.empty()) {
+      ADD_FAILURE() << "inconsistent: " << why;
+      return;
+    }
+    const Snapshot snap = pool_->snapshot();
+    const std::string diff = compare_with_recount(pool_->stats(), snap);
+    if (!diff.empty()) ADD_FAILURE() << "stats differ from recount: " << diff;
+    std::map<std::uintptr_t, std::size_t> allocated;  // from the snapshot
+    for (const SegmentInfo& s : snap.segments)
+      for (const BlockInfo& b : s.blocks)
+        if (b.state == BlockState::active_allocated) allocated[b.address] = b.size;
+    std::vector<Live> all;
+    for (auto& v : live_) all.insert(all.end(), v.begin(), v.end());
+    std::sort(all.begin(), all.end(), [](const Live& a, const Live& b) { return a.p < b.p; });
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (i + 1 < all.size() && all[i].p + all[i].rounded > all[i + 1].p) overlaps_.fetch_add(1);
+      auto it = allocated.find(all[i].p);
+      if (it == allocated.end() || it->second < all[i].rounded) not_in_segment_.fetch_add(1);
+    }
+    if (all.size() != allocated.size()) ADD_FAILURE() << "live " << all.size() << " vs allocated " << allocated.size();
+  }
+
+  void finish() {
+    fence_.complete_all();
+    pool_->empty_cache();
+    EXPECT_EQ(pool_->check_consistency(), "");
+    EXPECT_EQ(up_.bytes_held(), 0u);
+    EXPECT_EQ(up_.segments_held(), 0u);
+    EXPECT_EQ(up_.bad_calls(), 0u);
+    EXPECT_EQ(fence_.outstanding(), 0u);
+    EXPECT_EQ(fence_.bad_calls(), 0u);
+    EXPECT_EQ(early_.load(), 0) << "pending memory handed out before its fence completed";
+    EXPECT_EQ(clobbered_.load(), 0) << "tags overwritten: live blocks overlapped";
+    EXPECT_EQ(overlaps_.load(), 0);
+    EXPECT_EQ(not_in_segment_.load(), 0);
+    EXPECT_EQ(bad_.load(), 0);
+    EXPECT_GT(checkpoints_, 0);
+    const Stats st = pool_->stats();
+    EXPECT_EQ(st.allocated_bytes[kAll].current, 0);
+    EXPECT_GT(st.cache_hits, 0);
+    std::printf("  stress: %ld ops, %d checkpoints, hits %lld misses %lld ooms %ld retries %lld fences %lld waits %lld\n",
+                ops_, checkpoints_, static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses),
+                static_cast<long>(ooms_.load()), static_cast<long long>(st.num_alloc_retries),
+                static_cast<long long>(st.fences_recorded), static_cast<long long>(st.fence_waits));
+  }
+
+  PoolOptions opt_;
+  FakeUpstream up_;
+  FakeFence fence_;
+  std::unique_ptr<DevicePool> pool_;
+  int workers_;
+  long ops_;
+  std::barrier<> barrier_;
+  std::vector<std::vector<Live>> live_;
+  std::mutex reg_mu_;
+  std::map<std::uintptr_t, Freed> freed_;
+  std::atomic<std::uint64_t> next_tag_{1};
+  std::atomic<long> early_{0}, clobbered_{0}, overlaps_{0}, not_in_segment_{0}, bad_{0}, ooms_{0};
+  int checkpoints_ = 0;
+};
+
+}  // namespace
+
+TEST(PoolStress, FencedFrees) {
+  Stress(PoolOptions{}, 3, total_ops() / 3).run();
+}
+
+TEST(PoolStress, DeviceSyncReleaseLockMaxSplit) {
+  PoolOptions o;
+  o.free_sync = FreeSync::device;
+  o.release_lock_on_cudamalloc = true;
+  o.max_split_size = 20 * MiB;
+  o.roundup_power2_divisions.fill(4);
+  Stress(o, 3, total_ops() / 3).run();
+}
+
+TEST(PoolStress, ImmediateFreesWithGcAndCap) {
+  PoolOptions o;
+  o.free_sync = FreeSync::immediate;
+  o.garbage_collection_threshold = 0.7;
+  o.max_reserved = 300 * MiB;
+  Stress(o, 3, total_ops() / 3).run();
+}
