@@ -1,1 +1,16 @@
 # shim/: libcudapool.so, the LD_PRELOAD library (the only code that talks to CUDA).
+# Hidden by default, exports listed in shim/exports.map, libstdc++/libgcc linked in, the pool,
+# config and telemetry archives linked in (they are built with -fPIC).
+SHIM_SRCS := $(wildcard shim/*.cpp)
+SHIM_OBJS := $(SHIM_SRCS:%.cpp=$(BUILD)/%.o)
+SHIM_SO := $(BUILD)/libcudapool.so
+$(SHIM_OBJS): CXXFLAGS += -fvisibility=hidden -fvisibility-inlines-hidden
+$(SHIM_SO): $(SHIM_OBJS) $(ALLOCATOR_LIB) $(CONFIG_LIB) $(TELEMETRY_LIB) shim/exports.map
+	@mkdir -p $(@D)
+	$(CXX) -shared $(CXXFLAGS) -o $@ $(SHIM_OBJS) \
+	  -Wl,--start-group $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB) -Wl,--end-group \
+	  -Wl,--version-script=shim/exports.map -Wl,--exclude-libs,ALL -Wl,-z,now \
+	  -static-libstdc++ -static-libgcc $(LDFLAGS) -ldl
+PROGRAMS += $(SHIM_SO)
+INSTALL_LIBS += $(SHIM_SO)
+INSTALL_HEADERS += shim/cudapool.h

@@ -1,0 +1,123 @@
+// The cudapool_* C functions (shim/cudapool.h).
+#include "shim/cudapool.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+
+#include "shim/export.h"
+#include "shim/runtime.h"
+#include "telemetry/logging.h"
+
+using namespace cudapool;
+using namespace cudapool::shim;
+
+namespace {
+
+const char* state_name(BlockState s) {
+  switch (s) {
+    case BlockState::active_allocated: return "active_allocated";
+    case BlockState::active_pending_free: return "active_pending_free";
+    case BlockState::inactive: return "inactive";
+  }
+  return "inactive";
+}
+
+void append_snapshot(std::string& out, const Snapshot& snap, bool& first_segment) {
+  for (const SegmentInfo& s : snap.segments) {
+    out += first_segment ? "\n" : ",\n";
+    first_segment = false;
+    fmt::format_to(std::back_inserter(out),
+                   "  {{\"device\": {}, \"address\": {}, \"total_size\": {}, \"allocated_size\": {}, "
+                   "\"active_size\": {}, \"requested_size\": {}, \"stream\": {}, \"segment_type\": \"{}\", "
+                   "\"is_expandable\": {}, \"blocks\": [",
+                   s.device, s.address, s.total_size, s.allocated_size, s.active_size, s.requested_size,
+                   s.stream, s.is_small ? "small" : "large", s.is_expandable ? "true" : "false");
+    bool first_block = true;
+    for (const BlockInfo& b : s.blocks) {
+      fmt::format_to(std::back_inserter(out),
+                     "{}{{\"address\": {}, \"size\": {}, \"requested_size\": {}, \"state\": \"{}\"}}",
+                     first_block ? "" : ", ", b.address, b.size, b.requested_size, state_name(b.state));
+      first_block = false;
+    }
+    out += "]}";
+  }
+}
+
+}  // namespace
+
+CUDAPOOL_EXPORT int cudapool_api_version(void) { return CUDAPOOL_API_VERSION; }
+
+CUDAPOOL_EXPORT int cudapool_active(void) {
+  Runtime* rt = Runtime::peek();
+  return rt != nullptr && rt->native() ? 1 : 0;
+}
+
+CUDAPOOL_EXPORT int cudapool_get_stats(int device, struct cudapool_stats* out) {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr || out == nullptr) return -1;
+  cudapool_stats acc{};
+  acc.device = device;
+  bool any = false;
+  rt->for_each_pool([&](ContextPool& cp) {
+    if (cp.device != device) return;
+    any = true;
+    const Stats s = cp.pool.stats();
+    acc.allocated_bytes += s.allocated_bytes[kAll].current;
+    acc.allocated_bytes_peak += s.allocated_bytes[kAll].peak;
+    acc.reserved_bytes += s.reserved_bytes[kAll].current;
+    acc.reserved_bytes_peak += s.reserved_bytes[kAll].peak;
+    acc.allocations += s.allocation[kAll].current;
+    acc.segments += s.segment[kAll].current;
+    acc.cache_hits += s.cache_hits;
+    acc.cache_misses += s.cache_misses;
+    acc.pending_bytes += s.pending_bytes;
+    acc.num_device_alloc += s.num_device_alloc;
+    acc.num_device_free += s.num_device_free;
+    acc.num_ooms += s.num_ooms;
+    acc.bad_frees += s.bad_frees;
+  });
+  if (!any) return -1;
+  *out = acc;
+  return 0;
+}
+
+CUDAPOOL_EXPORT int64_t cudapool_passthrough_count(const char* kind) {
+  if (kind == nullptr) return -1;
+  Runtime* rt = Runtime::peek();
+  for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
+    if (std::strcmp(kind, to_string(static_cast<PassKind>(k))) == 0) {
+      return rt != nullptr ? rt->passes(static_cast<PassKind>(k)) : 0;
+    }
+  }
+  return -1;
+}
+
+CUDAPOOL_EXPORT size_t cudapool_snapshot_json(char* buf, size_t size) {
+  std::string out = "{\"segments\": [";
+  bool first = true;
+  if (Runtime* rt = Runtime::peek()) {
+    rt->for_each_pool([&](ContextPool& cp) { append_snapshot(out, cp.pool.snapshot(), first); });
+  }
+  out += first ? "]}" : "\n]}";
+  if (buf != nullptr && size > 0) {
+    const size_t n = out.size() < size - 1 ? out.size() : size - 1;
+    std::memcpy(buf, out.data(), n);
+    buf[n] = '\0';
+  }
+  return out.size();
+}
+
+CUDAPOOL_EXPORT size_t cudapool_empty_cache(void) {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr || Runtime::exiting()) return 0;
+  size_t freed = 0;
+  rt->for_each_pool([&](ContextPool& cp) { freed += cp.pool.empty_cache(); });
+  return freed;
+}
+
+CUDAPOOL_EXPORT int cudapool_set_log_level(const char* level) {
+  if (level == nullptr) return -1;
+  return set_log_level(level) ? 0 : -1;
+}

@@ -1,0 +1,123 @@
+// The few CUDA driver types, enum values and signatures the shim needs, declared here so the
+// shim builds without a CUDA toolkit (CI has none). Values are CUDA 13's cuda.h values; the test
+// tests/unit/shim_abi_test.cpp compares every one of them with /usr/local/cuda/include/cuda.h
+// whenever that header exists.
+//
+// Only declarations: this header defines no function, so the fake driver (tests/fakecuda/) and
+// the shim share it without clashing.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace cudaabi {
+
+using CUresult = int;
+using CUdeviceptr = unsigned long long;  // CUdeviceptr_v2 on 64-bit hosts
+using CUdevice = int;
+using cuuint64_t = std::uint64_t;
+struct CUctx_st;
+struct CUstream_st;
+struct CUevent_st;
+struct CUmemPoolHandle_st;
+struct CUgraph_st;
+using CUcontext = CUctx_st*;
+using CUstream = CUstream_st*;
+using CUevent = CUevent_st*;
+using CUmemoryPool = CUmemPoolHandle_st*;
+using CUgraph = CUgraph_st*;
+
+inline constexpr std::size_t kIpcHandleSize = 64;  // CU_IPC_HANDLE_SIZE
+struct CUipcMemHandle {
+  char reserved[kIpcHandleSize];
+};
+
+// CUresult values.
+inline constexpr CUresult CUDA_SUCCESS = 0;
+inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
+inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
+inline constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
+inline constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
+inline constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
+inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
+inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
+inline constexpr CUresult CUDA_ERROR_CONTEXT_IS_DESTROYED = 709;
+inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
+inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900;
+
+// Special stream handles.
+inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(0x1);
+inline const CUstream CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
+inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
+
+// cuGetProcAddress flags and results.
+inline constexpr cuuint64_t CU_GET_PROC_ADDRESS_DEFAULT = 0;
+inline constexpr cuuint64_t CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0;
+inline constexpr cuuint64_t CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1;
+using CUdriverProcAddressQueryResult = int;
+inline constexpr int CU_GET_PROC_ADDRESS_SUCCESS = 0;
+inline constexpr int CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1;
+inline constexpr int CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2;
+
+// Stream capture.
+using CUstreamCaptureStatus = int;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
+using CUstreamCaptureMode = int;
+inline constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
+inline constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
+inline constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+
+// Pointer attributes.
+using CUpointer_attribute = int;
+inline constexpr int CU_POINTER_ATTRIBUTE_CONTEXT = 1;
+inline constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;
+inline constexpr int CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3;
+inline constexpr int CU_POINTER_ATTRIBUTE_IS_MANAGED = 8;
+inline constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
+inline constexpr int CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10;
+inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11;
+inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;
+inline constexpr int CU_POINTER_ATTRIBUTE_MAPPED = 13;
+inline constexpr int CU_MEMORYTYPE_DEVICE = 0x2;
+
+// Driver entry points the shim calls or replaces (the _v2 / _ptsz names are the ABI symbols).
+using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                             CUdriverProcAddressQueryResult*);
+using PFN_cuGetProcAddress_v1 = CUresult (*)(const char*, void**, int, cuuint64_t);
+using PFN_cuMemAlloc_v2 = CUresult (*)(CUdeviceptr*, std::size_t);
+using PFN_cuMemAllocPitch_v2 = CUresult (*)(CUdeviceptr*, std::size_t*, std::size_t, std::size_t,
+                                            unsigned);
+using PFN_cuMemFree_v2 = CUresult (*)(CUdeviceptr);
+using PFN_cuMemAllocAsync = CUresult (*)(CUdeviceptr*, std::size_t, CUstream);
+using PFN_cuMemFreeAsync = CUresult (*)(CUdeviceptr, CUstream);
+using PFN_cuMemGetInfo_v2 = CUresult (*)(std::size_t*, std::size_t*);
+using PFN_cuMemGetAddressRange_v2 = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+using PFN_cuPointerGetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+using PFN_cuPointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+using PFN_cuIpcGetMemHandle = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
+using PFN_cuMemPoolTrimTo = CUresult (*)(CUmemoryPool, std::size_t);
+using PFN_cuDeviceGetDefaultMemPool = CUresult (*)(CUmemoryPool*, CUdevice);
+using PFN_cuCtxGetCurrent = CUresult (*)(CUcontext*);
+using PFN_cuCtxGetDevice = CUresult (*)(CUdevice*);
+using PFN_cuCtxPushCurrent_v2 = CUresult (*)(CUcontext);
+using PFN_cuCtxPopCurrent_v2 = CUresult (*)(CUcontext*);
+using PFN_cuCtxDestroy_v2 = CUresult (*)(CUcontext);
+using PFN_cuDevicePrimaryCtxReset_v2 = CUresult (*)(CUdevice);
+using PFN_cuDevicePrimaryCtxRetain = CUresult (*)(CUcontext*, CUdevice);
+using PFN_cuDevicePrimaryCtxRelease_v2 = CUresult (*)(CUdevice);
+using PFN_cuDevicePrimaryCtxGetState = CUresult (*)(CUdevice, unsigned*, int*);
+using PFN_cuStreamCreate = CUresult (*)(CUstream*, unsigned);
+using PFN_cuStreamCreateWithPriority = CUresult (*)(CUstream*, unsigned, int);
+using PFN_cuStreamDestroy_v2 = CUresult (*)(CUstream);
+using PFN_cuStreamIsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+using PFN_cuStreamBeginCapture_v2 = CUresult (*)(CUstream, CUstreamCaptureMode);
+using PFN_cuStreamEndCapture = CUresult (*)(CUstream, CUgraph*);
+using PFN_cuEventCreate = CUresult (*)(CUevent*, unsigned);
+using PFN_cuEventRecord = CUresult (*)(CUevent, CUstream);
+using PFN_cuEventQuery = CUresult (*)(CUevent);
+using PFN_cuEventSynchronize = CUresult (*)(CUevent);
+using PFN_cuEventDestroy_v2 = CUresult (*)(CUevent);
+
+}  // namespace cudaabi

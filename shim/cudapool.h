@@ -1,0 +1,59 @@
+/* cudapool's C API, exported by libcudapool.so. A program that wants to look at the pool
+ * declares these itself or includes this header, and resolves them with dlsym(RTLD_DEFAULT, …)
+ * so that it still runs without the shim preloaded. All functions are thread-safe and never
+ * start CUDA: before the first CUDA allocation they report an empty pool. */
+#ifndef CUDAPOOL_H
+#define CUDAPOOL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDAPOOL_API_VERSION 1
+
+/* A few headline counters of one device's pool (PyTorch memory_stats names in comments). */
+struct cudapool_stats {
+  int device;
+  int64_t allocated_bytes;       /* allocated_bytes.all.current */
+  int64_t allocated_bytes_peak;  /* allocated_bytes.all.peak */
+  int64_t reserved_bytes;        /* reserved_bytes.all.current */
+  int64_t reserved_bytes_peak;   /* reserved_bytes.all.peak */
+  int64_t allocations;           /* allocation.all.current */
+  int64_t segments;              /* segment.all.current */
+  int64_t cache_hits;
+  int64_t cache_misses;
+  int64_t pending_bytes;         /* freed, waiting for a fence */
+  int64_t num_device_alloc;
+  int64_t num_device_free;
+  int64_t num_ooms;
+  int64_t bad_frees;
+};
+
+/* CUDAPOOL_API_VERSION of the loaded library. */
+int cudapool_api_version(void);
+/* 1 when allocations go through the pool, 0 when the shim passes everything through (policy
+ * backend:passthrough, CUDAPOOL_ON_ERROR=passthrough) or CUDA has not been used yet. */
+int cudapool_active(void);
+/* Sums the pools of `device` (several contexts on one device add up) into *out.
+ * Returns 0, or -1 when no pool of that device exists yet. */
+int cudapool_get_stats(int device, struct cudapool_stats* out);
+/* Pass-through decisions so far of one kind: "backend", "foreign_pointer", "capture",
+ * "no_context", "exiting". -1 for an unknown kind. */
+int64_t cudapool_passthrough_count(const char* kind);
+/* Every pool's segments and blocks as JSON text (the fields of PyTorch's memory snapshot).
+ * Writes at most `size` bytes including the terminating NUL; returns the full length without
+ * the NUL (snprintf-style: call with size 0 to learn it). */
+size_t cudapool_snapshot_json(char* buf, size_t size);
+/* Waits for pending frees and releases every fully free segment of every pool. Returns the
+ * bytes given back to the driver. */
+size_t cudapool_empty_cache(void);
+/* Changes the log level ("trace" "debug" "info" "warn" "error" "critical" "off").
+ * Returns 0, or -1 for an unknown name. */
+int cudapool_set_log_level(const char* level);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CUDAPOOL_H */

@@ -1,0 +1,61 @@
+// The REAL driver: function pointers looked up once in libcuda.so.1 itself (never through our own
+// exported wrappers), so the pool's upstream and fences can never re-enter the shim.
+#pragma once
+#include "shim/cuda_abi.h"
+
+namespace cudapool::shim {
+
+using namespace cudaabi;
+
+struct RealDriver {
+  void* handle = nullptr;  // libcuda.so.1
+  PFN_cuGetProcAddress_v2 cuGetProcAddress_v2 = nullptr;
+  PFN_cuGetProcAddress_v1 cuGetProcAddress = nullptr;
+  PFN_cuMemAlloc_v2 cuMemAlloc_v2 = nullptr;
+  PFN_cuMemAllocPitch_v2 cuMemAllocPitch_v2 = nullptr;
+  PFN_cuMemFree_v2 cuMemFree_v2 = nullptr;
+  PFN_cuMemAllocAsync cuMemAllocAsync = nullptr;
+  PFN_cuMemAllocAsync cuMemAllocAsync_ptsz = nullptr;
+  PFN_cuMemFreeAsync cuMemFreeAsync = nullptr;
+  PFN_cuMemFreeAsync cuMemFreeAsync_ptsz = nullptr;
+  PFN_cuMemGetInfo_v2 cuMemGetInfo_v2 = nullptr;
+  PFN_cuMemGetAddressRange_v2 cuMemGetAddressRange_v2 = nullptr;
+  PFN_cuPointerGetAttribute cuPointerGetAttribute = nullptr;
+  PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;
+  PFN_cuIpcGetMemHandle cuIpcGetMemHandle = nullptr;
+  PFN_cuMemPoolTrimTo cuMemPoolTrimTo = nullptr;
+  PFN_cuDeviceGetDefaultMemPool cuDeviceGetDefaultMemPool = nullptr;
+  PFN_cuCtxGetCurrent cuCtxGetCurrent = nullptr;
+  PFN_cuCtxGetDevice cuCtxGetDevice = nullptr;
+  PFN_cuCtxPushCurrent_v2 cuCtxPushCurrent_v2 = nullptr;
+  PFN_cuCtxPopCurrent_v2 cuCtxPopCurrent_v2 = nullptr;
+  PFN_cuCtxDestroy_v2 cuCtxDestroy_v2 = nullptr;
+  PFN_cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset_v2 = nullptr;
+  PFN_cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRetain = nullptr;
+  PFN_cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRelease_v2 = nullptr;
+  PFN_cuDevicePrimaryCtxGetState cuDevicePrimaryCtxGetState = nullptr;
+  PFN_cuStreamCreate cuStreamCreate = nullptr;
+  PFN_cuStreamCreateWithPriority cuStreamCreateWithPriority = nullptr;
+  PFN_cuStreamDestroy_v2 cuStreamDestroy_v2 = nullptr;
+  PFN_cuStreamIsCapturing cuStreamIsCapturing = nullptr;
+  PFN_cuStreamIsCapturing cuStreamIsCapturing_ptsz = nullptr;
+  PFN_cuStreamBeginCapture_v2 cuStreamBeginCapture_v2 = nullptr;
+  PFN_cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz = nullptr;
+  PFN_cuStreamEndCapture cuStreamEndCapture = nullptr;
+  PFN_cuStreamEndCapture cuStreamEndCapture_ptsz = nullptr;
+  PFN_cuEventCreate cuEventCreate = nullptr;
+  PFN_cuEventRecord cuEventRecord = nullptr;
+  PFN_cuEventQuery cuEventQuery = nullptr;
+  PFN_cuEventSynchronize cuEventSynchronize = nullptr;
+  PFN_cuEventDestroy_v2 cuEventDestroy_v2 = nullptr;
+};
+
+// The table, filled on first use (dlopen of libcuda.so.1, preferring an already loaded copy).
+// Returns nullptr while libcuda cannot be loaded. Cheap after the first call (one atomic load).
+const RealDriver* real_driver() noexcept;
+
+// The real dlsym of libc (dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5").
+using DlsymFn = void* (*)(void*, const char*);
+DlsymFn real_dlsym() noexcept;
+
+}  // namespace cudapool::shim

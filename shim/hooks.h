@@ -1,0 +1,21 @@
+// Shared pieces of the hook files (internal).
+#pragma once
+#include "shim/runtime.h"
+
+namespace cudapool::shim {
+
+// Returned by the helpers below when the call must go to the real driver instead.
+inline constexpr CUresult kPassThrough = -1;
+
+// Allocates from the current context's pool. kPassThrough when there is no current context.
+CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream,
+                       ContextPool** used);
+// cudaFree meaning (stream == nullptr) or cudaFreeAsync meaning. kPassThrough for memory the
+// pool does not own.
+CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream);
+
+// The wrapper to hand out for a driver symbol, by its exact ABI name ("cuMemAlloc_v2",
+// "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2", …); nullptr if the shim does not hook it.
+void* wrapper_for_symbol(const char* abi_name) noexcept;
+
+}  // namespace cudapool::shim

@@ -1,0 +1,133 @@
+// Context teardown, stream lifetime and graph capture: the events the pool must hear about
+// before the driver acts on them.
+#include "shim/export.h"
+#include "shim/hooks.h"
+#include "shim/log.h"
+#include "shim/streams.h"
+
+using namespace cudapool::shim;
+
+namespace {
+
+void retire_context(Runtime* rt, CUcontext ctx) {
+  if (rt == nullptr || ctx == nullptr) return;
+  if (ContextPool* cp = rt->find_pool(ctx)) rt->retire(cp);
+}
+
+// The handle of `dev`'s primary context if it is active (retain + release: no net change).
+CUcontext primary_context(const RealDriver& d, CUdevice dev) {
+  unsigned flags = 0;
+  int active = 0;
+  if (d.cuDevicePrimaryCtxGetState == nullptr ||
+      d.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active) {
+    return nullptr;
+  }
+  CUcontext ctx = nullptr;
+  if (d.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
+  d.cuDevicePrimaryCtxRelease_v2(dev);
+  return ctx;
+}
+
+void track_new_stream(CUstream s, unsigned flags) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr || !rt->native()) return;
+  if (ContextPool* cp = rt->current_pool()) cp->fences.add_stream(s, (flags & CU_STREAM_NON_BLOCKING) != 0);
+}
+
+CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool ptsz) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  auto real = ptsz ? d->cuStreamBeginCapture_v2_ptsz : d->cuStreamBeginCapture_v2;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(s, mode);
+  if (r == CUDA_SUCCESS) capture_began(stream_id(s, ptsz), mode);
+  return r;
+}
+
+CUresult end_capture(CUstream s, CUgraph* graph, bool ptsz) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  auto real = ptsz ? d->cuStreamEndCapture_ptsz : d->cuStreamEndCapture;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = real(s, graph);
+  // Ended, successfully or as an invalidated capture; either way the stream no longer captures.
+  capture_ended(stream_id(s, ptsz));
+  return r;
+}
+
+}  // namespace
+
+CUDAPOOL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  retire_context(Runtime::peek(), ctx);  // before the driver frees the context's memory
+  return d->cuCtxDestroy_v2(ctx);
+}
+
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Runtime* rt = Runtime::peek();
+  if (rt != nullptr) retire_context(rt, primary_context(*d, dev));
+  return d->cuDevicePrimaryCtxReset_v2(dev);
+}
+
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr || Runtime::exiting()) return d->cuDevicePrimaryCtxRelease_v2(dev);
+  CUcontext ctx = primary_context(*d, dev);
+  CUresult r = d->cuDevicePrimaryCtxRelease_v2(dev);
+  // The last release destroys the primary context (and its memory): drop the pool with it.
+  unsigned flags = 0;
+  int active = 1;
+  if (r == CUDA_SUCCESS && ctx != nullptr && d->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
+      !active) {
+    retire_context(rt, ctx);
+  }
+  return r;
+}
+
+CUDAPOOL_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned flags) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuStreamCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = d->cuStreamCreate(ph, flags);
+  if (r == CUDA_SUCCESS) track_new_stream(*ph, flags);
+  return r;
+}
+
+CUDAPOOL_EXPORT CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int priority) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuStreamCreateWithPriority == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = d->cuStreamCreateWithPriority(ph, flags, priority);
+  if (r == CUDA_SUCCESS) track_new_stream(*ph, flags);
+  return r;
+}
+
+CUDAPOOL_EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuStreamDestroy_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Runtime* rt = Runtime::peek();
+  if (rt != nullptr && rt->native() && !Runtime::exiting() && s != nullptr) {
+    ContextPool* owner = nullptr;
+    rt->for_each_pool([&](ContextPool& cp) {
+      if (owner == nullptr && cp.fences.remove_stream(s)) owner = &cp;
+    });
+    // A stream created before the shim started (not tracked) belongs to the current context.
+    if (owner == nullptr) owner = rt->current_pool();
+    // Blocks only this stream could reuse become pending on a fence recorded on it now, while
+    // the handle is still valid.
+    if (owner != nullptr) owner->pool.retire_stream(stream_id(s, false));
+  }
+  return d->cuStreamDestroy_v2(s);
+}
+
+CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  return begin_capture(s, mode, false);
+}
+CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  return begin_capture(s, mode, true);
+}
+CUDAPOOL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) { return end_capture(s, graph, false); }
+CUDAPOOL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) { return end_capture(s, graph, true); }

@@ -1,0 +1,194 @@
+// The allocation and free entry points: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemFree_v2,
+// cuMemAllocAsync(+_ptsz), cuMemFreeAsync(+_ptsz). Fast path: one atomic load for the runtime,
+// one cuCtxGetCurrent, one pool call. Everything unusual goes to the real driver untouched.
+#include "shim/hooks.h"
+
+#include "shim/export.h"
+#include "shim/log.h"
+#include "shim/streams.h"
+#include "telemetry/oom.h"
+
+namespace cudapool::shim {
+
+namespace {
+
+void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+CUresult report_oom(ContextPool& cp, std::size_t bytes) {
+  std::size_t f = 0, t = 0;
+  cp.upstream.mem_info(&f, &t);
+  // The segment size the pool would have asked for; only for the message.
+  const std::size_t seg = segment_size_for(round_size(bytes, cp.pool.options()));
+  log_warn("{}", format_oom(make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t)));
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+}  // namespace
+
+CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream,
+                       ContextPool** used) {
+  ContextPool* cp = rt.current_pool();
+  if (cp == nullptr) {
+    rt.count_pass(PassKind::no_context);
+    return kPassThrough;
+  }
+  *used = cp;
+  AllocResult r = cp->pool.allocate(bytes, stream);
+  switch (r.status) {
+    case AllocStatus::ok:
+      *dptr = reinterpret_cast<CUdeviceptr>(r.ptr);
+      return CUDA_SUCCESS;
+    case AllocStatus::out_of_memory:
+    case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
+      return report_oom(*cp, bytes);
+    case AllocStatus::upstream_error:
+      return CudaUpstream::last_error();
+  }
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
+  void* p = as_ptr(dptr);
+  ContextPool* cp = rt.owner_of(p);
+  if (cp == nullptr) {
+    rt.count_pass(PassKind::foreign_pointer);
+    return kPassThrough;
+  }
+  if (Runtime::exiting()) {
+    // Leak: the process is going away, and recording a fence would call into a driver that may
+    // already be tearing down.
+    rt.count_pass(PassKind::exiting);
+    return CUDA_SUCCESS;
+  }
+  if (stream != nullptr && raw_stream != nullptr && raw_stream != CU_STREAM_LEGACY &&
+      raw_stream != CU_STREAM_PER_THREAD && !cp->fences.knows_stream(raw_stream)) {
+    // A stream another context created cannot order work on this pool's device.
+    bool elsewhere = false;
+    rt.for_each_pool([&](ContextPool& other) {
+      if (&other != cp && other.fences.knows_stream(raw_stream)) elsewhere = true;
+    });
+    if (elsewhere) {
+      log_warn("cuMemFreeAsync({}) on a stream of another context (the block belongs to device {}): "
+               "CUDA_ERROR_INVALID_VALUE", p, cp->device);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  FreeStatus s = stream != nullptr ? cp->pool.free_on_stream(p, *stream) : cp->pool.free(p);
+  switch (s) {
+    case FreeStatus::ok:
+      return CUDA_SUCCESS;
+    case FreeStatus::not_owned:  // raced with a reset: let the driver answer
+      rt.count_pass(PassKind::foreign_pointer);
+      return kPassThrough;
+    case FreeStatus::double_free:
+    case FreeStatus::interior_pointer:
+      log_warn("{} of {} (device {}): {}; returning CUDA_ERROR_INVALID_VALUE, pool unchanged",
+               stream != nullptr ? "cuMemFreeAsync" : "cuMemFree", p, cp->device, to_string(s));
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+namespace {
+
+// Shared body of the synchronous allocation hooks.
+CUresult alloc_sync(CUdeviceptr* dptr, std::size_t bytes) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const RealDriver& d = rt->driver();
+  if (dptr == nullptr || bytes == 0 || !rt->native()) {
+    if (!rt->native()) rt->count_pass(PassKind::backend);
+    return d.cuMemAlloc_v2(dptr, bytes);  // the driver's own answer for odd arguments
+  }
+  if (sync_alloc_forbidden_by_capture()) {
+    rt->count_pass(PassKind::capture);
+    return d.cuMemAlloc_v2(dptr, bytes);
+  }
+  ContextPool* cp = nullptr;
+  CUresult r = pool_allocate(*rt, dptr, bytes, kLegacyStream, &cp);
+  return r == kPassThrough ? d.cuMemAlloc_v2(dptr, bytes) : r;
+}
+
+CUresult alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream s, bool ptsz) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const RealDriver& d = rt->driver();
+  auto real = ptsz ? d.cuMemAllocAsync_ptsz : d.cuMemAllocAsync;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == nullptr || bytes == 0 || !rt->native()) {
+    if (!rt->native()) rt->count_pass(PassKind::backend);
+    return real(dptr, bytes, s);
+  }
+  // On a capturing stream the allocation must become a graph node: the driver's job.
+  auto is_capturing = ptsz ? d.cuStreamIsCapturing_ptsz : d.cuStreamIsCapturing;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (is_capturing != nullptr && is_capturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE) {
+    rt->count_pass(PassKind::capture);
+    return real(dptr, bytes, s);
+  }
+  ContextPool* cp = nullptr;
+  CUresult r = pool_allocate(*rt, dptr, bytes, stream_id(s, ptsz), &cp);
+  return r == kPassThrough ? real(dptr, bytes, s) : r;
+}
+
+CUresult free_async(CUdeviceptr dptr, CUstream s, bool ptsz) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const RealDriver& d = rt->driver();
+  auto real = ptsz ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == 0) return real(dptr, s);
+  const StreamId id = stream_id(s, ptsz);
+  CUresult r = pool_free(*rt, dptr, &id, s);
+  return r == kPassThrough ? real(dptr, s) : r;
+}
+
+}  // namespace
+
+}  // namespace cudapool::shim
+
+using namespace cudapool::shim;
+
+CUDAPOOL_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) {
+  return alloc_sync(dptr, bytesize);
+}
+
+CUDAPOOL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
+                                            std::size_t height, unsigned element_size) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const RealDriver& d = rt->driver();
+  const bool valid_args = dptr != nullptr && pitch != nullptr && width > 0 && height > 0 &&
+                          (element_size == 4 || element_size == 8 || element_size == 16);
+  if (!valid_args || !rt->native() || sync_alloc_forbidden_by_capture() || d.cuMemAllocPitch_v2 == nullptr) {
+    if (d.cuMemAllocPitch_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return d.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  }
+  // Rows aligned to 512 B: a multiple of every GPU's texture pitch alignment, and the pool's
+  // own block alignment, so each row starts aligned.
+  constexpr std::size_t kPitchAlign = 512;
+  const std::size_t p = (width + kPitchAlign - 1) / kPitchAlign * kPitchAlign;
+  if (height > SIZE_MAX / p) return CUDA_ERROR_OUT_OF_MEMORY;
+  ContextPool* cp = nullptr;
+  CUresult r = pool_allocate(*rt, dptr, p * height, kLegacyStream, &cp);
+  if (r == kPassThrough) return d.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  if (r == CUDA_SUCCESS) *pitch = p;
+  return r;
+}
+
+CUDAPOOL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dptr == 0) return rt->driver().cuMemFree_v2(dptr);
+  CUresult r = pool_free(*rt, dptr, nullptr, nullptr);
+  return r == kPassThrough ? rt->driver().cuMemFree_v2(dptr) : r;
+}
+
+CUDAPOOL_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytesize, CUstream s) {
+  return alloc_async(dptr, bytesize, s, false);
+}
+CUDAPOOL_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytesize, CUstream s) {
+  return alloc_async(dptr, bytesize, s, true);
+}
+CUDAPOOL_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { return free_async(dptr, s, false); }
+CUDAPOOL_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return free_async(dptr, s, true); }

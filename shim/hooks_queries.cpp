@@ -1,0 +1,146 @@
+// Queries the program makes about memory, answered so the pool stays invisible: free memory
+// counts cached bytes, address ranges and IPC handles are per block, and trimming the default
+// memory pool empties ours.
+#include <cstring>
+
+#include "shim/export.h"
+#include "shim/hooks.h"
+#include "shim/log.h"
+
+namespace cudapool::shim {
+namespace {
+
+// The live block containing `p`, with its pool, for the query hooks; nullopt when the pool does
+// not own the address (or the runtime has not started: then nothing can be ours).
+struct Owned {
+  ContextPool* pool = nullptr;
+  std::optional<AddressInfo> info;
+};
+
+Owned lookup(Runtime* rt, CUdeviceptr dptr) {
+  Owned o;
+  if (rt == nullptr || dptr == 0) return o;
+  const void* p = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(dptr));
+  o.pool = rt->owner_of(p);
+  if (o.pool != nullptr) o.info = o.pool->pool.address_info(p);
+  return o;
+}
+
+// Overrides one attribute answer for a live pool block. false = leave the driver's answer.
+bool answer_attribute(CUpointer_attribute attr, const AddressInfo& info, void* data) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = info.block_base;
+      return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<std::size_t*>(data) = info.block_size;
+      return true;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      if (info.whole_segment && !info.expandable) return false;  // the driver's answer holds
+      *static_cast<int*>(data) = 0;
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+}  // namespace cudapool::shim
+
+using namespace cudapool::shim;
+
+CUDAPOOL_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total_bytes) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // NULL out-pointers are legal (OptiX asks for the total only): never hand them to a pool path.
+  std::size_t f = 0, t = 0;
+  CUresult r = d->cuMemGetInfo_v2(&f, &t);
+  if (r != CUDA_SUCCESS) return r;
+  Runtime* rt = Runtime::peek();
+  if (rt != nullptr && rt->native()) {
+    CUcontext ctx = nullptr;
+    CUdevice dev = -1;
+    if (d->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && d->cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+      // Every pool of this device holds memory the program may still get from us.
+      rt->for_each_pool([&](ContextPool& cp) {
+        if (cp.device == dev) f += cp.pool.cached_bytes();
+      });
+      if (f > t) f = t;
+    }
+  }
+  if (free_bytes != nullptr) *free_bytes = f;
+  if (total_bytes != nullptr) *total_bytes = t;
+  return CUDA_SUCCESS;
+}
+
+CUDAPOOL_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, std::size_t* psize, CUdeviceptr dptr) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Owned o = lookup(Runtime::peek(), dptr);
+  if (o.pool == nullptr) return d->cuMemGetAddressRange_v2(pbase, psize, dptr);
+  // Inside a segment but in no live block: as for memory that was freed.
+  if (!o.info) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = o.info->block_base;
+  if (psize != nullptr) *psize = o.info->block_size;
+  return CUDA_SUCCESS;
+}
+
+CUDAPOOL_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr dptr) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuPointerGetAttribute == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (data != nullptr) {
+    Owned o = lookup(Runtime::peek(), dptr);
+    if (o.info && answer_attribute(attr, *o.info, data)) return CUDA_SUCCESS;
+  }
+  return d->cuPointerGetAttribute(data, attr, dptr);
+}
+
+CUDAPOOL_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data,
+                                                CUdeviceptr dptr) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuPointerGetAttributes == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = d->cuPointerGetAttributes(n, attrs, data, dptr);
+  if (r != CUDA_SUCCESS || attrs == nullptr || data == nullptr) return r;
+  Owned o = lookup(Runtime::peek(), dptr);
+  if (!o.info) return r;
+  for (unsigned i = 0; i < n; ++i) {
+    if (data[i] != nullptr) answer_attribute(attrs[i], *o.info, data[i]);
+  }
+  return r;
+}
+
+CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Owned o = lookup(Runtime::peek(), dptr);
+  if (o.pool == nullptr) return d->cuIpcGetMemHandle(handle, dptr);
+  // A legacy IPC handle names a whole driver allocation and the importer maps its base; only a
+  // block that *is* its whole segment, asked for by its base, exports the right bytes.
+  if (o.info && o.info->whole_segment && !o.info->expandable && o.info->block_base == dptr) {
+    return d->cuIpcGetMemHandle(handle, dptr);
+  }
+  log_warn("cuIpcGetMemHandle({:#x}): not the base of a block that is a whole pooled segment, so "
+           "the handle would map other bytes in the importer; returning CUDA_ERROR_INVALID_VALUE. "
+           "Export the block's base, allocate IPC buffers of at least 10 MiB, or run with "
+           "backend:passthrough.",
+           static_cast<unsigned long long>(dptr));
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUDAPOOL_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool mem_pool, std::size_t min_bytes_to_keep) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuMemPoolTrimTo == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = d->cuMemPoolTrimTo(mem_pool, min_bytes_to_keep);
+  Runtime* rt = Runtime::peek();
+  if (r != CUDA_SUCCESS || rt == nullptr || !rt->native() || d->cuDeviceGetDefaultMemPool == nullptr) return r;
+  // Trimming a device's default pool is how cudart-level code says "give memory back": do the
+  // same for ours on that device.
+  rt->for_each_pool([&](ContextPool& cp) {
+    CUmemoryPool def = nullptr;
+    if (d->cuDeviceGetDefaultMemPool(&def, cp.device) == CUDA_SUCCESS && def == mem_pool) {
+      std::size_t freed = cp.pool.empty_cache();
+      log_info("cuMemPoolTrimTo on device {}'s default pool: released {} cached bytes", cp.device, freed);
+    }
+  });
+  return r;
+}

@@ -1,0 +1,188 @@
+#include "shim/runtime.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "shim/log.h"
+#include "shim/streams.h"
+#include "telemetry/logging.h"
+#include "telemetry/trace.h"
+
+namespace cudapool::shim {
+
+std::atomic<Runtime*> Runtime::instance_{nullptr};
+std::atomic<bool> Runtime::exiting_{false};
+
+const char* to_string(PassKind k) noexcept {
+  switch (k) {
+    case PassKind::backend: return "backend";
+    case PassKind::foreign_pointer: return "foreign_pointer";
+    case PassKind::capture: return "capture";
+    case PassKind::no_context: return "no_context";
+    case PassKind::exiting: return "exiting";
+    case PassKind::count_: break;
+  }
+  return "?";
+}
+
+Runtime::Runtime(const RealDriver& d, Policy p, bool native)
+    : driver_(d), policy_(std::move(p)), native_(native) {}
+
+namespace {
+
+std::mutex& start_mutex() {
+  static auto* mu = new std::mutex;  // leaked: usable at exit, never destroyed
+  return *mu;
+}
+
+struct ThreadCache {
+  CUcontext ctx = nullptr;
+  ContextPool* pool = nullptr;
+  unsigned generation = 0;
+};
+thread_local ThreadCache tl_cache;
+
+// Loads the policy; on failure follows CUDAPOOL_ON_ERROR. Returns false to mean "pass through".
+bool load(Policy* out) {
+  PolicyResult r = load_policy_from_environment();
+  if (r.policy) {
+    *out = *r.policy;
+    return true;
+  }
+  if (r.on_error == OnError::passthrough) {
+    std::fprintf(stderr, "cudapool: invalid policy: %s\ncudapool: CUDAPOOL_ON_ERROR=passthrough: "
+                 "every allocation goes straight to the driver\n", r.error.c_str());
+    *out = Policy{};
+    out->backend = Backend::passthrough;
+    return false;
+  }
+  // Before the first allocation, so the program has not computed anything with our memory yet.
+  std::fprintf(stderr, "cudapool: invalid policy: %s\ncudapool: stopping (exit status %d); set "
+               "CUDAPOOL_ON_ERROR=passthrough to run without the pool instead\n",
+               r.error.c_str(), kPolicyErrorExitStatus);
+  std::fflush(stderr);
+  _exit(kPolicyErrorExitStatus);
+}
+
+}  // namespace
+
+Runtime* Runtime::start() noexcept {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(start_mutex());
+  if (Runtime* rt = instance_.load(std::memory_order_acquire)) return rt;
+  Policy policy;
+  bool ok = load(&policy);
+  const bool native = ok && policy.backend == Backend::native;
+  std::string why = init_logging(policy);
+  if (!why.empty()) log_warn("logging: {}", why);
+  for (const auto& w : policy.warnings) log_warn("policy: {}", w);
+  auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit
+  if (!rt->policy_.trace_file.empty()) {
+    std::string err;
+    auto writer = TraceWriter::open(rt->policy_.trace_file, &err);
+    if (writer) rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
+    else log_warn("trace file: {}", err);
+  }
+  log_info("cudapool started: backend={} policy={}", native ? "native" : "passthrough",
+           to_conf_string(rt->policy_));
+  pthread_atfork(nullptr, nullptr, &Runtime::on_fork_child);
+  std::atexit(&Runtime::on_exit);
+  instance_.store(rt, std::memory_order_release);
+  return rt;
+}
+
+void Runtime::on_exit() noexcept {
+  // From here on no hook calls CUDA for pool memory: libcuda may already be tearing down.
+  exiting_.store(true, std::memory_order_relaxed);
+  flush_logs();
+}
+
+void Runtime::on_fork_child() noexcept {
+  // The child never touches the parent's pools (their memory belongs to the parent's contexts).
+  // Forget them without locking anything a parent thread may have held at fork; the child
+  // starts fresh pools if it initialises CUDA itself.
+  Runtime* rt = instance_.load(std::memory_order_relaxed);
+  reset_captures_in_child();
+  if (rt == nullptr) return;
+  rt->count_.store(0, std::memory_order_relaxed);
+  rt->last_owner_.store(nullptr, std::memory_order_relaxed);
+  rt->generation_.fetch_add(1, std::memory_order_relaxed);
+  new (&start_mutex()) std::mutex;
+}
+
+ContextPool* Runtime::find_pool(CUcontext ctx) noexcept {
+  ContextPool* found = nullptr;
+  for_each_pool([&](ContextPool& cp) {
+    if (found == nullptr && cp.ctx == ctx) found = &cp;
+  });
+  return found;
+}
+
+ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
+  std::lock_guard<std::mutex> lock(start_mutex());
+  if (ContextPool* cp = find_pool(ctx)) return cp;
+  const int n = count_.load(std::memory_order_relaxed);
+  if (n >= kMaxPools) {
+    log_warn("more than {} CUDA contexts: context {} runs without the pool", kMaxPools,
+             static_cast<void*>(ctx));
+    return nullptr;
+  }
+  CUdevice dev = -1;
+  if (driver_.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0) return nullptr;
+  try {
+    auto* cp = new ContextPool(driver_, ctx, dev, policy_.pool, sink_);
+    if (sink_ != nullptr) {
+      std::size_t f = 0, t = 0;
+      cp->upstream.mem_info(&f, &t);
+      static_cast<TraceWriter*>(sink_)->note_device(dev, t);
+    }
+    slots_[n].store(cp, std::memory_order_release);
+    count_.store(n + 1, std::memory_order_release);
+    log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));
+    return cp;
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
+ContextPool* Runtime::current_pool() noexcept {
+  CUcontext ctx = nullptr;
+  if (driver_.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  const unsigned g = generation_.load(std::memory_order_acquire);
+  ThreadCache& c = tl_cache;
+  if (c.ctx == ctx && c.generation == g) return c.pool;
+  ContextPool* cp = find_pool(ctx);
+  if (cp == nullptr) cp = create_pool(ctx);
+  if (cp != nullptr) c = {ctx, cp, g};
+  return cp;
+}
+
+ContextPool* Runtime::owner_of(const void* p) noexcept {
+  ContextPool* last = last_owner_.load(std::memory_order_relaxed);
+  if (last != nullptr && !last->retired.load(std::memory_order_acquire) && last->pool.owns(p)) return last;
+  ContextPool* found = nullptr;
+  for_each_pool([&](ContextPool& cp) {
+    if (found == nullptr && &cp != last && cp.pool.owns(p)) found = &cp;
+  });
+  if (found != nullptr) last_owner_.store(found, std::memory_order_relaxed);
+  return found;
+}
+
+void Runtime::retire(ContextPool* cp) noexcept {
+  cp->pool.abandon();
+  cp->fences.abandon();
+  cp->retired.store(true, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  ContextPool* expected = cp;
+  last_owner_.compare_exchange_strong(expected, nullptr);
+  log_info("context {} of device {} is gone: its pool was dropped", static_cast<void*>(cp->ctx), cp->device);
+}
+
+}  // namespace cudapool::shim

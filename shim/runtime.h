@@ -1,0 +1,103 @@
+// The shim's process-wide state: the policy, one DevicePool per CUDA context (created lazily,
+// never destroyed: no CUDA at exit), pass-through counters, fork and exit handling.
+//
+// Nothing here runs at load time. The first hook that needs it (an allocation, a stream
+// creation) starts it; the dlsym and cuGetProcAddress wrappers never do.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "allocator/pool.h"
+#include "config/policy.h"
+#include "shim/cuda_fences.h"
+#include "shim/cuda_upstream.h"
+
+namespace cudapool::shim {
+
+struct ContextPool {
+  ContextPool(const RealDriver& d, CUcontext c, int dev, const PoolOptions& o, EventSink* sink)
+      : ctx(c), device(dev), upstream(d, c), fences(d, c), pool(dev, o, upstream, fences, sink) {}
+  const CUcontext ctx;
+  const int device;
+  CudaUpstream upstream;
+  CudaFences fences;
+  DevicePool pool;
+  // The context was destroyed/reset: the pool was abandoned and is no longer found by lookups.
+  std::atomic<bool> retired{false};
+};
+
+// Why a call went straight to the driver (counted; the exit summary lists them).
+enum class PassKind : std::uint8_t {
+  backend,          // policy backend=passthrough (or on_error=passthrough after a bad policy)
+  foreign_pointer,  // a free/query of memory the pool does not own
+  capture,          // allocation on a capturing stream / during a global-mode capture
+  no_context,       // calling thread has no current context
+  exiting,          // the process is exiting: frees of pool memory are leaked
+  count_
+};
+const char* to_string(PassKind k) noexcept;
+
+class Runtime {
+ public:
+  // The runtime, started on first call (loads the policy; an invalid policy ends the process
+  // with kPolicyErrorExitStatus unless CUDAPOOL_ON_ERROR=passthrough). nullptr when libcuda
+  // cannot be loaded.
+  static Runtime* get() noexcept {
+    Runtime* rt = instance_.load(std::memory_order_acquire);
+    return rt != nullptr ? rt : start();
+  }
+  // The runtime only if something already started it (for hooks that must not start it).
+  static Runtime* peek() noexcept { return instance_.load(std::memory_order_acquire); }
+
+  const RealDriver& driver() const noexcept { return driver_; }
+  const Policy& policy() const noexcept { return policy_; }
+  bool native() const noexcept { return native_; }
+  static bool exiting() noexcept { return exiting_.load(std::memory_order_relaxed); }
+
+  // Pool of the calling thread's current context, created on first use. nullptr when the
+  // thread has no current context (or too many contexts).
+  ContextPool* current_pool() noexcept;
+  // Pool of `ctx` if one exists (retired ones excluded).
+  ContextPool* find_pool(CUcontext ctx) noexcept;
+  // The pool owning `p` (any address inside one of its segments), or nullptr.
+  ContextPool* owner_of(const void* p) noexcept;
+  // The context was destroyed or reset: abandon its pool (no CUDA call) and stop finding it.
+  void retire(ContextPool* cp) noexcept;
+
+  // Iterates live pools: fn(ContextPool&).
+  template <typename Fn>
+  void for_each_pool(Fn&& fn) noexcept {
+    const int n = count_.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) {
+      ContextPool* cp = slots_[i].load(std::memory_order_acquire);
+      if (cp != nullptr && !cp->retired.load(std::memory_order_acquire)) fn(*cp);
+    }
+  }
+
+  void count_pass(PassKind k) noexcept { passes_[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed); }
+  std::int64_t passes(PassKind k) const noexcept { return passes_[static_cast<int>(k)].load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr int kMaxPools = 256;
+  Runtime(const RealDriver& d, Policy p, bool native);
+  static Runtime* start() noexcept;
+  static void on_fork_child() noexcept;
+  static void on_exit() noexcept;
+  ContextPool* create_pool(CUcontext ctx) noexcept;
+
+  static std::atomic<Runtime*> instance_;
+  static std::atomic<bool> exiting_;
+  const RealDriver& driver_;
+  Policy policy_;
+  bool native_;
+  EventSink* sink_ = nullptr;
+  std::atomic<ContextPool*> slots_[kMaxPools] = {};
+  std::atomic<int> count_{0};
+  // Bumped when a pool is retired or after fork; per-thread lookup caches check it.
+  std::atomic<unsigned> generation_{1};
+  std::atomic<ContextPool*> last_owner_{nullptr};
+  std::atomic<std::int64_t> passes_[static_cast<int>(PassKind::count_)] = {};
+};
+
+}  // namespace cudapool::shim

@@ -1,0 +1,74 @@
+#include "shim/streams.h"
+
+#include <atomic>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace cudapool::shim {
+
+StreamId per_thread_stream_id() noexcept {
+  static std::atomic<StreamId> next_ordinal{0};
+  thread_local StreamId id = (next_ordinal.fetch_add(1, std::memory_order_relaxed) << 4) | 0x2;
+  return id;
+}
+
+namespace {
+
+struct Capture {
+  StreamId stream;
+  int mode;
+};
+
+// Captures are rare and short lists; a mutex and a vector are plenty. The atomics are what
+// the allocation path reads.
+std::mutex& capture_mutex() {
+  static auto* mu = new std::mutex;  // leaked: no destructor at exit
+  return *mu;
+}
+std::vector<Capture>& captures() {
+  static auto* v = new std::vector<Capture>;
+  return *v;
+}
+std::atomic<int> g_active{0};
+std::atomic<int> g_global{0};
+thread_local int tl_thread_local = 0;
+
+}  // namespace
+
+void capture_began(StreamId stream, int mode) noexcept {
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  captures().push_back({stream, mode});
+  g_active.fetch_add(1, std::memory_order_relaxed);
+  if (mode == cudaabi::CU_STREAM_CAPTURE_MODE_GLOBAL) g_global.fetch_add(1, std::memory_order_relaxed);
+  if (mode == cudaabi::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) ++tl_thread_local;
+}
+
+void capture_ended(StreamId stream) noexcept {
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  auto& v = captures();
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it->stream != stream) continue;
+    g_active.fetch_sub(1, std::memory_order_relaxed);
+    if (it->mode == cudaabi::CU_STREAM_CAPTURE_MODE_GLOBAL) g_global.fetch_sub(1, std::memory_order_relaxed);
+    if (it->mode == cudaabi::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && tl_thread_local > 0) --tl_thread_local;
+    v.erase(it);
+    return;
+  }
+}
+
+bool any_capture_active() noexcept { return g_active.load(std::memory_order_relaxed) > 0; }
+
+bool sync_alloc_forbidden_by_capture() noexcept {
+  return g_global.load(std::memory_order_relaxed) > 0 || tl_thread_local > 0;
+}
+
+void reset_captures_in_child() noexcept {
+  new (&capture_mutex()) std::mutex;  // a parent thread may have held it at fork
+  captures().clear();
+  g_active.store(0);
+  g_global.store(0);
+  tl_thread_local = 0;
+}
+
+}  // namespace cudapool::shim

@@ -1,0 +1,619 @@
+// Test program run under LD_PRELOAD=libcudapool.so with the fake libcuda.so.1. It reaches the
+// driver exactly as real programs do:
+//  * built without CUDAPOOL_APP_LINKED (cudart's way): dlopen("libcuda.so.1"), dlsym
+//    "cuGetProcAddress_v2", then every function by name + CUDA version + stream-flavour flags;
+//  * built with CUDAPOOL_APP_LINKED: linked with -lcuda, calling the exported symbols.
+// `app <scenario>` runs one scenario; it prints "FAIL <line>: <expr>" and exits 1 on the first
+// failed check, exits 0 when all passed. tests/unit/shim_interpose_test.cpp runs them.
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shim/cudapool.h"
+#include "tests/fakecuda/fakecuda.h"
+
+#ifndef CUDAPOOL_APP_LINKED
+// cudart-style programs do not link libcuda: reach the fake's controls through the handle the
+// program dlopened (looked up lazily, so a scenario that never starts CUDA never loads it).
+#define FAKE_CONTROL(ret, name, params, args)                                                   \
+  extern "C" ret name params {                                                                   \
+    static auto fn = reinterpret_cast<ret(*) params>(                                             \
+        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), #name));                            \
+    return fn args;                                                                              \
+  }
+FAKE_CONTROL(void, fakecuda_hold_stream, (cudaabi::CUstream s), (s))
+FAKE_CONTROL(void, fakecuda_release_stream, (cudaabi::CUstream s), (s))
+FAKE_CONTROL(long, fakecuda_alloc_calls, (), ())
+FAKE_CONTROL(long, fakecuda_free_calls, (), ())
+FAKE_CONTROL(long, fakecuda_live_allocations, (), ())
+FAKE_CONTROL(std::size_t, fakecuda_live_bytes, (), ())
+FAKE_CONTROL(long, fakecuda_graph_allocs, (), ())
+FAKE_CONTROL(long, fakecuda_event_records, (), ())
+FAKE_CONTROL(long, fakecuda_event_syncs, (), ())
+FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
+FAKE_CONTROL(int, fakecuda_is_live, (cudaabi::CUdeviceptr p), (p))
+FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext* c, int d), (c, d))
+#undef FAKE_CONTROL
+#endif
+
+using namespace cudaabi;
+
+#define CHECK(expr)                                              \
+  do {                                                           \
+    if (!(expr)) {                                               \
+      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
+      std::fflush(stdout);                                       \
+      std::_Exit(1);                                             \
+    }                                                            \
+  } while (0)
+#define CHECK_OK(call) CHECK((call) == CUDA_SUCCESS)
+
+namespace {
+
+struct Api {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxReset)(CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxDestroy)(CUcontext);
+  PFN_cuMemAlloc_v2 cuMemAlloc;
+  PFN_cuMemAllocPitch_v2 cuMemAllocPitch;
+  CUresult (*cuMemAllocManaged)(CUdeviceptr*, std::size_t, unsigned);
+  PFN_cuMemFree_v2 cuMemFree;
+  PFN_cuMemAllocAsync cuMemAllocAsync;      // legacy flavour
+  PFN_cuMemAllocAsync cuMemAllocAsync_ptds; // per-thread flavour
+  PFN_cuMemFreeAsync cuMemFreeAsync;
+  PFN_cuMemFreeAsync cuMemFreeAsync_ptds;
+  PFN_cuMemGetInfo_v2 cuMemGetInfo;
+  PFN_cuMemGetAddressRange_v2 cuMemGetAddressRange;
+  PFN_cuPointerGetAttribute cuPointerGetAttribute;
+  PFN_cuPointerGetAttributes cuPointerGetAttributes;
+  PFN_cuIpcGetMemHandle cuIpcGetMemHandle;
+  PFN_cuMemPoolTrimTo cuMemPoolTrimTo;
+  PFN_cuDeviceGetDefaultMemPool cuDeviceGetDefaultMemPool;
+  PFN_cuStreamCreate cuStreamCreate;
+  PFN_cuStreamDestroy_v2 cuStreamDestroy;
+  PFN_cuStreamBeginCapture_v2 cuStreamBeginCapture;
+  PFN_cuStreamEndCapture cuStreamEndCapture;
+  PFN_cuGetProcAddress_v2 cuGetProcAddress;  // as the program obtained it
+};
+Api api;
+[[maybe_unused]] void* libcuda = nullptr;
+
+}  // namespace
+
+#ifdef CUDAPOOL_APP_LINKED
+extern "C" {
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr*, std::size_t*, std::size_t, std::size_t, unsigned);
+CUresult cuMemAllocManaged(CUdeviceptr*, std::size_t, unsigned);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocAsync(CUdeviceptr*, std::size_t, CUstream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr*, std::size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+CUresult cuMemGetInfo_v2(std::size_t*, std::size_t*);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
+CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
+CUresult cuPointerGetAttributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
+CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice);
+CUresult cuStreamCreate(CUstream*, unsigned);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+CUresult cuStreamEndCapture(CUstream, CUgraph*);
+CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+}
+static void resolve_api() {
+  api = Api{cuInit, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxReset_v2, cuCtxSetCurrent, cuCtxDestroy_v2,
+            cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemFree_v2, cuMemAllocAsync,
+            cuMemAllocAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz, cuMemGetInfo_v2,
+            cuMemGetAddressRange_v2, cuPointerGetAttribute, cuPointerGetAttributes, cuIpcGetMemHandle,
+            cuMemPoolTrimTo, cuDeviceGetDefaultMemPool, cuStreamCreate, cuStreamDestroy_v2,
+            cuStreamBeginCapture_v2, cuStreamEndCapture, cuGetProcAddress_v2};
+}
+#else
+template <typename Fn>
+static void get(Fn& slot, const char* name, int version, cuuint64_t flags = CU_GET_PROC_ADDRESS_LEGACY_STREAM) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st = -1;
+  CHECK_OK(api.cuGetProcAddress(name, &p, version, flags, &st));
+  CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS && p != nullptr);
+  slot = reinterpret_cast<Fn>(p);
+}
+static void resolve_api() {
+  // What cudart does (CUDA 13.0 on the H200: cuMemAlloc v3020, cuMemAllocAsync v11020 twice, …).
+  libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  CHECK(libcuda != nullptr);
+  api.cuGetProcAddress = reinterpret_cast<PFN_cuGetProcAddress_v2>(dlsym(libcuda, "cuGetProcAddress_v2"));
+  CHECK(api.cuGetProcAddress != nullptr);
+  void* self = nullptr;
+  get(self, "cuGetProcAddress", 12000);  // cudart asks for it again through itself
+  api.cuGetProcAddress = reinterpret_cast<PFN_cuGetProcAddress_v2>(self);
+  get(api.cuInit, "cuInit", 2000);
+  get(api.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000);
+  get(api.cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 11000);
+  get(api.cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
+  get(api.cuCtxDestroy, "cuCtxDestroy", 4000);
+  get(api.cuMemAlloc, "cuMemAlloc", 3020);
+  get(api.cuMemAllocPitch, "cuMemAllocPitch", 3020);
+  get(api.cuMemAllocManaged, "cuMemAllocManaged", 6000);
+  get(api.cuMemFree, "cuMemFree", 3020);
+  get(api.cuMemAllocAsync, "cuMemAllocAsync", 11020);
+  get(api.cuMemAllocAsync_ptds, "cuMemAllocAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  get(api.cuMemFreeAsync, "cuMemFreeAsync", 11020);
+  get(api.cuMemFreeAsync_ptds, "cuMemFreeAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  get(api.cuMemGetInfo, "cuMemGetInfo", 3020);
+  get(api.cuMemGetAddressRange, "cuMemGetAddressRange", 3020);
+  get(api.cuPointerGetAttribute, "cuPointerGetAttribute", 4000);
+  get(api.cuPointerGetAttributes, "cuPointerGetAttributes", 7000);
+  get(api.cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010);
+  get(api.cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020);
+  get(api.cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020);
+  get(api.cuStreamCreate, "cuStreamCreate", 2000);
+  get(api.cuStreamDestroy, "cuStreamDestroy", 4000);
+  get(api.cuStreamBeginCapture, "cuStreamBeginCapture", 10010);
+  get(api.cuStreamEndCapture, "cuStreamEndCapture", 10000);
+}
+#endif
+
+namespace {
+
+// The shim's C API, found the way a program that may run without the shim finds it.
+template <typename Fn>
+Fn c_api(const char* name) {
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+  CHECK(fn != nullptr);
+  return fn;
+}
+cudapool_stats stats(int dev = 0) {
+  cudapool_stats s{};
+  CHECK(c_api<int (*)(int, cudapool_stats*)>("cudapool_get_stats")(dev, &s) == 0);
+  return s;
+}
+
+CUcontext start_cuda(int dev = 0) {
+  resolve_api();
+  CHECK_OK(api.cuInit(0));
+  CUcontext ctx = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK_OK(api.cuCtxSetCurrent(ctx));
+  return ctx;
+}
+
+bool overlaps(CUdeviceptr a, std::size_t an, CUdeviceptr b, std::size_t bn) { return a < b + bn && b < a + an; }
+
+void* shim_object() {
+  Dl_info info{};
+  CHECK(dladdr(reinterpret_cast<void*>(c_api<int (*)()>("cudapool_api_version")), &info) != 0);
+  return info.dli_fbase;
+}
+bool from_shim(void* fn) {
+  Dl_info info{};
+  return dladdr(fn, &info) != 0 && info.dli_fbase == shim_object();
+}
+
+// ---- scenarios ------------------------------------------------------------------------------
+
+void pooling() {
+  start_cuda();
+  const long before = fakecuda_alloc_calls();
+  for (int i = 0; i < 1000; ++i) {
+    CUdeviceptr p = 0;
+    CHECK_OK(api.cuMemAlloc(&p, 1000 + (i % 7) * 4096));
+    CHECK_OK(api.cuMemFree(p));
+  }
+  const long real = fakecuda_alloc_calls() - before;
+  std::printf("real allocations for 1000 pairs: %ld\n", real);
+  CHECK(real >= 1 && real <= 5);
+  const cudapool_stats s = stats();
+  CHECK(s.num_device_alloc == real);
+  CHECK(s.cache_hits >= 990);
+}
+
+void resolution() {
+  start_cuda();
+  // Every hooked entry point the program got is the shim's wrapper, in both stream flavours,
+  // including cuMemFree, which the fake driver hands out through an internal address.
+  CHECK(from_shim(reinterpret_cast<void*>(api.cuMemAlloc)));
+  CHECK(from_shim(reinterpret_cast<void*>(api.cuMemFree)));
+  CHECK(from_shim(reinterpret_cast<void*>(api.cuMemAllocAsync)));
+  CHECK(from_shim(reinterpret_cast<void*>(api.cuMemAllocAsync_ptds)));
+  CHECK(api.cuMemAllocAsync != api.cuMemAllocAsync_ptds);
+  CHECK(from_shim(reinterpret_cast<void*>(api.cuMemFreeAsync_ptds)));
+  CHECK(from_shim(reinterpret_cast<void*>(api.cuGetProcAddress)));
+  CHECK(!from_shim(reinterpret_cast<void*>(api.cuInit)));  // not hooked: the driver's own
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st = -1;
+  // Too old a version: the driver's answer, untouched.
+  CHECK(api.cuGetProcAddress("cuMemAllocAsync", &p, 11000, 0, &st) == CUDA_ERROR_NOT_FOUND);
+  CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT && p == nullptr);
+  CHECK(api.cuGetProcAddress("cuNoSuchFunction", &p, 13000, 0, &st) == CUDA_ERROR_NOT_FOUND);
+  CHECK(st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  // dlsym: exact names only; other names and other handles keep their answers.
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  CHECK(h != nullptr);
+  CHECK(from_shim(dlsym(h, "cuMemAlloc_v2")));
+  CHECK(from_shim(dlsym(h, "cuMemAllocAsync_ptsz")));
+  CHECK(!from_shim(dlsym(h, "cuMemAllocManaged")));
+  CHECK(!from_shim(dlsym(h, "cuEventRecord")));
+  CHECK(dlsym(h, "cudnnCreate") == nullptr);
+  // RTLD_NEXT stays relative to the caller (this program): the next object defining
+  // cudapool_api_version after the executable is the shim itself.
+  CHECK(dlsym(RTLD_NEXT, "cudapool_api_version") != nullptr);
+  CHECK(dlsym(RTLD_NEXT, "malloc") == dlsym(RTLD_DEFAULT, "malloc"));
+}
+
+void fenced_reuse() {
+  start_cuda();
+  CUstream nb = nullptr, blocking = nullptr;
+  CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+  CHECK_OK(api.cuStreamCreate(&blocking, 0));
+  constexpr std::size_t n = 3 << 20;
+  // Work pending on each kind of stream when the host frees: the block must not come back
+  // until that work is done.
+  for (CUstream busy : {nb, blocking, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD}) {
+    CUdeviceptr p = 0, q = 0, r = 0;
+    CHECK_OK(api.cuMemAlloc(&p, n));
+    fakecuda_hold_stream(busy);
+    CHECK_OK(api.cuMemFree(p));
+    CHECK_OK(api.cuMemAlloc(&q, n));
+    CHECK(!overlaps(p, n, q, n));  // reused early = a data race on a real GPU
+    fakecuda_release_stream(busy);
+    CHECK_OK(api.cuMemAlloc(&r, n));
+    CHECK(r == p);  // the fence completed: best fit takes the freed block again
+    CHECK_OK(api.cuMemFree(q));
+    CHECK_OK(api.cuMemFree(r));
+  }
+  CHECK_OK(api.cuStreamDestroy(nb));
+  CHECK_OK(api.cuStreamDestroy(blocking));
+}
+
+void async_streams() {
+  start_cuda();
+  CUstream s = nullptr, t = nullptr;
+  CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK_OK(api.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+  constexpr std::size_t n = 1 << 20;
+  CUdeviceptr p = 0, q = 0, r = 0;
+  fakecuda_hold_stream(s);
+  CHECK_OK(api.cuMemAllocAsync(&p, n, s));
+  CHECK_OK(api.cuMemFreeAsync(p, s));
+  // Stream order: the same stream may reuse at once, even with its work still pending.
+  CHECK_OK(api.cuMemAllocAsync(&q, n, s));
+  CHECK(q == p);
+  CHECK_OK(api.cuMemFreeAsync(q, s));
+  // Another stream may not while that work is pending.
+  CHECK_OK(api.cuMemAllocAsync(&r, n, t));
+  CHECK(!overlaps(p, n, r, n));
+  CHECK_OK(api.cuMemFreeAsync(r, t));
+  fakecuda_release_stream(s);
+  // Per-thread flavour: stream 0 is this thread's per-thread stream, not the legacy stream.
+  CUdeviceptr a = 0, b = 0;
+  fakecuda_hold_stream(CU_STREAM_PER_THREAD);
+  CHECK_OK(api.cuMemAllocAsync_ptds(&a, n, nullptr));
+  CHECK_OK(api.cuMemFreeAsync_ptds(a, nullptr));
+  CHECK_OK(api.cuMemAllocAsync(&b, n, nullptr));  // legacy stream: must not take `a` yet
+  CHECK(!overlaps(a, n, b, n));
+  CHECK_OK(api.cuMemFreeAsync(b, nullptr));
+  fakecuda_release_stream(CU_STREAM_PER_THREAD);
+  CHECK_OK(api.cuStreamDestroy(s));
+  CHECK_OK(api.cuStreamDestroy(t));
+}
+
+void foreign_pointers() {
+  start_cuda();
+  CUdeviceptr m = 0;
+  CHECK_OK(api.cuMemAllocManaged(&m, 4096, 1));  // not hooked: real driver memory
+  const long frees = fakecuda_free_calls();
+  CHECK_OK(api.cuMemFree(m));                     // passed to the driver, which frees it
+  CHECK(fakecuda_free_calls() == frees + 1);
+  CHECK(!fakecuda_is_live(m));
+  CHECK(api.cuMemFree(0x12345000) == CUDA_ERROR_INVALID_VALUE);  // the driver's own answer
+  CHECK(c_api<int64_t (*)(const char*)>("cudapool_passthrough_count")("foreign_pointer") >= 2);
+}
+
+void capture() {
+  start_cuda();
+  CUstream s = nullptr;
+  CHECK_OK(api.cuStreamCreate(&s, 0));
+  CUdeviceptr pooled = 0;
+  CHECK_OK(api.cuMemAlloc(&pooled, 4096));
+  CHECK_OK(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  // An async allocation on the capturing stream becomes a graph node: the driver's.
+  CUdeviceptr g = 0;
+  const long graph_before = fakecuda_graph_allocs();
+  CHECK_OK(api.cuMemAllocAsync(&g, 1 << 20, s));
+  CHECK(fakecuda_graph_allocs() == graph_before + 1);
+  CHECK_OK(api.cuMemFreeAsync(g, s));
+  // A pooled block freed during the capture: the fence must not touch the legacy stream (that
+  // would break the capture of a blocking stream); it is recorded after the capture ends.
+  CHECK_OK(api.cuMemFree(pooled));
+  CUgraph graph = nullptr;
+  CHECK_OK(api.cuStreamEndCapture(s, &graph));
+  // cuMemAlloc during a global-mode capture is illegal in CUDA; the program gets CUDA's answer.
+  CHECK_OK(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr x = 0;
+  CHECK(api.cuMemAlloc(&x, 4096) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  api.cuStreamEndCapture(s, &graph);
+  CHECK(c_api<int64_t (*)(const char*)>("cudapool_passthrough_count")("capture") >= 2);
+  // After the capture the deferred fence is recorded and the block comes back.
+  CUdeviceptr again = 0;
+  CHECK_OK(api.cuMemAlloc(&again, 4096));
+  CHECK(again == pooled);
+  CHECK_OK(api.cuStreamDestroy(s));
+}
+
+void bad_frees() {
+  start_cuda();
+  CUdeviceptr p = 0, q = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 8192));
+  CHECK_OK(api.cuMemAlloc(&q, 8192));
+  CHECK(api.cuMemFree(p + 512) == CUDA_ERROR_INVALID_VALUE);  // interior pointer
+  CHECK_OK(api.cuMemFree(p));
+  CHECK(api.cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);        // double free
+  // A pointer of another context (device 1) freed on a stream of this one.
+  CUstream s0 = nullptr;
+  CHECK_OK(api.cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
+  CUcontext other = nullptr;
+  CHECK_OK(fakecuda_create_context(&other, 1));
+  CUdeviceptr on1 = 0;
+  CHECK_OK(api.cuMemAlloc(&on1, 8192));
+  CHECK(api.cuMemFreeAsync(on1, s0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK_OK(api.cuMemFree(on1));  // its owner pool takes it back, whatever context is current
+  CHECK(stats(1).allocations == 0);
+  // The pool is intact: q is still live and usable, everything else works.
+  CHECK(stats(0).allocations == 1);
+  CHECK_OK(api.cuMemFree(q));
+  CUdeviceptr r = 0;
+  CHECK_OK(api.cuMemAlloc(&r, 8192));
+  CHECK_OK(api.cuMemFree(r));
+}
+
+void queries() {
+  start_cuda();
+  CUdeviceptr big = 0, small = 0;
+  CHECK_OK(api.cuMemAlloc(&big, 64 << 20));  // a whole 64 MiB segment
+  CHECK_OK(api.cuMemAlloc(&small, 1000));    // a block of a 2 MiB segment
+  // Address ranges are per block, not per segment.
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  CHECK_OK(api.cuMemGetAddressRange(&base, &size, small + 100));
+  CHECK(base == small && size == 1000);
+  CHECK_OK(api.cuMemGetAddressRange(nullptr, &size, big + 4096));
+  CHECK(size == (64u << 20));
+  CUdeviceptr start = 0;
+  CHECK_OK(api.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, small + 8));
+  CHECK(start == small);
+  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  std::size_t rsize = 0;
+  int ordinal = -1;
+  void* data[2] = {&rsize, &ordinal};
+  CHECK_OK(api.cuPointerGetAttributes(2, attrs, data, small));
+  CHECK(rsize == 1000 && ordinal == 0);
+  // IPC: a whole segment exports; a sub-block would export other bytes, so it is refused.
+  CUipcMemHandle h{};
+  CHECK_OK(api.cuIpcGetMemHandle(&h, big));
+  CHECK(api.cuIpcGetMemHandle(&h, small) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(api.cuIpcGetMemHandle(&h, big + 4096) == CUDA_ERROR_INVALID_VALUE);
+  // cuMemGetInfo: cached bytes count as free; NULL out-pointers are legal.
+  CHECK_OK(api.cuMemFree(big));
+  std::size_t f = 0, t = 0, t_only = 0;
+  CHECK_OK(api.cuMemGetInfo(&f, &t));
+  CHECK_OK(api.cuMemGetInfo(nullptr, &t_only));
+  CHECK_OK(api.cuMemGetInfo(nullptr, nullptr));
+  CHECK(t_only == t);
+  const std::size_t driver_free = t - fakecuda_live_bytes();
+  const cudapool_stats s = stats();
+  CHECK(f == driver_free + static_cast<std::size_t>(s.reserved_bytes - s.allocated_bytes));
+  CHECK(f >= driver_free + (64u << 20));
+  // Trimming the default memory pool empties ours.
+  CUmemoryPool def = nullptr;
+  CHECK_OK(api.cuDeviceGetDefaultMemPool(&def, 0));
+  const long frees = fakecuda_free_calls();
+  CHECK_OK(api.cuMemPoolTrimTo(def, 0));
+  CHECK(fakecuda_trim_calls() == 1);
+  CHECK(fakecuda_free_calls() > frees);
+  CHECK(stats().reserved_bytes < (64 << 20));
+  CHECK_OK(api.cuMemFree(small));
+  // Pitched allocations come from the pool too, with aligned rows.
+  CUdeviceptr pitched = 0;
+  std::size_t pitch = 0;
+  CHECK_OK(api.cuMemAllocPitch(&pitched, &pitch, 1000, 10, 4));
+  CHECK(pitch >= 1000 && pitch % 512 == 0);
+  CHECK(stats().allocations == 1);
+  CHECK_OK(api.cuMemFree(pitched));
+}
+
+void reset() {
+  CUcontext ctx = start_cuda();
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 1 << 20));
+  CHECK_OK(api.cuMemFree(p));  // cached in the pool
+  CHECK_OK(api.cuDevicePrimaryCtxReset(0));  // the driver frees every allocation
+  CHECK(!fakecuda_is_live(p));
+  CUcontext again = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&again, 0));
+  CHECK(again == ctx);  // the fake, like the real driver, reuses the handle
+  CHECK_OK(api.cuCtxSetCurrent(again));
+  const long before = fakecuda_alloc_calls();
+  CUdeviceptr q = 0;
+  CHECK_OK(api.cuMemAlloc(&q, 1 << 20));
+  CHECK(fakecuda_alloc_calls() == before + 1);  // a fresh segment, not the stale cached one
+  CHECK(fakecuda_is_live(q));
+  CHECK_OK(api.cuMemFree(q));
+  // A non-primary context destroyed: same story.
+  CUcontext mine = nullptr;
+  CHECK_OK(fakecuda_create_context(&mine, 1));
+  CUdeviceptr r = 0;
+  CHECK_OK(api.cuMemAlloc(&r, 4096));
+  CHECK_OK(api.cuMemFree(r));
+  CHECK_OK(api.cuCtxDestroy(mine));
+  cudapool_stats s{};
+  CHECK(c_api<int (*)(int, cudapool_stats*)>("cudapool_get_stats")(1, &s) == -1);  // pool dropped
+}
+
+struct FreeAtExit {
+  CUdeviceptr p = 0;
+  ~FreeAtExit() {
+    if (p == 0) return;
+    const long records = fakecuda_event_records();
+    const CUresult r = api.cuMemFree(p);
+    std::printf("exit free: result %d, event records %ld -> %ld\n", r, records, fakecuda_event_records());
+    std::fflush(stdout);
+  }
+};
+FreeAtExit free_at_exit;
+
+void exit_path() {
+  start_cuda();
+  CHECK_OK(api.cuMemAlloc(&free_at_exit.p, 4096));
+  CUdeviceptr q = 0;
+  CHECK_OK(api.cuMemAlloc(&q, 4096));  // never freed: leaked at exit, no CUDA call for it
+  std::exit(0);
+}
+
+void fork_child() {
+  start_cuda();
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 1 << 20));
+  CHECK_OK(api.cuMemFree(p));  // cached in the parent's pool
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    // The child never uses the parent's pool: no pool is visible, and a new allocation is a new
+    // driver allocation (the fake, being host memory, keeps working after fork).
+    cudapool_stats s{};
+    if (c_api<int (*)(int, cudapool_stats*)>("cudapool_get_stats")(0, &s) != -1) std::_Exit(2);
+    const long before = fakecuda_alloc_calls();
+    CUdeviceptr q = 0;
+    if (api.cuMemAlloc(&q, 1 << 20) != CUDA_SUCCESS) std::_Exit(3);
+    if (fakecuda_alloc_calls() != before + 1) std::_Exit(4);
+    std::_Exit(0);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // The parent's pool is untouched.
+  const long before = fakecuda_alloc_calls();
+  CUdeviceptr r = 0;
+  CHECK_OK(api.cuMemAlloc(&r, 1 << 20));
+  CHECK(r == p && fakecuda_alloc_calls() == before);
+}
+
+void threads() {
+  start_cuda();
+  CUcontext ctx = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      if (api.cuCtxSetCurrent(ctx) != CUDA_SUCCESS) ++failures;
+      std::vector<std::pair<CUdeviceptr, std::size_t>> live;
+      for (int i = 0; i < 2000; ++i) {
+        if (live.size() < 16 && rng() % 2 == 0) {
+          const std::size_t n = 512 + rng() % (256 << 10);
+          CUdeviceptr p = 0;
+          const bool ptds = rng() % 2 == 0;
+          CUresult r = ptds ? api.cuMemAllocAsync_ptds(&p, n, nullptr) : api.cuMemAlloc(&p, n);
+          if (r != CUDA_SUCCESS) { ++failures; continue; }
+          std::memset(reinterpret_cast<void*>(p), t + 1, n);  // host memory in the fake
+          live.push_back({p, n});
+        } else if (!live.empty()) {
+          auto [p, n] = live.back();
+          live.pop_back();
+          const auto* b = reinterpret_cast<const unsigned char*>(p);
+          for (std::size_t k = 0; k < n; k += 4093) if (b[k] != t + 1) ++failures;  // nobody else wrote
+          if (b[n - 1] != t + 1) ++failures;
+          if (api.cuMemFree(p) != CUDA_SUCCESS) ++failures;
+        }
+      }
+      for (auto [p, n] : live) if (api.cuMemFree(p) != CUDA_SUCCESS) ++failures;
+    });
+  }
+  for (auto& th : ts) th.join();
+  CHECK(failures.load() == 0);
+  CHECK(stats().allocations == 0);
+  // A thread with no current context gets the driver's answer, not a crash.
+  std::thread([] {
+    CUdeviceptr p = 0;
+    CHECK(api.cuMemAlloc(&p, 4096) == CUDA_ERROR_INVALID_CONTEXT);
+  }).join();
+}
+
+void no_cuda() {
+  // Never touches CUDA: libcuda must not even be loaded by the shim.
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  CHECK(maps != nullptr);
+  char line[4096];
+  while (std::fgets(line, sizeof line, maps) != nullptr) CHECK(std::strstr(line, "libcuda.so") == nullptr);
+  std::fclose(maps);
+  CHECK(c_api<int (*)()>("cudapool_active")() == 0);
+  std::printf("hello without CUDA\n");
+}
+
+void alloc_once() {
+  // For policy tests: the first allocation loads the policy.
+  start_cuda();
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 4096));
+  CHECK_OK(api.cuMemFree(p));
+  std::printf("active=%d\n", c_api<int (*)()>("cudapool_active")());
+}
+
+void immediate_reuse() {
+  // Under free_sync:immediate a freed block is reused at once on its stream even though the
+  // legacy stream is still busy: the policy the GPU race test shows to be unsafe.
+  start_cuda();
+  CUdeviceptr p = 0, q = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 1 << 20));
+  fakecuda_hold_stream(CU_STREAM_LEGACY);
+  CHECK_OK(api.cuMemFree(p));
+  CHECK_OK(api.cuMemAlloc(&q, 1 << 20));
+  CHECK(q == p);
+  fakecuda_release_stream(CU_STREAM_LEGACY);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <scenario>\n", argv[0]);
+    return 2;
+  }
+  const std::string s = argv[1];
+  struct { const char* name; void (*fn)(); } scenarios[] = {
+      {"pooling", pooling}, {"resolution", resolution}, {"fenced_reuse", fenced_reuse},
+      {"async_streams", async_streams}, {"foreign_pointers", foreign_pointers}, {"capture", capture},
+      {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
+      {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
+      {"immediate_reuse", immediate_reuse},
+  };
+  for (auto& sc : scenarios) {
+    if (s == sc.name) {
+      sc.fn();
+      std::printf("PASS %s\n", sc.name);
+      return 0;
+    }
+  }
+  std::fprintf(stderr, "unknown scenario %s\n", argv[1]);
+  return 2;
+}

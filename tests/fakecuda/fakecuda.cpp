@@ -1,0 +1,600 @@
+// A fake libcuda.so.1 for tests without a GPU: "device memory" is host memory, streams and
+// events are bookkeeping whose completion the test controls (fakecuda.h), and
+// cuGetProcAddress(_v2) resolves by name, version and stream flavour like the real driver.
+// It implements only what the shim and its test programs call, with the real driver's answers
+// for the cases the tests depend on (capture rules, reset, IPC of an interior pointer).
+#include "tests/fakecuda/fakecuda.h"
+
+#include <sys/mman.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+using namespace cudaabi;
+
+#define FAKE_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int kDevices = 2;
+constexpr std::size_t kDefaultTotal = 1024ull << 20;
+constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901;
+constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906;
+
+struct Context {
+  int device;
+  bool primary;
+  bool alive;
+  int refs;
+};
+
+struct Stream {
+  Context* ctx = nullptr;
+  unsigned flags = 0;       // 0 = blocking, CU_STREAM_NON_BLOCKING
+  bool legacy = false;
+  bool per_thread = false;
+  bool held = false;
+  unsigned long hold_gen = 0;  // bumped when a hold ends
+  bool capturing = false;
+  int capture_mode = 0;
+  bool invalidated = false;
+};
+
+struct Event {
+  std::vector<std::pair<Stream*, unsigned long>> waits;  // (stream, hold_gen at record)
+};
+
+struct Alloc {
+  std::size_t size;
+  Context* ctx;
+};
+
+std::mutex mu;
+Context primaries[kDevices] = {{0, true, false, 0}, {1, true, false, 0}};
+std::map<std::uintptr_t, Alloc> allocs;
+std::vector<Stream*> streams;  // every live stream, including per-thread ones
+Stream legacy_stream;
+thread_local Stream* tl_per_thread = nullptr;
+thread_local std::vector<Context*> tl_ctx_stack;
+thread_local Context* tl_current = nullptr;
+bool initialised = false;
+long n_alloc = 0, n_free = 0, n_graph = 0, n_records = 0, n_syncs = 0, n_trims = 0;
+
+std::size_t total_bytes() {
+  const char* e = std::getenv("FAKECUDA_TOTAL_MB");
+  return e != nullptr ? std::strtoull(e, nullptr, 10) << 20 : kDefaultTotal;
+}
+
+std::size_t used_on(int dev) {
+  std::size_t u = 0;
+  for (auto& [p, a] : allocs)
+    if (a.ctx->device == dev) u += a.size;
+  return u;
+}
+
+Stream* per_thread_stream() {
+  if (tl_per_thread == nullptr) {
+    tl_per_thread = new Stream;
+    tl_per_thread->per_thread = true;
+    streams.push_back(tl_per_thread);  // never removed: threads' streams outlive the tests
+  }
+  return tl_per_thread;
+}
+
+// `ptsz`: the call came through a _ptsz entry point (stream 0 = per-thread stream).
+Stream* resolve(CUstream s, bool ptsz) {
+  auto v = reinterpret_cast<std::uintptr_t>(s);
+  if (v == 0) return ptsz ? per_thread_stream() : &legacy_stream;
+  if (v == 1) return &legacy_stream;
+  if (v == 2) return per_thread_stream();
+  return reinterpret_cast<Stream*>(s);
+}
+
+bool global_capture_active() {
+  for (Stream* s : streams)
+    if (s->capturing && s->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) return true;
+  return false;
+}
+
+CUresult do_alloc(CUdeviceptr* dptr, std::size_t size) {
+  if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  if (used_on(tl_current->device) + size > total_bytes()) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = std::aligned_alloc(512, (size + 511) / 512 * 512);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  allocs[reinterpret_cast<std::uintptr_t>(p)] = {size, tl_current};
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  ++n_alloc;
+  return CUDA_SUCCESS;
+}
+
+CUresult do_free(CUdeviceptr p) {
+  auto it = allocs.find(static_cast<std::uintptr_t>(p));
+  if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(reinterpret_cast<void*>(it->first));
+  allocs.erase(it);
+  ++n_free;
+  return CUDA_SUCCESS;
+}
+
+const Alloc* containing(CUdeviceptr p, std::uintptr_t* base) {
+  auto it = allocs.upper_bound(static_cast<std::uintptr_t>(p));
+  if (it == allocs.begin()) return nullptr;
+  --it;
+  if (p >= it->first + it->second.size) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
+void destroy_context(Context* c) {
+  for (auto it = allocs.begin(); it != allocs.end();) {
+    if (it->second.ctx == c) {
+      std::free(reinterpret_cast<void*>(it->first));
+      it = allocs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  c->alive = false;
+  c->refs = 0;
+  if (tl_current == c) tl_current = nullptr;
+}
+
+void end_hold(Stream* s) {
+  if (!s->held) return;
+  s->held = false;
+  ++s->hold_gen;
+}
+
+bool event_done(const Event* e) {
+  for (auto& [s, gen] : e->waits)
+    if (s->held && s->hold_gen == gen) return false;
+  return true;
+}
+
+CUresult record(CUevent ev, CUstream hs, bool ptsz) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto* e = reinterpret_cast<Event*>(ev);
+  Stream* s = resolve(hs, ptsz);
+  if (s->legacy) {
+    // The legacy stream may not depend on a capturing blocking stream: the capture breaks.
+    for (Stream* o : streams) {
+      if (o->capturing && o->flags == 0 && !o->per_thread) {
+        o->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+      }
+    }
+  }
+  e->waits.clear();
+  auto add = [&](Stream* x) {
+    if (x->held) e->waits.push_back({x, x->hold_gen});
+  };
+  add(s);
+  if (s->legacy) {
+    // Legacy-stream work waits for every blocking stream and per-thread stream.
+    for (Stream* o : streams)
+      if (o->flags == 0) add(o);
+  } else if (s->flags == 0) {
+    add(&legacy_stream);
+  }
+  ++n_records;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// ---- initialisation, devices, contexts --------------------------------------------------------
+FAKE_API CUresult cuInit(unsigned) {
+  std::lock_guard<std::mutex> lock(mu);
+  legacy_stream.legacy = true;
+  initialised = true;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDeviceGetCount(int* n) {
+  *n = kDevices;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal < 0 || ordinal >= kDevices) return CUDA_ERROR_INVALID_VALUE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev < 0 || dev >= kDevices) return CUDA_ERROR_INVALID_VALUE;
+  Context& c = primaries[dev];
+  c.alive = true;  // same handle after a reset, as the real driver often gives
+  ++c.refs;
+  *pctx = reinterpret_cast<CUcontext>(&c);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  std::lock_guard<std::mutex> lock(mu);
+  Context& c = primaries[dev];
+  if (c.refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--c.refs == 0) destroy_context(&c);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  std::lock_guard<std::mutex> lock(mu);
+  destroy_context(&primaries[dev]);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned* flags, int* active) {
+  std::lock_guard<std::mutex> lock(mu);
+  *flags = 0;
+  *active = primaries[dev].alive ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  tl_current = reinterpret_cast<Context*>(ctx);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  *ctx = reinterpret_cast<CUcontext>(tl_current);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuCtxGetDevice(CUdevice* dev) {
+  if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = tl_current->device;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  tl_ctx_stack.push_back(tl_current);
+  tl_current = reinterpret_cast<Context*>(ctx);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
+  if (ctx != nullptr) *ctx = reinterpret_cast<CUcontext>(tl_current);
+  if (tl_ctx_stack.empty()) {
+    tl_current = nullptr;
+  } else {
+    tl_current = tl_ctx_stack.back();
+    tl_ctx_stack.pop_back();
+  }
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  std::lock_guard<std::mutex> lock(mu);
+  destroy_context(reinterpret_cast<Context*>(ctx));
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto* c = new Context{dev, false, true, 1};
+  tl_current = c;
+  *ctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (global_capture_active()) {
+    for (Stream* s : streams)
+      if (s->capturing) s->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return do_alloc(dptr, size);
+}
+FAKE_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, std::size_t w, std::size_t h,
+                                     unsigned elem) {
+  if (elem != 4 && elem != 8 && elem != 16) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(mu);
+  *pitch = (w + 511) / 512 * 512;
+  return do_alloc(dptr, *pitch * h);
+}
+FAKE_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t size, unsigned) {
+  std::lock_guard<std::mutex> lock(mu);
+  return do_alloc(dptr, size);
+}
+FAKE_API CUresult cuMemFree_v2(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (p == 0) return CUDA_SUCCESS;
+  return do_free(p);
+}
+static CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream hs, bool ptsz) {
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* s = resolve(hs, ptsz);
+  CUresult r = do_alloc(dptr, size);
+  if (r == CUDA_SUCCESS && s->capturing) ++n_graph;
+  return r;
+}
+FAKE_API CUresult cuMemAllocAsync(CUdeviceptr* d, std::size_t n, CUstream s) { return alloc_async(d, n, s, false); }
+FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* d, std::size_t n, CUstream s) { return alloc_async(d, n, s, true); }
+FAKE_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) {
+  std::lock_guard<std::mutex> lock(mu);
+  return do_free(p);
+}
+FAKE_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream) {
+  std::lock_guard<std::mutex> lock(mu);
+  return do_free(p);
+}
+FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const std::size_t t = total_bytes();
+  if (free_bytes != nullptr) *free_bytes = t - used_on(tl_current->device);
+  if (total != nullptr) *total = t;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, std::size_t* psize, CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::uintptr_t base = 0;
+  const Alloc* a = containing(p, &base);
+  if (a == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = base;
+  if (psize != nullptr) *psize = a->size;
+  return CUDA_SUCCESS;
+}
+static CUresult attribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
+  std::uintptr_t base = 0;
+  const Alloc* a = containing(p, &base);
+  if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a->ctx); break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = p; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a->ctx->device; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<int*>(data) = 1; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<std::size_t*>(data) = a->size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = 1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  return attribute(data, attr, p);
+}
+FAKE_API CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (unsigned i = 0; i < n; ++i) {
+    CUresult r = attribute(data[i], attrs[i], p);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::uintptr_t base = 0;
+  if (containing(p, &base) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Like the real driver: an interior pointer yields the handle of the whole allocation.
+  std::memset(h, 0, sizeof *h);
+  std::memcpy(h->reserved, &base, sizeof base);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  *pool = reinterpret_cast<CUmemoryPool>(static_cast<std::uintptr_t>(0x1000 + 16 * dev));
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++n_trims;
+  return CUDA_SUCCESS;
+}
+
+// ---- VMM (for expandable segments): address space from mmap, "physical" handles by size ------
+FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const void*, int) {
+  *g = 2u << 20;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemAddressReserve(CUdeviceptr* p, std::size_t size, std::size_t, CUdeviceptr, unsigned long long) {
+  void* m = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  *p = reinterpret_cast<CUdeviceptr>(m);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemAddressFree(CUdeviceptr p, std::size_t size) {
+  return munmap(reinterpret_cast<void*>(p), size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, const void*, unsigned long long) {
+  *handle = size;  // the "physical memory" is the mapping itself
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemRelease(unsigned long long) { return CUDA_SUCCESS; }
+FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t, unsigned long long, unsigned long long) {
+  return mprotect(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE) == 0 ? CUDA_SUCCESS
+                                                                                 : CUDA_ERROR_INVALID_VALUE;
+}
+FAKE_API CUresult cuMemSetAccess(CUdeviceptr, std::size_t, const void*, std::size_t) { return CUDA_SUCCESS; }
+FAKE_API CUresult cuMemUnmap(CUdeviceptr p, std::size_t size) {
+  madvise(reinterpret_cast<void*>(p), size, MADV_DONTNEED);
+  return mprotect(reinterpret_cast<void*>(p), size, PROT_NONE) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// ---- streams, capture, events ------------------------------------------------------------------
+FAKE_API CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto* s = new Stream;
+  s->ctx = tl_current;
+  s->flags = flags;
+  streams.push_back(s);
+  *ph = reinterpret_cast<CUstream>(s);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuStreamCreate(CUstream* ph, unsigned flags) { return cuStreamCreateWithPriority(ph, flags, 0); }
+FAKE_API CUresult cuStreamDestroy_v2(CUstream hs) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = streams.begin(); it != streams.end(); ++it) {
+    if (*it == reinterpret_cast<Stream*>(hs)) {
+      streams.erase(it);  // the object is leaked: events may still point at it
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus* st, bool ptsz) {
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* s = resolve(hs, ptsz);
+  *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+        : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* st) { return is_capturing(s, st, false); }
+FAKE_API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus* st) { return is_capturing(s, st, true); }
+static CUresult begin_capture(CUstream hs, CUstreamCaptureMode mode, bool ptsz) {
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* s = resolve(hs, ptsz);
+  if (s->legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  s->capturing = true;
+  s->invalidated = false;
+  s->capture_mode = mode;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, false); }
+FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, true); }
+static CUresult end_capture(CUstream hs, CUgraph* g, bool ptsz) {
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* s = resolve(hs, ptsz);
+  if (!s->capturing) return CUDA_ERROR_INVALID_VALUE;
+  s->capturing = false;
+  if (g != nullptr) *g = reinterpret_cast<CUgraph>(0x6);
+  return s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+FAKE_API CUresult cuStreamEndCapture(CUstream s, CUgraph* g) { return end_capture(s, g, false); }
+FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return end_capture(s, g, true); }
+
+FAKE_API CUresult cuEventCreate(CUevent* e, unsigned) {
+  *e = reinterpret_cast<CUevent>(new Event);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuEventDestroy_v2(CUevent e) {
+  delete reinterpret_cast<Event*>(e);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuEventRecord(CUevent e, CUstream s) { return record(e, s, false); }
+FAKE_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return record(e, s, true); }
+FAKE_API CUresult cuEventQuery(CUevent e) {
+  std::lock_guard<std::mutex> lock(mu);
+  return event_done(reinterpret_cast<Event*>(e)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+FAKE_API CUresult cuEventSynchronize(CUevent ev) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto* e = reinterpret_cast<Event*>(ev);
+  if (event_done(e)) return CUDA_SUCCESS;
+  // The host waits until the GPU is done: in the fake, the pending work finishes now.
+  ++n_syncs;
+  for (auto& [s, gen] : e->waits)
+    if (s->hold_gen == gen) end_hold(s);
+  return CUDA_SUCCESS;
+}
+
+// ---- test controls -----------------------------------------------------------------------------
+FAKE_API void fakecuda_hold_stream(CUstream s) {
+  std::lock_guard<std::mutex> lock(mu);
+  resolve(s, false)->held = true;
+}
+FAKE_API void fakecuda_release_stream(CUstream s) {
+  std::lock_guard<std::mutex> lock(mu);
+  end_hold(resolve(s, false));
+}
+FAKE_API long fakecuda_alloc_calls() { std::lock_guard<std::mutex> l(mu); return n_alloc; }
+FAKE_API long fakecuda_free_calls() { std::lock_guard<std::mutex> l(mu); return n_free; }
+FAKE_API long fakecuda_live_allocations() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(allocs.size()); }
+FAKE_API std::size_t fakecuda_live_bytes() {
+  std::lock_guard<std::mutex> l(mu);
+  return tl_current != nullptr ? used_on(tl_current->device) : 0;
+}
+FAKE_API long fakecuda_graph_allocs() { std::lock_guard<std::mutex> l(mu); return n_graph; }
+FAKE_API long fakecuda_event_records() { std::lock_guard<std::mutex> l(mu); return n_records; }
+FAKE_API long fakecuda_event_syncs() { std::lock_guard<std::mutex> l(mu); return n_syncs; }
+FAKE_API long fakecuda_trim_calls() { std::lock_guard<std::mutex> l(mu); return n_trims; }
+FAKE_API int fakecuda_is_live(CUdeviceptr p) {
+  std::lock_guard<std::mutex> l(mu);
+  std::uintptr_t base = 0;
+  return containing(p, &base) != nullptr ? 1 : 0;
+}
+
+// ---- cuGetProcAddress --------------------------------------------------------------------------
+namespace {
+// A second entry point for cuMemFree_v2 that is not the exported symbol: real drivers may hand
+// out internal addresses, and the shim must still recognise the function by name and version.
+CUresult internal_mem_free(CUdeviceptr p) { return cuMemFree_v2(p); }
+
+struct ProcEntry {
+  const char* name;
+  int min_version;
+  void* legacy;
+  void* per_thread;  // nullptr: same as legacy
+};
+FAKE_API CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+FAKE_API CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
+#define P(fn) reinterpret_cast<void*>(&fn)
+const ProcEntry kProcs[] = {
+    {"cuGetProcAddress", 12000, P(cuGetProcAddress_v2), nullptr},
+    {"cuInit", 2000, P(cuInit), nullptr},
+    {"cuDriverGetVersion", 2020, P(cuDriverGetVersion), nullptr},
+    {"cuDeviceGet", 2000, P(cuDeviceGet), nullptr},
+    {"cuDeviceGetCount", 2000, P(cuDeviceGetCount), nullptr},
+    {"cuDevicePrimaryCtxRetain", 7000, P(cuDevicePrimaryCtxRetain), nullptr},
+    {"cuDevicePrimaryCtxRelease", 11000, P(cuDevicePrimaryCtxRelease_v2), nullptr},
+    {"cuDevicePrimaryCtxReset", 11000, P(cuDevicePrimaryCtxReset_v2), nullptr},
+    {"cuCtxSetCurrent", 4000, P(cuCtxSetCurrent), nullptr},
+    {"cuCtxGetCurrent", 4000, P(cuCtxGetCurrent), nullptr},
+    {"cuCtxDestroy", 4000, P(cuCtxDestroy_v2), nullptr},
+    {"cuMemAlloc", 3020, P(cuMemAlloc_v2), nullptr},
+    {"cuMemAllocPitch", 3020, P(cuMemAllocPitch_v2), nullptr},
+    {"cuMemAllocManaged", 6000, P(cuMemAllocManaged), nullptr},
+    {"cuMemFree", 3020, P(internal_mem_free), nullptr},
+    {"cuMemAllocAsync", 11020, P(cuMemAllocAsync), P(cuMemAllocAsync_ptsz)},
+    {"cuMemFreeAsync", 11020, P(cuMemFreeAsync), P(cuMemFreeAsync_ptsz)},
+    {"cuMemGetInfo", 3020, P(cuMemGetInfo_v2), nullptr},
+    {"cuMemGetAddressRange", 3020, P(cuMemGetAddressRange_v2), nullptr},
+    {"cuPointerGetAttribute", 4000, P(cuPointerGetAttribute), nullptr},
+    {"cuPointerGetAttributes", 7000, P(cuPointerGetAttributes), nullptr},
+    {"cuIpcGetMemHandle", 4010, P(cuIpcGetMemHandle), nullptr},
+    {"cuMemPoolTrimTo", 11020, P(cuMemPoolTrimTo), nullptr},
+    {"cuDeviceGetDefaultMemPool", 11020, P(cuDeviceGetDefaultMemPool), nullptr},
+    {"cuStreamCreate", 2000, P(cuStreamCreate), nullptr},
+    {"cuStreamCreateWithPriority", 5050, P(cuStreamCreateWithPriority), nullptr},
+    {"cuStreamDestroy", 4000, P(cuStreamDestroy_v2), nullptr},
+    {"cuStreamIsCapturing", 10000, P(cuStreamIsCapturing), P(cuStreamIsCapturing_ptsz)},
+    {"cuStreamBeginCapture", 10010, P(cuStreamBeginCapture_v2), P(cuStreamBeginCapture_v2_ptsz)},
+    {"cuStreamEndCapture", 10000, P(cuStreamEndCapture), P(cuStreamEndCapture_ptsz)},
+    {"cuEventCreate", 2000, P(cuEventCreate), nullptr},
+    {"cuEventRecord", 2000, P(cuEventRecord), P(cuEventRecord_ptsz)},
+    {"cuEventQuery", 2000, P(cuEventQuery), nullptr},
+    {"cuEventSynchronize", 2000, P(cuEventSynchronize), nullptr},
+    {"cuEventDestroy", 4000, P(cuEventDestroy_v2), nullptr},
+};
+#undef P
+}  // namespace
+
+FAKE_API CUresult cuGetProcAddress_v2(const char* name, void** pfn, int version, cuuint64_t flags,
+                                      CUdriverProcAddressQueryResult* status) {
+  if (name == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  bool found_name = false;
+  for (const ProcEntry& e : kProcs) {
+    if (std::strcmp(e.name, name) != 0) continue;
+    found_name = true;
+    if (version < e.min_version) continue;
+    const bool ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    *pfn = ptds && e.per_thread != nullptr ? e.per_thread : e.legacy;
+    if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+  }
+  // cuGetProcAddress itself, asked for with an 11.x version: the 4-argument one.
+  if (found_name && std::strcmp(name, "cuGetProcAddress") == 0 && version >= 11030) {
+    *pfn = reinterpret_cast<void*>(&cuGetProcAddress);
+    if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+  }
+  if (status != nullptr)
+    *status = found_name ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_ERROR_NOT_FOUND;
+}
+FAKE_API CUresult cuGetProcAddress(const char* name, void** pfn, int version, cuuint64_t flags) {
+  return cuGetProcAddress_v2(name, pfn, version, flags, nullptr);
+}

@@ -1,0 +1,29 @@
+// Control functions of the fake libcuda.so.1 (tests/fakecuda/fakecuda.cpp). Test programs call
+// them to make GPU work "pending" on a stream and to count what reached the "driver".
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "shim/cuda_abi.h"
+
+extern "C" {
+// Work on `s` is pending from now until fakecuda_release_stream(s) (or a cuEventSynchronize
+// on an event that waits for it). s: a stream handle, 0/CU_STREAM_LEGACY = the legacy stream,
+// CU_STREAM_PER_THREAD = the calling thread's per-thread stream.
+void fakecuda_hold_stream(cudaabi::CUstream s);
+void fakecuda_release_stream(cudaabi::CUstream s);
+
+// Counters since load (this process).
+long fakecuda_alloc_calls();        // successful cuMemAlloc*/cuMemAllocAsync* calls (any flavour)
+long fakecuda_free_calls();         // successful cuMemFree/cuMemFreeAsync calls
+long fakecuda_live_allocations();
+std::size_t fakecuda_live_bytes();  // on the current context's device
+long fakecuda_graph_allocs();       // cuMemAllocAsync calls on a capturing stream
+long fakecuda_event_records();      // successful cuEventRecord calls
+long fakecuda_event_syncs();        // cuEventSynchronize calls that had to wait
+long fakecuda_trim_calls();         // cuMemPoolTrimTo calls
+// 1 if `p` lies in a live allocation of the fake driver.
+int fakecuda_is_live(cudaabi::CUdeviceptr p);
+// Creates a non-primary context on `dev` and makes it current (cuCtxCreate without its ABI).
+cudaabi::CUresult fakecuda_create_context(cudaabi::CUcontext* ctx, int dev);
+}

@@ -1,0 +1,35 @@
+# Shim tests (no GPU): a fake libcuda.so.1, two test programs that reach it the way cudart and
+# -lcuda programs do, and a GoogleTest driver that runs them under LD_PRELOAD=libcudapool.so.
+# Interposition tests need an uninstrumented process, so sanitizer builds run only the ABI test.
+FAKECUDA_DIR := $(BUILD)/tests/fakecuda
+FAKECUDA_SO := $(FAKECUDA_DIR)/libcuda.so.1
+SHIM_APP_CUDART := $(FAKECUDA_DIR)/app_cudart
+SHIM_APP_LINKED := $(FAKECUDA_DIR)/app_linked
+
+$(FAKECUDA_SO): tests/fakecuda/fakecuda.cpp tests/fakecuda/fakecuda.h shim/cuda_abi.h
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra -fPIC -shared -Wl,-soname,libcuda.so.1 $< -o $@ -pthread
+
+$(SHIM_APP_CUDART): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -pthread -ldl
+
+$(SHIM_APP_LINKED): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra -DCUDAPOOL_APP_LINKED $< -o $@ \
+	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
+
+SHIM_TEST_BIN := $(BUILD)/tests/shim_tests
+ifeq ($(SAN),)
+SHIM_TEST_SRCS := $(wildcard tests/unit/shim_*.cpp)
+SHIM_TEST_DEPS := $(SHIM_SO) $(FAKECUDA_SO) $(SHIM_APP_CUDART) $(SHIM_APP_LINKED)
+else
+SHIM_TEST_SRCS := tests/unit/shim_abi_test.cpp
+SHIM_TEST_DEPS :=
+endif
+$(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o): CPPFLAGS += -DCUDAPOOL_SHIM_SO='"$(abspath $(SHIM_SO))"' \
+  -DCUDAPOOL_FAKECUDA_DIR='"$(abspath $(FAKECUDA_DIR))"' -DCUDAPOOL_SHIM_EXPORTS='"$(abspath shim/exports.map)"'
+$(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_TEST_DEPS)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
+TEST_BINS += $(SHIM_TEST_BIN)

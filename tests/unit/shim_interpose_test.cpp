@@ -1,0 +1,237 @@
+// Runs the fake-driver test programs (tests/fakecuda/app.cpp) under LD_PRELOAD=libcudapool.so,
+// one process per scenario, in both driver-resolution styles, and checks what they report.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace {
+
+const std::string kShim = CUDAPOOL_SHIM_SO;
+const std::string kFakeDir = CUDAPOOL_FAKECUDA_DIR;
+
+struct RunResult {
+  int exit_status = -1;  // -1: killed by a signal
+  int signal = 0;
+  std::string output;    // stdout and stderr together
+};
+
+// Runs argv with the shim preloaded and the fake driver on the library path, plus `env`
+// (VAR=value; an empty value unsets). Killed after 30 s.
+RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+              bool preload = true) {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  // A clean policy environment unless the test sets one.
+  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR",
+                        "PYTORCH_CUDA_ALLOC_CONF", "CUDAPOOL_LOG_LEVEL"})
+    vars.erase(v);
+  if (preload) vars["LD_PRELOAD"] = kShim;
+  vars["LD_LIBRARY_PATH"] = kFakeDir;
+  for (auto& [k, v] : env) {
+    if (v.empty()) vars.erase(k);
+    else vars[k] = v;
+  }
+  std::vector<std::string> envs;
+  for (auto& [k, v] : vars) envs.push_back(k + "=" + v);
+  std::vector<char*> cenv, cargv;
+  for (auto& s : envs) cenv.push_back(s.data());
+  cenv.push_back(nullptr);
+  std::vector<std::string> args = argv;
+  for (auto& s : args) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    alarm(30);
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  RunResult r;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) r.exit_status = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+std::string app(bool linked) { return kFakeDir + (linked ? "/app_linked" : "/app_cudart"); }
+
+class Scenario : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(Scenario, PassesUnderTheShim) {
+  const auto& [name, linked] = GetParam();
+  RunResult r = run({app(linked), name});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_EQ(r.signal, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS " + name), std::string::npos) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BothResolutionStyles, Scenario,
+    ::testing::Combine(::testing::Values("pooling", "resolution", "fenced_reuse", "async_streams",
+                                         "foreign_pointers", "capture", "bad_frees", "queries", "reset",
+                                         "fork_child", "threads"),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return std::get<0>(info.param) + (std::get<1>(info.param) ? "_lcuda" : "_cudart");
+    });
+
+TEST(Shim, PoolingNeedsTheShim) {
+  // Without the preload the same program makes one driver allocation per pair and fails its
+  // "handful of allocations" check: the scenario measures the shim, not the fake.
+  RunResult r = run({app(false), "pooling"}, {}, /*preload=*/false);
+  EXPECT_NE(r.exit_status, 0) << r.output;
+}
+
+TEST(Shim, BadFreesAreLogged) {
+  RunResult r = run({app(false), "bad_frees"});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_NE(r.output.find("double_free"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("interior_pointer"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("another context"), std::string::npos) << r.output;
+}
+
+TEST(Shim, IpcRefusalIsLogged) {
+  RunResult r = run({app(true), "queries"});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_NE(r.output.find("cuIpcGetMemHandle"), std::string::npos) << r.output;
+}
+
+TEST(Shim, NoCudaCallAtExit) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "exit_path"});
+    ASSERT_EQ(r.exit_status, 0) << r.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(exit free: result (\d+), event records (\d+) -> (\d+))")))
+        << r.output;
+    EXPECT_EQ(m[1], "0");        // the free "succeeds" (leaked)
+    EXPECT_EQ(m[2], m[3]);       // and records no event: no driver call once exiting
+  }
+}
+
+TEST(Shim, ProcessWithoutCudaIsUndisturbed) {
+  RunResult r = run({app(false), "no_cuda"});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_EQ(r.output, "hello without CUDA\nPASS no_cuda\n");  // not one extra byte from the shim
+  RunResult sh = run({"/bin/sh", "-c", "echo hi"});
+  EXPECT_EQ(sh.exit_status, 0);
+  EXPECT_EQ(sh.output, "hi\n");
+}
+
+TEST(Shim, InvalidPolicyStopsBeforeTheFirstAllocation) {
+  RunResult r = run({app(false), "alloc_once"}, {{"CUDAPOOL_CONF", "reserve_percentage:10"}});
+  EXPECT_EQ(r.exit_status, 78) << r.output;  // kPolicyErrorExitStatus (EX_CONFIG)
+  EXPECT_NE(r.output.find("invalid policy"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reserve_percentage"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("active="), std::string::npos) << r.output;
+}
+
+TEST(Shim, InvalidPolicyWithOnErrorPassthroughRunsWithoutThePool) {
+  RunResult r = run({app(true), "alloc_once"},
+                    {{"CUDAPOOL_CONF", "reserve_percentage:10"}, {"CUDAPOOL_ON_ERROR", "passthrough"}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_NE(r.output.find("active=0"), std::string::npos) << r.output;
+}
+
+TEST(Shim, BackendPassthroughSendsEverythingToTheDriver) {
+  RunResult on = run({app(false), "alloc_once"});
+  EXPECT_NE(on.output.find("active=1"), std::string::npos) << on.output;
+  RunResult off = run({app(false), "alloc_once"}, {{"CUDAPOOL_CONF", "backend:passthrough"}});
+  EXPECT_EQ(off.exit_status, 0) << off.output;
+  EXPECT_NE(off.output.find("active=0"), std::string::npos) << off.output;
+  // And the pooling scenario then sees one driver allocation per pair.
+  RunResult pool = run({app(false), "pooling"}, {{"CUDAPOOL_CONF", "backend:passthrough"}});
+  EXPECT_NE(pool.exit_status, 0) << pool.output;
+}
+
+TEST(Shim, FreeSyncImmediateReusesWhileWorkIsPending) {
+  // The default policy refuses the early reuse (the scenario's check fails)…
+  RunResult fenced = run({app(false), "immediate_reuse"});
+  EXPECT_NE(fenced.exit_status, 0) << fenced.output;
+  // …free_sync:immediate allows it (PyTorch's semantics).
+  RunResult imm = run({app(false), "immediate_reuse"}, {{"CUDAPOOL_CONF", "free_sync:immediate"}});
+  EXPECT_EQ(imm.exit_status, 0) << imm.output;
+}
+
+std::string shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+TEST(ShimLibrary, ExportsOnlyHooksAndTheCApi) {
+  // The hooked names, as listed in the version script.
+  std::string map = shell("cat " CUDAPOOL_SHIM_EXPORTS);
+  std::set<std::string> listed;
+  std::regex word(R"(\b(cu[A-Za-z0-9_]+|dlsym)\s*;)");
+  for (std::sregex_iterator it(map.begin(), map.end(), word), end; it != end; ++it) listed.insert((*it)[1]);
+  ASSERT_GE(listed.size(), 20u);
+  std::istringstream syms(shell("nm -D --defined-only " + kShim + " | awk '{print $3}'"));
+  std::string s;
+  int count = 0, capi = 0;
+  while (std::getline(syms, s)) {
+    if (s.empty()) continue;
+    ++count;
+    if (s.rfind("cudapool_", 0) == 0) {
+      ++capi;
+      continue;
+    }
+    EXPECT_TRUE(listed.count(s)) << "unexpected export " << s;
+  }
+  EXPECT_EQ(count - capi, static_cast<int>(listed.size()));  // every hook is exported
+  EXPECT_GE(capi, 7);
+}
+
+TEST(ShimLibrary, NeedsOnlyTheCLibraries) {
+  std::istringstream lines(shell("readelf -d " + kShim));
+  std::string line;
+  int needed = 0;
+  std::regex lib(R"(\(NEEDED\).*\[(.*)\])");
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, lib)) continue;
+    ++needed;
+    const std::string name = m[1];
+    // The dynamic loader itself (for thread-local storage) is in every process anyway.
+    const bool ok = name == "libc.so.6" || name == "libm.so.6" || name == "libdl.so.2" ||
+                    name == "libpthread.so.0" || name.rfind("ld-linux", 0) == 0;
+    EXPECT_TRUE(ok) << "unexpected NEEDED " << name;
+  }
+  EXPECT_GE(needed, 1);
+}
+
+}  // namespace
