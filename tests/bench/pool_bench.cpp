@@ -1,0 +1,184 @@
+// Pool core CPU benchmarks (`make bench`). Baselines are measured in the same run: the host's
+// malloc/free for the same sizes and the same trace. The fake upstream hands out address
+// ranges only (nothing is touched), the fake fence completes fences at once.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "allocator/pool.h"
+#include "tests/support/fake_fence.h"
+#include "tests/support/fake_upstream.h"
+
+using namespace cudapool;
+using cudapool::testing::FakeFence;
+using cudapool::testing::FakeUpstream;
+
+namespace {
+
+struct Rig {
+  FakeUpstream up{1024 * GiB};
+  FakeFence fence{true};
+  DevicePool pool;
+  explicit Rig(PoolOptions o = {}) : pool(0, o, up, fence) {}
+};
+
+PoolOptions with_sync(FreeSync s) {
+  PoolOptions o;
+  o.free_sync = s;
+  return o;
+}
+
+// ---- hit path: malloc + free of a cached size, single thread --------------------------------
+void BM_Baseline_MallocFree(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = std::malloc(n);
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+}
+BENCHMARK(BM_Baseline_MallocFree)->Arg(4096)->Arg(5 << 20);
+
+void BM_Pool_Hit_FreeOnStream(benchmark::State& state) {
+  Rig rig;
+  const auto n = static_cast<std::size_t>(state.range(0));
+  rig.pool.free_on_stream(rig.pool.allocate(n, 7).ptr, 7);  // warm: the segment is cached
+  for (auto _ : state) {
+    void* p = rig.pool.allocate(n, 7).ptr;
+    benchmark::DoNotOptimize(p);
+    rig.pool.free_on_stream(p, 7);
+  }
+  if (rig.up.allocate_calls() != 1) state.SkipWithError("hit path reached the upstream");
+}
+BENCHMARK(BM_Pool_Hit_FreeOnStream)->Arg(4096)->Arg(5 << 20);
+
+void BM_Pool_Hit_FreeImmediate(benchmark::State& state) {
+  Rig rig(with_sync(FreeSync::immediate));
+  const auto n = static_cast<std::size_t>(state.range(0));
+  rig.pool.free(rig.pool.allocate(n, 7).ptr);
+  for (auto _ : state) {
+    void* p = rig.pool.allocate(n, 7).ptr;
+    benchmark::DoNotOptimize(p);
+    rig.pool.free(p);
+  }
+  if (rig.up.allocate_calls() != 1) state.SkipWithError("hit path reached the upstream");
+}
+BENCHMARK(BM_Pool_Hit_FreeImmediate)->Arg(4096);
+
+// cudaFree meaning: every pair records, queries and releases one (fake) device fence.
+void BM_Pool_Hit_FreeFenced(benchmark::State& state) {
+  Rig rig(with_sync(FreeSync::fenced));
+  const auto n = static_cast<std::size_t>(state.range(0));
+  rig.pool.free(rig.pool.allocate(n, 7).ptr);
+  for (auto _ : state) {
+    void* p = rig.pool.allocate(n, 7).ptr;
+    benchmark::DoNotOptimize(p);
+    rig.pool.free(p);
+  }
+}
+BENCHMARK(BM_Pool_Hit_FreeFenced)->Arg(4096);
+
+// ---- mixed-size trace: 1000 live blocks, sizes 512 B .. 8 MiB, random frees -------------------
+struct TraceOp {
+  bool alloc;
+  std::size_t size;
+  std::size_t slot;
+};
+const std::vector<TraceOp>& trace() {
+  static const std::vector<TraceOp> ops = [] {
+    std::vector<TraceOp> v;
+    std::mt19937_64 rng(42);
+    std::vector<bool> used(1000, false);
+    std::size_t live = 0;
+    for (int i = 0; i < 200000; ++i) {
+      const std::size_t slot = rng() % used.size();
+      if (!used[slot]) {
+        const unsigned c = rng() % 100;
+        std::size_t size = c < 80 ? 512 + rng() % (64 * KiB) : c < 98 ? 1 * MiB + rng() % (3 * MiB) : 4 * MiB + rng() % (4 * MiB);
+        v.push_back({true, size, slot});
+        used[slot] = true;
+        ++live;
+      } else {
+        v.push_back({false, 0, slot});
+        used[slot] = false;
+        --live;
+      }
+    }
+    for (std::size_t s = 0; s < used.size(); ++s)
+      if (used[s]) v.push_back({false, 0, s});
+    return v;
+  }();
+  return ops;
+}
+
+void BM_Baseline_MallocTrace(benchmark::State& state) {
+  const auto& ops = trace();
+  std::vector<void*> slots(1000, nullptr);
+  for (auto _ : state) {
+    for (const TraceOp& op : ops) {
+      if (op.alloc) {
+        slots[op.slot] = std::malloc(op.size);
+        benchmark::DoNotOptimize(slots[op.slot]);
+      } else {
+        std::free(slots[op.slot]);
+      }
+    }
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * ops.size()));
+}
+BENCHMARK(BM_Baseline_MallocTrace)->Unit(benchmark::kMillisecond);
+
+void BM_Pool_Trace(benchmark::State& state) {
+  Rig rig(with_sync(FreeSync::immediate));
+  const auto& ops = trace();
+  std::vector<void*> slots(1000, nullptr);
+  for (auto _ : state) {
+    for (const TraceOp& op : ops) {
+      if (op.alloc) {
+        slots[op.slot] = rig.pool.allocate(op.size, 7).ptr;
+        benchmark::DoNotOptimize(slots[op.slot]);
+      } else {
+        rig.pool.free(slots[op.slot]);
+      }
+    }
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * ops.size()));
+  state.counters["segments"] = static_cast<double>(rig.pool.stats().segment[kAll].peak);
+  state.counters["hit_rate"] = static_cast<double>(rig.pool.stats().cache_hits) /
+                               static_cast<double>(rig.pool.stats().cache_hits + rig.pool.stats().cache_misses);
+}
+BENCHMARK(BM_Pool_Trace)->Unit(benchmark::kMillisecond);
+
+// ---- contention: every thread allocates and frees on its own stream, one shared pool ---------
+Rig& shared_rig() {
+  static Rig* rig = new Rig();  // leaked on purpose: outlives every benchmark thread
+  return *rig;
+}
+
+void BM_Baseline_MallocFree_Threads(benchmark::State& state) {
+  for (auto _ : state) {
+    void* p = std::malloc(4096);
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+}
+BENCHMARK(BM_Baseline_MallocFree_Threads)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+
+void BM_Pool_Contention(benchmark::State& state) {
+  Rig& rig = shared_rig();
+  const auto stream = static_cast<StreamId>(100 + state.thread_index());
+  for (auto _ : state) {
+    void* p = rig.pool.allocate(4096, stream).ptr;
+    benchmark::DoNotOptimize(p);
+    rig.pool.free_on_stream(p, stream);
+  }
+}
+BENCHMARK(BM_Pool_Contention)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
