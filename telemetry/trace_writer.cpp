@@ -1,9 +1,23 @@
-// The trace writer. Hot path (on_event): read two clocks' worth of state, take one mutex, copy a
-// 64-byte record into a preallocated array. Slow path (flush_locked): format the records into a
-// preallocated char buffer and write(2) it. Both paths avoid malloc and stdio so the same flush
-// can run from atexit and from a signal handler.
+// The trace writer.
+//
+// Hot path (on_event, called under the pool's lock): read the stamp counter, take `mu`, copy a
+// 64-byte record into the active buffer. Nothing else.
+//
+// When the active buffer fills (or every kPeriod, so a live trace can be tailed), it moves to
+// the `filled` FIFO and a spare becomes active; a background thread formats filled buffers and
+// write(2)s them. If the formatter falls behind and no spare is left, the caller formats the
+// oldest buffer itself (back-pressure instead of unbounded memory).
+//
+// Ordering: the pool calls on_event under its own lock, so the order of records in the buffers
+// is the pool's order. `flush_mu` serialises everything that writes to the file and buffers are
+// taken oldest first under it, so the file keeps that order.
+//
+// Exit and signals: flush() (atexit) and flush_from_signal() drain filled buffers and the active
+// one directly, using only preallocated memory and write(2). The formatter thread blocks all
+// signals, so a handler never runs on it while it holds `flush_mu`.
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,28 +25,20 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
+#include "telemetry/clock.h"
 #include "telemetry/logging.h"
 #include "telemetry/trace.h"
 #include "telemetry/trace_format.h"
 
 namespace cudapool {
 namespace {
-
-std::int64_t mono_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
-}
-
-std::int64_t real_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
-}
 
 // gettid is a syscall; cache it per thread (RMM's spdlog %t is the same number).
 std::uint64_t thread_id() noexcept {
@@ -54,9 +60,8 @@ bool write_all(int fd, const char* p, std::size_t n) noexcept {
   return true;
 }
 
-// Binary record: what on_event copies. Time is monotonic here; converted to epoch at format time.
 struct Record {
-  std::int64_t mono_ns;
+  std::uint64_t stamp;  // StampClock counts; converted at format time
   std::uint64_t thread;
   std::uintptr_t ptr;
   std::size_t size;
@@ -67,49 +72,71 @@ struct Record {
   TraceAction action;
 };
 
-constexpr std::size_t kOutBytes = 64 * 1024;
+struct Buffer {
+  Record* records = nullptr;
+  std::size_t count = 0;
+};
+
+constexpr std::size_t kBuffers = 4;             // 1 active + up to 3 filled/spare
+constexpr std::size_t kOutBytes = 64 * 1024;    // formatted bytes per write(2)
+constexpr auto kPeriod = std::chrono::milliseconds(200);
+
+// Bounded wait for a lock from a signal handler: the holder is another thread that will let go
+// within microseconds; if the holder is the interrupted thread itself, give up rather than hang.
+bool try_lock_for_signal(std::mutex& m) noexcept {
+  for (int i = 0; i < 2000; ++i) {
+    if (m.try_lock()) return true;
+    timespec ts{0, 25'000};  // 25 µs; nanosleep is async-signal-safe
+    nanosleep(&ts, nullptr);
+  }
+  return false;
+}
 
 }  // namespace
 
 struct TraceWriter::Impl {
+  // ---- guarded by mu ----
   std::mutex mu;
+  std::condition_variable cv;
+  Buffer active;
+  std::array<Buffer, kBuffers> filled{};  // FIFO ring of full buffers
+  std::size_t filled_head = 0, filled_count = 0;
+  std::array<Record*, kBuffers> spare{};
+  std::size_t spare_count = 0;
+  bool stop = false;
+  std::uint64_t rows = 0;  // recorded so far (a plain counter: we hold mu anyway)
+  // ---- guarded by flush_mu (the file side) ----
+  std::mutex flush_mu;
+  char* out = nullptr;
+  trace_detail::StampClock clock;  // now() is const and lock-free; conversion under flush_mu
+  // ---- fixed after open ----
   int fd = -1;
   std::string path;
-  Record* records = nullptr;  // preallocated, `capacity` entries
   std::size_t capacity = 0;
-  std::size_t count = 0;
-  char* out = nullptr;        // preallocated, kOutBytes
-  std::int64_t base_real_ns = 0;
-  std::int64_t base_mono_ns = 0;
   std::int64_t utc_offset_s = 0;
-  std::atomic<std::uint64_t> rows{0};
+  std::array<Record*, kBuffers> all_records{};
+  std::thread formatter;
+  // ---- atomics ----
   std::atomic<bool> write_failed{false};
   // Set in a forked child: the trace belongs to the parent; the child's copy must never write
-  // (and must not take `mu`, which another parent thread may have held at fork time).
+  // (and must not take the locks, which parent threads may have held at fork time).
   std::atomic<bool> disowned{false};
 
   ~Impl() {
-    std::free(records);
+    for (Record* r : all_records) std::free(r);
     std::free(out);
   }
 
-  void push_locked(const Record& r) {
-    if (count == capacity) flush_locked();
-    records[count++] = r;
-    rows.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  void flush_locked() noexcept {
-    if (count == 0 || fd < 0) {
-      count = 0;
-      return;
-    }
+  // Formats and writes one buffer. Caller holds flush_mu.
+  void write_buffer(const Record* recs, std::size_t n) noexcept {
+    if (n == 0 || fd < 0) return;
+    clock.begin_batch();
     std::size_t used = 0;
     TraceRow row;
-    for (std::size_t i = 0; i < count; ++i) {
-      const Record& r = records[i];
+    for (std::size_t i = 0; i < n; ++i) {
+      const Record& r = recs[i];
       row.thread = r.thread;
-      row.time_ns = base_real_ns + (r.mono_ns - base_mono_ns);
+      row.time_ns = clock.to_epoch_ns(r.stamp);
       row.action = r.action;
       row.ptr = r.ptr;
       row.size = r.size;
@@ -124,7 +151,96 @@ struct TraceWriter::Impl {
       }
     }
     if (used > 0 && !write_all(fd, out, used)) write_failed.store(true, std::memory_order_relaxed);
-    count = 0;
+  }
+
+  // Moves the active buffer to the filled FIFO if a spare can replace it. Caller holds mu.
+  bool rotate_locked() noexcept {
+    if (active.count == 0 || spare_count == 0) return false;
+    filled[(filled_head + filled_count) % kBuffers] = active;
+    ++filled_count;
+    active = Buffer{spare[--spare_count], 0};
+    return true;
+  }
+
+  // Takes the oldest filled buffer. Caller holds mu.
+  Buffer pop_filled_locked() noexcept {
+    Buffer b = filled[filled_head];
+    filled_head = (filled_head + 1) % kBuffers;
+    --filled_count;
+    return b;
+  }
+
+  // Everything buffered goes to the file: filled buffers oldest first, then the active one.
+  // Caller holds flush_mu and mu.
+  void drain_locked() noexcept {
+    while (filled_count > 0) {
+      Buffer b = pop_filled_locked();
+      write_buffer(b.records, b.count);
+      spare[spare_count++] = b.records;
+    }
+    write_buffer(active.records, active.count);
+    active.count = 0;
+  }
+
+  // Formats the oldest filled buffer, if any. Caller holds flush_mu, not mu.
+  bool write_oldest() {
+    Buffer b;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (filled_count == 0) return false;
+      b = pop_filled_locked();
+    }
+    write_buffer(b.records, b.count);
+    std::lock_guard<std::mutex> lock(mu);
+    spare[spare_count++] = b.records;
+    return true;
+  }
+
+  void formatter_loop() {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      if (filled_count == 0 &&
+          !cv.wait_for(lock, kPeriod, [this] { return stop || filled_count > 0; })) {
+        rotate_locked();  // periodic: make recent rows visible in the file
+      }
+      if (filled_count == 0) continue;
+      lock.unlock();
+      {
+        std::lock_guard<std::mutex> f(flush_mu);
+        while (write_oldest()) {
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  void push(const Record& r) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (active.count == capacity) {
+      if (rotate_locked()) {
+        cv.notify_one();
+        break;
+      }
+      // No spare: the formatter is behind. Format the oldest buffer here (lock order is
+      // flush_mu before mu, so let go of mu first).
+      lock.unlock();
+      {
+        std::lock_guard<std::mutex> f(flush_mu);
+        write_oldest();
+      }
+      lock.lock();
+    }
+    active.records[active.count++] = r;
+    ++rows;
+  }
+
+  void flush() noexcept {
+    std::lock_guard<std::mutex> f(flush_mu);
+    std::lock_guard<std::mutex> lock(mu);
+    drain_locked();
   }
 };
 
@@ -135,12 +251,6 @@ namespace {
 constexpr std::size_t kMaxWriters = 64;
 std::array<std::atomic<TraceWriter::Impl*>, kMaxWriters> g_writers{};
 std::once_flag g_hooks_once;
-
-void flush_impl(TraceWriter::Impl* w) noexcept {
-  if (w->disowned.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(w->mu);
-  w->flush_locked();
-}
 
 void at_exit_flush() { TraceWriter::flush_all_writers(); }
 
@@ -182,12 +292,19 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Op
   auto impl = std::make_unique<Impl>();
   impl->path = expand_path_pattern(path);
   impl->capacity = options.buffer_records > 0 ? options.buffer_records : 1;
-  impl->records = static_cast<Record*>(std::malloc(impl->capacity * sizeof(Record)));
-  impl->out = static_cast<char*>(std::malloc(kOutBytes));
-  if (impl->records == nullptr || impl->out == nullptr) {
-    if (error) *error = "out of host memory for the trace buffer";
-    return nullptr;
+  for (Record*& r : impl->all_records) {
+    r = static_cast<Record*>(std::malloc(impl->capacity * sizeof(Record)));
   }
+  impl->out = static_cast<char*>(std::malloc(kOutBytes));
+  for (Record* r : impl->all_records) {
+    if (r == nullptr || impl->out == nullptr) {
+      if (error) *error = "out of host memory for the trace buffers";
+      return nullptr;
+    }
+  }
+  impl->active = Buffer{impl->all_records[0], 0};
+  for (std::size_t i = 1; i < kBuffers; ++i) impl->spare[impl->spare_count++] = impl->all_records[i];
+
   impl->fd = ::open(impl->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (impl->fd < 0) {
     if (error) *error = "cannot open trace file '" + impl->path + "': " + std::strerror(errno);
@@ -199,11 +316,19 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Op
     ::close(impl->fd);
     return nullptr;
   }
-  impl->base_mono_ns = mono_ns();
-  impl->base_real_ns = real_ns();
+  impl->clock.init();
   impl->utc_offset_s = trace_detail::local_utc_offset_s();
   if (!register_writer(impl.get())) {
     if (error) *error = "too many open trace writers";
+    ::close(impl->fd);
+    return nullptr;
+  }
+  Impl* raw = impl.get();
+  try {
+    impl->formatter = std::thread([raw] { raw->formatter_loop(); });
+  } catch (const std::system_error& e) {
+    unregister_writer(raw);
+    if (error) *error = std::string("cannot start the trace formatter thread: ") + e.what();
     ::close(impl->fd);
     return nullptr;
   }
@@ -213,19 +338,28 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Op
 TraceWriter::TraceWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TraceWriter::~TraceWriter() {
-  unregister_writer(impl_.get());
-  if (!impl_->disowned.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->flush_locked();
+  Impl& w = *impl_;
+  unregister_writer(&w);
+  if (w.disowned.load(std::memory_order_relaxed)) {
+    // Forked child: the thread does not exist here; the parent owns the file.
+    if (w.formatter.joinable()) w.formatter.detach();
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(w.mu);
+      w.stop = true;
+    }
+    w.cv.notify_one();
+    if (w.formatter.joinable()) w.formatter.join();
+    w.flush();
   }
-  if (impl_->fd >= 0) ::close(impl_->fd);
+  if (w.fd >= 0) ::close(w.fd);
 }
 
 void TraceWriter::on_event(const Event& e) {
   Impl& w = *impl_;
   if (w.disowned.load(std::memory_order_relaxed)) return;
   Record r;
-  r.mono_ns = mono_ns();
+  r.stamp = w.clock.now();
   r.thread = thread_id();
   r.ptr = e.ptr;
   r.size = e.size;
@@ -234,35 +368,39 @@ void TraceWriter::on_event(const Event& e) {
   r.duration_ns = e.duration_ns;
   r.device = e.device;
   r.action = trace_action_of(e.kind);
-  std::lock_guard<std::mutex> lock(w.mu);
-  w.push_locked(r);
+  w.push(r);
   // A failed allocation is often followed by the program dying: put the trace on disk now.
-  if (e.kind == EventKind::oom || e.kind == EventKind::allocate_failure) w.flush_locked();
+  if (e.kind == EventKind::oom || e.kind == EventKind::allocate_failure) w.flush();
 }
 
 void TraceWriter::note_device(int device, std::size_t total_bytes) {
   Impl& w = *impl_;
   if (w.disowned.load(std::memory_order_relaxed)) return;
   Record r{};
-  r.mono_ns = mono_ns();
+  r.stamp = w.clock.now();
   r.thread = thread_id();
   r.size = total_bytes;
   r.requested = total_bytes;
   r.device = device;
   r.action = TraceAction::device;
-  std::lock_guard<std::mutex> lock(w.mu);
-  w.push_locked(r);
+  w.push(r);
 }
 
-void TraceWriter::flush() { flush_impl(impl_.get()); }
+void TraceWriter::flush() {
+  if (!impl_->disowned.load(std::memory_order_relaxed)) impl_->flush();
+}
 
-std::uint64_t TraceWriter::rows() const { return impl_->rows.load(std::memory_order_relaxed); }
+std::uint64_t TraceWriter::rows() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->rows;
+}
 
 const std::string& TraceWriter::path() const { return impl_->path; }
 
 void TraceWriter::flush_all_writers() noexcept {
   for (auto& slot : g_writers) {
-    if (Impl* w = slot.load(std::memory_order_acquire)) flush_impl(w);
+    Impl* w = slot.load(std::memory_order_acquire);
+    if (w != nullptr && !w->disowned.load(std::memory_order_relaxed)) w->flush();
   }
 }
 
@@ -270,10 +408,12 @@ void TraceWriter::flush_all_writers_from_signal() noexcept {
   for (auto& slot : g_writers) {
     Impl* w = slot.load(std::memory_order_acquire);
     if (w == nullptr || w->disowned.load(std::memory_order_relaxed)) continue;
-    // try_lock: the interrupted thread may hold the lock; blocking here would deadlock.
-    if (!w->mu.try_lock()) continue;
-    w->flush_locked();
-    w->mu.unlock();
+    if (!try_lock_for_signal(w->flush_mu)) continue;
+    if (try_lock_for_signal(w->mu)) {
+      w->drain_locked();
+      w->mu.unlock();
+    }
+    w->flush_mu.unlock();
   }
 }
 
