@@ -1,0 +1,22 @@
+# Tests of tools/ (the `cudapool` command): one GoogleTest binary for the pieces, and a scripted
+# CLI test that runs the built command on the sample traces and on broken inputs.
+TOOLS_TEST_SRCS := $(wildcard tests/unit/tools_*.cpp)
+TOOLS_TEST_BIN := $(BUILD)/tests/tools_tests
+$(TOOLS_TEST_BIN): $(TOOLS_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(TOOLS_LINK)
+	@mkdir -p $(@D)
+	$(CXX) $(LDFLAGS) $(TOOLS_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(TOOLS_LINK) $(TOOLS_LDLIBS) $(GTEST_LIBS) -o $@
+TEST_BINS += $(if $(TOOLS_TEST_SRCS),$(TOOLS_TEST_BIN))
+
+# A do-nothing preload library: `run`/`ab` tests need a library to preload without a GPU.
+TOOLS_FAKE_PRELOAD := $(BUILD)/tests/tools/libfake_preload.so
+$(TOOLS_FAKE_PRELOAD): tests/tools/fake_preload.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -shared $< -o $@ $(LDFLAGS)
+
+# The CLI test is a script; this wrapper hands it the build directory (release or sanitizer).
+TOOLS_CLI_TEST := $(BUILD)/tests/tools_cli_test.sh
+$(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TOOLS_FAKE_PRELOAD)
+	@mkdir -p $(@D)
+	printf '#!/usr/bin/env bash\nexec bash tests/tools/cli_test.sh %s\n' "$(BUILD)" > $@
+	chmod +x $@
+TEST_BINS += $(TOOLS_CLI_TEST)

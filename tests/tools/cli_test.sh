@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# CLI tests of `cudapool`: every subcommand on the sample traces and on broken inputs, exit
+# statuses, bad arguments. Usage: bash tests/tools/cli_test.sh [BUILD_DIR]  (default build/release)
+set -u
+build=${1:-build/release}
+cp=$build/cudapool
+fake_lib=$(readlink -f "$build/tests/tools/libfake_preload.so")
+traces=tests/traces
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+
+ok()   { passes=$((passes + 1)); }
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# expect_rc WANT DESCRIPTION -- CMD…   (stdout+stderr to $tmp/out)
+expect_rc() {
+  local want=$1 what=$2; shift 3
+  "$@" >"$tmp/out" 2>&1; local rc=$?
+  if [ "$rc" -eq "$want" ]; then ok; else fail "$what: exit $rc, wanted $want"; sed 's/^/    /' "$tmp/out" | tail -n 15; fi
+}
+expect_out() {  # expect_out REGEX DESCRIPTION: the last command's output matches
+  if grep -Eq -- "$1" "$tmp/out"; then ok; else fail "$2: output lacks /$1/"; sed 's/^/    /' "$tmp/out" | tail -n 15; fi
+}
+
+[ -x "$cp" ] || { echo "FAIL: $cp not built"; exit 1; }
+
+# ---- run -------------------------------------------------------------------------------------
+export CUDAPOOL_LIBRARY=$fake_lib
+unset CUDAPOOL_CONF CUDAPOOL_CONFIG CUDAPOOL_PROFILE
+expect_rc 3 "run passes the exit status" -- "$cp" run -- sh -c 'exit 3'
+LD_PRELOAD= expect_rc 0 "run preloads the library" -- "$cp" run --conf max_split_size_mb:64 --stats "$tmp/s.json" -- \
+  sh -c 'echo "PRELOAD=$LD_PRELOAD"; echo "CONF=$CUDAPOOL_CONF"; grep -c libfake_preload /proc/self/maps'
+expect_out "^PRELOAD=$fake_lib\$" "run sets LD_PRELOAD"
+expect_out "^CONF=max_split_size_mb:64,stats_file:$tmp/s.json\$" "run passes the policy and the stats file"
+expect_out '^[1-9]' "the library is mapped into the child"
+LD_PRELOAD=/other.so expect_rc 0 "run keeps an existing LD_PRELOAD after its own" -- "$cp" run -- sh -c 'echo "P=$LD_PRELOAD"'
+expect_out "^P=$fake_lib:/other.so\$" "LD_PRELOAD order"
+expect_rc 78 "run refuses an invalid policy" -- "$cp" run --conf no_such_key:1 -- true
+expect_out "no_such_key" "the policy error names the key"
+expect_rc 127 "run of a missing program" -- "$cp" run -- /nonexistent/prog
+expect_rc 2 "run without a command" -- "$cp" run --conf max_split_size_mb:64
+CUDAPOOL_LIBRARY=/nonexistent/libcudapool.so expect_rc 66 "run without the library" -- "$cp" run -- true
+expect_out "cannot find libcudapool.so" "missing library message"
+
+# ---- check -----------------------------------------------------------------------------------
+expect_rc 0 "check a valid policy" -- "$cp" check --conf "max_split_size_mb:128,garbage_collection_threshold:0.8"
+expect_out "max_split_size_mb += 128 +\(CUDAPOOL_CONF" "check shows value and origin"
+expect_rc 78 "check an invalid policy" -- "$cp" check --conf "garbage_collection_threshold:1.5"
+expect_out "garbage_collection_threshold" "check names the bad key"
+printf '[policy]\nmax_split_size_mb = 256\n[profiles.infer]\nroundup_power2_divisions = 4\n' > "$tmp/p.toml"
+expect_rc 0 "check a TOML profile" -- "$cp" check --config "$tmp/p.toml" --profile infer
+expect_out "roundup_power2_divisions += 4 " "profile value shown"
+
+# ---- replay ----------------------------------------------------------------------------------
+expect_rc 0 "replay the training trace" -- "$cp" replay $traces/train.csv
+expect_out "M events/s" "replay reports its speed"
+# The sample traces were recorded by the pool under the defaults: the replay must give back the
+# recorded peak reserved (if this fails after a pool change, run tests/traces/generate.sh).
+rec=$(sed -n 's/.*peak reserved \([0-9.]* [KMGT]*i*B\)$/\1/p' "$tmp/out")
+got=$(sed -n 's/^peak reserved *\([0-9.]* [KMGT]*i*B\)$/\1/p' "$tmp/out")
+[ -n "$rec" ] && [ "$rec" = "$got" ] && ok || fail "replay of train.csv: recorded peak '$rec' vs replayed '$got'"
+expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf "" --conf "max_split_size_mb:64"
+expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
+expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
+expect_out "^metric +defaults +max_split_size_mb=64 +max_split_size_mb=256" "sweep columns"
+expect_rc 0 "replay a plain RMM log" -- "$cp" replay $traces/serve_rmm.csv
+expect_out "plain allocation log" "RMM log recognised"
+expect_rc 0 "replay on a small device" -- "$cp" replay $traces/train.csv --device-memory 2GiB --quiet
+expect_out "^OOMs +[1-9]" "a 2 GiB device runs out of memory"
+expect_rc 66 "replay of a missing file" -- "$cp" replay "$tmp/nope.csv"
+expect_out "cannot open trace" "missing file message"
+{ head -n 3 $traces/train.csv; echo "1,16:00:00.000009,allocate,0xZZ,512,0x7,0,512,1764000000000009000,0"; } > "$tmp/bad.csv"
+expect_rc 65 "replay of a malformed trace" -- "$cp" replay "$tmp/bad.csv"
+expect_out "bad.csv:4:" "the error names the line"
+printf 'hello,world\n1,2\n' > "$tmp/junk.csv"
+expect_rc 65 "replay of a file that is no trace" -- "$cp" replay "$tmp/junk.csv"
+expect_out "junk.csv:1:" "header error names line 1"
+head -c 0 /dev/null > "$tmp/empty.csv"
+expect_rc 65 "replay of an empty file" -- "$cp" replay "$tmp/empty.csv"
+head -n 2 $traces/train.csv > "$tmp/noalloc.csv"
+expect_rc 65 "replay of a trace without allocations" -- "$cp" replay "$tmp/noalloc.csv"
+expect_rc 2 "replay with a bad size" -- "$cp" replay $traces/train.csv --device-memory lots
+expect_rc 2 "replay with a bad policy" -- "$cp" replay $traces/train.csv --conf "max_split_size_mb:abc"
+expect_rc 2 "replay with a bad sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb"
+expect_rc 2 "replay without a trace" -- "$cp" replay
+expect_rc 2 "unknown option" -- "$cp" replay $traces/train.csv --frobnicate
+expect_rc 2 "unknown subcommand" -- "$cp" frobnicate
+
+# ---- ab (replay stands in for a GPU program: it reads the policy ab passes and writes the summary)
+expect_rc 0 "ab on replays" -- "$cp" ab --no-preload --a "" --b "max_split_size_mb:64" -n 2 \
+  --json "$tmp/ab.json" --markdown "$tmp/ab.md" -- "$cp" replay --quiet $traces/train.csv
+expect_out "^peak reserved .*×" "ab prints ratios"
+expect_out "^runs ok / failed +2 / 0 +2 / 0" "ab counts runs"
+python3 - "$tmp/ab.json" <<'PY' >"$tmp/out" 2>&1 && ok || { fail "ab JSON"; cat "$tmp/out"; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+a, b = d["variants"]
+assert a["runs"] == 2 and b["runs"] == 2, d
+ra, rb = a["metrics"]["peak_reserved_bytes"]["median"], b["metrics"]["peak_reserved_bytes"]["median"]
+assert ra > 0 and rb > 0 and ra != rb, (ra, rb)   # max_split_size_mb changes this trace's peak
+assert abs(d["ratios"]["peak_reserved_bytes"] - rb / ra) < 1e-9
+PY
+grep -q '^| metric |' "$tmp/ab.md" && ok || fail "ab Markdown"
+expect_rc 1 "ab with failing runs" -- "$cp" ab --no-preload --a "" --b "" -n 1 -- sh -c 'exit 4'
+expect_out "FAILED: exit status 4" "failed run reported"
+expect_rc 1 "ab when no summary is written" -- "$cp" ab --a "" --b "" -n 1 -- true
+expect_out "no summary written" "missing summary reported"
+expect_rc 78 "ab with an invalid policy" -- "$cp" ab --a "" --b "bogus:1" -- true
+expect_rc 2 "ab without --b" -- "$cp" ab --a "" -- true
+
+# ---- tune ------------------------------------------------------------------------------------
+expect_rc 0 "tune the serving trace" -- "$cp" tune $traces/serve.csv --budget 12
+expect_out "^recommended: " "tune recommends"
+n=$(sed -n 's/^\([0-9]*\) policies replayed.*/\1/p' "$tmp/out")
+[ -n "$n" ] && [ "$n" -ge 5 ] && [ "$n" -le 12 ] && ok || fail "tune replayed '$n' policies, budget 12"
+expect_rc 0 "tune with a budget of 3" -- "$cp" tune $traces/serve.csv --budget 3
+expect_out "^3 policies replayed" "tune stops at the budget"
+expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
+
+# ---- report ----------------------------------------------------------------------------------
+expect_rc 0 "report with HTML and Perfetto" -- "$cp" report $traces/train.csv -o "$tmp/r.html" --perfetto "$tmp/p.json"
+expect_out "peak allocated .* peak reserved" "terminal summary"
+python3 - "$tmp/r.html" "$tmp/p.json" <<'PY' >"$tmp/out" 2>&1 && ok || { fail "report page content"; cat "$tmp/out"; }
+# Parse the page: three figures, segments with blocks, nothing fetched from anywhere.
+import json, sys
+from html.parser import HTMLParser
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__(); self.svgs = []; self.cls = {}; self.external = []; self.scripts = 0
+        self.peak = None
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg":
+            self.svgs.append(a.get("id"))
+            if a.get("id") == "timeline": self.peak = int(a["data-peak-reserved"])
+        if tag == "script": self.scripts += 1
+        for k in ("src", "href"):
+            if k in a: self.external.append(a[k])
+        if "class" in a: self.cls[a["class"]] = self.cls.get(a["class"], 0) + 1
+p = P(); p.feed(open(sys.argv[1]).read())
+assert p.svgs == ["timeline", "segments", "sizes"], p.svgs
+assert p.scripts == 0 and not p.external, (p.scripts, p.external)
+assert p.cls.get("segment", 0) > 10 and p.cls.get("block", 0) > p.cls["segment"], p.cls
+assert p.cls.get("size-bar") == 20, p.cls
+assert p.peak and p.peak > 4 * 2**30, p.peak   # the training trace peaks above 4 GiB
+t = json.load(open(sys.argv[2]))
+c = [e for e in t["traceEvents"] if e["ph"] == "C"]
+assert len(c) > 1000 and max(e["args"]["reserved"] for e in c) == p.peak
+PY
+expect_rc 0 "report of a plain RMM log replays it" -- "$cp" report $traces/serve_rmm.csv -o "$tmp/r2.html"
+expect_out "replay under the default policy" "report says where segments came from"
+expect_rc 66 "report to an unwritable place" -- "$cp" report $traces/train.csv -o /nonexistent/dir/r.html
+expect_rc 65 "report of a malformed trace" -- "$cp" report "$tmp/bad.csv"
+
+echo "cli tests: $passes passed, $fails failed"
+if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi

@@ -1,0 +1,199 @@
+// Replay on hand-built traces with known answers (PyTorch's size rules), the simulated device
+// and fences, and the round trip: a trace the pool recorded replays to the recorded peak.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "tools/policies.h"
+#include "tools/replay.h"
+#include "tools/sim_device.h"
+#include "tools/synth.h"
+#include "tools_util.h"
+
+namespace cudapool::tools {
+namespace {
+
+using testing::TraceBuilder;
+
+ReplayResult run(const TraceBuilder& b, const std::string& conf = "", std::optional<std::size_t> memory = {},
+                 std::int64_t latency_ns = 0, FreeMode free_mode = FreeMode::async) {
+  ReplayConfig cfg;
+  cfg.free_mode = free_mode;
+  std::string err;
+  EXPECT_TRUE(pool_options_from_conf(conf, &cfg.pool, &err)) << err;
+  cfg.device_memory = memory;
+  cfg.fence_latency_ns = latency_ns;
+  return replay_trace(prepare_trace(b.rows()), cfg);
+}
+
+std::int64_t peak_reserved(const ReplayResult& r) { return r.stats.reserved_bytes[kAll].peak; }
+
+TEST(ToolsReplay, SegmentSizesFollowPyTorch) {
+  TraceBuilder b;
+  // Largest first, so that no request fits in the remainder of an earlier segment.
+  b.alloc(0x30, 12 * MiB + 16).alloc(0x20, 5 * MiB).alloc(0x10, 1 * MiB);
+  ReplayResult r = run(b);
+  // 1 MiB -> 2 MiB small segment, 5 MiB -> 20 MiB, 12 MiB + 16 B -> 14 MiB.
+  EXPECT_EQ(peak_reserved(r), static_cast<std::int64_t>(36 * MiB));
+  EXPECT_EQ(r.failed_allocations, 0u);
+  EXPECT_EQ(r.ops, 3u);
+}
+
+TEST(ToolsReplay, SweepOfMaxSplitSizeChangesWhatItMust) {
+  // A 100 MiB block is cached, then a 30 MiB request comes: by default it splits the cached
+  // block; with max_split_size_mb:64 the block is oversize and the request needs a new segment.
+  TraceBuilder b;
+  b.alloc(0x1, 100 * MiB).free(0x1, 100 * MiB).alloc(0x2, 30 * MiB);
+  std::vector<NamedConf> confs;
+  std::string err;
+  ASSERT_TRUE(expand_sweep("", "max_split_size_mb=64,128", &confs, &err)) << err;
+  ASSERT_EQ(confs.size(), 2u);
+  EXPECT_EQ(confs[0].conf, "max_split_size_mb:64");
+  EXPECT_EQ(peak_reserved(run(b)), static_cast<std::int64_t>(100 * MiB));
+  EXPECT_EQ(peak_reserved(run(b, confs[0].conf)), static_cast<std::int64_t>(130 * MiB));
+  // 100 MiB is below 128 MiB: not oversize, so the split happens again.
+  EXPECT_EQ(peak_reserved(run(b, confs[1].conf)), static_cast<std::int64_t>(100 * MiB));
+}
+
+TEST(ToolsReplay, ExpandSweepKeepsBracketsAndRejectsJunk) {
+  std::vector<NamedConf> confs;
+  std::string err;
+  ASSERT_TRUE(expand_sweep("garbage_collection_threshold:0.8", "roundup_power2_divisions=[256:1,>:4],8", &confs, &err));
+  ASSERT_EQ(confs.size(), 2u);
+  EXPECT_EQ(confs[0].conf, "garbage_collection_threshold:0.8,roundup_power2_divisions:[256:1,>:4]");
+  EXPECT_EQ(confs[1].name, "roundup_power2_divisions=8");
+  EXPECT_FALSE(expand_sweep("", "max_split_size_mb", &confs, &err));
+  EXPECT_FALSE(expand_sweep("", "max_split_size_mb=64,,128", &confs, &err));
+}
+
+TEST(ToolsReplay, SmallDeviceRunsOutOfMemory) {
+  TraceBuilder b;
+  b.alloc(0x1, GiB).alloc(0x2, GiB).alloc(0x3, GiB).free(0x3, GiB).free(0x1, GiB);
+  ReplayResult r = run(b, "", 2 * GiB + 10 * MiB);
+  EXPECT_EQ(r.failed_allocations, 1u);
+  EXPECT_EQ(r.stats.num_ooms, 1);
+  EXPECT_EQ(r.bad_frees, 0u);  // the free of the failed allocation is skipped, not sent to the pool
+  EXPECT_EQ(peak_reserved(r), static_cast<std::int64_t>(2 * GiB));
+  // The recorded device size is the default.
+  TraceBuilder d;
+  d.device(GiB + 20 * MiB).alloc(0x1, GiB).alloc(0x2, GiB);
+  ReplayResult rd = run(d);
+  EXPECT_EQ(rd.device_memory, GiB + 20 * MiB);
+  EXPECT_EQ(rd.failed_allocations, 1u);
+}
+
+TEST(ToolsReplay, RecordedFailureIsRetried) {
+  TraceBuilder b;
+  b.alloc(0x1, MiB).failure(2 * GiB);
+  EXPECT_EQ(run(b).recorded_failures_served, 1u);
+  EXPECT_EQ(run(b, "", GiB).recorded_failures_served, 0u);
+}
+
+TEST(ToolsReplay, SyncFreeReuseWaitsForTheFenceModel) {
+  // A cudaFree'd block is reusable once a device fence recorded after the free has completed.
+  // The pool records that fence at the next allocation (the 1 KiB one); in the model it completes
+  // by the event after, so with no simulated latency the 100 MiB block is reused. With 1 s of
+  // latency it is still pending and the request needs a segment of its own.
+  TraceBuilder b;
+  b.alloc(0x1, 100 * MiB, 1).free(0x1, 100 * MiB, 1).alloc(0x2, KiB, 1).alloc(0x3, 100 * MiB, 1);
+  const std::int64_t small = 2 * MiB;
+  EXPECT_EQ(peak_reserved(run(b, "", std::nullopt, 0, FreeMode::sync)), static_cast<std::int64_t>(100 * MiB) + small);
+  EXPECT_EQ(peak_reserved(run(b, "", std::nullopt, 1'000'000'000, FreeMode::sync)),
+            static_cast<std::int64_t>(200 * MiB) + small);
+  // free_sync:immediate makes the block reusable on its stream at once, whatever the GPU does.
+  EXPECT_EQ(peak_reserved(run(b, "free_sync:immediate", std::nullopt, 1'000'000'000, FreeMode::sync)),
+            static_cast<std::int64_t>(100 * MiB) + small);
+}
+
+TEST(ToolsReplay, PrepareCountsWhatItSkips) {
+  TraceBuilder b;
+  b.alloc(0x1, MiB, 0, 0)
+      .alloc(0x1, MiB, 0, 1)
+      .alloc(0x2, MiB, 0, 1)
+      .free(0x9, MiB, 0, 1)  // never allocated
+      .free(0x1, MiB, 0, 1);
+  PreparedTrace p = prepare_trace(b.rows());
+  EXPECT_EQ(p.facts.device, 1);  // the busiest device
+  ASSERT_EQ(p.facts.other_devices.size(), 1u);
+  EXPECT_EQ(p.facts.other_devices[0], 0);
+  EXPECT_EQ(p.facts.allocations, 2u);
+  EXPECT_EQ(p.facts.unmatched_frees, 1u);
+  EXPECT_TRUE(p.facts.rmm_only);
+  EXPECT_FALSE(p.facts.recorded_peak_reserved);
+  EXPECT_EQ(p.facts.recorded_peak_allocated, 2 * MiB);
+}
+
+TEST(ToolsSimDevice, UpstreamLimitsAndFenceModel) {
+  SimUpstream up(10 * MiB);
+  void* a = nullptr;
+  void* b = nullptr;
+  EXPECT_EQ(up.allocate(8 * MiB, &a), UpstreamStatus::ok);
+  EXPECT_EQ(up.allocate(4 * MiB, &b), UpstreamStatus::out_of_memory);
+  up.release(a, 8 * MiB);
+  EXPECT_EQ(up.allocate(4 * MiB, &b), UpstreamStatus::ok);
+  EXPECT_NE(a, b);  // addresses are never reused
+  std::size_t free_bytes = 0, total = 0;
+  up.mem_info(&free_bytes, &total);
+  EXPECT_EQ(total, 10 * MiB);
+  EXPECT_EQ(free_bytes, 6 * MiB);
+
+  SimFences f(500);
+  f.advance(5, 1000);
+  FenceHandle h = f.record_stream(3);
+  EXPECT_FALSE(f.query(h));  // same event
+  f.advance(6, 1200);
+  EXPECT_FALSE(f.query(h));  // later event, but the GPU is still 300 ns behind
+  f.advance(7, 1500);
+  EXPECT_TRUE(f.query(h));
+  FenceHandle h2 = f.record_device();
+  f.wait(h2);
+  EXPECT_TRUE(f.query(h2));
+  EXPECT_EQ(f.waits(), 1u);
+  f.release(h);
+  f.release(h2);
+  EXPECT_EQ(f.live(), 0u);
+}
+
+// A trace the pool recorded (the sample-trace generator) replays to exactly what it recorded.
+void round_trip(const std::string& pattern, const std::string& conf) {
+  SynthOptions o;
+  o.pattern = pattern;
+  o.steps = pattern == "train" ? 3 : 60;
+  o.layers = 4;
+  PoolOptions pool;
+  std::string err;
+  ASSERT_TRUE(pool_options_from_conf(conf, &pool, &err)) << err;
+  SynthResult s;
+  ASSERT_TRUE(synthesize_trace(o, pool, &s, &err)) << err;
+  // Through the CSV text and the strict reader, as a file would go.
+  std::string csv = std::string(trace_header()) + "\n";
+  for (const auto& r : s.rows) csv += format_trace_row(r) + "\n";
+  std::istringstream in(csv);
+  TraceReader reader(in);
+  std::vector<TraceRow> rows;
+  TraceRow row;
+  while (reader.next(&row)) rows.push_back(row);
+  ASSERT_EQ(reader.error(), "");
+  ASSERT_EQ(rows.size(), s.rows.size());
+  PreparedTrace p = prepare_trace(rows);
+  ASSERT_TRUE(p.facts.recorded_peak_reserved);
+  ASSERT_GT(*p.facts.recorded_peak_reserved, 0u);
+  ReplayConfig cfg;
+  cfg.pool = pool;
+  ReplayResult r = replay_trace(p, cfg);
+  EXPECT_EQ(r.device_memory, o.device_memory);
+  EXPECT_EQ(static_cast<std::size_t>(r.stats.reserved_bytes[kAll].peak), *p.facts.recorded_peak_reserved)
+      << pattern << " " << conf;
+  EXPECT_EQ(r.bad_frees, 0u);
+  EXPECT_EQ(r.failed_allocations, 0u);
+}
+
+TEST(ToolsReplay, RoundTripReproducesRecordedPeakReserved) {
+  round_trip("train", "");
+  round_trip("serve", "");
+  round_trip("train", "max_split_size_mb:64");
+  round_trip("serve", "roundup_power2_divisions:4");
+}
+
+}  // namespace
+}  // namespace cudapool::tools

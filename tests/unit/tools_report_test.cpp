@@ -1,0 +1,128 @@
+// report: the analysis of a hand-built trace, the HTML page's content and the Perfetto JSON.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "telemetry/json.h"
+#include "tools/analysis.h"
+#include "tools/render.h"
+#include "tools_util.h"
+
+namespace cudapool::tools {
+namespace {
+
+using testing::TraceBuilder;
+
+std::size_t count(const std::string& hay, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// Two segments; the peak is after the second segment arrives with three live blocks.
+TraceBuilder sample() {
+  TraceBuilder b;
+  b.device(GiB)
+      .segment(0x100000, 20 * MiB)
+      .alloc(0x100000, 5 * MiB)
+      .alloc(0x100000 + 5 * MiB, 5 * MiB)
+      .free(0x100000, 5 * MiB)
+      .segment(0x4000000, 30 * MiB)
+      .alloc(0x4000000, 30 * MiB)
+      .alloc(0x100000 + 10 * MiB, 2 * MiB)
+      .free(0x4000000, 30 * MiB)
+      .segment_free(0x4000000, 30 * MiB);
+  return b;
+}
+
+TEST(ToolsAnalysis, PeaksAndSegmentMap) {
+  TraceReport r = analyze_rows(sample().rows(), 0);
+  EXPECT_EQ(r.peak_reserved, static_cast<std::int64_t>(50 * MiB));
+  EXPECT_EQ(r.peak_allocated, static_cast<std::int64_t>(37 * MiB));
+  EXPECT_EQ(r.snapshot_allocated, static_cast<std::int64_t>(37 * MiB));  // fullest moment at peak reserved
+  ASSERT_EQ(r.segments_at_peak.size(), 2u);
+  EXPECT_EQ(r.segments_at_peak[0].size, 20 * MiB);
+  ASSERT_EQ(r.segments_at_peak[0].blocks.size(), 2u);
+  EXPECT_EQ(r.segments_at_peak[0].blocks[0].offset, 5 * MiB);
+  EXPECT_EQ(r.segments_at_peak[0].blocks[1].offset, 10 * MiB);
+  ASSERT_EQ(r.segments_at_peak[1].blocks.size(), 1u);
+  EXPECT_EQ(r.segments_at_peak[1].blocks[0].size, 30 * MiB);
+  ASSERT_GE(r.largest_sizes.size(), 3u);
+  EXPECT_EQ(r.largest_sizes[0].size, 30 * MiB);
+  EXPECT_EQ(r.largest_sizes[1].size, 5 * MiB);
+  EXPECT_EQ(r.largest_sizes[1].count, 2u);
+  EXPECT_EQ(r.segment_allocs, 2u);
+  EXPECT_EQ(r.segment_frees, 1u);
+}
+
+TEST(ToolsAnalysis, DownsampleKeepsThePeak) {
+  std::vector<TimePoint> pts;
+  for (int i = 0; i < 10000; ++i) pts.push_back({i, i == 4321 ? 999999 : i % 100, i == 7777 ? 888888 : 50});
+  auto d = downsample(pts, 200);
+  EXPECT_LE(d.size(), 202u);
+  bool has_a = false, has_r = false;
+  for (const auto& p : d) {
+    has_a |= p.allocated == 999999;
+    has_r |= p.reserved == 888888;
+  }
+  EXPECT_TRUE(has_a);
+  EXPECT_TRUE(has_r);
+  for (std::size_t i = 1; i < d.size(); ++i) EXPECT_LT(d[i - 1].t_ns, d[i].t_ns);
+}
+
+TEST(ToolsRender, HtmlIsSelfContainedAndShowsTheTrace) {
+  TraceReport r = analyze_rows(sample().rows(), 0);
+  ReportContext ctx;
+  ctx.title = "sample <trace>";
+  ctx.device_memory = GiB;
+  std::string html = render_html(r, ctx);
+  // Self-contained: no script, no external resource of any kind.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_FALSE(std::regex_search(html, std::regex(R"((src|href)\s*=)")));
+  EXPECT_EQ(html.find("url("), std::string::npos);
+  EXPECT_NE(html.find("sample &lt;trace&gt;"), std::string::npos);  // escaped title
+  // The three figures, with the exact numbers in data attributes.
+  EXPECT_NE(html.find("<svg id=\"timeline\""), std::string::npos);
+  EXPECT_NE(html.find("data-peak-reserved=\"" + std::to_string(50 * MiB) + "\""), std::string::npos);
+  EXPECT_NE(html.find("<svg id=\"segments\""), std::string::npos);
+  EXPECT_EQ(count(html, "class=\"segment\""), 2u);
+  EXPECT_EQ(count(html, "class=\"block\""), 3u);
+  EXPECT_EQ(count(html, "class=\"size-bar\""), r.largest_sizes.size());
+  EXPECT_EQ(count(html, "<path class=\"allocated\""), 1u);
+  EXPECT_EQ(count(html, "<path class=\"reserved\""), 1u);
+  EXPECT_NE(html.find("50.00 MiB"), std::string::npos);  // peak reserved in the summary table
+  EXPECT_EQ(count(html, "<svg"), count(html, "</svg>"));
+}
+
+TEST(ToolsRender, PerfettoJsonHasCounterTracks) {
+  TraceBuilder b = sample();
+  b.add(TraceAction::oom, 0, 64 * MiB, 0);
+  TraceReport r = analyze_rows(b.rows(), 0);
+  std::string js = render_perfetto(r, b.rows());
+  json::Value doc;
+  std::string err;
+  ASSERT_TRUE(json::parse(js, &doc, &err)) << err;
+  const json::Value* events = doc.find("traceEvents");
+  ASSERT_TRUE(events);
+  std::size_t counters = 0, instants = 0;
+  double last_ts = -1;
+  for (const auto& e : events->items) {
+    std::string ph = e.find("ph")->s;
+    if (ph == "C") {
+      ++counters;
+      ASSERT_TRUE(e.find("args")->find("allocated"));
+      ASSERT_TRUE(e.find("args")->find("reserved"));
+      EXPECT_GE(e.find("ts")->as_double(), last_ts);
+      last_ts = e.find("ts")->as_double();
+    }
+    if (ph == "i") {
+      ++instants;
+      EXPECT_EQ(e.find("name")->s, "oom");
+    }
+  }
+  EXPECT_EQ(counters, r.timeline.size());
+  EXPECT_EQ(instants, 1u);
+}
+
+}  // namespace
+}  // namespace cudapool::tools

@@ -1,0 +1,74 @@
+// tune: the search finds the policy a hand-built trace calls for, respects the budget and bound.
+#include <gtest/gtest.h>
+
+#include "tools/tune.h"
+#include "tools_util.h"
+
+namespace cudapool::tools {
+namespace {
+
+using testing::TraceBuilder;
+
+// A cached 100 MiB block is split by a 30 MiB request, so the next 100 MiB request needs a new
+// segment (200 MiB reserved). With max_split_size_mb <= 64 the 30 MiB request gets its own segment
+// and the 100 MiB block is reused (130 MiB).
+TraceBuilder fragmenting() {
+  TraceBuilder b;
+  b.alloc(0x1, 100 * MiB).free(0x1, 100 * MiB).alloc(0x2, 30 * MiB).alloc(0x3, 100 * MiB);
+  return b;
+}
+
+TEST(ToolsTune, RecommendsMaxSplitSizeWhenItHelps) {
+  PreparedTrace p = prepare_trace(fragmenting().rows());
+  TuneConfig cfg;
+  TuneResult res;
+  std::string err;
+  ASSERT_TRUE(tune(p, default_search_space(p.facts), cfg, &res, &err)) << err;
+  ASSERT_FALSE(res.ranked.empty());
+  const Candidate& best = res.ranked.front();
+  EXPECT_TRUE(best.feasible);
+  EXPECT_NE(best.conf.find("max_split_size_mb:"), std::string::npos) << best.conf;
+  EXPECT_EQ(best.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(130 * MiB));
+  const Candidate& def = res.ranked[res.default_index];
+  EXPECT_EQ(def.conf, "");
+  EXPECT_EQ(def.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(200 * MiB));
+  // Ranked: feasible first, then by peak reserved.
+  for (std::size_t i = 1; i < res.ranked.size(); ++i) {
+    const auto& a = res.ranked[i - 1];
+    const auto& b = res.ranked[i];
+    if (a.feasible == b.feasible)
+      EXPECT_LE(a.result.stats.reserved_bytes[kAll].peak, b.result.stats.reserved_bytes[kAll].peak);
+    else
+      EXPECT_TRUE(a.feasible);
+  }
+}
+
+TEST(ToolsTune, DefaultsWinWhenNothingHelpsAndBudgetHolds) {
+  TraceBuilder b;
+  b.alloc(0x1, 100 * MiB).free(0x1, 100 * MiB).alloc(0x2, 100 * MiB);
+  PreparedTrace p = prepare_trace(b.rows());
+  TuneConfig cfg;
+  cfg.budget = 3;
+  TuneResult res;
+  std::string err;
+  ASSERT_TRUE(tune(p, default_search_space(p.facts), cfg, &res, &err)) << err;
+  EXPECT_LE(res.ranked.size(), 3u);
+  EXPECT_EQ(res.ranked.front().conf, "");  // ties go to fewer changed keys
+}
+
+TEST(ToolsTune, BoundExcludesPoliciesWithTooManyUpstreamCalls) {
+  PreparedTrace p = prepare_trace(fragmenting().rows());
+  TuneConfig cfg;
+  cfg.call_bound = 1.0;
+  TuneResult res;
+  std::string err;
+  ASSERT_TRUE(tune(p, default_search_space(p.facts), cfg, &res, &err)) << err;
+  for (const auto& c : res.ranked) {
+    auto calls = c.result.stats.num_device_alloc + c.result.stats.num_device_free;
+    EXPECT_EQ(c.feasible, static_cast<double>(calls) <= res.call_limit && c.result.stats.num_ooms == 0) << c.conf;
+  }
+  EXPECT_TRUE(res.ranked.front().feasible);
+}
+
+}  // namespace
+}  // namespace cudapool::tools
