@@ -33,6 +33,9 @@ build() {  # build NAME command...
 done
 [ "$WHAT" = torch ] || build correctness_shared "$NVCC" "${FLAGS[@]}" -cudart shared -Xlinker -rpath -Xlinker "$CUDA_LIB" \
   -o "$DIR/correctness_shared" tests/gpu/correctness.cu
+# Driver API only, linked with -lcuda (the toolkit's stub at build time, libcuda.so.1 at run time).
+[ "$WHAT" = torch ] || build driver_api "$NVCC" -cudart none -O2 -std=c++17 -Xcompiler=-Wall,-Wextra \
+  -o "$DIR/driver_api" tests/gpu/driver_api.cpp -lcuda
 [ "$WHAT" = torch ] || build nvml_peak "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -o "$DIR/nvml_peak" tests/gpu/nvml_peak.cpp -ldl
 
 torch_pid=

@@ -2,13 +2,16 @@
 // with and without LD_PRELOAD. Built twice by run.sh (static cudart, nvcc's default, and
 // -cudart shared) because the two reach the driver differently.
 //
-// What would make the output differ: two live blocks sharing bytes (patterns clash), a block
-// shorter than asked (pattern check reads past it), misalignment, pitch allocations that are too
-// narrow, error codes for zero-size or bad frees that the real driver would not return, and
-// address-range / pointer-attribute answers that describe the segment instead of the block.
+// What would make the output differ: two live blocks sharing bytes (patterns clash, also between
+// host threads allocating at once), a block shorter than asked (pattern check reads past it),
+// misalignment, pitch allocations that are too narrow, error codes for zero-size or bad frees
+// that the real driver would not return, and address-range / pointer-attribute answers that
+// describe the segment instead of the block.
 #include <cuda.h>  // types for the driver entry point looked up below; no -lcuda needed
 
+#include <atomic>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -28,7 +31,7 @@ std::uint64_t pick_size(Rng& rng) {
   return (4ull << 20) + rng.below(60ull << 20);                  // large
 }
 
-unsigned long long g_calls = 0;  // cudaMalloc + cudaMallocPitch calls issued
+std::atomic<unsigned long long> g_calls{0};  // cudaMalloc + cudaMallocPitch calls issued
 
 // Live ranges must never overlap; returns the number of overlaps `p` creates.
 int overlaps(const std::map<std::uintptr_t, std::uint64_t>& live, std::uintptr_t p, std::uint64_t n) {
@@ -83,6 +86,53 @@ void random_workload(unsigned long long* d_bad, unsigned long long* d_sum) {
     if (s.p) CK(cudaFree(s.p));
   std::printf("random: corrupted_bytes=%llu overlaps=%d misaligned=%d checksum=%llu\n", bad_total,
               overlap_errors, misaligned, checksum);
+}
+
+// Several host threads allocate, fill, check and free at once, each on its own per-thread
+// default stream; contents must stay each thread's own. The checksum is a sum over threads, so it
+// does not depend on how they interleave.
+void threaded_workload() {
+  constexpr int kThreads = 8, kIters = 600;
+  std::vector<unsigned long long> bad(kThreads, 0), sums(kThreads, 0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([t, &bad, &sums] {
+      Rng rng(500 + t);
+      unsigned long long* acc = nullptr;  // [0] bad, [1] sum
+      CK(cudaMalloc(&acc, 2 * sizeof(unsigned long long)));
+      ++g_calls;
+      CK(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned long long), cudaStreamPerThread));
+      std::vector<Slot> mine(16);
+      for (int it = 0; it < kIters; ++it) {
+        Slot& s = mine[rng.below(mine.size())];
+        if (s.p) {
+          check_pattern<<<grid_for(s.n), 256, 0, cudaStreamPerThread>>>(s.p, s.n, s.tag, acc, acc + 1);
+          CK(cudaFree(s.p));  // the check above is still queued: cudaFree must wait for it
+          s = Slot{};
+        } else {
+          s.n = 1 + rng.below(rng.below(4) == 0 ? (2u << 20) : (48u << 10));
+          s.tag = static_cast<std::uint32_t>(t * 100000 + it);
+          CK(cudaMalloc(&s.p, s.n));
+          ++g_calls;
+          fill_pattern<<<grid_for(s.n), 256, 0, cudaStreamPerThread>>>(s.p, s.n, s.tag);
+        }
+      }
+      for (Slot& s : mine)
+        if (s.p) {
+          check_pattern<<<grid_for(s.n), 256, 0, cudaStreamPerThread>>>(s.p, s.n, s.tag, acc, acc + 1);
+          CK(cudaFree(s.p));
+        }
+      unsigned long long h[2];
+      CK(cudaMemcpyAsync(h, acc, sizeof h, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+      CK(cudaStreamSynchronize(cudaStreamPerThread));
+      CK(cudaFree(acc));
+      bad[t] = h[0];
+      sums[t] = h[1];
+    });
+  for (auto& th : ts) th.join();
+  unsigned long long b = 0, sum = 0;
+  for (int t = 0; t < kThreads; ++t) b += bad[t], sum += sums[t];
+  std::printf("threads: corrupted_bytes=%llu checksum=%llu\n", b, sum);
 }
 
 void pitch_workload() {
@@ -192,12 +242,13 @@ int main() {
   CK(cudaMalloc(&scratch, 2 * sizeof(unsigned long long)));
   ++g_calls;
   random_workload(scratch, scratch + 1);
+  threaded_workload();
   pitch_workload();
   edge_cases();
   range_queries();
   CK(cudaFree(scratch));
   CK(cudaDeviceSynchronize());
   // On stderr, so stdout stays comparable: run.sh sets it against num_device_alloc in the stats.
-  std::fprintf(stderr, "alloc_calls=%llu\n", g_calls);
+  std::fprintf(stderr, "alloc_calls=%llu\n", g_calls.load());
   return 0;
 }

@@ -97,7 +97,7 @@ if [ "$BUILD" = 1 ]; then
   cp "$BIN"/build-*.log "$OUT/logs/" 2>/dev/null
 fi
 missing=()
-for p in correctness correctness_shared race stream_ordered graph_capture device_reset legacy_app alloc_bench nvml_peak; do
+for p in correctness correctness_shared driver_api race stream_ordered graph_capture device_reset legacy_app alloc_bench nvml_peak; do
   [ -x "$BIN/$p" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -132,6 +132,10 @@ if want correctness; then
     "${REPORT[@]}" compare "$OUT" "correctness ($kind cudart): output" "correct_${kind}_ref" "correct_${kind}_shim"
     "${REPORT[@]}" pooled "$OUT" "correctness ($kind cudart): served by the pool" "correct_${kind}_shim"
   done
+  run driver_ref 60 -- "$BIN/driver_api"
+  run driver_shim 60 $(shim_env driver_shim) -- "$BIN/driver_api"
+  "${REPORT[@]}" compare "$OUT" "driver API, -lcuda: output" driver_ref driver_shim
+  "${REPORT[@]}" pooled "$OUT" "driver API, -lcuda: served by the pool" driver_shim
 fi
 
 # ---------------------------------------------------------------- 2. cross-stream reuse race

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
-for p in correctness correctness_shared race stream_ordered graph_capture device_reset legacy_app \
+for p in correctness correctness_shared driver_api race stream_ordered graph_capture device_reset legacy_app \
          alloc_bench torch_alloc_bench nvml_peak; do
   ln -s "$PWD/tests/gpu/mock/fakeprog" "$work/bin/$p"
 done
@@ -31,6 +31,7 @@ r=$work/good/results.tsv
 expect "$r" "shim loads" PASS
 expect "$r" "correctness (static cudart): output" PASS
 expect "$r" "correctness (shared cudart): served by the pool" PASS
+expect "$r" "driver API, -lcuda: served by the pool" PASS
 expect "$r" "reuse race, default (fenced)" PASS
 expect "$r" "reuse race, free_sync:immediate shows it" PASS
 expect "$r" "cudaDeviceReset mid-run" PASS
