@@ -200,7 +200,8 @@ def race_total(run):
 
 def cmd_race(out):
     ref = race_total(Run(out, "race_ref"))
-    for name, label in (("race_default", "default (fenced)"), ("race_device", "free_sync:device")):
+    for name, label in (("race_default", "default (fenced)"), ("race_device", "free_sync:device"),
+                        ("race_expandable", "expandable_segments")):
         run = Run(out, name)
         got = race_total(run)
         if got is None:

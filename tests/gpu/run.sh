@@ -132,6 +132,9 @@ if want correctness; then
     "${REPORT[@]}" compare "$OUT" "correctness ($kind cudart): output" "correct_${kind}_ref" "correct_${kind}_shim"
     "${REPORT[@]}" pooled "$OUT" "correctness ($kind cudart): served by the pool" "correct_${kind}_shim"
   done
+  # Issue 7: the same program with the pool growing by mapped pages instead of segments.
+  run correct_static_exp 60 $(shim_env correct_static_exp expandable_segments:True) -- "$BIN/correctness"
+  "${REPORT[@]}" compare "$OUT" "correctness, expandable_segments: output" correct_static_ref correct_static_exp
   run driver_ref 60 -- "$BIN/driver_api"
   run driver_shim 60 $(shim_env driver_shim) -- "$BIN/driver_api"
   "${REPORT[@]}" compare "$OUT" "driver API, -lcuda: output" driver_ref driver_shim
@@ -144,6 +147,7 @@ if want race; then
   run race_default 60 $(shim_env race_default) -- "$BIN/race"
   run race_device 60 $(shim_env race_device free_sync:device) -- "$BIN/race"
   run race_immediate 60 $(shim_env race_immediate free_sync:immediate) -- "$BIN/race"
+  run race_expandable 60 $(shim_env race_expandable expandable_segments:True) -- "$BIN/race"
   "${REPORT[@]}" race "$OUT"
 fi
 

@@ -34,6 +34,8 @@ expect "$r" "correctness (shared cudart): served by the pool" PASS
 expect "$r" "driver API, -lcuda: served by the pool" PASS
 expect "$r" "reuse race, default (fenced)" PASS
 expect "$r" "reuse race, free_sync:immediate shows it" PASS
+expect "$r" "reuse race, expandable_segments" PASS
+expect "$r" "correctness, expandable_segments" PASS
 expect "$r" "cudaDeviceReset mid-run" PASS
 expect "$r" "cudaMalloc during global capture" FAIL   # the mock pool answers 0 where CUDA says 900
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" PASS
