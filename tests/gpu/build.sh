@@ -43,7 +43,7 @@ if [ "$WHAT" != cuda ] && [ "${TORCH_BENCH:-1}" != 0 ]; then
   TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
   if [ -n "$TORCH_DIR" ]; then
     rm -f "$DIR/torch_alloc_bench"
-    ( timeout 300 "${CXX:-g++}" -std=c++20 -O2 -I"$TORCH_DIR/include" -I"$(dirname "$NVCC")/../include" \
+    ( timeout 150 "${CXX:-g++}" -std=c++20 -O2 -I"$TORCH_DIR/include" -I"$(dirname "$NVCC")/../include" \
         tests/gpu/torch_alloc_bench.cpp -o "$DIR/torch_alloc_bench" \
         -L"$TORCH_DIR/lib" -lc10_cuda -lc10 -Wl,-rpath,"$TORCH_DIR/lib" -pthread \
         >"$DIR/build-torch_alloc_bench.log" 2>&1 || echo "torch_alloc_bench did not build (see $DIR/build-torch_alloc_bench.log)" ) &
