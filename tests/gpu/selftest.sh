@@ -63,6 +63,17 @@ OUT=$work/late GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race GP
   bash tests/gpu/run.sh >"$work/late.txt" 2>&1
 expect "$work/late/results.tsv" "reuse race, default (fenced)" MISS
 
+# The latency harness itself, over host malloc: it must end (bounded bursts and loops) and print
+# one well-formed line per size x pattern and per thread count.
+if "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$work/host_bench" tests/gpu/mock/host_bench.cpp; then
+  timeout 30 "$work/host_bench" >"$work/host_bench.csv"
+  lines=$(awk -F, 'NR > 1 && NF == 10 && $10 == 0 && ($3 == "threads" ? $9 > 0 : $6 > 0 && $7 > 0)' "$work/host_bench.csv" | wc -l)
+  if [ "$lines" = 19 ]; then echo "PASS latency harness: 19 measurements"
+  else echo "FAIL latency harness: $lines good lines of 19"; cat "$work/host_bench.csv"; failures=$((failures + 1)); fi
+else
+  echo "FAIL latency harness does not compile warning-free"; failures=$((failures + 1))
+fi
+
 # The Python workloads' verdicts, from hand-made results: identical losses and a small peak pass;
 # a loss that differs in the last bit, a slower step or a larger peak fail.
 python3 - "$work/py" <<'PY'
