@@ -83,7 +83,8 @@ constexpr auto kPeriod = std::chrono::milliseconds(200);
 
 // Bounded wait for a lock from a signal handler: the holder is another thread that will let go
 // within microseconds; if the holder is the interrupted thread itself, give up rather than hang.
-bool try_lock_for_signal(std::mutex& m) noexcept {
+template <class Lockable>
+bool try_lock_for_signal(Lockable& m) noexcept {
   for (int i = 0; i < 2000; ++i) {
     if (m.try_lock()) return true;
     timespec ts{0, 25'000};  // 25 µs; nanosleep is async-signal-safe
@@ -92,18 +93,41 @@ bool try_lock_for_signal(std::mutex& m) noexcept {
   return false;
 }
 
+// The hot-path lock. Critical sections are a 64-byte copy or a pointer swap, so a spinning
+// test-and-test-and-set lock (one atomic exchange to take, a plain store to release) beats
+// std::mutex (two atomic read-modify-writes). Spinners yield after a while in case the holder
+// was preempted.
+class SpinLock {
+ public:
+  void lock() noexcept {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      for (int spins = 0; flag_.load(std::memory_order_relaxed); ++spins) {
+        if (spins > 64) sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+        else __builtin_ia32_pause();
+#endif
+      }
+    }
+  }
+  bool try_lock() noexcept {
+    return !flag_.load(std::memory_order_relaxed) && !flag_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
 }  // namespace
 
 struct TraceWriter::Impl {
   // ---- guarded by mu ----
-  std::mutex mu;
-  std::condition_variable cv;
+  SpinLock mu;
   Buffer active;
   std::array<Buffer, kBuffers> filled{};  // FIFO ring of full buffers
   std::size_t filled_head = 0, filled_count = 0;
   std::array<Record*, kBuffers> spare{};
   std::size_t spare_count = 0;
-  bool stop = false;
   std::uint64_t rows = 0;  // recorded so far (a plain counter: we hold mu anyway)
   // ---- guarded by flush_mu (the file side) ----
   std::mutex flush_mu;
@@ -116,6 +140,13 @@ struct TraceWriter::Impl {
   std::int64_t utc_offset_s = 0;
   std::array<Record*, kBuffers> all_records{};
   std::thread formatter;
+  // Wakes the formatter when a buffer fills. The producer notifies without taking wake_mu, so a
+  // wake-up can be missed; the formatter also wakes every kPeriod, and back-pressure in push()
+  // keeps correctness independent of it.
+  std::mutex wake_mu;
+  std::condition_variable wake_cv;
+  std::atomic<bool> wake{false};
+  std::atomic<bool> stop{false};
   // ---- atomics ----
   std::atomic<bool> write_failed{false};
   // Set in a forked child: the trace belongs to the parent; the child's copy must never write
@@ -171,7 +202,7 @@ struct TraceWriter::Impl {
   }
 
   // Everything buffered goes to the file: filled buffers oldest first, then the active one.
-  // Caller holds flush_mu and mu.
+  // Caller holds flush_mu and mu (the signal path, which must not wait on anything).
   void drain_locked() noexcept {
     while (filled_count > 0) {
       Buffer b = pop_filled_locked();
@@ -183,15 +214,15 @@ struct TraceWriter::Impl {
   }
 
   // Formats the oldest filled buffer, if any. Caller holds flush_mu, not mu.
-  bool write_oldest() {
+  bool write_oldest() noexcept {
     Buffer b;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      std::lock_guard<SpinLock> lock(mu);
       if (filled_count == 0) return false;
       b = pop_filled_locked();
     }
     write_buffer(b.records, b.count);
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<SpinLock> lock(mu);
     spare[spare_count++] = b.records;
     return true;
   }
@@ -200,28 +231,29 @@ struct TraceWriter::Impl {
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, nullptr);
-    std::unique_lock<std::mutex> lock(mu);
-    while (!stop) {
-      if (filled_count == 0 &&
-          !cv.wait_for(lock, kPeriod, [this] { return stop || filled_count > 0; })) {
-        rotate_locked();  // periodic: make recent rows visible in the file
-      }
-      if (filled_count == 0) continue;
-      lock.unlock();
+    while (true) {
       {
-        std::lock_guard<std::mutex> f(flush_mu);
-        while (write_oldest()) {
-        }
+        std::unique_lock<std::mutex> wl(wake_mu);
+        wake_cv.wait_for(wl, kPeriod, [this] { return stop.load() || wake.load(); });
+        wake.store(false);
       }
-      lock.lock();
+      if (stop.load()) return;
+      std::lock_guard<std::mutex> f(flush_mu);
+      {
+        std::lock_guard<SpinLock> lock(mu);
+        if (filled_count == 0) rotate_locked();  // periodic: make recent rows visible
+      }
+      while (write_oldest()) {
+      }
     }
   }
 
-  void push(const Record& r) {
-    std::unique_lock<std::mutex> lock(mu);
+  void push(const Record& r) noexcept {
+    std::unique_lock<SpinLock> lock(mu);
     while (active.count == capacity) {
       if (rotate_locked()) {
-        cv.notify_one();
+        wake.store(true, std::memory_order_relaxed);
+        wake_cv.notify_one();
         break;
       }
       // No spare: the formatter is behind. Format the oldest buffer here (lock order is
@@ -237,10 +269,24 @@ struct TraceWriter::Impl {
     ++rows;
   }
 
+  // Writes every row recorded before the call. mu is held only to move buffers, so producers
+  // are not stalled while rows are formatted.
   void flush() noexcept {
     std::lock_guard<std::mutex> f(flush_mu);
-    std::lock_guard<std::mutex> lock(mu);
-    drain_locked();
+    {
+      std::unique_lock<SpinLock> lock(mu);
+      // No spare means every other buffer is filled: write the oldest first (order), then move
+      // the active buffer behind the rest.
+      while (active.count > 0 && !rotate_locked()) {
+        Buffer b = pop_filled_locked();
+        lock.unlock();
+        write_buffer(b.records, b.count);
+        lock.lock();
+        spare[spare_count++] = b.records;
+      }
+    }
+    while (write_oldest()) {
+    }
   }
 };
 
@@ -345,10 +391,10 @@ TraceWriter::~TraceWriter() {
     if (w.formatter.joinable()) w.formatter.detach();
   } else {
     {
-      std::lock_guard<std::mutex> lock(w.mu);
-      w.stop = true;
+      std::lock_guard<std::mutex> wl(w.wake_mu);
+      w.stop.store(true);
     }
-    w.cv.notify_one();
+    w.wake_cv.notify_one();
     if (w.formatter.joinable()) w.formatter.join();
     w.flush();
   }
@@ -391,7 +437,7 @@ void TraceWriter::flush() {
 }
 
 std::uint64_t TraceWriter::rows() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<SpinLock> lock(impl_->mu);
   return impl_->rows;
 }
 
