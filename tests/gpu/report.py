@@ -336,8 +336,9 @@ def cmd_latency(out):
             e = data.get((l, "threads", 64 << 10, n))
             cells.append("—" if e is None else ("FAILED" if e["failed"] else f"{e['pps']:.3g}"))
         md.append(f"| {n} | " + " | ".join(cells) + " |")
-    md += ["", "Bursts: free N held blocks then allocate N again, N = 100 (fewer above 160 MiB so a "
-           "burst holds at most 16 GiB); value = burst time / N."]
+    md += ["", "Tight: samples are batches of 32 pairs (single pairs when one takes over 5 us), so p99 is "
+           "over batches. Bursts: free N held blocks then allocate N again, N = 100 (fewer above 160 MiB "
+           "so a burst holds at most 16 GiB); a sample is burst time / N."]
     add_detail(out, "latency", "\n".join(md))
 
 
