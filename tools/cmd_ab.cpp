@@ -25,6 +25,7 @@ struct AbOptions {
   std::string a, b, baseline, json, markdown;
   int n = 3;
   bool no_preload = false;
+  bool hide_output = false;
   LaunchSettings launch;  // --config / --profile shared by every run
   std::vector<std::string> command;
 };
@@ -101,7 +102,7 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
       if (o.no_preload) changes.erase("LD_PRELOAD");  // the caller's LD_PRELOAD stays as it is
       auto env = build_environment(changes);
       std::fflush(nullptr);
-      ChildResult r = run_child(command, env);
+      ChildResult r = run_child(command, env, o.hide_output);
       Summary summary;
       std::string err;
       // The library writes the summary at exit; an empty file means it never did.
@@ -155,6 +156,7 @@ void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status) {
   sub->add_option("--markdown", o->markdown, "write the table as Markdown");
   sub->add_flag("--no-preload", o->no_preload,
                  "do not preload libcudapool.so (CMD loads it itself, or is `cudapool replay`)");
+  sub->add_flag("--hide-output", o->hide_output, "send CMD's stdout and stderr to /dev/null");
   add_launch_options(sub, &o->launch, false);
   sub->add_option("command", o->command, "the program and its arguments (after --)");
   sub->callback([o, &tail, exit_status] { *exit_status = ab_main(*o, tail); });

@@ -21,3 +21,22 @@ $(GEN_TRACE_BIN): $(BUILD)/tools/gen_trace_main.o $(TOOLS_LINK)
 
 PROGRAMS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)
 INSTALL_BINS += $(CUDAPOOL_BIN)
+
+# The demo on the sample traces (no GPU needed). `make demo` runs it; the top-level Makefile may
+# add its own steps to `demo` as well (a rule without a recipe only adds a prerequisite).
+TOOLS_DEMO_DIR := $(BUILD)/demo
+.PHONY: demo tools-demo
+demo: tools-demo
+tools-demo: $(CUDAPOOL_BIN)
+	@mkdir -p $(TOOLS_DEMO_DIR)
+	@echo; echo "== cudapool replay: a training trace under two policies (simulated 16 GiB device)"
+	$(CUDAPOOL_BIN) replay tests/traces/train.csv --conf "" --conf "max_split_size_mb:256"
+	@echo; echo "== cudapool replay --sweep: one key, several values, on a serving trace"
+	$(CUDAPOOL_BIN) replay tests/traces/serve.csv --sweep "roundup_power2_divisions=2,4,8" --quiet
+	@echo; echo "== cudapool ab: A/B with repeated runs (replay stands in for the GPU program)"
+	$(CUDAPOOL_BIN) ab --no-preload --hide-output --a "" --b "max_split_size_mb:256" -n 3 -- \
+	  $(CUDAPOOL_BIN) replay --quiet tests/traces/train.csv
+	@echo; echo "== cudapool tune: search the policy space on the serving trace"
+	$(CUDAPOOL_BIN) tune tests/traces/serve.csv --top 8
+	@echo; echo "== cudapool report: terminal summary, HTML page, Perfetto trace"
+	$(CUDAPOOL_BIN) report tests/traces/train.csv -o $(TOOLS_DEMO_DIR)/train.html --perfetto $(TOOLS_DEMO_DIR)/train.perfetto.json

@@ -55,7 +55,8 @@ int exec_replace(const std::vector<std::string>& argv, const std::vector<std::st
   return exec_failure_status(err);
 }
 
-ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                      bool hide_output) {
   ChildResult result;
   if (argv.empty()) return result;
   // Prepare everything before fork: only async-signal-safe calls are allowed in the child.
@@ -72,6 +73,14 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
   }
   if (pid == 0) {
     close(pipefd[0]);
+    if (hide_output) {
+      int null = open("/dev/null", O_WRONLY);
+      if (null >= 0) {
+        dup2(null, 1);
+        dup2(null, 2);
+        close(null);
+      }
+    }
     execvpe(args[0], args.data(), envp.data());
     int err = errno;
     ssize_t ignored = write(pipefd[1], &err, sizeof err);

@@ -24,7 +24,9 @@ struct ChildResult {
   double wall_seconds = 0;  // from fork to reap
 };
 
-// Run argv to completion under env (stdout/stderr inherited) and report how it ended.
-ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env);
+// Run argv to completion under env and report how it ended. stdout/stderr are inherited, or
+// sent to /dev/null with `hide_output`.
+ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                      bool hide_output = false);
 
 }  // namespace cudapool::tools
