@@ -1,6 +1,7 @@
 #include "shim/runtime.h"
 
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "shim/log.h"
 #include "shim/streams.h"
 #include "telemetry/logging.h"
+#include "telemetry/summary.h"
 #include "telemetry/trace.h"
 
 namespace cudapool::shim {
@@ -39,6 +41,23 @@ namespace {
 std::mutex& start_mutex() {
   static auto* mu = new std::mutex;  // leaked: usable at exit, never destroyed
   return *mu;
+}
+
+std::int64_t now_ns(clockid_t id) {
+  timespec ts{};
+  clock_gettime(id, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+std::string command_line() {
+  std::string out;
+  if (FILE* f = std::fopen("/proc/self/cmdline", "r")) {
+    int c;
+    while ((c = std::fgetc(f)) != EOF) out += c == '\0' ? ' ' : static_cast<char>(c);
+    std::fclose(f);
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
 }
 
 struct ThreadCache {
@@ -84,6 +103,8 @@ Runtime* Runtime::start() noexcept {
   if (!why.empty()) log_warn("logging: {}", why);
   for (const auto& w : policy.warnings) log_warn("policy: {}", w);
   auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit
+  rt->start_unix_ns_ = now_ns(CLOCK_REALTIME);
+  rt->start_mono_ns_ = now_ns(CLOCK_MONOTONIC);
   if (!rt->policy_.trace_file.empty()) {
     std::string err;
     auto writer = TraceWriter::open(rt->policy_.trace_file, &err);
@@ -101,7 +122,39 @@ Runtime* Runtime::start() noexcept {
 void Runtime::on_exit() noexcept {
   // From here on no hook calls CUDA for pool memory: libcuda may already be tearing down.
   exiting_.store(true, std::memory_order_relaxed);
+  if (Runtime* rt = instance_.load(std::memory_order_acquire)) rt->write_exit_summary();
   flush_logs();
+}
+
+void Runtime::write_exit_summary() noexcept {
+  // Only the pools' own counters: no CUDA call (the driver totals were taken at pool creation).
+  try {
+    Summary s;
+    s.pid = getpid();
+    s.command = command_line();
+    s.policy = to_conf_string(policy_);
+    s.backend = native_ ? "native" : "passthrough";
+    s.start_unix_ns = start_unix_ns_;
+    s.wall_time_s = static_cast<double>(now_ns(CLOCK_MONOTONIC) - start_mono_ns_) / 1e9;
+    for_each_pool([&](ContextPool& cp) {
+      DeviceSummary d;
+      d.device = cp.device;
+      d.stats = cp.pool.stats();
+      d.driver_total_bytes = cp.driver_total;
+      s.devices.push_back(d);
+    });
+    for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
+      const std::int64_t n = passes(static_cast<PassKind>(k));
+      if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
+    }
+    log_info("exit summary\n{}", format_summary_table(s));
+    if (!policy_.stats_file.empty()) {
+      std::string err = write_summary_file(policy_.stats_file, s);
+      if (!err.empty()) log_warn("stats file: {}", err);
+    }
+  } catch (...) {
+    // At exit nothing may escape; a summary that cannot be written is only lost.
+  }
 }
 
 void Runtime::on_fork_child() noexcept {
@@ -138,11 +191,9 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   if (driver_.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0) return nullptr;
   try {
     auto* cp = new ContextPool(driver_, ctx, dev, policy_.pool, sink_);
-    if (sink_ != nullptr) {
-      std::size_t f = 0, t = 0;
-      cp->upstream.mem_info(&f, &t);
-      static_cast<TraceWriter*>(sink_)->note_device(dev, t);
-    }
+    std::size_t free_bytes = 0;
+    cp->upstream.mem_info(&free_bytes, &cp->driver_total);
+    if (sink_ != nullptr) static_cast<TraceWriter*>(sink_)->note_device(dev, cp->driver_total);
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));

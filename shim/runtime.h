@@ -20,6 +20,7 @@ struct ContextPool {
       : ctx(c), device(dev), upstream(d, c), fences(d, c), pool(dev, o, upstream, fences, sink) {}
   const CUcontext ctx;
   const int device;
+  std::size_t driver_total = 0;  // taken at creation, for the exit summary (no CUDA at exit)
   CudaUpstream upstream;
   CudaFences fences;
   DevicePool pool;
@@ -84,6 +85,7 @@ class Runtime {
   static Runtime* start() noexcept;
   static void on_fork_child() noexcept;
   static void on_exit() noexcept;
+  void write_exit_summary() noexcept;
   ContextPool* create_pool(CUcontext ctx) noexcept;
 
   static std::atomic<Runtime*> instance_;
@@ -92,6 +94,8 @@ class Runtime {
   Policy policy_;
   bool native_;
   EventSink* sink_ = nullptr;
+  std::int64_t start_unix_ns_ = 0;
+  std::int64_t start_mono_ns_ = 0;
   std::atomic<ContextPool*> slots_[kMaxPools] = {};
   std::atomic<int> count_{0};
   // Bumped when a pool is retired or after fork; per-thread lookup caches check it.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -592,6 +593,59 @@ void immediate_reuse() {
   fakecuda_release_stream(CU_STREAM_LEGACY);
 }
 
+void device_sync() {
+  // free_sync:device: a pending block that is needed is waited for (one host sync) instead of
+  // taking new memory from the driver.
+  start_cuda();
+  CUdeviceptr p = 0, q = 0;
+  constexpr std::size_t n = 12 << 20;  // fills its 12 MiB segment: no remainder to serve from
+  CHECK_OK(api.cuMemAlloc(&p, n));
+  fakecuda_hold_stream(CU_STREAM_LEGACY);
+  CHECK_OK(api.cuMemFree(p));
+  const long syncs = fakecuda_event_syncs();
+  const long allocs = fakecuda_alloc_calls();
+  CHECK_OK(api.cuMemAlloc(&q, n));
+  CHECK(q == p);
+  CHECK(fakecuda_alloc_calls() == allocs);
+  CHECK(fakecuda_event_syncs() > syncs);
+}
+
+double ns_per(std::chrono::steady_clock::time_point t0, long n) {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+}
+
+void bench() {
+  // Not a test: the CPU cost of the hooks + pool + fake driver per operation (see docs/shim.md).
+  start_cuda();
+  constexpr long kPairs = 1000000;
+  for (std::size_t size : {std::size_t{256}, std::size_t{1} << 20, std::size_t{64} << 20}) {
+    CUdeviceptr p = 0;
+    for (int i = 0; i < 1000; ++i) { CHECK_OK(api.cuMemAlloc(&p, size)); CHECK_OK(api.cuMemFree(p)); }
+    auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < kPairs; ++i) {
+      api.cuMemAlloc(&p, size);
+      api.cuMemFree(p);
+    }
+    std::printf("cuMemAlloc+cuMemFree %9zu B: %7.1f ns/pair\n", size, ns_per(t0, kPairs));
+  }
+  CUdeviceptr ps[100];
+  auto t0 = std::chrono::steady_clock::now();
+  for (long r = 0; r < kPairs / 100; ++r) {
+    for (auto& p : ps) api.cuMemAlloc(&p, 4096);
+    for (auto& p : ps) api.cuMemFree(p);
+  }
+  std::printf("bursts of 100 allocs then 100 frees, 4 KiB: %7.1f ns/pair\n", ns_per(t0, kPairs));
+  CUstream s = nullptr;
+  CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  t0 = std::chrono::steady_clock::now();
+  for (long i = 0; i < kPairs; ++i) {
+    CUdeviceptr p = 0;
+    api.cuMemAllocAsync(&p, 4096, s);
+    api.cuMemFreeAsync(p, s);
+  }
+  std::printf("cuMemAllocAsync+cuMemFreeAsync 4 KiB: %7.1f ns/pair\n", ns_per(t0, kPairs));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -605,7 +659,7 @@ int main(int argc, char** argv) {
       {"async_streams", async_streams}, {"foreign_pointers", foreign_pointers}, {"capture", capture},
       {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
       {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
-      {"immediate_reuse", immediate_reuse},
+      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"bench", bench},
   };
   for (auto& sc : scenarios) {
     if (s == sc.name) {

@@ -182,6 +182,41 @@ TEST(Shim, FreeSyncImmediateReusesWhileWorkIsPending) {
   EXPECT_EQ(imm.exit_status, 0) << imm.output;
 }
 
+TEST(Shim, FreeSyncDeviceWaitsInsteadOfAllocating) {
+  RunResult fenced = run({app(true), "device_sync"});
+  EXPECT_NE(fenced.exit_status, 0) << fenced.output;  // default: a new segment instead
+  RunResult dev = run({app(true), "device_sync"}, {{"CUDAPOOL_CONF", "free_sync:device"}});
+  EXPECT_EQ(dev.exit_status, 0) << dev.output;
+}
+
+TEST(Shim, StatsAndTraceFilesAreWritten) {
+  char dir[] = "/tmp/cudapool-shim-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string stats = std::string(dir) + "/stats.json", trace = std::string(dir) + "/trace.csv";
+  RunResult r = run({app(false), "pooling"}, {{"CUDAPOOL_CONF", "stats_file:" + stats + ",trace_file:" + trace}});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  std::string json, csv;
+  if (FILE* f = std::fopen(stats.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) json.append(buf, n);
+    std::fclose(f);
+  }
+  EXPECT_NE(json.find("\"backend\": \"native\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"allocation.all.allocated\": 1000"), std::string::npos) << json;
+  int rows = 0;
+  if (FILE* f = std::fopen(trace.c_str(), "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (std::strstr(line, ",allocate,") != nullptr) ++rows;
+    std::fclose(f);
+  }
+  EXPECT_EQ(rows, 1000);
+  std::remove(stats.c_str());
+  std::remove(trace.c_str());
+  rmdir(dir);
+}
+
 std::string shell(const std::string& cmd) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
