@@ -29,9 +29,9 @@ using namespace cudapool::testing;
 namespace {
 
 #if defined(__SANITIZE_THREAD__)
-constexpr long kSlowdown = 12;
-#elif defined(__SANITIZE_ADDRESS__)
 constexpr long kSlowdown = 4;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr long kSlowdown = 2;
 #else
 constexpr long kSlowdown = 1;
 #endif
