@@ -189,7 +189,7 @@ def cmd_pooled(out, check, run_name, max_fraction="0.05"):
         add_row(out, check, status=FAIL, note="stats JSON has no num_device_alloc")
         return
     limit = float(max_fraction)
-    add_row(out, check, value=f"{dev:g} device allocs", baseline=f"{calls} cudaMalloc calls",
+    add_row(out, check, value=f"{dev:g} device allocs", baseline=f"{calls} alloc calls",
             ratio=fmt_ratio(dev, calls), target=f"<= {limit:g}x", status=PASS if dev <= limit * calls else FAIL)
 
 
