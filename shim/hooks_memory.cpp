@@ -23,6 +23,14 @@ CUresult report_oom(ContextPool& cp, std::size_t bytes) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+// The CUresult for what the owning pool said about a free (never not_owned here).
+CUresult finish_free(FreeStatus s, const ContextPool& cp, void* p, bool on_stream) {
+  if (s == FreeStatus::ok) return CUDA_SUCCESS;
+  log_warn("{} of {} (device {}): {}; returning CUDA_ERROR_INVALID_VALUE, pool unchanged",
+           on_stream ? "cuMemFreeAsync" : "cuMemFree", p, cp.device, to_string(s));
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
 }  // namespace
 
 CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream,
@@ -49,6 +57,14 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
 
 CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
   void* p = as_ptr(dptr);
+  // Fast path for cudaFree: hand the pointer straight to the pool that owned the last one; its
+  // answer is authoritative unless it says "not mine" (pools never overlap). One lock, no scan.
+  if (stream == nullptr && !Runtime::exiting()) {
+    if (ContextPool* last = rt.last_owner(); last != nullptr && !last->retired.load(std::memory_order_acquire)) {
+      const FreeStatus s = last->pool.free(p);
+      if (s != FreeStatus::not_owned) return finish_free(s, *last, p, false);
+    }
+  }
   ContextPool* cp = rt.owner_of(p);
   if (cp == nullptr) {
     rt.count_pass(PassKind::foreign_pointer);
@@ -74,19 +90,11 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
     }
   }
   FreeStatus s = stream != nullptr ? cp->pool.free_on_stream(p, *stream) : cp->pool.free(p);
-  switch (s) {
-    case FreeStatus::ok:
-      return CUDA_SUCCESS;
-    case FreeStatus::not_owned:  // raced with a reset: let the driver answer
-      rt.count_pass(PassKind::foreign_pointer);
-      return kPassThrough;
-    case FreeStatus::double_free:
-    case FreeStatus::interior_pointer:
-      log_warn("{} of {} (device {}): {}; returning CUDA_ERROR_INVALID_VALUE, pool unchanged",
-               stream != nullptr ? "cuMemFreeAsync" : "cuMemFree", p, cp->device, to_string(s));
-      return CUDA_ERROR_INVALID_VALUE;
+  if (s == FreeStatus::not_owned) {  // raced with a reset: let the driver answer
+    rt.count_pass(PassKind::foreign_pointer);
+    return kPassThrough;
   }
-  return CUDA_ERROR_INVALID_VALUE;
+  return finish_free(s, *cp, p, stream != nullptr);
 }
 
 namespace {

@@ -196,6 +196,7 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     if (sink_ != nullptr) static_cast<TraceWriter*>(sink_)->note_device(dev, cp->driver_total);
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
+    last_owner_.store(cp, std::memory_order_relaxed);  // its first frees take the fast path
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));
     return cp;
   } catch (const std::bad_alloc&) {

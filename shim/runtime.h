@@ -63,6 +63,9 @@ class Runtime {
   ContextPool* find_pool(CUcontext ctx) noexcept;
   // The pool owning `p` (any address inside one of its segments), or nullptr.
   ContextPool* owner_of(const void* p) noexcept;
+  // The pool that owned the last pointer looked up (a hint for the free fast path; may be stale
+  // or nullptr, never a retired pool for long: retire() clears it).
+  ContextPool* last_owner() const noexcept { return last_owner_.load(std::memory_order_relaxed); }
   // The context was destroyed or reset: abandon its pool (no CUDA call) and stop finding it.
   void retire(ContextPool* cp) noexcept;
 
