@@ -59,6 +59,23 @@ expect_out "M events/s" "replay reports its speed"
 rec=$(sed -n 's/.*peak reserved \([0-9.]* [KMGT]*i*B\)$/\1/p' "$tmp/out")
 got=$(sed -n 's/^peak reserved *\([0-9.]* [KMGT]*i*B\)$/\1/p' "$tmp/out")
 [ -n "$rec" ] && [ "$rec" = "$got" ] && ok || fail "replay of train.csv: recorded peak '$rec' vs replayed '$got'"
+# Real-GPU traces (tests/traces/README.md): replay within 10 % of the recorded peak reserved.
+near_recorded() {  # near_recorded TRACE ARGS…
+  "$cp" replay "$@" >"$tmp/out" 2>&1 || { fail "replay $1"; return; }
+  python3 - "$tmp/out" <<'PY' && ok || fail "replay of $1 is not within 10 % of the recorded peak"
+import re, sys
+text = open(sys.argv[1]).read()
+units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+def size(s):
+    v, u = s.split()
+    return float(v) * units[u]
+rec = size(re.search(r"recorded: .*peak reserved ([0-9.]+ \w+)$", text, re.M).group(1))
+got = size(re.search(r"^peak reserved +([0-9.]+ \w+)$", text, re.M).group(1))
+assert abs(got / rec - 1) <= 0.10, (rec, got)
+PY
+}
+near_recorded $traces/gpu_legacy.csv
+near_recorded $traces/gpu_torch.csv --free-as sync
 expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf "" --conf "max_split_size_mb:64"
 expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On a GPU machine: records real traces with `cudapool run` and checks run/ab/replay there.
+#   bash tests/tools/gpu_capture.sh OUTDIR
+# Needs cudapool and libcudapool.so side by side in $CUDAPOOL_BIN_DIR (default build/release; built
+# by `make` and carried to the
+# GPU machine; strip them first to carry less), nvcc for the legacy program, and optionally torch for the PyTorch trace.
+# Writes OUTDIR/{legacy,torch}.csv (traces), *.json (summaries), ab.json, and log.txt.
+set -u
+out=${1:?usage: gpu_capture.sh OUTDIR}
+mkdir -p "$out"
+cp=${CUDAPOOL_BIN_DIR:-build/release}/cudapool
+exec > >(tee "$out/log.txt") 2>&1
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+nvidia-smi -L
+echo "== build legacy_app"
+"$NVCC" -arch=sm_${cc:-90} -O2 -std=c++17 -o "$out/legacy_app" tests/gpu/legacy_app.cu || exit 1
+echo "== run: trace and summary of the legacy program (static cudart)"
+$cp run --trace "$out/legacy.csv" --stats "$out/legacy.json" -- "$out/legacy_app" 300
+echo "run exit status: $?"
+ls -l "$out"/legacy.*
+echo "== replay the GPU trace under its own (default) policy"
+$cp replay "$out/legacy.csv"
+echo "== ab on the GPU"
+$cp ab --a "" --b "max_split_size_mb:64" -n 3 --hide-output --json "$out/ab.json" -- "$out/legacy_app" 300
+echo "ab exit status: $?"
+if python3 -c 'import torch' 2>/dev/null; then
+  echo "== PyTorch transformer (no caching in torch: every tensor goes to the pool)"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $cp run --trace "$out/torch.csv" --stats "$out/torch.json" -- \
+    python3 tests/gpu/torch_train.py --steps 12 --warmup 2 --out "$out/torch_result.json"
+  echo "run exit status: $?"
+  ls -l "$out"/torch.*
+  $cp replay "$out/torch.csv"
+  $cp report "$out/torch.csv" -o "$out/torch.html"
+else
+  echo "torch not importable: no PyTorch trace"
+fi
