@@ -285,7 +285,10 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
     row[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
       std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      std::size_t best = diag + (a[i - 1] == b[j - 1] ? 0 : 1);
+      if (row[j] + 1 < best) best = row[j] + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
       diag = up;
     }
   }
@@ -319,11 +322,13 @@ std::string suggest_key(std::string_view unknown) {
   const KeySpec* best = nullptr;
   std::size_t best_d = ~std::size_t{0};
   for (const KeySpec& k : kKeys) {
-    std::size_t d = edit_distance(u, k.name);
     // A key cut short or with something appended ("max_split", "expandable_segments_on") is close
     // whatever its edit distance.
     const bool prefix = u.size() >= 4 && (k.name.starts_with(u) || std::string_view(u).starts_with(k.name));
-    if (prefix) d = std::min<std::size_t>(d, 1);
+    // The length difference bounds the distance from below: skip keys that cannot beat the best.
+    const std::size_t floor = u.size() > k.name.size() ? u.size() - k.name.size() : k.name.size() - u.size();
+    if (!prefix && floor >= best_d) continue;
+    std::size_t d = prefix ? 1 : edit_distance(u, k.name);
     if (d < best_d) best_d = d, best = &k;
   }
   if (best != nullptr && (best_d <= 2 || best_d * 4 <= best->name.size()))
