@@ -267,9 +267,9 @@ const std::array<KeySpec, 24> kKeys{{
     {"graph_capture_record_stream_reuse", K::boolean, "True or False (any case)", "False",
      "PyTorch: reuse of recorded-stream blocks during CUDA graph capture",
      "it tunes PyTorch's CUDA-graph private pools, which cudapool does not have", ignore_bool, nullptr, nullptr},
-    {"release_lock_on_hipmalloc", K::boolean, "True or False (any case)", "False",
-     "PyTorch on ROCm: the same as release_lock_on_cudamalloc",
-     "cudapool runs on CUDA only; use release_lock_on_cudamalloc", ignore_bool, nullptr, nullptr},
+    {"release_lock_on_hipmalloc", K::boolean, "True or False (any case)", "True",
+     "the same as release_lock_on_cudamalloc (PyTorch accepts either spelling on every build)",
+     {}, apply_release_lock, nullptr, nullptr, "release_lock_on_cudamalloc"},
     // Changes device segment sizes in newer PyTorch; running without it would not be the policy
     // the user wrote, so it is refused rather than ignored.
     {"large_segment_size_mb", K::integer, "not supported", "20",
@@ -366,7 +366,7 @@ std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view v
   if (!key.ignored_because.empty())
     warn_once(policy.warnings, std::string(key.name) + " is ignored: " + std::string(key.ignored_because));
   else
-    policy.origin[std::string(key.name)] = std::move(origin);
+    policy.origin[std::string(key.alias_of.empty() ? key.name : key.alias_of)] = std::move(origin);
   return {};
 }
 

@@ -29,6 +29,9 @@ struct KeySpec {
   // The current value as apply() reads it back; nullptr for ignored keys.
   std::string (*format)(const Policy& policy);
   bool (*is_default)(const Policy& policy);
+  // Non-empty: another spelling of that key (PyTorch reads release_lock_on_hipmalloc as
+  // release_lock_on_cudamalloc on every build); the origin is recorded under that name.
+  std::string_view alias_of = {};
 };
 
 std::span<const KeySpec> keys();

@@ -248,6 +248,15 @@ TEST(ConfKeys, Booleans) {
   }
 }
 
+TEST(ConfKeys, HipSpellingOfReleaseLockIsAnAlias) {
+  Policy p = must_parse("release_lock_on_hipmalloc:True");
+  EXPECT_TRUE(p.pool.release_lock_on_cudamalloc);
+  EXPECT_TRUE(p.warnings.empty());
+  EXPECT_EQ(p.origin.at("release_lock_on_cudamalloc"), "CUDAPOOL_CONF col 1");
+  EXPECT_EQ(to_conf_string(p), "release_lock_on_cudamalloc:True");
+  EXPECT_TRUE(has(must_fail("release_lock_on_hipmalloc:1"), "release_lock_on_hipmalloc"));
+}
+
 TEST(ConfKeys, Backend) {
   EXPECT_EQ(must_parse("backend:passthrough").backend, Backend::passthrough);
   EXPECT_EQ(must_parse("backend:native").backend, Backend::native);
