@@ -31,7 +31,8 @@
 namespace cudapool {
 namespace detail {
 
-enum class BState : std::uint8_t { allocated, pending, local, shared, retiring };
+// unmapped: address space of an expandable segment with no pages behind it (in no set).
+enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped };
 
 struct Segment;
 
@@ -48,7 +49,7 @@ struct Block {
   std::uint64_t gc_base = 0;  // pool searches counter when the block was last cached (GC age)
   BState state = BState::shared;
   bool is_split() const { return prev != nullptr || next != nullptr; }
-  bool is_free() const { return state == BState::local || state == BState::shared || state == BState::retiring; }
+  bool mapped() const { return state != BState::unmapped; }
 };
 
 struct Segment {
@@ -57,6 +58,8 @@ struct Segment {
   Block* head = nullptr;
   StreamId stream = 0;  // stream of the allocation that created it (snapshot only)
   bool small = false;
+  bool expandable = false;   // a reserved range grown by mapping pages (pool_expandable.cpp)
+  std::size_t mapped = 0;    // expandable: bytes with pages behind them
 };
 
 struct BySizeAddr {
@@ -119,6 +122,7 @@ struct Fit {
 struct Detached {
   std::uintptr_t base;
   std::size_t size;
+  bool unmap = false;  // pages of an expandable segment (Upstream::unmap), else a whole segment
 };
 
 inline void add_stat(StatCounter& c, std::int64_t d) {
@@ -188,6 +192,8 @@ struct DevicePool::Impl {
   std::size_t device_total = 0;
   std::size_t limit = kNoLimit;   // reserved may not exceed this (fraction / max_reserved)
   std::size_t inflight = 0;       // segment bytes being allocated/released with the lock dropped
+  std::size_t granularity = 0;    // expandable segments: page size; 0 = off
+  Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const {
@@ -373,6 +379,18 @@ struct DevicePool::Impl {
   bool release_oversize(Lock& lk, std::size_t rounded);
   std::size_t release_cached(Lock& lk);
   void garbage_collect(Lock& lk);
+
+  // ---- expandable segments (pool_expandable.cpp) ----
+  // Map pages so that a free block usable by `stream` of >= rounded bytes exists; *out = it.
+  // Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with ok when
+  // the range has no room (the caller then falls back to a classic segment).
+  UpstreamStatus grow_expandable(std::size_t rounded, bool small, StreamId stream, Block** out);
+  Block* find_expandable_start(Segment* seg, std::size_t rounded, StreamId stream);
+  std::size_t releasable_pages(const Block* b) const;
+  void release_pages(Block* b, std::vector<Detached>& out);
+  void merge_unmapped(Block* b);
+  void count_runs_change(Block* piece, int sign);
+  void destroy_expandable(Segment* seg);
 
   // ---- fences (pool_fences.cpp) ----
   void service_fences();

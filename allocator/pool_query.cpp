@@ -20,8 +20,22 @@ DevicePool::Impl::~Impl() {
   drop_list(dev_head);
   drop_list(retire_head);
   for (StreamFree* sf : promo_list) fences.release(sf->promo_fence);
-  for (auto& [base, seg] : segments) up.release(reinterpret_cast<void*>(base), seg->size);
+  for (auto& [base, seg] : segments) {
+    if (seg->expandable)
+      destroy_expandable(seg);
+    else
+      up.release(reinterpret_cast<void*>(base), seg->size);
+  }
 }
+
+namespace {
+// The block containing p in seg (p must lie in seg).
+detail::Block* block_at(detail::Segment* seg, std::uintptr_t p) {
+  for (detail::Block* b = seg->head; b != nullptr; b = b->next)
+    if (p >= b->ptr && p < b->ptr + b->size) return b;
+  return nullptr;
+}
+}  // namespace
 
 DevicePool::Impl::Segment* DevicePool::Impl::segment_containing(std::uintptr_t p) const {
   auto it = segments.upper_bound(p);
@@ -35,6 +49,7 @@ DevicePool::Impl::Segment* DevicePool::Impl::segment_containing(std::uintptr_t p
 FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
   Segment* seg = segment_containing(p);
   if (seg == nullptr) return FreeStatus::not_owned;
+  if (seg->expandable && !block_at(seg, p)->mapped()) return FreeStatus::not_owned;
   ++st.bad_frees;
   for (Block* b = seg->head; b != nullptr; b = b->next)
     if (b->ptr == p) return FreeStatus::double_free;  // starts a block that is not allocated
@@ -56,7 +71,17 @@ std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
     info.segment_base = seg->base;
     info.segment_size = seg->size;
     info.whole_segment = !b->is_split();
-    info.expandable = false;
+    info.expandable = seg->expandable;
+    if (seg->expandable) {
+      // The "segment" of an expandable block is its mapped run; never whole (no legacy IPC).
+      Impl::Block* first = b;
+      while (first->prev != nullptr && first->prev->mapped()) first = first->prev;
+      Impl::Block* last = b;
+      while (last->next != nullptr && last->next->mapped()) last = last->next;
+      info.segment_base = first->ptr;
+      info.segment_size = last->ptr + last->size - first->ptr;
+      info.whole_segment = false;
+    }
     return info;
   }
   return std::nullopt;
@@ -64,7 +89,9 @@ std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
 
 bool DevicePool::owns(const void* ptr) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->segment_containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  Impl::Segment* seg = impl_->segment_containing(p);
+  return seg != nullptr && (!seg->expandable || block_at(seg, p)->mapped());
 }
 
 std::size_t DevicePool::cached_bytes() const {
@@ -108,13 +135,21 @@ Snapshot DevicePool::snapshot() const {
   Snapshot snap;
   snap.segments.reserve(I.segments.size());
   for (auto& [base, seg] : I.segments) {
+    // A classic segment is one entry; an expandable range one entry per mapped run.
+    for (Impl::Block* first = seg->head; first != nullptr;) {
+    if (!first->mapped()) {
+      first = first->next;
+      continue;
+    }
     SegmentInfo si;
     si.device = I.device;
-    si.address = base;
-    si.total_size = seg->size;
+    si.address = first->ptr;
     si.stream = seg->stream;
     si.is_small = seg->small;
-    for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
+    si.is_expandable = seg->expandable;
+    Impl::Block* b = first;
+    for (; b != nullptr && b->mapped(); b = b->next) {
+      si.total_size += b->size;
       BlockInfo bi;
       bi.address = b->ptr;
       bi.size = b->size;
@@ -130,6 +165,8 @@ Snapshot DevicePool::snapshot() const {
       si.blocks.push_back(bi);
     }
     snap.segments.push_back(std::move(si));
+    first = b;
+    }
   }
   return snap;
 }
@@ -150,6 +187,7 @@ void DevicePool::Impl::forget_all() {
     segment_pool.put(seg);
   }
   segments.clear();
+  xseg[0] = xseg[1] = nullptr;
   live.clear();
   for (FreeSet& s : shared) s.clear();
   last_sf = nullptr;
@@ -199,10 +237,23 @@ std::string DevicePool::Impl::check() const {
   for (auto& [base, seg] : segments) {
     if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr) return fail("bad segment head", seg->head);
     const StatPool p = detail::stat_pool(seg->small);
-    detail::bump(recount.segment, p, 1);
-    detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(seg->size));
+    if (!seg->expandable) {
+      detail::bump(recount.segment, p, 1);
+      detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(seg->size));
+    }
     std::uintptr_t at = base;
+    std::size_t mapped = 0;
     for (const Block* b = seg->head; b != nullptr; b = b->next) {
+      if (seg->expandable && b->mapped()) {
+        mapped += b->size;
+        detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(b->size));
+        if (b->prev == nullptr || !b->prev->mapped()) {  // a run starts: page aligned
+          detail::bump(recount.segment, p, 1);
+          if ((b->ptr - base) % granularity != 0) return fail("mapped run not page aligned", b);
+        }
+        if ((b->next == nullptr || !b->next->mapped()) && (b->ptr + b->size - base) % granularity != 0)
+          return fail("mapped run end not page aligned", b);
+      }
       if (b->seg != seg) return fail("block points at the wrong segment", b);
       if (b->ptr != at || b->size == 0 || b->size % kMinBlockSize != 0) return fail("blocks do not tile the segment", b);
       if (b->next != nullptr && b->next->prev != b) return fail("broken neighbour links", b);
@@ -222,6 +273,11 @@ std::string DevicePool::Impl::check() const {
             ++pending_blocks;
             pending_bytes += sz;
           }
+          break;
+        case BState::unmapped:
+          if (!seg->expandable) return fail("unmapped block in a classic segment", b);
+          if (b->next != nullptr && b->next->state == BState::unmapped) return fail("unmerged unmapped blocks", b);
+          if (b->requested != 0) return fail("unmapped block keeps a requested size", b);
           break;
         case BState::local:
         case BState::shared:
@@ -251,6 +307,7 @@ std::string DevicePool::Impl::check() const {
       }
     }
     if (at != base + seg->size) return fail("blocks do not cover the segment", seg->head);
+    if (seg->expandable && mapped != seg->mapped) return fail("expandable mapped bytes", seg->head);
   }
   std::size_t in_sets = shared[0].size() + shared[1].size();
   for (auto& [sid, sf] : streams) in_sets += sf->sets[0].size() + sf->sets[1].size();

@@ -50,13 +50,22 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   ++st.cache_misses;
   const std::size_t seg_size = segment_size_for(rounded);
   Block* fresh = nullptr;
-  UpstreamStatus us = new_segment(lk, seg_size, small, stream, &fresh);
+  // Expandable segments first (map pages into the range); a classic segment when off or full.
+  auto grow = [&]() {
+    ensure_limits();
+    if (granularity != 0) {
+      UpstreamStatus us = grow_expandable(rounded, small, stream, &fresh);
+      if (us != UpstreamStatus::ok || fresh != nullptr) return us;
+    }
+    return new_segment(lk, seg_size, small, stream, &fresh);
+  };
+  UpstreamStatus us = grow();
 
   // The fresh segment's block is taken directly, as PyTorch's alloc_block does: the oversize
   // rules are for reusing cached blocks (a 5 MiB request gets its 20 MiB segment even when
   // max_split_size is 20 MiB). We hold the lock again here, so nobody else has taken it.
   auto finish = [&]() -> AllocResult {
-    FreeSet& set = shared[detail::kind_index(small)];
+    FreeSet& set = set_of(fresh);
     return ok(serve(Fit{&set, set.find(fresh)}, rounded, size, stream));
   };
   if (us == UpstreamStatus::ok) return finish();
@@ -64,7 +73,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
 
   // Refused (out of memory or over a limit). Step 1: oversize blocks.
   if (release_oversize(lk, rounded)) {
-    us = new_segment(lk, seg_size, small, stream, &fresh);
+    us = grow();
     if (us == UpstreamStatus::ok) return finish();
     if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
   }
@@ -73,7 +82,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   if (Fit fit = find_fit(rounded, stream)) return ok(serve(fit, rounded, size, stream));
   release_cached(lk);
   ++st.num_alloc_retries;
-  us = new_segment(lk, seg_size, small, stream, &fresh);
+  us = grow();
   if (us == UpstreamStatus::ok) return finish();
   if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
   // Step 3: give up.
@@ -84,7 +93,9 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
 
 void DevicePool::Impl::ensure_limits() {
   if (limits_ready) return;
-  const bool need_total = opt.per_process_memory_fraction > 0.0 || opt.garbage_collection_threshold > 0.0;
+  const bool need_total = opt.per_process_memory_fraction > 0.0 || opt.garbage_collection_threshold > 0.0 ||
+                          opt.expandable_segments;
+  if (opt.expandable_segments) granularity = up.granularity();  // 0: the upstream cannot
   if (need_total) {
     std::size_t free_bytes = 0;
     up.mem_info(&free_bytes, &device_total);
@@ -167,14 +178,21 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   for (const Detached& d : list) total += d.size;
   if (list.empty()) return 0;
   std::vector<std::int64_t> ns(list.size());
+  bool unmaps = false;
+  for (const Detached& d : list) unmaps |= d.unmap;
   auto run = [&] {
     for (std::size_t i = 0; i < list.size(); ++i) {
       const std::int64_t t0 = now_ns();
-      up.release(reinterpret_cast<void*>(list[i].base), list[i].size);
+      if (list[i].unmap)
+        up.unmap(reinterpret_cast<void*>(list[i].base), list[i].size);
+      else
+        up.release(reinterpret_cast<void*>(list[i].base), list[i].size);
       ns[i] = now_ns() - t0;
     }
   };
-  if (opt.release_lock_on_cudamalloc) {
+  // Unmapped pages are already marked unmapped in the range: another thread could map them
+  // again before our unmap ran, so page releases keep the lock.
+  if (opt.release_lock_on_cudamalloc && !unmaps) {
     inflight += total;  // still "reserved" for the limit until the upstream has it back
     lk.unlock();
     run();
@@ -185,8 +203,12 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   }
   for (std::size_t i = 0; i < list.size(); ++i) {
     st.upstream_ns += ns[i];
-    ++st.num_device_free;
-    emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+    if (list[i].unmap) {
+      emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+    } else {
+      ++st.num_device_free;
+      emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+    }
   }
   list.clear();
   return total;
@@ -201,7 +223,7 @@ bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
   const std::size_t key_size = std::max(rounded, opt.max_split_size);
   std::vector<Detached> out;
   for (auto it = set.lower_bound(detail::BySizeAddr::Key{key_size, 0}); it != set.end(); ++it) {
-    if (!(*it)->is_split()) {
+    if (!(*it)->is_split() && !(*it)->seg->expandable) {
       detach_segment(*it, out);
       break;
     }
@@ -210,7 +232,7 @@ bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
     std::vector<Block*> victims;
     std::size_t total = 0;
     for (auto it = set.rbegin(); it != set.rend() && total < key_size && (*it)->size >= opt.max_split_size; ++it) {
-      if ((*it)->is_split()) continue;
+      if ((*it)->is_split() || (*it)->seg->expandable) continue;
       victims.push_back(*it);
       total += (*it)->size;
     }
@@ -221,15 +243,22 @@ bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
   return true;
 }
 
-// Every free shared block that covers a whole segment goes back (both pool kinds).
+// Every free shared block that covers a whole segment goes back (both pool kinds), and every
+// whole free page of an expandable range is unmapped.
 std::size_t DevicePool::Impl::release_cached(Lock& lk) {
-  std::vector<Block*> victims;
+  std::vector<Block*> victims, paged;
   for (FreeSet& set : shared)
-    for (Block* b : set)
-      if (!b->is_split()) victims.push_back(b);
+    for (Block* b : set) {
+      if (b->seg->expandable) {
+        if (releasable_pages(b) != 0) paged.push_back(b);
+      } else if (!b->is_split()) {
+        victims.push_back(b);
+      }
+    }
   std::vector<Detached> out;
-  out.reserve(victims.size());
+  out.reserve(victims.size() + paged.size());
   for (Block* b : victims) detach_segment(b, out);
+  for (Block* b : paged) release_pages(b, out);
   return release_segments(lk, out);
 }
 
@@ -243,9 +272,11 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
   if (reserved <= threshold) return;
   const double target = reserved - threshold;
 
+  // Whole free segments, and free blocks of the expandable range that hold whole pages.
   std::vector<Block*> candidates;
+  auto gain = [&](const Block* b) { return b->seg->expandable ? releasable_pages(b) : b->size; };
   for (Block* b : shared[1])
-    if (!b->is_split()) candidates.push_back(b);
+    if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
   if (candidates.empty()) return;
   const std::uint64_t now = searches[1];
   double total_age = 0;
@@ -266,10 +297,13 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
       if (age < avg_age) continue;
       gone[i] = true;
       freed = true;
-      reclaimed += static_cast<double>(candidates[i]->size);
+      reclaimed += static_cast<double>(gain(candidates[i]));
       total_age -= age;
       --count;
-      detach_segment(candidates[i], out);
+      if (candidates[i]->seg->expandable)
+        release_pages(candidates[i], out);
+      else
+        detach_segment(candidates[i], out);
     }
   }
   const std::size_t bytes = release_segments(lk, out);

@@ -32,7 +32,8 @@ inline Stats recount_from_snapshot(const Snapshot& snap) {
         add(r.active, s.is_small, 1);
         add(r.active_bytes, s.is_small, sz);
         add(r.requested_bytes, s.is_small, static_cast<std::int64_t>(b.requested_size));
-      } else if (s.blocks.size() > 1) {
+      } else if (s.blocks.size() > 1 || s.is_expandable) {  // an expandable run always has
+                                                              // unmapped neighbours: split
         add(r.inactive_split, s.is_small, 1);
         add(r.inactive_split_bytes, s.is_small, sz);
       }

@@ -38,7 +38,7 @@ constexpr long kSlowdown = 1;
 
 long total_ops() {
   if (const char* e = std::getenv("CUDAPOOL_STRESS_OPS")) return std::atol(e);
-  return 2'400'000 / kSlowdown;  // over the three configurations below
+  return 3'200'000 / kSlowdown;  // over the four configurations below
 }
 
 struct Freed {
@@ -58,9 +58,10 @@ struct Live {
 
 class Stress {
  public:
-  Stress(PoolOptions opt, int workers, long ops)
+  Stress(PoolOptions opt, int workers, long ops, std::size_t granularity = 0)
       : opt_(opt), up_(384 * MiB, /*backed=*/true), fence_(false), workers_(workers), ops_(ops),
         barrier_(workers + 1), live_(workers) {
+    up_.set_granularity(granularity);
     pool_ = std::make_unique<DevicePool>(0, opt_, up_, fence_);
   }
 
@@ -211,6 +212,7 @@ class Stress {
     pool_->empty_cache();
     EXPECT_EQ(pool_->check_consistency(), "");
     EXPECT_EQ(up_.bytes_held(), 0u);
+    EXPECT_EQ(up_.bytes_mapped(), 0u);
     EXPECT_EQ(up_.segments_held(), 0u);
     EXPECT_EQ(up_.bad_calls(), 0u);
     EXPECT_EQ(fence_.outstanding(), 0u);
@@ -224,8 +226,8 @@ class Stress {
     const Stats st = pool_->stats();
     EXPECT_EQ(st.allocated_bytes[kAll].current, 0);
     EXPECT_GT(st.cache_hits, 0);
-    std::printf("  stress: %ld ops, %d checkpoints, hits %lld misses %lld ooms %ld retries %lld fences %lld waits %lld\n",
-                ops_, checkpoints_, static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses),
+    std::printf("  stress: %ld ops, %d checkpoints, maps %zu unmaps %zu, hits %lld misses %lld ooms %ld retries %lld fences %lld waits %lld\n",
+                ops_, checkpoints_, up_.map_calls(), up_.unmap_calls(), static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses),
                 static_cast<long>(ooms_.load()), static_cast<long long>(st.num_alloc_retries),
                 static_cast<long long>(st.fences_recorded), static_cast<long long>(st.fence_waits));
   }
@@ -248,7 +250,7 @@ class Stress {
 }  // namespace
 
 TEST(PoolStress, FencedFrees) {
-  Stress(PoolOptions{}, 3, total_ops() / 3).run();
+  Stress(PoolOptions{}, 3, total_ops() / 4).run();
 }
 
 TEST(PoolStress, DeviceSyncReleaseLockMaxSplit) {
@@ -257,7 +259,7 @@ TEST(PoolStress, DeviceSyncReleaseLockMaxSplit) {
   o.release_lock_on_cudamalloc = true;
   o.max_split_size = 20 * MiB;
   o.roundup_power2_divisions.fill(4);
-  Stress(o, 3, total_ops() / 3).run();
+  Stress(o, 3, total_ops() / 4).run();
 }
 
 TEST(PoolStress, ImmediateFreesWithGcAndCap) {
@@ -265,5 +267,12 @@ TEST(PoolStress, ImmediateFreesWithGcAndCap) {
   o.free_sync = FreeSync::immediate;
   o.garbage_collection_threshold = 0.7;
   o.max_reserved = 300 * MiB;
-  Stress(o, 3, total_ops() / 3).run();
+  Stress(o, 3, total_ops() / 4).run();
+}
+
+TEST(PoolStress, ExpandableSegments) {
+  PoolOptions o;
+  o.expandable_segments = true;
+  o.garbage_collection_threshold = 0.8;
+  Stress(o, 3, total_ops() / 4, /*granularity=*/2 * MiB).run();
 }

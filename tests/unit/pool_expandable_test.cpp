@@ -1,0 +1,180 @@
+// expandable_segments on the fake upstream (granularity 2 MiB): one reserved range per pool
+// kind grown by mapping pages, wholly free pages unmapped by empty_cache / OOM handling / GC.
+#include <gtest/gtest.h>
+
+#include "tests/unit/pool_helpers.h"
+
+using namespace cudapool;
+using namespace cudapool::testing;
+
+namespace {
+PoolOptions expandable(FreeSync sync = FreeSync::immediate) {
+  PoolOptions o;
+  o.expandable_segments = true;
+  o.free_sync = sync;
+  return o;
+}
+struct XRig : PoolRig {
+  explicit XRig(PoolOptions o = expandable(), std::size_t capacity = 1 * GiB, bool auto_fence = true)
+      : PoolRig(o, capacity, auto_fence) {
+    up.set_granularity(2 * MiB);
+  }
+};
+}  // namespace
+
+TEST(PoolExpandable, GrowsOneRangeByMappingPages) {
+  XRig rig;
+  void* a = rig.alloc(5 * MiB);  // maps 6 MiB (3 pages); 1 MiB rest is not split (large pool)
+  EXPECT_EQ(rig.up.reserve_calls(), 1u);
+  EXPECT_EQ(rig.up.allocate_calls(), 0u);
+  EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
+  void* b = rig.alloc(3 * MiB);  // maps 4 MiB right after a
+  EXPECT_EQ(b, at(a, 6 * MiB));
+  EXPECT_EQ(rig.up.bytes_mapped(), 10 * MiB);
+  EXPECT_EQ(rig.up.reserve_calls(), 1u);
+  Stats s = rig.pool->stats();
+  EXPECT_EQ(s.reserved_bytes[kAll].current, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(s.segment[kAll].current, 1);  // one mapped run
+  Snapshot snap = rig.pool->snapshot();
+  ASSERT_EQ(snap.segments.size(), 1u);
+  EXPECT_TRUE(snap.segments[0].is_expandable);
+  EXPECT_EQ(snap.segments[0].total_size, 10 * MiB);
+  auto info = rig.pool->address_info(b);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->expandable);
+  EXPECT_FALSE(info->whole_segment);
+  EXPECT_EQ(info->segment_base, reinterpret_cast<std::uintptr_t>(a));
+  EXPECT_EQ(info->segment_size, 10 * MiB);
+  EXPECT_FALSE(rig.pool->owns(at(a, 10 * MiB)));  // reserved but unmapped
+  EXPECT_EQ(rig.pool->free(at(a, 10 * MiB)), FreeStatus::not_owned);
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, FreedSpaceServesAnySizeWithoutNewMemory) {
+  XRig rig;
+  void* a = rig.alloc(4 * MiB);
+  void* b = rig.alloc(4 * MiB);
+  void* c = rig.alloc(4 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  const std::size_t mapped = rig.up.bytes_mapped();
+  void* d = rig.alloc(7 * MiB);  // fits where a and b were: no new pages
+  EXPECT_EQ(d, a);
+  EXPECT_EQ(rig.up.bytes_mapped(), mapped);
+  (void)c;
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, ExtendsTheFreeTailInsteadOfStartingOver) {
+  XRig rig;
+  void* a = rig.alloc(4 * MiB);
+  void* b = rig.alloc(4 * MiB);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);  // free 4 MiB at the end of the mapped run
+  void* c = rig.alloc(7 * MiB);                  // reuses those 4 MiB + maps 4 more (2 pages)
+  EXPECT_EQ(c, b);
+  EXPECT_EQ(rig.up.bytes_mapped(), 12 * MiB);
+  (void)a;
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, EmptyCacheUnmapsWholeFreePagesOnly) {
+  XRig rig;
+  void* a = rig.alloc(1 * MiB + 512);  // large pool: 2 MiB page
+  void* b = rig.alloc(5 * MiB);        // next 6 MiB
+  void* c = rig.alloc(3 * MiB);        // next 4 MiB
+  EXPECT_EQ(rig.up.bytes_mapped(), 12 * MiB);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);  // [2 MiB, 8 MiB) free: three whole pages
+  EXPECT_EQ(rig.pool->empty_cache(), 6 * MiB);
+  EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
+  EXPECT_EQ(rig.up.unmap_calls(), 1u);
+  Stats s = rig.pool->stats();
+  EXPECT_EQ(s.segment[kAll].current, 2);  // the hole splits the run in two
+  EXPECT_EQ(s.reserved_bytes[kAll].current, static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(rig.pool->snapshot().segments.size(), 2u);
+  rig.expect_intact();
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(c), FreeStatus::ok);
+  rig.pool->empty_cache();
+  EXPECT_EQ(rig.up.bytes_mapped(), 0u);
+  EXPECT_EQ(rig.pool->stats().segment[kAll].current, 0);
+  EXPECT_EQ(rig.up.reservations_held(), 1u);  // the range stays reserved until teardown
+  rig.expect_intact();
+  rig.pool.reset();
+  EXPECT_EQ(rig.up.reservations_held(), 0u);
+  EXPECT_EQ(rig.up.bad_calls(), 0u);
+}
+
+// Layout (MiB): a = [0, 2.5) (4 MiB mapped, 1.5 MiB rest split off), b = [2.5, 8) (the rest
+// extended by two pages, 0.5 MiB rest not split). Freeing a frees page 0 wholly, page 1 only
+// partly (b starts inside it).
+TEST(PoolExpandable, PartialPagesStayMapped) {
+  XRig rig;
+  void* a = rig.alloc(2 * MiB + 512 * KiB);
+  void* b = rig.alloc(5 * MiB);
+  EXPECT_EQ(b, at(a, 2 * MiB + 512 * KiB));
+  EXPECT_EQ(rig.up.bytes_mapped(), 8 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->empty_cache(), 2 * MiB);
+  EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
+  rig.expect_intact();
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->empty_cache(), 6 * MiB);
+  EXPECT_EQ(rig.up.bytes_mapped(), 0u);
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, OomUnmapsCachedPagesAndRetries) {
+  XRig rig(expandable(), 16 * MiB, /*auto_fence=*/false);
+  void* a = rig.alloc(12 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // local to stream 0
+  void* s1 = rig.alloc(100, 1);                  // small pool: its own range, one 2 MiB page
+  AllocResult r = rig.pool->allocate(14 * MiB, 5);  // 12 + 2 + 14 > 16
+  ASSERT_EQ(r.status, AllocStatus::ok);  // wait (a becomes shared), unmap a's pages, map again
+  Stats st = rig.pool->stats();
+  EXPECT_EQ(st.num_sync_all_streams, 1);
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(rig.up.bytes_mapped(), 16 * MiB);
+  EXPECT_GE(rig.up.unmap_calls(), 1u);
+  (void)s1;
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, LimitRefusesWithoutMapping) {
+  PoolOptions o = expandable();
+  o.max_reserved = 8 * MiB;
+  XRig rig(o);
+  void* a = rig.alloc(6 * MiB);
+  ASSERT_NE(a, nullptr);
+  const std::size_t maps = rig.up.map_calls();
+  EXPECT_EQ(rig.pool->allocate(4 * MiB, 0).status, AllocStatus::out_of_memory);
+  EXPECT_EQ(rig.up.map_calls(), maps);
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, GcUnmapsOldFreePages) {
+  PoolOptions o = expandable(FreeSync::fenced);
+  o.garbage_collection_threshold = 0.5;
+  o.max_reserved = 40 * MiB;  // GC above 20 MiB
+  XRig rig(o);
+  void* a = rig.alloc(10 * MiB);
+  void* b = rig.alloc(10 * MiB);
+  void* c = rig.alloc(4 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  (void)rig.alloc(2 * MiB);  // a+b become shared (fenced) and merge; 2 MiB come from them
+  void* d = rig.alloc(30 * MiB);  // miss: reserved 24 > 20 -> GC unmaps the old free pages
+  EXPECT_EQ(d == nullptr, false);
+  EXPECT_EQ(rig.pool->stats().gc_passes, 1);
+  EXPECT_GT(rig.pool->stats().gc_freed_bytes, 0);
+  (void)c;
+  rig.expect_intact();
+}
+
+TEST(PoolExpandable, FallsBackToSegmentsWithoutGranularity) {
+  PoolRig rig(expandable());  // the fake reports granularity 0: unsupported
+  void* a = rig.alloc(5 * MiB);
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);
+  EXPECT_EQ(rig.up.reserve_calls(), 0u);
+  EXPECT_FALSE(rig.pool->address_info(a)->expandable);
+  rig.expect_intact();
+}
