@@ -115,6 +115,9 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
       else if (!have) what = "no summary written (was libcudapool.so loaded?): " + err;
       if (what.empty()) {
         v.runs.push_back(metrics_from_stats(combined_stats(summary), r.wall_seconds));
+        // Under backend:passthrough the pool serves nothing: only the wall time means anything.
+        if (v.label == "base")
+          for (std::size_t m = 1; m < v.runs.back().values.size(); ++m) v.runs.back().values[m].reset();
         std::fprintf(stderr, "cudapool ab: run %d/%d %s ok, %s\n", k, total, v.label.c_str(),
                      format_seconds(r.wall_seconds).c_str());
       } else {

@@ -56,7 +56,7 @@ int tune_main(const TuneCliOptions& o) {
     std::snprintf(vs, sizeof vs, "%+.1f %%", def_peak > 0 ? (peak / def_peak - 1.0) * 100.0 : 0.0);
     std::snprintf(frag, sizeof frag, "%.1f %%", peak > 0 ? (1.0 - alloc / peak) * 100.0 : 0.0);
     t.add({std::to_string(i + 1), c.conf.empty() ? "(defaults)" : c.conf, format_bytes(peak), vs,
-           std::to_string(s.num_device_alloc + s.num_device_free), frag, std::to_string(s.num_ooms),
+           std::to_string(c.result.upstream_calls), frag, std::to_string(s.num_ooms),
            c.feasible ? "yes" : "no"});
   }
   std::printf("%zu policies replayed; bound: upstream calls <= %.1f x the defaults' (%.0f), OOMs <= the defaults'\n",

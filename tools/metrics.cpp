@@ -32,7 +32,7 @@ Metrics metrics_from_stats(const Stats& s, std::optional<double> wall_seconds) {
       reserved > 0 ? 1.0 - allocated / reserved : 0.0,
       static_cast<double>(s.num_device_alloc + s.num_device_free),
       static_cast<double>(s.upstream_ns) * 1e-9,
-      lookups > 0 ? static_cast<double>(s.cache_hits) / lookups : 1.0,
+      lookups > 0 ? std::optional<double>(static_cast<double>(s.cache_hits) / lookups) : std::nullopt,
       static_cast<double>(s.num_ooms),
   };
   return m;

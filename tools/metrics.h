@@ -27,7 +27,8 @@ struct Metrics {
 };
 
 // fragmentation = 1 - peak allocated / peak reserved (0 when nothing was reserved);
-// upstream calls = segment allocations + releases; hit rate = hits / (hits + misses).
+// upstream calls = segment allocations + releases; hit rate = hits / (hits + misses), unset
+// when the pool served nothing.
 Metrics metrics_from_stats(const Stats& stats, std::optional<double> wall_seconds);
 
 std::string format_metric(MetricUnit unit, double value);

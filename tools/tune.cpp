@@ -37,9 +37,7 @@ std::string conf_of(const std::vector<TuneKey>& space, const Assignment& a, int*
 }
 
 std::int64_t peak_reserved(const Candidate& c) { return c.result.stats.reserved_bytes[kAll].peak; }
-std::int64_t calls(const Candidate& c) {
-  return c.result.stats.num_device_alloc + c.result.stats.num_device_free;
-}
+std::int64_t calls(const Candidate& c) { return static_cast<std::int64_t>(c.result.upstream_calls); }
 
 // Strict "a ranks before b".
 bool better(const Candidate& a, const Candidate& b) {

@@ -118,6 +118,11 @@ assert ra > 0 and rb > 0 and ra != rb, (ra, rb)   # max_split_size_mb changes th
 assert abs(d["ratios"]["peak_reserved_bytes"] - rb / ra) < 1e-9
 PY
 grep -q '^| metric |' "$tmp/ab.md" && ok || fail "ab Markdown"
+expect_rc 0 "ab with a passthrough baseline" -- "$cp" ab --no-preload --hide-output --baseline passthrough --a "" \
+  --b "max_split_size_mb:64" -n 1 -- "$cp" replay --quiet $traces/serve.csv
+expect_out "^metric +base median +base min–max +A median" "baseline columns come first"
+expect_out "^peak reserved +— +— +[0-9]" "the pool's figures are blank for passthrough"
+expect_out "^wall time +[0-9.]+ [mu]?s" "the baseline's wall time is shown"
 expect_rc 1 "ab with failing runs" -- "$cp" ab --no-preload --a "" --b "" -n 1 -- sh -c 'exit 4'
 expect_out "FAILED: exit status 4" "failed run reported"
 expect_rc 1 "ab when no summary is written" -- "$cp" ab --a "" --b "" -n 1 -- true

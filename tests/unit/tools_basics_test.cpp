@@ -109,6 +109,7 @@ TEST(ToolsMetrics, FromStats) {
   EXPECT_EQ(*m.values[4], 6);            // upstream calls
   EXPECT_DOUBLE_EQ(*m.values[6], 0.75);  // hit rate
   EXPECT_FALSE(metrics_from_stats(s, std::nullopt).values[0]);
+  EXPECT_FALSE(metrics_from_stats(Stats{}, 1.0).values[6]);  // no lookups: no hit rate
 }
 
 }  // namespace

@@ -27,8 +27,13 @@ TEST(ToolsTune, RecommendsMaxSplitSizeWhenItHelps) {
   ASSERT_FALSE(res.ranked.empty());
   const Candidate& best = res.ranked.front();
   EXPECT_TRUE(best.feasible);
-  EXPECT_NE(best.conf.find("max_split_size_mb:"), std::string::npos) << best.conf;
-  EXPECT_EQ(best.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(130 * MiB));
+  EXPECT_EQ(best.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(130 * MiB)) << best.conf;
+  // max_split_size_mb alone reaches it (expandable segments may too, and win on upstream calls).
+  bool split_found = false;
+  for (const auto& c : res.ranked)
+    split_found |= c.feasible && c.changed_keys == 1 && c.conf.rfind("max_split_size_mb:", 0) == 0 &&
+                   c.result.stats.reserved_bytes[kAll].peak == static_cast<std::int64_t>(130 * MiB);
+  EXPECT_TRUE(split_found);
   const Candidate& def = res.ranked[res.default_index];
   EXPECT_EQ(def.conf, "");
   EXPECT_EQ(def.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(200 * MiB));
@@ -64,7 +69,7 @@ TEST(ToolsTune, BoundExcludesPoliciesWithTooManyUpstreamCalls) {
   std::string err;
   ASSERT_TRUE(tune(p, default_search_space(p.facts), cfg, &res, &err)) << err;
   for (const auto& c : res.ranked) {
-    auto calls = c.result.stats.num_device_alloc + c.result.stats.num_device_free;
+    auto calls = c.result.upstream_calls;
     EXPECT_EQ(c.feasible, static_cast<double>(calls) <= res.call_limit && c.result.stats.num_ooms == 0) << c.conf;
   }
   EXPECT_TRUE(res.ranked.front().feasible);
