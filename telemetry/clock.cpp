@@ -48,8 +48,9 @@ void StampClock::begin_batch() noexcept {
   const Anchor a1 = anchor();
   const double dstamp = static_cast<double>(a1.stamp - a0_.stamp);
   const double dns = static_cast<double>(a1.mono_ns - a0_.mono_ns);
-  // Too short an interval gives a noisy rate; until then assume ~1 ns per count.
-  if (dstamp > 1e5 && dns > 0) ns_per_stamp_ = dns / dstamp;
+  // Every stamp being converted lies between the two anchors, so interpolating between them is
+  // accurate to the anchors' own skew (tens of ns) however short the interval is.
+  if (dstamp >= 1000 && dns > 0) ns_per_stamp_ = dns / dstamp;
 }
 
 std::int64_t StampClock::to_epoch_ns(std::uint64_t stamp) noexcept {

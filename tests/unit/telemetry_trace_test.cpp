@@ -5,6 +5,8 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <time.h>
+
 #include <chrono>
 #include <thread>
 
@@ -277,6 +279,35 @@ TEST(TelemetryTrace, RowsReachTheFileWithoutAnExplicitFlush) {
     lines = read_lines(path.str()).size();
   }
   EXPECT_EQ(lines, 11u);  // header + 10 rows, within 2 s (the period is 200 ms)
+}
+
+std::int64_t realtime_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+}
+
+TEST(TelemetryTrace, TimeNsIsWallClockTime) {
+  TempPath path;
+  std::string err;
+  auto w = TraceWriter::open(path.str(), &err);
+  ASSERT_TRUE(w) << err;
+  std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // [before, after] each event
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 + 7 * i));
+    const std::int64_t before = realtime_ns();
+    w->on_event(ev(EventKind::allocate, 0x1000 + i, 512, 512, 0));
+    windows.emplace_back(before, realtime_ns());
+  }
+  w->flush();
+  std::vector<TraceRow> rows;
+  ASSERT_TRUE(read_trace_file(path.str(), &rows, &err)) << err;
+  ASSERT_EQ(rows.size(), 5u);
+  constexpr std::int64_t kSlack = 200'000;  // 0.2 ms: clock anchors and interpolation
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_GE(rows[i].time_ns, windows[i].first - kSlack) << i;
+    EXPECT_LE(rows[i].time_ns, windows[i].second + kSlack) << i;
+  }
 }
 
 TEST(TelemetryTrace, OpenFailsWithReason) {
