@@ -54,10 +54,11 @@ bench: $(BENCH_BINS)
 FUZZ_TIME ?= 30
 fuzz: $(FUZZ_TARGETS)
 	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f ($(FUZZ_TIME) s)"; \
-	  n=$$(basename $$f); mkdir -p $(BUILD)/fuzz-corpus/$$n; \
+	  n=$$(basename $$f); mkdir -p $(BUILD)/fuzz-corpus/$$n $(BUILD)/fuzz-artifacts; \
 	  seeds=; [ -d tests/fuzz/corpus/$$n ] && seeds=tests/fuzz/corpus/$$n; \
-	  $$f -max_total_time=$(FUZZ_TIME) -timeout=5 -rss_limit_mb=2048 -print_final_stats=1 \
-	      $(BUILD)/fuzz-corpus/$$n $$seeds 2>&1 | tail -n 15; done
+	  bash -o pipefail -c "$$f -max_total_time=$(FUZZ_TIME) -timeout=5 -rss_limit_mb=2048 \
+	      -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz-artifacts/ \
+	      $(BUILD)/fuzz-corpus/$$n $$seeds 2>&1 | tail -n 15"; done
 
 install: $(PROGRAMS)
 	install -d $(PREFIX)/lib $(PREFIX)/bin $(PREFIX)/include
