@@ -216,7 +216,7 @@ const std::array<KeySpec, 24> kKeys{{
      {}, apply_roundup, format_roundup_key, default_roundup},
     {"garbage_collection_threshold", K::number, "a number strictly between 0 and 1", "0.8",
      "free old cached blocks when reserved memory exceeds this fraction of the allowed memory "
-     "(needs per_process_memory_fraction or max_reserved_mb)",
+     "(the limit set by per_process_memory_fraction or max_reserved_mb, else the device's total memory)",
      {}, apply_gc, format_gc, default_gc},
     {"expandable_segments", K::boolean, "True or False (any case)", "True",
      "grow one virtual range per stream instead of allocating separate segments",

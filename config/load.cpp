@@ -68,11 +68,6 @@ std::string parse_on_error(std::string_view text, OnError& out) {
 
 // Warnings about combinations that are valid but do not do what they seem to.
 void add_combination_warnings(Policy& p) {
-  if (p.pool.garbage_collection_threshold > 0 && p.pool.per_process_memory_fraction == 0 &&
-      p.pool.max_reserved == kNoLimit)
-    config::warn_once(p.warnings,
-                      "garbage_collection_threshold has no effect without per_process_memory_fraction or "
-                      "max_reserved_mb (the threshold is a fraction of the allowed memory)");
   if (p.backend == Backend::passthrough)
     for (const auto& [key, origin] : p.origin)
       if (key != "backend" && key != "on_error" && key.rfind("log_", 0) != 0 && origin != "default") {
