@@ -13,6 +13,7 @@
 #include <istream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "allocator/events.h"
@@ -113,9 +114,12 @@ class TraceReader {
 
  private:
   bool read_header();
+  bool next_line(std::string_view* line);
   bool fail(std::string what);
   std::istream& in_;
-  std::string buf_;
+  std::string buf_;            // a window of the input; lines are views into it
+  std::size_t pos_ = 0, end_ = 0;
+  bool eof_ = false;
   std::string error_;
   std::size_t line_ = 0;
   bool header_done_ = false;

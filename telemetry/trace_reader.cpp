@@ -2,6 +2,7 @@
 // read with "line N: column C (Name): what". Input is untrusted (files from other machines, hand
 // edits), so nothing here throws or indexes past what it checked.
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <string_view>
 
@@ -17,6 +18,15 @@ constexpr const char* kColumnNames[] = {"Thread", "Time",      "Action",  "Point
                                         "duration_ns"};
 
 bool parse_action(std::string_view s, TraceAction* out) {
+  // The two actions of nearly every row first.
+  if (s == "allocate") {
+    *out = TraceAction::allocate;
+    return true;
+  }
+  if (s == "free") {
+    *out = TraceAction::free;
+    return true;
+  }
   for (int i = 0; i <= static_cast<int>(TraceAction::device); ++i) {
     auto a = static_cast<TraceAction>(i);
     if (s == trace_action_name(a)) {
@@ -80,7 +90,52 @@ std::string show(std::string_view field) {
 
 }  // namespace
 
+// Input is read in 1 MiB blocks and split with memchr: several times faster than getline, which
+// matters for `cudapool replay` on traces of millions of rows. A valid row is < 256 bytes; a
+// "line" filling the whole window is an error rather than a reason to buffer without bound.
+constexpr std::size_t kWindow = 1 << 20;
+
 TraceReader::TraceReader(std::istream& in) : in_(in) {}
+
+bool TraceReader::next_line(std::string_view* line) {
+  if (buf_.empty()) buf_.resize(kWindow);
+  while (true) {
+    const char* start = buf_.data() + pos_;
+    if (const void* nl = std::memchr(start, '\n', end_ - pos_)) {
+      const auto len = static_cast<std::size_t>(static_cast<const char*>(nl) - start);
+      *line = std::string_view(start, len);
+      pos_ += len + 1;
+      ++line_;
+      return true;
+    }
+    if (eof_) {
+      if (pos_ == end_) return false;
+      *line = std::string_view(start, end_ - pos_);  // last line without a newline
+      pos_ = end_;
+      ++line_;
+      return true;
+    }
+    if (pos_ > 0) {
+      std::memmove(buf_.data(), start, end_ - pos_);
+      end_ -= pos_;
+      pos_ = 0;
+    }
+    if (end_ == buf_.size()) {
+      ++line_;
+      return fail("line longer than " + std::to_string(kWindow) + " bytes (not a trace?)");
+    }
+    in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
+    const auto n = static_cast<std::size_t>(in_.gcount());
+    end_ += n;
+    if (n == 0) {
+      if (in_.bad()) {
+        ++line_;
+        return fail("read error");
+      }
+      eof_ = true;
+    }
+  }
+}
 
 bool TraceReader::fail(std::string what) {
   error_ = "line " + std::to_string(line_) + ": " + std::move(what);
@@ -89,13 +144,13 @@ bool TraceReader::fail(std::string what) {
 
 bool TraceReader::read_header() {
   header_done_ = true;
-  if (!std::getline(in_, buf_)) {
+  std::string_view h;
+  if (!next_line(&h)) {
+    if (!error_.empty()) return false;
     line_ = 1;
     return fail("empty file: expected the header '" + std::string(kRmmHeader) + "…'");
   }
-  ++line_;
-  if (!buf_.empty() && buf_.back() == '\r') buf_.pop_back();
-  std::string_view h = buf_;
+  if (!h.empty() && h.back() == '\r') h.remove_suffix(1);
   // A UTF-8 byte order mark from editors that add one.
   if (h.substr(0, 3) == "\xEF\xBB\xBF") h.remove_prefix(3);
   if (h == kRmmHeader) {
@@ -114,18 +169,15 @@ bool TraceReader::read_header() {
 bool TraceReader::next(TraceRow* row) {
   if (!error_.empty()) return false;
   if (!header_done_ && !read_header()) return false;
-  if (!std::getline(in_, buf_)) {
-    if (in_.bad()) return fail("read error");
-    return false;  // clean end of input
-  }
-  ++line_;
-  if (!buf_.empty() && buf_.back() == '\r') buf_.pop_back();
-  if (buf_.empty()) return fail("empty line (a trace has no blank lines)");
+  std::string_view line;
+  if (!next_line(&line)) return false;  // clean end of input, or error_ set
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (line.empty()) return fail("empty line (a trace has no blank lines)");
 
   const std::size_t want = rmm_only_ ? 6 : 10;
   std::string_view f[10];
   std::size_t n = 0;
-  std::string_view rest = buf_;
+  std::string_view rest = line;
   while (true) {
     std::size_t comma = rest.find(',');
     if (n == want) {
