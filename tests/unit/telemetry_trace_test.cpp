@@ -182,6 +182,41 @@ TEST(TelemetryTrace, ReaderRejectsMalformedInputWithLineNumber) {
   }
 }
 
+TEST(TelemetryTrace, ReaderHandlesManyWindowsAndAMissingFinalNewline) {
+  // ~9 MB: rows straddle the reader's 1 MiB window boundaries many times.
+  std::string text = std::string(trace_header()) + "\n";
+  TraceRow r;
+  r.thread = 7;
+  r.time_ns = 1'700'000'000'000'000'000LL;
+  constexpr int kRows = 100000;
+  for (int i = 0; i < kRows; ++i) {
+    r.ptr = 0x7f0000000000 + static_cast<std::uintptr_t>(i) * 512;
+    r.size = static_cast<std::size_t>(i);
+    text += format_trace_row(r);
+    if (i + 1 < kRows) text += "\n";  // no newline after the last row
+  }
+  std::istringstream in(text);
+  TraceReader reader(in);
+  TraceRow got;
+  int n = 0;
+  while (reader.next(&got)) {
+    ASSERT_EQ(got.size, static_cast<std::size_t>(n)) << "row " << n;
+    ASSERT_EQ(got.ptr, 0x7f0000000000 + static_cast<std::uintptr_t>(n) * 512);
+    ++n;
+  }
+  EXPECT_EQ(reader.error(), "");
+  EXPECT_EQ(n, kRows);
+  EXPECT_EQ(reader.line(), static_cast<std::size_t>(kRows + 1));
+}
+
+TEST(TelemetryTrace, ReaderRefusesAnEndlessLine) {
+  std::istringstream in(std::string(trace_header()) + "\n" + std::string(3 << 20, '7'));
+  TraceReader reader(in);
+  TraceRow r;
+  EXPECT_FALSE(reader.next(&r));
+  EXPECT_NE(reader.error().find("line 2: line longer than"), std::string::npos) << reader.error();
+}
+
 TEST(TelemetryTrace, ReadTraceFileNamesPathAndLine) {
   TempPath path;
   {
