@@ -156,8 +156,11 @@ std::size_t format_row(const TraceRow& r, std::int64_t utc_offset_s, char* out) 
 }  // namespace trace_detail
 
 std::string format_trace_row(const TraceRow& row) {
+  // localtime_r takes a global lock and may read the zone file: once per process is enough
+  // (tools format millions of rows through here).
+  static const std::int64_t offset = trace_detail::local_utc_offset_s();
   char buf[trace_detail::kMaxRowChars];
-  std::size_t n = trace_detail::format_row(row, trace_detail::local_utc_offset_s(), buf);
+  std::size_t n = trace_detail::format_row(row, offset, buf);
   return std::string(buf, n - 1);  // without the newline
 }
 
