@@ -132,8 +132,12 @@ void BM_Baseline_MallocTrace(benchmark::State& state) {
 }
 BENCHMARK(BM_Baseline_MallocTrace)->Unit(benchmark::kMillisecond);
 
+// Arg 0: classic segments; 1: expandable segments (2 MiB pages).
 void BM_Pool_Trace(benchmark::State& state) {
-  Rig rig(with_sync(FreeSync::immediate));
+  PoolOptions o = with_sync(FreeSync::immediate);
+  o.expandable_segments = state.range(0) != 0;
+  Rig rig(o);
+  rig.up.set_granularity(2 * MiB);
   const auto& ops = trace();
   std::vector<void*> slots(1000, nullptr);
   for (auto _ : state) {
@@ -148,10 +152,12 @@ void BM_Pool_Trace(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * ops.size()));
   state.counters["segments"] = static_cast<double>(rig.pool.stats().segment[kAll].peak);
+  state.counters["peak_reserved_MiB"] = static_cast<double>(rig.pool.stats().reserved_bytes[kAll].peak) / MiB;
+  state.counters["peak_allocated_MiB"] = static_cast<double>(rig.pool.stats().allocated_bytes[kAll].peak) / MiB;
   state.counters["hit_rate"] = static_cast<double>(rig.pool.stats().cache_hits) /
                                static_cast<double>(rig.pool.stats().cache_hits + rig.pool.stats().cache_misses);
 }
-BENCHMARK(BM_Pool_Trace)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Pool_Trace)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 // ---- contention: every thread allocates and frees on its own stream, one shared pool ---------
 Rig& shared_rig() {
