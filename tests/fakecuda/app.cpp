@@ -442,6 +442,39 @@ void queries() {
   CHECK_OK(api.cuMemFree(pitched));
 }
 
+void c_api_calls() {
+  start_cuda();
+  CHECK(c_api<int (*)()>("cudapool_api_version")() == CUDAPOOL_API_VERSION);
+  CUdeviceptr a = 0, b = 0;
+  CHECK_OK(api.cuMemAlloc(&a, 1000));
+  CHECK_OK(api.cuMemAlloc(&b, 30 << 20));
+  auto snapshot = c_api<size_t (*)(char*, size_t)>("cudapool_snapshot_json");
+  const size_t n = snapshot(nullptr, 0);
+  std::string json(n + 1, '\0');
+  CHECK(snapshot(json.data(), json.size()) == n);
+  json.resize(n);
+  CHECK(json.rfind("{\"segments\": [", 0) == 0 && json.back() == '}');
+  CHECK(json.find("\"segment_type\": \"small\"") != std::string::npos);
+  CHECK(json.find("\"segment_type\": \"large\"") != std::string::npos);
+  CHECK(json.find("\"address\": " + std::to_string(a) + ", \"size\": 1024, \"requested_size\": 1000, "
+                  "\"state\": \"active_allocated\"") != std::string::npos);
+  char tiny[8];
+  CHECK(snapshot(tiny, sizeof tiny) == n && std::strlen(tiny) == 7);  // truncated, terminated
+  CHECK_OK(api.cuMemFree(b));
+  const size_t released = c_api<size_t (*)()>("cudapool_empty_cache")();
+  CHECK(released == (30u << 20));
+  CHECK(stats().reserved_bytes == (2 << 20));
+  auto set_level = c_api<int (*)(const char*)>("cudapool_set_log_level");
+  CHECK(set_level("debug") == 0);
+  CHECK(set_level("loud") == -1);
+  auto passes = c_api<int64_t (*)(const char*)>("cudapool_passthrough_count");
+  CHECK(passes("capture") == 0);
+  CHECK(passes("no_such_kind") == -1);
+  cudapool_stats none{};
+  CHECK(c_api<int (*)(int, cudapool_stats*)>("cudapool_get_stats")(1, &none) == -1);
+  CHECK_OK(api.cuMemFree(a));
+}
+
 void reset() {
   CUcontext ctx = start_cuda();
   CUdeviceptr p = 0;
@@ -659,7 +692,7 @@ int main(int argc, char** argv) {
       {"async_streams", async_streams}, {"foreign_pointers", foreign_pointers}, {"capture", capture},
       {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
       {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
-      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"bench", bench},
+      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"bench", bench},
   };
   for (auto& sc : scenarios) {
     if (s == sc.name) {

@@ -99,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(
     BothResolutionStyles, Scenario,
     ::testing::Combine(::testing::Values("pooling", "resolution", "fenced_reuse", "async_streams",
                                          "foreign_pointers", "capture", "bad_frees", "queries", "reset",
-                                         "fork_child", "threads"),
+                                         "fork_child", "threads", "c_api_calls"),
                        ::testing::Bool()),
     [](const auto& info) {
       return std::get<0>(info.param) + (std::get<1>(info.param) ? "_lcuda" : "_cudart");
