@@ -33,6 +33,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   Impl& I = *impl_;
   const std::size_t rounded = round_size(size, I.opt);
   Impl::Lock lk(I.mu);
+  if (!I.retired.empty()) I.retired.erase(stream);
   if (I.has_fence_work()) I.service_fences();
   Impl::Fit fit = I.find_fit(rounded, stream);
   if (!fit) return I.allocate_slow(lk, size, rounded, stream);
@@ -50,7 +51,7 @@ FreeStatus DevicePool::free(void* ptr) {
   if (b == nullptr) return I.diagnose_bad_free(p);
   I.unallocate(b);
   I.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
-  if (I.opt.free_sync == FreeSync::immediate) {
+  if (I.opt.free_sync == FreeSync::immediate && (I.retired.empty() || I.retired.count(b->owner) == 0)) {
     I.make_local(b, b->owner);
   } else {
     // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
@@ -70,6 +71,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   if (b == nullptr) return I.diagnose_bad_free(p);
   I.unallocate(b);
   I.emit(EventKind::free, b->ptr, b->size, b->requested, stream);
+  if (!I.retired.empty()) I.retired.erase(stream);
   I.make_local(b, stream);
   return FreeStatus::ok;
 }

@@ -171,6 +171,7 @@ std::size_t DevicePool::empty_cache() {
 void DevicePool::retire_stream(StreamId stream) {
   Impl& I = *impl_;
   Impl::Lock lk(I.mu);
+  I.retired.insert(stream);
   auto it = I.streams.find(stream);
   if (it == I.streams.end()) return;
   Impl::StreamFree* sf = it->second.get();

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "allocator/node_pool.h"
@@ -182,6 +183,11 @@ struct DevicePool::Impl {
   Batch* dev_tail = nullptr;
   Batch* retire_head = nullptr;              // retire batches (unordered)
   std::vector<StreamFree*> promo_list;       // streams with an outstanding promotion fence
+  // Streams retired and not seen since: a block allocated there and freed with free() under
+  // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
+  // on it), so it takes the device-fenced path instead. A later use of the same handle value
+  // means CUDA reused it for a new stream: it leaves the set.
+  std::unordered_set<StreamId> retired;
 
   std::uint64_t epoch = 0;        // bumped by every stream-local free
   std::uint64_t searches[2] = {0, 0};

@@ -192,6 +192,7 @@ void DevicePool::Impl::forget_all() {
   for (FreeSet& s : shared) s.clear();
   last_sf = nullptr;
   streams.clear();
+  retired.clear();
   promo_list.clear();
   for (Batch* b = dev_head; b != nullptr;) {
     Batch* next = b->next;

@@ -186,3 +186,24 @@ TEST(PoolStreams, DestructorReleasesEverythingAndEveryFence) {
   EXPECT_EQ(fence.outstanding(), 0u);
   EXPECT_EQ(fence.bad_calls(), 0u);
 }
+
+// FreeSync::immediate: a block allocated on a stream that was retired since must not become
+// local to the dead stream (no fence could be recorded there): it waits for a device fence.
+TEST(PoolStreams, ImmediateFreeAfterRetireUsesDeviceFence) {
+  PoolRig rig(immediate_options());
+  void* a = rig.alloc(1 * MiB, kS1);
+  rig.pool->retire_stream(kS1);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->snapshot().segments[0].blocks[0].state, BlockState::active_pending_free);
+  void* b = rig.alloc(1 * MiB, kS2);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.fence.stream_records(), 0u);  // nothing recorded on the dead stream
+  rig.fence.complete_all();
+  EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);
+  // The handle used again (CUDA reuses values): it is a live stream once more.
+  void* c = rig.alloc(4 * KiB, kS1);
+  ASSERT_EQ(rig.pool->free(c), FreeStatus::ok);
+  EXPECT_EQ(rig.alloc(4 * KiB, kS1), c);  // local again, reusable at once
+  rig.expect_intact();
+}
