@@ -74,7 +74,7 @@ class Parser {
       ws();
       Value member;
       if (!value(&member, depth + 1)) return false;
-      v->members.emplace_back(std::move(key), std::move(member));
+      v->members.push_back(Member{std::move(key), std::move(member)});
       ws();
       if (pos_ >= t_.size()) return fail("unexpected end of input in an object");
       if (t_[pos_] == ',') {

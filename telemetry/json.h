@@ -4,10 +4,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace cudapool::json {
+
+struct Member;
 
 struct Value {
   enum class Type : std::uint8_t { null, boolean, integer, number, string, array, object };
@@ -17,12 +18,18 @@ struct Value {
   double d = 0.0;
   std::string s;
   std::vector<Value> items;                             // array
-  std::vector<std::pair<std::string, Value>> members;   // object, in file order
+  std::vector<Member> members;                          // object, in file order
 
   // The member named `key`, or nullptr (also when this is not an object).
   const Value* find(std::string_view key) const;
   bool is_number() const { return type == Type::integer || type == Type::number; }
   double as_double() const { return type == Type::integer ? static_cast<double>(i) : d; }
+};
+
+// (A struct rather than std::pair: a pair of an incomplete type may not be named inside Value.)
+struct Member {
+  std::string key;
+  Value value;
 };
 
 // Parses one JSON document (trailing whitespace allowed). Depth is capped so hostile input

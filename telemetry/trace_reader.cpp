@@ -1,6 +1,7 @@
 // Strict trace reader. Every field is checked for shape and range; the first problem stops the
 // read with "line N: column C (Name): what". Input is untrusted (files from other machines, hand
 // edits), so nothing here throws or indexes past what it checked.
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -90,7 +91,7 @@ std::string show(std::string_view field) {
 
 }  // namespace
 
-// Input is read in 1 MiB blocks and split with memchr: several times faster than getline, which
+// Input is read in blocks (a window growing to 1 MiB) and split with memchr: several times faster than getline, which
 // matters for `cudapool replay` on traces of millions of rows. A valid row is < 256 bytes; a
 // "line" filling the whole window is an error rather than a reason to buffer without bound.
 constexpr std::size_t kWindow = 1 << 20;
@@ -98,7 +99,7 @@ constexpr std::size_t kWindow = 1 << 20;
 TraceReader::TraceReader(std::istream& in) : in_(in) {}
 
 bool TraceReader::next_line(std::string_view* line) {
-  if (buf_.empty()) buf_.resize(kWindow);
+  if (buf_.empty()) buf_.resize(64 * 1024);  // grows to kWindow for big inputs
   while (true) {
     const char* start = buf_.data() + pos_;
     if (const void* nl = std::memchr(start, '\n', end_ - pos_)) {
@@ -120,7 +121,9 @@ bool TraceReader::next_line(std::string_view* line) {
       end_ -= pos_;
       pos_ = 0;
     }
-    if (end_ == buf_.size()) {
+    if (end_ == buf_.size() && buf_.size() < kWindow) {
+      buf_.resize(std::min(buf_.size() * 2, kWindow));
+    } else if (end_ == buf_.size()) {
       ++line_;
       return fail("line longer than " + std::to_string(kWindow) + " bytes (not a trace?)");
     }

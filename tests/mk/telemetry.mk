@@ -12,3 +12,20 @@ $(TELEMETRY_BENCH_BIN): $(TELEMETRY_BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_L
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) -lbenchmark -pthread
 BENCH_BINS += $(if $(TELEMETRY_BENCH_SRCS),$(TELEMETRY_BENCH_BIN))
+
+# libFuzzer targets (clang): the trace reader and the JSON summary reader, with the telemetry
+# sources rebuilt with the sanitizers in their own object tree.
+TELEMETRY_FUZZ_CXX ?= clang++
+TELEMETRY_FUZZ_FLAGS := -std=c++20 -O1 -g -fno-omit-frame-pointer \
+  -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all $(CPPFLAGS)
+TELEMETRY_FUZZ_OBJ := $(BUILD)/fuzz/telemetry-obj
+$(TELEMETRY_FUZZ_OBJ)/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(TELEMETRY_FUZZ_CXX) $(TELEMETRY_FUZZ_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/fuzz/telemetry_trace: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_trace.o \
+    telemetry/trace_reader.o telemetry/trace_format.o)
+	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
+$(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
+    telemetry/summary.o telemetry/json.o telemetry/logging.o)
+	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
+FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary
