@@ -113,6 +113,7 @@ using PFN_cuStreamCreateWithPriority = CUresult (*)(CUstream*, unsigned, int);
 using PFN_cuStreamDestroy_v2 = CUresult (*)(CUstream);
 using PFN_cuStreamIsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 using PFN_cuStreamBeginCapture_v2 = CUresult (*)(CUstream, CUstreamCaptureMode);
+using PFN_cuStreamBeginCapture_v1 = CUresult (*)(CUstream);
 using PFN_cuStreamEndCapture = CUresult (*)(CUstream, CUgraph*);
 using PFN_cuEventCreate = CUresult (*)(CUevent*, unsigned);
 using PFN_cuEventRecord = CUresult (*)(CUevent, CUstream);

@@ -57,28 +57,29 @@ CUresult end_capture(CUstream s, CUgraph* graph, bool ptsz) {
 
 }  // namespace
 
-CUDAPOOL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-  const RealDriver* d = real_driver();
-  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+namespace {
+
+CUresult destroy_context(CUcontext ctx, PFN_cuCtxDestroy_v2 real) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   retire_context(Runtime::peek(), ctx);  // before the driver frees the context's memory
-  return d->cuCtxDestroy_v2(ctx);
+  return real(ctx);
 }
 
-CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+CUresult reset_primary(CUdevice dev, PFN_cuDevicePrimaryCtxReset_v2 real) {
   const RealDriver* d = real_driver();
-  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d == nullptr || real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Runtime* rt = Runtime::peek();
   if (rt != nullptr) retire_context(rt, primary_context(*d, dev));
-  return d->cuDevicePrimaryCtxReset_v2(dev);
+  return real(dev);
 }
 
-CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+CUresult release_primary(CUdevice dev, PFN_cuDevicePrimaryCtxRelease_v2 real) {
   const RealDriver* d = real_driver();
-  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d == nullptr || real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Runtime* rt = Runtime::peek();
-  if (rt == nullptr || Runtime::exiting()) return d->cuDevicePrimaryCtxRelease_v2(dev);
+  if (rt == nullptr || Runtime::exiting()) return real(dev);
   CUcontext ctx = primary_context(*d, dev);
-  CUresult r = d->cuDevicePrimaryCtxRelease_v2(dev);
+  CUresult r = real(dev);
   // The last release destroys the primary context (and its memory): drop the pool with it.
   unsigned flags = 0;
   int active = 1;
@@ -87,6 +88,31 @@ CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     retire_context(rt, ctx);
   }
   return r;
+}
+
+const RealDriver& driver_or_empty() {
+  static const RealDriver empty{};
+  const RealDriver* d = real_driver();
+  return d != nullptr ? *d : empty;
+}
+
+}  // namespace
+
+// Each comes in the versions cudart still resolves: cudart 13.0 asks for
+// cuDevicePrimaryCtxReset/Release with version 7000, i.e. the v1 symbols.
+CUDAPOOL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return destroy_context(ctx, driver_or_empty().cuCtxDestroy_v2); }
+CUDAPOOL_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return destroy_context(ctx, driver_or_empty().cuCtxDestroy); }
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return reset_primary(dev, driver_or_empty().cuDevicePrimaryCtxReset_v2);
+}
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return reset_primary(dev, driver_or_empty().cuDevicePrimaryCtxReset);
+}
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return release_primary(dev, driver_or_empty().cuDevicePrimaryCtxRelease_v2);
+}
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return release_primary(dev, driver_or_empty().cuDevicePrimaryCtxRelease);
 }
 
 CUDAPOOL_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned flags) {
@@ -105,9 +131,9 @@ CUDAPOOL_EXPORT CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags
   return r;
 }
 
-CUDAPOOL_EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
-  const RealDriver* d = real_driver();
-  if (d == nullptr || d->cuStreamDestroy_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+namespace {
+CUresult destroy_stream(CUstream s, PFN_cuStreamDestroy_v2 real) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Runtime* rt = Runtime::peek();
   if (rt != nullptr && rt->native() && !Runtime::exiting() && s != nullptr) {
     ContextPool* owner = nullptr;
@@ -120,14 +146,33 @@ CUDAPOOL_EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
     // the handle is still valid.
     if (owner != nullptr) owner->pool.retire_stream(stream_id(s, false));
   }
-  return d->cuStreamDestroy_v2(s);
+  return real(s);
 }
+}  // namespace
+
+CUDAPOOL_EXPORT CUresult cuStreamDestroy_v2(CUstream s) { return destroy_stream(s, driver_or_empty().cuStreamDestroy_v2); }
+CUDAPOOL_EXPORT CUresult cuStreamDestroy(CUstream s) { return destroy_stream(s, driver_or_empty().cuStreamDestroy); }
 
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
   return begin_capture(s, mode, false);
 }
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
   return begin_capture(s, mode, true);
+}
+// CUDA 10.0's form: no mode argument, the capture is global-mode.
+CUDAPOOL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuStreamBeginCapture == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = d->cuStreamBeginCapture(s);
+  if (r == CUDA_SUCCESS) capture_began(stream_id(s, false), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  return r;
+}
+CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuStreamBeginCapture_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = d->cuStreamBeginCapture_ptsz(s);
+  if (r == CUDA_SUCCESS) capture_began(stream_id(s, true), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  return r;
 }
 CUDAPOOL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) { return end_capture(s, graph, false); }
 CUDAPOOL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) { return end_capture(s, graph, true); }

@@ -28,11 +28,17 @@ CUresult cuPointerGetAttributes(unsigned, CUpointer_attribute*, void**, CUdevice
 CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
 CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
 CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuCtxDestroy(CUcontext);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuDevicePrimaryCtxReset(CUdevice);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuDevicePrimaryCtxRelease(CUdevice);
 CUresult cuStreamCreate(CUstream*, unsigned);
 CUresult cuStreamCreateWithPriority(CUstream*, unsigned, int);
 CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamDestroy(CUstream);
+CUresult cuStreamBeginCapture(CUstream);
+CUresult cuStreamBeginCapture_ptsz(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
@@ -70,12 +76,18 @@ const Hook kHooks[] = {
     {"cuPointerGetAttributes", 7000, INT_MAX, kAny, "cuPointerGetAttributes", W(cuPointerGetAttributes)},
     {"cuIpcGetMemHandle", 4010, INT_MAX, kAny, "cuIpcGetMemHandle", W(cuIpcGetMemHandle)},
     {"cuMemPoolTrimTo", 11020, INT_MAX, kAny, "cuMemPoolTrimTo", W(cuMemPoolTrimTo)},
+    {"cuCtxDestroy", 2000, 4000, kAny, "cuCtxDestroy", W(cuCtxDestroy)},
     {"cuCtxDestroy", 4000, INT_MAX, kAny, "cuCtxDestroy_v2", W(cuCtxDestroy_v2)},
+    {"cuDevicePrimaryCtxReset", 7000, 11000, kAny, "cuDevicePrimaryCtxReset", W(cuDevicePrimaryCtxReset)},
     {"cuDevicePrimaryCtxReset", 11000, INT_MAX, kAny, "cuDevicePrimaryCtxReset_v2", W(cuDevicePrimaryCtxReset_v2)},
+    {"cuDevicePrimaryCtxRelease", 7000, 11000, kAny, "cuDevicePrimaryCtxRelease", W(cuDevicePrimaryCtxRelease)},
     {"cuDevicePrimaryCtxRelease", 11000, INT_MAX, kAny, "cuDevicePrimaryCtxRelease_v2", W(cuDevicePrimaryCtxRelease_v2)},
     {"cuStreamCreate", 2000, INT_MAX, kAny, "cuStreamCreate", W(cuStreamCreate)},
     {"cuStreamCreateWithPriority", 5050, INT_MAX, kAny, "cuStreamCreateWithPriority", W(cuStreamCreateWithPriority)},
+    {"cuStreamDestroy", 2000, 4000, kAny, "cuStreamDestroy", W(cuStreamDestroy)},
     {"cuStreamDestroy", 4000, INT_MAX, kAny, "cuStreamDestroy_v2", W(cuStreamDestroy_v2)},
+    {"cuStreamBeginCapture", 10000, 10010, kLegacy, "cuStreamBeginCapture", W(cuStreamBeginCapture)},
+    {"cuStreamBeginCapture", 10000, 10010, kPerThread, "cuStreamBeginCapture_ptsz", W(cuStreamBeginCapture_ptsz)},
     {"cuStreamBeginCapture", 10010, INT_MAX, kLegacy, "cuStreamBeginCapture_v2", W(cuStreamBeginCapture_v2)},
     {"cuStreamBeginCapture", 10010, INT_MAX, kPerThread, "cuStreamBeginCapture_v2_ptsz", W(cuStreamBeginCapture_v2_ptsz)},
     {"cuStreamEndCapture", 10000, INT_MAX, kLegacy, "cuStreamEndCapture", W(cuStreamEndCapture)},

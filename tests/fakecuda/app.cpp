@@ -149,7 +149,7 @@ static void resolve_api() {
   api.cuGetProcAddress = reinterpret_cast<PFN_cuGetProcAddress_v2>(self);
   get(api.cuInit, "cuInit", 2000);
   get(api.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000);
-  get(api.cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 11000);
+  get(api.cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000);  // cudart 13.0 asks for 7000 (v1)
   get(api.cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
   get(api.cuCtxDestroy, "cuCtxDestroy", 4000);
   get(api.cuMemAlloc, "cuMemAlloc", 3020);
@@ -240,6 +240,29 @@ void resolution() {
   CHECK(from_shim(reinterpret_cast<void*>(api.cuMemFreeAsync_ptds)));
   CHECK(from_shim(reinterpret_cast<void*>(api.cuGetProcAddress)));
   CHECK(!from_shim(reinterpret_cast<void*>(api.cuInit)));  // not hooked: the driver's own
+#ifndef CUDAPOOL_APP_LINKED
+  // Every version cudart may ask for maps to a wrapper of the matching ABI.
+  struct { const char* name; int version; cuuint64_t flags; const char* abi; } versions[] = {
+      {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
+      {"cuDevicePrimaryCtxReset", 11000, 0, "cuDevicePrimaryCtxReset_v2"},
+      {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
+      {"cuDevicePrimaryCtxRelease", 13000, 0, "cuDevicePrimaryCtxRelease_v2"},
+      {"cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture"},
+      {"cuStreamBeginCapture", 10000, 2, "cuStreamBeginCapture_ptsz"},
+      {"cuStreamBeginCapture", 12000, 2, "cuStreamBeginCapture_v2_ptsz"},
+      {"cuStreamEndCapture", 10000, 2, "cuStreamEndCapture_ptsz"},
+      {"cuStreamDestroy", 2000, 0, "cuStreamDestroy"},
+      {"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
+      {"cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"},
+      {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
+  };
+  for (auto& v : versions) {
+    void* fn = nullptr;
+    CHECK_OK(api.cuGetProcAddress(v.name, &fn, v.version, v.flags, nullptr));
+    CHECK(fn == dlsym(RTLD_DEFAULT, v.abi));  // the shim's export of exactly that ABI name
+    CHECK(from_shim(fn));
+  }
+#endif
   void* p = nullptr;
   CUdriverProcAddressQueryResult st = -1;
   // Too old a version: the driver's answer, untouched.

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -229,6 +230,9 @@ FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   destroy_context(&primaries[dev]);
   return CUDA_SUCCESS;
 }
+// The v1 entry points of the real driver have the same signatures and (here) the same effect.
+FAKE_API CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+FAKE_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
 FAKE_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned* flags, int* active) {
   std::lock_guard<std::mutex> lock(mu);
   *flags = 0;
@@ -268,6 +272,7 @@ FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   destroy_context(reinterpret_cast<Context*>(ctx));
   return CUDA_SUCCESS;
 }
+FAKE_API CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) {
   std::lock_guard<std::mutex> lock(mu);
   auto* c = new Context{dev, false, true, 1};
@@ -424,6 +429,8 @@ FAKE_API CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int) 
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuStreamCreate(CUstream* ph, unsigned flags) { return cuStreamCreateWithPriority(ph, flags, 0); }
+FAKE_API CUresult cuStreamDestroy_v2(CUstream hs);
+FAKE_API CUresult cuStreamDestroy(CUstream hs) { return cuStreamDestroy_v2(hs); }
 FAKE_API CUresult cuStreamDestroy_v2(CUstream hs) {
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = streams.begin(); it != streams.end(); ++it) {
@@ -453,6 +460,8 @@ static CUresult begin_capture(CUstream hs, CUstreamCaptureMode mode, bool ptsz) 
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, false); }
+FAKE_API CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, false); }
+FAKE_API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true); }
 FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, true); }
 static CUresult end_capture(CUstream hs, CUgraph* g, bool ptsz) {
   std::lock_guard<std::mutex> lock(mu);
@@ -538,10 +547,14 @@ const ProcEntry kProcs[] = {
     {"cuDeviceGet", 2000, P(cuDeviceGet), nullptr},
     {"cuDeviceGetCount", 2000, P(cuDeviceGetCount), nullptr},
     {"cuDevicePrimaryCtxRetain", 7000, P(cuDevicePrimaryCtxRetain), nullptr},
+    {"cuDevicePrimaryCtxRelease", 7000, P(cuDevicePrimaryCtxRelease), nullptr},
     {"cuDevicePrimaryCtxRelease", 11000, P(cuDevicePrimaryCtxRelease_v2), nullptr},
+    {"cuDevicePrimaryCtxReset", 7000, P(cuDevicePrimaryCtxReset), nullptr},
     {"cuDevicePrimaryCtxReset", 11000, P(cuDevicePrimaryCtxReset_v2), nullptr},
+    {"cuDevicePrimaryCtxGetState", 7000, P(cuDevicePrimaryCtxGetState), nullptr},
     {"cuCtxSetCurrent", 4000, P(cuCtxSetCurrent), nullptr},
     {"cuCtxGetCurrent", 4000, P(cuCtxGetCurrent), nullptr},
+    {"cuCtxDestroy", 2000, P(cuCtxDestroy), nullptr},
     {"cuCtxDestroy", 4000, P(cuCtxDestroy_v2), nullptr},
     {"cuMemAlloc", 3020, P(cuMemAlloc_v2), nullptr},
     {"cuMemAllocPitch", 3020, P(cuMemAllocPitch_v2), nullptr},
@@ -558,8 +571,10 @@ const ProcEntry kProcs[] = {
     {"cuDeviceGetDefaultMemPool", 11020, P(cuDeviceGetDefaultMemPool), nullptr},
     {"cuStreamCreate", 2000, P(cuStreamCreate), nullptr},
     {"cuStreamCreateWithPriority", 5050, P(cuStreamCreateWithPriority), nullptr},
+    {"cuStreamDestroy", 2000, P(cuStreamDestroy), nullptr},
     {"cuStreamDestroy", 4000, P(cuStreamDestroy_v2), nullptr},
     {"cuStreamIsCapturing", 10000, P(cuStreamIsCapturing), P(cuStreamIsCapturing_ptsz)},
+    {"cuStreamBeginCapture", 10000, P(cuStreamBeginCapture), P(cuStreamBeginCapture_ptsz)},
     {"cuStreamBeginCapture", 10010, P(cuStreamBeginCapture_v2), P(cuStreamBeginCapture_v2_ptsz)},
     {"cuStreamEndCapture", 10000, P(cuStreamEndCapture), P(cuStreamEndCapture_ptsz)},
     {"cuEventCreate", 2000, P(cuEventCreate), nullptr},
@@ -575,13 +590,17 @@ FAKE_API CUresult cuGetProcAddress_v2(const char* name, void** pfn, int version,
                                       CUdriverProcAddressQueryResult* status) {
   if (name == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *pfn = nullptr;
+  // Like the driver: the newest variant whose version is <= the one asked for.
   bool found_name = false;
+  const ProcEntry* best = nullptr;
   for (const ProcEntry& e : kProcs) {
     if (std::strcmp(e.name, name) != 0) continue;
     found_name = true;
-    if (version < e.min_version) continue;
+    if (version >= e.min_version && (best == nullptr || e.min_version > best->min_version)) best = &e;
+  }
+  if (best != nullptr) {
     const bool ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    *pfn = ptds && e.per_thread != nullptr ? e.per_thread : e.legacy;
+    *pfn = ptds && best->per_thread != nullptr ? best->per_thread : best->legacy;
     if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
   }
@@ -593,6 +612,10 @@ FAKE_API CUresult cuGetProcAddress_v2(const char* name, void** pfn, int version,
   }
   if (status != nullptr)
     *status = found_name ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  // FAKECUDA_TRACE=1 lists what a program asked for and did not get (to extend the fake).
+  if (std::getenv("FAKECUDA_TRACE") != nullptr)
+    std::fprintf(stderr, "fakecuda: no %s (version %d, flags %llu)\n", name, version,
+                 static_cast<unsigned long long>(flags));
   return CUDA_ERROR_NOT_FOUND;
 }
 FAKE_API CUresult cuGetProcAddress(const char* name, void** pfn, int version, cuuint64_t flags) {
