@@ -14,6 +14,7 @@ namespace cudapool::tools {
 
 PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   PreparedTrace out;
+  out.ops.reserve(rows.size());
   TraceFacts& f = out.facts;
   f.rows = rows.size();
   if (device < 0) {  // the device with the most allocations
@@ -26,8 +27,12 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
       if (n > best) best = n, device = d;
   }
   f.device = device;
-  std::unordered_map<std::uintptr_t, std::uint32_t> live;  // trace pointer -> slot
-  std::unordered_map<std::uint32_t, std::size_t> live_size;
+  struct LiveAlloc {
+    std::uint32_t slot;
+    std::size_t size;
+  };
+  std::unordered_map<std::uintptr_t, LiveAlloc> live;  // trace pointer -> its allocation
+  live.reserve(1024);
   std::unordered_set<std::uintptr_t> streams;
   std::unordered_set<int> others;
   bool saw_segments = false;
@@ -46,8 +51,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         std::uint32_t slot = out.slots++;
         // A pointer allocated again without a free in between: the old allocation's free was
         // lost (e.g. a trace cut short); the newest allocation owns the pointer.
-        live[r.ptr] = slot;
-        live_size[slot] = r.size;
+        live[r.ptr] = {slot, r.size};
         allocated += r.size;
         f.recorded_peak_allocated = std::max(f.recorded_peak_allocated, allocated);
         f.largest_allocation = std::max(f.largest_allocation, r.requested);
@@ -62,9 +66,8 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
           ++f.unmatched_frees;
           break;
         }
-        allocated -= live_size[it->second];
-        live_size.erase(it->second);
-        out.ops.push_back({ReplayOp::free, it->second, 0, r.stream, r.time_ns});
+        allocated -= it->second.size;
+        out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns});
         live.erase(it);
         ++f.frees;
         break;

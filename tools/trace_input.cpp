@@ -22,8 +22,10 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
     std::fprintf(stderr, "%s: %s\n", who, error.c_str());
     return kExitBadInput;
   }
-  out->parse_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto parsed = std::chrono::steady_clock::now();
+  out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
   out->prepared = prepare_trace(out->rows, device);
+  out->prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - parsed).count();
   if (out->prepared.facts.allocations == 0) {
     std::fprintf(stderr, "%s: %s: no allocation to replay%s\n", who, path.c_str(),
                  device >= 0 ? " on that device" : "");

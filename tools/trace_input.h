@@ -11,7 +11,8 @@ namespace cudapool::tools {
 struct LoadedTrace {
   std::vector<TraceRow> rows;
   PreparedTrace prepared;
-  double parse_seconds = 0;
+  double parse_seconds = 0;    // reading the CSV
+  double prepare_seconds = 0;  // matching pointers, building the ops
 };
 
 // 0 on success; else prints "<who>: <path>:<line>: <what>" and returns kExitNoInput (cannot
