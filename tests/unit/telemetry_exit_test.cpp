@@ -14,6 +14,12 @@
 #include "telemetry_util.h"
 
 namespace cudapool {
+// Where a child keeps its writer, as the shim keeps its own: alive until the process ends and
+// reachable (so leak checkers do not flag the deliberate non-destruction). External linkage so
+// the store is not optimised away.
+extern TraceWriter* g_telemetry_test_child_writer;
+TraceWriter* g_telemetry_test_child_writer = nullptr;
+
 namespace {
 
 using testing::read_lines;
@@ -52,8 +58,8 @@ TEST(TelemetryExit, TraceAndLogCompleteAfterExit) {
     p.log_file = logfile.str();
     if (!init_logging(p).empty()) ::_exit(3);
     std::string err;
-    // Leaked on purpose, as the shim does: only the exit handler can flush it.
-    TraceWriter* w = TraceWriter::open(trace.str(), &err).release();
+    // Never destroyed, as in the shim: only the exit handler can flush it.
+    TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
     if (w == nullptr) ::_exit(4);
     for (int i = 0; i < kEvents; ++i) w->on_event(alloc_event(i));
     for (int i = 0; i < 50; ++i) log().info("line {}", i);
@@ -87,7 +93,7 @@ TEST(TelemetryExit, TraceAndLogCompleteAfterHandledSigterm) {
     p.log_file = logfile.str();
     if (!init_logging(p).empty()) ::_exit(3);
     std::string err;
-    TraceWriter* w = TraceWriter::open(trace.str(), &err).release();
+    TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
     if (w == nullptr) ::_exit(4);
     std::uint64_t n = 0;
     while (!g_term.load()) {
@@ -127,7 +133,7 @@ TEST(TelemetryExit, TraceCompleteAfterSignalPathFlush) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     std::string err;
-    TraceWriter* w = TraceWriter::open(trace.str(), &err).release();
+    TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
     if (w == nullptr) ::_exit(4);
     for (int i = 0; i < 777; ++i) w->on_event(alloc_event(i));
     struct sigaction sa {};
