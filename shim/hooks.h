@@ -8,8 +8,7 @@ namespace cudapool::shim {
 inline constexpr CUresult kPassThrough = -1;
 
 // Allocates from the current context's pool. kPassThrough when there is no current context.
-CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream,
-                       ContextPool** used);
+CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream);
 // cudaFree meaning (stream == nullptr) or cudaFreeAsync meaning. kPassThrough for memory the
 // pool does not own.
 CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream);

@@ -14,11 +14,11 @@ namespace {
 
 void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
 
-CUresult report_oom(ContextPool& cp, std::size_t bytes) {
+CUresult report_oom(ContextPool& cp, std::size_t bytes, bool reached_upstream) {
   std::size_t f = 0, t = 0;
   cp.upstream.mem_info(&f, &t);
-  // The segment size the pool would have asked for; only for the message.
-  const std::size_t seg = segment_size_for(round_size(bytes, cp.pool.options()));
+  // The segment size the pool would have asked for (0: a size no segment can hold).
+  const std::size_t seg = reached_upstream ? segment_size_for(round_size(bytes, cp.pool.options())) : 0;
   log_warn("{}", format_oom(make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t)));
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -33,22 +33,21 @@ CUresult finish_free(FreeStatus s, const ContextPool& cp, void* p, bool on_strea
 
 }  // namespace
 
-CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream,
-                       ContextPool** used) {
+CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
   ContextPool* cp = rt.current_pool();
   if (cp == nullptr) {
     rt.count_pass(PassKind::no_context);
     return kPassThrough;
   }
-  *used = cp;
   AllocResult r = cp->pool.allocate(bytes, stream);
   switch (r.status) {
     case AllocStatus::ok:
       *dptr = reinterpret_cast<CUdeviceptr>(r.ptr);
       return CUDA_SUCCESS;
     case AllocStatus::out_of_memory:
+      return report_oom(*cp, bytes, true);
     case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
-      return report_oom(*cp, bytes);
+      return report_oom(*cp, bytes, false);
     case AllocStatus::upstream_error:
       return CudaUpstream::last_error();
   }
@@ -112,8 +111,7 @@ CUresult alloc_sync(CUdeviceptr* dptr, std::size_t bytes) {
     rt->count_pass(PassKind::capture);
     return d.cuMemAlloc_v2(dptr, bytes);
   }
-  ContextPool* cp = nullptr;
-  CUresult r = pool_allocate(*rt, dptr, bytes, kLegacyStream, &cp);
+  CUresult r = pool_allocate(*rt, dptr, bytes, kLegacyStream);
   return r == kPassThrough ? d.cuMemAlloc_v2(dptr, bytes) : r;
 }
 
@@ -134,8 +132,7 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream s, bool ptsz
     rt->count_pass(PassKind::capture);
     return real(dptr, bytes, s);
   }
-  ContextPool* cp = nullptr;
-  CUresult r = pool_allocate(*rt, dptr, bytes, stream_id(s, ptsz), &cp);
+  CUresult r = pool_allocate(*rt, dptr, bytes, stream_id(s, ptsz));
   return r == kPassThrough ? real(dptr, bytes, s) : r;
 }
 
@@ -165,21 +162,20 @@ CUDAPOOL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitc
                                             std::size_t height, unsigned element_size) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  const RealDriver& d = rt->driver();
+  const auto real = rt->driver().cuMemAllocPitch_v2;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   const bool valid_args = dptr != nullptr && pitch != nullptr && width > 0 && height > 0 &&
                           (element_size == 4 || element_size == 8 || element_size == 16);
-  if (!valid_args || !rt->native() || sync_alloc_forbidden_by_capture() || d.cuMemAllocPitch_v2 == nullptr) {
-    if (d.cuMemAllocPitch_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-    return d.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  if (!valid_args || !rt->native() || sync_alloc_forbidden_by_capture()) {
+    return real(dptr, pitch, width, height, element_size);  // the driver's answer / behaviour
   }
   // Rows aligned to 512 B: a multiple of every GPU's texture pitch alignment, and the pool's
   // own block alignment, so each row starts aligned.
   constexpr std::size_t kPitchAlign = 512;
   const std::size_t p = (width + kPitchAlign - 1) / kPitchAlign * kPitchAlign;
   if (height > SIZE_MAX / p) return CUDA_ERROR_OUT_OF_MEMORY;
-  ContextPool* cp = nullptr;
-  CUresult r = pool_allocate(*rt, dptr, p * height, kLegacyStream, &cp);
-  if (r == kPassThrough) return d.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  CUresult r = pool_allocate(*rt, dptr, p * height, kLegacyStream);
+  if (r == kPassThrough) return real(dptr, pitch, width, height, element_size);
   if (r == CUDA_SUCCESS) *pitch = p;
   return r;
 }

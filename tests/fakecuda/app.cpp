@@ -465,6 +465,20 @@ void queries() {
   CHECK_OK(api.cuMemFree(pitched));
 }
 
+void oom() {
+  // Run with FAKECUDA_TOTAL_MB=64.
+  start_cuda();
+  CUdeviceptr a = 0, b = 0, c = 0;
+  CHECK_OK(api.cuMemAlloc(&a, 40 << 20));
+  CHECK_OK(api.cuMemFree(a));                  // cached: the driver still counts it as used
+  CHECK_OK(api.cuMemAlloc(&b, 50 << 20));      // the pool gives the cache back and retries
+  CHECK(api.cuMemAlloc(&c, 40 << 20) == CUDA_ERROR_OUT_OF_MEMORY);  // really full
+  CHECK(api.cuMemAlloc(&c, std::size_t{1} << 62) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(stats().num_ooms >= 1);
+  CHECK_OK(api.cuMemFree(b));
+  CHECK_OK(api.cuMemAlloc(&c, 40 << 20));
+}
+
 void c_api_calls() {
   start_cuda();
   CHECK(c_api<int (*)()>("cudapool_api_version")() == CUDAPOOL_API_VERSION);
@@ -715,7 +729,7 @@ int main(int argc, char** argv) {
       {"async_streams", async_streams}, {"foreign_pointers", foreign_pointers}, {"capture", capture},
       {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
       {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
-      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"bench", bench},
+      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench},
   };
   for (auto& sc : scenarios) {
     if (s == sc.name) {

@@ -112,6 +112,15 @@ TEST(Shim, PoolingNeedsTheShim) {
   EXPECT_NE(r.exit_status, 0) << r.output;
 }
 
+TEST(Shim, OutOfMemoryIsCudasErrorWithADiagnosis) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "oom"}, {{"FAKECUDA_TOTAL_MB", "64"}});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Tried to allocate 40.00 MiB"), std::string::npos) << r.output;
+  }
+}
+
 TEST(Shim, BadFreesAreLogged) {
   RunResult r = run({app(false), "bad_frees"});
   ASSERT_EQ(r.exit_status, 0) << r.output;
