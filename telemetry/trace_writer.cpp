@@ -298,7 +298,15 @@ constexpr std::size_t kMaxWriters = 64;
 std::array<std::atomic<TraceWriter::Impl*>, kMaxWriters> g_writers{};
 std::once_flag g_hooks_once;
 
-void at_exit_flush() { TraceWriter::flush_all_writers(); }
+// Set once the exit flush ran. Events after it come from code that runs later in the exit
+// sequence (static destructors of libraries loaded earlier, e.g. a CUDA runtime freeing its
+// memory at teardown); those rows are written at once, since no later flush will come.
+std::atomic<bool> g_exit_flushed{false};
+
+void at_exit_flush() {
+  g_exit_flushed.store(true, std::memory_order_relaxed);
+  TraceWriter::flush_all_writers();
+}
 
 void in_forked_child() {
   for (auto& slot : g_writers) {
@@ -416,7 +424,10 @@ void TraceWriter::on_event(const Event& e) {
   r.action = trace_action_of(e.kind);
   w.push(r);
   // A failed allocation is often followed by the program dying: put the trace on disk now.
-  if (e.kind == EventKind::oom || e.kind == EventKind::allocate_failure) w.flush();
+  // Same after the exit flush: nothing else will write these rows.
+  if (e.kind == EventKind::oom || e.kind == EventKind::allocate_failure ||
+      g_exit_flushed.load(std::memory_order_relaxed))
+    w.flush();
 }
 
 void TraceWriter::note_device(int device, std::size_t total_bytes) {

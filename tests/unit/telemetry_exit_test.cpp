@@ -22,6 +22,19 @@ TraceWriter* g_telemetry_test_child_writer = nullptr;
 
 namespace {
 
+// Emits events from a static destructor. Constructed at program start, before any writer
+// registers its exit handler, so its destructor runs *after* that handler — like a CUDA runtime
+// that frees its memory during teardown. Armed only in the child of the test below.
+struct LateFreer {
+  std::uint64_t first = 0, count = 0;
+  ~LateFreer() {
+    for (std::uint64_t i = 0; i < count; ++i)
+      g_telemetry_test_child_writer->on_event(
+          Event{EventKind::allocate, 0, 0x100000 + (first + i) * 512, 512, 500, 0, 0});
+  }
+};
+LateFreer g_late_freer;
+
 using testing::read_lines;
 using testing::TempPath;
 
@@ -70,6 +83,23 @@ TEST(TelemetryExit, TraceAndLogCompleteAfterExit) {
   auto lines = read_lines(logfile.str());
   ASSERT_EQ(lines.size(), 50u);
   EXPECT_NE(lines.back().find("[info] line 49"), std::string::npos) << lines.back();
+}
+
+TEST(TelemetryExit, EventsAfterTheExitFlushStillReachTheFile) {
+  TempPath trace;
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::string err;
+    TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
+    if (w == nullptr) ::_exit(4);
+    for (int i = 0; i < 100; ++i) w->on_event(alloc_event(i));
+    g_late_freer.first = 100;
+    g_late_freer.count = 25;  // emitted during static destruction, after the exit flush
+    std::exit(0);
+  }
+  ASSERT_EQ(wait_child(pid), 0);
+  EXPECT_EQ(check_trace_rows(trace.str()), 125u);
 }
 
 std::atomic<bool> g_term{false};
