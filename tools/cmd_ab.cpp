@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "config/policy.h"
 #include "telemetry/summary.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/compare.h"
 #include "tools/launch.h"
@@ -34,12 +34,8 @@ struct AbOptions {
 Stats combined_stats(const Summary& s) {
   Stats total;
   for (const auto& d : s.devices) {
-    for (const auto& [name, value] : flatten_stats(d.stats)) {
-      std::int64_t old = 0;
-      for (const auto& [n2, v2] : flatten_stats(total))
-        if (n2 == name) old = v2;
-      set_stat(&total, name, old + value);
-    }
+    auto sum = flatten_stats(total), add = flatten_stats(d.stats);  // same names, same order
+    for (std::size_t i = 0; i < add.size(); ++i) set_stat(&total, add[i].first, sum[i].second + add[i].second);
   }
   return total;
 }
@@ -131,15 +127,9 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
   std::printf("A: %s\nB: %s\n", o.a.empty() ? "(defaults)" : o.a.c_str(), o.b.empty() ? "(defaults)" : o.b.c_str());
   Table table = ab_table(variants, a, b);
   std::printf("%s", table.to_text().c_str());
-  auto write = [](const std::string& path, const std::string& text) {
-    std::ofstream f(path);
-    f << text;
-    if (!f) std::fprintf(stderr, "cudapool ab: cannot write %s\n", path.c_str());
-    return static_cast<bool>(f);
-  };
   bool wrote = true;
-  if (!o.json.empty()) wrote &= write(o.json, ab_json(command, variants, a, b));
-  if (!o.markdown.empty()) wrote &= write(o.markdown, table.to_markdown());
+  if (!o.json.empty()) wrote &= write_text_file(o.json, ab_json(command, variants, a, b), "cudapool ab");
+  if (!o.markdown.empty()) wrote &= write_text_file(o.markdown, table.to_markdown(), "cudapool ab");
   int failed = 0;
   for (const auto& v : variants) failed += v.failed;
   if (failed) std::fprintf(stderr, "cudapool ab: %d of %d runs failed\n", failed, total);

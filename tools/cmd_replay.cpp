@@ -6,6 +6,7 @@
 
 #include "config/policy.h"
 #include "telemetry/summary.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/compare.h"
 #include "tools/policies.h"
@@ -31,15 +32,7 @@ struct ReplayCliOptions {
 
 int replay_main(const ReplayCliOptions& o) {
   ReplayConfig base;
-  if (!o.device_memory.empty()) {
-    auto size = parse_size(o.device_memory);
-    if (!size || *size == 0) {
-      std::fprintf(stderr, "cudapool replay: --device-memory '%s' is not a size (e.g. 80GiB)\n",
-                   o.device_memory.c_str());
-      return kExitUsage;
-    }
-    base.device_memory = size;
-  }
+  if (!device_memory_option(o.device_memory, &base.device_memory, "cudapool replay")) return kExitUsage;
   base.fence_latency_ns = static_cast<std::int64_t>(o.fence_latency_us * 1000.0);
   base.free_mode = o.free_as == "sync" ? FreeMode::sync : FreeMode::async;
 

@@ -1,10 +1,10 @@
 // `cudapool report TRACE [-o out.html] [--perfetto out.json] [--conf S]`
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "tools/analysis.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/policies.h"
 #include "tools/render.h"
@@ -18,14 +18,6 @@ struct ReportOptions {
   std::string trace, html, perfetto, conf;
   bool replay = false;
 };
-
-bool write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) std::fprintf(stderr, "cudapool report: cannot write %s\n", path.c_str());
-  return static_cast<bool>(f);
-}
 
 int report_main(const ReportOptions& o) {
   LoadedTrace loaded;
@@ -55,8 +47,8 @@ int report_main(const ReportOptions& o) {
   TraceReport rep = analyze_rows(*rows, f.device);
   std::printf("%s", render_text_summary(rep, ctx).c_str());
   bool ok = true;
-  if (!o.html.empty() && (ok &= write_file(o.html, render_html(rep, ctx)))) std::printf("wrote %s\n", o.html.c_str());
-  if (!o.perfetto.empty() && (ok &= write_file(o.perfetto, render_perfetto(rep, *rows))))
+  if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report"))) std::printf("wrote %s\n", o.html.c_str());
+  if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());
   return ok ? 0 : kExitNoInput;
 }

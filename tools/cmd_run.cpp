@@ -31,6 +31,12 @@ int run_main(const RunOptions& o, const CommandTail& tail) {
     std::fprintf(stderr, "build it with `make` or set CUDAPOOL_LIBRARY=/path/libcudapool.so\n");
     return kExitNoInput;
   }
+  for (const std::string* path : {&o.launch.trace, &o.launch.stats})
+    if (path->find(',') != std::string::npos) {
+      // They travel inside CUDAPOOL_CONF, where ',' separates keys.
+      std::fprintf(stderr, "cudapool run: '%s': output paths cannot contain ','\n", path->c_str());
+      return kExitUsage;
+    }
   // Refuse an invalid policy here, where the message is easy to see, rather than inside the child.
   if (std::string err = validate_launch_policy(o.launch, command); !err.empty()) {
     std::fprintf(stderr, "cudapool run: invalid policy: %s\n", err.c_str());

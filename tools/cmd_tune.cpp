@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/table.h"
 #include "tools/trace_input.h"
@@ -25,14 +26,7 @@ int tune_main(const TuneCliOptions& o) {
   TuneConfig cfg;
   cfg.budget = o.budget;
   cfg.call_bound = o.bound;
-  if (!o.device_memory.empty()) {
-    auto size = parse_size(o.device_memory);
-    if (!size || *size == 0) {
-      std::fprintf(stderr, "cudapool tune: --device-memory '%s' is not a size (e.g. 80GiB)\n", o.device_memory.c_str());
-      return kExitUsage;
-    }
-    cfg.replay.device_memory = size;
-  }
+  if (!device_memory_option(o.device_memory, &cfg.replay.device_memory, "cudapool tune")) return kExitUsage;
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune"); rc != 0) return rc;
   print_trace_facts(o.trace, loaded);

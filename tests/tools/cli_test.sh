@@ -37,6 +37,7 @@ LD_PRELOAD=/other.so expect_rc 0 "run keeps an existing LD_PRELOAD after its own
 expect_out "^P=$fake_lib:/other.so\$" "LD_PRELOAD order"
 expect_rc 78 "run refuses an invalid policy" -- "$cp" run --conf no_such_key:1 -- true
 expect_out "no_such_key" "the policy error names the key"
+expect_rc 2 "run refuses an output path with a comma" -- "$cp" run --stats "$tmp/a,b.json" -- true
 expect_rc 127 "run of a missing program" -- "$cp" run -- /nonexistent/prog
 expect_rc 2 "run without a command" -- "$cp" run --conf max_split_size_mb:64
 CUDAPOOL_LIBRARY=/nonexistent/libcudapool.so expect_rc 66 "run without the library" -- "$cp" run -- true

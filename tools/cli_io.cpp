@@ -1,0 +1,29 @@
+#include "tools/cli_io.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "tools/units.h"
+
+namespace cudapool::tools {
+
+bool write_text_file(const std::string& path, const std::string& text, const char* who) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) std::fprintf(stderr, "%s: cannot write %s\n", who, path.c_str());
+  return static_cast<bool>(f);
+}
+
+bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who) {
+  if (text.empty()) return true;
+  auto size = parse_size(text);
+  if (!size || *size == 0) {
+    std::fprintf(stderr, "%s: --device-memory '%s' is not a size (e.g. 80GiB)\n", who, text.c_str());
+    return false;
+  }
+  *out = size;
+  return true;
+}
+
+}  // namespace cudapool::tools
