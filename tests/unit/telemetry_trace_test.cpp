@@ -2,6 +2,7 @@
 // strict reader errors with line numbers, and garbage that must not crash the reader.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
 #include <set>
 #include <sstream>
@@ -281,17 +282,28 @@ TEST(TelemetryTrace, ConcurrentWritersLoseNothingAndFlushBySize) {
                        static_cast<StreamId>(t)));
     });
   }
+  // Explicit flushes racing with producers, the formatter thread and back-pressure.
+  std::atomic<bool> done{false};
+  std::thread flusher([&] {
+    while (!done.load()) w->flush();
+  });
   for (auto& th : threads) th.join();
+  done.store(true);
+  flusher.join();
   w.reset();  // destructor flushes
   std::vector<TraceRow> rows;
   ASSERT_TRUE(read_trace_file(path.str(), &rows, &err)) << err;
   ASSERT_EQ(rows.size(), static_cast<std::size_t>(kThreads * kPerThread));
   std::vector<int> per_stream(kThreads, 0);
+  std::vector<std::uintptr_t> last_ptr(kThreads, 0);
   std::set<std::uintptr_t> ptrs;
   std::set<std::uint64_t> tids;
   for (const auto& r : rows) {
     ASSERT_LT(r.stream, static_cast<std::uintptr_t>(kThreads));
     ++per_stream[r.stream];
+    // Each thread's events appear in the order it produced them (buffers stay FIFO).
+    EXPECT_GT(r.ptr, last_ptr[r.stream]);
+    last_ptr[r.stream] = r.ptr;
     ptrs.insert(r.ptr);
     tids.insert(r.thread);
   }
