@@ -197,3 +197,30 @@ TEST(ToolsReplay, RoundTripReproducesRecordedPeakReserved) {
 
 }  // namespace
 }  // namespace cudapool::tools
+
+namespace cudapool::tools {
+namespace {
+
+TEST(ToolsSynth, SameSeedSameTraceAndPatternsDiffer) {
+  SynthOptions o;
+  o.steps = 2;
+  o.layers = 2;
+  SynthResult a, b, c;
+  std::string err;
+  ASSERT_TRUE(synthesize_trace(o, PoolOptions{}, &a, &err));
+  ASSERT_TRUE(synthesize_trace(o, PoolOptions{}, &b, &err));
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  for (std::size_t i = 0; i < a.rows.size(); ++i) ASSERT_EQ(format_trace_row(a.rows[i]), format_trace_row(b.rows[i])) << i;
+  EXPECT_EQ(a.rows.front().action, TraceAction::device);
+  o.seed = 99;  // another seed picks other sequence lengths
+  ASSERT_TRUE(synthesize_trace(o, PoolOptions{}, &c, &err));
+  bool differ = c.rows.size() != a.rows.size();
+  for (std::size_t i = 0; !differ && i < a.rows.size(); ++i) differ = a.rows[i].size != c.rows[i].size;
+  EXPECT_TRUE(differ);
+  o.pattern = "bogus";
+  EXPECT_FALSE(synthesize_trace(o, PoolOptions{}, &c, &err));
+  EXPECT_NE(err.find("bogus"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cudapool::tools
