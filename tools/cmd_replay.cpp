@@ -41,6 +41,10 @@ int replay_main(const ReplayCliOptions& o) {
   std::vector<NamedConf> policies;
   for (const auto& c : o.confs) policies.push_back({c.empty() ? "defaults" : c, c});
   if (!o.sweep.empty()) {
+    if (policies.size() > 1) {
+      std::fprintf(stderr, "cudapool replay: --sweep takes at most one --conf (its base)\n");
+      return kExitUsage;
+    }
     // The base stays as the first column, the reference each swept value is read against.
     if (policies.empty()) policies.push_back({"defaults", ""});
     std::string sweep_base = policies.front().conf;
@@ -61,7 +65,7 @@ int replay_main(const ReplayCliOptions& o) {
     std::string err;
     if (!policy_from_conf(policies[i].conf, &options[i], &err)) {
       std::fprintf(stderr, "cudapool replay: invalid policy '%s': %s\n", policies[i].conf.c_str(), err.c_str());
-      return kExitUsage;
+      return kPolicyErrorExitStatus;
     }
   }
 
@@ -138,7 +142,7 @@ void add_replay_command(CLI::App& root, int* exit_status) {
   sub->add_option("trace", o->trace, "cudapool trace CSV or plain RMM log")->required();
   sub->add_option("--conf", o->confs, "policy string; repeat for a side-by-side table (default: $CUDAPOOL_CONF)")
       ->allow_extra_args(false);
-  sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value over the first --conf (shown first)");
+  sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value over the --conf given (shown first)");
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   sub->add_option("--fence-latency-us", o->fence_latency_us, "simulated GPU lag behind a free, in trace time")
       ->check(CLI::NonNegativeNumber);

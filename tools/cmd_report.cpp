@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "config/policy.h"
 #include "tools/analysis.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
@@ -33,7 +34,7 @@ int report_main(const ReportOptions& o) {
     std::string err;
     if (!pool_options_from_conf(o.conf, &cfg.pool, &err)) {
       std::fprintf(stderr, "cudapool report: invalid policy '%s': %s\n", o.conf.c_str(), err.c_str());
-      return kExitUsage;
+      return kPolicyErrorExitStatus;
     }
     cfg.collect_rows = true;
     replayed = replay_trace(loaded.prepared, cfg);

@@ -111,7 +111,10 @@ expect_rc 65 "replay of an empty file" -- "$cp" replay "$tmp/empty.csv"
 head -n 2 $traces/train.csv > "$tmp/noalloc.csv"
 expect_rc 65 "replay of a trace without allocations" -- "$cp" replay "$tmp/noalloc.csv"
 expect_rc 2 "replay with a bad size" -- "$cp" replay $traces/train.csv --device-memory lots
-expect_rc 2 "replay with a bad policy" -- "$cp" replay $traces/train.csv --conf "max_split_size_mb:abc"
+expect_rc 78 "replay with a bad policy" -- "$cp" replay $traces/train.csv --conf "max_split_size_mb:abc"
+expect_out "max_split_size_mb" "the policy error names the key"
+expect_rc 2 "replay with a sweep and two policies" -- "$cp" replay $traces/train.csv --conf "" --conf "" --sweep "max_split_size_mb=64"
+expect_rc 78 "report with a bad policy" -- "$cp" report $traces/train.csv --conf "garbage_collection_threshold:2"
 expect_rc 2 "replay with a bad sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb"
 expect_rc 2 "replay without a trace" -- "$cp" replay
 expect_rc 2 "unknown option" -- "$cp" replay $traces/train.csv --frobnicate
