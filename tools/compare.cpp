@@ -4,23 +4,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "telemetry/json.h"
+#include "tools/json_text.h"
 
 namespace cudapool::tools {
-
-namespace {
-// Expression-style wrappers over telemetry's JSON writer.
-std::string json_string(std::string_view s) {
-  std::string o;
-  json::append_string(&o, s);
-  return o;
-}
-[[maybe_unused]] std::string json_number(double v) {
-  std::string o;
-  json::append_double(&o, v);
-  return o;
-}
-}  // namespace
 
 Spread spread(const std::vector<Metrics>& runs, std::size_t m) {
   std::vector<double> v;

@@ -1,23 +1,9 @@
 #include <cstdio>
 
-#include "telemetry/json.h"
+#include "tools/json_text.h"
 #include "tools/render.h"
 
 namespace cudapool::tools {
-
-namespace {
-// Expression-style wrappers over telemetry's JSON writer.
-std::string json_string(std::string_view s) {
-  std::string o;
-  json::append_string(&o, s);
-  return o;
-}
-[[maybe_unused]] std::string json_number(double v) {
-  std::string o;
-  json::append_double(&o, v);
-  return o;
-}
-}  // namespace
 
 std::string render_perfetto(const TraceReport& r, const std::vector<TraceRow>& rows) {
   // One process per device; counters on it become Perfetto counter tracks. Timestamps are
