@@ -1,5 +1,5 @@
 // The hot path: allocate() when a cached block fits, free()/free_on_stream() of a live block.
-// One mutex, one hash lookup, a couple of O(log n) set operations on small sets, no malloc.
+// One short-critical-section lock (spin_lock.h), one hash lookup, a couple of O(log n) set operations on small sets, no malloc.
 // Everything else (misses, fences, OOM, GC, bad frees) lives in the other pool_*.cpp files.
 #include "allocator/pool_impl.h"
 

@@ -28,6 +28,7 @@
 #include "allocator/node_pool.h"
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
+#include "allocator/spin_lock.h"
 
 namespace cudapool {
 namespace detail {
@@ -151,7 +152,8 @@ struct DevicePool::Impl {
   using Fit = detail::Fit;
   using Detached = detail::Detached;
   using BState = detail::BState;
-  using Lock = std::unique_lock<std::mutex>;
+  using Lock = std::unique_lock<detail::SpinLock>;
+  using Guard = std::lock_guard<detail::SpinLock>;
 
   Impl(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences, EventSink* sink);
   ~Impl();
@@ -163,10 +165,11 @@ struct DevicePool::Impl {
   FenceProvider& fences;
   EventSink* sink;
 
-  mutable std::mutex mu;
+  // On its own cache line: waiters spin on it without disturbing the data the owner works on.
+  alignas(64) mutable detail::SpinLock mu;
 
   // ---- storage (arena first: the sets below allocate from it and must die before it) ----
-  detail::NodeArena arena;
+  alignas(64) detail::NodeArena arena;
   detail::ObjectPool<Block> block_pool;
   detail::ObjectPool<Segment> segment_pool;
   detail::ObjectPool<Batch> batch_pool;

@@ -59,7 +59,7 @@ FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
 std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
   const Impl& I = *impl_;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(I.mu);
+  Impl::Guard lock(I.mu);
   Impl::Segment* seg = I.segment_containing(p);
   if (seg == nullptr) return std::nullopt;
   for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
@@ -88,19 +88,19 @@ std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
 }
 
 bool DevicePool::owns(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   Impl::Segment* seg = impl_->segment_containing(p);
   return seg != nullptr && (!seg->expandable || block_at(seg, p)->mapped());
 }
 
 std::size_t DevicePool::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   return static_cast<std::size_t>(impl_->st.reserved_bytes[kAll].current - impl_->st.allocated_bytes[kAll].current);
 }
 
 Stats DevicePool::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   return impl_->st;
 }
 
@@ -116,12 +116,12 @@ void for_each_counter(Stats& s, F f) {
 }  // namespace
 
 void DevicePool::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   for_each_counter(impl_->st, [](StatCounter& c) { c.peak = c.current; });
 }
 
 void DevicePool::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   Stats& s = impl_->st;
   for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
@@ -131,7 +131,7 @@ void DevicePool::reset_accumulated_stats() {
 
 Snapshot DevicePool::snapshot() const {
   const Impl& I = *impl_;
-  std::lock_guard<std::mutex> lock(I.mu);
+  Impl::Guard lock(I.mu);
   Snapshot snap;
   snap.segments.reserve(I.segments.size());
   for (auto& [base, seg] : I.segments) {
@@ -216,12 +216,12 @@ void DevicePool::Impl::forget_all() {
 }
 
 void DevicePool::abandon() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   impl_->forget_all();
 }
 
 std::string DevicePool::check_consistency() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Guard lock(impl_->mu);
   return impl_->check();
 }
 
