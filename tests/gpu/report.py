@@ -440,7 +440,8 @@ def peak_row(out, check, run, base_label, base, target=None):
 
 TORCH_MODES = [("PyTorch native", "torch_native"), ("PyTorch expandable_segments", "torch_expandable"),
                ("PyTorch cudaMallocAsync", "torch_async"), ("no caching (floor)", "torch_nocache"),
-               ("cudapool default", "torch_cudapool"), ("cudapool expandable", "torch_cudapool_exp")]
+               ("cudapool default", "torch_cudapool"), ("cudapool expandable", "torch_cudapool_exp"),
+               ("cudapool immediate+expandable", "torch_cudapool_imm")]
 
 
 def cmd_torch(out):
@@ -450,10 +451,17 @@ def cmd_torch(out):
                    "losses", out, what="step losses")
     compare_series("PyTorch training: losses, cudapool expandable", R["torch_nocache"], R["torch_cudapool_exp"],
                    "losses", out, what="step losses")
+    # PyTorch's own semantics (a freed block is reused at once on its stream) with page release:
+    # what a single-stream PyTorch program can run with, and the closest to the no-caching floor.
+    compare_series("PyTorch training: losses, cudapool immediate+expandable", R["torch_nocache"],
+                   R["torch_cudapool_imm"], "losses", out, what="step losses")
     timing_row(out, "PyTorch step time, cudapool default", R["torch_cudapool"], native, 1.00)
+    timing_row(out, "PyTorch step time, cudapool immediate+expandable", R["torch_cudapool_imm"], native, 1.00)
     timing_row(out, "PyTorch step time, cudapool expandable", R["torch_cudapool_exp"], native, 1.00)
     peak_row(out, "PyTorch peak memory, cudapool default", R["torch_cudapool"], "no caching", R["torch_nocache"], 1.03)
     peak_row(out, "PyTorch peak memory, cudapool expandable", R["torch_cudapool_exp"], "no caching",
+             R["torch_nocache"], 1.03)
+    peak_row(out, "PyTorch peak memory, cudapool immediate+expandable", R["torch_cudapool_imm"], "no caching",
              R["torch_nocache"], 1.03)
     md = mode_table(out, "PyTorch training (transformer, varying batch and sequence length)", TORCH_MODES)
     same = []

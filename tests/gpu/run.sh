@@ -210,6 +210,8 @@ if want torch; then
     env $(shim_env torch_cudapool) "${T[@]}" --out "$OUT/logs/torch_cudapool.json"
   run torch_cudapool_exp 100 "${DET[@]}" $NOCACHE -- $(peak torch_cudapool_exp) \
     env $(shim_env torch_cudapool_exp expandable_segments:True) "${T[@]}" --out "$OUT/logs/torch_cudapool_exp.json"
+  run torch_cudapool_imm 100 "${DET[@]}" $NOCACHE -- $(peak torch_cudapool_imm) \
+    env $(shim_env torch_cudapool_imm free_sync:immediate,expandable_segments:True) "${T[@]}" --out "$OUT/logs/torch_cudapool_imm.json"
   "${REPORT[@]}" torch "$OUT"
 fi
 
