@@ -15,19 +15,28 @@
 
 using cudapool::shim::DlsymFn;
 
+// Sanitizer runtimes look their interceptors up with dlsym(RTLD_NEXT, …) before their own
+// initialisation is done, so the code on the dlsym path must not be instrumented (it matters
+// only for sanitizer builds of the shim; release builds carry no instrumentation anyway).
+#define CUDAPOOL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+
 extern "C" {
 
 __attribute__((visibility("hidden"))) void* cudapool_next_dlsym = nullptr;
 
-__attribute__((visibility("hidden"))) void* cudapool_resolve_next_dlsym() {
-  void* p = reinterpret_cast<void*>(cudapool::shim::real_dlsym());
+__attribute__((visibility("hidden"))) CUDAPOOL_NO_SANITIZE void* cudapool_resolve_next_dlsym() {
+  void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  if (p == nullptr) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   __atomic_store_n(&cudapool_next_dlsym, p, __ATOMIC_RELEASE);
   return p;
 }
 
-__attribute__((visibility("hidden"))) void* cudapool_dlsym_hooked(void* handle, const char* name) {
-  DlsymFn real = cudapool::shim::real_dlsym();
-  if (real == nullptr) return nullptr;
+__attribute__((visibility("hidden"))) CUDAPOOL_NO_SANITIZE void* cudapool_dlsym_hooked(void* handle,
+                                                                                      const char* name) {
+  void* next = __atomic_load_n(&cudapool_next_dlsym, __ATOMIC_ACQUIRE);
+  if (next == nullptr) next = cudapool_resolve_next_dlsym();
+  if (next == nullptr) return nullptr;
+  auto real = reinterpret_cast<DlsymFn>(next);
   void* found = real(handle, name);
   // Exact names only ("cu" prefix first, so cudnn*/cublas* lookups cost one compare).
   if (found == nullptr || name == nullptr || name[0] != 'c' || name[1] != 'u') return found;

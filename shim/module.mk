@@ -11,7 +11,7 @@ $(SHIM_SO): $(SHIM_OBJS) $(ALLOCATOR_LIB) $(CONFIG_LIB) $(TELEMETRY_LIB) shim/ex
 	@mkdir -p $(@D)
 	$(CXX) -shared $(CXXFLAGS) -o $@ $(SHIM_OBJS) \
 	  -Wl,--start-group $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB) -Wl,--end-group \
-	  -Wl,--version-script=shim/exports.map -Wl,--exclude-libs,ALL -Wl,-z,now \
+	  -Wl,--version-script=shim/exports.map -Wl,--exclude-libs,ALL -Wl,-z,now -Wl,-z,defs \
 	  -static-libstdc++ -static-libgcc $(LDFLAGS) -ldl
 PROGRAMS += $(SHIM_SO)
 INSTALL_LIBS += $(SHIM_SO)

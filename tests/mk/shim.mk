@@ -1,6 +1,6 @@
 # Shim tests (no GPU): a fake libcuda.so.1, two test programs that reach it the way cudart and
 # -lcuda programs do, and a GoogleTest driver that runs them under LD_PRELOAD=libcudapool.so.
-# Interposition tests need an uninstrumented process, so sanitizer builds run only the ABI test.
+# The fake and the programs are always built uninstrumented (fixed flags below).
 FAKECUDA_DIR := $(BUILD)/tests/fakecuda
 FAKECUDA_SO := $(FAKECUDA_DIR)/libcuda.so.1
 SHIM_APP_CUDART := $(FAKECUDA_DIR)/app_cudart
@@ -20,16 +20,15 @@ $(SHIM_APP_LINKED): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h shim/cudapo
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 
 SHIM_TEST_BIN := $(BUILD)/tests/shim_tests
-ifeq ($(SAN),)
 SHIM_TEST_SRCS := $(wildcard tests/unit/shim_*.cpp)
-SHIM_TEST_DEPS := $(SHIM_SO) $(FAKECUDA_SO) $(SHIM_APP_CUDART) $(SHIM_APP_LINKED)
-else
-SHIM_TEST_SRCS := tests/unit/shim_abi_test.cpp
-SHIM_TEST_DEPS :=
-endif
+# Sanitizer builds: the instrumented shim runs inside the (uninstrumented) test programs with
+# the sanitizer runtimes preloaded in front of it.
+san_runtime = $(if $(filter address,$(1)),asan,$(if $(filter thread,$(1)),tsan,$(if $(filter undefined,$(1)),ubsan)))
+SHIM_SAN_PRELOAD := $(if $(SAN),$(foreach s,$(subst $(comma), ,$(SAN)),$(if $(call san_runtime,$(s)),$(shell $(CXX) -print-file-name=lib$(call san_runtime,$(s)).so))))
 $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o): CPPFLAGS += -DCUDAPOOL_SHIM_SO='"$(abspath $(SHIM_SO))"' \
-  -DCUDAPOOL_FAKECUDA_DIR='"$(abspath $(FAKECUDA_DIR))"' -DCUDAPOOL_SHIM_EXPORTS='"$(abspath shim/exports.map)"'
-$(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_TEST_DEPS)
+  -DCUDAPOOL_FAKECUDA_DIR='"$(abspath $(FAKECUDA_DIR))"' -DCUDAPOOL_SHIM_EXPORTS='"$(abspath shim/exports.map)"' \
+  -DCUDAPOOL_SAN_PRELOAD='"$(strip $(SHIM_SAN_PRELOAD))"'
+$(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_SO) $(SHIM_APP_CUDART) $(SHIM_APP_LINKED)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(SHIM_TEST_BIN)
