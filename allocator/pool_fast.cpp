@@ -27,27 +27,123 @@ DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstrea
 
 DevicePool::~DevicePool() = default;
 
+namespace {
+
+using detail::TcEntry;
+using detail::ThreadCache;
+
+void count_lent(detail::TcDelta& d, const TcEntry& e, std::int64_t sign) {
+  const StatPool p = detail::stat_pool(e.small);
+  const auto sz = sign * static_cast<std::int64_t>(e.size);
+  detail::bump(d.allocation, p, sign);
+  detail::bump(d.allocated_bytes, p, sz);
+  detail::bump(d.active, p, sign);
+  detail::bump(d.active_bytes, p, sz);
+  detail::bump(d.requested_bytes, p, sign * static_cast<std::int64_t>(e.requested));
+  if (e.split) {
+    detail::bump(d.inactive_split, p, -sign);
+    detail::bump(d.inactive_split_bytes, p, -sz);
+  }
+  d.dirty = true;
+}
+
+// Under tc.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
+std::uintptr_t tc_take(ThreadCache& tc, std::size_t rounded, std::size_t requested, StreamId stream) {
+  if (tc.nlent == ThreadCache::kMaxLent) return 0;
+  for (int i = tc.nfree - 1; i >= 0; --i) {  // newest first: the warmest block
+    if (tc.free_[i].rounded != rounded || tc.free_[i].stream != stream) continue;
+    TcEntry e = tc.free_[i];
+    tc.free_[i] = tc.free_[--tc.nfree];
+    tc.free_bytes -= e.size;
+    e.requested = requested;
+    tc.lent[tc.nlent++] = e;
+    count_lent(tc.delta, e, +1);
+    ++tc.delta.cache_hits;
+    return e.ptr;
+  }
+  return 0;
+}
+
+// Under tc.mu: the block lent at p becomes free in the cache, local to `stream` (or to its
+// allocation stream when use_owner). False: not lent by this cache, or no room.
+bool tc_put(ThreadCache& tc, std::uintptr_t p, StreamId stream, bool use_owner) {
+  for (int i = tc.nlent - 1; i >= 0; --i) {
+    if (tc.lent[i].ptr != p) continue;
+    TcEntry e = tc.lent[i];
+    if (tc.nfree == ThreadCache::kMaxFree || tc.free_bytes + e.size > ThreadCache::kMaxFreeBytes) return false;
+    std::move(tc.lent + i + 1, tc.lent + tc.nlent, tc.lent + i);  // keep oldest-first order
+    --tc.nlent;
+    count_lent(tc.delta, e, -1);
+    if (!use_owner) e.stream = stream;
+    e.requested = 0;
+    tc.free_[tc.nfree++] = e;
+    tc.free_bytes += e.size;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   if (size == 0) return {};
   if (size > kMaxRequestSize) return {nullptr, AllocStatus::invalid_size};
   Impl& I = *impl_;
   const std::size_t rounded = round_size(size, I.opt);
+  ThreadCache* tc = I.tc_find();
+  if (tc != nullptr) {
+    Impl::Guard g(tc->mu);
+    if (std::uintptr_t p = tc_take(*tc, rounded, size, stream)) return {reinterpret_cast<void*>(p), AllocStatus::ok};
+  }
   Impl::Lock lk(I.mu);
+  if (tc != nullptr) {
+    Impl::Guard g(tc->mu);
+    I.tc_merge(*tc);  // this thread's cached operations come first (program order)
+    if (tc->nlent == ThreadCache::kMaxLent && tc->nfree != 0) {
+      I.tc_return_lent(*tc, 0);  // room for one more lent block, then the cache may serve it
+      if (std::uintptr_t p = tc_take(*tc, rounded, size, stream)) {
+        I.tc_merge(*tc);
+        return {reinterpret_cast<void*>(p), AllocStatus::ok};
+      }
+    }
+  }
   if (!I.retired.empty()) I.retired.erase(stream);
   if (I.has_fence_work()) I.service_fences();
   Impl::Fit fit = I.find_fit(rounded, stream);
-  if (!fit) return I.allocate_slow(lk, size, rounded, stream);
-  Impl::Block* b = I.take(fit, rounded, size, stream);
-  ++I.st.cache_hits;
-  I.emit(EventKind::allocate, b->ptr, b->size, size, stream);
-  return {reinterpret_cast<void*>(b->ptr), AllocStatus::ok};
+  AllocResult r;
+  Impl::Block* b;
+  if (fit) {
+    b = I.take(fit, rounded, size, stream);
+    ++I.st.cache_hits;
+    I.emit(EventKind::allocate, b->ptr, b->size, size, stream);
+    r = {reinterpret_cast<void*>(b->ptr), AllocStatus::ok};
+  } else {
+    r = I.allocate_slow(lk, size, rounded, stream);
+    if (r.status != AllocStatus::ok) return r;
+    b = I.live.find(reinterpret_cast<std::uintptr_t>(r.ptr));
+  }
+  // Lend it through this thread's cache when its free could be stream-local: then the free and
+  // the next allocation of the same size on the same stream skip the pool lock.
+  if ((I.opt.free_sync == FreeSync::immediate || (tc != nullptr && tc->async_seen)) && I.tc_may_cache(b)) {
+    if (tc == nullptr) tc = I.tc_create();
+    Impl::Guard g(tc->mu);
+    I.tc_checkout(*tc, b, rounded);
+  }
+  return r;
 }
 
 FreeStatus DevicePool::free(void* ptr) {
   Impl& I = *impl_;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  ThreadCache* tc = I.tc_find();
+  if (tc != nullptr && I.opt.free_sync == FreeSync::immediate) {
+    Impl::Guard g(tc->mu);
+    if (tc_put(*tc, p, 0, true)) return FreeStatus::ok;
+  }
   Impl::Lock lk(I.mu);
+  if (tc != nullptr) I.tc_merge_own();
   Impl::Block* b = p != 0 ? I.live.take(p) : nullptr;
+  if (b == nullptr && p != 0 && !I.tcaches.empty() && I.tc_reclaim_lent(p)) b = I.live.take(p);
   if (b == nullptr) return I.diagnose_bad_free(p);
   I.unallocate(b);
   I.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
@@ -66,13 +162,26 @@ FreeStatus DevicePool::free(void* ptr) {
 FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   Impl& I = *impl_;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  ThreadCache* tc = I.tc_find();
+  if (tc != nullptr) {
+    Impl::Guard g(tc->mu);
+    if (tc_put(*tc, p, stream, false)) return FreeStatus::ok;
+  }
   Impl::Lock lk(I.mu);
+  if (tc != nullptr) I.tc_merge_own();
   Impl::Block* b = p != 0 ? I.live.take(p) : nullptr;
+  if (b == nullptr && p != 0 && !I.tcaches.empty() && I.tc_reclaim_lent(p)) b = I.live.take(p);
   if (b == nullptr) return I.diagnose_bad_free(p);
   I.unallocate(b);
   I.emit(EventKind::free, b->ptr, b->size, b->requested, stream);
   if (!I.retired.empty()) I.retired.erase(stream);
   I.make_local(b, stream);
+  if (I.sink == nullptr) {
+    // This thread frees on streams: later allocations may be lent through its cache.
+    if (tc == nullptr) tc = I.tc_create();
+    Impl::Guard g(tc->mu);
+    tc->async_seen = true;
+  }
   return FreeStatus::ok;
 }
 

@@ -131,6 +131,7 @@ bool DevicePool::Impl::wait_device_batches() {
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
 void DevicePool::Impl::wait_all() {
   ++st.num_sync_all_streams;
+  tc_flush_all();  // blocks parked in threads' caches are reclaimable too
   wait_device_batches();
   while (retire_head != nullptr) {
     Batch* b = retire_head;
@@ -171,6 +172,7 @@ std::size_t DevicePool::empty_cache() {
 void DevicePool::retire_stream(StreamId stream) {
   Impl& I = *impl_;
   Impl::Lock lk(I.mu);
+  I.tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
   I.retired.insert(stream);
   auto it = I.streams.find(stream);
   if (it == I.streams.end()) return;

@@ -29,12 +29,14 @@
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
 #include "allocator/spin_lock.h"
+#include "allocator/thread_cache.h"
 
 namespace cudapool {
 namespace detail {
 
 // unmapped: address space of an expandable segment with no pages behind it (in no set).
-enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped };
+// tcache: checked out to a thread cache (thread_cache.h): in no set, not in `live`.
+enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped, tcache };
 
 struct Segment;
 
@@ -142,6 +144,8 @@ inline void bump(StatArray& a, StatPool pool, std::int64_t d) {
 }
 
 }  // namespace detail
+
+std::uint64_t new_pool_uid();  // pool_tcache.cpp
 
 struct DevicePool::Impl {
   using Block = detail::Block;
@@ -400,6 +404,31 @@ struct DevicePool::Impl {
   void merge_unmapped(Block* b);
   void count_runs_change(Block* piece, int sign);
   void destroy_expandable(Segment* seg);
+
+  // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
+  const std::uint64_t uid = new_pool_uid();  // this pool's key in every thread's cache list (never reused)
+  std::vector<std::shared_ptr<detail::ThreadCache>> tcaches;  // registered caches, under mu
+  // This thread's cache for this pool, or null (no lock needed: thread-local list).
+  detail::ThreadCache* tc_find() const;
+  // Under mu: this thread's cache, created and registered on first use.
+  detail::ThreadCache* tc_create();
+  bool tc_may_cache(const Block* b) const {
+    return sink == nullptr && !b->seg->expandable && b->size <= detail::ThreadCache::kMaxBlock &&
+           b->size < opt.max_split_size;
+  }
+  // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.
+  void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded);
+  // Under mu and tc.mu: a lent entry becomes an ordinary allocated block again.
+  void tc_return_lent(detail::ThreadCache& tc, int i);
+  void tc_merge(detail::ThreadCache& tc);  // under mu and tc.mu: apply the stat deltas
+  void tc_flush(detail::ThreadCache& tc);  // under mu and tc.mu: merge, then return every block
+  void tc_flush_all();                     // under mu: every thread's cache
+  void tc_merge_own();                     // under mu: this thread's cache's deltas (program order)
+  // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
+  // allocated block; true if found.
+  bool tc_reclaim_lent(std::uintptr_t p);
+  void tc_detach_all();                    // pool teardown
+  static void tc_exit_flush(detail::ThreadCache& tc);  // thread exit (registry mutex held)
 
   // ---- fences (pool_fences.cpp) ----
   void service_fences();

@@ -9,6 +9,7 @@ namespace cudapool {
 using detail::BState;
 
 DevicePool::Impl::~Impl() {
+  tc_detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
   auto drop_list = [&](Batch* b) {
     while (b != nullptr) {
@@ -57,11 +58,12 @@ FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
 }
 
 std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
-  const Impl& I = *impl_;
+  Impl& I = *impl_;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   Impl::Guard lock(I.mu);
   Impl::Segment* seg = I.segment_containing(p);
   if (seg == nullptr) return std::nullopt;
+  if (!I.tcaches.empty() && I.live.find(p) == nullptr) I.tc_reclaim_lent(p);  // lent via a thread cache
   for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
     if (p < b->ptr || p >= b->ptr + b->size) continue;
     if (b->state != BState::allocated) return std::nullopt;
@@ -94,13 +96,17 @@ bool DevicePool::owns(const void* ptr) const {
   return seg != nullptr && (!seg->expandable || block_at(seg, p)->mapped());
 }
 
+// Every view below first flushes the threads' caches (pool_tcache.cpp): what it shows is then
+// exact, and cached blocks count as free.
 std::size_t DevicePool::cached_bytes() const {
   Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();
   return static_cast<std::size_t>(impl_->st.reserved_bytes[kAll].current - impl_->st.allocated_bytes[kAll].current);
 }
 
 Stats DevicePool::stats() const {
   Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();
   return impl_->st;
 }
 
@@ -117,11 +123,13 @@ void for_each_counter(Stats& s, F f) {
 
 void DevicePool::reset_peak_stats() {
   Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();
   for_each_counter(impl_->st, [](StatCounter& c) { c.peak = c.current; });
 }
 
 void DevicePool::reset_accumulated_stats() {
   Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();
   Stats& s = impl_->st;
   for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
@@ -130,8 +138,9 @@ void DevicePool::reset_accumulated_stats() {
 }
 
 Snapshot DevicePool::snapshot() const {
-  const Impl& I = *impl_;
+  Impl& I = *impl_;
   Impl::Guard lock(I.mu);
+  I.tc_flush_all();
   Snapshot snap;
   snap.segments.reserve(I.segments.size());
   for (auto& [base, seg] : I.segments) {
@@ -173,7 +182,11 @@ Snapshot DevicePool::snapshot() const {
 
 const PoolOptions& DevicePool::options() const { return impl_->opt; }
 int DevicePool::device() const { return impl_->device; }
-void DevicePool::set_event_sink(EventSink* sink) { impl_->sink = sink; }
+void DevicePool::set_event_sink(EventSink* sink) {
+  Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();  // cached operations emit no events: none may continue under a new sink
+  impl_->sink = sink;
+}
 
 // Forget every segment without calling the upstream or the fence provider: the context that
 // owned them is gone, so both would only fail.
@@ -217,11 +230,13 @@ void DevicePool::Impl::forget_all() {
 
 void DevicePool::abandon() {
   Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();
   impl_->forget_all();
 }
 
 std::string DevicePool::check_consistency() const {
   Impl::Guard lock(impl_->mu);
+  impl_->tc_flush_all();
   return impl_->check();
 }
 
@@ -275,6 +290,8 @@ std::string DevicePool::Impl::check() const {
             pending_bytes += sz;
           }
           break;
+        case BState::tcache:  // check_consistency() flushed every thread cache first
+          return fail("block still checked out to a thread cache", b);
         case BState::unmapped:
           if (!seg->expandable) return fail("unmapped block in a classic segment", b);
           if (b->next != nullptr && b->next->state == BState::unmapped) return fail("unmerged unmapped blocks", b);

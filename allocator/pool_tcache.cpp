@@ -1,0 +1,203 @@
+// The pool side of the per-thread caches (thread_cache.h has the model, docs/design.md the why):
+// registration, check-out, stat merging, flushing back into the pool, thread exit, teardown.
+// Lock order everywhere: cache registry mutex -> pool mu -> a cache's mu. The owner's fast path
+// (pool_fast.cpp) takes only its own cache's mu.
+#include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "allocator/pool_impl.h"
+
+namespace cudapool {
+
+using detail::BState;
+using detail::TcEntry;
+using detail::ThreadCache;
+
+namespace {
+
+// Serializes "a cache leaves its pool": thread exit vs. pool destruction. Leaked on purpose:
+// threads may exit after static destructors ran.
+std::mutex& registry_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+
+std::atomic<std::uint64_t> next_uid{1};
+
+// This thread's caches, one per pool it used. At thread exit every cache still attached to a
+// live pool is flushed into it, so blocks parked here are never lost.
+struct ThreadCaches {
+  std::vector<std::shared_ptr<ThreadCache>> list;
+  ThreadCache* last = nullptr;  // one-entry cache: most threads use one pool
+
+  ~ThreadCaches() {
+    std::lock_guard<std::mutex> reg(registry_mutex());
+    for (auto& tc : list)
+      if (tc->pool.load(std::memory_order_acquire) != nullptr) tc->exit_flush(*tc);  // else its pool is gone
+  }
+};
+
+thread_local ThreadCaches t_caches;
+
+void merge_array(StatArray& global, StatArray& delta) {
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    StatCounter& g = global[i];
+    StatCounter& t = delta[i];
+    g.peak = std::max(g.peak, g.current + t.peak);
+    g.current += t.current;
+    g.allocated += t.allocated;
+    g.freed += t.freed;
+    t = StatCounter{};
+  }
+}
+
+}  // namespace
+
+std::uint64_t new_pool_uid() { return next_uid.fetch_add(1, std::memory_order_relaxed); }
+
+ThreadCache* DevicePool::Impl::tc_find() const {
+  ThreadCaches& tl = t_caches;
+  if (tl.last != nullptr && tl.last->pool_uid == uid) return tl.last;
+  for (auto& tc : tl.list) {
+    if (tc->pool_uid == uid) {
+      tl.last = tc.get();
+      return tl.last;
+    }
+  }
+  return nullptr;
+}
+
+ThreadCache* DevicePool::Impl::tc_create() {
+  if (ThreadCache* tc = tc_find()) return tc;
+  ThreadCaches& tl = t_caches;
+  // Caches of destroyed pools are dead weight: drop them now.
+  std::erase_if(tl.list, [](const std::shared_ptr<ThreadCache>& c) {
+    return c->pool.load(std::memory_order_acquire) == nullptr;
+  });
+  auto tc = std::make_shared<ThreadCache>();
+  tc->pool_uid = uid;
+  tc->exit_flush = &Impl::tc_exit_flush;
+  tc->pool.store(this, std::memory_order_release);
+  tcaches.push_back(tc);
+  tl.list.push_back(tc);
+  tl.last = tc.get();
+  return tl.last;
+}
+
+void DevicePool::Impl::tc_exit_flush(ThreadCache& tc) {
+  auto* impl = static_cast<Impl*>(tc.pool.load(std::memory_order_acquire));
+  Guard pool_lock(impl->mu);
+  {
+    Guard cache_lock(tc.mu);
+    impl->tc_flush(tc);
+  }
+  auto& v = impl->tcaches;
+  std::erase_if(v, [&](const std::shared_ptr<ThreadCache>& c) { return c.get() == &tc; });
+  tc.pool.store(nullptr, std::memory_order_release);
+}
+
+void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounded) {
+  if (tc.nlent == ThreadCache::kMaxLent) tc_return_lent(tc, 0);  // the oldest stays allocated, uncached
+  live.take(b->ptr);
+  b->state = BState::tcache;
+  TcEntry& e = tc.lent[tc.nlent++];
+  e.block = b;
+  e.ptr = b->ptr;
+  e.size = b->size;
+  e.rounded = rounded;
+  e.requested = b->requested;
+  e.stream = b->owner;
+  e.small = b->seg->small;
+  e.split = b->is_split();
+}
+
+void DevicePool::Impl::tc_return_lent(ThreadCache& tc, int i) {
+  const TcEntry e = tc.lent[i];
+  // Keep the order (oldest first): eviction takes index 0.
+  std::move(tc.lent + i + 1, tc.lent + tc.nlent, tc.lent + i);
+  --tc.nlent;
+  Block* b = e.block;
+  b->state = BState::allocated;
+  b->owner = e.stream;
+  b->requested = e.requested;
+  live.insert(b->ptr, b);
+}
+
+void DevicePool::Impl::tc_merge(ThreadCache& tc) {
+  detail::TcDelta& d = tc.delta;
+  if (!d.dirty) return;
+  merge_array(st.allocation, d.allocation);
+  merge_array(st.allocated_bytes, d.allocated_bytes);
+  merge_array(st.active, d.active);
+  merge_array(st.active_bytes, d.active_bytes);
+  merge_array(st.requested_bytes, d.requested_bytes);
+  merge_array(st.inactive_split, d.inactive_split);
+  merge_array(st.inactive_split_bytes, d.inactive_split_bytes);
+  st.cache_hits += d.cache_hits;
+  d.cache_hits = 0;
+  d.dirty = false;
+}
+
+void DevicePool::Impl::tc_flush(ThreadCache& tc) {
+  tc_merge(tc);
+  while (tc.nlent > 0) tc_return_lent(tc, tc.nlent - 1);
+  for (int i = 0; i < tc.nfree; ++i) {
+    const TcEntry& e = tc.free_[i];
+    Block* b = e.block;
+    // Already counted inactive (and in inactive_split) by the merged deltas; insert_free
+    // recounts the split after merging with neighbours.
+    if (e.split) count_inactive_split(b, -1);
+    b->requested = 0;
+    StreamFree* sf = stream_get(e.stream);
+    b->epoch = ++epoch;  // freed "now" as far as promotion fences go: later is only safer
+    insert_free(b, BState::local, e.stream, sf->sets[detail::kind_index(e.small)]);
+  }
+  tc.nfree = 0;
+  tc.free_bytes = 0;
+}
+
+void DevicePool::Impl::tc_flush_all() {
+  for (auto& tc : tcaches) {
+    Guard g(tc->mu);
+    tc_flush(*tc);
+  }
+}
+
+void DevicePool::Impl::tc_merge_own() {
+  if (ThreadCache* tc = tc_find()) {
+    Guard g(tc->mu);
+    tc_merge(*tc);
+  }
+}
+
+bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
+  for (auto& tc : tcaches) {
+    Guard g(tc->mu);
+    for (int i = 0; i < tc->nlent; ++i) {
+      const TcEntry& e = tc->lent[i];
+      if (p >= e.ptr && p < e.ptr + e.size) {
+        tc_merge(*tc);  // its deltas describe this block's history
+        tc_return_lent(*tc, i);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void DevicePool::Impl::tc_detach_all() {
+  std::lock_guard<std::mutex> reg(registry_mutex());
+  Guard pool_lock(mu);
+  for (auto& tc : tcaches) {
+    Guard g(tc->mu);
+    tc->nfree = tc->nlent = 0;
+    tc->free_bytes = 0;
+    tc->delta = detail::TcDelta{};
+    tc->pool.store(nullptr, std::memory_order_release);
+  }
+  tcaches.clear();
+}
+
+}  // namespace cudapool
