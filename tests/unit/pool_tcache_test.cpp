@@ -1,0 +1,214 @@
+// Per-thread caches (allocator/thread_cache.h, docs/design.md "Thread caches"): stats stay exact,
+// cached blocks count as free and are reclaimed by empty_cache / the OOM path / thread exit, and a
+// cached block is never handed to another stream early.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <barrier>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "tests/unit/pool_helpers.h"
+
+using namespace cudapool;
+using namespace cudapool::testing;
+
+namespace {
+constexpr StreamId kS1 = 11, kS2 = 22, kS3 = 33;
+constexpr std::size_t k64K = 64 * KiB;
+}  // namespace
+
+// Threads hold cached blocks (lent and free) while another thread reads the stats: the counts are
+// exact at every view, and identical to a recount from the snapshot.
+TEST(PoolTcache, StatsExactWhileThreadsCache) {
+  PoolRig rig(immediate_options(), 80 * GiB, true);
+  constexpr int kThreads = 4, kRounds = 500, kHeld = 40;  // kHeld > the free bound (32)
+  std::barrier sync(kThreads + 1);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      const auto s = static_cast<StreamId>(100 + t);
+      for (int i = 0; i < kRounds; ++i) {
+        void* p = rig.pool->allocate(k64K, s).ptr;
+        ASSERT_NE(p, nullptr);
+        ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+      }
+      std::vector<void*> held;
+      for (int i = 0; i < kHeld; ++i) held.push_back(rig.pool->allocate(k64K - 100, s).ptr);
+      sync.arrive_and_wait();  // main looks at the stats
+      sync.arrive_and_wait();
+      for (void* p : held) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+      sync.arrive_and_wait();  // main looks again; we are still alive (caches not yet exited)
+      sync.arrive_and_wait();
+    });
+  }
+  sync.arrive_and_wait();
+  Stats s = rig.pool->stats();
+  EXPECT_EQ(s.allocation[kAll].current, kThreads * kHeld);
+  EXPECT_EQ(s.allocation[kAll].allocated, kThreads * (kRounds + kHeld));
+  EXPECT_EQ(s.allocation[kAll].freed, kThreads * kRounds);
+  EXPECT_EQ(s.allocated_bytes[kAll].current, static_cast<std::int64_t>(kThreads * kHeld * k64K));
+  EXPECT_EQ(s.requested_bytes[kAll].current, static_cast<std::int64_t>(kThreads * kHeld * (k64K - 100)));
+  EXPECT_EQ(s.cache_hits + s.cache_misses, kThreads * (kRounds + kHeld));
+  EXPECT_GE(s.allocation[kAll].peak, kThreads * kHeld);
+  rig.expect_intact();
+  sync.arrive_and_wait();
+  sync.arrive_and_wait();
+  s = rig.pool->stats();
+  EXPECT_EQ(s.allocation[kAll].current, 0);
+  EXPECT_EQ(s.allocated_bytes[kAll].current, 0);
+  EXPECT_EQ(s.active_bytes[kAll].current, 0);
+  EXPECT_EQ(s.requested_bytes[kAll].current, 0);
+  EXPECT_EQ(s.allocation[kAll].freed, kThreads * (kRounds + kHeld));
+  EXPECT_EQ(rig.pool->cached_bytes(), static_cast<std::size_t>(s.reserved_bytes[kAll].current));
+  rig.expect_intact();
+  sync.arrive_and_wait();
+  for (auto& t : ts) t.join();
+}
+
+// Same thread, same stream: reused at once. Another stream never gets the cached block early.
+TEST(PoolTcache, NoReuseAcrossStreams) {
+  PoolRig rig(immediate_options());
+  void* a = rig.alloc(k64K, kS1);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // immediate: local to kS1
+  void* b = rig.alloc(k64K, kS2);
+  EXPECT_NE(b, a);
+  void* c = rig.alloc(k64K, kS1);
+  EXPECT_EQ(c, a);  // the cache hands it back at once
+  ASSERT_EQ(rig.pool->free_on_stream(c, kS3), FreeStatus::ok);  // now local to kS3
+  void* d = rig.alloc(k64K, kS1);
+  EXPECT_NE(d, a);
+  EXPECT_EQ(rig.alloc(k64K, kS3), a);
+  EXPECT_EQ(rig.fence.records(), 0u);
+  rig.expect_intact();
+}
+
+// Fenced pool: a block lent through the cache (this thread used free_on_stream before) that is
+// then freed with free() still waits for its device fence.
+TEST(PoolTcache, FencedFreeOfLentBlockWaitsForFence) {
+  PoolRig rig;  // FreeSync::fenced, fences complete only when told
+  void* a = rig.alloc(k64K, kS1);
+  ASSERT_EQ(rig.pool->free_on_stream(a, kS1), FreeStatus::ok);
+  void* b = rig.alloc(k64K, kS1);  // lent through the cache now
+  ASSERT_EQ(b, a);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);  // cudaFree meaning
+  void* c = rig.alloc(k64K, kS1);
+  EXPECT_NE(c, a);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(k64K));
+  rig.expect_intact();
+}
+
+TEST(PoolTcache, CachedBlocksCountAsFreeAndEmptyCacheReclaimsThem) {
+  PoolRig rig(immediate_options());
+  std::promise<void> cached, done;
+  std::thread t([&] {
+    void* p = rig.pool->allocate(k64K, kS1).ptr;
+    rig.pool->free(p);  // parked in this thread's cache
+    cached.set_value();
+    done.get_future().wait();
+  });
+  cached.get_future().wait();
+  EXPECT_EQ(rig.pool->cached_bytes(), 2 * MiB);  // the whole small segment is free
+  EXPECT_EQ(rig.pool->empty_cache(), 2 * MiB);
+  EXPECT_EQ(rig.up.bytes_held(), 0u);
+  done.set_value();
+  t.join();
+  rig.expect_intact();
+}
+
+// The OOM path reclaims a block parked in another (live) thread's cache instead of failing.
+TEST(PoolTcache, OomPathReclaimsOtherThreadsCache) {
+  PoolRig rig(immediate_options(), 2 * MiB, true);  // room for one small segment only
+  std::promise<void*> cached;
+  std::promise<void> done;
+  std::thread t([&] {
+    void* p1 = rig.pool->allocate(1 * MiB, kS1).ptr;
+    void* p2 = rig.pool->allocate(1 * MiB, kS1).ptr;  // the segment is full
+    EXPECT_NE(p2, nullptr);
+    rig.pool->free(p1);  // parked in this thread's cache
+    cached.set_value(p1);
+    done.get_future().wait();
+  });
+  void* p1 = cached.get_future().get();
+  ASSERT_NE(p1, nullptr);
+  AllocResult r = rig.pool->allocate(1 * MiB, kS2);  // upstream refuses: must reclaim p1
+  EXPECT_EQ(r.status, AllocStatus::ok);
+  EXPECT_EQ(r.ptr, p1);
+  EXPECT_EQ(rig.up.failed_calls(), 1u);  // one refusal, then the reclaimed block served it
+  EXPECT_EQ(rig.pool->stats().num_ooms, 0);
+  done.set_value();
+  t.join();
+  rig.expect_intact();
+}
+
+TEST(PoolTcache, ThreadExitFlushesFreeAndLentBlocks) {
+  PoolRig rig(immediate_options());
+  void* freed = nullptr;
+  void* kept = nullptr;
+  std::thread([&] {
+    freed = rig.pool->allocate(k64K, kS1).ptr;
+    kept = rig.pool->allocate(k64K, kS1).ptr;  // lent, never freed by this thread
+    rig.pool->free(freed);
+  }).join();
+  // The exited thread's free block went back to the pool, local to kS1: this thread gets it.
+  EXPECT_EQ(rig.alloc(k64K, kS1), freed);
+  // Its lent block is an ordinary live block again: freeable here, and only once.
+  EXPECT_EQ(rig.pool->free(kept), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->free(kept), FreeStatus::double_free);
+  rig.expect_intact();
+}
+
+TEST(PoolTcache, CrossThreadFreeAndQueriesOfLentBlock) {
+  PoolRig rig(immediate_options());
+  std::promise<void*> lent;
+  std::promise<void> done;
+  std::thread t([&] {
+    void* p = rig.pool->allocate(k64K, kS1).ptr;
+    rig.pool->free(p);
+    lent.set_value(rig.pool->allocate(k64K - 1000, kS1).ptr);  // served by the cache
+    done.get_future().wait();
+  });
+  void* p = lent.get_future().get();
+  auto info = rig.pool->address_info(static_cast<char*>(p) + 10);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->block_base, reinterpret_cast<std::uintptr_t>(p));
+  EXPECT_EQ(info->block_size, k64K - 1000);
+  EXPECT_EQ(rig.pool->free(static_cast<char*>(p) + 512), FreeStatus::interior_pointer);
+  EXPECT_EQ(rig.pool->free(p), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->free(p), FreeStatus::double_free);
+  done.set_value();
+  t.join();
+  rig.expect_intact();
+}
+
+// A pool destroyed while a thread still has a cache for it: the thread's exit must not touch it.
+TEST(PoolTcache, PoolDestroyedBeforeThreadExit) {
+  auto rig = std::make_unique<PoolRig>(immediate_options());
+  std::promise<void> cached, destroyed;
+  std::thread t([&] {
+    rig->pool->free(rig->pool->allocate(k64K, kS1).ptr);
+    cached.set_value();
+    destroyed.get_future().wait();
+  });
+  cached.get_future().wait();
+  rig.reset();
+  destroyed.set_value();
+  t.join();  // ASan / TSan builds catch any touch of the dead pool
+  PoolRig again(immediate_options());  // a new pool (maybe at the same address) starts clean
+  void* p = again.alloc(k64K, kS1);
+  EXPECT_EQ(again.pool->free(p), FreeStatus::ok);
+  again.expect_intact();
+}
+
+// retire_stream takes the stream's blocks out of every thread cache: none is reused early.
+TEST(PoolTcache, RetireStreamFlushesCaches) {
+  PoolRig rig(immediate_options());
+  void* a = rig.alloc(k64K, kS1);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  rig.pool->retire_stream(kS1);
+  EXPECT_NE(rig.alloc(k64K, kS2), a);  // retiring: waits for the fence on kS1
+  EXPECT_NE(rig.alloc(k64K, kS1), a);  // not even kS1 (a new stream with a reused handle) gets it
+  EXPECT_EQ(rig.fence.stream_records(), 1u);
+  rig.expect_intact();
+}
