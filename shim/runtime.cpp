@@ -148,8 +148,11 @@ void Runtime::write_exit_summary() noexcept {
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
     }
     log_info("exit summary\n{}", format_summary_table(s));
-    if (!policy_.stats_file.empty()) {
-      std::string err = write_summary_file(policy_.stats_file, s);
+    // The policy key wins; CUDAPOOL_STATS=path is the short form scripts use.
+    std::string stats_path = policy_.stats_file;
+    if (const char* env = std::getenv("CUDAPOOL_STATS"); stats_path.empty() && env != nullptr) stats_path = env;
+    if (!stats_path.empty()) {
+      std::string err = write_summary_file(stats_path, s);
       if (!err.empty()) log_warn("stats file: {}", err);
     }
   } catch (...) {

@@ -41,7 +41,7 @@ RunResult run(const std::vector<std::string>& argv, const std::map<std::string, 
     if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   // A clean policy environment unless the test sets one.
-  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR",
+  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR", "CUDAPOOL_STATS",
                         "PYTORCH_CUDA_ALLOC_CONF", "CUDAPOOL_LOG_LEVEL"})
     vars.erase(v);
   if (preload) vars["LD_PRELOAD"] = kSanPreload.empty() ? kShim : kSanPreload + " " + kShim;
@@ -232,6 +232,13 @@ TEST(Shim, StatsAndTraceFilesAreWritten) {
   EXPECT_EQ(rows, 1000);
   std::remove(stats.c_str());
   std::remove(trace.c_str());
+  // The short form: CUDAPOOL_STATS=path.
+  RunResult env = run({app(true), "pooling"}, {{"CUDAPOOL_STATS", stats}});
+  ASSERT_EQ(env.exit_status, 0) << env.output;
+  FILE* f = std::fopen(stats.c_str(), "r");
+  EXPECT_NE(f, nullptr);
+  if (f != nullptr) std::fclose(f);
+  std::remove(stats.c_str());
   rmdir(dir);
 }
 
