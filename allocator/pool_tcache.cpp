@@ -173,17 +173,24 @@ void DevicePool::Impl::tc_merge_own() {
 }
 
 bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
-  for (auto& tc : tcaches) {
-    Guard g(tc->mu);
-    for (int i = 0; i < tc->nlent; ++i) {
-      const TcEntry& e = tc->lent[i];
+  auto reclaim_from = [&](ThreadCache& tc) {
+    Guard g(tc.mu);
+    for (int i = tc.nlent - 1; i >= 0; --i) {
+      const TcEntry& e = tc.lent[i];
       if (p >= e.ptr && p < e.ptr + e.size) {
-        tc_merge(*tc);  // its deltas describe this block's history
-        tc_return_lent(*tc, i);
+        tc_merge(tc);  // its deltas describe this block's history
+        tc_return_lent(tc, i);
         return true;
       }
     }
-  }
+    return false;
+  };
+  // Usually the freeing thread lent it itself (e.g. free() of a lent block in a fenced pool):
+  // look there first; other threads' caches only for cross-thread frees.
+  ThreadCache* own = tc_find();
+  if (own != nullptr && reclaim_from(*own)) return true;
+  for (auto& tc : tcaches)
+    if (tc.get() != own && reclaim_from(*tc)) return true;
   return false;
 }
 
