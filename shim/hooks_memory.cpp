@@ -143,6 +143,10 @@ CUresult free_async(CUdeviceptr dptr, CUstream s, bool ptsz) {
   auto real = ptsz ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == 0) return real(dptr, s);
+  if (!rt->native()) {
+    rt->count_pass(PassKind::backend);
+    return real(dptr, s);
+  }
   const StreamId id = stream_id(s, ptsz);
   CUresult r = pool_free(*rt, dptr, &id, s);
   return r == kPassThrough ? real(dptr, s) : r;
@@ -184,6 +188,10 @@ CUDAPOOL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (dptr == 0) return rt->driver().cuMemFree_v2(dptr);
+  if (!rt->native()) {
+    rt->count_pass(PassKind::backend);
+    return rt->driver().cuMemFree_v2(dptr);
+  }
   CUresult r = pool_free(*rt, dptr, nullptr, nullptr);
   return r == kPassThrough ? rt->driver().cuMemFree_v2(dptr) : r;
 }

@@ -647,7 +647,8 @@ void alloc_once() {
   CUdeviceptr p = 0;
   CHECK_OK(api.cuMemAlloc(&p, 4096));
   CHECK_OK(api.cuMemFree(p));
-  std::printf("active=%d\n", c_api<int (*)()>("cudapool_active")());
+  std::printf("active=%d backend_passes=%lld\n", c_api<int (*)()>("cudapool_active")(),
+              static_cast<long long>(c_api<int64_t (*)(const char*)>("cudapool_passthrough_count")("backend")));
 }
 
 void immediate_reuse() {
