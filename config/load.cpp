@@ -111,6 +111,16 @@ PolicyResult load(const PolicySources& src) {
     }
     p = std::move(*c.policy);
   }
+  // The two file shortcuts of the environment win over every other source, like a command-line
+  // flag would: `CUDAPOOL_TRACE=/tmp/t.csv ./app` must trace whatever the policy file says.
+  if (!src.trace_file.empty()) {
+    p.trace_file = src.trace_file;
+    p.origin["trace_file"] = "CUDAPOOL_TRACE";
+  }
+  if (!src.stats_file.empty()) {
+    p.stats_file = src.stats_file;
+    p.origin["stats_file"] = "CUDAPOOL_STATS";
+  }
   add_combination_warnings(p);
   r.policy = std::move(p);
   return r;
@@ -138,6 +148,8 @@ PolicySources sources_from_environment() {
   s.config_path = env("CUDAPOOL_CONFIG");
   s.profile = env("CUDAPOOL_PROFILE");
   s.on_error = env("CUDAPOOL_ON_ERROR");
+  s.trace_file = env("CUDAPOOL_TRACE");
+  s.stats_file = env("CUDAPOOL_STATS");
   // argv joined by spaces; /proc/self/cmdline separates (and ends) them with NULs.
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

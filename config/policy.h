@@ -33,6 +33,8 @@ struct PolicySources {
   std::string profile;       // CUDAPOOL_PROFILE
   std::string command_line;  // for profile `match` globs ("prog arg1 arg2")
   std::string on_error;      // CUDAPOOL_ON_ERROR: "stop" (default) or "passthrough"
+  std::string trace_file;    // CUDAPOOL_TRACE: shortcut for trace_file, above CUDAPOOL_CONF
+  std::string stats_file;    // CUDAPOOL_STATS: shortcut for stats_file, above CUDAPOOL_CONF
 };
 
 struct PolicyResult {
@@ -44,9 +46,10 @@ struct PolicyResult {
 
 // Parse a CUDAPOOL_CONF / PYTORCH_CUDA_ALLOC_CONF string over `base`.
 PolicyResult parse_conf(std::string_view text, const Policy& base, std::string_view origin_name = "CUDAPOOL_CONF");
-// Full layering: defaults < file [policy] < profile < CUDAPOOL_CONF.
+// Full layering: defaults < file [policy] < profile < CUDAPOOL_CONF < CUDAPOOL_TRACE/CUDAPOOL_STATS.
 PolicyResult load_policy(const PolicySources& sources);
-// Sources from the environment (CUDAPOOL_CONF, CUDAPOOL_CONFIG, CUDAPOOL_PROFILE, /proc/self/cmdline).
+// Sources from the environment (CUDAPOOL_CONF, CUDAPOOL_CONFIG, CUDAPOOL_PROFILE, CUDAPOOL_ON_ERROR,
+// CUDAPOOL_TRACE, CUDAPOOL_STATS, /proc/self/cmdline).
 PolicySources sources_from_environment();
 // What the shim calls once at start: load_policy(sources_from_environment()), never throws.
 PolicyResult load_policy_from_environment();

@@ -321,6 +321,30 @@ TEST(Warnings, GarbageCollectionWithoutALimitIsNotInert) {
   EXPECT_DOUBLE_EQ(p.pool.garbage_collection_threshold, 0.7);
 }
 
+TEST(Layering, TraceAndStatsShortcutsWinOverConf) {
+  PolicySources s;
+  s.conf = "trace_file:/tmp/from-conf.csv,stats_file:/tmp/from-conf.json";
+  Policy p = must_load(s);
+  EXPECT_EQ(p.trace_file, "/tmp/from-conf.csv");
+  s.trace_file = "/tmp/t-%p.csv";
+  s.stats_file = "/tmp/s.json";
+  p = must_load(s);
+  EXPECT_EQ(p.trace_file, "/tmp/t-%p.csv");
+  EXPECT_EQ(p.stats_file, "/tmp/s.json");
+  EXPECT_EQ(p.origin["trace_file"], "CUDAPOOL_TRACE");
+  EXPECT_EQ(p.origin["stats_file"], "CUDAPOOL_STATS");
+}
+
+TEST(Environment, TraceAndStatsVariables) {
+  ::setenv("CUDAPOOL_TRACE", "/tmp/env-trace.csv", 1);
+  ::setenv("CUDAPOOL_STATS", "/tmp/env-stats.json", 1);
+  PolicySources s = sources_from_environment();
+  ::unsetenv("CUDAPOOL_TRACE");
+  ::unsetenv("CUDAPOOL_STATS");
+  EXPECT_EQ(s.trace_file, "/tmp/env-trace.csv");
+  EXPECT_EQ(s.stats_file, "/tmp/env-stats.json");
+}
+
 TEST(Warnings, PassthroughMakesPoolKeysMoot) {
   PolicySources s;
   s.conf = "backend:passthrough,max_split_size_mb:64,log_level:info";
