@@ -40,3 +40,4 @@ tools-demo: $(CUDAPOOL_BIN)
 	$(CUDAPOOL_BIN) tune tests/traces/serve.csv --top 8
 	@echo; echo "== cudapool report: terminal summary, HTML page, Perfetto trace"
 	$(CUDAPOOL_BIN) report tests/traces/train.csv -o $(TOOLS_DEMO_DIR)/train.html --perfetto $(TOOLS_DEMO_DIR)/train.perfetto.json
+demo: programs
