@@ -1,6 +1,8 @@
 // The hot path: allocate() when a cached block fits, free()/free_on_stream() of a live block.
 // One short-critical-section lock (spin_lock.h), one hash lookup, a couple of O(log n) set operations on small sets, no malloc.
 // Everything else (misses, fences, OOM, GC, bad frees) lives in the other pool_*.cpp files.
+#include <algorithm>
+
 #include "allocator/pool_impl.h"
 
 namespace cudapool {
@@ -44,21 +46,31 @@ void count_lent(detail::TcDelta& d, const TcEntry& e, std::int64_t sign) {
     detail::bump(d.inactive_split, p, -sign);
     detail::bump(d.inactive_split_bytes, p, -sz);
   }
-  d.dirty = true;
 }
 
 // Under tc.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
-std::uintptr_t tc_take(ThreadCache& tc, std::size_t rounded, std::size_t requested, StreamId stream) {
-  if (tc.nlent == ThreadCache::kMaxLent) return 0;
+// `evict(slot)` makes room in the lent table; it can only when the pool lock is held.
+// *slot_busy: an entry matched but its lent slot was taken (the locked path can evict).
+template <class Evict>
+std::uintptr_t tc_take(ThreadCache& tc, std::size_t rounded, std::size_t requested, StreamId stream, Evict evict,
+                       bool* slot_busy) {
   for (int i = tc.nfree - 1; i >= 0; --i) {  // newest first: the warmest block
     if (tc.free_[i].rounded != rounded || tc.free_[i].stream != stream) continue;
+    const int slot = ThreadCache::slot_of(tc.free_[i].ptr);
+    if (tc.lent[slot].ptr != 0 && !evict(slot)) {
+      *slot_busy = true;
+      return 0;
+    }
     TcEntry e = tc.free_[i];
     tc.free_[i] = tc.free_[--tc.nfree];
     tc.free_bytes -= e.size;
     e.requested = requested;
-    tc.lent[tc.nlent++] = e;
+    tc.lent[slot] = e;
+    ++tc.nlent;
     count_lent(tc.delta, e, +1);
     ++tc.delta.cache_hits;
+    tc.dirty.store(true, std::memory_order_relaxed);
+    tc.credit = std::min(tc.credit + ThreadCache::kHitCredit, ThreadCache::kMaxCredit);
     return e.ptr;
   }
   return 0;
@@ -67,20 +79,19 @@ std::uintptr_t tc_take(ThreadCache& tc, std::size_t rounded, std::size_t request
 // Under tc.mu: the block lent at p becomes free in the cache, local to `stream` (or to its
 // allocation stream when use_owner). False: not lent by this cache, or no room.
 bool tc_put(ThreadCache& tc, std::uintptr_t p, StreamId stream, bool use_owner) {
-  for (int i = tc.nlent - 1; i >= 0; --i) {
-    if (tc.lent[i].ptr != p) continue;
-    TcEntry e = tc.lent[i];
-    if (tc.nfree == ThreadCache::kMaxFree || tc.free_bytes + e.size > ThreadCache::kMaxFreeBytes) return false;
-    std::move(tc.lent + i + 1, tc.lent + tc.nlent, tc.lent + i);  // keep oldest-first order
-    --tc.nlent;
-    count_lent(tc.delta, e, -1);
-    if (!use_owner) e.stream = stream;
-    e.requested = 0;
-    tc.free_[tc.nfree++] = e;
-    tc.free_bytes += e.size;
-    return true;
-  }
-  return false;
+  TcEntry& slot = tc.lent[ThreadCache::slot_of(p)];
+  if (slot.ptr != p || p == 0) return false;
+  if (tc.nfree == ThreadCache::kMaxFree || tc.free_bytes + slot.size > ThreadCache::kMaxFreeBytes) return false;
+  TcEntry e = slot;
+  slot = TcEntry{};
+  --tc.nlent;
+  count_lent(tc.delta, e, -1);
+  tc.dirty.store(true, std::memory_order_relaxed);
+  if (!use_owner) e.stream = stream;
+  e.requested = 0;
+  tc.free_[tc.nfree++] = e;
+  tc.free_bytes += e.size;
+  return true;
 }
 
 }  // namespace
@@ -91,17 +102,22 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   Impl& I = *impl_;
   const std::size_t rounded = round_size(size, I.opt);
   ThreadCache* tc = I.tc_find();
+  bool slot_busy = false;
   if (tc != nullptr) {
     Impl::Guard g(tc->mu);
-    if (std::uintptr_t p = tc_take(*tc, rounded, size, stream)) return {reinterpret_cast<void*>(p), AllocStatus::ok};
+    if (std::uintptr_t p = tc_take(*tc, rounded, size, stream, [](int) { return false; }, &slot_busy))
+      return {reinterpret_cast<void*>(p), AllocStatus::ok};
   }
   Impl::Lock lk(I.mu);
-  if (tc != nullptr) {
+  if (tc != nullptr && (slot_busy || tc->dirty.load(std::memory_order_relaxed))) {
     Impl::Guard g(tc->mu);
     I.tc_merge(*tc);  // this thread's cached operations come first (program order)
-    if (tc->nlent == ThreadCache::kMaxLent && tc->nfree != 0) {
-      I.tc_return_lent(*tc, 0);  // room for one more lent block, then the cache may serve it
-      if (std::uintptr_t p = tc_take(*tc, rounded, size, stream)) {
+    if (slot_busy) {  // a cached block fits but its lent slot is taken: make room now
+      auto evict = [&](int slot) {
+        I.tc_return_lent(*tc, slot);
+        return true;
+      };
+      if (std::uintptr_t p = tc_take(*tc, rounded, size, stream, evict, &slot_busy)) {
         I.tc_merge(*tc);
         return {reinterpret_cast<void*>(p), AllocStatus::ok};
       }
@@ -127,7 +143,10 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   if ((I.opt.free_sync == FreeSync::immediate || (tc != nullptr && tc->async_seen)) && I.tc_may_cache(b)) {
     if (tc == nullptr) tc = I.tc_create();
     Impl::Guard g(tc->mu);
-    I.tc_checkout(*tc, b, rounded);
+    if (tc->wants_checkout())
+      I.tc_checkout(*tc, b, rounded);
+    else if (tc->nfree != 0)
+      I.tc_flush(*tc);  // the cache does not hit: its parked blocks are better off in the pool
   }
   return r;
 }

@@ -99,10 +99,11 @@ void DevicePool::Impl::tc_exit_flush(ThreadCache& tc) {
 }
 
 void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounded) {
-  if (tc.nlent == ThreadCache::kMaxLent) tc_return_lent(tc, 0);  // the oldest stays allocated, uncached
+  const int slot = ThreadCache::slot_of(b->ptr);
+  if (tc.lent[slot].ptr != 0) tc_return_lent(tc, slot);  // collision: the older one stays allocated, uncached
   live.take(b->ptr);
   b->state = BState::tcache;
-  TcEntry& e = tc.lent[tc.nlent++];
+  TcEntry& e = tc.lent[slot];
   e.block = b;
   e.ptr = b->ptr;
   e.size = b->size;
@@ -111,23 +112,23 @@ void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounde
   e.stream = b->owner;
   e.small = b->seg->small;
   e.split = b->is_split();
+  ++tc.nlent;
 }
 
 void DevicePool::Impl::tc_return_lent(ThreadCache& tc, int i) {
-  const TcEntry e = tc.lent[i];
-  // Keep the order (oldest first): eviction takes index 0.
-  std::move(tc.lent + i + 1, tc.lent + tc.nlent, tc.lent + i);
-  --tc.nlent;
+  TcEntry& e = tc.lent[i];
   Block* b = e.block;
   b->state = BState::allocated;
   b->owner = e.stream;
   b->requested = e.requested;
   live.insert(b->ptr, b);
+  e = TcEntry{};
+  --tc.nlent;
 }
 
 void DevicePool::Impl::tc_merge(ThreadCache& tc) {
   detail::TcDelta& d = tc.delta;
-  if (!d.dirty) return;
+  if (!tc.dirty.load(std::memory_order_relaxed)) return;
   merge_array(st.allocation, d.allocation);
   merge_array(st.allocated_bytes, d.allocated_bytes);
   merge_array(st.active, d.active);
@@ -137,12 +138,13 @@ void DevicePool::Impl::tc_merge(ThreadCache& tc) {
   merge_array(st.inactive_split_bytes, d.inactive_split_bytes);
   st.cache_hits += d.cache_hits;
   d.cache_hits = 0;
-  d.dirty = false;
+  tc.dirty.store(false, std::memory_order_relaxed);
 }
 
 void DevicePool::Impl::tc_flush(ThreadCache& tc) {
   tc_merge(tc);
-  while (tc.nlent > 0) tc_return_lent(tc, tc.nlent - 1);
+  for (int i = 0; i < ThreadCache::kLentSlots && tc.nlent > 0; ++i)
+    if (tc.lent[i].ptr != 0) tc_return_lent(tc, i);
   for (int i = 0; i < tc.nfree; ++i) {
     const TcEntry& e = tc.free_[i];
     Block* b = e.block;
@@ -166,7 +168,8 @@ void DevicePool::Impl::tc_flush_all() {
 }
 
 void DevicePool::Impl::tc_merge_own() {
-  if (ThreadCache* tc = tc_find()) {
+  ThreadCache* tc = tc_find();
+  if (tc != nullptr && tc->dirty.load(std::memory_order_relaxed)) {
     Guard g(tc->mu);
     tc_merge(*tc);
   }
@@ -175,9 +178,12 @@ void DevicePool::Impl::tc_merge_own() {
 bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
   auto reclaim_from = [&](ThreadCache& tc) {
     Guard g(tc.mu);
-    for (int i = tc.nlent - 1; i >= 0; --i) {
+    if (tc.nlent == 0) return false;
+    const int home = ThreadCache::slot_of(p);
+    for (int k = 0; k < ThreadCache::kLentSlots; ++k) {  // p's own slot first (p is usually a start)
+      const int i = (home + k) % ThreadCache::kLentSlots;
       const TcEntry& e = tc.lent[i];
-      if (p >= e.ptr && p < e.ptr + e.size) {
+      if (e.ptr != 0 && p >= e.ptr && p < e.ptr + e.size) {
         tc_merge(tc);  // its deltas describe this block's history
         tc_return_lent(tc, i);
         return true;
@@ -199,9 +205,11 @@ void DevicePool::Impl::tc_detach_all() {
   Guard pool_lock(mu);
   for (auto& tc : tcaches) {
     Guard g(tc->mu);
+    for (TcEntry& e : tc->lent) e = TcEntry{};
     tc->nfree = tc->nlent = 0;
     tc->free_bytes = 0;
     tc->delta = detail::TcDelta{};
+    tc->dirty.store(false, std::memory_order_relaxed);
     tc->pool.store(nullptr, std::memory_order_release);
   }
   tcaches.clear();

@@ -49,14 +49,22 @@ struct TcDelta {
   StatArray allocation{}, allocated_bytes{}, active{}, active_bytes{}, requested_bytes{};
   StatArray inactive_split{}, inactive_split_bytes{};
   std::int64_t cache_hits = 0;
-  bool dirty = false;
 };
 
 struct ThreadCache {
   static constexpr int kMaxFree = 32;                 // free blocks kept
   static constexpr std::size_t kMaxFreeBytes = 8 * MiB;  // ... and their bytes
   static constexpr std::size_t kMaxBlock = 1 * MiB;   // larger blocks never enter a cache
-  static constexpr int kMaxLent = 64;                 // checked-out blocks tracked while allocated
+  // Lent blocks: a direct-mapped table by address (O(1) on the free path); a collision sends
+  // the older block back to the pool as an ordinary allocated block.
+  static constexpr int kLentBits = 7;
+  static constexpr int kLentSlots = 1 << kLentBits;
+  static int slot_of(std::uintptr_t p) {
+    return static_cast<int>(((p >> 9) * 0x9E3779B97F4A7C15ull) >> (64 - kLentBits));
+  }
+  // Check-out is only worth it while the cache hits: each hit earns kHitCredit check-outs; with
+  // no credit left only one locked allocation in kProbeEvery is lent (to notice a change).
+  static constexpr int kHitCredit = 8, kMaxCredit = 1024, kProbeEvery = 64;
 
   SpinLock mu;  // the owner's fast path vs. a flush from a thread holding the pool lock
   // The pool this cache belongs to; null once detached (pool destroyed or thread exited).
@@ -70,12 +78,25 @@ struct ThreadCache {
   TcEntry free_[kMaxFree];
   int nfree = 0;
   std::size_t free_bytes = 0;
-  TcEntry lent[kMaxLent];
+  TcEntry lent[kLentSlots];  // ptr == 0: empty slot
   int nlent = 0;
+  int credit = kProbeEvery;
+  unsigned probe = 0;
   TcDelta delta;
+  // delta holds unmerged operations. Set by the owner under mu, cleared by merges under mu; the
+  // owner may read it without mu (it only skips a merge when its own last write was a merge).
+  std::atomic<bool> dirty{false};
   bool async_seen = false;  // the owner has used free_on_stream on this pool
 
   bool empty() const { return nfree == 0 && nlent == 0; }
+  // A locked allocation asks whether to lend its block through this cache.
+  bool wants_checkout() {
+    if (credit > 0) {
+      --credit;
+      return true;
+    }
+    return ++probe % kProbeEvery == 0;
+  }
 };
 
 }  // namespace cudapool::detail
