@@ -123,6 +123,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
       }
     }
   }
+  if (!I.multi_threaded) I.note_thread();
   if (!I.retired.empty()) I.retired.erase(stream);
   if (I.has_fence_work()) I.service_fences();
   Impl::Fit fit = I.find_fit(rounded, stream);
@@ -195,7 +196,8 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   I.emit(EventKind::free, b->ptr, b->size, b->requested, stream);
   if (!I.retired.empty()) I.retired.erase(stream);
   I.make_local(b, stream);
-  if (I.sink == nullptr) {
+  if (!I.multi_threaded) I.note_thread();
+  if (I.multi_threaded && I.sink == nullptr) {
     // This thread frees on streams: later allocations may be lent through its cache.
     if (tc == nullptr) tc = I.tc_create();
     Impl::Guard g(tc->mu);

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -406,6 +407,17 @@ struct DevicePool::Impl {
   void destroy_expandable(Segment* seg);
 
   // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
+  // Caches engage only once a second thread has used the pool: a single-threaded program (and a
+  // trace replay) keeps exactly the block placement it had without them. Under mu.
+  std::thread::id first_thread{};
+  bool multi_threaded = false;
+  void note_thread() {
+    const std::thread::id me = std::this_thread::get_id();
+    if (first_thread == std::thread::id{})
+      first_thread = me;
+    else if (me != first_thread)
+      multi_threaded = true;
+  }
   const std::uint64_t uid = new_pool_uid();  // this pool's key in every thread's cache list (never reused)
   std::vector<std::shared_ptr<detail::ThreadCache>> tcaches;  // registered caches, under mu
   // This thread's cache for this pool, or null (no lock needed: thread-local list).
@@ -413,7 +425,7 @@ struct DevicePool::Impl {
   // Under mu: this thread's cache, created and registered on first use.
   detail::ThreadCache* tc_create();
   bool tc_may_cache(const Block* b) const {
-    return sink == nullptr && !b->seg->expandable && b->size <= detail::ThreadCache::kMaxBlock &&
+    return multi_threaded && sink == nullptr && !b->seg->expandable && b->size <= detail::ThreadCache::kMaxBlock &&
            b->size < opt.max_split_size;
   }
   // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.

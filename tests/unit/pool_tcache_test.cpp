@@ -17,7 +17,34 @@ using namespace cudapool::testing;
 namespace {
 constexpr StreamId kS1 = 11, kS2 = 22, kS3 = 33;
 constexpr std::size_t k64K = 64 * KiB;
+
+// Thread caches engage only once a second thread has used the pool (single-threaded programs
+// keep their exact placement): use it from this thread and another one, then give everything
+// back so the test starts from an empty pool with zeroed accumulated stats.
+void engage(PoolRig& rig) {
+  auto touch = [&] {
+    void* p = rig.pool->allocate(512, 999).ptr;
+    ASSERT_NE(p, nullptr);
+    ASSERT_EQ(rig.pool->free_on_stream(p, 999), FreeStatus::ok);
+  };
+  touch();
+  std::thread(touch).join();
+  rig.pool->empty_cache();
+  ASSERT_EQ(rig.up.bytes_held(), 0u);
+  rig.pool->reset_accumulated_stats();
+  rig.pool->reset_peak_stats();
+}
 }  // namespace
+
+TEST(PoolTcache, SingleThreadedPoolDoesNotCache) {
+  PoolRig rig(immediate_options());
+  void* a = rig.alloc(k64K, kS1);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  // Without caches the free merged the block back into the rest of the segment: the next,
+  // larger request on the same stream starts at the same address.
+  EXPECT_EQ(rig.alloc(2 * k64K, kS1), a);
+  rig.expect_intact();
+}
 
 // Threads hold cached blocks (lent and free) while another thread reads the stats: the counts are
 // exact at every view, and identical to a recount from the snapshot.
@@ -67,9 +94,21 @@ TEST(PoolTcache, StatsExactWhileThreadsCache) {
   for (auto& t : ts) t.join();
 }
 
+TEST(PoolTcache, TwoThreadsEngageTheCache) {
+  PoolRig rig(immediate_options());
+  engage(rig);
+  void* a = rig.alloc(k64K, kS1);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  // Parked in this thread's cache, not merged: a larger request cannot start at a.
+  EXPECT_NE(rig.alloc(2 * k64K, kS1), a);
+  EXPECT_EQ(rig.alloc(k64K, kS1), a);  // the cached one, for the same size
+  rig.expect_intact();
+}
+
 // Same thread, same stream: reused at once. Another stream never gets the cached block early.
 TEST(PoolTcache, NoReuseAcrossStreams) {
   PoolRig rig(immediate_options());
+  engage(rig);
   void* a = rig.alloc(k64K, kS1);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // immediate: local to kS1
   void* b = rig.alloc(k64K, kS2);
@@ -80,7 +119,6 @@ TEST(PoolTcache, NoReuseAcrossStreams) {
   void* d = rig.alloc(k64K, kS1);
   EXPECT_NE(d, a);
   EXPECT_EQ(rig.alloc(k64K, kS3), a);
-  EXPECT_EQ(rig.fence.records(), 0u);
   rig.expect_intact();
 }
 
@@ -88,6 +126,7 @@ TEST(PoolTcache, NoReuseAcrossStreams) {
 // then freed with free() still waits for its device fence.
 TEST(PoolTcache, FencedFreeOfLentBlockWaitsForFence) {
   PoolRig rig;  // FreeSync::fenced, fences complete only when told
+  engage(rig);
   void* a = rig.alloc(k64K, kS1);
   ASSERT_EQ(rig.pool->free_on_stream(a, kS1), FreeStatus::ok);
   void* b = rig.alloc(k64K, kS1);  // lent through the cache now
@@ -101,6 +140,7 @@ TEST(PoolTcache, FencedFreeOfLentBlockWaitsForFence) {
 
 TEST(PoolTcache, CachedBlocksCountAsFreeAndEmptyCacheReclaimsThem) {
   PoolRig rig(immediate_options());
+  engage(rig);
   std::promise<void> cached, done;
   std::thread t([&] {
     void* p = rig.pool->allocate(k64K, kS1).ptr;
@@ -120,6 +160,7 @@ TEST(PoolTcache, CachedBlocksCountAsFreeAndEmptyCacheReclaimsThem) {
 // The OOM path reclaims a block parked in another (live) thread's cache instead of failing.
 TEST(PoolTcache, OomPathReclaimsOtherThreadsCache) {
   PoolRig rig(immediate_options(), 2 * MiB, true);  // room for one small segment only
+  engage(rig);
   std::promise<void*> cached;
   std::promise<void> done;
   std::thread t([&] {
@@ -144,6 +185,7 @@ TEST(PoolTcache, OomPathReclaimsOtherThreadsCache) {
 
 TEST(PoolTcache, ThreadExitFlushesFreeAndLentBlocks) {
   PoolRig rig(immediate_options());
+  engage(rig);
   void* freed = nullptr;
   void* kept = nullptr;
   std::thread([&] {
@@ -161,6 +203,7 @@ TEST(PoolTcache, ThreadExitFlushesFreeAndLentBlocks) {
 
 TEST(PoolTcache, CrossThreadFreeAndQueriesOfLentBlock) {
   PoolRig rig(immediate_options());
+  engage(rig);
   std::promise<void*> lent;
   std::promise<void> done;
   std::thread t([&] {
@@ -185,6 +228,7 @@ TEST(PoolTcache, CrossThreadFreeAndQueriesOfLentBlock) {
 // A pool destroyed while a thread still has a cache for it: the thread's exit must not touch it.
 TEST(PoolTcache, PoolDestroyedBeforeThreadExit) {
   auto rig = std::make_unique<PoolRig>(immediate_options());
+  engage(*rig);
   std::promise<void> cached, destroyed;
   std::thread t([&] {
     rig->pool->free(rig->pool->allocate(k64K, kS1).ptr);
@@ -204,11 +248,13 @@ TEST(PoolTcache, PoolDestroyedBeforeThreadExit) {
 // retire_stream takes the stream's blocks out of every thread cache: none is reused early.
 TEST(PoolTcache, RetireStreamFlushesCaches) {
   PoolRig rig(immediate_options());
+  engage(rig);
   void* a = rig.alloc(k64K, kS1);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  const std::size_t before = rig.fence.stream_records();
   rig.pool->retire_stream(kS1);
   EXPECT_NE(rig.alloc(k64K, kS2), a);  // retiring: waits for the fence on kS1
   EXPECT_NE(rig.alloc(k64K, kS1), a);  // not even kS1 (a new stream with a reused handle) gets it
-  EXPECT_EQ(rig.fence.stream_records(), 1u);
+  EXPECT_EQ(rig.fence.stream_records(), before + 1);
   rig.expect_intact();
 }
