@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "allocator/pool.h"
@@ -163,12 +164,33 @@ BENCHMARK(BM_Pool_Trace)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 // items_per_second is the AGGREGATE pairs/s over all threads (Google Benchmark sums the rate
 // counters of the threads); compare threads:N against threads:1 for the scaling ratio.
 // Arg = bytes per allocation (4 KiB small pool, 64 KiB as in the GPU host measurement).
+// Thread caches engage once a second thread has used a pool; touch it from two threads first so
+// that threads:1 and threads:N run the same code.
+Rig* engaged(Rig* rig) {
+  auto touch = [rig] { rig->pool.free_on_stream(rig->pool.allocate(512, 1).ptr, 1); };
+  touch();
+  std::thread(touch).join();
+  return rig;
+}
+
 Rig& shared_rig(FreeSync s) {
   // Leaked on purpose: outlive every benchmark thread (and their thread caches).
-  static Rig* fenced = new Rig(with_sync(FreeSync::fenced));
-  static Rig* immediate = new Rig(with_sync(FreeSync::immediate));
+  static Rig* fenced = engaged(new Rig(with_sync(FreeSync::fenced)));
+  static Rig* immediate = engaged(new Rig(with_sync(FreeSync::immediate)));
   return s == FreeSync::immediate ? *immediate : *fenced;
 }
+
+// Hit path through this thread's cache (a pool used by several threads), single thread.
+void BM_Pool_Hit_ThreadCache(benchmark::State& state) {
+  Rig& rig = shared_rig(FreeSync::immediate);
+  const auto n = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = rig.pool.allocate(n, 5).ptr;
+    benchmark::DoNotOptimize(p);
+    rig.pool.free(p);
+  }
+}
+BENCHMARK(BM_Pool_Hit_ThreadCache)->Arg(4096)->Arg(64 << 10);
 
 void BM_Baseline_MallocFree_Threads(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -212,7 +234,7 @@ BENCHMARK(BM_Pool_Contention_Immediate)->Arg(64 << 10)->Threads(1)->Threads(2)->
 // cudaMalloc / cudaFree pattern, default fenced: every pair goes through a device fence batch
 // and the shared free sets, so threads really share structures (no thread-local shortcut).
 void BM_Pool_Contention_Fenced(benchmark::State& state) {
-  static Rig* rig = new Rig(with_sync(FreeSync::fenced));
+  static Rig* rig = engaged(new Rig(with_sync(FreeSync::fenced)));
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto stream = static_cast<StreamId>(100 + state.thread_index());
   for (auto _ : state) {
