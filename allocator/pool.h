@@ -1,4 +1,5 @@
-// One caching pool for one device (one CUDA context). Thread-safe; one mutex on the hot path.
+// One caching pool for one device (one CUDA context). Thread-safe: one short-section lock on the
+// hot path, and per-thread caches in front of it for stream-local reuse (docs/design.md).
 //
 // Contract (see docs/design.md for the why):
 //  * allocate(size, stream): best fit among blocks usable by `stream`; else a new segment from
