@@ -82,6 +82,37 @@ inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;
 inline constexpr int CU_POINTER_ATTRIBUTE_MAPPED = 13;
 inline constexpr int CU_MEMORYTYPE_DEVICE = 0x2;
 
+
+// Virtual memory management (expandable segments). Layouts are cuda.h's CUmemLocation,
+// CUmemAllocationProp and CUmemAccessDesc (checked field by field in shim_abi_test.cpp).
+using CUmemGenericAllocationHandle = unsigned long long;
+inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
+inline constexpr int CU_MEM_HANDLE_TYPE_NONE = 0x0;
+inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
+inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
+inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
+inline constexpr int CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1;
+struct CUmemLocation {
+  int type;  // CUmemLocationType
+  int id;    // device ordinal for CU_MEM_LOCATION_TYPE_DEVICE
+};
+struct CUmemAllocationProp {
+  int type;                  // CUmemAllocationType
+  int requestedHandleTypes;  // CUmemAllocationHandleType
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;  // CUmemAccess_flags
+};
+
 // Driver entry points the shim calls or replaces (the _v2 / _ptsz names are the ABI symbols).
 using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64_t,
                                              CUdriverProcAddressQueryResult*);
@@ -120,5 +151,16 @@ using PFN_cuEventRecord = CUresult (*)(CUevent, CUstream);
 using PFN_cuEventQuery = CUresult (*)(CUevent);
 using PFN_cuEventSynchronize = CUresult (*)(CUevent);
 using PFN_cuEventDestroy_v2 = CUresult (*)(CUevent);
+using PFN_cuMemGetAllocationGranularity = CUresult (*)(std::size_t*, const CUmemAllocationProp*, int);
+using PFN_cuMemAddressReserve = CUresult (*)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr,
+                                             unsigned long long);
+using PFN_cuMemAddressFree = CUresult (*)(CUdeviceptr, std::size_t);
+using PFN_cuMemCreate = CUresult (*)(CUmemGenericAllocationHandle*, std::size_t, const CUmemAllocationProp*,
+                                     unsigned long long);
+using PFN_cuMemRelease = CUresult (*)(CUmemGenericAllocationHandle);
+using PFN_cuMemMap = CUresult (*)(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle,
+                                  unsigned long long);
+using PFN_cuMemUnmap = CUresult (*)(CUdeviceptr, std::size_t);
+using PFN_cuMemSetAccess = CUresult (*)(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t);
 
 }  // namespace cudaabi

@@ -1,6 +1,11 @@
 // The pool's Upstream on the CUDA driver: segments come from the REAL cuMemAlloc_v2 of one
 // context and go back through the REAL cuMemFree_v2, never through the shim's own hooks.
 #pragma once
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "allocator/upstream.h"
 #include "shim/driver.h"
 
@@ -32,9 +37,36 @@ class CudaUpstream final : public Upstream {
   // same CUresult the program would have got without the pool.
   static CUresult last_error() noexcept;
 
+  // --- Expandable segments through the driver's virtual memory management
+  // (shim/cuda_upstream_vmm.cpp). Each granularity-sized page is its own physical handle, so the
+  // pool can give back any whole page (cuMemUnmap cannot unmap part of a mapping).
+  std::size_t granularity() override;
+  UpstreamStatus reserve(std::size_t bytes, void** out) override;
+  void unreserve(void* base, std::size_t bytes) override;
+  UpstreamStatus map(void* addr, std::size_t bytes) override;
+  void unmap(void* addr, std::size_t bytes) override;
+  // Devices (ordinals) that also get read/write access to pages mapped from now on. Empty by
+  // default: only the pool's own device can touch its pages.
+  void grant_peer_access(int device);
+
+  // Bounds on address space, per process (all upstreams together) and per range.
+  static constexpr std::size_t kMaxReservedTotal = std::size_t{16} << 40;  // 16 TiB
+  static std::size_t reserved_total() noexcept;
+
  private:
+  bool vmm_device(int* device);  // ordinal of ctx_, once; false without VMM support
+  void release_pages(std::uintptr_t lo, std::uintptr_t hi);
+
   const RealDriver& d_;
   CUcontext ctx_;
+  // VMM state, behind its own lock (the pool calls under its lock, the C API from any thread).
+  std::mutex vmm_mu_;
+  int device_ = -1;          // -1: not looked up yet, -2: VMM unusable
+  std::size_t gran_ = 0;
+  std::size_t device_total_ = 0;
+  std::vector<int> peers_;
+  std::unordered_map<std::uintptr_t, CUmemGenericAllocationHandle> pages_;  // page address -> handle
+  std::unordered_map<std::uintptr_t, std::size_t> ranges_;                  // reservations
 };
 
 }  // namespace cudapool::shim

@@ -83,6 +83,14 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuEventQuery);
   CUDAPOOL_BIND(cuEventSynchronize);
   CUDAPOOL_BIND(cuEventDestroy_v2);
+  CUDAPOOL_BIND(cuMemGetAllocationGranularity);
+  CUDAPOOL_BIND(cuMemAddressReserve);
+  CUDAPOOL_BIND(cuMemAddressFree);
+  CUDAPOOL_BIND(cuMemCreate);
+  CUDAPOOL_BIND(cuMemRelease);
+  CUDAPOOL_BIND(cuMemMap);
+  CUDAPOOL_BIND(cuMemUnmap);
+  CUDAPOOL_BIND(cuMemSetAccess);
 #undef CUDAPOOL_BIND
   // Without these the pool cannot work at all; the hooks then pass everything through.
   return d.cuMemAlloc_v2 && d.cuMemFree_v2 && d.cuCtxGetCurrent && d.cuCtxGetDevice &&

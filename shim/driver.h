@@ -54,6 +54,21 @@ struct RealDriver {
   PFN_cuEventQuery cuEventQuery = nullptr;
   PFN_cuEventSynchronize cuEventSynchronize = nullptr;
   PFN_cuEventDestroy_v2 cuEventDestroy_v2 = nullptr;
+  // Virtual memory management, for expandable segments (shim/cuda_upstream_vmm.cpp). Any of them
+  // missing (driver older than CUDA 10.2) turns expandable segments off.
+  PFN_cuMemGetAllocationGranularity cuMemGetAllocationGranularity = nullptr;
+  PFN_cuMemAddressReserve cuMemAddressReserve = nullptr;
+  PFN_cuMemAddressFree cuMemAddressFree = nullptr;
+  PFN_cuMemCreate cuMemCreate = nullptr;
+  PFN_cuMemRelease cuMemRelease = nullptr;
+  PFN_cuMemMap cuMemMap = nullptr;
+  PFN_cuMemUnmap cuMemUnmap = nullptr;
+  PFN_cuMemSetAccess cuMemSetAccess = nullptr;
+
+  bool has_vmm() const noexcept {
+    return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree && cuMemCreate &&
+           cuMemRelease && cuMemMap && cuMemUnmap && cuMemSetAccess;
+  }
 };
 
 // The table, filled on first use (dlopen of libcuda.so.1, preferring an already loaded copy).

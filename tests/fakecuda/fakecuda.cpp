@@ -19,6 +19,11 @@ using namespace cudaabi;
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))
 
+// Entry points the calling thread made into this "driver" (fakecuda_thread_driver_calls): the
+// shim's hot-path tests assert how many a pool hit costs. Per thread: no shared line in benches.
+static thread_local long tl_driver_calls = 0;
+#define FAKE_COUNT() (++tl_driver_calls)
+
 namespace {
 
 constexpr int kDevices = 2;
@@ -70,8 +75,9 @@ std::size_t total_bytes() {
   return e != nullptr ? std::strtoull(e, nullptr, 10) << 20 : kDefaultTotal;
 }
 
+std::size_t vmm_used_on(int dev);  // physical VMM handles (below)
 std::size_t used_on(int dev) {
-  std::size_t u = 0;
+  std::size_t u = vmm_used_on(dev);
   for (auto& [p, a] : allocs)
     if (a.ctx->device == dev) u += a.size;
   return u;
@@ -158,6 +164,7 @@ bool event_done(const Event* e) {
 }
 
 CUresult record(CUevent ev, CUstream hs, bool ptsz) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   auto* e = reinterpret_cast<Event*>(ev);
   Stream* s = resolve(hs, ptsz);
@@ -240,24 +247,29 @@ FAKE_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned* flags, int*
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  FAKE_COUNT();
   tl_current = reinterpret_cast<Context*>(ctx);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  FAKE_COUNT();
   *ctx = reinterpret_cast<CUcontext>(tl_current);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxGetDevice(CUdevice* dev) {
+  FAKE_COUNT();
   if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
   *dev = tl_current->device;
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  FAKE_COUNT();
   tl_ctx_stack.push_back(tl_current);
   tl_current = reinterpret_cast<Context*>(ctx);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
+  FAKE_COUNT();
   if (ctx != nullptr) *ctx = reinterpret_cast<CUcontext>(tl_current);
   if (tl_ctx_stack.empty()) {
     tl_current = nullptr;
@@ -283,6 +295,7 @@ FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) {
 
 // ---- memory ------------------------------------------------------------------------------------
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   if (global_capture_active()) {
     for (Stream* s : streams)
@@ -303,11 +316,13 @@ FAKE_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t size, unsigne
   return do_alloc(dptr, size);
 }
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr p) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   if (p == 0) return CUDA_SUCCESS;
   return do_free(p);
 }
 static CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream hs, bool ptsz) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
   CUresult r = do_alloc(dptr, size);
@@ -317,14 +332,17 @@ static CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream hs, bo
 FAKE_API CUresult cuMemAllocAsync(CUdeviceptr* d, std::size_t n, CUstream s) { return alloc_async(d, n, s, false); }
 FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* d, std::size_t n, CUstream s) { return alloc_async(d, n, s, true); }
 FAKE_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   return do_free(p);
 }
 FAKE_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   return do_free(p);
 }
 FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const std::size_t t = total_bytes();
@@ -359,10 +377,12 @@ static CUresult attribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   return attribute(data, attr, p);
 }
 FAKE_API CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr p) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   for (unsigned i = 0; i < n; ++i) {
     CUresult r = attribute(data[i], attrs[i], p);
@@ -389,35 +409,184 @@ FAKE_API CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t) {
   return CUDA_SUCCESS;
 }
 
-// ---- VMM (for expandable segments): address space from mmap, "physical" handles by size ------
-FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const void*, int) {
-  *g = 2u << 20;
+// ---- VMM (for expandable segments) ---------------------------------------------------------------
+// Address space from mmap(PROT_NONE); a "physical" handle is bookkeeping (its bytes count as used
+// device memory until released); cuMemMap makes its range read/write, cuMemUnmap drops the pages
+// and makes it PROT_NONE again. Rules the real driver enforces and the tests rely on: sizes and
+// addresses are multiples of the granularity, a map lies inside a reservation and over nothing
+// mapped, an unmap covers whole mappings, set-access covers mapped memory only. Violations return
+// CUDA_ERROR_INVALID_VALUE and are counted (fakecuda_vmm_bad_calls).
+namespace {
+struct VmmHandle {
+  std::size_t size;
+  int device;
+  int maps;
+};
+struct VmmMapping {
+  std::size_t size;
+  unsigned long long handle;
+};
+std::map<std::uintptr_t, std::size_t> vmm_ranges;   // reservations
+std::map<unsigned long long, VmmHandle> vmm_handles;  // live physical handles
+std::map<std::uintptr_t, VmmMapping> vmm_maps;        // live mappings
+unsigned long long vmm_next_handle = 1;
+long vmm_bad = 0, vmm_map_calls = 0, vmm_unmap_calls = 0, vmm_access_calls = 0, vmm_peer_descs = 0;
+
+std::size_t vmm_granularity() {
+  const char* e = std::getenv("FAKECUDA_VMM_GRANULARITY_KB");
+  return e != nullptr ? std::strtoull(e, nullptr, 10) << 10 : (4u << 20);
+}
+CUresult vmm_bad_call() {
+  ++vmm_bad;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+bool vmm_in_range(std::uintptr_t p, std::size_t size) {
+  auto it = vmm_ranges.upper_bound(p);
+  if (it == vmm_ranges.begin()) return false;
+  --it;
+  return p >= it->first && p + size <= it->first + it->second;
+}
+bool vmm_overlaps_mapping(std::uintptr_t p, std::size_t size) {
+  auto it = vmm_maps.lower_bound(p);
+  if (it != vmm_maps.end() && it->first < p + size) return true;
+  if (it == vmm_maps.begin()) return false;
+  --it;
+  return it->first + it->second.size > p;
+}
+std::size_t vmm_used_on(int dev) {
+  std::size_t u = 0;
+  for (auto& [h, v] : vmm_handles)
+    if (v.device == dev) u += v.size;
+  return u;
+}
+}  // namespace
+
+FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const CUmemAllocationProp* prop, int option) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (g == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 || prop->location.id >= kDevices ||
+      (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return vmm_bad_call();
+  *g = vmm_granularity();
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemAddressReserve(CUdeviceptr* p, std::size_t size, std::size_t, CUdeviceptr, unsigned long long) {
-  void* m = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  std::lock_guard<std::mutex> lock(mu);
+  const std::size_t g = vmm_granularity();
+  if (size == 0 || size % g != 0) return vmm_bad_call();
+  // Over-reserve to hand out a granularity-aligned base, then trim the slack.
+  void* m = mmap(nullptr, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  *p = reinterpret_cast<CUdeviceptr>(m);
+  const auto raw = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t base = (raw + g - 1) / g * g;
+  if (base > raw) munmap(m, base - raw);
+  if (base + size < raw + size + g) munmap(reinterpret_cast<void*>(base + size), raw + size + g - (base + size));
+  vmm_ranges[base] = size;
+  *p = base;
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemAddressFree(CUdeviceptr p, std::size_t size) {
-  return munmap(reinterpret_cast<void*>(p), size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, const void*, unsigned long long) {
-  *handle = size;  // the "physical memory" is the mapping itself
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = vmm_ranges.find(p);
+  if (it == vmm_ranges.end() || it->second != size || vmm_overlaps_mapping(p, size)) return vmm_bad_call();
+  munmap(reinterpret_cast<void*>(p), size);
+  vmm_ranges.erase(it);
   return CUDA_SUCCESS;
 }
-FAKE_API CUresult cuMemRelease(unsigned long long) { return CUDA_SUCCESS; }
-FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t, unsigned long long, unsigned long long) {
-  return mprotect(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE) == 0 ? CUDA_SUCCESS
-                                                                                 : CUDA_ERROR_INVALID_VALUE;
+FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, const CUmemAllocationProp* prop,
+                              unsigned long long) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (prop == nullptr || size == 0 || size % vmm_granularity() != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 || prop->location.id >= kDevices)
+    return vmm_bad_call();
+  if (used_on(prop->location.id) + size > total_bytes()) return CUDA_ERROR_OUT_OF_MEMORY;
+  *handle = vmm_next_handle++;
+  vmm_handles[*handle] = VmmHandle{size, prop->location.id, 0};
+  return CUDA_SUCCESS;
 }
-FAKE_API CUresult cuMemSetAccess(CUdeviceptr, std::size_t, const void*, std::size_t) { return CUDA_SUCCESS; }
+FAKE_API CUresult cuMemRelease(unsigned long long handle) {
+  std::lock_guard<std::mutex> lock(mu);
+  // The real driver frees the memory once the handle is released and its last mapping is gone;
+  // the fake counts it gone at release (the shim always unmaps first).
+  if (vmm_handles.erase(handle) == 0) return vmm_bad_call();
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset, unsigned long long handle,
+                           unsigned long long) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++vmm_map_calls;
+  auto h = vmm_handles.find(handle);
+  const std::size_t g = vmm_granularity();
+  if (h == vmm_handles.end() || size == 0 || p % g != 0 || size % g != 0 || offset + size > h->second.size ||
+      !vmm_in_range(p, size) || vmm_overlaps_mapping(p, size))
+    return vmm_bad_call();
+  if (mprotect(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE) != 0) return vmm_bad_call();
+  ++h->second.maps;
+  vmm_maps[p] = VmmMapping{size, handle};
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAccessDesc* desc, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++vmm_access_calls;
+  if (desc == nullptr || count == 0) return vmm_bad_call();
+  // Every byte of [p, p+size) must be mapped.
+  for (std::uintptr_t q = p; q < p + size;) {
+    auto it = vmm_maps.upper_bound(q);
+    if (it == vmm_maps.begin()) return vmm_bad_call();
+    --it;
+    if (it->first + it->second.size <= q) return vmm_bad_call();
+    q = it->first + it->second.size;
+  }
+  for (std::size_t i = 0; i < count; ++i)
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+        desc[i].location.id >= kDevices || desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      return vmm_bad_call();
+  vmm_peer_descs += static_cast<long>(count) - 1;
+  return CUDA_SUCCESS;
+}
 FAKE_API CUresult cuMemUnmap(CUdeviceptr p, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++vmm_unmap_calls;
+  // Whole mappings only, and [p, p+size) must be covered without gaps.
+  std::uintptr_t q = p;
+  auto it = vmm_maps.find(p);
+  while (q < p + size) {
+    if (it == vmm_maps.end() || it->first != q || q + it->second.size > p + size) return vmm_bad_call();
+    q += it->second.size;
+    ++it;
+  }
+  for (auto m = vmm_maps.find(p); m != vmm_maps.end() && m->first < p + size;) {
+    auto h = vmm_handles.find(m->second.handle);
+    if (h != vmm_handles.end()) --h->second.maps;
+    m = vmm_maps.erase(m);
+  }
   madvise(reinterpret_cast<void*>(p), size, MADV_DONTNEED);
-  return mprotect(reinterpret_cast<void*>(p), size, PROT_NONE) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  mprotect(reinterpret_cast<void*>(p), size, PROT_NONE);
+  return CUDA_SUCCESS;
 }
-
+FAKE_API std::size_t fakecuda_vmm_mapped_bytes() {
+  std::lock_guard<std::mutex> lock(mu);
+  std::size_t n = 0;
+  for (auto& [p, m] : vmm_maps) n += m.size;
+  return n;
+}
+FAKE_API long fakecuda_vmm_live_handles() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(vmm_handles.size()); }
+FAKE_API std::size_t fakecuda_vmm_reserved_bytes() {
+  std::lock_guard<std::mutex> lock(mu);
+  std::size_t n = 0;
+  for (auto& [p, sz] : vmm_ranges) n += sz;
+  return n;
+}
+FAKE_API long fakecuda_vmm_ranges() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(vmm_ranges.size()); }
+FAKE_API std::size_t fakecuda_vmm_granularity() { return vmm_granularity(); }
+FAKE_API long fakecuda_vmm_bad_calls() { std::lock_guard<std::mutex> l(mu); return vmm_bad; }
+FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); return vmm_map_calls; }
+FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
+FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }
+FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  return vmm_overlaps_mapping(p, 1) ? 1 : 0;
+}
 // ---- streams, capture, events ------------------------------------------------------------------
 FAKE_API CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int) {
   std::lock_guard<std::mutex> lock(mu);
@@ -442,6 +611,7 @@ FAKE_API CUresult cuStreamDestroy_v2(CUstream hs) {
   return CUDA_ERROR_INVALID_HANDLE;
 }
 static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus* st, bool ptsz) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
   *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
@@ -475,6 +645,7 @@ FAKE_API CUresult cuStreamEndCapture(CUstream s, CUgraph* g) { return end_captur
 FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return end_capture(s, g, true); }
 
 FAKE_API CUresult cuEventCreate(CUevent* e, unsigned) {
+  FAKE_COUNT();
   *e = reinterpret_cast<CUevent>(new Event);
   return CUDA_SUCCESS;
 }
@@ -485,10 +656,12 @@ FAKE_API CUresult cuEventDestroy_v2(CUevent e) {
 FAKE_API CUresult cuEventRecord(CUevent e, CUstream s) { return record(e, s, false); }
 FAKE_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return record(e, s, true); }
 FAKE_API CUresult cuEventQuery(CUevent e) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   return event_done(reinterpret_cast<Event*>(e)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 FAKE_API CUresult cuEventSynchronize(CUevent ev) {
+  FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   auto* e = reinterpret_cast<Event*>(ev);
   if (event_done(e)) return CUDA_SUCCESS;
@@ -518,6 +691,7 @@ FAKE_API std::size_t fakecuda_live_bytes() {
 FAKE_API long fakecuda_graph_allocs() { std::lock_guard<std::mutex> l(mu); return n_graph; }
 FAKE_API long fakecuda_event_records() { std::lock_guard<std::mutex> l(mu); return n_records; }
 FAKE_API long fakecuda_event_syncs() { std::lock_guard<std::mutex> l(mu); return n_syncs; }
+FAKE_API long fakecuda_thread_driver_calls() { return tl_driver_calls; }
 FAKE_API long fakecuda_trim_calls() { std::lock_guard<std::mutex> l(mu); return n_trims; }
 FAKE_API int fakecuda_is_live(CUdeviceptr p) {
   std::lock_guard<std::mutex> l(mu);

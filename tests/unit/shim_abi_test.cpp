@@ -1,5 +1,6 @@
 // shim/cuda_abi.h declares CUDA driver values by hand (CI has no toolkit). When the real
 // cuda.h is on this machine, every value must match it.
+#include <cstddef>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -95,6 +96,30 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(same_abi<a::PFN_cuDevicePrimaryCtxReset_v2, decltype(&::cuDevicePrimaryCtxReset_v2)>);
   static_assert(same_abi<a::PFN_cuDevicePrimaryCtxRelease_v2, decltype(&::cuDevicePrimaryCtxRelease_v2)>);
   static_assert(same_abi<a::PFN_cuDevicePrimaryCtxGetState, decltype(&::cuDevicePrimaryCtxGetState)>);
+  // VMM (expandable segments): values, struct layouts, signatures.
+  static_assert(a::CU_MEM_ALLOCATION_TYPE_PINNED == ::CU_MEM_ALLOCATION_TYPE_PINNED);
+  static_assert(a::CU_MEM_HANDLE_TYPE_NONE == ::CU_MEM_HANDLE_TYPE_NONE);
+  static_assert(a::CU_MEM_LOCATION_TYPE_DEVICE == ::CU_MEM_LOCATION_TYPE_DEVICE);
+  static_assert(a::CU_MEM_ACCESS_FLAGS_PROT_READWRITE == ::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  static_assert(a::CU_MEM_ALLOC_GRANULARITY_MINIMUM == ::CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  static_assert(a::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED == ::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  static_assert(std::is_same_v<a::CUmemGenericAllocationHandle, ::CUmemGenericAllocationHandle>);
+  static_assert(sizeof(::CUmemAllocationType) == sizeof(int) && sizeof(::CUmemLocationType) == sizeof(int));
+  static_assert(sizeof(::CUmemAccess_flags) == sizeof(int) && sizeof(::CUmemAllocationGranularity_flags) == sizeof(int));
+  static_assert(sizeof(a::CUmemLocation) == sizeof(::CUmemLocation));
+  static_assert(offsetof(a::CUmemLocation, id) == offsetof(::CUmemLocation, id));
+  static_assert(sizeof(a::CUmemAllocationProp) == sizeof(::CUmemAllocationProp));
+  static_assert(offsetof(a::CUmemAllocationProp, requestedHandleTypes) == offsetof(::CUmemAllocationProp, requestedHandleTypes));
+  static_assert(offsetof(a::CUmemAllocationProp, location) == offsetof(::CUmemAllocationProp, location));
+  static_assert(offsetof(a::CUmemAllocationProp, win32HandleMetaData) == offsetof(::CUmemAllocationProp, win32HandleMetaData));
+  static_assert(offsetof(a::CUmemAllocationProp, allocFlags) == offsetof(::CUmemAllocationProp, allocFlags));
+  static_assert(sizeof(a::CUmemAccessDesc) == sizeof(::CUmemAccessDesc));
+  static_assert(offsetof(a::CUmemAccessDesc, flags) == offsetof(::CUmemAccessDesc, flags));
+  static_assert(same_abi<a::PFN_cuMemAddressReserve, decltype(&::cuMemAddressReserve)>);
+  static_assert(same_abi<a::PFN_cuMemAddressFree, decltype(&::cuMemAddressFree)>);
+  static_assert(same_abi<a::PFN_cuMemRelease, decltype(&::cuMemRelease)>);
+  static_assert(same_abi<a::PFN_cuMemMap, decltype(&::cuMemMap)>);
+  static_assert(same_abi<a::PFN_cuMemUnmap, decltype(&::cuMemUnmap)>);
   EXPECT_EQ(kOurLegacy, reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY));
   EXPECT_EQ(kOurPerThread, reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD));
 #endif

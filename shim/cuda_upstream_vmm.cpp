@@ -1,0 +1,200 @@
+// Expandable segments on the CUDA driver's virtual memory management: the pool reserves a
+// virtual range (cuMemAddressReserve), backs pages of it with physical memory where it needs
+// them (cuMemCreate + cuMemMap + cuMemSetAccess) and gives wholly free pages back
+// (cuMemUnmap + cuMemRelease) after its fences. Everything goes through the REAL driver.
+//
+// Page = the driver's recommended allocation granularity for pinned device memory on the pool's
+// device (2 MiB on current GPUs, but never assumed). Every page gets its own physical handle:
+// cuMemUnmap must cover whole mappings, and the pool releases arbitrary whole pages, so one handle
+// per page is what lets any page go back on its own. One cuMemSetAccess covers a whole map() call.
+//
+// Address space: the pool asks for one range per pool kind (small/large) of about 9/8 of the
+// device (allocator/pool_expandable.cpp), i.e. two per context, however many streams there are.
+// This upstream refuses (the pool then falls back to classic segments) a range larger than
+// 9/8 of the device plus two pages, and any reservation that would take this process's total
+// over kMaxReservedTotal (16 TiB: 8 devices x a few contexts of 141 GB GPUs fit many times, and
+// it stays far below the 47-bit / 128 TiB space the driver shares with the host).
+#include "shim/cuda_upstream.h"
+#include "shim/log.h"
+
+namespace cudapool::shim {
+
+namespace {
+std::atomic<std::size_t> g_reserved_total{0};
+
+CUmemAllocationProp pinned_on(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+UpstreamStatus status_of(CUresult r) {
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+}
+}  // namespace
+
+std::size_t CudaUpstream::reserved_total() noexcept { return g_reserved_total.load(std::memory_order_relaxed); }
+
+// Called with vmm_mu_ held.
+bool CudaUpstream::vmm_device(int* device) {
+  if (device_ == -1) {
+    device_ = -2;
+    if (!d_.has_vmm()) {
+      log_info("expandable segments: the driver has no virtual memory management API; classic segments");
+      return false;
+    }
+    ScopedContext scope(d_, ctx_);
+    CUdevice dev = -1;
+    if (d_.cuCtxGetDevice(&dev) != CUDA_SUCCESS) return false;
+    const CUmemAllocationProp prop = pinned_on(dev);
+    std::size_t g = 0;
+    CUresult r = d_.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS || g == 0) r = d_.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    // The pool's sizes are multiples of 512: a page must be too.
+    if (r != CUDA_SUCCESS || g == 0 || g % 512 != 0) {
+      log_warn("expandable segments: no usable allocation granularity on device {} (CUDA error {}, {} bytes); "
+               "classic segments",
+               dev, r, g);
+      return false;
+    }
+    std::size_t free_bytes = 0, total = 0;
+    if (d_.cuMemGetInfo_v2(&free_bytes, &total) != CUDA_SUCCESS || total == 0) return false;
+    gran_ = g;
+    device_total_ = total;
+    device_ = dev;
+    log_debug("expandable segments: device {} page size {} bytes", dev, g);
+  }
+  *device = device_;
+  return device_ >= 0;
+}
+
+std::size_t CudaUpstream::granularity() {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  int dev = 0;
+  return vmm_device(&dev) ? gran_ : 0;
+}
+
+void CudaUpstream::grant_peer_access(int device) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  for (int p : peers_)
+    if (p == device) return;
+  peers_.push_back(device);
+}
+
+UpstreamStatus CudaUpstream::reserve(std::size_t bytes, void** out) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  int dev = 0;
+  if (!vmm_device(&dev) || bytes == 0 || bytes % gran_ != 0) return UpstreamStatus::error;
+  const std::size_t per_range = device_total_ + device_total_ / 8 + 2 * gran_;
+  if (bytes > per_range) {
+    log_warn("expandable segments: refusing to reserve {} bytes (more than 9/8 of the device's {} bytes)", bytes,
+             device_total_);
+    return UpstreamStatus::error;
+  }
+  std::size_t cur = g_reserved_total.load(std::memory_order_relaxed);
+  do {
+    if (cur + bytes > kMaxReservedTotal) {
+      log_warn("expandable segments: refusing to reserve {} more bytes of address space ({} reserved, cap {})", bytes,
+               cur, kMaxReservedTotal);
+      return UpstreamStatus::error;
+    }
+  } while (!g_reserved_total.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  ScopedContext scope(d_, ctx_);
+  CUdeviceptr p = 0;
+  const CUresult r = d_.cuMemAddressReserve(&p, bytes, gran_, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    g_reserved_total.fetch_sub(bytes, std::memory_order_relaxed);
+    log_warn("expandable segments: cuMemAddressReserve({} bytes) failed: CUDA error {}", bytes, r);
+    return status_of(r);
+  }
+  ranges_[static_cast<std::uintptr_t>(p)] = bytes;
+  *out = reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
+  return UpstreamStatus::ok;
+}
+
+void CudaUpstream::unreserve(void* base, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  const auto b = reinterpret_cast<std::uintptr_t>(base);
+  auto it = ranges_.find(b);
+  if (it == ranges_.end()) {
+    log_warn("expandable segments: unreserve of unknown range {} ({} bytes)", base, bytes);
+    return;
+  }
+  // The pool unmaps everything first; anything still mapped here would leak its handle.
+  release_pages(b, b + it->second);
+  ScopedContext scope(d_, ctx_);
+  const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(b), it->second);
+  if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({}, {} bytes) failed: CUDA error {}", base, it->second, r);
+  g_reserved_total.fetch_sub(it->second, std::memory_order_relaxed);
+  ranges_.erase(it);
+}
+
+UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  int dev = 0;
+  if (!vmm_device(&dev)) return UpstreamStatus::error;
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  if (bytes == 0 || bytes % gran_ != 0 || lo % gran_ != 0) return UpstreamStatus::error;
+  const std::uintptr_t hi = lo + bytes;
+  ScopedContext scope(d_, ctx_);
+  const CUmemAllocationProp prop = pinned_on(dev);
+  CUresult r = CUDA_SUCCESS;
+  std::uintptr_t p = lo;
+  for (; p < hi; p += gran_) {
+    CUmemGenericAllocationHandle h = 0;
+    r = d_.cuMemCreate(&h, gran_, &prop, 0);
+    if (r != CUDA_SUCCESS) break;
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(p), gran_, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+      d_.cuMemRelease(h);
+      break;
+    }
+    pages_[p] = h;
+  }
+  if (r == CUDA_SUCCESS) {
+    // Read/write for the owning device, and for peers only when they were granted.
+    std::vector<CUmemAccessDesc> access(1 + peers_.size());
+    access[0].location = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (std::size_t i = 0; i < peers_.size(); ++i) {
+      access[i + 1].location = {CU_MEM_LOCATION_TYPE_DEVICE, peers_[i]};
+      access[i + 1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    r = d_.cuMemSetAccess(static_cast<CUdeviceptr>(lo), bytes, access.data(), access.size());
+    if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
+    p = hi;
+  }
+  // All or nothing: the pages this call mapped go back before the failure is reported.
+  release_pages(lo, p);
+  log_debug("expandable segments: mapping {} bytes at {:#x} failed: CUDA error {}", bytes, lo, r);
+  return status_of(r);
+}
+
+void CudaUpstream::unmap(void* addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  if (gran_ == 0) return;
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  if (lo % gran_ != 0 || bytes % gran_ != 0)
+    log_warn("expandable segments: unmap({}, {} bytes) not page aligned (page {})", addr, bytes, gran_);
+  release_pages(lo, lo + bytes);
+}
+
+// Called with vmm_mu_ held: unmaps and releases every page we mapped in [lo, hi).
+void CudaUpstream::release_pages(std::uintptr_t lo, std::uintptr_t hi) {
+  if (gran_ == 0 || pages_.empty()) return;
+  ScopedContext scope(d_, ctx_);
+  for (std::uintptr_t p = lo - lo % gran_; p < hi; p += gran_) {
+    auto it = pages_.find(p);
+    if (it == pages_.end()) continue;
+    CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(p), gran_);
+    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) failed: CUDA error {}", p, gran_, r);
+    r = d_.cuMemRelease(it->second);
+    if (r != CUDA_SUCCESS) log_warn("cuMemRelease of the page at {:#x} failed: CUDA error {}", p, r);
+    pages_.erase(it);
+  }
+}
+
+}  // namespace cudapool::shim
