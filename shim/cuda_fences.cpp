@@ -10,7 +10,23 @@ namespace cudapool::shim {
 
 namespace {
 FenceHandle handle_of(void* f) { return reinterpret_cast<FenceHandle>(f); }
+// The context the calling thread's hook has verified as current (ContextGuard), or nullptr.
+thread_local CUcontext tl_known_current = nullptr;
 }  // namespace
+
+CudaFences::ContextGuard::ContextGuard(CUcontext ctx) noexcept : prev_(tl_known_current) {
+  tl_known_current = ctx;
+}
+CudaFences::ContextGuard::~ContextGuard() { tl_known_current = prev_; }
+
+void CudaFences::record_now_locked(Fence* f) {
+  if (tl_known_current == ctx_) {
+    record_locked(f);  // the hook already read the current context: no cuCtxGetCurrent
+  } else {
+    ScopedContext scope(d_, ctx_);
+    record_locked(f);
+  }
+}
 
 CudaFences::Fence* CudaFences::new_fence_locked() {
   Fence* f;
@@ -23,6 +39,7 @@ CudaFences::Fence* CudaFences::new_fence_locked() {
   f->events.clear();
   f->deferred = f->done = false;
   f->generation = generation_;
+  f->seq = 0;
   return f;
 }
 
@@ -50,7 +67,11 @@ bool CudaFences::record_on_locked(Fence* f, CUstream s) {
 
 void CudaFences::record_locked(Fence* f) {
   if (f->device) {
-    if (!record_on_locked(f, CU_STREAM_LEGACY)) {
+    if (record_on_locked(f, CU_STREAM_LEGACY)) {
+      f->seq = next_seq_++;
+      f->stream_epoch = streams_epoch_;
+      newest_ = f;
+    } else {
       log_warn("could not record a fence on the legacy stream; freed memory is reused only "
                "after the events on other streams");
     }
@@ -67,8 +88,7 @@ FenceHandle CudaFences::record_device() {
   if (any_capture_active()) {
     f->deferred = true;
   } else {
-    ScopedContext scope(d_, ctx_);
-    record_locked(f);
+    record_now_locked(f);
   }
   return handle_of(f);
 }
@@ -81,8 +101,7 @@ FenceHandle CudaFences::record_stream(StreamId stream) {
   if (any_capture_active()) {
     f->deferred = true;
   } else {
-    ScopedContext scope(d_, ctx_);
-    record_locked(f);
+    record_now_locked(f);
   }
   return handle_of(f);
 }
@@ -94,22 +113,46 @@ bool CudaFences::query(FenceHandle fence) {
   if (f->generation != generation_) return f->done = true;  // its context is gone
   if (f->deferred) {
     if (any_capture_active()) return false;
-    ScopedContext scope(d_, ctx_);
-    record_locked(f);
+    record_now_locked(f);
     f->deferred = false;
   }
+  // A newer device fence was seen complete: this one is too (see the header), no driver call.
+  if (f->seq != 0 && f->seq <= completed_seq_ && f->stream_epoch == completed_epoch_) return f->done = true;
+  // Several device fences outstanding (the pool asks oldest first): ask the newest once; if it
+  // completed, this one and every one in between are answered without further driver calls.
+  if (f->seq != 0 && newest_ != nullptr && newest_ != f && !newest_->done && newest_->seq > f->seq &&
+      newest_->stream_epoch == f->stream_epoch && query_events_locked(newest_)) {
+    return f->done = true;
+  }
+  return query_events_locked(f);
+}
+
+bool CudaFences::query_events_locked(Fence* f) {
   for (CUevent e : f->events) {
     // Anything but "not ready" ends the wait: a sticky error means the context is unusable and
     // nothing will ever complete, so holding the block back would only leak it.
     if (d_.cuEventQuery(e) == CUDA_ERROR_NOT_READY) return false;
   }
+  note_complete_locked(f);
   return f->done = true;
+}
+
+void CudaFences::note_complete_locked(const Fence* f) {
+  if (f->seq == 0) return;
+  if (f->stream_epoch > completed_epoch_ || (f->stream_epoch == completed_epoch_ && f->seq > completed_seq_)) {
+    completed_seq_ = f->seq;
+    completed_epoch_ = f->stream_epoch;
+  }
 }
 
 void CudaFences::wait(FenceHandle fence) {
   auto* f = reinterpret_cast<Fence*>(fence);
   std::lock_guard<std::mutex> lock(mu_);
   if (f->done || f->generation != generation_) return;
+  if (f->seq != 0 && f->seq <= completed_seq_ && f->stream_epoch == completed_epoch_) {
+    f->done = true;
+    return;
+  }
   if (f->deferred) {
     // A capture is still open; the work the fence must cover was issued before it, so recording
     // now (outside the capture's streams) is still after that work. The legacy stream is the
@@ -118,13 +161,13 @@ void CudaFences::wait(FenceHandle fence) {
       log_warn("waiting for a fence while a graph capture is open: legacy-stream work not covered");
       for (CUstream s : non_blocking_) record_on_locked(f, s);
     } else {
-      ScopedContext scope(d_, ctx_);
-      record_locked(f);
+      record_now_locked(f);
     }
     f->deferred = false;
   }
   for (CUevent e : f->events) d_.cuEventSynchronize(e);
   f->done = true;
+  note_complete_locked(f);
 }
 
 void CudaFences::release(FenceHandle fence) {
@@ -136,6 +179,7 @@ void CudaFences::release(FenceHandle fence) {
     free_events_.insert(free_events_.end(), f->events.begin(), f->events.end());
   }
   f->events.clear();
+  if (newest_ == f) newest_ = nullptr;
   free_fences_.push_back(f);
 }
 
@@ -151,7 +195,10 @@ bool CudaFences::remove_stream(CUstream s) {
   if (it == streams_.end()) return false;
   streams_.erase(it);
   auto nb = std::find(non_blocking_.begin(), non_blocking_.end(), s);
-  if (nb != non_blocking_.end()) non_blocking_.erase(nb);
+  if (nb != non_blocking_.end()) {
+    non_blocking_.erase(nb);
+    ++streams_epoch_;  // older device fences have an event on it that newer ones lack
+  }
   return true;
 }
 
@@ -163,6 +210,7 @@ bool CudaFences::knows_stream(CUstream s) {
 void CudaFences::abandon() {
   std::lock_guard<std::mutex> lock(mu_);
   ++generation_;
+  newest_ = nullptr;
   free_events_.clear();
   streams_.clear();
   non_blocking_.clear();

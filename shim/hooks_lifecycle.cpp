@@ -39,6 +39,7 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool ptsz) {
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   auto real = ptsz ? d->cuStreamBeginCapture_v2_ptsz : d->cuStreamBeginCapture_v2;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  capture_may_begin();
   CUresult r = real(s, mode);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, ptsz), mode);
   return r;
@@ -163,6 +164,7 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptur
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuStreamBeginCapture == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  capture_may_begin();
   CUresult r = d->cuStreamBeginCapture(s);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, false), CU_STREAM_CAPTURE_MODE_GLOBAL);
   return r;
@@ -170,6 +172,7 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuStreamBeginCapture_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  capture_may_begin();
   CUresult r = d->cuStreamBeginCapture_ptsz(s);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, true), CU_STREAM_CAPTURE_MODE_GLOBAL);
   return r;

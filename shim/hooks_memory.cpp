@@ -1,6 +1,7 @@
 // The allocation and free entry points: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemFree_v2,
 // cuMemAllocAsync(+_ptsz), cuMemFreeAsync(+_ptsz). Fast path: one atomic load for the runtime,
-// one cuCtxGetCurrent, one pool call. Everything unusual goes to the real driver untouched.
+// one cuCtxGetCurrent per allocation (none per free), one pool call; no shared state written by
+// the shim itself (hints and counters are per thread / sharded). Everything unusual goes to the real driver untouched.
 #include "shim/hooks.h"
 
 #include "shim/export.h"
@@ -39,6 +40,8 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
     rt.count_pass(PassKind::no_context);
     return kPassThrough;
   }
+  // The context is current (current_pool just read it): fence recording skips its own check.
+  CudaFences::ContextGuard known(cp->ctx);
   AllocResult r = cp->pool.allocate(bytes, stream);
   switch (r.status) {
     case AllocStatus::ok:
@@ -126,11 +129,14 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t bytes, CUstream s, bool ptsz
     return real(dptr, bytes, s);
   }
   // On a capturing stream the allocation must become a graph node: the driver's job.
-  auto is_capturing = ptsz ? d.cuStreamIsCapturing_ptsz : d.cuStreamIsCapturing;
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (is_capturing != nullptr && is_capturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE) {
-    rt->count_pass(PassKind::capture);
-    return real(dptr, bytes, s);
+  // No capture ever began through the hooks: no stream can be capturing, skip the query.
+  if (capture_ever_began()) {
+    auto is_capturing = ptsz ? d.cuStreamIsCapturing_ptsz : d.cuStreamIsCapturing;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (is_capturing != nullptr && is_capturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE) {
+      rt->count_pass(PassKind::capture);
+      return real(dptr, bytes, s);
+    }
   }
   CUresult r = pool_allocate(*rt, dptr, bytes, stream_id(s, ptsz));
   return r == kPassThrough ? real(dptr, bytes, s) : r;

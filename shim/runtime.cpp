@@ -60,12 +60,21 @@ std::string command_line() {
   return out;
 }
 
+// Per-thread lookup state: the last context → pool answer, and the last pool that allocated or
+// owned a freed pointer (the cudaFree fast path). Both valid only while `generation` matches
+// Runtime::generation_, which every retire (context destroy/reset) and fork bumps, so a reset
+// context whose new primary context reuses the old handle can never hit a stale entry.
 struct ThreadCache {
   CUcontext ctx = nullptr;
   ContextPool* pool = nullptr;
   unsigned generation = 0;
+  ContextPool* owner = nullptr;
+  unsigned owner_generation = 0;
 };
 thread_local ThreadCache tl_cache;
+
+std::atomic<int> g_next_shard{0};
+thread_local int tl_shard = -1;
 
 // Loads the policy; on failure follows CUDAPOOL_ON_ERROR. Returns false to mean "pass through".
 bool load(Policy* out) {
@@ -168,7 +177,6 @@ void Runtime::on_fork_child() noexcept {
   reset_captures_in_child();
   if (rt == nullptr) return;
   rt->count_.store(0, std::memory_order_relaxed);
-  rt->last_owner_.store(nullptr, std::memory_order_relaxed);
   rt->generation_.fetch_add(1, std::memory_order_relaxed);
   new (&start_mutex()) std::mutex;
 }
@@ -199,7 +207,6 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     if (sink_ != nullptr) static_cast<TraceWriter*>(sink_)->note_device(dev, cp->driver_total);
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
-    last_owner_.store(cp, std::memory_order_relaxed);  // its first frees take the fast path
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));
     return cp;
   } catch (const std::bad_alloc&) {
@@ -207,26 +214,54 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   }
 }
 
+int Runtime::shard_index() noexcept {
+  int i = tl_shard;
+  if (i < 0) i = tl_shard = g_next_shard.fetch_add(1, std::memory_order_relaxed) % kShards;
+  return i;
+}
+
+std::int64_t Runtime::passes(PassKind k) const noexcept {
+  std::int64_t n = 0;
+  for (const PassShard& s : shards_) n += s.n[static_cast<int>(k)].load(std::memory_order_relaxed);
+  return n;
+}
+
+ContextPool* Runtime::last_owner() const noexcept {
+  const ThreadCache& c = tl_cache;
+  return c.owner_generation == generation_.load(std::memory_order_acquire) ? c.owner : nullptr;
+}
+
 ContextPool* Runtime::current_pool() noexcept {
+  // The one driver call of the allocation path: the current context can change under us through
+  // calls the shim never sees (cudart's private entry points), so it is read every time.
   CUcontext ctx = nullptr;
   if (driver_.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
   const unsigned g = generation_.load(std::memory_order_acquire);
   ThreadCache& c = tl_cache;
-  if (c.ctx == ctx && c.generation == g) return c.pool;
+  if (c.ctx == ctx && c.generation == g) {
+    c.owner = c.pool;  // the next cudaFree most likely returns memory of this pool
+    c.owner_generation = g;
+    return c.pool;
+  }
   ContextPool* cp = find_pool(ctx);
   if (cp == nullptr) cp = create_pool(ctx);
-  if (cp != nullptr) c = {ctx, cp, g};
+  if (cp != nullptr) c = {ctx, cp, g, cp, g};
   return cp;
 }
 
 ContextPool* Runtime::owner_of(const void* p) noexcept {
-  ContextPool* last = last_owner_.load(std::memory_order_relaxed);
+  const unsigned g = generation_.load(std::memory_order_acquire);
+  ThreadCache& c = tl_cache;
+  ContextPool* last = c.owner_generation == g ? c.owner : nullptr;
   if (last != nullptr && !last->retired.load(std::memory_order_acquire) && last->pool.owns(p)) return last;
   ContextPool* found = nullptr;
   for_each_pool([&](ContextPool& cp) {
     if (found == nullptr && &cp != last && cp.pool.owns(p)) found = &cp;
   });
-  if (found != nullptr) last_owner_.store(found, std::memory_order_relaxed);
+  if (found != nullptr) {
+    c.owner = found;
+    c.owner_generation = g;
+  }
   return found;
 }
 
@@ -234,9 +269,7 @@ void Runtime::retire(ContextPool* cp) noexcept {
   cp->pool.abandon();
   cp->fences.abandon();
   cp->retired.store(true, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  ContextPool* expected = cp;
-  last_owner_.compare_exchange_strong(expected, nullptr);
+  generation_.fetch_add(1, std::memory_order_acq_rel);  // every thread's cached lookups miss
   log_info("context {} of device {} is gone: its pool was dropped", static_cast<void*>(cp->ctx), cp->device);
 }
 

@@ -63,9 +63,9 @@ class Runtime {
   ContextPool* find_pool(CUcontext ctx) noexcept;
   // The pool owning `p` (any address inside one of its segments), or nullptr.
   ContextPool* owner_of(const void* p) noexcept;
-  // The pool that owned the last pointer looked up (a hint for the free fast path; may be stale
-  // or nullptr, never a retired pool for long: retire() clears it).
-  ContextPool* last_owner() const noexcept { return last_owner_.load(std::memory_order_relaxed); }
+  // The pool this thread last allocated from or found as an owner (a hint for the free fast
+  // path, kept per thread so no shared line is written per call; nullptr after any retire/fork).
+  ContextPool* last_owner() const noexcept;
   // The context was destroyed or reset: abandon its pool (no CUDA call) and stop finding it.
   void retire(ContextPool* cp) noexcept;
 
@@ -79,11 +79,19 @@ class Runtime {
     }
   }
 
-  void count_pass(PassKind k) noexcept { passes_[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed); }
-  std::int64_t passes(PassKind k) const noexcept { return passes_[static_cast<int>(k)].load(std::memory_order_relaxed); }
+  // Sharded by thread: threads passing calls through concurrently do not share a cache line.
+  void count_pass(PassKind k) noexcept {
+    shards_[shard_index()].n[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::int64_t passes(PassKind k) const noexcept;
 
  private:
   static constexpr int kMaxPools = 256;
+  static constexpr int kShards = 16;
+  struct alignas(64) PassShard {
+    std::atomic<std::int64_t> n[static_cast<int>(PassKind::count_)] = {};
+  };
+  static int shard_index() noexcept;
   Runtime(const RealDriver& d, Policy p, bool native);
   static Runtime* start() noexcept;
   static void on_fork_child() noexcept;
@@ -101,10 +109,10 @@ class Runtime {
   std::int64_t start_mono_ns_ = 0;
   std::atomic<ContextPool*> slots_[kMaxPools] = {};
   std::atomic<int> count_{0};
-  // Bumped when a pool is retired or after fork; per-thread lookup caches check it.
+  // Bumped when a pool is retired or after fork; per-thread lookup caches check it (read-only on
+  // the hot path).
   std::atomic<unsigned> generation_{1};
-  std::atomic<ContextPool*> last_owner_{nullptr};
-  std::atomic<std::int64_t> passes_[static_cast<int>(PassKind::count_)] = {};
+  PassShard shards_[kShards];
 };
 
 }  // namespace cudapool::shim

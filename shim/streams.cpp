@@ -30,11 +30,19 @@ std::vector<Capture>& captures() {
   static auto* v = new std::vector<Capture>;
   return *v;
 }
+std::atomic<bool> g_ever{false};
 std::atomic<int> g_active{0};
 std::atomic<int> g_global{0};
 thread_local int tl_thread_local = 0;
 
 }  // namespace
+
+void capture_may_begin() noexcept {
+  // seq_cst store: ordered before the driver call that starts the capture.
+  if (!g_ever.load(std::memory_order_relaxed)) g_ever.store(true);
+}
+
+bool capture_ever_began() noexcept { return g_ever.load(std::memory_order_acquire); }
 
 void capture_began(StreamId stream, int mode) noexcept {
   std::lock_guard<std::mutex> lock(capture_mutex());

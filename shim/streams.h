@@ -37,6 +37,13 @@ inline CUstream stream_handle(StreamId id) noexcept {
 }
 
 // Graph capture bookkeeping, fed by the cuStreamBeginCapture/cuStreamEndCapture hooks.
+//
+// A process that never began a capture (most of them) needs no cuStreamIsCapturing query per
+// stream-ordered allocation: the hooks call capture_may_begin() BEFORE the driver's
+// cuStreamBeginCapture*, so a capture can never be live while capture_ever_began() is false.
+// Sticky: after the first capture every cuMemAllocAsync asks the driver again.
+void capture_may_begin() noexcept;
+bool capture_ever_began() noexcept;
 void capture_began(StreamId stream, int mode) noexcept;
 void capture_ended(StreamId stream) noexcept;
 // Some capture is in progress somewhere: recording on the legacy stream could break it.

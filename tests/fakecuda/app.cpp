@@ -42,6 +42,7 @@ FAKE_CONTROL(long, fakecuda_graph_allocs, (), ())
 FAKE_CONTROL(long, fakecuda_event_records, (), ())
 FAKE_CONTROL(long, fakecuda_event_syncs, (), ())
 FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
+FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
 FAKE_CONTROL(int, fakecuda_is_live, (cudaabi::CUdeviceptr p), (p))
 FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext* c, int d), (c, d))
 #undef FAKE_CONTROL
@@ -681,6 +682,78 @@ void device_sync() {
   CHECK(fakecuda_event_syncs() > syncs);
 }
 
+// Driver calls per pool hit (run with CUDAPOOL_CONF=free_sync:immediate): the allocation hook
+// reads the current context (1 call) and nothing else; the free hook makes none. Stream-ordered
+// pairs skip cuStreamIsCapturing until the process begins its first capture.
+void hot_calls_immediate() {
+  start_cuda();
+  constexpr long kPairs = 1000;
+  CUdeviceptr p = 0;
+  for (int i = 0; i < 10; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  long before = fakecuda_thread_driver_calls();
+  const long allocs = fakecuda_alloc_calls();
+  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  const long sync_calls = fakecuda_thread_driver_calls() - before;
+  std::printf("cuMemAlloc+cuMemFree hit pair: %.2f driver calls\n", double(sync_calls) / kPairs);
+  CHECK(sync_calls == kPairs);  // exactly the cuCtxGetCurrent of each allocation
+  CHECK(fakecuda_alloc_calls() == allocs);
+
+  CUstream s = nullptr;
+  CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  for (int i = 0; i < 10; ++i) { CHECK_OK(api.cuMemAllocAsync(&p, 4096, s)); CHECK_OK(api.cuMemFreeAsync(p, s)); }
+  before = fakecuda_thread_driver_calls();
+  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAllocAsync(&p, 4096, s)); CHECK_OK(api.cuMemFreeAsync(p, s)); }
+  const long async_calls = fakecuda_thread_driver_calls() - before;
+  std::printf("cuMemAllocAsync+cuMemFreeAsync hit pair: %.2f driver calls\n", double(async_calls) / kPairs);
+  CHECK(async_calls == kPairs);  // no capture ever began: no cuStreamIsCapturing
+
+  // After a capture the check is back (the stream could be capturing): one more call per alloc.
+  CUstream c = nullptr;
+  CHECK_OK(api.cuStreamCreate(&c, 0));
+  CUgraph g = nullptr;
+  CHECK_OK(api.cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CHECK_OK(api.cuStreamEndCapture(c, &g));
+  before = fakecuda_thread_driver_calls();
+  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAllocAsync(&p, 4096, s)); CHECK_OK(api.cuMemFreeAsync(p, s)); }
+  CHECK(fakecuda_thread_driver_calls() - before == 2 * kPairs);
+}
+
+// Driver calls of the default (fenced) policy: a tight pair costs the context read, one
+// cuEventRecord (no context check: the hook knows the context) and one cuEventQuery; a burst of
+// 100 frees then 100 allocations costs one record and one query on top of the context reads.
+void hot_calls_fenced() {
+  start_cuda();
+  constexpr long kPairs = 1000;
+  CUdeviceptr p = 0;
+  for (int i = 0; i < 10; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  long before = fakecuda_thread_driver_calls();
+  long records = fakecuda_event_records();
+  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  const long tight = fakecuda_thread_driver_calls() - before;
+  std::printf("fenced tight pair: %.2f driver calls, %.2f records\n", double(tight) / kPairs,
+              double(fakecuda_event_records() - records) / kPairs);
+  CHECK(tight <= 3 * kPairs);
+  CHECK(fakecuda_event_records() - records <= kPairs);
+
+  constexpr int kBurst = 100, kBursts = 20;
+  CUdeviceptr ps[kBurst];
+  for (auto& q : ps) CHECK_OK(api.cuMemAlloc(&q, 4096));
+  for (auto& q : ps) CHECK_OK(api.cuMemFree(q));
+  for (auto& q : ps) CHECK_OK(api.cuMemAlloc(&q, 4096));
+  before = fakecuda_thread_driver_calls();
+  records = fakecuda_event_records();
+  for (int r = 0; r < kBursts; ++r) {
+    for (auto& q : ps) CHECK_OK(api.cuMemFree(q));
+    for (auto& q : ps) CHECK_OK(api.cuMemAlloc(&q, 4096));
+  }
+  const long burst = fakecuda_thread_driver_calls() - before;
+  std::printf("fenced burst of %d: %.2f driver calls beyond the context reads\n", kBurst,
+              double(burst - kBursts * kBurst) / kBursts);
+  CHECK(burst <= kBursts * (kBurst + 4));
+  CHECK(fakecuda_event_records() - records <= kBursts);
+  for (auto& q : ps) CHECK_OK(api.cuMemFree(q));
+}
+
 double ns_per(std::chrono::steady_clock::time_point t0, long n) {
   return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
 }
@@ -731,6 +804,7 @@ int main(int argc, char** argv) {
       {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
       {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
       {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench},
+      {"hot_calls_immediate", hot_calls_immediate}, {"hot_calls_fenced", hot_calls_fenced},
   };
   for (auto& sc : scenarios) {
     if (s == sc.name) {

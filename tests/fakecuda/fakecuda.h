@@ -22,8 +22,25 @@ long fakecuda_graph_allocs();       // cuMemAllocAsync calls on a capturing stre
 long fakecuda_event_records();      // successful cuEventRecord calls
 long fakecuda_event_syncs();        // cuEventSynchronize calls that had to wait
 long fakecuda_trim_calls();         // cuMemPoolTrimTo calls
+// Driver entry points the CALLING THREAD made (context, alloc/free, capture query, event and
+// pointer-attribute calls; not cuGetProcAddress): what a hook costs in driver calls.
+long fakecuda_thread_driver_calls();
 // 1 if `p` lies in a live allocation of the fake driver.
 int fakecuda_is_live(cudaabi::CUdeviceptr p);
+// Virtual memory management (expandable segments). Granularity: FAKECUDA_VMM_GRANULARITY_KB,
+// default 4 MiB. Bad calls: misaligned sizes/addresses, maps outside a reservation or over a
+// mapping, partial unmaps, set-access on unmapped memory, unknown handles.
+std::size_t fakecuda_vmm_mapped_bytes();    // bytes currently mapped (all devices)
+long fakecuda_vmm_live_handles();           // cuMemCreate handles not yet released
+std::size_t fakecuda_vmm_reserved_bytes();  // address space reserved
+long fakecuda_vmm_ranges();                 // live reservations
+std::size_t fakecuda_vmm_granularity();
+long fakecuda_vmm_bad_calls();
+long fakecuda_vmm_map_calls();
+long fakecuda_vmm_unmap_calls();
+long fakecuda_vmm_peer_descs();             // access descriptors beyond the first, summed
+std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`
+int fakecuda_vmm_is_mapped(cudaabi::CUdeviceptr p);
 // Creates a non-primary context on `dev` and makes it current (cuCtxCreate without its ABI).
 cudaabi::CUresult fakecuda_create_context(cudaabi::CUcontext* ctx, int dev);
 }

@@ -200,6 +200,17 @@ TEST(Shim, FreeSyncImmediateReusesWhileWorkIsPending) {
   EXPECT_EQ(imm.exit_status, 0) << imm.output;
 }
 
+TEST(Shim, PoolHitsMakeNoDriverCallsBeyondTheContextRead) {
+  for (bool linked : {false, true}) {
+    RunResult imm = run({app(linked), "hot_calls_immediate"}, {{"CUDAPOOL_CONF", "free_sync:immediate"}});
+    EXPECT_EQ(imm.exit_status, 0) << imm.output;
+    EXPECT_NE(imm.output.find("PASS hot_calls_immediate"), std::string::npos) << imm.output;
+    RunResult fenced = run({app(linked), "hot_calls_fenced"});
+    EXPECT_EQ(fenced.exit_status, 0) << fenced.output;
+    EXPECT_NE(fenced.output.find("PASS hot_calls_fenced"), std::string::npos) << fenced.output;
+  }
+}
+
 TEST(Shim, FreeSyncDeviceWaitsInsteadOfAllocating) {
   RunResult fenced = run({app(true), "device_sync"});
   EXPECT_NE(fenced.exit_status, 0) << fenced.output;  // default: a new segment instead
