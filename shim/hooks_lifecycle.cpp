@@ -99,6 +99,25 @@ const RealDriver& driver_or_empty() {
 
 }  // namespace
 
+// A primary context retained while inactive is a NEW context, even when the driver hands back the
+// old handle (it usually does). If a pool still sits under that handle, its context died in a way
+// the shim never saw (a reset through an entry point it does not hook, e.g. cudart's private
+// tables): retire it now, so the per-thread lookups miss and no block of the dead context is
+// handed out. (Two threads retaining the same inactive context at once could both retire: only
+// a pool created between the two calls would be dropped early, which costs memory, not safety.)
+CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuDevicePrimaryCtxRetain == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Runtime* rt = Runtime::peek();
+  unsigned flags = 0;
+  int active = 1;
+  const bool fresh = rt != nullptr && pctx != nullptr && d->cuDevicePrimaryCtxGetState != nullptr &&
+                     d->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+  const CUresult r = d->cuDevicePrimaryCtxRetain(pctx, dev);
+  if (r == CUDA_SUCCESS && fresh) retire_context(rt, *pctx);
+  return r;
+}
+
 // Each comes in the versions cudart still resolves: cudart 13.0 asks for
 // cuDevicePrimaryCtxReset/Release with version 7000, i.e. the v1 symbols.
 CUDAPOOL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return destroy_context(ctx, driver_or_empty().cuCtxDestroy_v2); }

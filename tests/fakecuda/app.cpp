@@ -43,6 +43,7 @@ FAKE_CONTROL(long, fakecuda_event_records, (), ())
 FAKE_CONTROL(long, fakecuda_event_syncs, (), ())
 FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
 FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
+FAKE_CONTROL(void, fakecuda_reset_primary_unseen, (cudaabi::CUdevice dev), (dev))
 FAKE_CONTROL(int, fakecuda_is_live, (cudaabi::CUdeviceptr p), (p))
 FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext* c, int d), (c, d))
 #undef FAKE_CONTROL
@@ -528,6 +529,18 @@ void reset() {
   CUdeviceptr q = 0;
   CHECK_OK(api.cuMemAlloc(&q, 1 << 20));
   CHECK(fakecuda_alloc_calls() == before + 1);  // a fresh segment, not the stale cached one
+  CHECK(fakecuda_is_live(q));
+  CHECK_OK(api.cuMemFree(q));
+  // A reset the shim never saw: the next retain of the (inactive) primary context retires the
+  // pool kept under the reused handle, so the cached block of the dead context is not handed out.
+  fakecuda_reset_primary_unseen(0);
+  CHECK(!fakecuda_is_live(q));
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&again, 0));
+  CHECK(again == ctx);
+  CHECK_OK(api.cuCtxSetCurrent(again));
+  const long before2 = fakecuda_alloc_calls();
+  CHECK_OK(api.cuMemAlloc(&q, 1 << 20));
+  CHECK(fakecuda_alloc_calls() == before2 + 1);
   CHECK(fakecuda_is_live(q));
   CHECK_OK(api.cuMemFree(q));
   // A non-primary context destroyed: same story.

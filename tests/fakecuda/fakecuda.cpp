@@ -237,6 +237,11 @@ FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   destroy_context(&primaries[dev]);
   return CUDA_SUCCESS;
 }
+// A reset the shim cannot see (as through cudart's private tables): not an interposable symbol.
+FAKE_API void fakecuda_reset_primary_unseen(CUdevice dev) {
+  std::lock_guard<std::mutex> lock(mu);
+  destroy_context(&primaries[dev]);
+}
 // The v1 entry points of the real driver have the same signatures and (here) the same effect.
 FAKE_API CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 FAKE_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }

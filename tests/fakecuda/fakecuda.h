@@ -25,6 +25,9 @@ long fakecuda_trim_calls();         // cuMemPoolTrimTo calls
 // Driver entry points the CALLING THREAD made (context, alloc/free, capture query, event and
 // pointer-attribute calls; not cuGetProcAddress): what a hook costs in driver calls.
 long fakecuda_thread_driver_calls();
+// Destroys device `dev`'s primary context like cuDevicePrimaryCtxReset, but under a name the
+// shim does not hook (a reset it cannot see).
+void fakecuda_reset_primary_unseen(cudaabi::CUdevice dev);
 // 1 if `p` lies in a live allocation of the fake driver.
 int fakecuda_is_live(cudaabi::CUdeviceptr p);
 // Virtual memory management (expandable segments). Granularity: FAKECUDA_VMM_GRANULARITY_KB,
