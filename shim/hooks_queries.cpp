@@ -114,6 +114,15 @@ CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
   if (d == nullptr || d->cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Owned o = lookup(Runtime::peek(), dptr);
   if (o.pool == nullptr) return d->cuIpcGetMemHandle(handle, dptr);
+  if (o.info && o.info->expandable) {
+    // Pages mapped one by one into a reserved range (cuMemCreate/cuMemMap) are no allocation
+    // legacy IPC knows; the driver would refuse too, but without saying why.
+    log_warn("cuIpcGetMemHandle({:#x}): the block lies in an expandable segment (pages mapped into a "
+             "reserved range), which legacy CUDA IPC cannot export; returning CUDA_ERROR_INVALID_VALUE. "
+             "Run without expandable_segments:True to share this memory.",
+             static_cast<unsigned long long>(dptr));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   // A legacy IPC handle names a whole driver allocation and the importer maps its base; only a
   // block that *is* its whole segment, asked for by its base, exports the right bytes.
   if (o.info && o.info->whole_segment && !o.info->expandable && o.info->block_base == dptr) {

@@ -588,6 +588,7 @@ FAKE_API long fakecuda_vmm_bad_calls() { std::lock_guard<std::mutex> l(mu); retu
 FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); return vmm_map_calls; }
 FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
 FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }
+FAKE_API std::size_t fakecuda_vmm_device_bytes(int dev) { std::lock_guard<std::mutex> l(mu); return vmm_used_on(dev); }
 FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(mu);
   return vmm_overlaps_mapping(p, 1) ? 1 : 0;

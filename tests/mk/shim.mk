@@ -32,3 +32,11 @@ $(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_S
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(SHIM_TEST_BIN)
+
+# Expandable segments (issue 7): a -lcuda program checking the fake driver's VMM accounting,
+# run by tests/unit/shim_vmm_test.cpp (part of SHIM_TEST_BIN via the shim_*.cpp wildcard).
+SHIM_APP_VMM := $(FAKECUDA_DIR)/vmm_app
+$(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
+$(SHIM_TEST_BIN): | $(SHIM_APP_VMM)

@@ -1,0 +1,279 @@
+// Expandable-segments test program: linked with the fake libcuda.so.1 (-lcuda style) and run
+// under LD_PRELOAD=libcudapool.so with CUDAPOOL_CONF=expandable_segments:True by
+// tests/unit/shim_vmm_test.cpp. It checks, through the fake driver's VMM counters, that the
+// shim's CUDA upstream maps pages of the driver's granularity, gives wholly free pages back on
+// empty-cache / trim, leaks nothing, keeps reservations bounded and refuses IPC.
+// `vmm_app <scenario>` prints "FAIL file:line: expr" and exits 1 on the first failed check.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shim/cudapool.h"
+#include "tests/fakecuda/fakecuda.h"
+
+using namespace cudaabi;
+
+#define CHECK(expr)                                              \
+  do {                                                           \
+    if (!(expr)) {                                               \
+      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
+      std::fflush(stdout);                                       \
+      std::_Exit(1);                                             \
+    }                                                            \
+  } while (0)
+#define CHECK_OK(call) CHECK((call) == CUDA_SUCCESS)
+
+extern "C" {
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocAsync(CUdeviceptr*, std::size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemGetInfo_v2(std::size_t*, std::size_t*);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
+CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
+CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice);
+CUresult cuStreamCreate(CUstream*, unsigned);
+CUresult cuStreamDestroy_v2(CUstream);
+}
+
+namespace {
+
+constexpr std::size_t kMiB = 1u << 20;
+
+template <typename Fn>
+Fn c_api(const char* name) {
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+  CHECK(fn != nullptr);
+  return fn;
+}
+
+std::size_t empty_cache() { return c_api<std::size_t (*)()>("cudapool_empty_cache")(); }
+
+cudapool_stats stats(int dev) {
+  cudapool_stats s{};
+  CHECK(c_api<int (*)(int, cudapool_stats*)>("cudapool_get_stats")(dev, &s) == 0);
+  return s;
+}
+
+void start(int dev) {
+  CHECK_OK(cuInit(0));
+  CUcontext ctx = nullptr;
+  CHECK_OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK_OK(cuCtxSetCurrent(ctx));
+}
+
+// The accounting invariants that hold at every quiet point.
+void check_accounting(int dev) {
+  const std::size_t g = fakecuda_vmm_granularity();
+  const std::size_t mapped = fakecuda_vmm_mapped_bytes();
+  CHECK(mapped % g == 0);
+  CHECK(fakecuda_vmm_reserved_bytes() % g == 0);
+  // One handle per page, nothing else alive.
+  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) == mapped / g);
+  CHECK(static_cast<std::size_t>(stats(dev).reserved_bytes) == mapped);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+  CHECK(fakecuda_vmm_peer_descs() == 0);  // owner device only
+}
+
+void fill(CUdeviceptr p, std::size_t n, int v) { std::memset(reinterpret_cast<void*>(p), v, n); }
+bool holds(CUdeviceptr p, std::size_t n, int v) {
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4096)
+    if (b[i] != static_cast<unsigned char>(v)) return false;
+  return b[n - 1] == static_cast<unsigned char>(v);
+}
+
+// Large blocks grow one range page by page; freeing a run in the middle leaves whole free pages
+// that empty-cache gives back while the neighbours stay mapped and keep their contents.
+void scenario_release() {
+  start(0);
+  const std::size_t g = fakecuda_vmm_granularity();
+  CHECK(g >= kMiB);
+  constexpr int kN = 24;
+  // Not a multiple of any granularity the tests use; the remainder of a page (> 1 MiB) is split
+  // off and serves the next request (PyTorch's rule: large blocks split when > 1 MiB remains).
+  const std::size_t sz = 5 * kMiB / 2;
+  std::vector<CUdeviceptr> p(kN);
+  for (int i = 0; i < kN; ++i) {
+    CHECK_OK(cuMemAlloc_v2(&p[i], sz));
+    fill(p[i], sz, i + 1);
+  }
+  CHECK(fakecuda_alloc_calls() == 0);  // no classic segment: everything from the VMM range
+  CHECK(fakecuda_vmm_ranges() == 1);
+  for (int i = 1; i < kN; ++i) CHECK(p[i] > p[0] && p[i] - p[0] < fakecuda_vmm_reserved_bytes());
+  const std::size_t mapped_full = fakecuda_vmm_mapped_bytes();
+  CHECK(mapped_full >= kN * sz);
+  // Grown page by page: at most the split rule's 1 MiB of slack per block, plus one page.
+  CHECK(mapped_full <= kN * (sz + kMiB) + g);
+  check_accounting(0);
+  // The address range query answers per block.
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  CHECK_OK(cuMemGetAddressRange_v2(&base, &size, p[5] + 100));
+  CHECK(base == p[5] && size == sz);
+
+  // Free the middle third: whole pages inside it become releasable.
+  for (int i = 8; i < 16; ++i) CHECK_OK(cuMemFree_v2(p[i]));
+  CHECK(fakecuda_vmm_mapped_bytes() == mapped_full);  // cached, not released yet
+  const std::size_t released = empty_cache();
+  const std::size_t mapped_after = fakecuda_vmm_mapped_bytes();
+  CHECK(mapped_after < mapped_full);
+  CHECK(released == mapped_full - mapped_after);
+  CHECK(mapped_full - mapped_after >= 8 * sz - 2 * g);  // all whole pages of the freed run
+  CHECK(!fakecuda_vmm_is_mapped(p[12]));
+  check_accounting(0);
+  for (int i = 0; i < kN; ++i)
+    if (i < 8 || i >= 16) CHECK(holds(p[i], sz, i + 1));
+
+  // The hole serves a different size later (pages mapped again where needed).
+  CUdeviceptr big = 0;
+  CHECK_OK(cuMemAlloc_v2(&big, 7 * sz));
+  CHECK(big >= p[8] && big < p[16]);
+  fill(big, 7 * sz, 0x5a);
+  check_accounting(0);
+  CHECK_OK(cuMemFree_v2(big));
+
+  // Everything freed and emptied: no page, no handle left; the range itself stays reserved.
+  for (int i = 0; i < kN; ++i)
+    if (i < 8 || i >= 16) CHECK_OK(cuMemFree_v2(p[i]));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0);
+  CHECK(fakecuda_vmm_live_handles() == 0);
+  CHECK(stats(0).reserved_bytes == 0);
+  check_accounting(0);
+  std::printf("OK mapped_full=%zu mapped_after=%zu g=%zu\n", mapped_full, mapped_after, g);
+}
+
+// Trimming the device's default memory pool gives pages back too.
+void scenario_trim() {
+  start(0);
+  std::vector<CUdeviceptr> p(6);
+  for (auto& x : p) CHECK_OK(cuMemAlloc_v2(&x, 9 * kMiB));
+  const std::size_t before = fakecuda_vmm_mapped_bytes();
+  for (auto& x : p) CHECK_OK(cuMemFree_v2(x));
+  CUmemoryPool def = nullptr;
+  CHECK_OK(cuDeviceGetDefaultMemPool(&def, 0));
+  CHECK_OK(cuMemPoolTrimTo(def, 0));
+  CHECK(before > 0 && fakecuda_vmm_mapped_bytes() == 0);
+  CHECK(fakecuda_vmm_live_handles() == 0);
+  check_accounting(0);
+}
+
+// Small and large blocks on many streams and both devices: two ranges per device, each within
+// about 9/8 of the device, however many streams allocate.
+void scenario_bounded() {
+  start(0);
+  const std::size_t g = fakecuda_vmm_granularity();
+  std::size_t free_b = 0, total = 0;
+  CHECK_OK(cuMemGetInfo_v2(&free_b, &total));
+  std::vector<CUstream> streams(8);
+  for (auto& s : streams) CHECK_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::vector<std::pair<CUdeviceptr, CUstream>> live;
+  for (int round = 0; round < 4; ++round)
+    for (auto s : streams) {
+      CUdeviceptr a = 0, b = 0;
+      CHECK_OK(cuMemAllocAsync(&a, 4096, s));      // small pool
+      CHECK_OK(cuMemAllocAsync(&b, 2 * kMiB, s));  // large pool
+      live.push_back({a, s});
+      live.push_back({b, s});
+    }
+  CHECK(fakecuda_alloc_calls() == 0);
+  CHECK(fakecuda_vmm_ranges() == 2);
+  CHECK(fakecuda_vmm_reserved_bytes() <= 2 * (total + total / 8 + 2 * g));
+  check_accounting(0);
+  const std::size_t dev0 = fakecuda_vmm_device_bytes(0);
+  CHECK(dev0 == fakecuda_vmm_mapped_bytes() && fakecuda_vmm_device_bytes(1) == 0);
+
+  // Device 1: its own two ranges, its pages created on device 1.
+  CUcontext ctx1 = nullptr;
+  CHECK_OK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+  CHECK_OK(cuCtxSetCurrent(ctx1));
+  CUdeviceptr d1 = 0;
+  CHECK_OK(cuMemAlloc_v2(&d1, 5 * kMiB));
+  CHECK(fakecuda_vmm_ranges() == 3);
+  CHECK(fakecuda_vmm_device_bytes(1) >= 5 * kMiB && fakecuda_vmm_device_bytes(0) == dev0);
+  CHECK_OK(cuMemFree_v2(d1));
+
+  for (auto& [p, s] : live) CHECK_OK(cuMemFreeAsync(p, s));
+  for (auto s : streams) CHECK_OK(cuStreamDestroy_v2(s));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
+// Legacy IPC cannot export pages of an expandable segment: a clear error, the driver not asked.
+void scenario_ipc() {
+  start(0);
+  CUdeviceptr p = 0;
+  CHECK_OK(cuMemAlloc_v2(&p, 12 * kMiB));
+  CUipcMemHandle h{};
+  CHECK(cuIpcGetMemHandle(&h, p) == CUDA_ERROR_INVALID_VALUE);
+  CHECK_OK(cuMemFree_v2(p));
+}
+
+// Out of device memory: the pool gets CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate, releases what
+// it cached, and the program sees the driver's error; nothing leaks.
+void scenario_oom() {
+  start(0);
+  std::size_t free_b = 0, total = 0;
+  CHECK_OK(cuMemGetInfo_v2(&free_b, &total));
+  std::vector<CUdeviceptr> p;
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < 1000 && r == CUDA_SUCCESS; ++i) {
+    CUdeviceptr x = 0;
+    r = cuMemAlloc_v2(&x, 10 * kMiB);
+    if (r == CUDA_SUCCESS) p.push_back(x);
+  }
+  CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(!p.empty() && p.size() * 10 * kMiB <= total);
+  check_accounting(0);
+  for (auto x : p) CHECK_OK(cuMemFree_v2(x));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+  std::printf("OK allocations_before_oom=%zu\n", p.size());
+}
+
+// The driver reports a granularity the pool cannot use (run with FAKECUDA_VMM_GRANULARITY_KB=0):
+// expandable segments turn off and classic cuMemAlloc segments serve the program.
+void scenario_classic() {
+  start(0);
+  CUdeviceptr p = 0;
+  CHECK_OK(cuMemAlloc_v2(&p, 3 * kMiB));
+  CHECK(fakecuda_alloc_calls() == 1);
+  CHECK(fakecuda_vmm_ranges() == 0 && fakecuda_vmm_mapped_bytes() == 0);
+  CHECK_OK(cuMemFree_v2(p));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <scenario>\n", argv[0]);
+    return 2;
+  }
+  const std::string s = argv[1];
+  struct {
+    const char* name;
+    void (*fn)();
+  } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
+                   {"ipc", scenario_ipc}, {"oom", scenario_oom},
+                   {"classic", scenario_classic}};
+  for (auto& sc : scenarios) {
+    if (s == sc.name) {
+      sc.fn();
+      std::printf("PASS %s\n", sc.name);
+      return 0;
+    }
+  }
+  std::fprintf(stderr, "unknown scenario %s\n", argv[1]);
+  return 2;
+}
