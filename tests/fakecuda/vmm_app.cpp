@@ -253,6 +253,24 @@ void scenario_classic() {
   CHECK_OK(cuMemFree_v2(p));
 }
 
+// A device so large (run with FAKECUDA_TOTAL_MB=8388608, 8 TiB) that the second 9/8-of-the-
+// device range would take the process past the shim's 16 TiB address-space cap: the large pool
+// gets its range, the small pool is refused one and uses classic segments.
+void scenario_cap() {
+  start(0);
+  CUdeviceptr big = 0, small = 0;
+  CHECK_OK(cuMemAlloc_v2(&big, 5 * kMiB));
+  CHECK(fakecuda_vmm_ranges() == 1 && fakecuda_alloc_calls() == 0);
+  CHECK_OK(cuMemAlloc_v2(&small, 4096));
+  CHECK(fakecuda_vmm_ranges() == 1);
+  CHECK(fakecuda_alloc_calls() == 1);  // the small pool's classic segment
+  CHECK_OK(cuMemFree_v2(small));
+  CHECK_OK(cuMemFree_v2(big));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -266,7 +284,7 @@ int main(int argc, char** argv) {
     void (*fn)();
   } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
                    {"ipc", scenario_ipc}, {"oom", scenario_oom},
-                   {"classic", scenario_classic}};
+                   {"classic", scenario_classic}, {"cap", scenario_cap}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

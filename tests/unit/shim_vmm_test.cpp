@@ -100,6 +100,14 @@ TEST(ShimVmm, TrimOfDefaultPoolReleasesPages) { expect_pass("trim"); }
 
 TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounded"); }
 
+// The process-wide address-space cap (16 TiB): on an 8 TiB device the second range is refused.
+TEST(ShimVmm, ReservationsCappedPerProcess) {
+  const Outcome o = run_app("cap", {{"FAKECUDA_TOTAL_MB", "8388608"}});
+  EXPECT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("PASS cap"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("refusing to reserve"), std::string::npos) << o.output;
+}
+
 TEST(ShimVmm, OutOfMemoryFromCuMemCreateIsTheProgramsError) {
   const Outcome o = run_app("oom", {{"FAKECUDA_TOTAL_MB", "256"}});
   EXPECT_EQ(o.status, 0) << o.output;
