@@ -172,6 +172,38 @@ bool default_log_file(const Policy& p) { return p.log_file.empty(); }
 bool default_trace_file(const Policy& p) { return p.trace_file.empty(); }
 bool default_stats_file(const Policy& p) { return p.stats_file.empty(); }
 
+// ---- the dump signal ---------------------------------------------------------------------------
+// By name (SIGUSR1/USR1, SIGUSR2/USR2, any case) or number. Signals whose default action or
+// meaning the program relies on for errors and job control are refused: catching them to dump
+// would hide a crash or break the shell.
+constexpr int kSigUsr1 = 10, kSigUsr2 = 12;  // Linux numbering (x86-64, arm64)
+
+std::string apply_dump_signal(Policy& p, std::string_view v, Warnings&) {
+  std::string l = lower(v);
+  if (l.starts_with("sig")) l.erase(0, 3);
+  if (l == "off" || l == "none" || l == "0" || l == "false") p.dump_signal = 0;
+  else if (l == "usr1") p.dump_signal = kSigUsr1;
+  else if (l == "usr2") p.dump_signal = kSigUsr2;
+  else {
+    std::uint64_t n = 0;
+    if (!parse_uint(v, n).empty()) return "not a signal name or number";
+    // SIGKILL 9 and SIGSTOP 19 cannot be caught; SIGILL 4, SIGTRAP 5, SIGABRT 6, SIGBUS 7,
+    // SIGFPE 8, SIGSEGV 11 report faults; SIGCHLD 17 and SIGTSTP/TTIN/TTOU 20-22 are job control.
+    static constexpr std::array<std::uint64_t, 12> refused{4, 5, 6, 7, 8, 9, 11, 17, 19, 20, 21, 22};
+    if (n < 1 || n > 64 || std::find(refused.begin(), refused.end(), n) != refused.end())
+      return "a signal that cannot be caught or that reports faults or job control";
+    p.dump_signal = static_cast<int>(n);
+  }
+  return {};
+}
+std::string format_dump_signal(const Policy& p) {
+  if (p.dump_signal == 0) return "off";
+  if (p.dump_signal == kSigUsr1) return "SIGUSR1";
+  if (p.dump_signal == kSigUsr2) return "SIGUSR2";
+  return std::to_string(p.dump_signal);
+}
+bool default_dump_signal(const Policy& p) { return p.dump_signal == 0; }
+
 // ---- PyTorch keys that configure something other than device memory ---------------------------
 // Checked the way PyTorch checks them (so a string PyTorch refuses is refused here too), then dropped.
 
@@ -202,7 +234,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 24> kKeys{{
+const std::array<KeySpec, 25> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -249,6 +281,10 @@ const std::array<KeySpec, 24> kKeys{{
     {"stats_file", K::text, "a path; %p, %h, %% as for log_file (empty = none)",
      "/tmp/cudapool-%p.json", "write a JSON summary of the pool's counters here at exit",
      {}, apply_stats_file, format_stats_file, default_stats_file},
+    {"dump_signal", K::choice, "off, SIGUSR1, SIGUSR2 or a signal number (not a fault or job-control signal)",
+     "SIGUSR1", "on this signal, log the pool's stats table and a snapshot of every device and flush the "
+     "trace; the program keeps running (see docs/shim.md)",
+     {}, apply_dump_signal, format_dump_signal, default_dump_signal},
     // PyTorch keys accepted for compatibility with no effect here.
     {"pinned_use_cuda_host_register", K::boolean, "True or False (any case)", "False",
      "PyTorch: pin host memory with cudaHostRegister", kPinned, ignore_bool, nullptr, nullptr},

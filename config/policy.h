@@ -20,6 +20,7 @@ struct Policy {
   std::string log_file;             // empty = stderr; %p = pid (see docs/policy.md)
   std::string trace_file;           // empty = no trace
   std::string stats_file;           // empty = no JSON summary
+  int dump_signal = 0;              // 0 = off; else the signal that dumps stats + snapshot to the log
   OnError on_error = OnError::stop;
   // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
   std::map<std::string, std::string> origin;

@@ -1,0 +1,38 @@
+// What the shim logs beyond the hooks' own warnings (issue 5's list): the start report (version,
+// the effective policy with each key's origin, the hooked entry points), segment and GC events
+// through a logging EventSink composed with the trace writer, and the first pass-through of each
+// kind. Runtime::start calls start_audit() once; nothing here calls CUDA.
+#pragma once
+#include <string>
+
+#include "allocator/events.h"
+#include "config/policy.h"
+#include "shim/runtime.h"
+
+namespace cudapool {
+class TraceWriter;
+}
+
+namespace cudapool::shim {
+
+// The library version logged at start (the C API version is CUDAPOOL_API_VERSION).
+inline constexpr const char* kLibraryVersion = "0.1.0";
+
+// Logs the start report, starts the dump-signal handler when the policy names one, and returns
+// the sink the pools should use: `trace` itself (possibly nullptr) unless the logger is at info or
+// below when the process starts, then a fan-out that also logs segment/GC/empty-cache events.
+// The fan-out is only installed when it will print something, so the default (warn) costs nothing
+// on the hot path.
+EventSink* start_audit(const Policy& policy, bool native, EventSink* trace) noexcept;
+
+// The trace writer start_audit() was given (nullptr when tracing is off), whatever sink wraps it.
+TraceWriter* trace_writer_of(EventSink* sink) noexcept;
+
+// The hooked CUDA entry points, as the start line lists them (the names exported in
+// shim/exports.map, a test keeps them equal).
+const char* hooked_entry_points() noexcept;
+
+// The start report text (also used by tests through the log).
+std::string start_report(const Policy& policy, bool native);
+
+}  // namespace cudapool::shim
