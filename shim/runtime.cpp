@@ -10,6 +10,7 @@
 #include <mutex>
 #include <new>
 
+#include "shim/log_audit.h"
 #include "shim/log.h"
 #include "shim/streams.h"
 #include "telemetry/logging.h"
@@ -120,6 +121,7 @@ Runtime* Runtime::start() noexcept {
     if (writer) rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
     else log_warn("trace file: {}", err);
   }
+  rt->sink_ = start_audit(rt->policy_, native, rt->sink_);  // start report, dump signal, log sink
   log_info("cudapool started: backend={} policy={}", native ? "native" : "passthrough",
            to_conf_string(rt->policy_));
   pthread_atfork(nullptr, nullptr, &Runtime::on_fork_child);
@@ -204,7 +206,7 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     auto* cp = new ContextPool(driver_, ctx, dev, policy_.pool, sink_);
     std::size_t free_bytes = 0;
     cp->upstream.mem_info(&free_bytes, &cp->driver_total);
-    if (sink_ != nullptr) static_cast<TraceWriter*>(sink_)->note_device(dev, cp->driver_total);
+    if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total);
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));

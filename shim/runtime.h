@@ -38,6 +38,7 @@ enum class PassKind : std::uint8_t {
   count_
 };
 const char* to_string(PassKind k) noexcept;
+void log_first_pass(PassKind k) noexcept;  // shim/log_audit.cpp: logs the first of each kind
 
 class Runtime {
  public:
@@ -81,7 +82,7 @@ class Runtime {
 
   // Sharded by thread: threads passing calls through concurrently do not share a cache line.
   void count_pass(PassKind k) noexcept {
-    shards_[shard_index()].n[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed);
+    if (shards_[shard_index()].n[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed) == 0) log_first_pass(k);
   }
   std::int64_t passes(PassKind k) const noexcept;
 
