@@ -2,7 +2,10 @@
 // logging. See log_audit.h.
 #include "shim/log_audit.h"
 
+#include <time.h>
+
 #include <atomic>
+#include <cstdint>
 #include <new>
 
 #include "shim/cudapool.h"
@@ -15,6 +18,13 @@ namespace cudapool::shim {
 namespace {
 
 TraceWriter* g_trace = nullptr;  // set once by start_audit, before any pool exists
+std::int64_t g_start_ns = 0;     // CLOCK_MONOTONIC at start_audit
+
+std::int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
 
 // Logs the events users ask about (segment traffic with the upstream's time, GC and empty-cache
 // passes) and forwards every event to the trace writer, if any. Per-allocation events cost one
@@ -98,6 +108,7 @@ std::string start_report(const Policy& policy, bool native) {
 
 EventSink* start_audit(const Policy& policy, bool native, EventSink* trace) noexcept {
   try {
+    g_start_ns = monotonic_ns();
     g_trace = static_cast<TraceWriter*>(trace);  // Runtime::start only ever passes a TraceWriter
     auto& lg = log();
     if (lg.should_log(spdlog::level::info)) lg.info("{}", start_report(policy, native));
@@ -110,6 +121,10 @@ EventSink* start_audit(const Policy& policy, bool native, EventSink* trace) noex
 }
 
 TraceWriter* trace_writer_of(EventSink*) noexcept { return g_trace; }
+
+double seconds_since_start() noexcept {
+  return g_start_ns == 0 ? 0.0 : static_cast<double>(monotonic_ns() - g_start_ns) / 1e9;
+}
 
 void log_first_pass(PassKind k) noexcept {
   const int i = static_cast<int>(k);

@@ -32,6 +32,9 @@ TraceWriter* trace_writer_of(EventSink* sink) noexcept;
 // shim/exports.map, a test keeps them equal).
 const char* hooked_entry_points() noexcept;
 
+// Seconds since start_audit() ran (the runtime's start), for reports made while running.
+double seconds_since_start() noexcept;
+
 // The start report text (also used by tests through the log).
 std::string start_report(const Policy& policy, bool native);
 

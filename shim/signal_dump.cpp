@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "shim/log.h"
+#include "shim/log_audit.h"
 #include "shim/runtime.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
@@ -92,6 +93,7 @@ std::string format_dump(Runtime& rt, int signo) {
   s.pid = getpid();
   s.backend = rt.native() ? "native" : "passthrough";
   s.policy = to_conf_string(rt.policy());
+  s.wall_time_s = seconds_since_start();
   std::string snap;
   rt.for_each_pool([&](ContextPool& cp) {
     DeviceSummary d;
@@ -156,8 +158,8 @@ bool start_signal_dump(int signo, TraceWriter* trace) noexcept {
     log_warn("dump_signal {}: no reader thread ({}); the signal keeps its previous action", signo, std::strerror(rc));
     return false;
   }
-  pthread_detach(tid);
   pthread_setname_np(tid, "cudapool-dump");
+  pthread_detach(tid);
 
   struct sigaction sa {};
   sa.sa_sigaction = &on_signal;

@@ -99,6 +99,12 @@ void program_handler(int) { g_program_handler_calls = g_program_handler_calls + 
     if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   CHILD_CHECK(seen);
+  // The dump flushed the trace: its rows are in the file while the program still runs.
+  if (const char* trace = std::getenv("CHILD_TRACE")) {
+    const std::string csv = slurp(trace);
+    CHILD_CHECK(csv.find(",segment_alloc,") != std::string::npos);
+    CHILD_CHECK(csv.find(",allocate,") != std::string::npos);
+  }
   // Still running, still pooling.
   CHILD_CHECK(d.cuMemFree(a) == 0);
   CUdeviceptr c = 0;
@@ -221,12 +227,15 @@ std::string dump_section(const std::string& log) {
 }
 
 TEST(ShimSignal, DumpSignalLogsStatsAndSnapshotAndTheProgramKeepsRunning) {
-  const std::string log_path = temp_path("dump");
+  const std::string log_path = temp_path("dump"), trace_path = temp_path("trace");
   std::remove(log_path.c_str());
   RunResult r = run_child("dump", {{"CUDAPOOL_CONF", "dump_signal:SIGUSR1,log_file:" + log_path},
-                                   {"CHILD_LOG", log_path}});
+                                   {"CUDAPOOL_TRACE", trace_path},
+                                   {"CHILD_LOG", log_path},
+                                   {"CHILD_TRACE", trace_path}});
   const std::string log = slurp(log_path);
   std::remove(log_path.c_str());
+  std::remove(trace_path.c_str());
   ASSERT_EQ(r.exit_status, 0) << r.output << log;
   EXPECT_EQ(r.signal, 0);
   EXPECT_NE(r.output.find("CHILD OK dump"), std::string::npos) << r.output;
