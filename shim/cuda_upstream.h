@@ -48,6 +48,11 @@ class CudaUpstream final : public Upstream {
   // Devices (ordinals) that also get read/write access to pages mapped from now on. Empty by
   // default: only the pool's own device can touch its pages.
   void grant_peer_access(int device);
+  // The context is being destroyed or reset (or is already gone): pages from cuMemCreate are not
+  // freed with the context, so after the context's work has finished (cuCtxSynchronize, when the
+  // context still exists) every page is unmapped and released and every range freed. Later
+  // reserve/map calls fail. No CUDA call when this upstream never reserved anything.
+  void release_all_vmm();
 
   // Bounds on address space, per process (all upstreams together) and per range.
   static constexpr std::size_t kMaxReservedTotal = std::size_t{16} << 40;  // 16 TiB
@@ -61,7 +66,7 @@ class CudaUpstream final : public Upstream {
   CUcontext ctx_;
   // VMM state, behind its own lock (the pool calls under its lock, the C API from any thread).
   std::mutex vmm_mu_;
-  int device_ = -1;          // -1: not looked up yet, -2: VMM unusable
+  int device_ = -1;          // -1: not looked up yet, -2: VMM unusable (or released for good)
   std::size_t gran_ = 0;
   std::size_t device_total_ = 0;
   std::vector<int> peers_;

@@ -198,3 +198,26 @@ void CudaUpstream::release_pages(std::uintptr_t lo, std::uintptr_t hi) {
 }
 
 }  // namespace cudapool::shim
+
+namespace cudapool::shim {
+
+void CudaUpstream::release_all_vmm() {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  const bool had = !ranges_.empty();
+  if (had) {
+    ScopedContext scope(d_, ctx_);
+    if (d_.cuCtxSynchronize != nullptr) d_.cuCtxSynchronize();  // work on the pages ends first
+    std::size_t pages = pages_.size();
+    for (auto& [base, bytes] : ranges_) {
+      release_pages(base, base + bytes);
+      const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(base), bytes);
+      if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({:#x}, {} bytes) failed: CUDA error {}", base, bytes, r);
+      g_reserved_total.fetch_sub(bytes, std::memory_order_relaxed);
+    }
+    log_info("expandable segments: context gone, released {} pages and {} ranges", pages, ranges_.size());
+    ranges_.clear();
+  }
+  if (device_ >= 0 || device_ == -1) device_ = -2;  // no more reservations or maps
+}
+
+}  // namespace cudapool::shim

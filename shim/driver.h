@@ -64,6 +64,7 @@ struct RealDriver {
   PFN_cuMemMap cuMemMap = nullptr;
   PFN_cuMemUnmap cuMemUnmap = nullptr;
   PFN_cuMemSetAccess cuMemSetAccess = nullptr;
+  PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;  // before pages of a dying context go back
 
   bool has_vmm() const noexcept {
     return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree && cuMemCreate &&

@@ -11,7 +11,10 @@ namespace {
 
 void retire_context(Runtime* rt, CUcontext ctx) {
   if (rt == nullptr || ctx == nullptr) return;
-  if (ContextPool* cp = rt->find_pool(ctx)) rt->retire(cp);
+  if (ContextPool* cp = rt->find_pool(ctx)) {
+    rt->retire(cp);
+    cp->upstream.release_all_vmm();  // expandable segments: cuMemCreate pages outlive contexts
+  }
 }
 
 // The handle of `dev`'s primary context if it is active (retain + release: no net change).

@@ -466,6 +466,15 @@ std::size_t vmm_used_on(int dev) {
 }
 }  // namespace
 
+// Work in the fake completes when the test releases it; a context-wide sync only counts.
+long n_ctx_syncs = 0;
+FAKE_API CUresult cuCtxSynchronize() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  ++n_ctx_syncs;
+  return CUDA_SUCCESS;
+}
+FAKE_API long fakecuda_ctx_syncs() { std::lock_guard<std::mutex> l(mu); return n_ctx_syncs; }
 FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const CUmemAllocationProp* prop, int option) {
   std::lock_guard<std::mutex> lock(mu);
   if (g == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||

@@ -44,6 +44,7 @@ long fakecuda_vmm_unmap_calls();
 long fakecuda_vmm_peer_descs();             // access descriptors beyond the first, summed
 std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`
 int fakecuda_vmm_is_mapped(cudaabi::CUdeviceptr p);
+long fakecuda_ctx_syncs();  // cuCtxSynchronize calls
 // Creates a non-primary context on `dev` and makes it current (cuCtxCreate without its ABI).
 cudaabi::CUresult fakecuda_create_context(cudaabi::CUcontext* ctx, int dev);
 }

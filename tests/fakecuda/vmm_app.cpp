@@ -31,6 +31,7 @@ extern "C" {
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemAllocAsync(CUdeviceptr*, std::size_t, CUstream);
@@ -271,6 +272,30 @@ void scenario_cap() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
+// Pages from cuMemCreate outlive contexts: a reset of the primary context must make the shim
+// give back every page and range of the dropped pool (after a context-wide sync), and a new pool
+// on the fresh context starts from zero.
+void scenario_reset() {
+  start(0);
+  CUdeviceptr a = 0, b = 0;
+  CHECK_OK(cuMemAlloc_v2(&a, 5 * kMiB));
+  CHECK_OK(cuMemAlloc_v2(&b, 4096));
+  CHECK(fakecuda_vmm_ranges() == 2 && fakecuda_vmm_live_handles() > 0);
+  const long syncs = fakecuda_ctx_syncs();
+  CHECK_OK(cuDevicePrimaryCtxReset_v2(0));
+  CHECK(fakecuda_ctx_syncs() == syncs + 1);
+  CHECK(fakecuda_vmm_ranges() == 0 && fakecuda_vmm_reserved_bytes() == 0);
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  start(0);
+  CUdeviceptr c = 0;
+  CHECK_OK(cuMemAlloc_v2(&c, 5 * kMiB));
+  CHECK(fakecuda_vmm_ranges() == 1 && fakecuda_vmm_mapped_bytes() > 0);
+  CHECK_OK(cuMemFree_v2(c));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,7 +309,8 @@ int main(int argc, char** argv) {
     void (*fn)();
   } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
                    {"ipc", scenario_ipc}, {"oom", scenario_oom},
-                   {"classic", scenario_classic}, {"cap", scenario_cap}};
+                   {"classic", scenario_classic}, {"cap", scenario_cap},
+                   {"reset", scenario_reset}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -96,6 +96,14 @@ TEST(ShimVmm, PagesReleasedOnEmptyCacheAtDriverGranularity) {
   expect_pass("release", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
 }
 
+// cuMemCreate pages are not freed with their context: a reset releases them through the shim.
+TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
+  const Outcome o = run_app("reset", {{"CUDAPOOL_CONF", "expandable_segments:True,log_level:info"}});
+  EXPECT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("PASS reset"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("context gone, released"), std::string::npos) << o.output;
+}
+
 TEST(ShimVmm, TrimOfDefaultPoolReleasesPages) { expect_pass("trim"); }
 
 TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounded"); }
