@@ -120,6 +120,7 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(same_abi<a::PFN_cuMemRelease, decltype(&::cuMemRelease)>);
   static_assert(same_abi<a::PFN_cuMemMap, decltype(&::cuMemMap)>);
   static_assert(same_abi<a::PFN_cuMemUnmap, decltype(&::cuMemUnmap)>);
+  static_assert(same_abi<a::PFN_cuCtxSynchronize, decltype(&::cuCtxSynchronize)>);
   EXPECT_EQ(kOurLegacy, reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY));
   EXPECT_EQ(kOurPerThread, reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD));
 #endif
