@@ -194,6 +194,7 @@ bool CudaFences::remove_stream(CUstream s) {
   auto it = std::find(streams_.begin(), streams_.end(), s);
   if (it == streams_.end()) return false;
   streams_.erase(it);
+  streams_version_.fetch_add(1, std::memory_order_acq_rel);
   auto nb = std::find(non_blocking_.begin(), non_blocking_.end(), s);
   if (nb != non_blocking_.end()) {
     non_blocking_.erase(nb);
@@ -202,14 +203,29 @@ bool CudaFences::remove_stream(CUstream s) {
   return true;
 }
 
+namespace {
+struct KnownStream {
+  const CudaFences* fences = nullptr;
+  CUstream stream = nullptr;
+  unsigned version = 0;
+};
+thread_local KnownStream tl_known_stream;
+}  // namespace
+
 bool CudaFences::knows_stream(CUstream s) {
+  const unsigned v = streams_version_.load(std::memory_order_acquire);
+  KnownStream& k = tl_known_stream;
+  if (k.fences == this && k.stream == s && k.version == v) return true;
   std::lock_guard<std::mutex> lock(mu_);
-  return std::find(streams_.begin(), streams_.end(), s) != streams_.end();
+  const bool known = std::find(streams_.begin(), streams_.end(), s) != streams_.end();
+  if (known) k = {this, s, streams_version_.load(std::memory_order_relaxed)};
+  return known;
 }
 
 void CudaFences::abandon() {
   std::lock_guard<std::mutex> lock(mu_);
   ++generation_;
+  streams_version_.fetch_add(1, std::memory_order_acq_rel);
   newest_ = nullptr;
   free_events_.clear();
   streams_.clear();

@@ -53,6 +53,8 @@ class CudaFences final : public FenceProvider {
   void add_stream(CUstream s, bool non_blocking);
   // true if the stream was created through the hooks in this context.
   bool remove_stream(CUstream s);
+  // On every cuMemFreeAsync: a per-thread cache answers the repeated question without the lock
+  // (16 threads freeing on their own streams must not meet on this context's mutex).
   bool knows_stream(CUstream s);
 
   // The context is gone: forget every event and stream without calling CUDA. Fences handed out
@@ -95,6 +97,9 @@ class CudaFences final : public FenceProvider {
   std::vector<Fence*> free_fences_;
   std::vector<CUstream> non_blocking_;
   std::vector<CUstream> streams_;
+  // Bumped (under mu_) whenever a stream is forgotten: per-thread knows_stream answers made
+  // before it are stale.
+  std::atomic<unsigned> streams_version_{0};
 };
 
 }  // namespace cudapool::shim
