@@ -59,12 +59,21 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
 
 CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
   void* p = as_ptr(dptr);
-  // Fast path for cudaFree: hand the pointer straight to the pool that owned the last one; its
-  // answer is authoritative unless it says "not mine" (pools never overlap). One lock, no scan.
-  if (stream == nullptr && !Runtime::exiting()) {
+  // Fast path: hand the pointer straight to the pool this thread last used; its answer is
+  // authoritative unless it says "not mine" (pools never overlap). No owns() (the pool's shared
+  // lock), no scan: a stream-ordered free can stay in the pool's per-thread cache. For a
+  // stream-ordered free the stream must be one this pool's context may use without question;
+  // anything else takes the checked path below.
+  if (!Runtime::exiting()) {
     if (ContextPool* last = rt.last_owner(); last != nullptr && !last->retired.load(std::memory_order_acquire)) {
-      const FreeStatus s = last->pool.free(p);
-      if (s != FreeStatus::not_owned) return finish_free(s, *last, p, false);
+      if (stream == nullptr) {
+        const FreeStatus s = last->pool.free(p);
+        if (s != FreeStatus::not_owned) return finish_free(s, *last, p, false);
+      } else if (raw_stream == nullptr || raw_stream == CU_STREAM_LEGACY || raw_stream == CU_STREAM_PER_THREAD ||
+                 last->fences.knows_stream(raw_stream)) {
+        const FreeStatus s = last->pool.free_on_stream(p, *stream);
+        if (s != FreeStatus::not_owned) return finish_free(s, *last, p, true);
+      }
     }
   }
   ContextPool* cp = rt.owner_of(p);
