@@ -803,6 +803,43 @@ void bench() {
   std::printf("cuMemAllocAsync+cuMemFreeAsync 4 KiB: %7.1f ns/pair\n", ns_per(t0, kPairs));
 }
 
+// Not a test: aggregate pairs/s with 1..16 threads (64 KiB, as the GPU benchmark), each thread on
+// its own non-blocking stream (async) or through cuMemAlloc/cuMemFree (sync). On a 2-core machine
+// more than 2 threads only time-share, so flat aggregate = no contention added, falling = some.
+void bench_threads() {
+  start_cuda();
+  CUcontext ctx = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
+  constexpr long kPairs = 200000;
+  for (bool async : {false, true}) {
+    for (int n : {1, 2, 4, 8, 16}) {
+      std::vector<std::thread> ts;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int t = 0; t < n; ++t) {
+        ts.emplace_back([&] {
+          api.cuCtxSetCurrent(ctx);
+          CUstream s = nullptr;
+          if (async) api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+          for (long i = 0; i < kPairs / n; ++i) {
+            CUdeviceptr p = 0;
+            if (async) {
+              api.cuMemAllocAsync(&p, 64 << 10, s);
+              api.cuMemFreeAsync(p, s);
+            } else {
+              api.cuMemAlloc(&p, 64 << 10);
+              api.cuMemFree(p);
+            }
+          }
+          if (async) api.cuStreamDestroy(s);
+        });
+      }
+      for (auto& t : ts) t.join();
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s 64 KiB, %2d threads: %.3g pairs/s\n", async ? "async" : "sync ", n, kPairs / secs);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -816,7 +853,7 @@ int main(int argc, char** argv) {
       {"async_streams", async_streams}, {"foreign_pointers", foreign_pointers}, {"capture", capture},
       {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
       {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
-      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench},
+      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench}, {"bench_threads", bench_threads},
       {"hot_calls_immediate", hot_calls_immediate}, {"hot_calls_fenced", hot_calls_fenced},
   };
   for (auto& sc : scenarios) {
