@@ -147,13 +147,15 @@ void Runtime::write_exit_summary() noexcept {
     s.backend = native_ ? "native" : "passthrough";
     s.start_unix_ns = start_unix_ns_;
     s.wall_time_s = static_cast<double>(now_ns(CLOCK_MONOTONIC) - start_mono_ns_) / 1e9;
+    // Retired pools too: a program that releases its context before exiting (driver-API
+    // programs often do) must still find its allocations in the summary.
     for_each_pool([&](ContextPool& cp) {
       DeviceSummary d;
       d.device = cp.device;
       d.stats = cp.pool.stats();
       d.driver_total_bytes = cp.driver_total;
       s.devices.push_back(d);
-    });
+    }, /*include_retired=*/true);
     for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
       const std::int64_t n = passes(static_cast<PassKind>(k));
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;

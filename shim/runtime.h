@@ -70,13 +70,15 @@ class Runtime {
   // The context was destroyed or reset: abandon its pool (no CUDA call) and stop finding it.
   void retire(ContextPool* cp) noexcept;
 
-  // Iterates live pools: fn(ContextPool&).
+  // Iterates live pools: fn(ContextPool&). With include_retired, also the pools of contexts that
+  // were destroyed or reset (their counters still tell what the program did; the exit summary
+  // reports them).
   template <typename Fn>
-  void for_each_pool(Fn&& fn) noexcept {
+  void for_each_pool(Fn&& fn, bool include_retired = false) noexcept {
     const int n = count_.load(std::memory_order_acquire);
     for (int i = 0; i < n; ++i) {
       ContextPool* cp = slots_[i].load(std::memory_order_acquire);
-      if (cp != nullptr && !cp->retired.load(std::memory_order_acquire)) fn(*cp);
+      if (cp != nullptr && (include_retired || !cp->retired.load(std::memory_order_acquire))) fn(*cp);
     }
   }
 

@@ -253,6 +253,31 @@ TEST(Shim, StatsAndTraceFilesAreWritten) {
   rmdir(dir);
 }
 
+TEST(Shim, ExitSummaryKeepsPoolsOfContextsThatWereReset) {
+  // A program that resets or releases its context before exiting must still find its
+  // allocations in the stats file: the summary reports retired pools too (seen on the H200 with
+  // a -lcuda program that released its primary context at the end).
+  char dir[] = "/tmp/cudapool-shim-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string stats = std::string(dir) + "/stats.json";
+  RunResult r = run({app(true), "reset"}, {{"CUDAPOOL_STATS", stats}});
+  ASSERT_EQ(r.exit_status, 0) << r.output;
+  std::string json;
+  if (FILE* f = std::fopen(stats.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) json.append(buf, n);
+    std::fclose(f);
+  }
+  int device0 = 0;
+  for (std::size_t at = json.find("\"device\": 0"); at != std::string::npos; at = json.find("\"device\": 0", at + 1))
+    ++device0;
+  // The reset scenario retires device 0's pool more than once; at most one of them is live.
+  EXPECT_GE(device0, 2) << json;
+  std::remove(stats.c_str());
+  rmdir(dir);
+}
+
 std::string shell(const std::string& cmd) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
