@@ -225,10 +225,12 @@ struct DevicePool::Impl {
 
   // free(): block b (already pending) joins the open batch; closes it at the size bounds.
   void add_pending(Block* b) {
-    if (open->count == 0) open_since = clock_ns();
     open->push(b);
     st.pending_bytes += static_cast<std::int64_t>(b->size);
-    if (open->count >= kBatchMaxBlocks || open->bytes >= kBatchMaxBytes) close_open();
+    if (open->count >= kBatchMaxBlocks || open->bytes >= kBatchMaxBytes)
+      close_open();
+    else if (open->count == 1)
+      open_since = clock_ns();  // the batch opens: its window starts (no clock read otherwise)
   }
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
