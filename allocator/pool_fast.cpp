@@ -171,10 +171,9 @@ FreeStatus DevicePool::free(void* ptr) {
     I.make_local(b, b->owner);
   } else {
     // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
-    // The fence is recorded once for the whole batch, by the next allocate().
+    // The fence is recorded once for the whole batch, when its window closes (add_pending).
     b->state = BState::pending;
-    I.open->push(b);
-    I.st.pending_bytes += static_cast<std::int64_t>(b->size);
+    I.add_pending(b);
   }
   return FreeStatus::ok;
 }

@@ -1,17 +1,35 @@
 // Stream safety: when freed memory becomes reusable by whom (docs/design.md, "Streams and fences").
-//  * free() puts blocks in the open batch; the next allocate() records ONE device fence for the
-//    whole batch; completed batches turn into shared free blocks.
+//  * free() puts blocks in the open batch; ONE device fence is recorded for the whole batch when
+//    its window closes: open longer than kBatchWindowNs (checked by allocate()), kBatchMaxBlocks
+//    blocks or kBatchMaxBytes bytes, a miss, or anything that waits for pending memory.
+//    Completed batches turn into shared free blocks.
 //  * Blocks freed on a stream are local to it; a miss on another stream records one fence on that
 //    stream (at most one outstanding per stream) and promotes the blocks it covers once complete.
 //  * retire_stream() turns a stream's local blocks into a batch on a fence on that stream.
 //  * Under memory pressure (OOM path, empty_cache) every fence is waited for.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 
 #include "allocator/pool_impl.h"
 
 namespace cudapool {
 
 using detail::BState;
+
+namespace {
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::atomic<PoolClockFn> g_clock{&steady_ns};
+}  // namespace
+
+void set_pool_clock_for_testing(PoolClockFn clock) {
+  g_clock.store(clock != nullptr ? clock : &steady_ns, std::memory_order_relaxed);
+}
+
+std::int64_t DevicePool::Impl::clock_ns() { return g_clock.load(std::memory_order_relaxed)(); }
 
 void DevicePool::Impl::close_open() {
   if (open->count == 0) return;
@@ -63,8 +81,10 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
 }
 
 // Called by allocate() only when some fence work exists; each step is a cheap query.
+// The open batch stays open (no fence yet) until its window has passed: the clock is read only
+// while a batch is open.
 void DevicePool::Impl::service_fences() {
-  close_open();
+  if (open->count != 0 && clock_ns() - open_since >= kBatchWindowNs) close_open();
   // Device fences complete in recording order: stop at the first one still running.
   while (dev_head != nullptr && fences.query(dev_head->fence)) {
     Batch* b = dev_head;
@@ -88,6 +108,22 @@ void DevicePool::Impl::service_fences() {
     else
       ++i;
   }
+}
+
+// allocate() missed: close the open batch now (record its fence) and query the device fences.
+// Returns true if some batch completed (the caller searches again).
+bool DevicePool::Impl::service_miss() {
+  if (open->count == 0) return false;
+  close_open();
+  bool completed = false;
+  while (dev_head != nullptr && fences.query(dev_head->fence)) {
+    Batch* b = dev_head;
+    dev_head = b->next;
+    if (dev_head == nullptr) dev_tail = nullptr;
+    complete_batch(b);
+    completed = true;
+  }
+  return completed;
 }
 
 // A miss on `stream`: other streams' local blocks that could serve `rounded` get a fence on
@@ -173,6 +209,7 @@ void DevicePool::retire_stream(StreamId stream) {
   Impl& I = *impl_;
   Impl::Lock lk(I.mu);
   I.tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
+  I.close_open();    // the open batch gets its fence before anything is waited on or retired
   I.retired.insert(stream);
   auto it = I.streams.find(stream);
   if (it == I.streams.end()) return;

@@ -187,6 +187,7 @@ struct DevicePool::Impl {
   StreamId last_sid = 0;
 
   Batch* open = nullptr;                     // free()d blocks since the last fence record
+  std::int64_t open_since = 0;               // clock when `open` got its first block (ns)
   Batch* dev_head = nullptr;                 // recorded device batches, oldest first
   Batch* dev_tail = nullptr;
   Batch* retire_head = nullptr;              // retire batches (unordered)
@@ -208,6 +209,29 @@ struct DevicePool::Impl {
   std::size_t inflight = 0;       // segment bytes being allocated/released with the lock dropped
   std::size_t granularity = 0;    // expandable segments: page size; 0 = off
   Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind
+
+  // ---- the fence batch window (pool_fences.cpp; docs/design.md, "The batch window") ----
+  // The open batch gets its device fence once it has been open this long, or holds this many
+  // blocks / bytes, or on a miss, or before anything waits for pending memory. 20 us: about 25x
+  // the cost of one record+query pair on an H200 (~0.8 us), so a tight alloc/free loop pays
+  // the fence at most ~4% of the time, yet short enough that freed memory comes back to the
+  // shared pool after a few tens of microseconds (well under a typical kernel's run time, so it
+  // is not what keeps memory pending).
+  static constexpr std::int64_t kBatchWindowNs = 20'000;
+  // Bounds on what one open batch may hold, so pending memory cannot grow without limit.
+  static constexpr std::size_t kBatchMaxBlocks = 256;
+  static constexpr std::size_t kBatchMaxBytes = 64 * MiB;
+  static std::int64_t clock_ns();  // the (injectable) monotonic clock
+
+  // free(): block b (already pending) joins the open batch; closes it at the size bounds.
+  void add_pending(Block* b) {
+    open->push(b);
+    st.pending_bytes += static_cast<std::int64_t>(b->size);
+    if (open->count >= kBatchMaxBlocks || open->bytes >= kBatchMaxBytes)
+      close_open();
+    else if (open->count == 1)
+      open_since = clock_ns();  // the batch opens: its window starts (no clock read otherwise)
+  }
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const {
@@ -444,6 +468,7 @@ struct DevicePool::Impl {
 
   // ---- fences (pool_fences.cpp) ----
   void service_fences();
+  bool service_miss();
   void close_open();
   void complete_batch(Batch* b);
   void complete_promo(StreamFree* sf);

@@ -33,6 +33,13 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   const bool small = is_small(rounded);
   auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
 
+  // A miss closes the open batch at once: its blocks may be what this request needs.
+  if (service_miss()) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
   if (try_promote_for(rounded, stream)) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;

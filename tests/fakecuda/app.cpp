@@ -296,12 +296,18 @@ void fenced_reuse() {
   // until that work is done.
   for (CUstream busy : {nb, blocking, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD}) {
     CUdeviceptr p = 0, q = 0, r = 0;
+    // The previous round's frees come back first (their batch window passes), so each round
+    // starts from the same free segment.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
     CHECK_OK(api.cuMemAlloc(&p, n));
     fakecuda_hold_stream(busy);
     CHECK_OK(api.cuMemFree(p));
     CHECK_OK(api.cuMemAlloc(&q, n));
     CHECK(!overlaps(p, n, q, n));  // reused early = a data race on a real GPU
     fakecuda_release_stream(busy);
+    // q came from the segment's rest while the free's batch was open; once the batch window
+    // (20 us, docs/design.md) has passed, the next allocation records the fence and queries it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
     CHECK_OK(api.cuMemAlloc(&r, n));
     CHECK(r == p);  // the fence completed: best fit takes the freed block again
     CHECK_OK(api.cuMemFree(q));
@@ -379,7 +385,9 @@ void capture() {
   CHECK(api.cuMemAlloc(&x, 4096) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   api.cuStreamEndCapture(s, &graph);
   CHECK(c_api<int64_t (*)(const char*)>("cudapool_passthrough_count")("capture") >= 2);
-  // After the capture the deferred fence is recorded and the block comes back.
+  // After the capture the deferred fence is recorded (once the batch window has passed) and the
+  // block comes back.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
   CUdeviceptr again = 0;
   CHECK_OK(api.cuMemAlloc(&again, 4096));
   CHECK(again == pooled);

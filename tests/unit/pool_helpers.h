@@ -3,6 +3,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,7 +69,15 @@ inline std::string compare_with_recount(const Stats& s, const Snapshot& snap) {
   return "";
 }
 
-// A pool on a fake upstream and a fake fence, with helpers most tests want.
+// The pool's clock under test (set_pool_clock_for_testing): it moves only when a test says so,
+// so the fence batch window (docs/design.md, "The batch window") never closes by itself.
+inline std::atomic<std::int64_t> g_test_clock_ns{1'000'000'000};
+inline std::int64_t test_clock() { return g_test_clock_ns.load(std::memory_order_relaxed); }
+// Comfortably past the pool's batch window (20 us).
+inline constexpr std::int64_t kPastBatchWindowNs = 1'000'000;
+
+// A pool on a fake upstream and a fake fence, with helpers most tests want. It installs the
+// test clock for its lifetime.
 struct PoolRig {
   FakeUpstream up;
   FakeFence fence;
@@ -76,7 +86,19 @@ struct PoolRig {
   explicit PoolRig(PoolOptions opt = {}, std::size_t capacity = 80 * GiB, bool auto_fence = false,
                    bool backed = false)
       : up(capacity, backed), fence(auto_fence) {
+    set_pool_clock_for_testing(&test_clock);
     pool = std::make_unique<DevicePool>(0, opt, up, fence);
+  }
+  ~PoolRig() {
+    pool.reset();
+    set_pool_clock_for_testing(nullptr);
+  }
+  PoolRig(const PoolRig&) = delete;
+  PoolRig& operator=(const PoolRig&) = delete;
+  // Move the test clock on (by default past the batch window: the next allocate() that finds
+  // the open batch records its fence).
+  static void advance_clock(std::int64_t ns = kPastBatchWindowNs) {
+    g_test_clock_ns.fetch_add(ns, std::memory_order_relaxed);
   }
   void* alloc(std::size_t n, StreamId s = 0) {
     AllocResult r = pool->allocate(n, s);

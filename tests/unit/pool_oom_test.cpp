@@ -150,10 +150,12 @@ static void run_gc_case(PoolOptions o, std::size_t capacity) {
   void* D = rig.alloc(5 * MiB);  // new 20 MiB segment, split
   ASSERT_EQ(rig.pool->free(A), FreeStatus::ok);
   for (int i = 0; i < 10; ++i) {  // ten large-pool searches age A
+    rig.advance_clock();  // each allocate closes the batch window: h comes back to D's segment
     void* h = rig.alloc(5 * MiB);
     ASSERT_EQ(rig.pool->free(h), FreeStatus::ok);
   }
   ASSERT_EQ(rig.pool->free(B), FreeStatus::ok);
+  rig.advance_clock();
   void* E = rig.alloc(30 * MiB);  // miss -> GC -> new segment
   ASSERT_NE(E, nullptr);
   EXPECT_FALSE(rig.up.holds_segment(A));

@@ -50,7 +50,12 @@ TEST(PoolStreams, FreeWaitsForDeviceFenceAndBatchesFrees) {
   EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(40 * KiB));
   auto snap = rig.pool->snapshot();
   EXPECT_EQ(snap.segments[0].blocks[0].state, BlockState::active_pending_free);
-  void* x = rig.alloc(4 * KiB, kS1);  // records ONE device fence for the ten frees
+  void* x = rig.alloc(4 * KiB, kS1);  // inside the batch window: served from the rest, no fence
+  EXPECT_EQ(rig.fence.device_records(), 0u);
+  for (void* p : ps) EXPECT_NE(x, p);
+  rig.advance_clock();
+  ASSERT_EQ(rig.pool->free(x), FreeStatus::ok);
+  x = rig.alloc(4 * KiB, kS1);  // the window has passed: records ONE device fence for the frees
   EXPECT_EQ(rig.fence.device_records(), 1u);
   for (void* p : ps) EXPECT_NE(x, p);  // pending: never handed out before the fence
   rig.fence.complete_all();
@@ -195,6 +200,7 @@ TEST(PoolStreams, ImmediateFreeAfterRetireUsesDeviceFence) {
   rig.pool->retire_stream(kS1);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
   EXPECT_EQ(rig.pool->snapshot().segments[0].blocks[0].state, BlockState::active_pending_free);
+  rig.advance_clock();  // past the batch window: the next allocate records the device fence
   void* b = rig.alloc(1 * MiB, kS2);
   EXPECT_NE(b, a);
   EXPECT_EQ(rig.fence.device_records(), 1u);

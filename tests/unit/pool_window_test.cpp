@@ -1,0 +1,176 @@
+// The fence batch window (docs/design.md, "The batch window"): free()d blocks wait in an open
+// batch whose ONE device fence is recorded when the window passes, at the size bounds, on a
+// miss, or before anything waits for pending memory. The test clock (PoolRig) moves only when
+// a test advances it.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "tests/unit/pool_helpers.h"
+
+namespace cudapool::testing {
+namespace {
+
+// 1000 alloc/free pairs, clock frozen, fences complete at once: only the 256-block bound closes
+// the batch, so a handful of fences cover all the frees and one segment serves everything.
+TEST(PoolWindow, TightLoopRecordsAHandfulOfFences) {
+  PoolRig rig({}, 80 * GiB, /*auto_fence=*/true);
+  for (int i = 0; i < 1000; ++i) {
+    void* p = rig.alloc(4 * KiB);
+    ASSERT_NE(p, nullptr);
+    ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+  EXPECT_LE(rig.fence.device_records(), 4u);
+  EXPECT_GE(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);
+  rig.expect_intact();
+}
+
+// Same loop with fences that never complete: pending blocks are never handed out, the pool
+// moves on through free memory (and a second segment once the first is used up).
+TEST(PoolWindow, TightLoopNeverReusesPendingBlocks) {
+  PoolRig rig;
+  std::set<void*> seen;
+  for (int i = 0; i < 1000; ++i) {
+    void* p = rig.alloc(4 * KiB);
+    ASSERT_NE(p, nullptr);
+    EXPECT_TRUE(seen.insert(p).second) << "pending block handed out before its fence: " << i;
+    ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+  EXPECT_LE(rig.fence.device_records(), 6u);  // bound closes (256 blocks) plus one miss
+  EXPECT_EQ(rig.fence.waits(), 0u);
+  rig.expect_intact();
+}
+
+TEST(PoolWindow, RecordsWhenTheWindowPasses) {
+  PoolRig rig({}, 80 * GiB, /*auto_fence=*/true);
+  void* a = rig.alloc(4 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  void* b = rig.alloc(4 * KiB);  // window open: no fence, served from the segment's rest
+  EXPECT_NE(b, a);
+  EXPECT_EQ(rig.fence.device_records(), 0u);
+  rig.advance_clock(19'000);
+  void* c = rig.alloc(4 * KiB);
+  EXPECT_EQ(rig.fence.device_records(), 0u);
+  rig.advance_clock(2'000);  // 21 us since the batch opened
+  void* d = rig.alloc(4 * KiB);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(d, a);  // the fence completed at once (auto): a is shared again, best fit
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  for (void* p : {b, c, d}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  // Pairs 1 us apart: one fence per ~20 us window, not one per pair.
+  const std::size_t before = rig.fence.device_records();
+  for (int i = 0; i < 100; ++i) {
+    rig.advance_clock(1'000);
+    void* p = rig.alloc(4 * KiB);
+    ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+  const std::size_t n = rig.fence.device_records() - before;
+  EXPECT_GE(n, 4u);
+  EXPECT_LE(n, 6u);
+  rig.expect_intact();
+}
+
+// A miss closes the open batch at once and queries it before going to the upstream.
+TEST(PoolWindow, MissRecordsAtOnce) {
+  {
+    PoolRig rig;  // fences complete only when told
+    void* a = rig.alloc(20 * MiB);
+    ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+    EXPECT_EQ(rig.fence.device_records(), 0u);
+    void* b = rig.alloc(20 * MiB);  // nothing else fits: record now; not complete -> upstream
+    EXPECT_EQ(rig.fence.device_records(), 1u);
+    EXPECT_GE(rig.fence.queries(), 1u);
+    EXPECT_NE(b, a);
+    EXPECT_EQ(rig.up.allocate_calls(), 2u);
+    rig.expect_intact();
+  }
+  {
+    PoolRig rig({}, 80 * GiB, /*auto_fence=*/true);
+    void* a = rig.alloc(20 * MiB);
+    ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+    EXPECT_EQ(rig.alloc(20 * MiB), a);  // recorded, queried, complete: reused, no upstream call
+    EXPECT_EQ(rig.fence.device_records(), 1u);
+    EXPECT_EQ(rig.up.allocate_calls(), 1u);
+    EXPECT_EQ(rig.pool->stats().cache_hits, 1);
+    rig.expect_intact();
+  }
+}
+
+TEST(PoolWindow, SizeBoundsCloseTheBatch) {
+  {
+    PoolRig rig;
+    std::vector<void*> ps;
+    for (int i = 0; i < 256; ++i) ps.push_back(rig.alloc(4 * KiB));
+    for (int i = 0; i < 255; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);
+    EXPECT_EQ(rig.fence.device_records(), 0u);
+    ASSERT_EQ(rig.pool->free(ps[255]), FreeStatus::ok);  // the 256th block
+    EXPECT_EQ(rig.fence.device_records(), 1u);
+    rig.expect_intact();
+  }
+  {
+    PoolRig rig;
+    std::vector<void*> ps;
+    for (int i = 0; i < 4; ++i) ps.push_back(rig.alloc(20 * MiB));
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);  // 60 MiB
+    EXPECT_EQ(rig.fence.device_records(), 0u);
+    ASSERT_EQ(rig.pool->free(ps[3]), FreeStatus::ok);  // 80 MiB >= 64 MiB
+    EXPECT_EQ(rig.fence.device_records(), 1u);
+    rig.expect_intact();
+  }
+}
+
+TEST(PoolWindow, EmptyCacheClosesTheBatch) {
+  PoolRig rig;
+  void* a = rig.alloc(4 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_EQ(rig.fence.device_records(), 0u);
+  EXPECT_EQ(rig.pool->empty_cache(), 2 * MiB);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.fence.waits(), 1u);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  EXPECT_EQ(rig.up.bytes_held(), 0u);
+  rig.expect_intact();
+}
+
+// The OOM path waits for the open batch's fence (recorded by the miss) and reuses the block.
+TEST(PoolWindow, OomPathClosesTheBatch) {
+  PoolRig rig({}, 20 * MiB);
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_EQ(rig.alloc(20 * MiB), a);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.fence.waits(), 1u);
+  EXPECT_EQ(rig.pool->stats().num_ooms, 0);
+  rig.expect_intact();
+}
+
+// FreeSync::device waits for pending memory on a miss: the open batch is closed first.
+TEST(PoolWindow, DeviceSyncClosesTheBatch) {
+  PoolOptions o;
+  o.free_sync = FreeSync::device;
+  PoolRig rig(o);
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_EQ(rig.alloc(20 * MiB), a);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.fence.waits(), 1u);
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);
+  rig.expect_intact();
+}
+
+TEST(PoolWindow, RetireStreamClosesTheBatch) {
+  PoolRig rig;
+  void* a = rig.alloc(4 * KiB, 7);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  rig.pool->retire_stream(9);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  rig.fence.complete_all();
+  rig.advance_clock();
+  EXPECT_EQ(rig.alloc(4 * KiB, 9), a);
+  rig.expect_intact();
+}
+
+}  // namespace
+}  // namespace cudapool::testing
