@@ -85,13 +85,7 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
 // while a batch is open.
 void DevicePool::Impl::service_fences() {
   if (open->count != 0 && clock_ns() - open_since >= kBatchWindowNs) close_open();
-  // Device fences complete in recording order: stop at the first one still running.
-  while (dev_head != nullptr && fences.query(dev_head->fence)) {
-    Batch* b = dev_head;
-    dev_head = b->next;
-    if (dev_head == nullptr) dev_tail = nullptr;
-    complete_batch(b);
-  }
+  drain_device_batches();
   for (Batch** pp = &retire_head; *pp != nullptr;) {
     Batch* b = *pp;
     if (fences.query(b->fence)) {
@@ -115,6 +109,12 @@ void DevicePool::Impl::service_fences() {
 bool DevicePool::Impl::service_miss() {
   if (open->count == 0) return false;
   close_open();
+  return drain_device_batches();
+}
+
+// Device fences complete in recording order: complete batches from the oldest and stop at the
+// first one still running. Returns true if any batch completed.
+bool DevicePool::Impl::drain_device_batches() {
   bool completed = false;
   while (dev_head != nullptr && fences.query(dev_head->fence)) {
     Batch* b = dev_head;

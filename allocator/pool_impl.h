@@ -469,6 +469,7 @@ struct DevicePool::Impl {
   // ---- fences (pool_fences.cpp) ----
   void service_fences();
   bool service_miss();
+  bool drain_device_batches();
   void close_open();
   void complete_batch(Batch* b);
   void complete_promo(StreamFree* sf);
