@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/unit/shim_child.h"
+
 extern char** environ;
 
 namespace {
@@ -24,69 +26,13 @@ const std::string kFakeDir = CUDAPOOL_FAKECUDA_DIR;
 // Sanitizer builds: the runtimes the instrumented shim needs, preloaded in front of it.
 const std::string kSanPreload = CUDAPOOL_SAN_PRELOAD;
 
-struct RunResult {
-  int exit_status = -1;  // -1: killed by a signal
-  int signal = 0;
-  std::string output;    // stdout and stderr together
-};
+using RunResult = cudapool::test::ChildResult;
 
-// Runs argv with the shim preloaded and the fake driver on the library path, plus `env`
-// (VAR=value; an empty value unsets). Killed after 30 s.
+// Runs argv with the shim preloaded (unless `preload` is false) and the fake driver on the
+// library path, plus `env` (VAR=value; an empty value unsets).
 RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
               bool preload = true) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  // A clean policy environment unless the test sets one.
-  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR", "CUDAPOOL_STATS",
-                        "PYTORCH_CUDA_ALLOC_CONF", "CUDAPOOL_LOG_LEVEL"})
-    vars.erase(v);
-  if (preload) vars["LD_PRELOAD"] = kSanPreload.empty() ? kShim : kSanPreload + " " + kShim;
-  if (preload && !kSanPreload.empty()) {
-    // The shim leaks its pools on purpose (no teardown at exit); any report fails the run.
-    vars["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1";
-    vars["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1";
-  }
-  vars["LD_LIBRARY_PATH"] = kFakeDir;
-  for (auto& [k, v] : env) {
-    if (v.empty()) vars.erase(k);
-    else vars[k] = v;
-  }
-  std::vector<std::string> envs;
-  for (auto& [k, v] : vars) envs.push_back(k + "=" + v);
-  std::vector<char*> cenv, cargv;
-  for (auto& s : envs) cenv.push_back(s.data());
-  cenv.push_back(nullptr);
-  std::vector<std::string> args = argv;
-  for (auto& s : args) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
-
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    alarm(30);
-    execve(cargv[0], cargv.data(), cenv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  RunResult r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status)) r.exit_status = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  return r;
+  return cudapool::test::run_under_shim(argv, env, preload);
 }
 
 std::string app(bool linked) { return kFakeDir + (linked ? "/app_linked" : "/app_cudart"); }

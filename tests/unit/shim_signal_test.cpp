@@ -21,6 +21,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/unit/shim_child.h"
+
 extern char** environ;
 
 namespace {
@@ -152,11 +154,7 @@ void program_handler(int) { g_program_handler_calls = g_program_handler_calls + 
 
 // ---- the parent ------------------------------------------------------------------------------
 
-struct RunResult {
-  int exit_status = -1;
-  int signal = 0;
-  std::string output;
-};
+using RunResult = cudapool::test::ChildResult;
 
 std::string self_exe() {
   char buf[4096];
@@ -165,55 +163,9 @@ std::string self_exe() {
 }
 
 RunResult run_child(const std::string& mode, const std::map<std::string, std::string>& env) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR",
-                        "CUDAPOOL_STATS", "CUDAPOOL_TRACE", "PYTORCH_CUDA_ALLOC_CONF"})
-    vars.erase(v);
-  const std::string san = CUDAPOOL_SAN_PRELOAD;
-  vars["LD_PRELOAD"] = san.empty() ? std::string(CUDAPOOL_SHIM_SO) : san + " " + CUDAPOOL_SHIM_SO;
-  if (!san.empty()) {
-    vars["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1";
-    vars["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1";
-  }
-  vars["LD_LIBRARY_PATH"] = CUDAPOOL_FAKECUDA_DIR;
+  std::map<std::string, std::string> vars = env;
   vars["CUDAPOOL_SIGNAL_CHILD"] = mode;
-  for (auto& [k, v] : env) vars[k] = v;
-  std::vector<std::string> envs;
-  for (auto& [k, v] : vars) envs.push_back(k + "=" + v);
-  std::vector<char*> cenv;
-  for (auto& s : envs) cenv.push_back(s.data());
-  cenv.push_back(nullptr);
-  std::string exe = self_exe();
-  char* argv[] = {exe.data(), nullptr};
-
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    alarm(30);
-    execve(argv[0], argv, cenv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  RunResult r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status)) r.exit_status = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  return r;
+  return cudapool::test::run_under_shim({self_exe()}, vars);
 }
 
 std::string temp_path(const char* tag) {

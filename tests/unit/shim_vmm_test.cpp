@@ -14,77 +14,24 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/unit/shim_child.h"
+
 extern char** environ;
 
 namespace {
 
-const std::string kShim = CUDAPOOL_SHIM_SO;
 const std::string kFakeDir = CUDAPOOL_FAKECUDA_DIR;
-const std::string kSanPreload = CUDAPOOL_SAN_PRELOAD;
-
-struct Outcome {
-  int status = -1;  // exit status; -1 when killed by a signal
-  std::string output;
-};
 
 // Runs `vmm_app scenario` with the shim preloaded, expandable segments on, and `extra` set on
 // top of a cleaned environment (policy variables from the caller's shell removed).
-Outcome run_app(const std::string& scenario, std::map<std::string, std::string> extra = {}) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const char* v : {"CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR", "CUDAPOOL_STATS",
-                        "PYTORCH_CUDA_ALLOC_CONF", "CUDAPOOL_LOG_LEVEL", "FAKECUDA_TOTAL_MB",
-                        "FAKECUDA_VMM_GRANULARITY_KB"})
-    env.erase(v);
-  env["CUDAPOOL_CONF"] = "expandable_segments:True";
-  env["LD_PRELOAD"] = kSanPreload.empty() ? kShim : kSanPreload + " " + kShim;
-  if (!kSanPreload.empty()) {
-    env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1";
-    env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1";
-  }
-  env["LD_LIBRARY_PATH"] = kFakeDir;
-  for (auto& [k, v] : extra) env[k] = v;
-
-  std::vector<std::string> strings;
-  for (auto& [k, v] : env) strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& s : strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string prog = kFakeDir + "/vmm_app";
-  std::string arg = scenario;
-  char* argv[] = {prog.data(), arg.data(), nullptr};
-
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    alarm(30);  // a hang fails the test instead of blocking the suite
-    execve(argv[0], argv, envp.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  Outcome o;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) o.output.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  if (WIFEXITED(st)) o.status = WEXITSTATUS(st);
-  return o;
+cudapool::test::ChildResult run_app(const std::string& scenario, std::map<std::string, std::string> extra = {}) {
+  extra.emplace("CUDAPOOL_CONF", "expandable_segments:True");
+  return cudapool::test::run_under_shim({kFakeDir + "/vmm_app", scenario}, extra);
 }
 
 void expect_pass(const std::string& scenario, const std::map<std::string, std::string>& extra = {}) {
-  const Outcome o = run_app(scenario, extra);
-  EXPECT_EQ(o.status, 0) << o.output;
+  const auto o = run_app(scenario, extra);
+  EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS " + scenario), std::string::npos) << o.output;
 }
 
@@ -98,8 +45,8 @@ TEST(ShimVmm, PagesReleasedOnEmptyCacheAtDriverGranularity) {
 
 // cuMemCreate pages are not freed with their context: a reset releases them through the shim.
 TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
-  const Outcome o = run_app("reset", {{"CUDAPOOL_CONF", "expandable_segments:True,log_level:info"}});
-  EXPECT_EQ(o.status, 0) << o.output;
+  const auto o = run_app("reset", {{"CUDAPOOL_CONF", "expandable_segments:True,log_level:info"}});
+  EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS reset"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("context gone, released"), std::string::npos) << o.output;
 }
@@ -110,22 +57,22 @@ TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounde
 
 // The process-wide address-space cap (16 TiB): on an 8 TiB device the second range is refused.
 TEST(ShimVmm, ReservationsCappedPerProcess) {
-  const Outcome o = run_app("cap", {{"FAKECUDA_TOTAL_MB", "8388608"}});
-  EXPECT_EQ(o.status, 0) << o.output;
+  const auto o = run_app("cap", {{"FAKECUDA_TOTAL_MB", "8388608"}});
+  EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS cap"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("refusing to reserve"), std::string::npos) << o.output;
 }
 
 TEST(ShimVmm, OutOfMemoryFromCuMemCreateIsTheProgramsError) {
-  const Outcome o = run_app("oom", {{"FAKECUDA_TOTAL_MB", "256"}});
-  EXPECT_EQ(o.status, 0) << o.output;
+  const auto o = run_app("oom", {{"FAKECUDA_TOTAL_MB", "256"}});
+  EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS oom"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("CUDA out of memory"), std::string::npos) << o.output;
 }
 
 TEST(ShimVmm, IpcOfExpandableBlockRefusedWithLogLine) {
-  const Outcome o = run_app("ipc");
-  EXPECT_EQ(o.status, 0) << o.output;
+  const auto o = run_app("ipc");
+  EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("expandable segment"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("legacy CUDA IPC cannot export"), std::string::npos) << o.output;
 }
@@ -133,8 +80,8 @@ TEST(ShimVmm, IpcOfExpandableBlockRefusedWithLogLine) {
 // A granularity the pool cannot use (0: not a multiple of 512) turns expandable segments off:
 // classic cuMemAlloc segments, no reservation, and a log line that says so.
 TEST(ShimVmm, UnusableGranularityFallsBackToClassicSegments) {
-  const Outcome o = run_app("classic", {{"FAKECUDA_VMM_GRANULARITY_KB", "0"}});
-  EXPECT_EQ(o.status, 0) << o.output;
+  const auto o = run_app("classic", {{"FAKECUDA_VMM_GRANULARITY_KB", "0"}});
+  EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS classic"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("no usable allocation granularity"), std::string::npos) << o.output;
 }

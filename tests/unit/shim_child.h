@@ -1,0 +1,85 @@
+// Runs a program under the shim, the way every interposition test does: the caller's
+// environment with the policy variables removed, the shim (and, in sanitizer builds, the
+// sanitizer runtimes in front of it) in LD_PRELOAD, the fake libcuda.so.1 on the library path,
+// stdout and stderr captured together, killed after 30 s so a hang fails instead of blocking.
+// Needs CUDAPOOL_SHIM_SO, CUDAPOOL_FAKECUDA_DIR and CUDAPOOL_SAN_PRELOAD (tests/mk/shim.mk).
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace cudapool::test {
+
+struct ChildResult {
+  int exit_status = -1;  // -1: killed by a signal
+  int signal = 0;
+  std::string output;    // stdout and stderr together
+};
+
+// `env` is applied last; an empty value unsets the variable.
+inline ChildResult run_under_shim(std::vector<std::string> argv, const std::map<std::string, std::string>& env = {},
+                                  bool preload = true) {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  // A clean policy and fake-driver environment unless the test sets one.
+  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR", "CUDAPOOL_STATS",
+                        "CUDAPOOL_TRACE", "CUDAPOOL_LOG_LEVEL", "PYTORCH_CUDA_ALLOC_CONF", "FAKECUDA_TOTAL_MB",
+                        "FAKECUDA_VMM_GRANULARITY_KB"})
+    vars.erase(v);
+  const std::string shim = CUDAPOOL_SHIM_SO, san = CUDAPOOL_SAN_PRELOAD;
+  if (preload) {
+    vars["LD_PRELOAD"] = san.empty() ? shim : san + " " + shim;
+    if (!san.empty()) {
+      // The shim leaks its pools on purpose (no teardown at exit); any report fails the run.
+      vars["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1";
+      vars["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1";
+    }
+  }
+  vars["LD_LIBRARY_PATH"] = CUDAPOOL_FAKECUDA_DIR;
+  for (const auto& [k, v] : env) {
+    if (v.empty()) vars.erase(k);
+    else vars[k] = v;
+  }
+  std::vector<std::string> envs;
+  for (const auto& [k, v] : vars) envs.push_back(k + "=" + v);
+  std::vector<char*> cenv, cargv;
+  for (auto& s : envs) cenv.push_back(s.data());
+  cenv.push_back(nullptr);
+  for (auto& s : argv) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    alarm(30);
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  ChildResult r;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) r.exit_status = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+}  // namespace cudapool::test
