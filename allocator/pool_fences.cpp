@@ -1,7 +1,7 @@
 // Stream safety: when freed memory becomes reusable by whom (docs/design.md, "Streams and fences").
 //  * free() puts blocks in the open batch; ONE device fence is recorded for the whole batch when
 //    its window closes: open longer than kBatchWindowNs (checked by allocate()), kBatchMaxBlocks
-//    blocks or kBatchMaxBytes bytes, a miss, or anything that waits for pending memory.
+//    blocks or batch_max_bytes() bytes, a miss, or anything that waits for pending memory.
 //    Completed batches turn into shared free blocks.
 //  * Blocks freed on a stream are local to it; a miss on another stream records one fence on that
 //    stream (at most one outstanding per stream) and promotes the blocks it covers once complete.

@@ -14,6 +14,7 @@
 //              recorded device batches (FIFO), retire batches. Local blocks are promoted to
 //              shared through one outstanding stream fence per stream (StreamFree::promo_*).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -218,16 +219,25 @@ struct DevicePool::Impl {
   // shared pool after a few tens of microseconds (well under a typical kernel's run time, so it
   // is not what keeps memory pending).
   static constexpr std::int64_t kBatchWindowNs = 20'000;
-  // Bounds on what one open batch may hold, so pending memory cannot grow without limit.
+  // Bounds on what one open batch may hold, so the memory that waits for a late fence stays a
+  // small part of the pool: 256 blocks, and 64 MiB or a quarter of the reserved bytes, whichever
+  // is larger. The byte bound scales with the pool because a flat one made every free of a block
+  // >= 64 MiB record its own fence (~0.5 us each on an H200: bursts of 100 frees of 128 MiB
+  // blocks cost 0.6 us per pair); with a quarter, a burst needs at most ~4 fences whatever the
+  // block size. A miss closes the batch anyway, so the bound never keeps memory from a request.
   static constexpr std::size_t kBatchMaxBlocks = 256;
-  static constexpr std::size_t kBatchMaxBytes = 64 * MiB;
+  static constexpr std::size_t kBatchMinMaxBytes = 64 * MiB;
+  std::size_t batch_max_bytes() const {
+    const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+    return std::max(kBatchMinMaxBytes, reserved / 4);
+  }
   static std::int64_t clock_ns();  // the (injectable) monotonic clock
 
   // free(): block b (already pending) joins the open batch; closes it at the size bounds.
   void add_pending(Block* b) {
     open->push(b);
     st.pending_bytes += static_cast<std::int64_t>(b->size);
-    if (open->count >= kBatchMaxBlocks || open->bytes >= kBatchMaxBytes)
+    if (open->count >= kBatchMaxBlocks || open->bytes >= batch_max_bytes())
       close_open();
     else if (open->count == 1)
       open_since = clock_ns();  // the batch opens: its window starts (no clock read otherwise)

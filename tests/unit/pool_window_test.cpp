@@ -121,6 +121,22 @@ TEST(PoolWindow, SizeBoundsCloseTheBatch) {
   }
 }
 
+// The byte bound grows with the pool (a quarter of reserved): frees of big blocks share a fence.
+TEST(PoolWindow, ByteBoundScalesWithThePool) {
+  PoolRig rig({}, 80 * GiB);
+  std::vector<void*> ps;
+  for (int i = 0; i < 8; ++i) ps.push_back(rig.alloc(512 * MiB));  // 4 GiB reserved: bound 1 GiB
+  ASSERT_EQ(rig.pool->stats().reserved_bytes[kAll].current, static_cast<std::int64_t>(4 * GiB));
+  ASSERT_EQ(rig.pool->free(ps[0]), FreeStatus::ok);
+  EXPECT_EQ(rig.fence.device_records(), 0u);  // 512 MiB: under a flat 64 MiB bound this recorded
+  ASSERT_EQ(rig.pool->free(ps[1]), FreeStatus::ok);  // 1 GiB: the bound
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  for (int i = 2; i < 8; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);
+  EXPECT_EQ(rig.fence.device_records(), 4u);  // 8 frees, 4 fences
+  EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(4 * GiB));
+  rig.expect_intact();
+}
+
 TEST(PoolWindow, EmptyCacheClosesTheBatch) {
   PoolRig rig;
   void* a = rig.alloc(4 * KiB);
