@@ -240,11 +240,12 @@ def load_latency(out):
         run = Run(out, f"lat_{label}")
         for line in run.stdout.splitlines():
             f = line.split(",")
-            if len(f) != 10 or f[0] == "label":
+            if len(f) not in (10, 11) or f[0] == "label":
                 continue
             key = (f[0], f[2], int(f[3]), int(f[4]))
             data[key] = {"samples": int(f[5]), "median": float(f[6]), "p99": float(f[7]),
-                         "pps": float(f[8]), "failed": f[9] == "1"}
+                         "pps": float(f[8]), "failed": f[9] == "1",
+                         "median_max": float(f[10]) if len(f) == 11 else float(f[6])}
             if f[9] == "1":
                 failed.append(f"{f[0]} {f[2]} {f[3]} B x{f[4]}")
     return data, failed
@@ -279,7 +280,7 @@ def cmd_latency(out):
                 baseline=f"{base_label} {b['median'] / 1e3:.3f} us" if b else f"{base_label} n/a",
                 ratio=fmt_ratio(e["median"], b["median"]) if b else "",
                 target="" if limit_ns is None else f"<= {limit_ns / 1e3:g} us", status=status,
-                note=("allocation failed: " + "; ".join(bad)) if bad else "median, worst of 7 sizes 256 B..512 MiB")
+                note=("allocation failed: " + "; ".join(bad)) if bad else "best-round median, worst of 7 sizes 256 B..512 MiB")
 
     target_row("alloc+free pair, tight, immediate", "cudapool-immediate", "tight", 250, "raw")
     target_row("alloc+free pair, tight, default", "cudapool-default", "tight", 1200, "raw")
@@ -318,7 +319,8 @@ def cmd_latency(out):
 
     # Details: every size, every label.
     labels = [l for l in LAT_LABELS if any(k[0] == l for k in data)]
-    md = ["### Allocation latency (alloc+free pair, median / p99 in us)", "",
+    md = ["### Allocation latency (alloc+free pair in us: best round's median / p99 of all rounds "
+          "(worst round's median))", "",
           "| size | pattern | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
     for pattern in ("tight", "burst"):
         for size in sorted({k[2] for k in data if k[1] == pattern}):
@@ -326,7 +328,7 @@ def cmd_latency(out):
             for l in labels:
                 e = data.get((l, pattern, size, 1))
                 cells.append("—" if e is None else ("FAILED" if e["failed"] else
-                             f"{e['median'] / 1e3:.3f} / {e['p99'] / 1e3:.3f}"))
+                             f"{e['median'] / 1e3:.3f} / {e['p99'] / 1e3:.3f} ({e['median_max'] / 1e3:.3f})"))
             md.append(f"| {size_name(size)} | {pattern} | " + " | ".join(cells) + " |")
     md += ["", "### Threads (64 KiB pairs, aggregate pairs/s)", "",
            "| threads | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
@@ -338,7 +340,9 @@ def cmd_latency(out):
         md.append(f"| {n} | " + " | ".join(cells) + " |")
     md += ["", "Tight: samples are batches of 32 pairs (single pairs when one takes over 5 us), so p99 is "
            "over batches. Bursts: free N held blocks then allocate N again, N = 100 (fewer above 160 MiB "
-           "so a burst holds at most 16 GiB); a sample is burst time / N."]
+           "so a burst holds at most 16 GiB); a sample is burst time / N. Every size is measured in 3 rounds "
+           "spread over the run (BENCH_ROUNDS); the median reported is the best round's, the one in "
+           "parentheses the worst round's."]
     add_detail(out, "latency", "\n".join(md))
 
 

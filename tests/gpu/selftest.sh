@@ -67,7 +67,7 @@ expect "$work/late/results.tsv" "reuse race, default (fenced)" MISS
 # one well-formed line per size x pattern and per thread count.
 if "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$work/host_bench" tests/gpu/mock/host_bench.cpp; then
   timeout 30 "$work/host_bench" >"$work/host_bench.csv"
-  lines=$(awk -F, 'NR > 1 && NF == 10 && $10 == 0 && ($3 == "threads" ? $9 > 0 : $6 > 0 && $7 > 0)' "$work/host_bench.csv" | wc -l)
+  lines=$(awk -F, 'NR > 1 && NF == 11 && $10 == 0 && ($3 == "threads" ? $9 > 0 : $6 > 0 && $7 > 0 && $11 >= $7)' "$work/host_bench.csv" | wc -l)
   if [ "$lines" = 19 ]; then echo "PASS latency harness: 19 measurements"
   else echo "FAIL latency harness: $lines good lines of 19"; cat "$work/host_bench.csv"; failures=$((failures + 1)); fi
 else
