@@ -146,6 +146,10 @@ using PFN_cuStreamIsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 using PFN_cuStreamBeginCapture_v2 = CUresult (*)(CUstream, CUstreamCaptureMode);
 using PFN_cuStreamBeginCapture_v1 = CUresult (*)(CUstream);
 using PFN_cuStreamEndCapture = CUresult (*)(CUstream, CUgraph*);
+// CUDA 12.3: capture into an existing graph. Node and edge arrays are only passed on.
+using PFN_cuStreamBeginCaptureToGraph = CUresult (*)(CUstream, CUgraph, const void* /*CUgraphNode**/,
+                                                     const void* /*CUgraphEdgeData**/, std::size_t,
+                                                     CUstreamCaptureMode);
 using PFN_cuEventCreate = CUresult (*)(CUevent*, unsigned);
 using PFN_cuEventRecord = CUresult (*)(CUevent, CUstream);
 using PFN_cuEventQuery = CUresult (*)(CUevent);

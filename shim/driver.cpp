@@ -76,6 +76,8 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuStreamBeginCapture_v2_ptsz);
   CUDAPOOL_BIND(cuStreamBeginCapture);
   CUDAPOOL_BIND(cuStreamBeginCapture_ptsz);
+  CUDAPOOL_BIND(cuStreamBeginCaptureToGraph);
+  CUDAPOOL_BIND(cuStreamBeginCaptureToGraph_ptsz);
   CUDAPOOL_BIND(cuStreamEndCapture);
   CUDAPOOL_BIND(cuStreamEndCapture_ptsz);
   CUDAPOOL_BIND(cuEventCreate);

@@ -47,6 +47,8 @@ struct RealDriver {
   PFN_cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz = nullptr;
   PFN_cuStreamBeginCapture_v1 cuStreamBeginCapture = nullptr;  // CUDA 10.0: no mode (global)
   PFN_cuStreamBeginCapture_v1 cuStreamBeginCapture_ptsz = nullptr;
+  PFN_cuStreamBeginCaptureToGraph cuStreamBeginCaptureToGraph = nullptr;  // CUDA 12.3+
+  PFN_cuStreamBeginCaptureToGraph cuStreamBeginCaptureToGraph_ptsz = nullptr;
   PFN_cuStreamEndCapture cuStreamEndCapture = nullptr;
   PFN_cuStreamEndCapture cuStreamEndCapture_ptsz = nullptr;
   PFN_cuEventCreate cuEventCreate = nullptr;

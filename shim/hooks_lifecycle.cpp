@@ -199,5 +199,26 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, true), CU_STREAM_CAPTURE_MODE_GLOBAL);
   return r;
 }
+// CUDA 12.3: a capture into an existing graph is a capture like any other for the pool
+// (allocations on the stream must become graph nodes; sync allocations follow the mode).
+static CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const void* deps, const void* edges,
+                                       std::size_t n, CUstreamCaptureMode mode, bool ptsz) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  auto real = ptsz ? d->cuStreamBeginCaptureToGraph_ptsz : d->cuStreamBeginCaptureToGraph;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  capture_may_begin();
+  CUresult r = real(s, graph, deps, edges, n, mode);
+  if (r == CUDA_SUCCESS) capture_began(stream_id(s, ptsz), mode);
+  return r;
+}
+CUDAPOOL_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const void* deps, const void* edges,
+                                                     std::size_t n, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(s, graph, deps, edges, n, mode, false);
+}
+CUDAPOOL_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph graph, const void* deps,
+                                                          const void* edges, std::size_t n, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(s, graph, deps, edges, n, mode, true);
+}
 CUDAPOOL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) { return end_capture(s, graph, false); }
 CUDAPOOL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) { return end_capture(s, graph, true); }

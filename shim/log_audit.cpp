@@ -93,7 +93,8 @@ const char* hooked_entry_points() noexcept {
          "cuMemPoolTrimTo cuCtxDestroy cuCtxDestroy_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 "
          "cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRetain cuStreamCreate cuStreamCreateWithPriority "
          "cuStreamDestroy cuStreamDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_ptsz "
-         "cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz cuStreamEndCapture cuStreamEndCapture_ptsz";
+         "cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph "
+         "cuStreamBeginCaptureToGraph_ptsz cuStreamEndCapture cuStreamEndCapture_ptsz";
 }
 
 std::string start_report(const Policy& policy, bool native) {

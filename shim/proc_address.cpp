@@ -42,6 +42,9 @@ CUresult cuStreamBeginCapture(CUstream);
 CUresult cuStreamBeginCapture_ptsz(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
+CUresult cuStreamBeginCaptureToGraph(CUstream, CUgraph, const void*, const void*, std::size_t, CUstreamCaptureMode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const void*, const void*, std::size_t,
+                                          CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph*);
 }
@@ -92,6 +95,10 @@ const Hook kHooks[] = {
     {"cuStreamBeginCapture", 10000, 10010, kPerThread, "cuStreamBeginCapture_ptsz", W(cuStreamBeginCapture_ptsz)},
     {"cuStreamBeginCapture", 10010, INT_MAX, kLegacy, "cuStreamBeginCapture_v2", W(cuStreamBeginCapture_v2)},
     {"cuStreamBeginCapture", 10010, INT_MAX, kPerThread, "cuStreamBeginCapture_v2_ptsz", W(cuStreamBeginCapture_v2_ptsz)},
+    {"cuStreamBeginCaptureToGraph", 12030, INT_MAX, kLegacy, "cuStreamBeginCaptureToGraph",
+     W(cuStreamBeginCaptureToGraph)},
+    {"cuStreamBeginCaptureToGraph", 12030, INT_MAX, kPerThread, "cuStreamBeginCaptureToGraph_ptsz",
+     W(cuStreamBeginCaptureToGraph_ptsz)},
     {"cuStreamEndCapture", 10000, INT_MAX, kLegacy, "cuStreamEndCapture", W(cuStreamEndCapture)},
     {"cuStreamEndCapture", 10000, INT_MAX, kPerThread, "cuStreamEndCapture_ptsz", W(cuStreamEndCapture_ptsz)},
 };

@@ -252,6 +252,8 @@ void resolution() {
       {"cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture"},
       {"cuStreamBeginCapture", 10000, 2, "cuStreamBeginCapture_ptsz"},
       {"cuStreamBeginCapture", 12000, 2, "cuStreamBeginCapture_v2_ptsz"},
+      {"cuStreamBeginCaptureToGraph", 12030, 0, "cuStreamBeginCaptureToGraph"},
+      {"cuStreamBeginCaptureToGraph", 12080, 2, "cuStreamBeginCaptureToGraph_ptsz"},
       {"cuStreamEndCapture", 10000, 2, "cuStreamEndCapture_ptsz"},
       {"cuStreamDestroy", 2000, 0, "cuStreamDestroy"},
       {"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
@@ -385,6 +387,20 @@ void capture() {
   CHECK(api.cuMemAlloc(&x, 4096) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   api.cuStreamEndCapture(s, &graph);
   CHECK(c_api<int64_t (*)(const char*)>("cudapool_passthrough_count")("capture") >= 2);
+  // CUDA 12.3's capture into an existing graph (cudaStreamBeginCaptureToGraph) is a capture too.
+  using ToGraphFn = CUresult (*)(CUstream, CUgraph, const void*, const void*, std::size_t, CUstreamCaptureMode);
+  void* to_graph_fn = nullptr;
+  CHECK_OK(api.cuGetProcAddress("cuStreamBeginCaptureToGraph", &to_graph_fn, 12030, 0, nullptr));
+  CHECK(from_shim(to_graph_fn));
+  auto to_graph = reinterpret_cast<ToGraphFn>(to_graph_fn);
+  CHECK_OK(to_graph(s, graph, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr node = 0;
+  const long graph_before2 = fakecuda_graph_allocs();
+  CHECK_OK(api.cuMemAllocAsync(&node, 1 << 20, s));
+  CHECK(fakecuda_graph_allocs() == graph_before2 + 1);  // a graph node, not a pool block
+  CHECK_OK(api.cuMemFreeAsync(node, s));
+  CHECK(api.cuMemAlloc(&x, 4096) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);  // it invalidates the capture
+  CHECK(api.cuStreamEndCapture(s, &graph) == 901);  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
   // After the capture the deferred fence is recorded (once the batch window has passed) and the
   // block comes back.
   std::this_thread::sleep_for(std::chrono::milliseconds(1));

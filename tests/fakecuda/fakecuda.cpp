@@ -648,6 +648,15 @@ FAKE_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m) { r
 FAKE_API CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, false); }
 FAKE_API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true); }
 FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, true); }
+// CUDA 12.3's capture into an existing graph: the graph and its dependencies are not modelled.
+FAKE_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph, const void*, const void*, std::size_t,
+                                              CUstreamCaptureMode m) {
+  return begin_capture(s, m, false);
+}
+FAKE_API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph, const void*, const void*, std::size_t,
+                                                   CUstreamCaptureMode m) {
+  return begin_capture(s, m, true);
+}
 static CUresult end_capture(CUstream hs, CUgraph* g, bool ptsz) {
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
@@ -765,6 +774,7 @@ const ProcEntry kProcs[] = {
     {"cuStreamIsCapturing", 10000, P(cuStreamIsCapturing), P(cuStreamIsCapturing_ptsz)},
     {"cuStreamBeginCapture", 10000, P(cuStreamBeginCapture), P(cuStreamBeginCapture_ptsz)},
     {"cuStreamBeginCapture", 10010, P(cuStreamBeginCapture_v2), P(cuStreamBeginCapture_v2_ptsz)},
+    {"cuStreamBeginCaptureToGraph", 12030, P(cuStreamBeginCaptureToGraph), P(cuStreamBeginCaptureToGraph_ptsz)},
     {"cuStreamEndCapture", 10000, P(cuStreamEndCapture), P(cuStreamEndCapture_ptsz)},
     {"cuEventCreate", 2000, P(cuEventCreate), nullptr},
     {"cuEventRecord", 2000, P(cuEventRecord), P(cuEventRecord_ptsz)},
