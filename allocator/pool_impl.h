@@ -235,8 +235,12 @@ struct DevicePool::Impl {
 
   // free(): block b (already pending) joins the open batch; closes it at the size bounds.
   void add_pending(Block* b) {
-    open->push(b);
     st.pending_bytes += static_cast<std::int64_t>(b->size);
+    add_pending_counted(b);
+  }
+  // The same for a block already counted in pending_bytes (a thread cache's fenced frees).
+  void add_pending_counted(Block* b) {
+    open->push(b);
     if (open->count >= kBatchMaxBlocks || open->bytes >= batch_max_bytes())
       close_open();
     else if (open->count == 1)
@@ -466,7 +470,12 @@ struct DevicePool::Impl {
   void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded);
   // Under mu and tc.mu: a lent entry becomes an ordinary allocated block again.
   void tc_return_lent(detail::ThreadCache& tc, int i);
+  void tc_unlend(const detail::TcEntry& e);  // under mu: e's block is an allocated block again
   void tc_merge(detail::ThreadCache& tc);  // under mu and tc.mu: apply the stat deltas
+  // Under tc.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
+  // the open batch. True if blocks became free. Fence calls are made without the pool lock.
+  bool tc_service(detail::ThreadCache& tc);
+  static constexpr std::int64_t kTcQueryGapNs = 2'000;
   void tc_flush(detail::ThreadCache& tc);  // under mu and tc.mu: merge, then return every block
   void tc_flush_all();                     // under mu: every thread's cache
   void tc_merge_own();                     // under mu: this thread's cache's deltas (program order)

@@ -99,11 +99,11 @@ void DevicePool::Impl::tc_exit_flush(ThreadCache& tc) {
 }
 
 void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounded) {
-  const int slot = ThreadCache::slot_of(b->ptr);
-  if (tc.lent[slot].ptr != 0) tc_return_lent(tc, slot);  // collision: the older one stays allocated, uncached
+  // A full table: one older block goes back to the pool (it stays allocated, uncached).
+  if (tc.nlent >= ThreadCache::kMaxLent) tc_return_lent(tc, tc.lent_any(b->ptr));
   live.take(b->ptr);
   b->state = BState::tcache;
-  TcEntry& e = tc.lent[slot];
+  TcEntry e;
   e.block = b;
   e.ptr = b->ptr;
   e.size = b->size;
@@ -112,18 +112,20 @@ void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounde
   e.stream = b->owner;
   e.small = b->seg->small;
   e.split = b->is_split();
-  ++tc.nlent;
+  tc.lent_insert(e);
 }
 
-void DevicePool::Impl::tc_return_lent(ThreadCache& tc, int i) {
-  TcEntry& e = tc.lent[i];
+void DevicePool::Impl::tc_unlend(const TcEntry& e) {
   Block* b = e.block;
   b->state = BState::allocated;
   b->owner = e.stream;
   b->requested = e.requested;
   live.insert(b->ptr, b);
-  e = TcEntry{};
-  --tc.nlent;
+}
+
+void DevicePool::Impl::tc_return_lent(ThreadCache& tc, int i) {
+  tc_unlend(tc.lent[i]);
+  tc.lent_erase(i);
 }
 
 void DevicePool::Impl::tc_merge(ThreadCache& tc) {
@@ -137,14 +139,21 @@ void DevicePool::Impl::tc_merge(ThreadCache& tc) {
   merge_array(st.inactive_split, d.inactive_split);
   merge_array(st.inactive_split_bytes, d.inactive_split_bytes);
   st.cache_hits += d.cache_hits;
-  d.cache_hits = 0;
+  st.pending_bytes += d.pending_bytes;
+  st.fences_recorded += d.fences_recorded;
+  d.cache_hits = d.pending_bytes = d.fences_recorded = 0;
   tc.dirty.store(false, std::memory_order_relaxed);
 }
 
 void DevicePool::Impl::tc_flush(ThreadCache& tc) {
   tc_merge(tc);
-  for (int i = 0; i < ThreadCache::kLentSlots && tc.nlent > 0; ++i)
-    if (tc.lent[i].ptr != 0) tc_return_lent(tc, i);
+  // Every lent block back (no erase while walking: erasing shifts entries backwards).
+  for (TcEntry& e : tc.lent) {
+    if (e.ptr == 0) continue;
+    tc_unlend(e);
+    e = TcEntry{};
+  }
+  tc.nlent = 0;
   for (int i = 0; i < tc.nfree; ++i) {
     const TcEntry& e = tc.free_[i];
     Block* b = e.block;
@@ -152,12 +161,33 @@ void DevicePool::Impl::tc_flush(ThreadCache& tc) {
     // recounts the split after merging with neighbours.
     if (e.split) count_inactive_split(b, -1);
     b->requested = 0;
+    if (e.any_stream) {  // its device fence completed
+      insert_free(b, BState::shared, 0, shared[detail::kind_index(e.small)]);
+      continue;
+    }
     StreamFree* sf = stream_get(e.stream);
     b->epoch = ++epoch;  // freed "now" as far as promotion fences go: later is only safer
     insert_free(b, BState::local, e.stream, sf->sets[detail::kind_index(e.small)]);
   }
   tc.nfree = 0;
   tc.free_bytes = 0;
+  // Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
+  // the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
+  // and unallocated by the merged deltas.
+  auto to_pool_batch = [&](const TcEntry& e) {
+    Block* b = e.block;
+    b->state = BState::pending;
+    b->requested = e.requested;
+    b->owner = e.stream;
+    add_pending_counted(b);
+  };
+  for (int i = 0; i < tc.nclosed; ++i) to_pool_batch(tc.closed[i]);
+  for (int i = 0; i < tc.npend; ++i) to_pool_batch(tc.pend[i]);
+  tc.nclosed = tc.npend = 0;
+  if (tc.fence != 0) {
+    fences.release(tc.fence);
+    tc.fence = 0;
+  }
 }
 
 void DevicePool::Impl::tc_flush_all() {
@@ -180,7 +210,7 @@ bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
     Guard g(tc.mu);
     if (tc.nlent == 0) return false;
     const int home = ThreadCache::slot_of(p);
-    for (int k = 0; k < ThreadCache::kLentSlots; ++k) {  // p's own slot first (p is usually a start)
+    for (int k = 0; k < ThreadCache::kLentSlots; ++k) {  // from p's home slot (p is usually a start)
       const int i = (home + k) % ThreadCache::kLentSlots;
       const TcEntry& e = tc.lent[i];
       if (e.ptr != 0 && p >= e.ptr && p < e.ptr + e.size) {
@@ -206,7 +236,9 @@ void DevicePool::Impl::tc_detach_all() {
   for (auto& tc : tcaches) {
     Guard g(tc->mu);
     for (TcEntry& e : tc->lent) e = TcEntry{};
-    tc->nfree = tc->nlent = 0;
+    if (tc->fence != 0) fences.release(tc->fence);
+    tc->fence = 0;
+    tc->nfree = tc->nlent = tc->npend = tc->nclosed = 0;
     tc->free_bytes = 0;
     tc->delta = detail::TcDelta{};
     tc->dirty.store(false, std::memory_order_relaxed);

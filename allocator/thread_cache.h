@@ -1,9 +1,13 @@
 // Internal: a small per-thread, per-pool cache in front of the pool lock (pool_tcache.cpp has
-// the pool side, docs/design.md "Thread caches" the why). Only for memory whose reuse is
-// stream-local anyway: blocks freed with free_on_stream(p, s) (reusable at once on s) or with
-// free(p) under FreeSync::immediate (reusable at once on the allocation stream). Such a block may
-// be handed straight back to the SAME stream by the SAME thread; nothing else ever sees it until
-// the cache is flushed into the pool.
+// the pool side, docs/design.md "Thread caches" the why). Two kinds of freed blocks live here:
+//  * stream-local ones: blocks freed with free_on_stream(p, s) (reusable at once on s) or with
+//    free(p) under FreeSync::immediate (reusable at once on the allocation stream). Such a block
+//    may be handed straight back to the SAME stream by the SAME thread;
+//  * fenced ones (FreeSync::fenced): free(p) of a block lent by this cache joins the cache's own
+//    batch; the batch gets ONE device fence (recorded by this thread, without the pool lock) when
+//    it holds kMaxPend blocks or has been open for the pool's batch window, and once that fence
+//    has completed its blocks are reusable on ANY stream (entries with any_stream set).
+// Nothing else ever sees a cached block until the cache is flushed into the pool.
 //
 // Ownership: a block the pool handed to this thread's cache ("checked out") is in state
 // BState::tcache, in no free set and not in the pool's live map. The cache knows whether it is
@@ -42,6 +46,7 @@ struct TcEntry {
   StreamId stream = 0;        // lent: allocation stream; free: the stream it is local to
   bool small = false;
   bool split = false;         // counted in inactive_split while free (never changes while cached)
+  bool any_stream = false;    // free: its device fence completed, so it serves any stream
 };
 
 // The stat families a cached operation touches.
@@ -49,19 +54,26 @@ struct TcDelta {
   StatArray allocation{}, allocated_bytes{}, active{}, active_bytes{}, requested_bytes{};
   StatArray inactive_split{}, inactive_split_bytes{};
   std::int64_t cache_hits = 0;
+  std::int64_t pending_bytes = 0;    // fenced frees waiting in the cache's batch
+  std::int64_t fences_recorded = 0;  // the cache's batch fences
 };
 
 struct ThreadCache {
-  static constexpr int kMaxFree = 32;                 // free blocks kept
+  static constexpr int kMaxFree = 32;                 // free blocks kept (stream-local puts)
+  static constexpr int kMaxPend = 32;                 // fenced frees per batch
   static constexpr std::size_t kMaxFreeBytes = 8 * MiB;  // ... and their bytes
   static constexpr std::size_t kMaxBlock = 1 * MiB;   // larger blocks never enter a cache
-  // Lent blocks: a direct-mapped table by address (O(1) on the free path); a collision sends
-  // the older block back to the pool as an ordinary allocated block.
+  // Lent blocks: an open-addressing table by address (linear probing, deletion by backward
+  // shift), at most 3/4 full; O(1) expected on the free path. (It was direct-mapped once: 69
+  // neighbouring 4 KiB blocks hashed to only 39 distinct slots, and every collision sent a block
+  // back to the pool, so a batch of frees mostly missed the cache.)
   static constexpr int kLentBits = 7;
   static constexpr int kLentSlots = 1 << kLentBits;
+  static constexpr int kMaxLent = kLentSlots * 3 / 4;
   static int slot_of(std::uintptr_t p) {
     return static_cast<int>(((p >> 9) * 0x9E3779B97F4A7C15ull) >> (64 - kLentBits));
   }
+  static int next_slot(int i) { return (i + 1) & (kLentSlots - 1); }
   // Check-out is only worth it while the cache hits: each hit earns kHitCredit check-outs; with
   // no credit left only one locked allocation in kProbeEvery is lent (to notice a change).
   static constexpr int kHitCredit = 8, kMaxCredit = 1024, kProbeEvery = 64;
@@ -75,9 +87,20 @@ struct ThreadCache {
   void (*exit_flush)(ThreadCache&) = nullptr;
 
   // ---- everything below: under mu ----
-  TcEntry free_[kMaxFree];
+  // Room for a completed fenced batch on top of kMaxFree stream-local entries, so completing a
+  // batch never needs the pool lock.
+  TcEntry free_[kMaxFree + kMaxPend];
   int nfree = 0;
   std::size_t free_bytes = 0;
+  // Fenced frees: the open batch (no fence yet, opened at pend_since) and the closed one,
+  // waiting for `fence` (0: none closed). The cache's FenceHandle is the pool's to release.
+  TcEntry pend[kMaxPend];
+  int npend = 0;
+  std::int64_t pend_since = 0;
+  TcEntry closed[kMaxPend];
+  int nclosed = 0;
+  std::uint64_t fence = 0;
+  std::int64_t last_query = 0;  // when `fence` was last asked (queries are rate-limited)
   TcEntry lent[kLentSlots];  // ptr == 0: empty slot
   int nlent = 0;
   int credit = kProbeEvery;
@@ -88,7 +111,46 @@ struct ThreadCache {
   std::atomic<bool> dirty{false};
   bool async_seen = false;  // the owner has used free_on_stream on this pool
 
-  bool empty() const { return nfree == 0 && nlent == 0; }
+  bool empty() const { return nfree == 0 && nlent == 0 && npend == 0 && nclosed == 0; }
+
+  // ---- the lent table (under mu) ----
+  // Index of the entry lent at exactly p, or -1.
+  int lent_find(std::uintptr_t p) const {
+    if (p == 0) return -1;
+    for (int i = slot_of(p), k = 0; k < kLentSlots; ++k, i = next_slot(i)) {
+      if (lent[i].ptr == p) return i;
+      if (lent[i].ptr == 0) return -1;
+    }
+    return -1;
+  }
+  // Stores e (the table must not be full: nlent < kMaxLent); returns its index.
+  int lent_insert(const TcEntry& e) {
+    int i = slot_of(e.ptr);
+    while (lent[i].ptr != 0) i = next_slot(i);
+    lent[i] = e;
+    ++nlent;
+    return i;
+  }
+  // Removes entry i, moving later entries of its probe run back so every lookup still finds them.
+  void lent_erase(int i) {
+    for (int j = next_slot(i);; j = next_slot(j)) {
+      if (lent[j].ptr == 0) break;
+      const int home = slot_of(lent[j].ptr);
+      // j's entry may fill the hole at i unless its home lies cyclically in (i, j].
+      const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+      if (stays) continue;
+      lent[i] = lent[j];
+      i = j;
+    }
+    lent[i] = TcEntry{};
+    --nlent;
+  }
+  // Index of some lent entry (the first at or after p's home slot); the table must not be empty.
+  int lent_any(std::uintptr_t p) const {
+    int i = slot_of(p);
+    while (lent[i].ptr == 0) i = next_slot(i);
+    return i;
+  }
   // A locked allocation asks whether to lend its block through this cache.
   bool wants_checkout() {
     if (credit > 0) {

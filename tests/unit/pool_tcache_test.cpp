@@ -3,12 +3,16 @@
 // cached block is never handed to another stream early.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <future>
 #include <thread>
+#include <random>
+#include <set>
 #include <vector>
 
+#include "allocator/thread_cache.h"
 #include "tests/unit/pool_helpers.h"
 
 using namespace cudapool;
@@ -35,6 +39,40 @@ void engage(PoolRig& rig) {
   rig.pool->reset_peak_stats();
 }
 }  // namespace
+
+// The lent table (linear probing, backward-shift deletion): after any mix of inserts and erases,
+// every lent pointer is found at an entry holding it and no other pointer is found.
+TEST(PoolTcache, LentTableFindsEveryEntryAfterRandomErases) {
+  auto tc = std::make_unique<detail::ThreadCache>();
+  std::mt19937_64 rng(42);
+  std::set<std::uintptr_t> in;
+  const std::uintptr_t base = 0x7f0000000000;
+  for (int step = 0; step < 20000; ++step) {
+    // Neighbouring 4 KiB blocks of a few segments: their home slots collide a lot.
+    const std::uintptr_t p = base + (rng() % 600) * 4096;
+    if (in.count(p) != 0) {
+      const int i = tc->lent_find(p);
+      ASSERT_GE(i, 0);
+      ASSERT_EQ(tc->lent[i].ptr, p);
+      tc->lent_erase(i);
+      in.erase(p);
+    } else if (tc->nlent < detail::ThreadCache::kMaxLent) {
+      detail::TcEntry e;
+      e.ptr = p;
+      e.size = 4096;
+      tc->lent_insert(e);
+      in.insert(p);
+    }
+    ASSERT_EQ(tc->nlent, static_cast<int>(in.size()));
+    if (step % 97 == 0) {
+      for (std::uintptr_t q : in) ASSERT_GE(tc->lent_find(q), 0) << "step " << step;
+      for (int k = 0; k < 20; ++k) {
+        const std::uintptr_t q = base + (rng() % 600) * 4096;
+        ASSERT_EQ(tc->lent_find(q) >= 0, in.count(q) == 1) << "step " << step;
+      }
+    }
+  }
+}
 
 TEST(PoolTcache, SingleThreadedPoolDoesNotCache) {
   PoolRig rig(immediate_options());
@@ -135,6 +173,72 @@ TEST(PoolTcache, FencedFreeOfLentBlockWaitsForFence) {
   void* c = rig.alloc(k64K, kS1);
   EXPECT_NE(c, a);
   EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(k64K));
+  rig.expect_intact();
+}
+
+// Fenced pool, several threads: a thread's free() of a block its cache lent joins the cache's own
+// batch (no pool lock); one device fence covers the batch; once it completed the blocks serve any
+// stream from the cache. Before that, nobody gets them. Stats stay exact throughout.
+TEST(PoolTcache, FencedFreesBatchInTheCacheUntilTheirFence) {
+  PoolRig rig;  // FreeSync::fenced, fences complete only when told
+  engage(rig);
+  std::vector<void*> first;
+  for (int i = 0; i < 4; ++i) first.push_back(rig.alloc(k64K, kS1));  // lent through the cache
+  const std::size_t records0 = rig.fence.device_records();
+  for (void* p : first) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  EXPECT_EQ(rig.fence.device_records(), records0);  // inside the window: no fence yet
+  Stats s = rig.pool->stats();
+  EXPECT_EQ(s.pending_bytes, static_cast<std::int64_t>(4 * k64K));
+  EXPECT_EQ(s.allocation[kAll].current, 0);
+  EXPECT_EQ(s.active_bytes[kAll].current, static_cast<std::int64_t>(4 * k64K));  // pending is active
+  rig.expect_intact();  // (flushes the cache into the pool's batch; the pool keeps them pending)
+  std::vector<void*> others;
+  for (int i = 0; i < 4; ++i) others.push_back(rig.alloc(k64K, kS1));
+  for (void* p : others) EXPECT_EQ(std::count(first.begin(), first.end(), p), 0);
+  for (void* p : others) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->empty_cache(), 2 * MiB);  // waits for every fence, the caches' included
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+
+  // Again without a stats view in between (a view flushes caches): the cache's own batch.
+  std::vector<void*> held;
+  for (int i = 0; i < 8; ++i) held.push_back(rig.alloc(k64K, kS2));
+  const std::size_t records1 = rig.fence.device_records();
+  for (void* p : held) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  rig.advance_clock();                  // the window passes
+  void* x = rig.alloc(k64K, kS2);       // a miss in the cache closes its batch: one fence
+  EXPECT_EQ(rig.fence.device_records(), records1 + 1);
+  EXPECT_EQ(std::count(held.begin(), held.end(), x), 0);  // fence not complete: not reused
+  rig.fence.complete_all();
+  rig.advance_clock();
+  void* y = rig.alloc(k64K, kS3);  // any stream may have them now
+  EXPECT_EQ(std::count(held.begin(), held.end(), y), 1);
+  EXPECT_EQ(rig.fence.device_records(), records1 + 1);  // the cache's one fence covered 8 frees
+  s = rig.pool->stats();
+  EXPECT_EQ(s.pending_bytes, 0);
+  EXPECT_EQ(s.allocation[kAll].current, 2);
+  EXPECT_EQ(s.allocated_bytes[kAll].current, static_cast<std::int64_t>(2 * k64K));
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
+  rig.expect_intact();
+}
+
+// A full batch (kMaxPend frees) records its fence at the free; while it is outstanding the next
+// frees fill a second batch, and beyond that they go to the pool's own batch. empty_cache()
+// waits for all of them and returns every segment.
+TEST(PoolTcache, FencedCacheBatchesAreBoundedAndReclaimed) {
+  PoolRig rig;
+  engage(rig);
+  constexpr int kMax = 32;  // ThreadCache::kMaxPend (allocator/thread_cache.h)
+  std::vector<void*> held;
+  for (int i = 0; i < 2 * kMax + 5; ++i) held.push_back(rig.alloc(4 * KiB, kS1));
+  const std::size_t records0 = rig.fence.device_records();
+  for (int i = 0; i < kMax; ++i) ASSERT_EQ(rig.pool->free(held[i]), FreeStatus::ok);
+  EXPECT_EQ(rig.fence.device_records(), records0 + 1);  // full: recorded by the free itself
+  for (std::size_t i = kMax; i < held.size(); ++i) ASSERT_EQ(rig.pool->free(held[i]), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(held.size() * 4 * KiB));
+  EXPECT_EQ(rig.pool->empty_cache(), 2 * MiB);
+  EXPECT_EQ(rig.up.bytes_held(), 0u);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
   rig.expect_intact();
 }
 
