@@ -478,6 +478,10 @@ struct DevicePool::Impl {
   static constexpr std::int64_t kTcQueryGapNs = 2'000;
   void tc_flush(detail::ThreadCache& tc);  // under mu and tc.mu: merge, then return every block
   void tc_flush_all();                     // under mu: every thread's cache
+  void tc_flush_fenced(detail::ThreadCache& tc);  // under mu and tc.mu: its fenced batches only
+  // Under mu: every cache's fenced batches into the pool's open batch (a miss: only their owner
+  // would close them otherwise). True if any moved.
+  bool tc_collect_fenced();
   void tc_merge_own();                     // under mu: this thread's cache's deltas (program order)
   // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
   // allocated block; true if found.

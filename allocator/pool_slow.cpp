@@ -33,7 +33,10 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   const bool small = is_small(rounded);
   auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
 
-  // A miss closes the open batch at once: its blocks may be what this request needs.
+  // A miss closes the open batch at once: its blocks may be what this request needs. Fenced frees
+  // waiting in threads' caches join it first: only their owner would close those batches, and it
+  // may not allocate again for a long time.
+  if (!tcaches.empty()) tc_collect_fenced();
   if (service_miss()) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;

@@ -171,9 +171,15 @@ void DevicePool::Impl::tc_flush(ThreadCache& tc) {
   }
   tc.nfree = 0;
   tc.free_bytes = 0;
-  // Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
-  // the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
-  // and unallocated by the merged deltas.
+  tc_flush_fenced(tc);
+}
+
+// Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
+// the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
+// and unallocated by the deltas, which are merged first.
+void DevicePool::Impl::tc_flush_fenced(ThreadCache& tc) {
+  if ((tc.npend | tc.nclosed) == 0) return;
+  tc_merge(tc);
   auto to_pool_batch = [&](const TcEntry& e) {
     Block* b = e.block;
     b->state = BState::pending;
@@ -188,6 +194,17 @@ void DevicePool::Impl::tc_flush(ThreadCache& tc) {
     fences.release(tc.fence);
     tc.fence = 0;
   }
+}
+
+bool DevicePool::Impl::tc_collect_fenced() {
+  bool moved = false;
+  for (auto& tc : tcaches) {
+    Guard g(tc->mu);
+    if ((tc->npend | tc->nclosed) == 0) continue;
+    tc_flush_fenced(*tc);
+    moved = true;
+  }
+  return moved;
 }
 
 void DevicePool::Impl::tc_flush_all() {

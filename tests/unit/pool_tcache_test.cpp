@@ -242,6 +242,29 @@ TEST(PoolTcache, FencedCacheBatchesAreBoundedAndReclaimed) {
   rig.expect_intact();
 }
 
+// Another thread's miss collects fenced frees that wait in a cache whose owner stopped allocating:
+// they join the pool's batch, get its fence and, once that completed, serve the other thread
+// instead of a new segment.
+TEST(PoolTcache, MissCollectsFencedFreesFromIdleThreadsCaches) {
+  PoolRig rig;
+  engage(rig);
+  void* a = rig.alloc(MiB, kS1);  // both lent through this thread's cache: one 2 MiB segment
+  void* b = rig.alloc(MiB, kS1);
+  const std::size_t held = rig.up.bytes_held();
+  ASSERT_EQ(held, 2 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // into this cache's open batch; we allocate no more
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  rig.fence.set_auto_complete(true);              // the GPU is idle: fences complete at once
+  std::thread([&] {
+    void* q = rig.pool->allocate(MiB, kS2).ptr;  // a miss: nothing free in the pool itself
+    ASSERT_NE(q, nullptr);
+    ASSERT_EQ(rig.pool->free_on_stream(q, kS2), FreeStatus::ok);
+  }).join();
+  EXPECT_EQ(rig.up.bytes_held(), held);  // no new segment: the freed blocks were reused
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  rig.expect_intact();
+}
+
 TEST(PoolTcache, CachedBlocksCountAsFreeAndEmptyCacheReclaimsThem) {
   PoolRig rig(immediate_options());
   engage(rig);
