@@ -80,12 +80,18 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
   promo_list.erase(std::find(promo_list.begin(), promo_list.end(), sf));
 }
 
-// Called by allocate() only when some fence work exists; each step is a cheap query.
-// The open batch stays open (no fence yet) until its window has passed: the clock is read only
-// while a batch is open.
+// Called by allocate() only when some fence work exists. The open batch stays open (no fence
+// yet) until its window has passed. Back-off: once a query found a fence still running, no
+// fence is asked again for kFenceQueryGapNs. A query costs ~0.3 us on an H200 and a just-recorded
+// fence takes a few microseconds to complete even on an idle GPU, so asking on every allocation
+// made the queries themselves the main cost of a fenced tight loop (0.55-0.66 us per pair
+// against 0.25 us for immediate frees, H200 run 5). A miss (service_miss) always asks at once.
 void DevicePool::Impl::service_fences() {
-  if (open->count != 0 && clock_ns() - open_since >= kBatchWindowNs) close_open();
+  const std::int64_t now = clock_ns();
+  if (open->count != 0 && now - open_since >= kBatchWindowNs) close_open();
+  if (now < fence_query_after) return;
   drain_device_batches();
+  bool running = dev_head != nullptr;
   for (Batch** pp = &retire_head; *pp != nullptr;) {
     Batch* b = *pp;
     if (fences.query(b->fence)) {
@@ -93,15 +99,19 @@ void DevicePool::Impl::service_fences() {
       complete_batch(b);
     } else {
       pp = &b->next;
+      running = true;
     }
   }
   for (std::size_t i = 0; i < promo_list.size();) {
     StreamFree* sf = promo_list[i];
-    if (fences.query(sf->promo_fence))
+    if (fences.query(sf->promo_fence)) {
       complete_promo(sf);  // removes promo_list[i]
-    else
+    } else {
       ++i;
+      running = true;
+    }
   }
+  fence_query_after = running ? now + kFenceQueryGapNs : INT64_MIN;
 }
 
 // allocate() missed: close the open batch now (record its fence) and query the device fences.

@@ -189,6 +189,7 @@ struct DevicePool::Impl {
 
   Batch* open = nullptr;                     // free()d blocks since the last fence record
   std::int64_t open_since = 0;               // clock when `open` got its first block (ns)
+  std::int64_t fence_query_after = INT64_MIN;  // service_fences() asks no fence before this (ns)
   Batch* dev_head = nullptr;                 // recorded device batches, oldest first
   Batch* dev_tail = nullptr;
   Batch* retire_head = nullptr;              // retire batches (unordered)
@@ -219,6 +220,8 @@ struct DevicePool::Impl {
   // shared pool after a few tens of microseconds (well under a typical kernel's run time, so it
   // is not what keeps memory pending).
   static constexpr std::int64_t kBatchWindowNs = 20'000;
+  // After a query found a fence still running, service_fences() waits this long to ask again.
+  static constexpr std::int64_t kFenceQueryGapNs = 4'000;
   // Bounds on what one open batch may hold, so the memory that waits for a late fence stays a
   // small part of the pool: 256 blocks, and 64 MiB or a quarter of the reserved bytes, whichever
   // is larger. The byte bound scales with the pool because a flat one made every free of a block

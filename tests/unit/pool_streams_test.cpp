@@ -59,6 +59,7 @@ TEST(PoolStreams, FreeWaitsForDeviceFenceAndBatchesFrees) {
   EXPECT_EQ(rig.fence.device_records(), 1u);
   for (void* p : ps) EXPECT_NE(x, p);  // pending: never handed out before the fence
   rig.fence.complete_all();
+  rig.advance_clock();  // past the query back-off: the next allocation asks again
   void* y = rig.alloc(4 * KiB, kS2);  // any stream may now reuse them
   EXPECT_EQ(y, ps[0]);
   EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
@@ -119,6 +120,7 @@ TEST(PoolStreams, RetiredStreamBlocksWaitForItsFence) {
   void* b = rig.alloc(1 * MiB, kS1);  // the retiring block is nobody's until the fence completes
   EXPECT_NE(b, a);
   rig.fence.complete_all();
+  rig.advance_clock();  // past the query back-off: the next allocation asks again
   EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);
   (void)keep;
   rig.expect_intact();
@@ -206,6 +208,7 @@ TEST(PoolStreams, ImmediateFreeAfterRetireUsesDeviceFence) {
   EXPECT_EQ(rig.fence.device_records(), 1u);
   EXPECT_EQ(rig.fence.stream_records(), 0u);  // nothing recorded on the dead stream
   rig.fence.complete_all();
+  rig.advance_clock();  // past the query back-off: the next allocation asks again
   EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);
   // The handle used again (CUDA reuses values): it is a live stream once more.
   void* c = rig.alloc(4 * KiB, kS1);

@@ -137,6 +137,31 @@ TEST(PoolWindow, ByteBoundScalesWithThePool) {
   rig.expect_intact();
 }
 
+// Query back-off: once a fence was found still running, allocations in the next 4 us do not ask
+// again (a query costs about as much as the whole pair); after that they do, and the first
+// allocation to ask after completion gets the block back.
+TEST(PoolWindow, RunningFenceIsNotAskedOnEveryAllocation) {
+  PoolRig rig;
+  void* a = rig.alloc(4 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  rig.advance_clock();
+  void* b = rig.alloc(4 * KiB);  // the window passed: records, asks once (running)
+  EXPECT_NE(b, a);
+  ASSERT_EQ(rig.fence.device_records(), 1u);
+  const std::size_t q0 = rig.fence.queries();
+  std::vector<void*> held;
+  for (int i = 0; i < 10; ++i) {
+    rig.advance_clock(300);  // 3 us in all: inside the back-off
+    held.push_back(rig.alloc(4 * KiB));
+  }
+  EXPECT_EQ(rig.fence.queries(), q0);
+  rig.fence.complete_all();
+  rig.advance_clock(1'000);  // 4 us since the query
+  EXPECT_EQ(rig.alloc(4 * KiB), a);
+  EXPECT_EQ(rig.fence.queries(), q0 + 1);
+  rig.expect_intact();
+}
+
 TEST(PoolWindow, EmptyCacheClosesTheBatch) {
   PoolRig rig;
   void* a = rig.alloc(4 * KiB);
