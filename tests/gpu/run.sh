@@ -178,6 +178,7 @@ if want latency; then
     cp "$BIN"/build-torch_alloc_bench.log "$OUT/logs/" 2>/dev/null
   fi
   run lat_raw 60 -- "$BIN/alloc_bench" raw malloc
+  run lat_floor 60 "LD_PRELOAD=$BIN/floor_shim.so" -- "$BIN/alloc_bench" floor malloc
   run lat_driverpool 60 -- "$BIN/alloc_bench" driverpool async --release-max
   run lat_passthrough 60 $(shim_env lat_passthrough backend:passthrough) -- "$BIN/alloc_bench" passthrough malloc
   run lat_cudapool-immediate 60 $(shim_env lat_cudapool-immediate free_sync:immediate) -- \

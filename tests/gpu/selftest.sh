@@ -14,6 +14,7 @@ for p in correctness correctness_shared driver_api race stream_ordered graph_cap
 done
 echo 'int cudapool_mock_marker;' >"$work/empty.c"
 cc -shared -fPIC -o "$work/libfake.so" "$work/empty.c" || exit 1
+cp "$work/libfake.so" "$work/bin/floor_shim.so"  # run.sh preloads it for the latency floor
 
 failures=0
 expect() {  # expect RESULTS_TSV "check name prefix" STATUS
@@ -40,6 +41,8 @@ expect "$r" "cudaDeviceReset mid-run" PASS
 expect "$r" "cudaMalloc during global capture" FAIL   # the mock pool answers 0 where CUDA says 900
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" PASS
 expect "$r" "alloc+free pair, tight, immediate" PASS
+expect "$r" "pair vs same-run floor, tight, immediate" PASS
+expect "$r" "pair vs same-run floor, bursts, default" PASS
 expect "$r" "16 threads vs 1 thread" PASS
 expect "$r" "16 threads, default vs PyTorch" PASS
 grep -q '^check ' "$work/good.txt" || { echo "FAIL no table printed"; failures=$((failures + 1)); }
@@ -56,6 +59,7 @@ expect "$r" "reuse race, default (fenced)" FAIL
 expect "$r" "cudaDeviceReset mid-run" FAIL
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" FAIL
 expect "$r" "alloc+free pair, tight, default" FAIL
+expect "$r" "pair vs same-run floor, tight, immediate" FAIL
 expect "$r" "16 threads vs 1 thread" FAIL
 
 # The budget: with none left, runs are skipped and reported as MISS, not as PASS.
