@@ -100,7 +100,7 @@ std::size_t segment_size_for(std::size_t rounded_size);
 bool is_small(std::size_t rounded_size);
 
 // The monotonic clock the pool's fence batch window reads (nanoseconds). Tests install a fake
-// one (nullptr restores the default, steady_clock). Process-wide; set it only while no pool is
+// one, the replay tool the trace's time (nullptr restores the default, steady_clock). Process-wide; set it only while no pool is
 // being used by another thread.
 using PoolClockFn = std::int64_t (*)();
 void set_pool_clock_for_testing(PoolClockFn clock);

@@ -118,6 +118,7 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   SimFences fences(config.fence_latency_ns);
   std::int64_t now = trace.facts.start_ns;
   RowSink collector(&res.rows, &now);
+  TraceClock clock(&now);
   std::vector<void*> slots(trace.slots, nullptr);
   auto start = std::chrono::steady_clock::now();
   {

@@ -1,5 +1,7 @@
 #include "tools/sim_device.h"
 
+#include "allocator/pool.h"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -63,6 +65,20 @@ FenceHandle SimFences::record() {
   fences_.push_back({index_, now_ns_ + latency_ns_, false});
   ++live_;
   return fences_.size();
+}
+
+namespace {
+const std::int64_t* g_trace_now = nullptr;
+std::int64_t trace_now() { return *g_trace_now; }
+}  // namespace
+
+TraceClock::TraceClock(const std::int64_t* now) {
+  g_trace_now = now;
+  set_pool_clock_for_testing(&trace_now);
+}
+TraceClock::~TraceClock() {
+  set_pool_clock_for_testing(nullptr);
+  g_trace_now = nullptr;
 }
 
 bool SimFences::query(FenceHandle h) {

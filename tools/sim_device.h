@@ -41,6 +41,18 @@ class SimUpstream : public Upstream {
   std::uintptr_t next_address_ = std::uintptr_t{1} << 40;
 };
 
+// While a TraceClock lives, the pool's clock (its fence batch window and query back-off) reads
+// the simulated time *now instead of the host's steady clock: a replay then closes batches where
+// the traced program did, however fast the replay runs, and gives the same answer every time.
+// One at a time per process (the pool's clock is process-wide).
+class TraceClock {
+ public:
+  explicit TraceClock(const std::int64_t* now);
+  ~TraceClock();
+  TraceClock(const TraceClock&) = delete;
+  TraceClock& operator=(const TraceClock&) = delete;
+};
+
 // Fence model (docs/tools.md, "replay"): a fence recorded while the replay is at event i with
 // trace time t completes once the replay has moved past event i and the trace time has reached
 // t + latency. With latency 0 that is "the GPU caught up by the next call", which is what a

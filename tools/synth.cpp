@@ -185,6 +185,7 @@ bool synthesize_trace(const SynthOptions& o, const PoolOptions& pool_options, Sy
   SimUpstream upstream(o.device_memory);
   SimFences fences;
   RowSink sink(&out->rows, &now);
+  TraceClock clock(&now);
   DevicePool pool(0, pool_options, upstream, fences, &sink);
   Workload w(pool, fences, &now);
   std::mt19937_64 rng(o.seed);
