@@ -40,6 +40,14 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
       return ok(serve(fit, rounded, size, stream));
     }
   }
+  // Expandable ranges: keep one fence on this stream in flight, so that its own local blocks
+  // become shared (and their pages recyclable) soon after they were freed.
+  if (granularity != 0 && promote_own(stream, 0, false)) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
   if (try_promote_for(rounded, stream)) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
@@ -58,10 +66,14 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   const std::size_t seg_size = segment_size_for(rounded);
   Block* fresh = nullptr;
   // Expandable segments first (map pages into the range); a classic segment when off or full.
+  // Only the first attempt may wait for fences before growing (the OOM path below waits for all).
+  bool first = true;
   auto grow = [&]() {
     ensure_limits();
+    const bool may_wait = first;
+    first = false;
     if (granularity != 0) {
-      UpstreamStatus us = grow_expandable(rounded, small, stream, &fresh);
+      UpstreamStatus us = grow_expandable(lk, rounded, small, stream, &fresh, may_wait);
       if (us != UpstreamStatus::ok || fresh != nullptr) return us;
     }
     return new_segment(lk, seg_size, small, stream, &fresh);
@@ -157,6 +169,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
   const StatPool p = detail::stat_pool(small);
   detail::bump(st.segment, p, 1);
   detail::bump(st.reserved_bytes, p, static_cast<std::int64_t>(seg_size));
+  note_reserved();
   if (seg_size >= opt.max_split_size) detail::add_stat(st.oversize_segments, 1);
   ++st.num_device_alloc;
   emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
