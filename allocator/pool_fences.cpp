@@ -137,6 +137,7 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
     if ((*sf->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
     if (sf->promo_fence == 0) {
       sf->promo_fence = fences.record_stream(sid);
+      sf->promo_miss = slow_calls;
       sf->promo_epoch = epoch;
       ++st.fences_recorded;
       promo_list.push_back(sf);
@@ -207,6 +208,7 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
     // Recorded now, it will have passed by a later growth; waiting on it now would be a stream
     // synchronize, which this path never does.
     sf->promo_fence = fences.record_stream(stream);
+    sf->promo_miss = slow_calls;
     sf->promo_epoch = epoch;
     ++st.fences_recorded;
     promo_list.push_back(sf);
@@ -216,7 +218,7 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
     complete_promo(sf);
     return true;
   }
-  if (!may_wait) return false;
+  if (!may_wait || sf->promo_miss == slow_calls) return false;  // recorded by this very miss
   std::size_t covered = 0;
   for (const FreeSet& set : sf->sets)
     for (const Block* b : set)
@@ -249,6 +251,7 @@ void DevicePool::Impl::wait_all() {
     if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
     if (sf->promo_fence == 0) {
       sf->promo_fence = fences.record_stream(sid);
+      sf->promo_miss = slow_calls;
       sf->promo_epoch = epoch;
       ++st.fences_recorded;
       promo_list.push_back(sf);

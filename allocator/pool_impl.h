@@ -109,6 +109,7 @@ struct StreamFree {
   FreeSet sets[2];
   FenceHandle promo_fence = 0;  // outstanding fence on this stream, 0 = none
   std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
+  std::uint64_t promo_miss = 0;   // Impl::slow_calls when promo_fence was recorded
   StreamFree(StreamId s, NodeArena* arena)
       : id(s),
         sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),
@@ -199,6 +200,7 @@ struct DevicePool::Impl {
   std::unordered_set<StreamId> retired;
 
   std::uint64_t epoch = 0;        // bumped by every stream-local free
+  std::uint64_t slow_calls = 0;   // allocate_slow() calls so far (promote_own: "recorded just now")
   std::uint64_t searches[2] = {0, 0};
   Stats st;
 

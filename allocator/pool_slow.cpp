@@ -32,6 +32,7 @@ DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, s
 AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
   const bool small = is_small(rounded);
   auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
+  ++slow_calls;
 
   // A miss closes the open batch at once: its blocks may be what this request needs.
   if (service_miss()) {
