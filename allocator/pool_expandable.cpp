@@ -203,11 +203,14 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     const std::size_t avail = recycle_candidates(seg, plan, cands);
     if (avail < over && !fences_tried) {
       fences_tried = true;
-      // Own-stream local blocks: promoted once a fence on the stream has passed them (never a
-      // wait on a fence recorded just now). Then pending free()s: the oldest device fence that
-      // frees enough. Either changes the free sets: search again, then plan again.
-      bool changed = promote_own(stream, over - avail, may_wait && opt.expandable_wait);
-      if (!changed && may_wait && opt.expandable_wait) changed = wait_device_batches_for(over - avail);
+      // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
+      // has passed, or will (a wait on an older fence); pending free()s, the oldest device fence
+      // that frees enough; last, a fence on this stream recorded now (a stream synchronize).
+      // Each changes the free sets: search again, then plan again.
+      const bool wait = may_wait && opt.expandable_wait;
+      bool changed = promote_own(stream, over - avail, wait);
+      if (!changed && wait) changed = wait_device_batches_for(over - avail);
+      if (!changed && wait) changed = sync_own(stream, over - avail);
       if (changed) {
         if (Fit fit = find_fit(rounded, stream)) {
           *out = *fit.it;

@@ -230,6 +230,31 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
   return true;
 }
 
+// The last resort before growing past the peak: if this stream's own local blocks of the ranges
+// cover `need`, a fence on the stream recorded now is waited for (a stream synchronize: what
+// PyTorch does before every unmap of expandable pages) and they all become shared.
+bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
+  StreamFree* sf = stream_find(stream);
+  if (sf == nullptr || sf->empty()) return false;
+  std::size_t local = 0;
+  for (const FreeSet& set : sf->sets)
+    for (const Block* b : set)
+      if (b->seg->expandable) local += b->size;
+  if (local < need) return false;
+  if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
+  if (sf->promo_fence == 0) {
+    sf->promo_fence = fences.record_stream(stream);
+    sf->promo_miss = slow_calls;
+    sf->promo_epoch = epoch;
+    ++st.fences_recorded;
+    promo_list.push_back(sf);
+  }
+  fences.wait(sf->promo_fence);
+  ++st.fence_waits;
+  complete_promo(sf);
+  return true;
+}
+
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
 void DevicePool::Impl::wait_all() {
   ++st.num_sync_all_streams;

@@ -514,6 +514,7 @@ struct DevicePool::Impl {
   // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait);
+  bool sync_own(StreamId stream, std::size_t need);
   void wait_all();
 
   // ---- queries (pool_query.cpp) ----
