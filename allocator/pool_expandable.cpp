@@ -190,6 +190,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // first make memory that fences hold back reusable (once), then recycle whole free pages.
   GrowPlan plan;
   std::vector<Block*> cands;
+  std::vector<Detached> spare;  // recycled page runs, already unmapped in the pool's structures
   bool fences_tried = false;
   for (;;) {
     plan = plan_expandable(seg, rounded, stream);
@@ -219,13 +220,25 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         continue;
       }
     }
-    if (avail != 0) {
-      std::vector<Detached> gone;
-      recycle_pages(cands, std::min(over, avail), gone);
-      release_segments(lk, gone);  // unmapped before anything new is mapped
-    }
+    if (avail != 0) recycle_pages(cands, std::min(over, avail), spare);
     break;
   }
+  // Pages recycled and not moved into the growth (a failure, or more than needed) are unmapped
+  // when this function returns, whatever the path.
+  struct SpareGuard {
+    Impl* impl;
+    Lock& lk;
+    std::vector<Detached>& spare;
+    std::size_t& next;
+    ~SpareGuard() {
+      if (next < spare.size()) {
+        std::vector<Detached> rest(spare.begin() + static_cast<std::ptrdiff_t>(next), spare.end());
+        impl->release_segments(lk, rest);
+      }
+    }
+  };
+  std::size_t spare_next = 0;  // spare[spare_next..] not moved yet
+  SpareGuard guard{this, lk, spare, spare_next};
 
   // The limit, checked before any upstream call.
   const std::size_t to_map = plan.to_map;
@@ -241,10 +254,37 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // to the requesting stream, merged with the usable free blocks around it. Fresh pages were never
   // used, so any class would be safe; local lets them swallow a free block shared or local to this
   // stream into one block the request can take.
+  // Recycled pages are moved there first (Upstream::move: the same physical pages at a new
+  // address), fresh ones mapped for the rest; all or nothing per piece.
+  auto fill = [&](std::uintptr_t at, std::size_t amount) -> UpstreamStatus {
+    std::size_t done = 0;
+    UpstreamStatus us = UpstreamStatus::ok;
+    while (done < amount && spare_next < spare.size() && us == UpstreamStatus::ok) {
+      Detached& d = spare[spare_next];
+      const std::size_t n = std::min(amount - done, d.size);
+      const std::uintptr_t from = d.base;
+      const std::int64_t t0 = now_ns();
+      us = up.move(reinterpret_cast<void*>(from), reinterpret_cast<void*>(at + done), n);
+      emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
+      if (n == d.size) {
+        ++spare_next;
+      } else {  // the rest of this run stays spare
+        d.base += n;
+        d.size -= n;
+      }
+      if (us == UpstreamStatus::ok) done += n;
+    }
+    if (us == UpstreamStatus::ok && done < amount) {
+      us = up.map(reinterpret_cast<void*>(at + done), amount - done);
+      if (us == UpstreamStatus::ok) done = amount;
+    }
+    if (us != UpstreamStatus::ok && done != 0) up.unmap(reinterpret_cast<void*>(at), done);
+    return us;
+  };
   auto map_piece = [&](Block* u, std::size_t amount, bool back) -> Block* {
     const std::uintptr_t at = back ? u->ptr + u->size - amount : u->ptr;
     const std::int64_t t0 = now_ns();
-    UpstreamStatus us = up.map(reinterpret_cast<void*>(at), amount);
+    UpstreamStatus us = fill(at, amount);
     const std::int64_t dt = now_ns() - t0;
     st.upstream_ns += dt;
     if (us != UpstreamStatus::ok) {

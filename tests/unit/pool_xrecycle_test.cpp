@@ -62,6 +62,7 @@ TEST(PoolXRecycle, GrowthUnmapsFreePagesInsteadOfRaisingThePeak) {
   EXPECT_EQ(rig.up.bytes_mapped(), 16 * MiB);
   EXPECT_EQ(rig.up.peak_bytes(), 16 * MiB);
   EXPECT_EQ(rig.up.unmap_calls(), 2u);
+  EXPECT_EQ(rig.up.move_calls(), 2u);  // the recycled pages are moved, not unmapped and re-made
   const Stats s = rig.pool->stats();
   EXPECT_EQ(s.reserved_bytes[kAll].peak, static_cast<std::int64_t>(16 * MiB));
   EXPECT_EQ(s.segment[kAll].current, 2);  // [4,8) b, [12, 24) d + e: two mapped runs
@@ -75,6 +76,20 @@ TEST(PoolXRecycle, GrowthUnmapsFreePagesInsteadOfRaisingThePeak) {
   rig.pool.reset();
   EXPECT_EQ(rig.up.reservations_held(), 0u);
   EXPECT_EQ(rig.up.bad_calls(), 0u);
+}
+
+// A move that fails (here: the map half) leaves the source unmapped and the target unmapped;
+// the pool's accounting follows, and the request still succeeds through the OOM path.
+TEST(PoolXRecycle, FailedMoveKeepsTheAccountingExact) {
+  XRig rig(xopt(FreeSync::fenced));
+  Checkerboard cb(rig);
+  rig.up.fail_next(1);  // the first move's map
+  void* e = rig.alloc(8 * MiB);
+  ASSERT_NE(e, nullptr);
+  EXPECT_GE(rig.up.move_calls(), 1u);
+  rig.expect_intact();
+  rig.expect_mapped_equals_reserved();
+  EXPECT_EQ(rig.up.bytes_mapped(), 16 * MiB);
 }
 
 TEST(PoolXRecycle, NoRecyclingBelowTheHighWaterMark) {
