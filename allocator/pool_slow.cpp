@@ -1,8 +1,11 @@
 // The slow path of allocate(): no cached block fits. In order (docs/design.md):
-//   1. promote other streams' local blocks whose stream fence has completed; search again;
+//   1. promote other streams' local blocks whose stream fence has completed (with expandable
+//      ranges, this stream's own too); search again;
 //   2. FreeSync::device: wait for pending free() fences; search again;
 //   3. garbage collection (garbage_collection_threshold);
-//   4. a new segment from the upstream (unless a limit says no: then no upstream call);
+//   4. expandable ranges: grow (recycling free pages, maybe waiting for a fence, past the
+//      high-water mark: pool_expandable.cpp); else / when full, a new segment from the upstream
+//      (unless a limit says no: then no upstream call);
 //   5. on refusal: release oversize blocks (max_split_size) and retry; then wait for every
 //      fence, search the pool AGAIN (PyTorch misses this, its issue #189504), release every
 //      unsplit free segment and retry; then out_of_memory.
