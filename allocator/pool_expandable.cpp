@@ -68,7 +68,7 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
   auto consider = [&](const GrowPlan& c) {
     if (!best || c.to_map < best.to_map) best = c;
   };
-  for (Block* b = seg->head; b != nullptr; b = b->next) {
+  for (Block* b = seg->head; b != nullptr && !(best && best.to_map == 0); b = b->next) {
     if (b->state != BState::unmapped) continue;
     // Forward: map the first pages of this hole (and of later ones) after a usable free block.
     Block* start = (b->prev != nullptr && usable(b->prev)) ? b->prev : b;
