@@ -36,6 +36,10 @@ struct PoolOptions {
   // Absolute cap on reserved bytes. kNoLimit = off.
   std::size_t max_reserved = kNoLimit;
   FreeSync free_sync = FreeSync::fenced;
+  // expandable_segments: before the mapped total would rise above its previous peak, and when
+  // memory freed earlier still waits for a fence that would cover the growth, wait for the
+  // oldest such fence instead of mapping new pages (docs/design.md, "Expandable segments").
+  bool expandable_wait = true;
 };
 
 }  // namespace cudapool

@@ -8,6 +8,7 @@
 // with unmapped neighbours). Mapped runs are page aligned at both ends. Stats follow PyTorch:
 // reserved bytes are mapped bytes, and each maximal mapped run counts (and is snapshotted) as one
 // segment. Pages are only unmapped from shared free blocks, i.e. after a fence covering every use.
+#include <algorithm>
 #include <chrono>
 
 #include "allocator/pool_impl.h"
@@ -51,23 +52,112 @@ void DevicePool::Impl::merge_unmapped(Block* b) {
   }
 }
 
-DevicePool::Impl::Block* DevicePool::Impl::find_expandable_start(Segment* seg, std::size_t rounded, StreamId stream) {
+// Every hole is a candidate in two ways: forward (the free block before it, usable by
+// `stream`, plus as many of the hole's first pages as needed, and on through later holes and
+// free blocks: the original rule) and backward (the hole's LAST pages joined to the usable free
+// block after it). The candidate needing the fewest new bytes wins, the lowest address on a tie:
+// a hole between two free blocks left by earlier frees or recycling costs a page or two where
+// the first hole that fits may cost the whole request.
+DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::size_t rounded, StreamId stream) {
+  const std::size_t g = granularity;
   auto usable = [&](const Block* x) {
     return x->state == BState::shared || (x->state == BState::local && x->owner == stream);
   };
-  for (Block* b = seg->head; b != nullptr; b = b->next) {
+  auto end_of = [](const Block* x) { return x->ptr + x->size; };
+  GrowPlan best;
+  auto consider = [&](const GrowPlan& c) {
+    if (!best || c.to_map < best.to_map) best = c;
+  };
+  for (Block* b = seg->head; b != nullptr && !(best && best.to_map == 0); b = b->next) {
     if (b->state != BState::unmapped) continue;
-    // A free block right before the hole can be extended instead of starting a new run.
+    // Forward: map the first pages of this hole (and of later ones) after a usable free block.
     Block* start = (b->prev != nullptr && usable(b->prev)) ? b->prev : b;
-    std::size_t bytes = 0;
-    for (Block* x = start; x != nullptr && bytes < rounded && (x->state == BState::unmapped || usable(x)); x = x->next)
-      bytes += x->size;
-    if (bytes >= rounded) return start;
+    std::size_t covered = 0, to_map = 0;
+    Block* last = nullptr;
+    for (Block* x = start; x != nullptr && covered < rounded && (x->state == BState::unmapped || usable(x));
+         x = x->next) {
+      const std::size_t take = x->state == BState::unmapped ? std::min(x->size, round_up(rounded - covered, g)) : x->size;
+      if (x->state == BState::unmapped) to_map += take;
+      covered += take;
+      last = x;
+    }
+    if (covered >= rounded) {
+      GrowPlan c;
+      c.start = start;
+      c.to_map = to_map;
+      c.keep_lo = start->prev != nullptr ? start->prev->ptr : start->ptr;
+      c.keep_hi = last->next != nullptr ? end_of(last->next) : end_of(last);
+      consider(c);
+    }
+    // Backward: map the last pages of this hole before a usable free block.
+    Block* n = b->next;
+    if (n != nullptr && usable(n) && n->size < rounded) {
+      const std::size_t amount = round_up(rounded - n->size, g);
+      if (amount <= b->size) {
+        GrowPlan c;
+        c.hole = b;
+        c.to_map = amount;
+        c.keep_lo = b->prev != nullptr ? b->prev->ptr : b->ptr;
+        c.keep_hi = n->next != nullptr ? end_of(n->next) : end_of(n);
+        consider(c);
+      }
+    }
   }
-  return nullptr;
+  return best;
 }
 
-UpstreamStatus DevicePool::Impl::grow_expandable(std::size_t rounded, bool small, StreamId stream, Block** out) {
+std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan,
+                                                 std::vector<Block*>& out) const {
+  std::size_t total = 0;
+  for (int k = 0; k < 2; ++k) {
+    if (xseg[k] == nullptr) continue;
+    const FreeSet& set = shared[k];
+    // Blocks smaller than a page hold no whole page.
+    for (auto it = set.lower_bound(detail::BySizeAddr::Key{granularity, 0}); it != set.end(); ++it) {
+      Block* b = *it;
+      if (!b->seg->expandable) continue;
+      if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
+      const std::size_t r = releasable_pages(b);
+      if (r == 0) continue;
+      out.push_back(b);
+      total += r;
+    }
+  }
+  // Fewest whole pages first: small free islands between live blocks are the least useful
+  // mapped memory; large free runs serve later large requests without any driver call.
+  std::sort(out.begin(), out.end(), [&](const Block* a, const Block* b) {
+    const std::size_t ra = releasable_pages(a), rb = releasable_pages(b);
+    return ra != rb ? ra < rb : a->ptr < b->ptr;
+  });
+  return total;
+}
+
+std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
+                                            std::vector<Detached>& out) {
+  const std::size_t g = granularity;
+  std::size_t done = 0;
+  // Releasing a candidate touches only it and its neighbours, never another candidate (two
+  // shared free blocks are never neighbours: they would have merged).
+  for (Block* b : cands) {
+    if (done >= want) break;
+    const std::size_t r = releasable_pages(b);
+    const std::size_t take = std::min(r, round_up(want - done, g));
+    const std::uintptr_t base = b->seg->base;
+    const std::uintptr_t lo_all = base + round_up(b->ptr - base, g);
+    const std::uintptr_t hi_all = base + round_down(b->ptr + b->size - base, g);
+    // A partial release takes the pages next to a hole, so the hole grows instead of a new
+    // one opening (fewer mapped runs, larger holes to grow into later).
+    const bool from_top = take == r || b->next == nullptr || b->next->state == BState::unmapped ||
+                          b->prev == nullptr || b->prev->state != BState::unmapped;
+    const std::uintptr_t lo = from_top ? hi_all - take : lo_all;
+    release_page_range(b, lo, lo + take, out);
+    done += take;
+  }
+  return done;
+}
+
+UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream,
+                                                 Block** out, bool may_wait) {
   *out = nullptr;
   const int k = detail::kind_index(small);
   const std::size_t g = granularity;
@@ -94,16 +184,64 @@ UpstreamStatus DevicePool::Impl::grow_expandable(std::size_t rounded, bool small
     xseg[k] = seg;
   }
   Segment* seg = xseg[k];
-  Block* start = find_expandable_start(seg, rounded, stream);
-  if (start == nullptr) return UpstreamStatus::ok;  // range exhausted: classic segment instead
+  note_reserved();
 
-  // How much must be mapped, to check the limit before any upstream call.
-  std::size_t to_map = 0, covered = 0;
-  for (Block* x = start; covered < rounded; x = x->next) {
-    const std::size_t take = x->state == BState::unmapped ? std::min(x->size, round_up(rounded - covered, g)) : x->size;
-    if (x->state == BState::unmapped) to_map += take;
-    covered += take;
+  // Plan; if the plan would take the mapped total above its high-water mark (or the limit),
+  // first make memory that fences hold back reusable (once), then recycle whole free pages.
+  GrowPlan plan;
+  std::vector<Block*> cands;
+  std::vector<Detached> spare;  // recycled page runs, already unmapped in the pool's structures
+  bool fences_tried = false;
+  for (;;) {
+    plan = plan_expandable(seg, rounded, stream);
+    if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
+    const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+    std::size_t over = reserved + plan.to_map > reserved_hwm ? reserved + plan.to_map - reserved_hwm : 0;
+    if (limit != kNoLimit && reserved + inflight + plan.to_map > limit)
+      over = std::max(over, reserved + inflight + plan.to_map - limit);
+    if (over == 0) break;
+    cands.clear();
+    const std::size_t avail = recycle_candidates(seg, plan, cands);
+    if (avail < over && !fences_tried) {
+      fences_tried = true;
+      // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
+      // has passed, or will (a wait on an older fence); pending free()s, the oldest device fence
+      // that frees enough; last, a fence on this stream recorded now (a stream synchronize).
+      // Each changes the free sets: search again, then plan again.
+      const bool wait = may_wait && opt.expandable_wait;
+      bool changed = promote_own(stream, over - avail, wait);
+      if (!changed && wait) changed = wait_device_batches_for(over - avail);
+      if (!changed && wait) changed = sync_own(stream, over - avail);
+      if (changed) {
+        if (Fit fit = find_fit(rounded, stream)) {
+          *out = *fit.it;
+          return UpstreamStatus::ok;
+        }
+        continue;
+      }
+    }
+    if (avail != 0) recycle_pages(cands, std::min(over, avail), spare);
+    break;
   }
+  // Pages recycled and not moved into the growth (a failure, or more than needed) are unmapped
+  // when this function returns, whatever the path.
+  struct SpareGuard {
+    Impl* impl;
+    Lock& lk;
+    std::vector<Detached>& spare;
+    std::size_t& next;
+    ~SpareGuard() {
+      if (next < spare.size()) {
+        std::vector<Detached> rest(spare.begin() + static_cast<std::ptrdiff_t>(next), spare.end());
+        impl->release_segments(lk, rest);
+      }
+    }
+  };
+  std::size_t spare_next = 0;  // spare[spare_next..] not moved yet
+  SpareGuard guard{this, lk, spare, spare_next};
+
+  // The limit, checked before any upstream call.
+  const std::size_t to_map = plan.to_map;
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
   if (limit != kNoLimit && (to_map > limit || reserved + inflight > limit - to_map)) {
     emit(EventKind::oom, 0, to_map, to_map, stream);
@@ -111,43 +249,95 @@ UpstreamStatus DevicePool::Impl::grow_expandable(std::size_t rounded, bool small
   }
 
   StreamFree* sf = stream_get(stream);
-  Block* cur = start;  // the block that grows to cover the request
-  while (cur->state == BState::unmapped || cur->size < rounded) {
-    Block* u = cur->state == BState::unmapped ? cur : cur->next;  // the next hole to fill
-    if (u == nullptr || u->state != BState::unmapped) return UpstreamStatus::ok;  // cannot happen
-    const std::size_t have = cur->state == BState::unmapped ? 0 : cur->size;
-    const std::size_t amount = std::min(u->size, round_up(rounded - have, g));
+  UpstreamStatus failed = UpstreamStatus::ok;
+  // Map `amount` bytes at the front (or the back) of hole u; the pages become a free block local
+  // to the requesting stream, merged with the usable free blocks around it. Fresh pages were never
+  // used, so any class would be safe; local lets them swallow a free block shared or local to this
+  // stream into one block the request can take.
+  // Recycled pages are moved there first (Upstream::move: the same physical pages at a new
+  // address), fresh ones mapped for the rest; all or nothing per piece.
+  auto fill = [&](std::uintptr_t at, std::size_t amount) -> UpstreamStatus {
+    std::size_t done = 0;
+    UpstreamStatus us = UpstreamStatus::ok;
+    while (done < amount && spare_next < spare.size() && us == UpstreamStatus::ok) {
+      Detached& d = spare[spare_next];
+      const std::size_t n = std::min(amount - done, d.size);
+      const std::uintptr_t from = d.base;
+      const std::int64_t t0 = now_ns();
+      us = up.move(reinterpret_cast<void*>(from), reinterpret_cast<void*>(at + done), n);
+      emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
+      if (n == d.size) {
+        ++spare_next;
+      } else {  // the rest of this run stays spare
+        d.base += n;
+        d.size -= n;
+      }
+      if (us == UpstreamStatus::ok) done += n;
+    }
+    if (us == UpstreamStatus::ok && done < amount) {
+      us = up.map(reinterpret_cast<void*>(at + done), amount - done);
+      if (us == UpstreamStatus::ok) done = amount;
+    }
+    if (us != UpstreamStatus::ok && done != 0) up.unmap(reinterpret_cast<void*>(at), done);
+    return us;
+  };
+  auto map_piece = [&](Block* u, std::size_t amount, bool back) -> Block* {
+    const std::uintptr_t at = back ? u->ptr + u->size - amount : u->ptr;
     const std::int64_t t0 = now_ns();
-    UpstreamStatus us = up.map(reinterpret_cast<void*>(u->ptr), amount);
+    UpstreamStatus us = fill(at, amount);
     const std::int64_t dt = now_ns() - t0;
     st.upstream_ns += dt;
     if (us != UpstreamStatus::ok) {
-      if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, u->ptr, amount, amount, stream, dt);
-      return us;  // pages mapped so far stay as free blocks: nothing is inconsistent
+      if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, at, amount, amount, stream, dt);
+      failed = us;
+      return nullptr;  // pages mapped so far stay as free blocks: nothing is inconsistent
     }
-    if (amount < u->size) {  // split the hole: the mapped front, the unmapped rest
+    if (amount < u->size) {  // split the hole: the mapped piece and the unmapped rest
       Block* rest = block_pool.get();
-      rest->ptr = u->ptr + amount;
-      rest->size = u->size - amount;
       rest->seg = seg;
       rest->state = BState::unmapped;
-      rest->prev = u;
-      rest->next = u->next;
-      if (u->next != nullptr) u->next->prev = rest;
-      u->next = rest;
+      if (back) {  // rest = the front, before u
+        rest->ptr = u->ptr;
+        rest->size = u->size - amount;
+        rest->prev = u->prev;
+        rest->next = u;
+        if (u->prev != nullptr) u->prev->next = rest; else seg->head = rest;
+        u->prev = rest;
+        u->ptr = at;
+      } else {
+        rest->ptr = u->ptr + amount;
+        rest->size = u->size - amount;
+        rest->prev = u;
+        rest->next = u->next;
+        if (u->next != nullptr) u->next->prev = rest;
+        u->next = rest;
+      }
       u->size = amount;
     }
     u->state = BState::local;  // mapped now; insert_free below gives it its real place
     count_runs_change(u, +1);
     seg->mapped += amount;
     detail::bump(st.reserved_bytes, detail::stat_pool(small), static_cast<std::int64_t>(amount));
+    note_reserved();
     emit(EventKind::segment_map, u->ptr, amount, amount, stream, dt);
-    // Fresh pages are local to the requesting stream (never used, so any class would be safe;
-    // local lets them swallow the free block the run started from, shared or local to this
-    // stream, into one block the request can take).
     u->epoch = 0;
     insert_free(u, BState::local, stream, sf->sets[k]);
-    cur = u;
+    return u;
+  };
+
+  if (plan.hole != nullptr) {
+    Block* cur = map_piece(plan.hole, plan.to_map, /*back=*/true);
+    if (cur == nullptr) return failed;
+    *out = cur;
+    return UpstreamStatus::ok;
+  }
+  Block* cur = plan.start;  // the block that grows to cover the request
+  while (cur->state == BState::unmapped || cur->size < rounded) {
+    Block* u = cur->state == BState::unmapped ? cur : cur->next;  // the next hole to fill
+    if (u == nullptr || u->state != BState::unmapped) return UpstreamStatus::ok;  // cannot happen
+    const std::size_t have = cur->state == BState::unmapped ? 0 : cur->size;
+    cur = map_piece(u, std::min(u->size, round_up(rounded - have, g)), /*back=*/false);
+    if (cur == nullptr) return failed;
   }
   *out = cur;
   return UpstreamStatus::ok;
@@ -167,10 +357,16 @@ std::size_t DevicePool::Impl::releasable_pages(const Block* b) const {
 void DevicePool::Impl::release_pages(Block* b, std::vector<Detached>& out) {
   const std::size_t bytes = releasable_pages(b);
   if (bytes == 0) return;
+  const std::uintptr_t lo = b->seg->base + round_up(b->ptr - b->seg->base, granularity);
+  release_page_range(b, lo, lo + bytes, out);
+}
+
+void DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi,
+                                          std::vector<Detached>& out) {
+  if (hi <= lo) return;
+  const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;
   const int k = detail::kind_index(seg->small);
-  const std::uintptr_t lo = seg->base + round_up(b->ptr - seg->base, granularity);
-  const std::uintptr_t hi = lo + bytes;
   shared[k].erase(b);
   if (b->is_split()) count_inactive_split(b, -1);
   auto cut_after = [&](Block* x, std::uintptr_t at) {  // split x at address `at`, return the back

@@ -147,6 +147,7 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
     if ((*sf->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
     if (sf->promo_fence == 0) {
       sf->promo_fence = fences.record_stream(sid);
+      sf->promo_miss = slow_calls;
       sf->promo_epoch = epoch;
       ++st.fences_recorded;
       promo_list.push_back(sf);
@@ -174,6 +175,96 @@ bool DevicePool::Impl::wait_device_batches() {
   return true;
 }
 
+// Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`
+// is reached; *last = the batch that reaches it (null if all of them together do not).
+std::size_t DevicePool::Impl::pending_expandable_bytes(std::size_t need, Batch** last) const {
+  *last = nullptr;
+  std::size_t bytes = 0;
+  for (Batch* b = dev_head; b != nullptr; b = b->next) {
+    for (Block* x = b->head; x != nullptr; x = x->link)
+      if (x->seg->expandable) bytes += x->size;
+    if (bytes >= need) {
+      *last = b;
+      break;
+    }
+  }
+  return bytes;
+}
+
+// Expandable growth would raise the mapped total to a new peak: wait for the OLDEST device fence
+// whose batch (with every batch before it) holds at least `need` bytes of the ranges, not for
+// every fence. Device fences complete in recording order, so the batches before it are done
+// too. Returns true if it waited. Nothing is waited for when all of them would not be enough.
+bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
+  Batch* last = nullptr;
+  pending_expandable_bytes(need, &last);
+  if (last == nullptr) return false;
+  fences.wait(last->fence);
+  ++st.fence_waits;
+  for (;;) {
+    Batch* b = dev_head;
+    dev_head = b->next;
+    complete_batch(b);
+    if (b == last) break;
+  }
+  if (dev_head == nullptr) dev_tail = nullptr;
+  return true;
+}
+
+bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_wait) {
+  StreamFree* sf = stream_find(stream);
+  if (sf == nullptr || sf->empty()) return false;
+  if (sf->promo_fence == 0) {
+    // Recorded now, it will have passed by a later growth; waiting on it now would be a stream
+    // synchronize, which this path never does.
+    sf->promo_fence = fences.record_stream(stream);
+    sf->promo_miss = slow_calls;
+    sf->promo_epoch = epoch;
+    ++st.fences_recorded;
+    promo_list.push_back(sf);
+    return false;
+  }
+  if (fences.query(sf->promo_fence)) {
+    complete_promo(sf);
+    return true;
+  }
+  if (!may_wait || sf->promo_miss == slow_calls) return false;  // recorded by this very miss
+  std::size_t covered = 0;
+  for (const FreeSet& set : sf->sets)
+    for (const Block* b : set)
+      if (b->seg->expandable && b->epoch <= sf->promo_epoch) covered += b->size;
+  if (covered < need) return false;
+  fences.wait(sf->promo_fence);
+  ++st.fence_waits;
+  complete_promo(sf);
+  return true;
+}
+
+// The last resort before growing past the peak: if this stream's own local blocks of the ranges
+// cover `need`, a fence on the stream recorded now is waited for (a stream synchronize: what
+// PyTorch does before every unmap of expandable pages) and they all become shared.
+bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
+  StreamFree* sf = stream_find(stream);
+  if (sf == nullptr || sf->empty()) return false;
+  std::size_t local = 0;
+  for (const FreeSet& set : sf->sets)
+    for (const Block* b : set)
+      if (b->seg->expandable) local += b->size;
+  if (local < need) return false;
+  if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
+  if (sf->promo_fence == 0) {
+    sf->promo_fence = fences.record_stream(stream);
+    sf->promo_miss = slow_calls;
+    sf->promo_epoch = epoch;
+    ++st.fences_recorded;
+    promo_list.push_back(sf);
+  }
+  fences.wait(sf->promo_fence);
+  ++st.fence_waits;
+  complete_promo(sf);
+  return true;
+}
+
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
 void DevicePool::Impl::wait_all() {
   ++st.num_sync_all_streams;
@@ -195,6 +286,7 @@ void DevicePool::Impl::wait_all() {
     if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
     if (sf->promo_fence == 0) {
       sf->promo_fence = fences.record_stream(sid);
+      sf->promo_miss = slow_calls;
       sf->promo_epoch = epoch;
       ++st.fences_recorded;
       promo_list.push_back(sf);

@@ -110,6 +110,7 @@ struct StreamFree {
   FreeSet sets[2];
   FenceHandle promo_fence = 0;  // outstanding fence on this stream, 0 = none
   std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
+  std::uint64_t promo_miss = 0;   // Impl::slow_calls when promo_fence was recorded
   StreamFree(StreamId s, NodeArena* arena)
       : id(s),
         sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),
@@ -201,6 +202,7 @@ struct DevicePool::Impl {
   std::unordered_set<StreamId> retired;
 
   std::uint64_t epoch = 0;        // bumped by every stream-local free
+  std::uint64_t slow_calls = 0;   // allocate_slow() calls so far (promote_own: "recorded just now")
   std::uint64_t searches[2] = {0, 0};
   Stats st;
 
@@ -439,10 +441,37 @@ struct DevicePool::Impl {
   // Map pages so that a free block usable by `stream` of >= rounded bytes exists; *out = it.
   // Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with ok when
   // the range has no room (the caller then falls back to a classic segment).
-  UpstreamStatus grow_expandable(std::size_t rounded, bool small, StreamId stream, Block** out);
-  Block* find_expandable_start(Segment* seg, std::size_t rounded, StreamId stream);
+  // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
+  // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
+  // frees instead; *out may then be a free block that became usable (no pages mapped).
+  UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out,
+                                 bool may_wait);
+  // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
+  struct GrowPlan {
+    Block* start = nullptr;      // forward: the first block of the run that grows (hole or free)
+    Block* hole = nullptr;       // backward: the hole whose last pages join the free block after it
+    std::size_t to_map = 0;      // bytes of new pages
+    std::uintptr_t keep_lo = 0;  // [keep_lo, keep_hi): the blocks used and their neighbours,
+    std::uintptr_t keep_hi = 0;  // which recycling must not touch
+    explicit operator bool() const { return start != nullptr || hole != nullptr; }
+  };
+  GrowPlan plan_expandable(Segment* seg, std::size_t rounded, StreamId stream);
   std::size_t releasable_pages(const Block* b) const;
   void release_pages(Block* b, std::vector<Detached>& out);
+  // Unmap the whole pages [lo, hi) of shared free block b (lo, hi page aligned, inside b).
+  void release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out);
+  // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
+  // fewest whole pages first; returns their total releasable bytes.
+  std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out) const;
+  // Unmap at least `want` bytes (whole pages) from `cands` in order; returns the bytes.
+  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<Detached>& out);
+  // Expandable ranges: the most bytes ever reserved (not reset by reset_peak_stats). Growth
+  // beyond it is what recycling and the wait avoid.
+  std::size_t reserved_hwm = 0;
+  void note_reserved() {
+    const auto r = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+    if (r > reserved_hwm) reserved_hwm = r;
+  }
   void merge_unmapped(Block* b);
   void count_runs_change(Block* piece, int sign);
   void destroy_expandable(Segment* seg);
@@ -502,6 +531,16 @@ struct DevicePool::Impl {
   void drop_promo(StreamFree* sf);
   bool try_promote_for(std::size_t rounded, StreamId stream);
   bool wait_device_batches();
+  // Expandable growth: the bytes of expandable-range blocks in recorded device batches, and the
+  // wait for the oldest batch that (with all before it) frees at least `need` of them.
+  std::size_t pending_expandable_bytes(std::size_t need, Batch** last) const;
+  bool wait_device_batches_for(std::size_t need);
+  // Stream `stream`'s own local blocks (freed with cudaFreeAsync or under immediate) become
+  // shared once a fence on that stream completes: query (or record) its promotion fence, and
+  // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
+  // it. Returns true if blocks were promoted.
+  bool promote_own(StreamId stream, std::size_t need, bool may_wait);
+  bool sync_own(StreamId stream, std::size_t need);
   void wait_all();
 
   // ---- queries (pool_query.cpp) ----

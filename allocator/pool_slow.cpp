@@ -1,8 +1,11 @@
 // The slow path of allocate(): no cached block fits. In order (docs/design.md):
-//   1. promote other streams' local blocks whose stream fence has completed; search again;
+//   1. promote other streams' local blocks whose stream fence has completed (with expandable
+//      ranges, this stream's own too); search again;
 //   2. FreeSync::device: wait for pending free() fences; search again;
 //   3. garbage collection (garbage_collection_threshold);
-//   4. a new segment from the upstream (unless a limit says no: then no upstream call);
+//   4. expandable ranges: grow (recycling free pages, maybe waiting for a fence, past the
+//      high-water mark: pool_expandable.cpp); else / when full, a new segment from the upstream
+//      (unless a limit says no: then no upstream call);
 //   5. on refusal: release oversize blocks (max_split_size) and retry; then wait for every
 //      fence, search the pool AGAIN (PyTorch misses this, its issue #189504), release every
 //      unsplit free segment and retry; then out_of_memory.
@@ -32,12 +35,21 @@ DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, s
 AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
   const bool small = is_small(rounded);
   auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
+  ++slow_calls;
 
   // A miss closes the open batch at once: its blocks may be what this request needs. Fenced frees
   // waiting in threads' caches join it first: only their owner would close those batches, and it
   // may not allocate again for a long time.
   if (!tcaches.empty()) tc_collect_fenced();
   if (service_miss()) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
+  // Expandable ranges: keep one fence on this stream in flight, so that its own local blocks
+  // become shared (and their pages recyclable) soon after they were freed.
+  if (granularity != 0 && promote_own(stream, 0, false)) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
       return ok(serve(fit, rounded, size, stream));
@@ -61,10 +73,14 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   const std::size_t seg_size = segment_size_for(rounded);
   Block* fresh = nullptr;
   // Expandable segments first (map pages into the range); a classic segment when off or full.
+  // Only the first attempt may wait for fences before growing (the OOM path below waits for all).
+  bool first = true;
   auto grow = [&]() {
     ensure_limits();
+    const bool may_wait = first;
+    first = false;
     if (granularity != 0) {
-      UpstreamStatus us = grow_expandable(rounded, small, stream, &fresh);
+      UpstreamStatus us = grow_expandable(lk, rounded, small, stream, &fresh, may_wait);
       if (us != UpstreamStatus::ok || fresh != nullptr) return us;
     }
     return new_segment(lk, seg_size, small, stream, &fresh);
@@ -160,6 +176,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
   const StatPool p = detail::stat_pool(small);
   detail::bump(st.segment, p, 1);
   detail::bump(st.reserved_bytes, p, static_cast<std::int64_t>(seg_size));
+  note_reserved();
   if (seg_size >= opt.max_split_size) detail::add_stat(st.oversize_segments, 1);
   ++st.num_device_alloc;
   emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);

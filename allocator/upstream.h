@@ -29,6 +29,15 @@ class Upstream {
   virtual UpstreamStatus map(void* /*addr*/, std::size_t /*bytes*/) { return UpstreamStatus::error; }
   // Remove the backing of [addr, addr+bytes); the pool fences GPU work on it first.
   virtual void unmap(void* /*addr*/, std::size_t /*bytes*/) {}
+  // Move the pages behind [from, from+bytes) to [to, to+bytes) (both page aligned, `to` unmapped),
+  // so that recycling pages need not free and re-create physical memory. Whatever the result,
+  // [from, from+bytes) is unmapped on return; on ok [to, to+bytes) is mapped and accessible, on
+  // failure none of it is. The default is unmap + map; an upstream that can remap the same
+  // physical memory at a new address (shim: cuMemUnmap + cuMemMap of the same handle) does so.
+  virtual UpstreamStatus move(void* from, void* to, std::size_t bytes) {
+    unmap(from, bytes);
+    return map(to, bytes);
+  }
 };
 
 }  // namespace cudapool

@@ -84,6 +84,12 @@ std::string apply_release_lock(Policy& p, std::string_view v, Warnings&) {
 std::string format_release_lock(const Policy& p) { return p.pool.release_lock_on_cudamalloc ? "True" : "False"; }
 bool default_release_lock(const Policy& p) { return !p.pool.release_lock_on_cudamalloc; }
 
+std::string apply_expandable_wait(Policy& p, std::string_view v, Warnings&) {
+  return parse_bool(v, p.pool.expandable_wait);
+}
+std::string format_expandable_wait(const Policy& p) { return p.pool.expandable_wait ? "True" : "False"; }
+bool default_expandable_wait(const Policy& p) { return p.pool.expandable_wait; }
+
 // ---- roundup -----------------------------------------------------------------------------------
 
 std::string apply_roundup(Policy& p, std::string_view v, Warnings&) {
@@ -234,7 +240,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 25> kKeys{{
+const std::array<KeySpec, 26> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -268,6 +274,10 @@ const std::array<KeySpec, 25> kKeys{{
      "device = the same, waiting on the fence when memory is short; immediate = at once on its "
      "allocation stream (PyTorch's semantics)",
      {}, apply_free_sync, format_free_sync, default_free_sync},
+    {"expandable_wait", K::boolean, "True or False (any case)", "False",
+     "with expandable_segments: before mapping memory beyond the most ever reserved, wait for the "
+     "oldest fence of freed memory that would cover the growth instead of mapping new pages",
+     {}, apply_expandable_wait, format_expandable_wait, default_expandable_wait},
     {"max_reserved_mb", K::integer, "a whole number of MiB (0 = no limit)", "16384",
      "absolute cap on the memory the pool reserves from the device",
      {}, apply_max_reserved, format_max_reserved, default_max_reserved},

@@ -45,6 +45,9 @@ class CudaUpstream final : public Upstream {
   void unreserve(void* base, std::size_t bytes) override;
   UpstreamStatus map(void* addr, std::size_t bytes) override;
   void unmap(void* addr, std::size_t bytes) override;
+  // Recycling: each page's physical handle is unmapped at `from` and mapped again at `to`
+  // (cuMemUnmap + cuMemMap + one cuMemSetAccess), without cuMemRelease / cuMemCreate.
+  UpstreamStatus move(void* from, void* to, std::size_t bytes) override;
   // Devices (ordinals) that also get read/write access to pages mapped from now on. Empty by
   // default: only the pool's own device can touch its pages.
   void grant_peer_access(int device);
@@ -61,6 +64,7 @@ class CudaUpstream final : public Upstream {
  private:
   bool vmm_device(int* device);  // ordinal of ctx_, once; false without VMM support
   void release_pages(std::uintptr_t lo, std::uintptr_t hi);
+  CUresult set_access(int dev, std::uintptr_t lo, std::size_t bytes);
 
   const RealDriver& d_;
   CUcontext ctx_;

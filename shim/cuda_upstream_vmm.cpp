@@ -155,21 +155,71 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
     pages_[p] = h;
   }
   if (r == CUDA_SUCCESS) {
-    // Read/write for the owning device, and for peers only when they were granted.
-    std::vector<CUmemAccessDesc> access(1 + peers_.size());
-    access[0].location = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
-    access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    for (std::size_t i = 0; i < peers_.size(); ++i) {
-      access[i + 1].location = {CU_MEM_LOCATION_TYPE_DEVICE, peers_[i]};
-      access[i + 1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    }
-    r = d_.cuMemSetAccess(static_cast<CUdeviceptr>(lo), bytes, access.data(), access.size());
+    r = set_access(dev, lo, bytes);
     if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
     p = hi;
   }
   // All or nothing: the pages this call mapped go back before the failure is reported.
   release_pages(lo, p);
   log_debug("expandable segments: mapping {} bytes at {:#x} failed: CUDA error {}", bytes, lo, r);
+  return status_of(r);
+}
+
+// Called with vmm_mu_ held and the context current: read/write for the owning device, and for
+// peers only when they were granted.
+CUresult CudaUpstream::set_access(int dev, std::uintptr_t lo, std::size_t bytes) {
+  std::vector<CUmemAccessDesc> access(1 + peers_.size());
+  access[0].location = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    access[i + 1].location = {CU_MEM_LOCATION_TYPE_DEVICE, peers_[i]};
+    access[i + 1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  return d_.cuMemSetAccess(static_cast<CUdeviceptr>(lo), bytes, access.data(), access.size());
+}
+
+// Recycling without giving physical memory back: per page, cuMemUnmap at the old address and
+// cuMemMap of the same handle at the new one; one cuMemSetAccess for the whole new run. Saves a
+// cuMemRelease + cuMemCreate per page. On any failure the pages not yet moved, and those moved
+// by this call, are unmapped and released: `from` is unmapped whatever happens, `to` is mapped
+// only on success (Upstream::move's contract).
+UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  int dev = 0;
+  const auto src = reinterpret_cast<std::uintptr_t>(from);
+  const auto dst = reinterpret_cast<std::uintptr_t>(to);
+  if (!vmm_device(&dev) || bytes == 0 || bytes % gran_ != 0 || src % gran_ != 0 || dst % gran_ != 0) {
+    release_pages(src, src + bytes);
+    return UpstreamStatus::error;
+  }
+  ScopedContext scope(d_, ctx_);
+  CUresult r = CUDA_SUCCESS;
+  std::size_t off = 0;
+  for (; off < bytes; off += gran_) {
+    auto it = pages_.find(src + off);
+    if (it == pages_.end()) {  // not ours: should not happen; the rest is mapped fresh below
+      r = CUDA_ERROR_INVALID_VALUE;
+      break;
+    }
+    const CUmemGenericAllocationHandle h = it->second;
+    r = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + off), gran_);
+    if (r != CUDA_SUCCESS) break;  // still mapped at src: release_pages below handles it
+    pages_.erase(it);
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), gran_, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+      d_.cuMemRelease(h);
+      break;
+    }
+    pages_[dst + off] = h;
+  }
+  if (r == CUDA_SUCCESS) {
+    r = set_access(dev, dst, bytes);
+    if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
+    off = bytes;
+  }
+  release_pages(src + off, src + bytes);  // not moved yet
+  release_pages(dst, dst + off);          // moved by this call
+  log_debug("expandable segments: moving {} bytes from {:#x} to {:#x} failed: CUDA error {}", bytes, src, dst, r);
   return status_of(r);
 }
 

@@ -435,6 +435,7 @@ std::map<std::uintptr_t, std::size_t> vmm_ranges;   // reservations
 std::map<unsigned long long, VmmHandle> vmm_handles;  // live physical handles
 std::map<std::uintptr_t, VmmMapping> vmm_maps;        // live mappings
 unsigned long long vmm_next_handle = 1;
+long vmm_create_calls = 0;  // successful cuMemCreate calls (handles ever made)
 long vmm_bad = 0, vmm_map_calls = 0, vmm_unmap_calls = 0, vmm_access_calls = 0, vmm_peer_descs = 0;
 
 std::size_t vmm_granularity() {
@@ -515,6 +516,7 @@ FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, cons
     return vmm_bad_call();
   if (used_on(prop->location.id) + size > total_bytes()) return CUDA_ERROR_OUT_OF_MEMORY;
   *handle = vmm_next_handle++;
+  ++vmm_create_calls;
   vmm_handles[*handle] = VmmHandle{size, prop->location.id, 0};
   return CUDA_SUCCESS;
 }
@@ -594,6 +596,7 @@ FAKE_API std::size_t fakecuda_vmm_reserved_bytes() {
 FAKE_API long fakecuda_vmm_ranges() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(vmm_ranges.size()); }
 FAKE_API std::size_t fakecuda_vmm_granularity() { return vmm_granularity(); }
 FAKE_API long fakecuda_vmm_bad_calls() { std::lock_guard<std::mutex> l(mu); return vmm_bad; }
+FAKE_API long fakecuda_vmm_create_calls() { std::lock_guard<std::mutex> l(mu); return vmm_create_calls; }
 FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); return vmm_map_calls; }
 FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
 FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }

@@ -40,6 +40,7 @@ long fakecuda_vmm_ranges();                 // live reservations
 std::size_t fakecuda_vmm_granularity();
 long fakecuda_vmm_bad_calls();
 long fakecuda_vmm_map_calls();
+long fakecuda_vmm_create_calls();         // successful cuMemCreate calls, ever
 long fakecuda_vmm_unmap_calls();
 long fakecuda_vmm_peer_descs();             // access descriptors beyond the first, summed
 std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`

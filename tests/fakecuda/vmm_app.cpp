@@ -296,6 +296,42 @@ void scenario_reset() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
+// Growth past the peak recycles free pages: the same physical handles are mapped at the new
+// place (no cuMemCreate, no cuMemRelease), the mapped total stays at its peak, the moved memory
+// is usable and its neighbours keep their contents.
+void scenario_recycle() {
+  start(0);
+  const std::size_t g = fakecuda_vmm_granularity();
+  std::vector<CUdeviceptr> p(4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK_OK(cuMemAlloc_v2(&p[i], 2 * g));  // whole pages: no split remainders
+    fill(p[i], 2 * g, i + 1);
+  }
+  const std::size_t mapped = fakecuda_vmm_mapped_bytes();
+  CHECK(mapped == 8 * g);
+  check_accounting(0);
+  CHECK_OK(cuMemFree_v2(p[0]));
+  CHECK_OK(cuMemFree_v2(p[2]));
+  const long creates = fakecuda_vmm_create_calls();
+  const long handles = fakecuda_vmm_live_handles();
+  CUdeviceptr e = 0;
+  CHECK_OK(cuMemAlloc_v2(&e, 4 * g));  // fits neither hole: p[0]'s and p[2]'s pages move
+  CHECK(fakecuda_vmm_create_calls() == creates);
+  CHECK(fakecuda_vmm_live_handles() == handles);
+  CHECK(fakecuda_vmm_mapped_bytes() == mapped);
+  CHECK(fakecuda_vmm_is_mapped(e) && fakecuda_vmm_is_mapped(e + 4 * g - 1));
+  CHECK(!fakecuda_vmm_is_mapped(p[0]) && !fakecuda_vmm_is_mapped(p[2]));
+  fill(e, 4 * g, 9);
+  CHECK(holds(p[1], 2 * g, 2) && holds(p[3], 2 * g, 4) && holds(e, 4 * g, 9));
+  check_accounting(0);
+  CHECK_OK(cuMemFree_v2(e));
+  CHECK_OK(cuMemFree_v2(p[1]));
+  CHECK_OK(cuMemFree_v2(p[3]));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,7 +346,7 @@ int main(int argc, char** argv) {
   } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
                    {"ipc", scenario_ipc}, {"oom", scenario_oom},
                    {"classic", scenario_classic}, {"cap", scenario_cap},
-                   {"reset", scenario_reset}};
+                   {"reset", scenario_reset}, {"recycle", scenario_recycle}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

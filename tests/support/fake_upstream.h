@@ -182,6 +182,15 @@ class FakeUpstream : public Upstream {
     mapped_ -= bytes;
   }
 
+  // The default (unmap + map), counted: the pool's recycling path.
+  UpstreamStatus move(void* from, void* to, std::size_t bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++move_calls_;
+    }
+    return Upstream::move(from, to, bytes);
+  }
+
   // ---- Control -----------------------------------------------------------------------------
   // The next n allocate()/map() calls fail with `status` (before any capacity check).
   void fail_next(int n, UpstreamStatus status = UpstreamStatus::out_of_memory) {
@@ -209,6 +218,7 @@ class FakeUpstream : public Upstream {
   std::size_t reserve_calls() const { return locked(reserve_calls_); }
   std::size_t map_calls() const { return locked(map_calls_); }
   std::size_t unmap_calls() const { return locked(unmap_calls_); }
+  std::size_t move_calls() const { return locked(move_calls_); }
   std::size_t bytes_held() const { return locked(held_); }     // allocate()d, not released
   std::size_t bytes_mapped() const { return locked(mapped_); } // map()ped, not unmapped
   std::size_t peak_bytes() const { return locked(peak_held_); }
@@ -262,7 +272,7 @@ class FakeUpstream : public Upstream {
   UpstreamStatus fail_status_ = UpstreamStatus::out_of_memory;
   std::size_t held_ = 0, mapped_ = 0, peak_held_ = 0;
   std::size_t allocate_calls_ = 0, release_calls_ = 0, failed_calls_ = 0, bad_calls_ = 0;
-  std::size_t mem_info_calls_ = 0, reserve_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0;
+  std::size_t mem_info_calls_ = 0, reserve_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0, move_calls_ = 0;
 };
 
 }  // namespace cudapool::testing

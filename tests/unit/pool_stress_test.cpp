@@ -276,3 +276,13 @@ TEST(PoolStress, ExpandableSegments) {
   o.garbage_collection_threshold = 0.8;
   Stress(o, 3, total_ops() / 4, /*granularity=*/2 * MiB).run();
 }
+
+// Growth by recycling under concurrency: a cap well below what the workers could hold makes
+// every growth past it recycle pages (and wait for fences), with stream-ordered frees.
+TEST(PoolStress, ExpandableRecyclingUnderACap) {
+  PoolOptions o;
+  o.expandable_segments = true;
+  o.free_sync = FreeSync::immediate;
+  o.max_reserved = 160 * MiB;
+  Stress(o, 3, total_ops() / 4, /*granularity=*/2 * MiB).run();
+}

@@ -51,6 +51,12 @@ TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
   EXPECT_NE(o.output.find("context gone, released"), std::string::npos) << o.output;
 }
 
+// Recycling moves pages (same handles, new address) instead of releasing and creating them.
+TEST(ShimVmm, RecyclingMovesPagesWithoutNewHandles) {
+  expect_pass("recycle");
+  expect_pass("recycle", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
+}
+
 TEST(ShimVmm, TrimOfDefaultPoolReleasesPages) { expect_pass("trim"); }
 
 TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounded"); }
