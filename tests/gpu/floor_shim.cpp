@@ -23,6 +23,7 @@ using CUdeviceptr = unsigned long long;
 using AllocFn = CUresult (*)(CUdeviceptr*, std::size_t);
 using FreeFn = CUresult (*)(CUdeviceptr);
 using GetProcV2 = CUresult (*)(const char*, void**, int, unsigned long long, int*);
+using GetProcV1 = CUresult (*)(const char*, void**, int, unsigned long long);
 using DlsymFn = void* (*)(void*, const char*);
 
 DlsymFn real_dlsym() {
@@ -79,10 +80,21 @@ CUresult floor_free(CUdeviceptr p) {
   return real_free(p);  // not ours, or of an older size
 }
 
+CUresult floor_get_proc(const char* name, void** fn, int version, unsigned long long flags, int* status);
+
+// CUDA 11.3's cuGetProcAddress (no status argument), handed out for lookups of itself.
+CUresult floor_get_proc_v1(const char* name, void** fn, int version, unsigned long long flags) {
+  return floor_get_proc(name, fn, version, flags, nullptr);
+}
+
 CUresult floor_get_proc(const char* name, void** fn, int version, unsigned long long flags, int* status) {
   const CUresult r = real_get_proc(name, fn, version, flags, status);
   if (r != 0 || fn == nullptr || *fn == nullptr || version < 3020) return r;
-  if (std::strcmp(name, "cuMemAlloc") == 0) {
+  // cudart asks for cuGetProcAddress through cuGetProcAddress and uses what it gets from then
+  // on: hand out this wrapper again (the _v2 ABI from CUDA 12.0, the 11.3 one before).
+  if (std::strcmp(name, "cuGetProcAddress") == 0) {
+    *fn = version >= 12000 ? reinterpret_cast<void*>(&floor_get_proc) : reinterpret_cast<void*>(&floor_get_proc_v1);
+  } else if (std::strcmp(name, "cuMemAlloc") == 0) {
     real_alloc = reinterpret_cast<AllocFn>(*fn);
     *fn = reinterpret_cast<void*>(&floor_alloc);
   } else if (std::strcmp(name, "cuMemFree") == 0) {

@@ -314,6 +314,11 @@ def cmd_latency(out):
         if not ratios:
             add_row(out, check, status=MISS, note=Run(out, "lat_floor").why_failed())
             return
+        # A floor that never served from its list is no floor (its hooks did not engage).
+        f_tight = [v["median"] for k, v in data.items() if k[:2] == ("floor", "tight") and k[3] == 1]
+        if not f_tight or max(f_tight) > 5000:
+            add_row(out, check, status=MISS, note="the floor shim did not serve from its free list (hooks not engaged)")
+            return
         r, size, e, f = max(ratios, key=lambda t: t[0])
         limit = limit_ns / 170.0
         add_row(out, check, value=f"{e['median'] / 1e3:.3f} us @ {size_name(size)}",
