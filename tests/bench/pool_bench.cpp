@@ -83,6 +83,23 @@ void BM_Pool_Hit_FreeFenced(benchmark::State& state) {
 }
 BENCHMARK(BM_Pool_Hit_FreeFenced)->Arg(4096);
 
+// Bursts, as the GPU suite's: free 100 held blocks, then allocate 100 again; per pair. Fenced
+// frees wait for a batch fence (the fake completes it at once); immediate ones are local at once.
+void BM_Pool_Burst(benchmark::State& state) {
+  Rig rig(with_sync(state.range(0) == 0 ? FreeSync::immediate : FreeSync::fenced));
+  const auto n = static_cast<std::size_t>(state.range(1));
+  std::vector<void*> held(100);
+  for (auto& p : held) p = rig.pool.allocate(n, 0).ptr;
+  for (auto _ : state) {
+    for (void* p : held) rig.pool.free(p);
+    for (auto& p : held) p = rig.pool.allocate(n, 0).ptr;
+    benchmark::DoNotOptimize(held.data());
+  }
+  state.SetItemsProcessed(state.iterations() * 100);
+  for (void* p : held) rig.pool.free(p);
+}
+BENCHMARK(BM_Pool_Burst)->ArgNames({"fenced", "size"})->Args({0, 4096})->Args({1, 4096})->Args({0, 16 << 20})->Args({1, 16 << 20});
+
 // ---- mixed-size trace: 1000 live blocks, sizes 512 B .. 8 MiB, random frees -------------------
 struct TraceOp {
   bool alloc;
