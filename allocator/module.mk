@@ -1,6 +1,10 @@
 # allocator/: the pool core, a static library with no CUDA dependency.
 ALLOCATOR_SRCS := $(wildcard allocator/*.cpp)
 ALLOCATOR_LIB := $(BUILD)/libcudapool_core.a
+# initial-exec TLS (the thread caches' lookup is on the hot path): the library is linked into
+# executables and into libcudapool.so, which is preloaded, so its thread-locals fit the static
+# TLS block and skip __tls_get_addr.
+$(ALLOCATOR_SRCS:%.cpp=$(BUILD)/%.o): CXXFLAGS += -ftls-model=initial-exec
 $(ALLOCATOR_LIB): $(ALLOCATOR_SRCS:%.cpp=$(BUILD)/%.o)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^  # rm: a deleted source must not linger as a stale member

@@ -40,6 +40,12 @@ struct PoolOptions {
   // memory freed earlier still waits for a fence that would cover the growth, wait for the
   // oldest such fence instead of mapping new pages (docs/design.md, "Expandable segments").
   bool expandable_wait = true;
+  // Per-thread caches (docs/design.md, "Thread caches") engage from the first thread. false (the
+  // default): only once a second thread has used the pool, so a single-threaded replay keeps the
+  // exact placement of the traced run. The shim sets it under FreeSync::immediate: a traced run
+  // has an event sink, which turns caches off anyway, and an untraced single-threaded program
+  // gains the cache's hit path.
+  bool cache_from_first_thread = false;
 };
 
 }  // namespace cudapool

@@ -284,7 +284,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   if (!I.retired.empty()) I.retired.erase(stream);
   I.make_local(b, stream);
   if (!I.multi_threaded) I.note_thread();
-  if (I.multi_threaded && I.sink == nullptr) {
+  if (I.caches_on()) {
     // This thread frees on streams: later allocations may be lent through its cache.
     if (tc == nullptr) tc = I.tc_create();
     Impl::Guard g(tc->mu);

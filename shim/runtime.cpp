@@ -205,7 +205,11 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   CUdevice dev = -1;
   if (driver_.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0) return nullptr;
   try {
-    auto* cp = new ContextPool(driver_, ctx, dev, policy_.pool, sink_);
+    PoolOptions opt = policy_.pool;
+    // A single-threaded program gets the thread cache's hit path too, for immediate frees (the
+    // stream-local reuse PyTorch programs rely on; fenced frees keep the pool's own batches).
+    opt.cache_from_first_thread = opt.free_sync == FreeSync::immediate;
+    auto* cp = new ContextPool(driver_, ctx, dev, opt, sink_);
     std::size_t free_bytes = 0;
     cp->upstream.mem_info(&free_bytes, &cp->driver_total);
     if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total);

@@ -132,6 +132,21 @@ TEST(PoolTcache, StatsExactWhileThreadsCache) {
   for (auto& t : ts) t.join();
 }
 
+// cache_from_first_thread (the shim's setting under immediate frees): one thread is enough.
+TEST(PoolTcache, CacheFromFirstThreadEngagesWithOneThread) {
+  PoolOptions o = immediate_options();
+  o.cache_from_first_thread = true;
+  PoolRig rig(o);
+  void* a = rig.alloc(k64K, kS1);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  // Parked in this thread's cache, not merged: a larger request cannot start at a (without the
+  // cache it would: SingleThreadedPoolDoesNotCache).
+  EXPECT_NE(rig.alloc(2 * k64K, kS1), a);
+  EXPECT_EQ(rig.alloc(k64K, kS1), a);
+  EXPECT_EQ(rig.pool->stats().allocation[kAll].current, 2);
+  rig.expect_intact();
+}
+
 TEST(PoolTcache, TwoThreadsEngageTheCache) {
   PoolRig rig(immediate_options());
   engage(rig);
