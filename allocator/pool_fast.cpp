@@ -166,6 +166,7 @@ bool DevicePool::Impl::tc_service(ThreadCache& tc) {
     tc.nclosed = tc.npend;
     tc.npend = 0;
     tc.last_query = now - kTcQueryGapNs;  // the next miss may ask at once: an idle GPU is done already
+    tc.closed_since = now;
   }
   return freed;
 }

@@ -509,11 +509,13 @@ struct DevicePool::Impl {
   // the open batch. True if blocks became free. Fence calls are made without the pool lock.
   bool tc_service(detail::ThreadCache& tc);
   static constexpr std::int64_t kTcQueryGapNs = 2'000;
+  static constexpr std::int64_t kTcStaleNs = 1'000'000;  // a cache's batch untouched this long: its owner is idle
   void tc_flush(detail::ThreadCache& tc);  // under mu and tc.mu: merge, then return every block
   void tc_flush_all();                     // under mu: every thread's cache
   void tc_flush_fenced(detail::ThreadCache& tc);  // under mu and tc.mu: its fenced batches only
-  // Under mu: every cache's fenced batches into the pool's open batch (a miss: only their owner
-  // would close them otherwise). True if any moved.
+  // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
+  // into the pool's open batch (a miss: only their owner would close them otherwise). True if
+  // any moved.
   bool tc_collect_fenced();
   void tc_merge_own();                     // under mu: this thread's cache's deltas (program order)
   // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary

@@ -37,10 +37,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
   ++slow_calls;
 
-  // A miss closes the open batch at once: its blocks may be what this request needs. Fenced frees
-  // waiting in threads' caches join it first: only their owner would close those batches, and it
-  // may not allocate again for a long time.
-  if (!tcaches.empty()) tc_collect_fenced();
+  // A miss closes the open batch at once: its blocks may be what this request needs.
   if (service_miss()) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
@@ -62,6 +59,15 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
     }
   }
   if (opt.free_sync == FreeSync::device && wait_device_batches()) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
+  // Before anything costlier: fenced frees left in the caches of threads that stopped allocating
+  // (only their owner closes those batches) join the open batch, which is then closed and asked.
+  // Not earlier: taking other threads' cache locks on every miss slowed busy threads down.
+  if (!tcaches.empty() && tc_collect_fenced() && service_miss()) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
       return ok(serve(fit, rounded, size, stream));

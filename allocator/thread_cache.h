@@ -99,6 +99,7 @@ struct ThreadCache {
   std::int64_t pend_since = 0;
   TcEntry closed[kMaxPend];
   int nclosed = 0;
+  std::int64_t closed_since = 0;  // when `fence` was recorded
   std::uint64_t fence = 0;
   std::int64_t last_query = 0;  // when `fence` was last asked (queries are rate-limited)
   TcEntry lent[kLentSlots];  // ptr == 0: empty slot

@@ -270,6 +270,21 @@ TEST(PoolTcache, MissCollectsFencedFreesFromIdleThreadsCaches) {
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // into this cache's open batch; we allocate no more
   ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
   rig.fence.set_auto_complete(true);              // the GPU is idle: fences complete at once
+  // An owner still busy keeps its batch (another thread's miss would only send it back to the
+  // pool lock): no collection yet, a new segment instead.
+  std::thread([&] {
+    void* q = rig.pool->allocate(MiB, kS2).ptr;
+    ASSERT_NE(q, nullptr);
+    ASSERT_EQ(rig.pool->free_on_stream(q, kS2), FreeStatus::ok);
+  }).join();
+  EXPECT_EQ(rig.up.bytes_held(), 2 * held);
+  EXPECT_EQ(rig.pool->empty_cache(), 2 * held);  // both segments (our cache is flushed too): start again
+  a = rig.alloc(MiB, kS1);
+  b = rig.alloc(MiB, kS1);
+  ASSERT_EQ(rig.up.bytes_held(), held);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  rig.advance_clock();  // 1 ms: this thread has left its batch alone, as an idle thread would
   std::thread([&] {
     void* q = rig.pool->allocate(MiB, kS2).ptr;  // a miss: nothing free in the pool itself
     ASSERT_NE(q, nullptr);
