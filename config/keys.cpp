@@ -90,6 +90,12 @@ std::string apply_expandable_wait(Policy& p, std::string_view v, Warnings&) {
 std::string format_expandable_wait(const Policy& p) { return p.pool.expandable_wait ? "True" : "False"; }
 bool default_expandable_wait(const Policy& p) { return p.pool.expandable_wait; }
 
+std::string apply_peer_access(Policy& p, std::string_view v, Warnings&) {
+  return parse_bool(v, p.expandable_peer_access);
+}
+std::string format_peer_access(const Policy& p) { return p.expandable_peer_access ? "True" : "False"; }
+bool default_peer_access(const Policy& p) { return !p.expandable_peer_access; }
+
 // ---- roundup -----------------------------------------------------------------------------------
 
 std::string apply_roundup(Policy& p, std::string_view v, Warnings&) {
@@ -240,7 +246,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 26> kKeys{{
+const std::array<KeySpec, 27> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -278,6 +284,10 @@ const std::array<KeySpec, 26> kKeys{{
      "with expandable_segments: before mapping memory beyond the most ever reserved, wait for the "
      "oldest fence of freed memory that would cover the growth instead of mapping new pages",
      {}, apply_expandable_wait, format_expandable_wait, default_expandable_wait},
+    {"expandable_peer_access", K::boolean, "True or False (any case)", "True",
+     "with expandable_segments: also let every other GPU that can reach this one (peer access) read "
+     "and write the pool's pages; off, only the owning GPU can",
+     {}, apply_peer_access, format_peer_access, default_peer_access},
     {"max_reserved_mb", K::integer, "a whole number of MiB (0 = no limit)", "16384",
      "absolute cap on the memory the pool reserves from the device",
      {}, apply_max_reserved, format_max_reserved, default_max_reserved},

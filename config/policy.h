@@ -21,6 +21,9 @@ struct Policy {
   std::string trace_file;           // empty = no trace
   std::string stats_file;           // empty = no JSON summary
   int dump_signal = 0;              // 0 = off; else the signal that dumps stats + snapshot to the log
+  // expandable_segments: pages are also readable/writable by every other GPU that can reach the
+  // owning one (cuDeviceCanAccessPeer); off: the owning device only.
+  bool expandable_peer_access = false;
   OnError on_error = OnError::stop;
   // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
   std::map<std::string, std::string> origin;

@@ -56,6 +56,8 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuDeviceGetDefaultMemPool);
   CUDAPOOL_BIND(cuCtxGetCurrent);
   CUDAPOOL_BIND(cuCtxGetDevice);
+  CUDAPOOL_BIND(cuDeviceGetCount);
+  CUDAPOOL_BIND(cuDeviceCanAccessPeer);
   CUDAPOOL_BIND(cuCtxPushCurrent_v2);
   CUDAPOOL_BIND(cuCtxPopCurrent_v2);
   CUDAPOOL_BIND(cuCtxDestroy_v2);

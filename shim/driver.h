@@ -27,6 +27,8 @@ struct RealDriver {
   PFN_cuDeviceGetDefaultMemPool cuDeviceGetDefaultMemPool = nullptr;
   PFN_cuCtxGetCurrent cuCtxGetCurrent = nullptr;
   PFN_cuCtxGetDevice cuCtxGetDevice = nullptr;
+  PFN_cuDeviceGetCount cuDeviceGetCount = nullptr;            // expandable_peer_access
+  PFN_cuDeviceCanAccessPeer cuDeviceCanAccessPeer = nullptr;
   PFN_cuCtxPushCurrent_v2 cuCtxPushCurrent_v2 = nullptr;
   PFN_cuCtxPopCurrent_v2 cuCtxPopCurrent_v2 = nullptr;
   PFN_cuCtxDestroy_v2 cuCtxDestroy_v2 = nullptr;

@@ -193,6 +193,28 @@ ContextPool* Runtime::find_pool(CUcontext ctx) noexcept {
   return found;
 }
 
+// expandable_peer_access: every other device that can reach this one (cuDeviceCanAccessPeer)
+// gets access to the pool's pages, as cudaMalloc memory would once the program enables peer
+// access. Asked once per pool; devices that cannot reach it are left out (granting them would
+// make cuMemSetAccess fail for the whole mapping).
+void Runtime::grant_peers(ContextPool& cp) noexcept {
+  int n = 0;
+  if (driver_.cuDeviceGetCount == nullptr || driver_.cuDeviceCanAccessPeer == nullptr ||
+      driver_.cuDeviceGetCount(&n) != CUDA_SUCCESS) {
+    log_warn("expandable_peer_access: the driver cannot list peers; device {} only", cp.device);
+    return;
+  }
+  std::string granted;
+  for (int d = 0; d < n; ++d) {
+    int can = 0;
+    if (d == cp.device || driver_.cuDeviceCanAccessPeer(&can, d, cp.device) != CUDA_SUCCESS || can == 0) continue;
+    cp.upstream.grant_peer_access(d);
+    granted += (granted.empty() ? "" : ", ") + std::to_string(d);
+  }
+  log_info("expandable_peer_access: pages of device {} are also mapped for device(s) {}", cp.device,
+           granted.empty() ? std::string("none (no peer can reach it)") : granted);
+}
+
 ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   std::lock_guard<std::mutex> lock(start_mutex());
   if (ContextPool* cp = find_pool(ctx)) return cp;
@@ -210,6 +232,7 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     // stream-local reuse PyTorch programs rely on; fenced frees keep the pool's own batches).
     opt.cache_from_first_thread = opt.free_sync == FreeSync::immediate;
     auto* cp = new ContextPool(driver_, ctx, dev, opt, sink_);
+    if (opt.expandable_segments && policy_.expandable_peer_access) grant_peers(*cp);
     std::size_t free_bytes = 0;
     cp->upstream.mem_info(&free_bytes, &cp->driver_total);
     if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total);

@@ -101,6 +101,7 @@ class Runtime {
   static void on_exit() noexcept;
   void write_exit_summary() noexcept;
   ContextPool* create_pool(CUcontext ctx) noexcept;
+  void grant_peers(ContextPool& cp) noexcept;  // expandable_peer_access
 
   static std::atomic<Runtime*> instance_;
   static std::atomic<bool> exiting_;

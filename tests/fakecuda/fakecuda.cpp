@@ -210,6 +210,12 @@ FAKE_API CUresult cuDeviceGetCount(int* n) {
   *n = kDevices;
   return CUDA_SUCCESS;
 }
+// Every fake device can reach every other one (as GPUs on one NVLink switch can).
+FAKE_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  if (can == nullptr || dev < 0 || dev >= kDevices || peer < 0 || peer >= kDevices) return CUDA_ERROR_INVALID_VALUE;
+  *can = dev != peer ? 1 : 0;
+  return CUDA_SUCCESS;
+}
 FAKE_API CUresult cuDeviceGet(CUdevice* d, int ordinal) {
   if (ordinal < 0 || ordinal >= kDevices) return CUDA_ERROR_INVALID_VALUE;
   *d = ordinal;
@@ -600,6 +606,7 @@ FAKE_API long fakecuda_vmm_create_calls() { std::lock_guard<std::mutex> l(mu); r
 FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); return vmm_map_calls; }
 FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
 FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }
+FAKE_API long fakecuda_vmm_access_calls() { std::lock_guard<std::mutex> l(mu); return vmm_access_calls; }
 FAKE_API std::size_t fakecuda_vmm_device_bytes(int dev) { std::lock_guard<std::mutex> l(mu); return vmm_used_on(dev); }
 FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(mu);
@@ -747,6 +754,7 @@ const ProcEntry kProcs[] = {
     {"cuDriverGetVersion", 2020, P(cuDriverGetVersion), nullptr},
     {"cuDeviceGet", 2000, P(cuDeviceGet), nullptr},
     {"cuDeviceGetCount", 2000, P(cuDeviceGetCount), nullptr},
+    {"cuDeviceCanAccessPeer", 4000, P(cuDeviceCanAccessPeer), nullptr},
     {"cuDevicePrimaryCtxRetain", 7000, P(cuDevicePrimaryCtxRetain), nullptr},
     {"cuDevicePrimaryCtxRelease", 7000, P(cuDevicePrimaryCtxRelease), nullptr},
     {"cuDevicePrimaryCtxRelease", 11000, P(cuDevicePrimaryCtxRelease_v2), nullptr},

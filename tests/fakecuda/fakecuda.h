@@ -43,6 +43,7 @@ long fakecuda_vmm_map_calls();
 long fakecuda_vmm_create_calls();         // successful cuMemCreate calls, ever
 long fakecuda_vmm_unmap_calls();
 long fakecuda_vmm_peer_descs();             // access descriptors beyond the first, summed
+long fakecuda_vmm_access_calls();           // cuMemSetAccess calls
 std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`
 int fakecuda_vmm_is_mapped(cudaabi::CUdeviceptr p);
 long fakecuda_ctx_syncs();  // cuCtxSynchronize calls

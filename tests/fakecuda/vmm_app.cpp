@@ -332,6 +332,26 @@ void scenario_recycle() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
+// expandable_peer_access:True (set by the test): every mapping also names the other device, which
+// cuDeviceCanAccessPeer says can reach this one; pages stay on the owning device.
+void scenario_peers() {
+  start(1);
+  CUdeviceptr p = 0, q = 0;
+  CHECK_OK(cuMemAlloc_v2(&p, 7 * kMiB));
+  CHECK_OK(cuMemAlloc_v2(&q, 3 * kMiB));
+  fill(p, 7 * kMiB, 3);
+  const long calls = fakecuda_vmm_access_calls();
+  CHECK(calls > 0);
+  CHECK(fakecuda_vmm_peer_descs() == calls);  // exactly one peer (device 0) per mapping
+  CHECK(fakecuda_vmm_device_bytes(1) == fakecuda_vmm_mapped_bytes());
+  CHECK(fakecuda_vmm_device_bytes(0) == 0);
+  CHECK_OK(cuMemFree_v2(p));
+  CHECK_OK(cuMemFree_v2(q));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -346,7 +366,7 @@ int main(int argc, char** argv) {
   } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
                    {"ipc", scenario_ipc}, {"oom", scenario_oom},
                    {"classic", scenario_classic}, {"cap", scenario_cap},
-                   {"reset", scenario_reset}, {"recycle", scenario_recycle}};
+                   {"reset", scenario_reset}, {"recycle", scenario_recycle}, {"peers", scenario_peers}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -59,6 +59,18 @@ TEST(ShimVmm, RecyclingMovesPagesWithoutNewHandles) {
 
 TEST(ShimVmm, TrimOfDefaultPoolReleasesPages) { expect_pass("trim"); }
 
+// expandable_peer_access: the peer that can reach the device is named in every mapping (without
+// the key, check_accounting in the other scenarios asserts no peer descriptor at all).
+TEST(ShimVmm, PeerAccessWhenAsked) {
+  const auto o = run_app("peers", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_peer_access:True,log_level:info"}});
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("PASS peers"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("pages of device 1 are also mapped for device(s) 0"), std::string::npos) << o.output;
+  // Without the key the same program maps for device 1 alone, and its peer check fails.
+  const auto off = run_app("peers");
+  EXPECT_NE(off.exit_status, 0) << off.output;
+}
+
 TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounded"); }
 
 // The process-wide address-space cap (16 TiB): on an 8 TiB device the second range is refused.
