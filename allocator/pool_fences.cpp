@@ -251,6 +251,13 @@ bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
     for (const Block* b : set)
       if (b->seg->expandable) local += b->size;
   if (local < need) return false;
+  promote_all_now(sf, stream);
+  return true;
+}
+
+// Every local block of the stream becomes shared: its promotion fence, recorded now unless the
+// outstanding one already covers them all, is waited for.
+void DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
   if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
   if (sf->promo_fence == 0) {
     sf->promo_fence = fences.record_stream(stream);
@@ -262,7 +269,6 @@ bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
   fences.wait(sf->promo_fence);
   ++st.fence_waits;
   complete_promo(sf);
-  return true;
 }
 
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
@@ -283,17 +289,7 @@ void DevicePool::Impl::wait_all() {
       drop_promo(sf);
       continue;
     }
-    if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
-    if (sf->promo_fence == 0) {
-      sf->promo_fence = fences.record_stream(sid);
-      sf->promo_miss = slow_calls;
-      sf->promo_epoch = epoch;
-      ++st.fences_recorded;
-      promo_list.push_back(sf);
-    }
-    fences.wait(sf->promo_fence);
-    ++st.fence_waits;
-    complete_promo(sf);
+    promote_all_now(sf, sid);
   }
 }
 

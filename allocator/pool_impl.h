@@ -544,6 +544,7 @@ struct DevicePool::Impl {
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait);
   bool sync_own(StreamId stream, std::size_t need);
+  void promote_all_now(StreamFree* sf, StreamId stream);  // wait for a fence covering all its local blocks
   void wait_all();
 
   // ---- queries (pool_query.cpp) ----
