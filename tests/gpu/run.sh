@@ -7,8 +7,10 @@
 # with nvcc into a scratch directory (or uses build/gpu-bin if nvcc is missing).
 # Writes everything under $OUT (default build/gpu-out): logs/, details/, results.tsv, results.md,
 # env.txt. Prints the table last. Exit status 1 when any check FAILs.
-# Knobs: GPU_SUITE_BUDGET_S (default 500: a run's time limit shrinks to what is left of it, and
-# runs with under 10 s left are skipped and reported as MISS),
+# Knobs: GPU_SUITE_BUDGET_S (default 540: a run's time limit shrinks to what is left of it, and
+# runs with under 10 s left are skipped and reported as MISS), LAT_REPS / TORCH_REPS (default 3:
+# processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
+# BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
 # load correctness race ordered legacy latency torch cupy jax ddp), GPU_BIN (use programs already
 # built there instead of compiling; default: compile into build/gpu-scratch).
@@ -22,7 +24,7 @@ OUT=$(cd "$OUT" && pwd)
 : >"$OUT/results.tsv"
 rm -f "$OUT"/details/*.md
 SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
-BUDGET=${GPU_SUITE_BUDGET_S:-500}
+BUDGET=${GPU_SUITE_BUDGET_S:-540}
 START=$(date +%s)
 REPORT=(python3 "$ROOT/tests/gpu/report.py")
 ONLY=" ${GPU_ONLY:-load correctness race ordered legacy latency torch cupy jax ddp} "
