@@ -1,7 +1,8 @@
 // The slow path of allocate(): no cached block fits. In order (docs/design.md):
 //   1. promote other streams' local blocks whose stream fence has completed (with expandable
 //      ranges, this stream's own too); search again;
-//   2. FreeSync::device: wait for pending free() fences; search again;
+//   2. FreeSync::device: wait for pending free() fences; search again; fenced frees that idle
+//      threads left in their caches join the open batch (tc_collect_fenced); search again;
 //   3. garbage collection (garbage_collection_threshold);
 //   4. expandable ranges: grow (recycling free pages, maybe waiting for a fence, past the
 //      high-water mark: pool_expandable.cpp); else / when full, a new segment from the upstream
