@@ -9,19 +9,15 @@
 // reserved bytes are mapped bytes, and each maximal mapped run counts (and is snapshotted) as one
 // segment. Pages are only unmapped from shared free blocks, i.e. after a fence covering every use.
 #include <algorithm>
-#include <chrono>
 
 #include "allocator/pool_impl.h"
 
 namespace cudapool {
 
 using detail::BState;
+using detail::now_ns;
 
 namespace {
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 std::uintptr_t round_up(std::uintptr_t v, std::size_t g) { return (v + g - 1) / g * g; }
 std::uintptr_t round_down(std::uintptr_t v, std::size_t g) { return v / g * g; }
 }  // namespace

@@ -136,6 +136,15 @@ bool DevicePool::Impl::drain_device_batches() {
   return completed;
 }
 
+// sf's promotion fence, recorded now on its stream: it covers the local blocks freed so far.
+void DevicePool::Impl::record_promo(StreamFree* sf, StreamId stream) {
+  sf->promo_fence = fences.record_stream(stream);
+  sf->promo_miss = slow_calls;
+  sf->promo_epoch = epoch;
+  ++st.fences_recorded;
+  promo_list.push_back(sf);
+}
+
 // A miss on `stream`: other streams' local blocks that could serve `rounded` get a fence on
 // their stream (one outstanding per stream). Returns true if anything was promoted now.
 bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
@@ -145,13 +154,7 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
     StreamFree* sf = owned.get();
     if (sid == stream || sf->sets[k].empty()) continue;
     if ((*sf->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
-    if (sf->promo_fence == 0) {
-      sf->promo_fence = fences.record_stream(sid);
-      sf->promo_miss = slow_calls;
-      sf->promo_epoch = epoch;
-      ++st.fences_recorded;
-      promo_list.push_back(sf);
-    }
+    if (sf->promo_fence == 0) record_promo(sf, sid);
     if (fences.query(sf->promo_fence)) {
       complete_promo(sf);
       promoted = true;
@@ -217,11 +220,7 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
   if (sf->promo_fence == 0) {
     // Recorded now, it will have passed by a later growth; waiting on it now would be a stream
     // synchronize, which this path never does.
-    sf->promo_fence = fences.record_stream(stream);
-    sf->promo_miss = slow_calls;
-    sf->promo_epoch = epoch;
-    ++st.fences_recorded;
-    promo_list.push_back(sf);
+    record_promo(sf, stream);
     return false;
   }
   if (fences.query(sf->promo_fence)) {
@@ -259,13 +258,7 @@ bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
 // outstanding one already covers them all, is waited for.
 void DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
   if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
-  if (sf->promo_fence == 0) {
-    sf->promo_fence = fences.record_stream(stream);
-    sf->promo_miss = slow_calls;
-    sf->promo_epoch = epoch;
-    ++st.fences_recorded;
-    promo_list.push_back(sf);
-  }
+  if (sf->promo_fence == 0) record_promo(sf, stream);
   fences.wait(sf->promo_fence);
   ++st.fence_waits;
   complete_promo(sf);

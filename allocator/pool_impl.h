@@ -15,6 +15,7 @@
 //              shared through one outstanding stream fence per stream (StreamFree::promo_*).
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -35,6 +36,13 @@
 
 namespace cudapool {
 namespace detail {
+
+// Host time of upstream calls (stats' upstream_ns, event durations): always the real clock, unlike
+// the pool's injectable clock_ns() that drives its fence timing.
+inline std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // unmapped: address space of an expandable segment with no pages behind it (in no set).
 // tcache: checked out to a thread cache (thread_cache.h): in no set, not in `live`.
@@ -544,7 +552,8 @@ struct DevicePool::Impl {
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait);
   bool sync_own(StreamId stream, std::size_t need);
-  void promote_all_now(StreamFree* sf, StreamId stream);  // wait for a fence covering all its local blocks
+  void promote_all_now(StreamFree* sf, StreamId stream);
+  void record_promo(StreamFree* sf, StreamId stream);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
   void wait_all();
 
   // ---- queries (pool_query.cpp) ----

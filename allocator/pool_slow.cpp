@@ -12,20 +12,14 @@
 //      unsplit free segment and retry; then out_of_memory.
 // Any upstream error other than out-of-memory is returned at once.
 #include <algorithm>
-#include <chrono>
 
 #include "allocator/pool_impl.h"
 
 namespace cudapool {
 
 using detail::BState;
+using detail::now_ns;
 
-namespace {
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
 
 DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) {
   Block* b = take(fit, rounded, size, stream);
