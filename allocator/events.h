@@ -20,6 +20,7 @@ enum class EventKind : std::uint8_t {
   oom,               // the upstream refused; size = segment size asked
   gc,                // size = bytes released by one GC pass
   empty_cache,       // size = bytes released
+  fence_wait,        // the host blocked on a fence: stream = whose, duration_ns = how long
 };
 
 struct Event {

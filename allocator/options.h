@@ -40,6 +40,14 @@ struct PoolOptions {
   // memory freed earlier still waits for a fence that would cover the growth, wait for the
   // oldest such fence instead of mapping new pages (docs/design.md, "Expandable segments").
   bool expandable_wait = true;
+  // expandable_segments: the large pool's range maps pages of this many bytes (rounded up to a
+  // multiple of the driver's granularity; 0 = the granularity itself, the default). The small
+  // pool always uses the granularity. CUDA's map and access calls cost about the same per
+  // physical allocation whatever its size (H200: ~50 us for 2 MiB or 20 MiB), so 20 MiB pages,
+  // PyTorch's choice for its large pool, make growth ~10x cheaper per byte; the price is coarser
+  // recycling (a page goes back only when all of it is free): PyTorch's peak on the H200 rose
+  // from 1.00x to 1.075x of no caching with 20 MiB pages (docs/benchmarks.md, session 3).
+  std::size_t expandable_large_page = 0;
   // Per-thread caches (docs/design.md, "Thread caches") engage from the first thread. false (the
   // default): only once a second thread has used the pool, so a single-threaded replay keeps the
   // exact placement of the traced run. The shim sets it under FreeSync::immediate: a traced run

@@ -55,7 +55,7 @@ void DevicePool::Impl::merge_unmapped(Block* b) {
 // a hole between two free blocks left by earlier frees or recycling costs a page or two where
 // the first hole that fits may cost the whole request.
 DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::size_t rounded, StreamId stream) {
-  const std::size_t g = granularity;
+  const std::size_t g = seg->page;
   auto usable = [&](const Block* x) {
     return x->state == BState::shared || (x->state == BState::local && x->owner == stream);
   };
@@ -106,10 +106,13 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
                                                  std::vector<Block*>& out) const {
   std::size_t total = 0;
   for (int k = 0; k < 2; ++k) {
-    if (xseg[k] == nullptr) continue;
+    // Pages move between the two ranges only when they have the same page size: a page is one
+    // physical allocation upstream, which cannot be split, and merging small ones into a large
+    // page would break the whole-page promise made at reserve().
+    if (xseg[k] == nullptr || xseg[k]->page != seg->page) continue;
     const FreeSet& set = shared[k];
     // Blocks smaller than a page hold no whole page.
-    for (auto it = set.lower_bound(detail::BySizeAddr::Key{granularity, 0}); it != set.end(); ++it) {
+    for (auto it = set.lower_bound(detail::BySizeAddr::Key{xseg[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
@@ -130,12 +133,12 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
 
 std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
                                             std::vector<Detached>& out) {
-  const std::size_t g = granularity;
   std::size_t done = 0;
   // Releasing a candidate touches only it and its neighbours, never another candidate (two
   // shared free blocks are never neighbours: they would have merged).
   for (Block* b : cands) {
     if (done >= want) break;
+    const std::size_t g = b->seg->page;
     const std::size_t r = releasable_pages(b);
     const std::size_t take = std::min(r, round_up(want - done, g));
     const std::uintptr_t base = b->seg->base;
@@ -156,13 +159,13 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
                                                  Block** out, bool may_wait) {
   *out = nullptr;
   const int k = detail::kind_index(small);
-  const std::size_t g = granularity;
+  const std::size_t g = page_bytes(small);
   if (xseg[k] == nullptr) {
     // About 9/8 of the device, like PyTorch: the mapped part can never fill the range, and one
     // range per pool kind keeps address space use bounded however many streams there are.
     const std::size_t bytes = round_up(device_total + device_total / 8 + g, g);
     void* base = nullptr;
-    UpstreamStatus us = up.reserve(bytes, &base);
+    UpstreamStatus us = up.reserve(bytes, g, &base);
     if (us != UpstreamStatus::ok) return UpstreamStatus::ok;  // no range: classic segments instead
     Segment* seg = segment_pool.get();
     seg->base = reinterpret_cast<std::uintptr_t>(base);
@@ -170,6 +173,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     seg->stream = stream;
     seg->small = small;
     seg->expandable = true;
+    seg->page = g;
     Block* b = block_pool.get();
     b->ptr = seg->base;
     b->size = bytes;
@@ -343,8 +347,8 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
 std::size_t DevicePool::Impl::releasable_pages(const Block* b) const {
   if (!b->seg->expandable) return 0;
   const std::uintptr_t base = b->seg->base;
-  const std::uintptr_t lo = base + round_up(b->ptr - base, granularity);
-  const std::uintptr_t hi = base + round_down(b->ptr + b->size - base, granularity);
+  const std::uintptr_t lo = base + round_up(b->ptr - base, b->seg->page);
+  const std::uintptr_t hi = base + round_down(b->ptr + b->size - base, b->seg->page);
   return hi > lo ? hi - lo : 0;
 }
 
@@ -353,7 +357,7 @@ std::size_t DevicePool::Impl::releasable_pages(const Block* b) const {
 void DevicePool::Impl::release_pages(Block* b, std::vector<Detached>& out) {
   const std::size_t bytes = releasable_pages(b);
   if (bytes == 0) return;
-  const std::uintptr_t lo = b->seg->base + round_up(b->ptr - b->seg->base, granularity);
+  const std::uintptr_t lo = b->seg->base + round_up(b->ptr - b->seg->base, b->seg->page);
   release_page_range(b, lo, lo + bytes, out);
 }
 

@@ -170,8 +170,7 @@ bool DevicePool::Impl::wait_device_batches() {
   while (dev_head != nullptr) {
     Batch* b = dev_head;
     dev_head = b->next;
-    fences.wait(b->fence);
-    ++st.fence_waits;
+    wait_fence(b->fence, 0);
     complete_batch(b);
   }
   dev_tail = nullptr;
@@ -202,8 +201,7 @@ bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
   Batch* last = nullptr;
   pending_expandable_bytes(need, &last);
   if (last == nullptr) return false;
-  fences.wait(last->fence);
-  ++st.fence_waits;
+  wait_fence(last->fence, 0);
   for (;;) {
     Batch* b = dev_head;
     dev_head = b->next;
@@ -233,8 +231,7 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
     for (const Block* b : set)
       if (b->seg->expandable && b->epoch <= sf->promo_epoch) covered += b->size;
   if (covered < need) return false;
-  fences.wait(sf->promo_fence);
-  ++st.fence_waits;
+  wait_fence(sf->promo_fence, stream);
   complete_promo(sf);
   return true;
 }
@@ -259,8 +256,7 @@ bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
 void DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
   if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
   if (sf->promo_fence == 0) record_promo(sf, stream);
-  fences.wait(sf->promo_fence);
-  ++st.fence_waits;
+  wait_fence(sf->promo_fence, stream);
   complete_promo(sf);
 }
 
@@ -272,8 +268,7 @@ void DevicePool::Impl::wait_all() {
   while (retire_head != nullptr) {
     Batch* b = retire_head;
     retire_head = b->next;
-    fences.wait(b->fence);
-    ++st.fence_waits;
+    wait_fence(b->fence, 0);
     complete_batch(b);
   }
   for (auto& [sid, owned] : streams) {

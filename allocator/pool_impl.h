@@ -74,6 +74,7 @@ struct Segment {
   bool small = false;
   bool expandable = false;   // a reserved range grown by mapping pages (pool_expandable.cpp)
   std::size_t mapped = 0;    // expandable: bytes with pages behind them
+  std::size_t page = 0;      // expandable: the unit of mapping (Impl::page_bytes)
 };
 
 struct BySizeAddr {
@@ -219,7 +220,12 @@ struct DevicePool::Impl {
   std::size_t device_total = 0;
   std::size_t limit = kNoLimit;   // reserved may not exceed this (fraction / max_reserved)
   std::size_t inflight = 0;       // segment bytes being allocated/released with the lock dropped
-  std::size_t granularity = 0;    // expandable segments: page size; 0 = off
+  std::size_t granularity = 0;    // expandable segments: the driver's page size; 0 = off
+  // Expandable segments: the page of a pool kind's range (PoolOptions::expandable_large_page).
+  std::size_t page_bytes(bool small) const {
+    const std::size_t want = small ? 0 : opt.expandable_large_page;
+    return want <= granularity ? granularity : (want + granularity - 1) / granularity * granularity;
+  }
   Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind
 
   // ---- the fence batch window (pool_fences.cpp; docs/design.md, "The batch window") ----
@@ -432,6 +438,14 @@ struct DevicePool::Impl {
   void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
             std::int64_t ns = 0) {
     if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns});
+  }
+  // Every host wait on a fence goes through here: counted, and traced with its duration, since
+  // a wait is where the pool can cost a program its CPU/GPU overlap.
+  void wait_fence(FenceHandle f, StreamId stream) {
+    const std::int64_t t0 = sink != nullptr ? detail::now_ns() : 0;
+    fences.wait(f);
+    ++st.fence_waits;
+    if (sink != nullptr) emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
   }
 
   // ---- slow paths (pool_slow.cpp) ----

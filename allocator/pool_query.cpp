@@ -265,9 +265,9 @@ std::string DevicePool::Impl::check() const {
         detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(b->size));
         if (b->prev == nullptr || !b->prev->mapped()) {  // a run starts: page aligned
           detail::bump(recount.segment, p, 1);
-          if ((b->ptr - base) % granularity != 0) return fail("mapped run not page aligned", b);
+          if ((b->ptr - base) % seg->page != 0) return fail("mapped run not page aligned", b);
         }
-        if ((b->next == nullptr || !b->next->mapped()) && (b->ptr + b->size - base) % granularity != 0)
+        if ((b->next == nullptr || !b->next->mapped()) && (b->ptr + b->size - base) % seg->page != 0)
           return fail("mapped run end not page aligned", b);
       }
       if (b->seg != seg) return fail("block points at the wrong segment", b);

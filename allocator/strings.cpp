@@ -36,6 +36,7 @@ const char* to_string(EventKind k) noexcept {
     case EventKind::oom: return "oom";
     case EventKind::gc: return "gc";
     case EventKind::empty_cache: return "empty_cache";
+    case EventKind::fence_wait: return "fence_wait";
   }
   return "unknown";
 }

@@ -84,6 +84,19 @@ std::string apply_release_lock(Policy& p, std::string_view v, Warnings&) {
 std::string format_release_lock(const Policy& p) { return p.pool.release_lock_on_cudamalloc ? "True" : "False"; }
 bool default_release_lock(const Policy& p) { return !p.pool.release_lock_on_cudamalloc; }
 
+std::string apply_expandable_page(Policy& p, std::string_view v, Warnings&) {
+  std::size_t bytes = 0;
+  if (std::string why = set_mib(bytes, v, 0); !why.empty()) return why;
+  // One physical allocation per page: a page near the device's size could never be recycled.
+  if (bytes > 1024 * MiB) return "above the maximum 1024";
+  p.pool.expandable_large_page = bytes;
+  return {};
+}
+std::string format_expandable_page(const Policy& p) { return std::to_string(p.pool.expandable_large_page / MiB); }
+bool default_expandable_page(const Policy& p) {
+  return p.pool.expandable_large_page == PoolOptions{}.expandable_large_page;
+}
+
 std::string apply_expandable_wait(Policy& p, std::string_view v, Warnings&) {
   return parse_bool(v, p.pool.expandable_wait);
 }
@@ -246,7 +259,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 27> kKeys{{
+const std::array<KeySpec, 28> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -284,6 +297,12 @@ const std::array<KeySpec, 27> kKeys{{
      "with expandable_segments: before mapping memory beyond the most ever reserved, wait for the "
      "oldest fence of freed memory that would cover the growth instead of mapping new pages",
      {}, apply_expandable_wait, format_expandable_wait, default_expandable_wait},
+    {"expandable_page_mb", K::integer, "a whole number of MiB <= 1024 (0 = the driver's granularity, 2 MiB on current GPUs)",
+     "20",
+     "with expandable_segments: the large pool maps memory in pages of this size (rounded up to the "
+     "driver's granularity), one physical allocation each; larger pages make growth cheaper (CUDA's "
+     "map calls cost per allocation), smaller ones give memory back and recycle it more finely",
+     {}, apply_expandable_page, format_expandable_page, default_expandable_page},
     {"expandable_peer_access", K::boolean, "True or False (any case)", "True",
      "with expandable_segments: also let every other GPU that can reach this one (peer access) read "
      "and write the pool's pages; off, only the owning GPU can",

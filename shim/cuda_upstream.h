@@ -2,6 +2,7 @@
 // context and go back through the REAL cuMemFree_v2, never through the shim's own hooks.
 #pragma once
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -38,10 +39,11 @@ class CudaUpstream final : public Upstream {
   static CUresult last_error() noexcept;
 
   // --- Expandable segments through the driver's virtual memory management
-  // (shim/cuda_upstream_vmm.cpp). Each granularity-sized page is its own physical handle, so the
-  // pool can give back any whole page (cuMemUnmap cannot unmap part of a mapping).
+  // (shim/cuda_upstream_vmm.cpp). Each page of a range (the `page` given at reserve: 2 MiB for
+  // the small pool, 20 MiB for the large one) is its own physical handle, so the pool can give
+  // back any whole page (cuMemUnmap cannot unmap part of a mapping).
   std::size_t granularity() override;
-  UpstreamStatus reserve(std::size_t bytes, void** out) override;
+  UpstreamStatus reserve(std::size_t bytes, std::size_t page, void** out) override;
   void unreserve(void* base, std::size_t bytes) override;
   UpstreamStatus map(void* addr, std::size_t bytes) override;
   void unmap(void* addr, std::size_t bytes) override;
@@ -62,7 +64,14 @@ class CudaUpstream final : public Upstream {
   static std::size_t reserved_total() noexcept;
 
  private:
+  struct Range {
+    std::size_t bytes = 0;
+    std::size_t page = 0;
+  };
   bool vmm_device(int* device);  // ordinal of ctx_, once; false without VMM support
+  // The page size of the range holding [lo, lo+bytes), if one does and lo is page aligned in it
+  // and bytes a multiple of its page; else 0.
+  std::size_t page_at(std::uintptr_t lo, std::size_t bytes) const;
   void release_pages(std::uintptr_t lo, std::uintptr_t hi);
   CUresult set_access(int dev, std::uintptr_t lo, std::size_t bytes);
 
@@ -75,7 +84,7 @@ class CudaUpstream final : public Upstream {
   std::size_t device_total_ = 0;
   std::vector<int> peers_;
   std::unordered_map<std::uintptr_t, CUmemGenericAllocationHandle> pages_;  // page address -> handle
-  std::unordered_map<std::uintptr_t, std::size_t> ranges_;                  // reservations
+  std::map<std::uintptr_t, Range> ranges_;                                  // reservations by base
 };
 
 }  // namespace cudapool::shim

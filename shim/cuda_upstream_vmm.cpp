@@ -3,10 +3,14 @@
 // them (cuMemCreate + cuMemMap + cuMemSetAccess) and gives wholly free pages back
 // (cuMemUnmap + cuMemRelease) after its fences. Everything goes through the REAL driver.
 //
-// Page = the driver's recommended allocation granularity for pinned device memory on the pool's
-// device (2 MiB on current GPUs, but never assumed). Every page gets its own physical handle:
-// cuMemUnmap must cover whole mappings, and the pool releases arbitrary whole pages, so one handle
-// per page is what lets any page go back on its own. One cuMemSetAccess covers a whole map() call.
+// Granularity = the driver's recommended allocation granularity for pinned device memory on the
+// pool's device (2 MiB on current GPUs, but never assumed). Each range has its own page, a multiple
+// of it chosen by the pool at reserve() (the granularity for the small pool, 20 MiB for the large
+// one). Every page gets its own physical handle: cuMemUnmap must cover whole mappings, and the
+// pool releases arbitrary whole pages, so one handle per page is what lets any page go back on its
+// own. Larger pages mean fewer handles, and handles are what cost: on an H200 cuMemCreate,
+// cuMemMap and cuMemSetAccess take ~50 us per handle together, for 2 MiB or 20 MiB alike
+// (tests/gpu/vmm_costs.cu). One cuMemSetAccess covers a whole map() call.
 //
 // Address space: the pool asks for one range per pool kind (small/large) of about 9/8 of the
 // device (allocator/pool_expandable.cpp), i.e. two per context, however many streams there are.
@@ -14,6 +18,8 @@
 // 9/8 of the device plus two pages, and any reservation that would take this process's total
 // over kMaxReservedTotal (16 TiB: 8 devices x a few contexts of 141 GB GPUs fit many times, and
 // it stays far below the 47-bit / 128 TiB space the driver shares with the host).
+#include <algorithm>
+
 #include "shim/cuda_upstream.h"
 #include "shim/log.h"
 
@@ -84,11 +90,12 @@ void CudaUpstream::grant_peer_access(int device) {
   peers_.push_back(device);
 }
 
-UpstreamStatus CudaUpstream::reserve(std::size_t bytes, void** out) {
+UpstreamStatus CudaUpstream::reserve(std::size_t bytes, std::size_t page, void** out) {
   std::lock_guard<std::mutex> lock(vmm_mu_);
   int dev = 0;
-  if (!vmm_device(&dev) || bytes == 0 || bytes % gran_ != 0) return UpstreamStatus::error;
-  const std::size_t per_range = device_total_ + device_total_ / 8 + 2 * gran_;
+  if (!vmm_device(&dev) || bytes == 0 || page == 0 || page % gran_ != 0 || bytes % page != 0)
+    return UpstreamStatus::error;
+  const std::size_t per_range = device_total_ + device_total_ / 8 + 2 * page;
   if (bytes > per_range) {
     log_warn("expandable segments: refusing to reserve {} bytes (more than 9/8 of the device's {} bytes)", bytes,
              device_total_);
@@ -110,7 +117,7 @@ UpstreamStatus CudaUpstream::reserve(std::size_t bytes, void** out) {
     log_warn("expandable segments: cuMemAddressReserve({} bytes) failed: CUDA error {}", bytes, r);
     return status_of(r);
   }
-  ranges_[static_cast<std::uintptr_t>(p)] = bytes;
+  ranges_[static_cast<std::uintptr_t>(p)] = Range{bytes, page};
   *out = reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
   return UpstreamStatus::ok;
 }
@@ -124,12 +131,24 @@ void CudaUpstream::unreserve(void* base, std::size_t bytes) {
     return;
   }
   // The pool unmaps everything first; anything still mapped here would leak its handle.
-  release_pages(b, b + it->second);
+  const std::size_t size = it->second.bytes;
+  release_pages(b, b + size);
   ScopedContext scope(d_, ctx_);
-  const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(b), it->second);
-  if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({}, {} bytes) failed: CUDA error {}", base, it->second, r);
-  g_reserved_total.fetch_sub(it->second, std::memory_order_relaxed);
+  const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(b), size);
+  if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({}, {} bytes) failed: CUDA error {}", base, size, r);
+  g_reserved_total.fetch_sub(size, std::memory_order_relaxed);
   ranges_.erase(it);
+}
+
+// Called with vmm_mu_ held.
+std::size_t CudaUpstream::page_at(std::uintptr_t lo, std::size_t bytes) const {
+  auto it = ranges_.upper_bound(lo);
+  if (it == ranges_.begin()) return 0;
+  --it;
+  const Range& r = it->second;
+  if (bytes == 0 || lo + bytes > it->first + r.bytes || (lo - it->first) % r.page != 0 || bytes % r.page != 0)
+    return 0;
+  return r.page;
 }
 
 UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
@@ -137,17 +156,18 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
   int dev = 0;
   if (!vmm_device(&dev)) return UpstreamStatus::error;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  if (bytes == 0 || bytes % gran_ != 0 || lo % gran_ != 0) return UpstreamStatus::error;
+  const std::size_t page = page_at(lo, bytes);
+  if (page == 0) return UpstreamStatus::error;  // not whole pages of one of our ranges
   const std::uintptr_t hi = lo + bytes;
   ScopedContext scope(d_, ctx_);
   const CUmemAllocationProp prop = pinned_on(dev);
   CUresult r = CUDA_SUCCESS;
   std::uintptr_t p = lo;
-  for (; p < hi; p += gran_) {
+  for (; p < hi; p += page) {
     CUmemGenericAllocationHandle h = 0;
-    r = d_.cuMemCreate(&h, gran_, &prop, 0);
+    r = d_.cuMemCreate(&h, page, &prop, 0);
     if (r != CUDA_SUCCESS) break;
-    r = d_.cuMemMap(static_cast<CUdeviceptr>(p), gran_, 0, h, 0);
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(p), page, 0, h, 0);
     if (r != CUDA_SUCCESS) {
       d_.cuMemRelease(h);
       break;
@@ -188,24 +208,26 @@ UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
   int dev = 0;
   const auto src = reinterpret_cast<std::uintptr_t>(from);
   const auto dst = reinterpret_cast<std::uintptr_t>(to);
-  if (!vmm_device(&dev) || bytes == 0 || bytes % gran_ != 0 || src % gran_ != 0 || dst % gran_ != 0) {
+  // A handle keeps its size: both ends must be whole pages of ranges with the same page.
+  const std::size_t page = page_at(src, bytes);
+  if (!vmm_device(&dev) || page == 0 || page_at(dst, bytes) != page) {
     release_pages(src, src + bytes);
     return UpstreamStatus::error;
   }
   ScopedContext scope(d_, ctx_);
   CUresult r = CUDA_SUCCESS;
   std::size_t off = 0;
-  for (; off < bytes; off += gran_) {
+  for (; off < bytes; off += page) {
     auto it = pages_.find(src + off);
     if (it == pages_.end()) {  // not ours: should not happen; the rest is mapped fresh below
       r = CUDA_ERROR_INVALID_VALUE;
       break;
     }
     const CUmemGenericAllocationHandle h = it->second;
-    r = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + off), gran_);
+    r = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + off), page);
     if (r != CUDA_SUCCESS) break;  // still mapped at src: release_pages below handles it
     pages_.erase(it);
-    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), gran_, 0, h, 0);
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), page, 0, h, 0);
     if (r != CUDA_SUCCESS) {
       d_.cuMemRelease(h);
       break;
@@ -227,20 +249,28 @@ void CudaUpstream::unmap(void* addr, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(vmm_mu_);
   if (gran_ == 0) return;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  if (lo % gran_ != 0 || bytes % gran_ != 0)
-    log_warn("expandable segments: unmap({}, {} bytes) not page aligned (page {})", addr, bytes, gran_);
+  if (page_at(lo, bytes) == 0)
+    log_warn("expandable segments: unmap({}, {} bytes) is not whole pages of a range", addr, bytes);
   release_pages(lo, lo + bytes);
 }
 
-// Called with vmm_mu_ held: unmaps and releases every page we mapped in [lo, hi).
+// Called with vmm_mu_ held: unmaps and releases every page we mapped in [lo, hi) (pages of the
+// range holding lo; a page only partly inside is not touched).
 void CudaUpstream::release_pages(std::uintptr_t lo, std::uintptr_t hi) {
   if (gran_ == 0 || pages_.empty()) return;
+  auto rit = ranges_.upper_bound(lo);
+  if (rit == ranges_.begin()) return;
+  --rit;
+  const std::uintptr_t base = rit->first;
+  const std::size_t page = rit->second.page;
+  if (lo >= base + rit->second.bytes) return;
+  hi = std::min<std::uintptr_t>(hi, base + rit->second.bytes);
   ScopedContext scope(d_, ctx_);
-  for (std::uintptr_t p = lo - lo % gran_; p < hi; p += gran_) {
+  for (std::uintptr_t p = base + (lo - base + page - 1) / page * page; p + page <= hi; p += page) {
     auto it = pages_.find(p);
     if (it == pages_.end()) continue;
-    CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(p), gran_);
-    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) failed: CUDA error {}", p, gran_, r);
+    CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(p), page);
+    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) failed: CUDA error {}", p, page, r);
     r = d_.cuMemRelease(it->second);
     if (r != CUDA_SUCCESS) log_warn("cuMemRelease of the page at {:#x} failed: CUDA error {}", p, r);
     pages_.erase(it);
@@ -258,11 +288,12 @@ void CudaUpstream::release_all_vmm() {
     ScopedContext scope(d_, ctx_);
     if (d_.cuCtxSynchronize != nullptr) d_.cuCtxSynchronize();  // work on the pages ends first
     std::size_t pages = pages_.size();
-    for (auto& [base, bytes] : ranges_) {
-      release_pages(base, base + bytes);
-      const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(base), bytes);
-      if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({:#x}, {} bytes) failed: CUDA error {}", base, bytes, r);
-      g_reserved_total.fetch_sub(bytes, std::memory_order_relaxed);
+    for (auto& [base, range] : ranges_) {
+      release_pages(base, base + range.bytes);
+      const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(base), range.bytes);
+      if (r != CUDA_SUCCESS)
+        log_warn("cuMemAddressFree({:#x}, {} bytes) failed: CUDA error {}", base, range.bytes, r);
+      g_reserved_total.fetch_sub(range.bytes, std::memory_order_relaxed);
     }
     log_info("expandable segments: context gone, released {} pages and {} ranges", pages, ranges_.size());
     ranges_.clear();

@@ -32,6 +32,7 @@ enum class TraceAction : std::uint8_t {
   oom,               // "oom"
   gc,                // "gc"
   empty_cache,       // "empty_cache"
+  fence_wait,        // "fence_wait": the host blocked on a fence (duration_ns)
   device,            // "device": Size = the device's total memory (written once per pool)
 };
 

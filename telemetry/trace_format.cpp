@@ -23,6 +23,7 @@ const char* trace_action_name(TraceAction a) noexcept {
     case TraceAction::oom: return "oom";
     case TraceAction::gc: return "gc";
     case TraceAction::empty_cache: return "empty_cache";
+    case TraceAction::fence_wait: return "fence_wait";
     case TraceAction::device: return "device";
   }
   return "unknown";
@@ -40,6 +41,7 @@ TraceAction trace_action_of(EventKind k) noexcept {
     case EventKind::oom: return TraceAction::oom;
     case EventKind::gc: return TraceAction::gc;
     case EventKind::empty_cache: return TraceAction::empty_cache;
+    case EventKind::fence_wait: return TraceAction::fence_wait;
   }
   return TraceAction::allocate;
 }

@@ -97,6 +97,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         break;
       case TraceAction::oom:
       case TraceAction::gc:
+      case TraceAction::fence_wait:
         saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
         break;
     }

@@ -44,8 +44,8 @@ void SimUpstream::mem_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   if (total_bytes) *total_bytes = total_;
 }
 
-UpstreamStatus SimUpstream::reserve(std::size_t bytes, void** out) {
-  if (granularity_ == 0) return UpstreamStatus::error;
+UpstreamStatus SimUpstream::reserve(std::size_t bytes, std::size_t page, void** out) {
+  if (granularity_ == 0 || page == 0 || page % granularity_ != 0 || bytes % page != 0) return UpstreamStatus::error;
   *out = reinterpret_cast<void*>(take_addresses(bytes));  // address space only: not charged
   return UpstreamStatus::ok;
 }

@@ -21,7 +21,7 @@ class SimUpstream : public Upstream {
   void release(void* base, std::size_t bytes) override;
   void mem_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
   std::size_t granularity() override { return granularity_; }
-  UpstreamStatus reserve(std::size_t bytes, void** out) override;
+  UpstreamStatus reserve(std::size_t bytes, std::size_t page, void** out) override;
   void unreserve(void* base, std::size_t bytes) override;
   UpstreamStatus map(void* addr, std::size_t bytes) override;
   void unmap(void* addr, std::size_t bytes) override;

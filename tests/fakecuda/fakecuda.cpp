@@ -593,6 +593,12 @@ FAKE_API std::size_t fakecuda_vmm_mapped_bytes() {
   return n;
 }
 FAKE_API long fakecuda_vmm_live_handles() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(vmm_handles.size()); }
+FAKE_API std::size_t fakecuda_vmm_handle_bytes() {
+  std::lock_guard<std::mutex> lock(mu);
+  std::size_t n = 0;
+  for (auto& [h, v] : vmm_handles) n += v.size;
+  return n;
+}
 FAKE_API std::size_t fakecuda_vmm_reserved_bytes() {
   std::lock_guard<std::mutex> lock(mu);
   std::size_t n = 0;

@@ -35,6 +35,7 @@ int fakecuda_is_live(cudaabi::CUdeviceptr p);
 // mapping, partial unmaps, set-access on unmapped memory, unknown handles.
 std::size_t fakecuda_vmm_mapped_bytes();    // bytes currently mapped (all devices)
 long fakecuda_vmm_live_handles();           // cuMemCreate handles not yet released
+std::size_t fakecuda_vmm_handle_bytes();    // their sizes, summed
 std::size_t fakecuda_vmm_reserved_bytes();  // address space reserved
 long fakecuda_vmm_ranges();                 // live reservations
 std::size_t fakecuda_vmm_granularity();

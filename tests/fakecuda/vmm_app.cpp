@@ -1,7 +1,9 @@
 // Expandable-segments test program: linked with the fake libcuda.so.1 (-lcuda style) and run
 // under LD_PRELOAD=libcudapool.so with CUDAPOOL_CONF=expandable_segments:True by
 // tests/unit/shim_vmm_test.cpp. It checks, through the fake driver's VMM counters, that the
-// shim's CUDA upstream maps pages of the driver's granularity, gives wholly free pages back on
+// shim's CUDA upstream maps pages of the driver's granularity (the small pool) and of the
+// expandable_page_mb size rounded up to it (the large pool), one handle each, gives wholly free
+// pages back on
 // empty-cache / trim, leaks nothing, keeps reservations bounded and refuses IPC.
 // `vmm_app <scenario>` prints "FAIL file:line: expr" and exits 1 on the first failed check.
 #include <dlfcn.h>
@@ -71,14 +73,25 @@ void start(int dev) {
   CHECK_OK(cuCtxSetCurrent(ctx));
 }
 
+// The large pool's page: VMM_APP_LARGE_PAGE_MB (what the test set with expandable_page_mb)
+// rounded up to the granularity; unset or 0, the granularity itself (the pool's default).
+std::size_t large_page() {
+  const std::size_t g = fakecuda_vmm_granularity();
+  const char* e = std::getenv("VMM_APP_LARGE_PAGE_MB");
+  const std::size_t want = e != nullptr ? std::strtoull(e, nullptr, 10) * kMiB : 0;
+  return want <= g ? g : (want + g - 1) / g * g;
+}
+
 // The accounting invariants that hold at every quiet point.
 void check_accounting(int dev) {
   const std::size_t g = fakecuda_vmm_granularity();
   const std::size_t mapped = fakecuda_vmm_mapped_bytes();
   CHECK(mapped % g == 0);
   CHECK(fakecuda_vmm_reserved_bytes() % g == 0);
-  // One handle per page, nothing else alive.
-  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) == mapped / g);
+  // Every live handle mapped once, whole (the fake refuses a map past a handle's end), nothing
+  // else alive: handle bytes equal mapped bytes; pages are at least the granularity.
+  CHECK(fakecuda_vmm_handle_bytes() == mapped);
+  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) <= mapped / g);
   CHECK(static_cast<std::size_t>(stats(dev).reserved_bytes) == mapped);
   CHECK(fakecuda_vmm_bad_calls() == 0);
   CHECK(fakecuda_vmm_peer_descs() == 0);  // owner device only
@@ -97,8 +110,9 @@ bool holds(CUdeviceptr p, std::size_t n, int v) {
 void scenario_release() {
   start(0);
   const std::size_t g = fakecuda_vmm_granularity();
+  const std::size_t lp = large_page();
   CHECK(g >= kMiB);
-  constexpr int kN = 24;
+  constexpr int kN = 48;
   // Not a multiple of any granularity the tests use; the remainder of a page (> 1 MiB) is split
   // off and serves the next request (PyTorch's rule: large blocks split when > 1 MiB remains).
   const std::size_t sz = 5 * kMiB / 2;
@@ -113,7 +127,10 @@ void scenario_release() {
   const std::size_t mapped_full = fakecuda_vmm_mapped_bytes();
   CHECK(mapped_full >= kN * sz);
   // Grown page by page: at most the split rule's 1 MiB of slack per block, plus one page.
-  CHECK(mapped_full <= kN * (sz + kMiB) + g);
+  CHECK(mapped_full <= kN * (sz + kMiB) + lp);
+  // Large blocks only: every page is one large page, one handle each.
+  CHECK(mapped_full % lp == 0);
+  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) == mapped_full / lp);
   check_accounting(0);
   // The address range query answers per block.
   CUdeviceptr base = 0;
@@ -121,30 +138,32 @@ void scenario_release() {
   CHECK_OK(cuMemGetAddressRange_v2(&base, &size, p[5] + 100));
   CHECK(base == p[5] && size == sz);
 
-  // Free the middle third: whole pages inside it become releasable.
-  for (int i = 8; i < 16; ++i) CHECK_OK(cuMemFree_v2(p[i]));
+  // Free the middle half: whole pages inside it become releasable.
+  constexpr int kLo = kN / 4, kHi = 3 * kN / 4;
+  for (int i = kLo; i < kHi; ++i) CHECK_OK(cuMemFree_v2(p[i]));
   CHECK(fakecuda_vmm_mapped_bytes() == mapped_full);  // cached, not released yet
   const std::size_t released = empty_cache();
   const std::size_t mapped_after = fakecuda_vmm_mapped_bytes();
   CHECK(mapped_after < mapped_full);
   CHECK(released == mapped_full - mapped_after);
-  CHECK(mapped_full - mapped_after >= 8 * sz - 2 * g);  // all whole pages of the freed run
-  CHECK(!fakecuda_vmm_is_mapped(p[12]));
+  CHECK(released % lp == 0);
+  CHECK(released >= (kHi - kLo) * sz - 2 * lp);  // all whole pages of the freed run
+  CHECK(!fakecuda_vmm_is_mapped(p[kN / 2]));
   check_accounting(0);
   for (int i = 0; i < kN; ++i)
-    if (i < 8 || i >= 16) CHECK(holds(p[i], sz, i + 1));
+    if (i < kLo || i >= kHi) CHECK(holds(p[i], sz, i + 1));
 
   // The hole serves a different size later (pages mapped again where needed).
   CUdeviceptr big = 0;
   CHECK_OK(cuMemAlloc_v2(&big, 7 * sz));
-  CHECK(big >= p[8] && big < p[16]);
+  CHECK(big >= p[kLo] && big < p[kHi]);
   fill(big, 7 * sz, 0x5a);
   check_accounting(0);
   CHECK_OK(cuMemFree_v2(big));
 
   // Everything freed and emptied: no page, no handle left; the range itself stays reserved.
   for (int i = 0; i < kN; ++i)
-    if (i < 8 || i >= 16) CHECK_OK(cuMemFree_v2(p[i]));
+    if (i < kLo || i >= kHi) CHECK_OK(cuMemFree_v2(p[i]));
   empty_cache();
   CHECK(fakecuda_vmm_mapped_bytes() == 0);
   CHECK(fakecuda_vmm_live_handles() == 0);
@@ -188,7 +207,7 @@ void scenario_bounded() {
     }
   CHECK(fakecuda_alloc_calls() == 0);
   CHECK(fakecuda_vmm_ranges() == 2);
-  CHECK(fakecuda_vmm_reserved_bytes() <= 2 * (total + total / 8 + 2 * g));
+  CHECK(fakecuda_vmm_reserved_bytes() <= 2 * (total + total / 8) + 2 * g + 2 * large_page());
   check_accounting(0);
   const std::size_t dev0 = fakecuda_vmm_device_bytes(0);
   CHECK(dev0 == fakecuda_vmm_mapped_bytes() && fakecuda_vmm_device_bytes(1) == 0);
@@ -301,7 +320,7 @@ void scenario_reset() {
 // is usable and its neighbours keep their contents.
 void scenario_recycle() {
   start(0);
-  const std::size_t g = fakecuda_vmm_granularity();
+  const std::size_t g = large_page();  // the large pool's page
   std::vector<CUdeviceptr> p(4);
   for (int i = 0; i < 4; ++i) {
     CHECK_OK(cuMemAlloc_v2(&p[i], 2 * g));  // whole pages: no split remainders

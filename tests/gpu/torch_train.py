@@ -77,17 +77,19 @@ def main():
     shapes = [(shape_rng.choice([4, 8, 12, 16]), shape_rng.choice([128, 192, 256, 384, 512]))
               for _ in range(args.steps)]
     gen = torch.Generator(device=dev)
-    losses, times = [], []
+    losses, times, starts, host = [], [], [], []
     for step, (b, s) in enumerate(shapes):
         gen.manual_seed(100003 * rank + step)
         x = torch.randn(b, s, d_in, generator=gen, device=dev)
         y = torch.randint(0, classes, (b, s), generator=gen, device=dev)
         torch.cuda.synchronize()
+        starts.append(time.time_ns())  # wall clock, to line steps up with a cudapool trace
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x).reshape(-1, classes), y.reshape(-1))
         loss.backward()
         opt.step()
+        host.append(time.perf_counter() - t0)  # the host's part: launching, allocating
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
@@ -97,6 +99,8 @@ def main():
         "rank": rank,
         "losses": losses,
         "step_s": times,
+        "step_start_unix_ns": starts,
+        "step_host_s": host,
         "median_step_ms": 1e3 * statistics.median(times[args.warmup:]),
         "torch_max_reserved": torch.cuda.max_memory_reserved(dev),
         "torch_version": torch.__version__,

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "allocator/types.h"
 #include "allocator/upstream.h"
@@ -98,10 +99,10 @@ class FakeUpstream : public Upstream {
     return granularity_;
   }
 
-  UpstreamStatus reserve(std::size_t bytes, void** out) override {
+  UpstreamStatus reserve(std::size_t bytes, std::size_t page, void** out) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++reserve_calls_;
-    if (granularity_ == 0 || bytes == 0 || bytes % granularity_ != 0) {
+    if (granularity_ == 0 || bytes == 0 || page == 0 || page % granularity_ != 0 || bytes % page != 0) {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
@@ -113,7 +114,7 @@ class FakeUpstream : public Upstream {
     } else {
       base = take_address(bytes);
     }
-    reservations_[base] = Reservation{bytes, {}};
+    reservations_[base] = Reservation{bytes, page, {}, base};
     *out = reinterpret_cast<void*>(base);
     return UpstreamStatus::ok;
   }
@@ -140,7 +141,7 @@ class FakeUpstream : public Upstream {
     }
     auto a = reinterpret_cast<std::uintptr_t>(addr);
     Reservation* r = find_reservation(a, bytes);
-    if (r == nullptr || granularity_ == 0 || bytes == 0 || a % granularity_ != 0 || bytes % granularity_ != 0) {
+    if (r == nullptr || !whole_pages(*r, a, bytes)) {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
@@ -154,6 +155,7 @@ class FakeUpstream : public Upstream {
       return UpstreamStatus::out_of_memory;
     }
     for (std::uintptr_t p = a; p < a + bytes; p += granularity_) r->pages[p] = true;
+    pages_mapped_ += bytes / r->page;
     if (backed_) ::mprotect(addr, bytes, PROT_READ | PROT_WRITE);
     mapped_ += bytes;
     peak_held_ = std::max(peak_held_, held_ + mapped_);
@@ -165,7 +167,7 @@ class FakeUpstream : public Upstream {
     ++unmap_calls_;
     auto a = reinterpret_cast<std::uintptr_t>(addr);
     Reservation* r = find_reservation(a, bytes);
-    if (r == nullptr || granularity_ == 0 || a % granularity_ != 0 || bytes % granularity_ != 0) {
+    if (r == nullptr || !whole_pages(*r, a, bytes)) {
       ++bad_calls_;
       return;
     }
@@ -219,6 +221,15 @@ class FakeUpstream : public Upstream {
   std::size_t map_calls() const { return locked(map_calls_); }
   std::size_t unmap_calls() const { return locked(unmap_calls_); }
   std::size_t move_calls() const { return locked(move_calls_); }
+  // Pages mapped by map() so far, each counted in its range's page (what a driver creates).
+  std::size_t pages_mapped() const { return locked(pages_mapped_); }
+  // The page size each reservation was made with, by base address order.
+  std::vector<std::size_t> reservation_pages() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::size_t> out;
+    for (const auto& [base, r] : reservations_) out.push_back(r.page);
+    return out;
+  }
   std::size_t bytes_held() const { return locked(held_); }     // allocate()d, not released
   std::size_t bytes_mapped() const { return locked(mapped_); } // map()ped, not unmapped
   std::size_t peak_bytes() const { return locked(peak_held_); }
@@ -239,8 +250,14 @@ class FakeUpstream : public Upstream {
  private:
   struct Reservation {
     std::size_t size = 0;
-    std::map<std::uintptr_t, bool> pages;  // mapped page bases
+    std::size_t page = 0;                  // the unit promised at reserve()
+    std::map<std::uintptr_t, bool> pages;  // mapped bases, granularity apart
+    std::uintptr_t base = 0;
   };
+  // The pool's promise at reserve(): whole pages of the range, at page offsets from its base.
+  bool whole_pages(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
+    return granularity_ != 0 && bytes != 0 && (a - r.base) % r.page == 0 && bytes % r.page == 0;
+  }
 
   std::uintptr_t take_address(std::size_t bytes) {
     constexpr std::size_t kAlign = 2 * MiB;  // like the driver's large-allocation alignment
@@ -264,6 +281,7 @@ class FakeUpstream : public Upstream {
   std::size_t capacity_;
   bool backed_;
   std::size_t granularity_ = 0;
+  std::size_t pages_mapped_ = 0;
   std::uintptr_t next_ = std::uintptr_t{1} << 44;  // 16 TiB: no host mapping lives there
   std::map<std::uintptr_t, std::size_t> segments_;
   std::map<std::uintptr_t, Reservation> reservations_;

@@ -163,6 +163,17 @@ TEST(ConfKeys, MaxSplitSizeBounds) {
   EXPECT_NE(p.pool.max_split_size, kNoLimit);
 }
 
+TEST(ConfKeys, ExpandablePageBounds) {
+  EXPECT_EQ(Policy{}.pool.expandable_large_page, 0u);
+  EXPECT_EQ(must_parse("expandable_page_mb:20").pool.expandable_large_page, 20 * MiB);
+  EXPECT_EQ(must_parse("expandable_page_mb:64").pool.expandable_large_page, 64 * MiB);
+  EXPECT_EQ(must_parse("expandable_page_mb:1024").pool.expandable_large_page, 1024 * MiB);
+  EXPECT_TRUE(has(must_fail("expandable_page_mb:1025"), "above the maximum 1024"));
+  EXPECT_TRUE(has(must_fail("expandable_page_mb:2.5"), "not a whole number"));
+  EXPECT_TRUE(has(to_conf_string(must_parse("expandable_page_mb:2")), "expandable_page_mb:2"));
+  EXPECT_FALSE(has(to_conf_string(must_parse("expandable_page_mb:0")), "expandable_page_mb"));  // the default
+}
+
 TEST(ConfKeys, MaxNonSplitRoundingBounds) {
   EXPECT_EQ(Policy{}.pool.max_non_split_rounding, 20 * MiB);
   EXPECT_TRUE(has(must_fail("max_non_split_rounding_mb:19"), "max_non_split_rounding_mb"));

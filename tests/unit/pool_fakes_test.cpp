@@ -48,7 +48,7 @@ TEST(FakeUpstream, MapUnmapAccounting) {
   FakeUpstream up(64 * MiB);
   up.set_granularity(2 * MiB);
   void* r = nullptr;
-  ASSERT_EQ(up.reserve(32 * MiB, &r), UpstreamStatus::ok);
+  ASSERT_EQ(up.reserve(32 * MiB, 2 * MiB, &r), UpstreamStatus::ok);
   auto* base = static_cast<char*>(r);
   ASSERT_EQ(up.map(base + 2 * MiB, 4 * MiB), UpstreamStatus::ok);
   EXPECT_EQ(up.bytes_mapped(), 4 * MiB);
@@ -61,6 +61,30 @@ TEST(FakeUpstream, MapUnmapAccounting) {
   up.unreserve(r, 32 * MiB);
   EXPECT_EQ(up.reservations_held(), 0u);
   EXPECT_EQ(up.bad_calls(), 2u);
+}
+
+// A range reserved with a larger page is mapped and unmapped only in whole pages of it, at page
+// offsets from its base: anything else breaks the pool's promise and counts as a bad call.
+TEST(FakeUpstream, LargePagesAreMappedWhole) {
+  FakeUpstream up(256 * MiB);
+  up.set_granularity(2 * MiB);
+  void* r = nullptr;
+  EXPECT_EQ(up.reserve(100 * MiB, 3 * MiB, &r), UpstreamStatus::error);   // not a multiple of 2 MiB
+  EXPECT_EQ(up.reserve(100 * MiB, 40 * MiB, &r), UpstreamStatus::error);  // does not divide the range
+  EXPECT_EQ(up.bad_calls(), 2u);
+  ASSERT_EQ(up.reserve(100 * MiB, 20 * MiB, &r), UpstreamStatus::ok);
+  auto* base = static_cast<char*>(r);
+  EXPECT_EQ(up.map(base + 2 * MiB, 20 * MiB), UpstreamStatus::error);  // not at a page offset
+  EXPECT_EQ(up.map(base, 2 * MiB), UpstreamStatus::error);             // part of a page
+  EXPECT_EQ(up.bad_calls(), 4u);
+  ASSERT_EQ(up.map(base + 20 * MiB, 40 * MiB), UpstreamStatus::ok);
+  EXPECT_EQ(up.pages_mapped(), 2u);
+  up.unmap(base + 20 * MiB, 2 * MiB);  // part of a page: refused, nothing unmapped
+  EXPECT_EQ(up.bad_calls(), 5u);
+  EXPECT_EQ(up.bytes_mapped(), 40 * MiB);
+  up.unmap(base + 40 * MiB, 20 * MiB);
+  EXPECT_EQ(up.bytes_mapped(), 20 * MiB);
+  EXPECT_EQ(up.reservation_pages(), std::vector<std::size_t>{20 * MiB});
 }
 
 TEST(FakeFence, CompletesOnlyWhenTold) {

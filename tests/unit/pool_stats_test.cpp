@@ -112,15 +112,44 @@ TEST(PoolEvents, SinkSeesAllocationAndSegmentEvents) {
   pool.empty_cache();
   std::vector<EventKind> kinds;
   for (auto& e : sink.events) kinds.push_back(e.kind);
-  std::vector<EventKind> want = {EventKind::segment_alloc, EventKind::allocate, EventKind::free,
-                                 EventKind::segment_free, EventKind::empty_cache};
+  // empty_cache waits for the free's fence (a fence_wait) before it releases the segment.
+  std::vector<EventKind> want = {EventKind::segment_alloc, EventKind::allocate,    EventKind::free,
+                                 EventKind::fence_wait,    EventKind::segment_free, EventKind::empty_cache};
   EXPECT_EQ(kinds, want);
   EXPECT_EQ(sink.events[1].device, 3);
   EXPECT_EQ(sink.events[1].size, 1024u);
   EXPECT_EQ(sink.events[1].requested, 1000u);
   EXPECT_EQ(sink.events[1].stream, 9u);
   EXPECT_EQ(sink.events[0].size, 2 * MiB);
-  EXPECT_EQ(sink.events[4].size, 2 * MiB);
+  EXPECT_EQ(sink.events[5].size, 2 * MiB);
+}
+
+// A host wait on a fence is an event of its own, with the stream it waited for and how long:
+// the trace is where a user sees that the pool stalled the program.
+TEST(PoolEvents, FenceWaitsAreEventsWithTheirDuration) {
+  struct Sink : EventSink {
+    std::vector<Event> events;
+    void on_event(const Event& e) override { events.push_back(e); }
+  } sink;
+  FakeUpstream up;
+  FakeFence fence;  // fences complete only when waited for
+  PoolOptions o;
+  o.free_sync = FreeSync::device;  // a miss waits for the pending free instead of growing
+  DevicePool pool(0, o, up, fence, &sink);
+  void* a = pool.allocate(20 * MiB, 0).ptr;
+  pool.free(a);
+  EXPECT_EQ(pool.allocate(20 * MiB, 0).ptr, a);
+  std::size_t waits = 0;
+  for (const Event& e : sink.events) {
+    if (e.kind != EventKind::fence_wait) continue;
+    ++waits;
+    EXPECT_EQ(e.stream, 0u);
+    EXPECT_GE(e.duration_ns, 0);
+    EXPECT_EQ(e.size, 0u);
+  }
+  EXPECT_EQ(waits, 1u);
+  EXPECT_EQ(static_cast<std::size_t>(pool.stats().fence_waits), waits);
+  EXPECT_STREQ(to_string(EventKind::fence_wait), "fence_wait");
 }
 
 TEST(PoolBadInput, BadFreesAreRefusedAndLeaveThePoolUntouched) {

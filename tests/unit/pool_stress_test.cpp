@@ -279,6 +279,15 @@ TEST(PoolStress, ExpandableSegments) {
 
 // Growth by recycling under concurrency: a cap well below what the workers could hold makes
 // every growth past it recycle pages (and wait for fences), with stream-ordered frees.
+// The same with the driver's granularity as the large range's page (more, smaller pages).
+TEST(PoolStress, ExpandableSegmentsSmallPages) {
+  PoolOptions o;
+  o.expandable_segments = true;
+  o.expandable_large_page = 0;
+  o.garbage_collection_threshold = 0.8;
+  Stress(o, 3, total_ops() / 4, /*granularity=*/2 * MiB).run();
+}
+
 TEST(PoolStress, ExpandableRecyclingUnderACap) {
   PoolOptions o;
   o.expandable_segments = true;

@@ -43,6 +43,21 @@ TEST(ShimVmm, PagesReleasedOnEmptyCacheAtDriverGranularity) {
   expect_pass("release", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
 }
 
+// expandable_page_mb: the large pool's pages are that size (rounded up to the granularity), one
+// cuMemCreate handle each, released and recycled whole.
+TEST(ShimVmm, LargePagesWhenAsked) {
+  const std::map<std::string, std::string> twenty = {
+      {"CUDAPOOL_CONF", "expandable_segments:True,expandable_page_mb:20"}, {"VMM_APP_LARGE_PAGE_MB", "20"}};
+  expect_pass("release", twenty);
+  auto six = twenty;
+  six.emplace("FAKECUDA_VMM_GRANULARITY_KB", "6144");  // 20 MiB rounds up to 24 MiB
+  expect_pass("release", six);
+  expect_pass("recycle", twenty);
+  // The app's own expectation must matter: told 20 MiB while the pool maps 4 MiB pages, it fails.
+  const auto o = run_app("release", {{"VMM_APP_LARGE_PAGE_MB", "20"}});
+  EXPECT_NE(o.exit_status, 0) << o.output;
+}
+
 // cuMemCreate pages are not freed with their context: a reset releases them through the shim.
 TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
   const auto o = run_app("reset", {{"CUDAPOOL_CONF", "expandable_segments:True,log_level:info"}});
