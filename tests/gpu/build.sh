@@ -36,6 +36,8 @@ done
 # Driver API only, linked with -lcuda (the toolkit's stub at build time, libcuda.so.1 at run time).
 [ "$WHAT" = torch ] || build driver_api "$NVCC" -cudart none -O2 -std=c++17 -Xcompiler=-Wall,-Wextra \
   -o "$DIR/driver_api" tests/gpu/driver_api.cpp -lcuda
+# What the driver's VMM calls cost (no shim): the numbers behind expandable_page_mb.
+[ "$WHAT" = torch ] || build vmm_costs "$NVCC" "${FLAGS[@]}" -o "$DIR/vmm_costs" tests/gpu/vmm_costs.cu -lcuda
 # The latency floor (a one-size free list behind the same hooks), preloaded by run.sh.
 [ "$WHAT" = torch ] || build floor_shim.so "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -shared -fPIC \
   -o "$DIR/floor_shim.so" tests/gpu/floor_shim.cpp -ldl

@@ -10,6 +10,7 @@
 # Knobs: GPU_SUITE_BUDGET_S (default 540: a run's time limit shrinks to what is left of it, and
 # runs with under 10 s left are skipped and reported as MISS), LAT_REPS / TORCH_REPS (default 3:
 # processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
+# TORCH_D_MODEL (default 2048: the GPU does most of each step; 512 makes it host-bound),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
 # load correctness race ordered legacy latency torch cupy jax ddp), GPU_BIN (use programs already
@@ -203,6 +204,26 @@ if want latency; then
     say "no PyTorch C++ benchmark: $(tail -n 3 "$OUT/logs/build-torch.txt" 2>/dev/null)"
   fi
   "${REPORT[@]}" latency "$OUT"
+  # The driver's own VMM costs per physical allocation (no shim), for 2 MiB and 20 MiB pages.
+  if [ -x "$BIN/vmm_costs" ]; then
+    run vmm_costs 60 -- "$BIN/vmm_costs"
+    "${REPORT[@]}" row "$OUT" "VMM cost per handle, create+map+access (2 MiB / 20 MiB pages)" INFO \
+      "$(python3 - "$OUT/logs/vmm_costs.out" <<'PY'
+import re, sys
+c = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"vmm page_mib=(\S+) op=(\S+) gpu=idle us_per_call=(\S+)", line)
+    if m: c[(m[1], m[2])] = float(m[3])
+def per_handle(p):
+    n = 400 / float(p)  # pages in the 400 MiB run: one cuMemSetAccess for all of them
+    return c[(p, "create")] + c[(p, "map")] + c[(p, "set_access_run")] / n
+try:
+    print(f"{per_handle('2'):.1f} us / {per_handle('20'):.1f} us; move {c[('2', 'move')]:.1f} / {c[('20', 'move')]:.1f} us (logs/vmm_costs.out)")
+except KeyError:
+    print("no numbers (see logs/vmm_costs.out)")
+PY
+)"
+  fi
 fi
 
 # ---------------------------------------------------------------- 4. PyTorch, CuPy, JAX
@@ -212,7 +233,7 @@ NOCACHE=PYTORCH_NO_CUDA_MEMORY_CACHING=1
 # One PyTorch training run in MODE as run NAME (its JSON, NVML peak and stats under that name).
 torch_mode() {  # torch_mode MODE NAME
   local mode=$1 name=$2
-  local T=(python3 "$ROOT/tests/gpu/torch_train.py" --steps 60 --out "$OUT/logs/$name.json")
+  local T=(python3 "$ROOT/tests/gpu/torch_train.py" --steps 60 --d-model "${TORCH_D_MODEL:-2048}" --out "$OUT/logs/$name.json")
   case $mode in
     native) run "$name" 100 "${DET[@]}" -- $(peak "$name") "${T[@]}" ;;
     expandable) run "$name" 100 "${DET[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- $(peak "$name") "${T[@]}" ;;
