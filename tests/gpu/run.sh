@@ -76,7 +76,9 @@ peak() { echo "$BIN/nvml_peak" "$OUT/logs/$1.peak.json" --; }  # NVML peak wrapp
 for d in m.distributions():
     n = d.metadata["Name"] or ""
     if n.lower().startswith(("torch", "cupy", "jax", "nvidia-nccl")): print(f"python: {n} {d.version}")' 2>/dev/null | sort -u
-  echo "shim: $SHIM ($(stat -c %s "$SHIM" 2>/dev/null || echo missing) bytes, git $(git rev-parse --short HEAD 2>/dev/null || cat "$(dirname "$SHIM")/COMMIT" 2>/dev/null))"
+  # The library's own commit when it was carried with one (COMMIT beside it): the checkout here
+  # may be at another commit than the one the library was built from.
+  echo "shim: $SHIM ($(stat -c %s "$SHIM" 2>/dev/null || echo missing) bytes, git $(cat "$(dirname "$SHIM")/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null))"
 } >"$OUT/env.txt" 2>&1
 say "$(grep '^gpu:' "$OUT/env.txt" | head -n 2 | tr '\n' ' ')"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
