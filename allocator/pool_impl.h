@@ -223,7 +223,7 @@ struct DevicePool::Impl {
   std::size_t granularity = 0;    // expandable segments: the driver's page size; 0 = off
   // Expandable segments: the page of a pool kind's range (PoolOptions::expandable_large_page).
   std::size_t page_bytes(bool small) const {
-    const std::size_t want = small ? 0 : opt.expandable_large_page;
+    const std::size_t want = small || granularity == 0 ? 0 : opt.expandable_large_page;
     return want <= granularity ? granularity : (want + granularity - 1) / granularity * granularity;
   }
   Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind

@@ -39,9 +39,10 @@ class CudaUpstream final : public Upstream {
   static CUresult last_error() noexcept;
 
   // --- Expandable segments through the driver's virtual memory management
-  // (shim/cuda_upstream_vmm.cpp). Each page of a range (the `page` given at reserve: 2 MiB for
-  // the small pool, 20 MiB for the large one) is its own physical handle, so the pool can give
-  // back any whole page (cuMemUnmap cannot unmap part of a mapping).
+  // (shim/cuda_upstream_vmm.cpp). Each page of a range (the `page` given at reserve: the
+  // granularity for the small pool, expandable_page_mb for the large one, by default also the
+  // granularity) is its own physical handle, so the pool can give back any whole page
+  // (cuMemUnmap cannot unmap part of a mapping).
   std::size_t granularity() override;
   UpstreamStatus reserve(std::size_t bytes, std::size_t page, void** out) override;
   void unreserve(void* base, std::size_t bytes) override;

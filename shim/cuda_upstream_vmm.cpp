@@ -5,8 +5,8 @@
 //
 // Granularity = the driver's recommended allocation granularity for pinned device memory on the
 // pool's device (2 MiB on current GPUs, but never assumed). Each range has its own page, a multiple
-// of it chosen by the pool at reserve() (the granularity for the small pool, 20 MiB for the large
-// one). Every page gets its own physical handle: cuMemUnmap must cover whole mappings, and the
+// of it chosen by the pool at reserve() (the granularity for the small pool; for the large one
+// expandable_page_mb, by default the granularity too). Every page gets its own physical handle: cuMemUnmap must cover whole mappings, and the
 // pool releases arbitrary whole pages, so one handle per page is what lets any page go back on its
 // own. Larger pages mean fewer handles, and handles are what cost: on an H200 cuMemCreate,
 // cuMemMap and cuMemSetAccess take ~50 us per handle together, for 2 MiB or 20 MiB alike
