@@ -98,11 +98,16 @@ TEST(PoolAddress, InfoForLiveBlocksOnly) {
   EXPECT_TRUE(rig.pool->address_info(w)->whole_segment);
 }
 
+namespace {
+// Keeps every event the pool emits, in order.
+struct RecordingSink : EventSink {
+  std::vector<Event> events;
+  void on_event(const Event& e) override { events.push_back(e); }
+};
+}  // namespace
+
 TEST(PoolEvents, SinkSeesAllocationAndSegmentEvents) {
-  struct Sink : EventSink {
-    std::vector<Event> events;
-    void on_event(const Event& e) override { events.push_back(e); }
-  } sink;
+  RecordingSink sink;
   FakeUpstream up;
   FakeFence fence(true);
   PoolOptions o;
@@ -127,10 +132,7 @@ TEST(PoolEvents, SinkSeesAllocationAndSegmentEvents) {
 // A host wait on a fence is an event of its own, with the stream it waited for and how long:
 // the trace is where a user sees that the pool stalled the program.
 TEST(PoolEvents, FenceWaitsAreEventsWithTheirDuration) {
-  struct Sink : EventSink {
-    std::vector<Event> events;
-    void on_event(const Event& e) override { events.push_back(e); }
-  } sink;
+  RecordingSink sink;
   FakeUpstream up;
   FakeFence fence;  // fences complete only when waited for
   PoolOptions o;
