@@ -48,6 +48,11 @@ struct PoolOptions {
   // recycling (a page goes back only when all of it is free): PyTorch's peak on the H200 rose
   // from 1.00x to 1.075x of no caching with 20 MiB pages (docs/benchmarks.md, session 3).
   std::size_t expandable_large_page = 0;
+  // expandable_segments: growth maps fresh pages, without recycling or waiting, while the mapped
+  // total stays within the peak of live (allocated) bytes times 1 + this; beyond that it recycles
+  // as before. 0 (the default) keeps memory at the floor; a few percent trades that much memory
+  // for fewer page moves and fence waits (replays in docs/benchmarks.md, session 3).
+  double expandable_headroom = 0.0;
   // Per-thread caches (docs/design.md, "Thread caches") engage from the first thread. false (the
   // default): only once a second thread has used the pool, so a single-threaded replay keeps the
   // exact placement of the traced run. The shim sets it under FreeSync::immediate: a traced run

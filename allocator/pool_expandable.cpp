@@ -196,7 +196,12 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
     const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
-    std::size_t over = reserved + plan.to_map > reserved_hwm ? reserved + plan.to_map - reserved_hwm : 0;
+    // Mapping is free below the high-water mark, and below the live peak plus the headroom (a
+    // bound that does not move with the pool's own mapping, so growth into it cannot ratchet).
+    const auto live_peak = static_cast<double>(st.allocated_bytes[kAll].peak);
+    const std::size_t cap =
+        std::max(reserved_hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
+    std::size_t over = reserved + plan.to_map > cap ? reserved + plan.to_map - cap : 0;
     if (limit != kNoLimit && reserved + inflight + plan.to_map > limit)
       over = std::max(over, reserved + inflight + plan.to_map - limit);
     if (over == 0) break;

@@ -97,6 +97,16 @@ bool default_expandable_page(const Policy& p) {
   return p.pool.expandable_large_page == PoolOptions{}.expandable_large_page;
 }
 
+std::string apply_expandable_headroom(Policy& p, std::string_view v, Warnings&) {
+  double x = 0.0;
+  if (std::string why = parse_number(v, x); !why.empty()) return why;
+  if (!(x >= 0.0 && x < 1.0)) return "not in [0, 1)";
+  p.pool.expandable_headroom = x;
+  return {};
+}
+std::string format_expandable_headroom(const Policy& p) { return format_number(p.pool.expandable_headroom); }
+bool default_expandable_headroom(const Policy& p) { return p.pool.expandable_headroom == 0.0; }
+
 std::string apply_expandable_wait(Policy& p, std::string_view v, Warnings&) {
   return parse_bool(v, p.pool.expandable_wait);
 }
@@ -259,7 +269,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 28> kKeys{{
+const std::array<KeySpec, 29> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -303,6 +313,10 @@ const std::array<KeySpec, 28> kKeys{{
      "driver's granularity), one physical allocation each; larger pages make growth cheaper (CUDA's "
      "map calls cost per allocation), smaller ones give memory back and recycle it more finely",
      {}, apply_expandable_page, format_expandable_page, default_expandable_page},
+    {"expandable_headroom", K::number, "a number in [0, 1)", "0.03",
+     "with expandable_segments: map fresh pages without recycling or waiting while the mapped total "
+     "stays within the peak of allocated bytes times 1 + this (0 = recycle at the memory floor)",
+     {}, apply_expandable_headroom, format_expandable_headroom, default_expandable_headroom},
     {"expandable_peer_access", K::boolean, "True or False (any case)", "True",
      "with expandable_segments: also let every other GPU that can reach this one (peer access) read "
      "and write the pool's pages; off, only the owning GPU can",

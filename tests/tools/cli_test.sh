@@ -94,6 +94,14 @@ expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf 
 expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
 expect_out "^metric +defaults +max_split_size_mb=64 +max_split_size_mb=256" "sweep columns"
+expect_rc 0 "replay an H200 trace with fence waits, sweeping the headroom" -- "$cp" replay \
+  $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True --sweep "expandable_headroom=0,0.03" --quiet
+# Columns: the --conf alone, headroom 0 (the same), headroom 0.03: fewer driver calls.
+if awk '/^upstream calls/ { found = 1; bad = !($3 == $4 && $5 < $4) } END { exit !(found && !bad) }' "$tmp/out"; then
+  ok
+else
+  fail "headroom 0.03 does not save upstream calls on the H200 trace"; sed 's/^/    /' "$tmp/out" | tail -n 12
+fi
 expect_rc 0 "replay a plain RMM log" -- "$cp" replay $traces/serve_rmm.csv
 expect_out "plain allocation log" "RMM log recognised"
 expect_rc 0 "replay on a small device" -- "$cp" replay $traces/train.csv --device-memory 2GiB --quiet

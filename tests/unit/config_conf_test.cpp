@@ -174,6 +174,16 @@ TEST(ConfKeys, ExpandablePageBounds) {
   EXPECT_FALSE(has(to_conf_string(must_parse("expandable_page_mb:0")), "expandable_page_mb"));  // the default
 }
 
+TEST(ConfKeys, ExpandableHeadroomBounds) {
+  EXPECT_EQ(Policy{}.pool.expandable_headroom, 0.0);
+  EXPECT_EQ(must_parse("expandable_headroom:0.03").pool.expandable_headroom, 0.03);
+  EXPECT_EQ(must_parse("expandable_headroom:0").pool.expandable_headroom, 0.0);
+  EXPECT_TRUE(has(must_fail("expandable_headroom:1"), "not in [0, 1)"));
+  EXPECT_TRUE(has(must_fail("expandable_headroom:-0.1"), "expandable_headroom"));
+  EXPECT_TRUE(has(must_fail("expandable_headroom:lots"), "expandable_headroom"));
+  EXPECT_TRUE(has(to_conf_string(must_parse("expandable_headroom:0.05")), "expandable_headroom:0.05"));
+}
+
 TEST(ConfKeys, MaxNonSplitRoundingBounds) {
   EXPECT_EQ(Policy{}.pool.max_non_split_rounding, 20 * MiB);
   EXPECT_TRUE(has(must_fail("max_non_split_rounding_mb:19"), "max_non_split_rounding_mb"));

@@ -79,6 +79,30 @@ TEST(PoolXRecycle, GrowthUnmapsFreePagesInsteadOfRaisingThePeak) {
   EXPECT_EQ(rig.up.bad_calls(), 0u);
 }
 
+// expandable_headroom: up to the live peak times 1 + headroom the range grows by fresh pages,
+// without moving any; past it, recycling takes over for the rest.
+TEST(PoolXRecycle, HeadroomMapsFreshPagesUpToItsBound) {
+  PoolOptions o = xopt(FreeSync::fenced);
+  o.expandable_headroom = 0.5;  // live peak 16 MiB: mapping up to 24 MiB needs no recycling
+  XRig rig(o);
+  Checkerboard cb(rig);
+  void* e = rig.alloc(8 * MiB);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(rig.up.move_calls(), 0u);
+  EXPECT_EQ(rig.up.bytes_mapped(), 24 * MiB);
+  rig.expect_intact();
+  rig.expect_mapped_equals_reserved();
+
+  o.expandable_headroom = 0.25;  // bound 20 MiB: 4 MiB fresh, the other 4 MiB moved
+  XRig tight(o);
+  Checkerboard cb2(tight);
+  ASSERT_NE(tight.alloc(8 * MiB), nullptr);
+  EXPECT_GE(tight.up.move_calls(), 1u);
+  EXPECT_EQ(tight.up.bytes_mapped(), 20 * MiB);
+  tight.expect_intact();
+  tight.expect_mapped_equals_reserved();
+}
+
 // A move that fails (here: the map half) leaves the source unmapped and the target unmapped;
 // the pool's accounting follows, and the request still succeeds through the OOM path.
 TEST(PoolXRecycle, FailedMoveKeepsTheAccountingExact) {
