@@ -10,7 +10,7 @@
 # Knobs: GPU_SUITE_BUDGET_S (default 540: a run's time limit shrinks to what is left of it, and
 # runs with under 10 s left are skipped and reported as MISS), LAT_REPS / TORCH_REPS (default 3:
 # processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
-# TORCH_D_MODEL (default 2048: the GPU does most of each step; 512 makes it host-bound),
+# TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: docs/benchmarks.md),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
 # load correctness race ordered legacy latency torch cupy jax ddp), GPU_BIN (use programs already
