@@ -93,11 +93,18 @@ int replay_main(const ReplayCliOptions& o) {
   }
   Table t = policy_table(names, results);
   std::vector<std::string> fails{"failed allocations"}, served{"device memory"};
+  // What the pool did to get its peak: host waits on fences, and every byte it ever reserved
+  // (segments and mapped pages; a recycled page counts again where it is mapped anew).
+  std::vector<std::string> waits{"fence waits"}, mapped{"reserved in all"};
   for (const auto& r : raw) {
     fails.push_back(std::to_string(r.failed_allocations));
     served.push_back(format_bytes(static_cast<double>(r.device_memory)));
+    waits.push_back(std::to_string(r.stats.fence_waits));
+    mapped.push_back(format_bytes(static_cast<double>(r.stats.reserved_bytes[kAll].allocated)));
   }
   t.add(fails);
+  t.add(waits);
+  t.add(mapped);
   t.add(served);
   std::printf("%s", t.to_text().c_str());
   if (!o.quiet)
