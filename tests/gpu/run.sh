@@ -245,18 +245,20 @@ torch_mode() {  # torch_mode MODE NAME
     cudapool) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") env $(shim_env "$name") "${T[@]}" ;;
     cudapool_exp) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
       env $(shim_env "$name" expandable_segments:True) "${T[@]}" ;;
+    cudapool_exph) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
+      env $(shim_env "$name" expandable_segments:True,expandable_headroom:0.03) "${T[@]}" ;;
     cudapool_imm) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
       env $(shim_env "$name" free_sync:immediate,expandable_segments:True) "${T[@]}" ;;
   esac
 }
 if want torch; then
-  for m in native expandable async nocache cudapool cudapool_exp cudapool_imm; do torch_mode $m torch_$m; done
+  for m in native expandable async nocache cudapool cudapool_exp cudapool_imm cudapool_exph; do torch_mode $m torch_$m; done
   # Step times of one mode move by tens of percent between processes on these shared machines
   # (13-20 ms for PyTorch native across earlier runs), far more than the allocators differ. So
   # the timed modes run TORCH_REPS times in all, interleaved, and report.py takes each mode's
   # best median (interference only adds time). Peaks and losses come from the first pass.
   for rep in $(seq 2 "${TORCH_REPS:-3}"); do
-    for m in native expandable async cudapool cudapool_exp cudapool_imm; do torch_mode $m torch_${m}_t$rep; done
+    for m in native expandable async cudapool cudapool_exp cudapool_imm cudapool_exph; do torch_mode $m torch_${m}_t$rep; done
   done
   "${REPORT[@]}" torch "$OUT"
 fi
