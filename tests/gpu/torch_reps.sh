@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Step-time A/B of PyTorch modes with many interleaved processes: the suite's best-of-3 cannot
+# resolve a few percent on the lent VMs (one mode's processes spread by 10-25 %).
+#   bash tests/gpu/torch_reps.sh [REPS] MODE...
+# MODE: a name (native, ptexp, async, cpexp, cpimm, cpdef) or NAME=CUDAPOOL_CONF for cudapool
+# with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g. h3=expandable_segments:True,expandable_headroom:0.03
+# Environment: CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
+# REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files).
+# Prints, per mode, the median / mean / min of the per-process median step times (ms) and every
+# value, then each mode's median relative to the fastest mode's median.
+set -u
+cd "$(dirname "$0")/../.."
+REPS=10
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
+[ $# -gt 0 ] || { sed -n 2,10p "$0"; exit 2; }
+SHIM=${CUDAPOOL_SHIM:-$PWD/build/release/libcudapool.so}
+OUT=${OUT:-build/torch-reps}
+mkdir -p "$OUT"
+export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0
+NC=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+env_of() {  # env_of MODE: the environment of one run, one assignment a line
+  case $1 in
+    native) ;;
+    ptexp) echo PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+    async) echo PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
+    cpexp) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:True ;;
+    cpimm) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:True,free_sync:immediate ;;
+    cpdef) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
+    *=*) printf '%s\n' $NC "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=}" ;;
+    *) echo "unknown mode $1" >&2; exit 2 ;;
+  esac
+}
+name_of() { echo "${1%%=*}"; }
+for m in "$@"; do env_of "$m" >/dev/null || exit 2; done
+END=$((SECONDS + ${REPS_BUDGET_S:-420}))
+for rep in $(seq 1 "$REPS"); do
+  [ "$SECONDS" -lt "$END" ] || { echo "budget spent after $((rep - 1)) rounds"; break; }
+  for m in "$@"; do
+    n=$(name_of "$m")
+    mapfile -t envs < <(env_of "$m")
+    env "${envs[@]}" timeout 120 python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" \
+      --steps 60 --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
+  done
+done
+python3 - "$OUT" "$@" <<'PY'
+import json, os, statistics as st, sys
+out, modes = sys.argv[1], [m.split("=", 1)[0] for m in sys.argv[2:]]
+med = {}
+for n in modes:
+    v = []
+    for f in sorted(os.listdir(out)):
+        if f.startswith(n + "_") and f.endswith(".json") and f[len(n) + 1:-5].isdigit():
+            d = json.load(open(os.path.join(out, f)))
+            v.append(1e3 * st.median(d["step_s"][5:]))
+    if v:
+        med[n] = st.median(v)
+        print(f"{n:10s} n={len(v):2d} median {med[n]:7.2f} mean {st.mean(v):7.2f} min {min(v):7.2f}  "
+              + " ".join(f"{x:.2f}" for x in v))
+if med:
+    best = min(med, key=med.get)
+    print("relative to the fastest median (" + best + "): " + ", ".join(f"{n} {med[n] / med[best]:.3f}x" for n in med))
+PY
