@@ -129,6 +129,30 @@ expect "$r" "PyTorch step time, cudapool expandable" FAIL
 expect "$r" "PyTorch peak memory, cudapool default" PASS
 expect "$r" "PyTorch peak memory, cudapool expandable" FAIL
 
+# torch_reps.sh: a stand-in python3 answers torch_train.py with fixed step times (cudapool with
+# a policy 10 % slower than native); the summary must rank native first and say 1.100x.
+mkdir -p "$work/fakepy"
+{
+  echo '#!/bin/bash'
+  echo "real=$(command -v python3)"
+  cat <<'SH'
+if [[ "$1" == *torch_train.py ]]; then
+  out=; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+  ms=20; [ -n "${CUDAPOOL_CONF:-}" ] && ms=22
+  exec "$real" -c "import json,sys; json.dump({'step_s': [$ms / 1000.0] * 60}, open(sys.argv[1], 'w'))" "$out"
+fi
+exec "$real" "$@"
+SH
+} >"$work/fakepy/python3"
+chmod +x "$work/fakepy/python3"
+reps=$(PATH="$work/fakepy:$PATH" OUT="$work/reps" bash tests/gpu/torch_reps.sh 2 native slow=expandable_segments:True 2>&1)
+if grep -q "relative to the fastest median (native): native 1.000x, slow 1.100x" <<<"$reps" &&
+   grep -q "^slow .*n= 2" <<<"$reps"; then
+  echo "PASS torch_reps.sh ranks the modes"
+else
+  echo "FAIL torch_reps.sh summary: $reps"; failures=$((failures + 1))
+fi
+
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"
   exit 1
