@@ -59,7 +59,12 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
   auto usable = [&](const Block* x) {
     return x->state == BState::shared || (x->state == BState::local && x->owner == stream);
   };
-  auto end_of = [](const Block* x) { return x->ptr + x->size; };
+  // What the growth touches: from the block before `first` to the block after `last`.
+  auto keep_around = [](GrowPlan& c, const Block* first, const Block* last) {
+    c.keep_lo = first->prev != nullptr ? first->prev->ptr : first->ptr;
+    const Block* end = last->next != nullptr ? last->next : last;
+    c.keep_hi = end->ptr + end->size;
+  };
   GrowPlan best;
   auto consider = [&](const GrowPlan& c) {
     if (!best || c.to_map < best.to_map) best = c;
@@ -81,8 +86,7 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
       GrowPlan c;
       c.start = start;
       c.to_map = to_map;
-      c.keep_lo = start->prev != nullptr ? start->prev->ptr : start->ptr;
-      c.keep_hi = last->next != nullptr ? end_of(last->next) : end_of(last);
+      keep_around(c, start, last);
       consider(c);
     }
     // Backward: map the last pages of this hole before a usable free block.
@@ -93,8 +97,7 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
         GrowPlan c;
         c.hole = b;
         c.to_map = amount;
-        c.keep_lo = b->prev != nullptr ? b->prev->ptr : b->ptr;
-        c.keep_hi = n->next != nullptr ? end_of(n->next) : end_of(n);
+        keep_around(c, b, n);
         consider(c);
       }
     }
