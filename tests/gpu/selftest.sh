@@ -152,6 +152,23 @@ if grep -q "relative to the fastest median (native): native 1.000x, slow 1.100x"
 else
   echo "FAIL torch_reps.sh summary: $reps"; failures=$((failures + 1))
 fi
+# With NVML_PEAK: a stand-in nvml_peak records 2 GB, or 3 GB for a cudapool policy, then runs
+# the command; peaks must be reported against the no-caching mode.
+cat >"$work/fakepy/nvml_peak" <<'SH'
+#!/bin/bash
+out=$1; shift 2
+peak=2000000000; [[ " $* " == *" CUDAPOOL_CONF="* ]] && peak=3000000000
+echo "{\"devices\": [{\"peak_delta\": $peak}]}" >"$out"
+exec "$@"
+SH
+chmod +x "$work/fakepy/nvml_peak"
+reps=$(PATH="$work/fakepy:$PATH" OUT="$work/reps2" NVML_PEAK="$work/fakepy/nvml_peak" \
+  bash tests/gpu/torch_reps.sh 1 nocache slow=expandable_segments:True 2>&1)
+if grep -q "peak / no caching: nocache 1.000x, slow 1.500x" <<<"$reps"; then
+  echo "PASS torch_reps.sh reports peaks against no caching"
+else
+  echo "FAIL torch_reps.sh peaks: $reps"; failures=$((failures + 1))
+fi
 
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"

@@ -2,12 +2,16 @@
 # Step-time A/B of PyTorch modes with many interleaved processes: the suite's best-of-3 cannot
 # resolve a few percent on the lent VMs (one mode's processes spread by 10-25 %).
 #   bash tests/gpu/torch_reps.sh [REPS] MODE...
-# MODE: a name (native, ptexp, async, cpexp, cpimm, cpdef) or NAME=CUDAPOOL_CONF for cudapool
-# with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g. h3=expandable_segments:True,expandable_headroom:0.03
+# MODE: a name (native, ptexp, async, nocache, cpexp, cpimm, cpdef) or NAME=CUDAPOOL_CONF for
+# cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
+# h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
+# one trace per process, for tests/gpu/step_events.py).
 # Environment: CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
-# REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files).
-# Prints, per mode, the median / mean / min of the per-process median step times (ms) and every
-# value, then each mode's median relative to the fastest mode's median.
+# REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files),
+# NVML_PEAK (path of tests/gpu/nvml_peak, built by build.sh: each process's NVML peak is taken).
+# Prints, per mode, the median / mean / min of the per-process median step times (ms), every
+# value and the median host share of a step, then each mode's median relative to the fastest
+# mode's median; with NVML_PEAK also each mode's median peak and its ratio to `nocache`'s.
 set -u
 cd "$(dirname "$0")/../.."
 REPS=10
@@ -23,6 +27,7 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
     native) ;;
     ptexp) echo PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
     async) echo PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
+    nocache) echo $NC ;;
     cpexp) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:True ;;
     cpimm) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:True,free_sync:immediate ;;
     cpdef) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
@@ -38,25 +43,38 @@ for rep in $(seq 1 "$REPS"); do
   for m in "$@"; do
     n=$(name_of "$m")
     mapfile -t envs < <(env_of "$m")
-    env "${envs[@]}" timeout 120 python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" \
+    peak=()
+    [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
+    timeout 120 "${peak[@]}" env "${envs[@]}" python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" \
       --steps 60 --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
   done
 done
 python3 - "$OUT" "$@" <<'PY'
 import json, os, statistics as st, sys
 out, modes = sys.argv[1], [m.split("=", 1)[0] for m in sys.argv[2:]]
-med = {}
+med, peaks = {}, {}
 for n in modes:
-    v = []
+    v, host, pk = [], [], []
     for f in sorted(os.listdir(out)):
         if f.startswith(n + "_") and f.endswith(".json") and f[len(n) + 1:-5].isdigit():
             d = json.load(open(os.path.join(out, f)))
             v.append(1e3 * st.median(d["step_s"][5:]))
+            if "step_host_s" in d:
+                host.append(st.median(h / t for h, t in zip(d["step_host_s"][5:], d["step_s"][5:])))
+            pf = os.path.join(out, f[:-5] + ".peak.json")
+            if os.path.exists(pf):
+                pk.append(json.load(open(pf))["devices"][0]["peak_delta"])
     if v:
         med[n] = st.median(v)
-        print(f"{n:10s} n={len(v):2d} median {med[n]:7.2f} mean {st.mean(v):7.2f} min {min(v):7.2f}  "
+        extra = f"  host {100 * st.median(host):.1f} %" if host else ""
+        if pk:
+            peaks[n] = st.median(pk)
+            extra += f"  peak {peaks[n] / 2**30:.3f} GiB"
+        print(f"{n:10s} n={len(v):2d} median {med[n]:7.2f} mean {st.mean(v):7.2f} min {min(v):7.2f}{extra}  "
               + " ".join(f"{x:.2f}" for x in v))
 if med:
     best = min(med, key=med.get)
     print("relative to the fastest median (" + best + "): " + ", ".join(f"{n} {med[n] / med[best]:.3f}x" for n in med))
+if "nocache" in peaks:
+    print("peak / no caching: " + ", ".join(f"{n} {peaks[n] / peaks['nocache']:.3f}x" for n in peaks))
 PY
