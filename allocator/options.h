@@ -48,6 +48,14 @@ struct PoolOptions {
   // recycling (a page goes back only when all of it is free): PyTorch's peak on the H200 rose
   // from 1.00x to 1.075x of no caching with 20 MiB pages (docs/benchmarks.md, session 3).
   std::size_t expandable_large_page = 0;
+  // expandable_segments: growth maps fresh memory in physical allocations of up to this many
+  // bytes (whole pages; 0 or anything below a page = one page each). The driver's map and access
+  // calls cost per allocation (~40-50 us on the H200), so a 2 GiB growth in 2 MiB pages spends
+  // ~50 ms in the driver and in 64 MiB units ~1.5 ms. A unit is recycled or given back only
+  // when all of it is free, so larger units can hold free memory that smaller ones would return;
+  // the page (the alignment and smallest unit) stays fine-grained, so the ends of a mapping
+  // still cost at most a page (docs/design.md, "Physical units").
+  std::size_t expandable_max_unit = 16 * MiB;
   // expandable_segments: growth maps fresh pages, without recycling or waiting, while the mapped
   // total stays within the peak of live (allocated) bytes times 1 + this; beyond that it recycles
   // as before. 0 (the default) keeps memory at the floor; a few percent trades that much memory

@@ -8,6 +8,12 @@
 // with unmapped neighbours). Mapped runs are page aligned at both ends. Stats follow PyTorch:
 // reserved bytes are mapped bytes, and each maximal mapped run counts (and is snapshotted) as one
 // segment. Pages are only unmapped from shared free blocks, i.e. after a fence covering every use.
+//
+// Physical units: each Upstream::map() is one physical allocation of whole pages (up to
+// PoolOptions::expandable_max_unit), recorded in Segment::units. The driver charges per
+// allocation, not per byte, so growth maps few large units; recycling and release take whole
+// units only (a unit half in use stays mapped), which is what keeps the driver's rule that a
+// mapping is unmapped whole.
 #include <algorithm>
 
 #include "allocator/pool_impl.h"
@@ -19,7 +25,6 @@ using detail::now_ns;
 
 namespace {
 std::uintptr_t round_up(std::uintptr_t v, std::size_t g) { return (v + g - 1) / g * g; }
-std::uintptr_t round_down(std::uintptr_t v, std::size_t g) { return v / g * g; }
 }  // namespace
 
 // Segment count bookkeeping: `piece` is a block that just became mapped (sign +1) or is about to
@@ -108,6 +113,7 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
 std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan,
                                                  std::vector<Block*>& out) const {
   std::size_t total = 0;
+  std::vector<std::pair<std::size_t, Block*>> ranked;  // (releasable bytes, block): computed once
   for (int k = 0; k < 2; ++k) {
     // Pages move between the two ranges only when they have the same page size: a page is one
     // physical allocation upstream, which cannot be split, and merging small ones into a large
@@ -121,39 +127,52 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
       const std::size_t r = releasable_pages(b);
       if (r == 0) continue;
-      out.push_back(b);
+      ranked.emplace_back(r, b);
       total += r;
     }
   }
-  // Fewest whole pages first: small free islands between live blocks are the least useful
-  // mapped memory; large free runs serve later large requests without any driver call.
-  std::sort(out.begin(), out.end(), [&](const Block* a, const Block* b) {
-    const std::size_t ra = releasable_pages(a), rb = releasable_pages(b);
-    return ra != rb ? ra < rb : a->ptr < b->ptr;
+  // Fewest whole units' bytes first: small free islands between live blocks are the least
+  // useful mapped memory; large free runs serve later large requests without any driver call.
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second->ptr < b.second->ptr;
   });
+  for (const auto& [r, b] : ranked) out.push_back(b);
   return total;
 }
 
 std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
-                                            std::vector<Detached>& out) {
+                                            std::vector<detail::Unit>& out) {
   std::size_t done = 0;
+  std::vector<Detached> scratch;  // release_page_range's page runs: the units in `out` say more
   // Releasing a candidate touches only it and its neighbours, never another candidate (two
   // shared free blocks are never neighbours: they would have merged).
   for (Block* b : cands) {
     if (done >= want) break;
-    const std::size_t g = b->seg->page;
-    const std::size_t r = releasable_pages(b);
-    const std::size_t take = std::min(r, round_up(want - done, g));
-    const std::uintptr_t base = b->seg->base;
-    const std::uintptr_t lo_all = base + round_up(b->ptr - base, g);
-    const std::uintptr_t hi_all = base + round_down(b->ptr + b->size - base, g);
-    // A partial release takes the pages next to a hole, so the hole grows instead of a new
-    // one opening (fewer mapped runs, larger holes to grow into later).
-    const bool from_top = take == r || b->next == nullptr || b->next->state == BState::unmapped ||
-                          b->prev == nullptr || b->prev->state != BState::unmapped;
-    const std::uintptr_t lo = from_top ? hi_all - take : lo_all;
-    release_page_range(b, lo, lo + take, out);
-    done += take;
+    const Segment* seg = b->seg;
+    const auto [ulo, uhi] = unit_span(seg, b->ptr, b->ptr + b->size);
+    if (uhi <= ulo) continue;
+    const std::size_t need = want - done;
+    std::uintptr_t lo = ulo, hi = uhi;
+    if (need < uhi - ulo) {
+      // A partial release takes the units next to a hole, so the hole grows instead of a new
+      // one opening (fewer mapped runs, larger holes to grow into later).
+      const bool from_top = b->next == nullptr || b->next->state == BState::unmapped || b->prev == nullptr ||
+                            b->prev->state != BState::unmapped;
+      if (from_top) {
+        lo = uhi;  // walk down through the units below uhi (they tile [ulo, uhi))
+        auto it = seg->units.lower_bound(uhi);
+        while (lo > ulo && uhi - lo < need) lo = (--it)->first;
+      } else {
+        auto it = seg->units.find(ulo);
+        hi = ulo;
+        while (hi < uhi && hi - ulo < need) {
+          hi += it->second;
+          ++it;
+        }
+      }
+    }
+    release_page_range(b, lo, hi, scratch, &out);
+    done += hi - lo;
   }
   return done;
 }
@@ -193,7 +212,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // first make memory that fences hold back reusable (once), then recycle whole free pages.
   GrowPlan plan;
   std::vector<Block*> cands;
-  std::vector<Detached> spare;  // recycled page runs, already unmapped in the pool's structures
+  std::vector<detail::Unit> spare;  // recycled units, already unmapped in the pool's structures
   bool fences_tried = false;
   for (;;) {
     plan = plan_expandable(seg, rounded, stream);
@@ -231,22 +250,25 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (avail != 0) recycle_pages(cands, std::min(over, avail), spare);
     break;
   }
-  // Pages recycled and not moved into the growth (a failure, or more than needed) are unmapped
-  // when this function returns, whatever the path.
+  // Units recycled and not moved into the growth (a failure, more than needed, or too large
+  // for what is left of a hole) are unmapped when this function returns, whatever the path.
   struct SpareGuard {
     Impl* impl;
     Lock& lk;
-    std::vector<Detached>& spare;
-    std::size_t& next;
+    std::vector<detail::Unit>& spare;
     ~SpareGuard() {
-      if (next < spare.size()) {
-        std::vector<Detached> rest(spare.begin() + static_cast<std::ptrdiff_t>(next), spare.end());
-        impl->release_segments(lk, rest);
+      std::vector<Detached> rest;
+      for (const detail::Unit& u : spare) {
+        if (u.used) continue;
+        if (!rest.empty() && rest.back().base + rest.back().size == u.base)
+          rest.back().size += u.size;  // one unmap call per contiguous run
+        else
+          rest.push_back(Detached{u.base, u.size, true});
       }
+      impl->release_segments(lk, rest);
     }
   };
-  std::size_t spare_next = 0;  // spare[spare_next..] not moved yet
-  SpareGuard guard{this, lk, spare, spare_next};
+  SpareGuard guard{this, lk, spare};
 
   // The limit, checked before any upstream call.
   const std::size_t to_map = plan.to_map;
@@ -258,35 +280,59 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
 
   StreamFree* sf = stream_get(stream);
   UpstreamStatus failed = UpstreamStatus::ok;
+  const std::size_t unit_cap = max_unit(seg);
+  std::size_t placed = 0;  // bytes of the plan mapped or moved into place so far
   // Map `amount` bytes at the front (or the back) of hole u; the pages become a free block local
   // to the requesting stream, merged with the usable free blocks around it. Fresh pages were never
   // used, so any class would be safe; local lets them swallow a free block shared or local to this
   // stream into one block the request can take.
-  // Recycled pages are moved there first (Upstream::move: the same physical pages at a new
-  // address), fresh ones mapped for the rest; all or nothing per piece.
+  // Recycled units that fit are moved there first (Upstream::move: the same physical memory at a
+  // new address; a contiguous run of them in one call), fresh units mapped for the rest; all or
+  // nothing per piece.
   auto fill = [&](std::uintptr_t at, std::size_t amount) -> UpstreamStatus {
     std::size_t done = 0;
     UpstreamStatus us = UpstreamStatus::ok;
-    while (done < amount && spare_next < spare.size() && us == UpstreamStatus::ok) {
-      Detached& d = spare[spare_next];
-      const std::size_t n = std::min(amount - done, d.size);
-      const std::uintptr_t from = d.base;
+    for (std::size_t i = 0; i < spare.size() && done < amount && us == UpstreamStatus::ok;) {
+      if (spare[i].used || spare[i].size > amount - done) {
+        ++i;
+        continue;
+      }
+      const std::uintptr_t from = spare[i].base;
+      std::size_t n = 0, j = i;
+      for (; j < spare.size() && !spare[j].used && spare[j].base == from + n && n + spare[j].size <= amount - done; ++j)
+        n += spare[j].size;
       const std::int64_t t0 = now_ns();
       us = up.move(reinterpret_cast<void*>(from), reinterpret_cast<void*>(at + done), n);
       emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
-      if (n == d.size) {
-        ++spare_next;
-      } else {  // the rest of this run stays spare
-        d.base += n;
-        d.size -= n;
+      for (std::size_t k = i; k < j; ++k) {
+        spare[k].used = true;
+        if (us == UpstreamStatus::ok) seg->units.emplace(at + done + (spare[k].base - from), spare[k].size);
       }
       if (us == UpstreamStatus::ok) done += n;
+      i = j;
     }
-    if (us == UpstreamStatus::ok && done < amount) {
-      us = up.map(reinterpret_cast<void*>(at + done), amount - done);
-      if (us == UpstreamStatus::ok) done = amount;
+    // Spare units larger than all the growth still to place can never be used: they go back
+    // now, before fresh memory is mapped, so the mapped total never passes the mark on the way.
+    std::vector<Detached> unusable;
+    for (detail::Unit& u : spare)
+      if (!u.used && u.size > plan.to_map - placed - done) {
+        u.used = true;
+        unusable.push_back(Detached{u.base, u.size, true});
+      }
+    release_segments(lk, unusable);
+    while (us == UpstreamStatus::ok && done < amount) {
+      const std::size_t n = std::min(amount - done, unit_cap);
+      us = up.map(reinterpret_cast<void*>(at + done), n);
+      if (us == UpstreamStatus::ok) {
+        seg->units.emplace(at + done, n);
+        done += n;
+      }
     }
-    if (us != UpstreamStatus::ok && done != 0) up.unmap(reinterpret_cast<void*>(at), done);
+    if (us != UpstreamStatus::ok && done != 0) {
+      up.unmap(reinterpret_cast<void*>(at), done);
+      seg->units.erase(seg->units.lower_bound(at), seg->units.lower_bound(at + done));
+    }
+    if (us == UpstreamStatus::ok) placed += amount;
     return us;
   };
   auto map_piece = [&](Block* u, std::size_t amount, bool back) -> Block* {
@@ -351,26 +397,33 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   return UpstreamStatus::ok;
 }
 
-// Bytes of whole pages inside a free block of an expandable segment.
-std::size_t DevicePool::Impl::releasable_pages(const Block* b) const {
-  if (!b->seg->expandable) return 0;
-  const std::uintptr_t base = b->seg->base;
-  const std::uintptr_t lo = base + round_up(b->ptr - base, b->seg->page);
-  const std::uintptr_t hi = base + round_down(b->ptr + b->size - base, b->seg->page);
-  return hi > lo ? hi - lo : 0;
+std::pair<std::uintptr_t, std::uintptr_t> DevicePool::Impl::unit_span(const Segment* seg, std::uintptr_t lo,
+                                                                      std::uintptr_t hi) const {
+  auto it = seg->units.lower_bound(lo);
+  if (it == seg->units.end()) return {lo, lo};
+  const std::uintptr_t first = it->first;
+  std::uintptr_t end = first;
+  // Units tile a mapped run, so they follow one another without gaps.
+  for (; it != seg->units.end() && it->first == end && it->first + it->second <= hi; ++it) end += it->second;
+  return {first, end};
 }
 
-// b: a shared free block of an expandable segment. Its whole pages become unmapped; the partial
-// pages at either end stay mapped as (smaller) shared free blocks.
+// Bytes of whole units inside a free block of an expandable segment.
+std::size_t DevicePool::Impl::releasable_pages(const Block* b) const {
+  if (!b->seg->expandable) return 0;
+  const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+  return hi - lo;
+}
+
+// b: a shared free block of an expandable segment. Its whole units become unmapped; the parts
+// of units at either end stay mapped as (smaller) shared free blocks.
 void DevicePool::Impl::release_pages(Block* b, std::vector<Detached>& out) {
-  const std::size_t bytes = releasable_pages(b);
-  if (bytes == 0) return;
-  const std::uintptr_t lo = b->seg->base + round_up(b->ptr - b->seg->base, b->seg->page);
-  release_page_range(b, lo, lo + bytes, out);
+  const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+  if (hi > lo) release_page_range(b, lo, hi, out);
 }
 
 void DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi,
-                                          std::vector<Detached>& out) {
+                                          std::vector<Detached>& out, std::vector<detail::Unit>* units_out) {
   if (hi <= lo) return;
   const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;
@@ -397,6 +450,10 @@ void DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uint
     mid = cut_after(b, lo);
   }
   Block* tail = (mid->ptr + mid->size > hi) ? cut_after(mid, hi) : nullptr;
+  for (auto it = seg->units.lower_bound(lo); it != seg->units.end() && it->first < hi;) {
+    if (units_out != nullptr) units_out->push_back(detail::Unit{it->first, it->second});
+    it = seg->units.erase(it);
+  }
   mid->state = BState::unmapped;
   mid->requested = 0;
   count_runs_change(mid, -1);
@@ -424,6 +481,7 @@ void DevicePool::Impl::destroy_expandable(Segment* seg) {
     }
     up.unmap(reinterpret_cast<void*>(start), end - start);
   }
+  seg->units.clear();
   up.unreserve(reinterpret_cast<void*>(seg->base), seg->size);
 }
 

@@ -75,6 +75,18 @@ struct Segment {
   bool expandable = false;   // a reserved range grown by mapping pages (pool_expandable.cpp)
   std::size_t mapped = 0;    // expandable: bytes with pages behind them
   std::size_t page = 0;      // expandable: the unit of mapping (Impl::page_bytes)
+  // expandable: the physical allocations behind the mapped bytes, base -> size. Each is one
+  // Upstream::map() (whole pages, up to PoolOptions::expandable_max_unit) and can only be
+  // unmapped or moved whole: the driver cannot split a physical allocation. They tile every
+  // mapped run exactly (check() verifies it).
+  std::map<std::uintptr_t, std::size_t> units;
+};
+
+// A physical allocation taken out of a range for recycling (pool_expandable.cpp).
+struct Unit {
+  std::uintptr_t base;
+  std::size_t size;
+  bool used = false;  // moved into the growth already
 };
 
 struct BySizeAddr {
@@ -480,13 +492,24 @@ struct DevicePool::Impl {
   GrowPlan plan_expandable(Segment* seg, std::size_t rounded, StreamId stream);
   std::size_t releasable_pages(const Block* b) const;
   void release_pages(Block* b, std::vector<Detached>& out);
-  // Unmap the whole pages [lo, hi) of shared free block b (lo, hi page aligned, inside b).
-  void release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out);
+  // Unmap the whole units [lo, hi) of shared free block b (lo, hi unit boundaries inside b);
+  // the units taken out are appended to `units_out` when given, in address order.
+  void release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
+                          std::vector<detail::Unit>* units_out = nullptr);
+  // The whole units inside [lo, hi) of a mapped run: [first unit's base, last unit's end), or
+  // an empty span (first == second) when no unit fits.
+  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const;
+  // The largest physical allocation growth may map in `seg` (a multiple of its page).
+  std::size_t max_unit(const Segment* seg) const {
+    const std::size_t want = opt.expandable_max_unit;
+    return want <= seg->page ? seg->page : want / seg->page * seg->page;
+  }
   // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
   // fewest whole pages first; returns their total releasable bytes.
   std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out) const;
-  // Unmap at least `want` bytes (whole pages) from `cands` in order; returns the bytes.
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<Detached>& out);
+  // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
+  // units are appended to `out`, to be moved into the growth.
+  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out);
   // Expandable ranges: the most bytes ever reserved (not reset by reset_peak_stats). Growth
   // beyond it is what recycling and the wait avoid.
   std::size_t reserved_hwm = 0;

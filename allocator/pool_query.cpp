@@ -257,6 +257,23 @@ std::string DevicePool::Impl::check() const {
       detail::bump(recount.segment, p, 1);
       detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(seg->size));
     }
+    if (seg->expandable) {  // the physical units tile every mapped run, and nothing else
+      auto u = seg->units.begin();
+      for (const Block* b = seg->head; b != nullptr;) {
+        if (!b->mapped()) {
+          b = b->next;
+          continue;
+        }
+        const Block* first = b;
+        std::uintptr_t end = b->ptr;
+        for (; b != nullptr && b->mapped(); b = b->next) end = b->ptr + b->size;
+        for (std::uintptr_t at = first->ptr; at < end; at += (u++)->second)
+          if (u == seg->units.end() || u->first != at || u->second == 0 || u->second % seg->page != 0 ||
+              u->second > end - at)
+            return fail("physical units do not tile a mapped run", first);
+      }
+      if (u != seg->units.end()) return fail("physical unit outside the mapped runs", seg->head);
+    }
     std::uintptr_t at = base;
     std::size_t mapped = 0;
     for (const Block* b = seg->head; b != nullptr; b = b->next) {

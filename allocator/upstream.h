@@ -23,19 +23,22 @@ class Upstream {
   // --- Expandable segments (optional). granularity() == 0 means unsupported. -----------------
   virtual std::size_t granularity() { return 0; }
   // Reserve virtual address space without backing memory. `page` (a multiple of granularity()
-  // that divides `bytes`) is the unit the pool promises to use on this range: map, unmap and move
-  // always cover whole pages at offsets from the base that are multiples of `page`. So an
-  // upstream may back each page with ONE physical allocation: the driver's map and access calls
-  // cost per allocation, not per byte (tests/gpu/vmm_costs.cu measures it).
+  // that divides `bytes`) is the unit the pool promises to use on this range: every map, unmap and
+  // move covers whole pages at offsets from the base that are multiples of `page`.
+  // Physical units: each map() call is ONE physical allocation (the driver's map and access
+  // calls cost per allocation, not per byte: tests/gpu/vmm_costs.cu), and the pool unmaps and
+  // moves only whole units, i.e. exactly the runs of earlier map() calls (possibly several
+  // adjacent ones in one call; a moved unit keeps its size at its new address).
   virtual UpstreamStatus reserve(std::size_t /*bytes*/, std::size_t /*page*/, void** /*out*/) {
     return UpstreamStatus::error;
   }
   virtual void unreserve(void* /*base*/, std::size_t /*bytes*/) {}
-  // Back [addr, addr+bytes) (whole pages of its range) with memory and make it accessible.
+  // Back [addr, addr+bytes) (whole pages of its range) with one physical allocation and make it
+  // accessible.
   virtual UpstreamStatus map(void* /*addr*/, std::size_t /*bytes*/) { return UpstreamStatus::error; }
-  // Remove the backing of [addr, addr+bytes) (whole pages); the pool fences GPU work on it first.
+  // Remove the backing of [addr, addr+bytes) (whole units); the pool fences GPU work on it first.
   virtual void unmap(void* /*addr*/, std::size_t /*bytes*/) {}
-  // Move the pages behind [from, from+bytes) to [to, to+bytes) (both page aligned, `to` unmapped),
+  // Move the units behind [from, from+bytes) to [to, to+bytes) (whole units, `to` unmapped),
   // so that recycling pages need not free and re-create physical memory. Whatever the result,
   // [from, from+bytes) is unmapped on return; on ok [to, to+bytes) is mapped and accessible, on
   // failure none of it is. The default is unmap + map; an upstream that can remap the same

@@ -97,6 +97,19 @@ bool default_expandable_page(const Policy& p) {
   return p.pool.expandable_large_page == PoolOptions{}.expandable_large_page;
 }
 
+std::string apply_expandable_unit(Policy& p, std::string_view v, Warnings&) {
+  std::size_t bytes = 0;
+  if (std::string why = set_mib(bytes, v, 0); !why.empty()) return why;
+  // A unit is given back only when all of it is free: one near the device's size never would be.
+  if (bytes > 1024 * MiB) return "above the maximum 1024";
+  p.pool.expandable_max_unit = bytes;
+  return {};
+}
+std::string format_expandable_unit(const Policy& p) { return std::to_string(p.pool.expandable_max_unit / MiB); }
+bool default_expandable_unit(const Policy& p) {
+  return p.pool.expandable_max_unit == PoolOptions{}.expandable_max_unit;
+}
+
 std::string apply_expandable_headroom(Policy& p, std::string_view v, Warnings&) {
   double x = 0.0;
   if (std::string why = parse_number(v, x); !why.empty()) return why;
@@ -269,7 +282,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 29> kKeys{{
+const std::array<KeySpec, 30> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -313,6 +326,12 @@ const std::array<KeySpec, 29> kKeys{{
      "driver's granularity), one physical allocation each; larger pages make growth cheaper (CUDA's "
      "map calls cost per allocation), smaller ones give memory back and recycle it more finely",
      {}, apply_expandable_page, format_expandable_page, default_expandable_page},
+    {"expandable_unit_mb", K::integer, "a whole number of MiB <= 1024 (0 = one page per physical allocation)",
+     "64",
+     "with expandable_segments: growth maps fresh memory in physical allocations of up to this size "
+     "(whole pages); CUDA's map calls cost per allocation, so larger units make growth cheaper, while "
+     "a unit is recycled or given back only when all of it is free",
+     {}, apply_expandable_unit, format_expandable_unit, default_expandable_unit},
     {"expandable_headroom", K::number, "a number in [0, 1)", "0.03",
      "with expandable_segments: map fresh pages without recycling or waiting while the mapped total "
      "stays within the peak of allocated bytes times 1 + this (0 = recycle at the memory floor)",

@@ -73,7 +73,8 @@ class CudaUpstream final : public Upstream {
   // The page size of the range holding [lo, lo+bytes), if one does and lo is page aligned in it
   // and bytes a multiple of its page; else 0.
   std::size_t page_at(std::uintptr_t lo, std::size_t bytes) const;
-  void release_pages(std::uintptr_t lo, std::uintptr_t hi);
+  // Unmaps and releases every unit lying wholly inside [lo, hi).
+  void release_units(std::uintptr_t lo, std::uintptr_t hi);
   CUresult set_access(int dev, std::uintptr_t lo, std::size_t bytes);
 
   const RealDriver& d_;
@@ -84,8 +85,12 @@ class CudaUpstream final : public Upstream {
   std::size_t gran_ = 0;
   std::size_t device_total_ = 0;
   std::vector<int> peers_;
-  std::unordered_map<std::uintptr_t, CUmemGenericAllocationHandle> pages_;  // page address -> handle
-  std::map<std::uintptr_t, Range> ranges_;                                  // reservations by base
+  struct Unit {
+    CUmemGenericAllocationHandle handle = 0;
+    std::size_t bytes = 0;
+  };
+  std::map<std::uintptr_t, Unit> units_;    // physical allocations by mapped address (one per map())
+  std::map<std::uintptr_t, Range> ranges_;  // reservations by base
 };
 
 }  // namespace cudapool::shim

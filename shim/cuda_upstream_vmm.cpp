@@ -6,11 +6,12 @@
 // Granularity = the driver's recommended allocation granularity for pinned device memory on the
 // pool's device (2 MiB on current GPUs, but never assumed). Each range has its own page, a multiple
 // of it chosen by the pool at reserve() (the granularity for the small pool; for the large one
-// expandable_page_mb, by default the granularity too). Every page gets its own physical handle: cuMemUnmap must cover whole mappings, and the
-// pool releases arbitrary whole pages, so one handle per page is what lets any page go back on its
-// own. Larger pages mean fewer handles, and handles are what cost: on an H200 cuMemCreate,
-// cuMemMap and cuMemSetAccess take ~50 us per handle together, for 2 MiB or 20 MiB alike
-// (tests/gpu/vmm_costs.cu). One cuMemSetAccess covers a whole map() call.
+// expandable_page_mb, by default the granularity too). Each map() call is one physical handle of
+// the call's size (the pool's physical unit: expandable_unit_mb caps it): cuMemUnmap must cover
+// whole mappings, and the pool only ever unmaps or moves whole units. Handles are what cost: on
+// an H200 cuMemCreate, cuMemMap and cuMemSetAccess take ~50 us per handle together, for 2 MiB or
+// 20 MiB alike (tests/gpu/vmm_costs.cu), so a growth of 1 GiB is 512 handles in 2 MiB pages and
+// 16 in 64 MiB units. One cuMemSetAccess covers a whole map() or move() call.
 //
 // Address space: the pool asks for one range per pool kind (small/large) of about 9/8 of the
 // device (allocator/pool_expandable.cpp), i.e. two per context, however many streams there are.
@@ -132,7 +133,7 @@ void CudaUpstream::unreserve(void* base, std::size_t bytes) {
   }
   // The pool unmaps everything first; anything still mapped here would leak its handle.
   const std::size_t size = it->second.bytes;
-  release_pages(b, b + size);
+  release_units(b, b + size);
   ScopedContext scope(d_, ctx_);
   const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(b), size);
   if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({}, {} bytes) failed: CUDA error {}", base, size, r);
@@ -156,31 +157,22 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
   int dev = 0;
   if (!vmm_device(&dev)) return UpstreamStatus::error;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  const std::size_t page = page_at(lo, bytes);
-  if (page == 0) return UpstreamStatus::error;  // not whole pages of one of our ranges
-  const std::uintptr_t hi = lo + bytes;
+  if (page_at(lo, bytes) == 0) return UpstreamStatus::error;  // not whole pages of one of our ranges
   ScopedContext scope(d_, ctx_);
   const CUmemAllocationProp prop = pinned_on(dev);
-  CUresult r = CUDA_SUCCESS;
-  std::uintptr_t p = lo;
-  for (; p < hi; p += page) {
-    CUmemGenericAllocationHandle h = 0;
-    r = d_.cuMemCreate(&h, page, &prop, 0);
-    if (r != CUDA_SUCCESS) break;
-    r = d_.cuMemMap(static_cast<CUdeviceptr>(p), page, 0, h, 0);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = d_.cuMemCreate(&h, bytes, &prop, 0);
+  if (r == CUDA_SUCCESS) {
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(lo), bytes, 0, h, 0);
     if (r != CUDA_SUCCESS) {
       d_.cuMemRelease(h);
-      break;
+    } else {
+      units_[lo] = Unit{h, bytes};
+      r = set_access(dev, lo, bytes);
+      if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
+      release_units(lo, lo + bytes);  // all or nothing
     }
-    pages_[p] = h;
   }
-  if (r == CUDA_SUCCESS) {
-    r = set_access(dev, lo, bytes);
-    if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
-    p = hi;
-  }
-  // All or nothing: the pages this call mapped go back before the failure is reported.
-  release_pages(lo, p);
   log_debug("expandable segments: mapping {} bytes at {:#x} failed: CUDA error {}", bytes, lo, r);
   return status_of(r);
 }
@@ -198,9 +190,9 @@ CUresult CudaUpstream::set_access(int dev, std::uintptr_t lo, std::size_t bytes)
   return d_.cuMemSetAccess(static_cast<CUdeviceptr>(lo), bytes, access.data(), access.size());
 }
 
-// Recycling without giving physical memory back: per page, cuMemUnmap at the old address and
+// Recycling without giving physical memory back: per unit, cuMemUnmap at the old address and
 // cuMemMap of the same handle at the new one; one cuMemSetAccess for the whole new run. Saves a
-// cuMemRelease + cuMemCreate per page. On any failure the pages not yet moved, and those moved
+// cuMemRelease + cuMemCreate per unit. On any failure the units not yet moved, and those moved
 // by this call, are unmapped and released: `from` is unmapped whatever happens, `to` is mapped
 // only on success (Upstream::move's contract).
 UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
@@ -211,36 +203,37 @@ UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
   // A handle keeps its size: both ends must be whole pages of ranges with the same page.
   const std::size_t page = page_at(src, bytes);
   if (!vmm_device(&dev) || page == 0 || page_at(dst, bytes) != page) {
-    release_pages(src, src + bytes);
+    release_units(src, src + bytes);
     return UpstreamStatus::error;
   }
   ScopedContext scope(d_, ctx_);
   CUresult r = CUDA_SUCCESS;
   std::size_t off = 0;
-  for (; off < bytes; off += page) {
-    auto it = pages_.find(src + off);
-    if (it == pages_.end()) {  // not ours: should not happen; the rest is mapped fresh below
+  while (off < bytes) {
+    auto it = units_.find(src + off);
+    if (it == units_.end() || it->second.bytes > bytes - off) {  // not whole units of ours
       r = CUDA_ERROR_INVALID_VALUE;
       break;
     }
-    const CUmemGenericAllocationHandle h = it->second;
-    r = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + off), page);
-    if (r != CUDA_SUCCESS) break;  // still mapped at src: release_pages below handles it
-    pages_.erase(it);
-    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), page, 0, h, 0);
+    const Unit u = it->second;
+    r = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + off), u.bytes);
+    if (r != CUDA_SUCCESS) break;  // still mapped at src: release_units below handles it
+    units_.erase(it);
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), u.bytes, 0, u.handle, 0);
     if (r != CUDA_SUCCESS) {
-      d_.cuMemRelease(h);
+      d_.cuMemRelease(u.handle);
       break;
     }
-    pages_[dst + off] = h;
+    units_[dst + off] = u;
+    off += u.bytes;
   }
   if (r == CUDA_SUCCESS) {
     r = set_access(dev, dst, bytes);
     if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
     off = bytes;
   }
-  release_pages(src + off, src + bytes);  // not moved yet
-  release_pages(dst, dst + off);          // moved by this call
+  release_units(src, src + bytes);  // not moved yet (units only partly inside stay: not ours to cut)
+  release_units(dst, dst + off);    // moved by this call
   log_debug("expandable segments: moving {} bytes from {:#x} to {:#x} failed: CUDA error {}", bytes, src, dst, r);
   return status_of(r);
 }
@@ -251,29 +244,27 @@ void CudaUpstream::unmap(void* addr, std::size_t bytes) {
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
   if (page_at(lo, bytes) == 0)
     log_warn("expandable segments: unmap({}, {} bytes) is not whole pages of a range", addr, bytes);
-  release_pages(lo, lo + bytes);
+  release_units(lo, lo + bytes);
 }
 
-// Called with vmm_mu_ held: unmaps and releases every page we mapped in [lo, hi) (pages of the
-// range holding lo; a page only partly inside is not touched).
-void CudaUpstream::release_pages(std::uintptr_t lo, std::uintptr_t hi) {
-  if (gran_ == 0 || pages_.empty()) return;
-  auto rit = ranges_.upper_bound(lo);
-  if (rit == ranges_.begin()) return;
-  --rit;
-  const std::uintptr_t base = rit->first;
-  const std::size_t page = rit->second.page;
-  if (lo >= base + rit->second.bytes) return;
-  hi = std::min<std::uintptr_t>(hi, base + rit->second.bytes);
+// Called with vmm_mu_ held.
+void CudaUpstream::release_units(std::uintptr_t lo, std::uintptr_t hi) {
+  if (gran_ == 0 || units_.empty()) return;
   ScopedContext scope(d_, ctx_);
-  for (std::uintptr_t p = base + (lo - base + page - 1) / page * page; p + page <= hi; p += page) {
-    auto it = pages_.find(p);
-    if (it == pages_.end()) continue;
-    CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(p), page);
-    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) failed: CUDA error {}", p, page, r);
-    r = d_.cuMemRelease(it->second);
-    if (r != CUDA_SUCCESS) log_warn("cuMemRelease of the page at {:#x} failed: CUDA error {}", p, r);
-    pages_.erase(it);
+  auto it = units_.lower_bound(lo);
+  while (it != units_.end() && it->first < hi) {
+    const std::uintptr_t p = it->first;
+    const Unit u = it->second;
+    if (p + u.bytes > hi) {  // the pool never cuts a unit: a caller bug, not worth a fault
+      log_warn("expandable segments: not unmapping the {} bytes at {:#x}: only part of it was asked for", u.bytes, p);
+      ++it;
+      continue;
+    }
+    CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(p), u.bytes);
+    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) failed: CUDA error {}", p, u.bytes, r);
+    r = d_.cuMemRelease(u.handle);
+    if (r != CUDA_SUCCESS) log_warn("cuMemRelease of the unit at {:#x} failed: CUDA error {}", p, r);
+    it = units_.erase(it);
   }
 }
 
@@ -287,15 +278,15 @@ void CudaUpstream::release_all_vmm() {
   if (had) {
     ScopedContext scope(d_, ctx_);
     if (d_.cuCtxSynchronize != nullptr) d_.cuCtxSynchronize();  // work on the pages ends first
-    std::size_t pages = pages_.size();
+    std::size_t units = units_.size();
     for (auto& [base, range] : ranges_) {
-      release_pages(base, base + range.bytes);
+      release_units(base, base + range.bytes);
       const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(base), range.bytes);
       if (r != CUDA_SUCCESS)
         log_warn("cuMemAddressFree({:#x}, {} bytes) failed: CUDA error {}", base, range.bytes, r);
       g_reserved_total.fetch_sub(range.bytes, std::memory_order_relaxed);
     }
-    log_info("expandable segments: context gone, released {} pages and {} ranges", pages, ranges_.size());
+    log_info("expandable segments: context gone, released {} physical units and {} ranges", units, ranges_.size());
     ranges_.clear();
   }
   if (device_ >= 0 || device_ == -1) device_ = -2;  // no more reservations or maps

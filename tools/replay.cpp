@@ -160,6 +160,7 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
     }
     res.stats = pool.stats();
     res.upstream_calls = upstream.calls();
+    res.unit_ops = upstream.unit_ops();
     pool.set_event_sink(nullptr);  // the destructor's releases are not part of the program's run
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

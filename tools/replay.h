@@ -76,6 +76,7 @@ struct ReplayResult {
   std::size_t recorded_failures_served = 0;  // "allocate failure" rows the replay could serve
   std::size_t bad_frees = 0;              // the pool refused a free (should be 0)
   std::uint64_t fences = 0, fence_waits = 0;
+  std::uint64_t unit_ops = 0;  // expandable: physical allocations created, moved, released
   // Every call to the simulated device: segment allocate/release and expandable map/unmap
   // (the pool's num_device_alloc/free count only the first two).
   std::uint64_t upstream_calls = 0;

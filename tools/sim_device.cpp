@@ -52,13 +52,35 @@ UpstreamStatus SimUpstream::reserve(std::size_t bytes, std::size_t page, void** 
 
 void SimUpstream::unreserve(void*, std::size_t) {}
 
-UpstreamStatus SimUpstream::map(void*, std::size_t bytes) {
-  return charge(bytes) ? UpstreamStatus::ok : UpstreamStatus::out_of_memory;
+UpstreamStatus SimUpstream::map(void* addr, std::size_t bytes) {
+  if (!charge(bytes)) return UpstreamStatus::out_of_memory;
+  units_[reinterpret_cast<std::uintptr_t>(addr)] = bytes;
+  ++unit_ops_;
+  return UpstreamStatus::ok;
 }
 
-void SimUpstream::unmap(void*, std::size_t bytes) {
+void SimUpstream::unmap(void* addr, std::size_t bytes) {
   ++calls_;
   used_ -= bytes <= used_ ? bytes : used_;
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  unit_ops_ += take_units(lo, lo + bytes).size();
+}
+
+// The same physical memory at a new address: nothing charged, each unit keeps its size.
+UpstreamStatus SimUpstream::move(void* from, void* to, std::size_t bytes) {
+  calls_ += 2;  // an unmap and a map, as the pool's statistics count upstream work
+  const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
+  const auto moved = take_units(src, src + bytes);
+  for (const auto& [at, size] : moved) units_[dst + (at - src)] = size;
+  unit_ops_ += moved.size();
+  return UpstreamStatus::ok;
+}
+
+std::vector<std::pair<std::uintptr_t, std::size_t>> SimUpstream::take_units(std::uintptr_t lo, std::uintptr_t hi) {
+  const auto first = units_.lower_bound(lo), last = units_.lower_bound(hi);
+  std::vector<std::pair<std::uintptr_t, std::size_t>> out(first, last);
+  units_.erase(first, last);
+  return out;
 }
 
 FenceHandle SimFences::record() {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "allocator/fence.h"
@@ -25,18 +26,26 @@ class SimUpstream : public Upstream {
   void unreserve(void* base, std::size_t bytes) override;
   UpstreamStatus map(void* addr, std::size_t bytes) override;
   void unmap(void* addr, std::size_t bytes) override;
+  UpstreamStatus move(void* from, void* to, std::size_t bytes) override;
 
   std::size_t used() const { return used_; }
   std::size_t peak_used() const { return peak_used_; }
   std::uint64_t calls() const { return calls_; }  // allocate + release + map + unmap
   std::uint64_t refusals() const { return refusals_; }
+  // Expandable segments: physical allocations created, moved and released. Each costs the
+  // driver about the same whatever its size (~40-50 us on an H200: docs/benchmarks.md), so this
+  // is the replay's measure of growth cost.
+  std::uint64_t unit_ops() const { return unit_ops_; }
 
  private:
   std::uintptr_t take_addresses(std::size_t bytes);
   bool charge(std::size_t bytes);
   std::size_t total_, granularity_;
   std::size_t used_ = 0, peak_used_ = 0;
-  std::uint64_t calls_ = 0, refusals_ = 0;
+  std::uint64_t calls_ = 0, refusals_ = 0, unit_ops_ = 0;
+  std::map<std::uintptr_t, std::size_t> units_;  // mapped physical allocations: base -> bytes
+  // Takes the units inside [lo, hi) out of units_; returns them (address order).
+  std::vector<std::pair<std::uintptr_t, std::size_t>> take_units(std::uintptr_t lo, std::uintptr_t hi);
   // Addresses are never reused: a stale pointer in the pool can never alias a new segment.
   std::uintptr_t next_address_ = std::uintptr_t{1} << 40;
 };

@@ -82,6 +82,15 @@ std::size_t large_page() {
   return want <= g ? g : (want + g - 1) / g * g;
 }
 
+// The pool's largest physical unit: VMM_APP_MAX_UNIT_MB (what the test set with
+// expandable_unit_mb; unset, the pool's default 16) in whole pages, at least one page.
+std::size_t max_unit() {
+  const std::size_t lp = large_page();
+  const char* e = std::getenv("VMM_APP_MAX_UNIT_MB");
+  const std::size_t want = (e != nullptr ? std::strtoull(e, nullptr, 10) : 16) * kMiB;
+  return want <= lp ? lp : want / lp * lp;
+}
+
 // The accounting invariants that hold at every quiet point.
 void check_accounting(int dev) {
   const std::size_t g = fakecuda_vmm_granularity();
@@ -128,9 +137,10 @@ void scenario_release() {
   CHECK(mapped_full >= kN * sz);
   // Grown page by page: at most the split rule's 1 MiB of slack per block, plus one page.
   CHECK(mapped_full <= kN * (sz + kMiB) + lp);
-  // Large blocks only: every page is one large page, one handle each.
+  // Large blocks only: whole large pages, in handles of one page up to the largest unit.
   CHECK(mapped_full % lp == 0);
-  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) == mapped_full / lp);
+  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) <= mapped_full / lp);
+  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) >= mapped_full / max_unit());
   check_accounting(0);
   // The address range query answers per block.
   CUdeviceptr base = 0;
@@ -372,6 +382,42 @@ void scenario_peers() {
 }
 
 }  // namespace
+// Physical units: a large growth is a few handles of up to expandable_unit_mb, not one per page
+// (the driver charges per handle); a unit partly in use stays mapped through empty-cache, and
+// goes back once all of it is free.
+void scenario_units() {
+  start(0);
+  const std::size_t g = fakecuda_vmm_granularity();
+  const std::size_t unit = max_unit();
+  CUdeviceptr a = 0;
+  const std::size_t big = 100 * kMiB;  // a multiple of 2 and 4 MiB granularities
+  CHECK(big % g == 0);
+  CHECK_OK(cuMemAlloc_v2(&a, big));
+  fill(a, big, 3);
+  CHECK(fakecuda_vmm_mapped_bytes() == big);
+  const long units = static_cast<long>((big + unit - 1) / unit);
+  CHECK(fakecuda_vmm_live_handles() == units);
+  CHECK(fakecuda_vmm_create_calls() == units);
+  check_accounting(0);
+  CHECK_OK(cuMemFree_v2(a));
+  // A small large-pool block at the start of the freed run keeps its unit (and only it) mapped.
+  CUdeviceptr b = 0;
+  CHECK_OK(cuMemAlloc_v2(&b, 3 * kMiB / 2));
+  CHECK(b == a);
+  fill(b, 3 * kMiB / 2, 9);
+  const std::size_t released = empty_cache();
+  CHECK(released == big - unit);
+  CHECK(fakecuda_vmm_mapped_bytes() == unit);
+  CHECK(fakecuda_vmm_live_handles() == 1);
+  CHECK(holds(b, 3 * kMiB / 2, 9));
+  check_accounting(0);
+  CHECK_OK(cuMemFree_v2(b));
+  CHECK(empty_cache() == unit);
+  CHECK(fakecuda_vmm_mapped_bytes() == 0);
+  CHECK(fakecuda_vmm_live_handles() == 0);
+  check_accounting(0);
+  std::printf("OK units=%ld unit=%zu g=%zu\n", units, unit, g);
+}
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -385,7 +431,8 @@ int main(int argc, char** argv) {
   } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
                    {"ipc", scenario_ipc}, {"oom", scenario_oom},
                    {"classic", scenario_classic}, {"cap", scenario_cap},
-                   {"reset", scenario_reset}, {"recycle", scenario_recycle}, {"peers", scenario_peers}};
+                   {"reset", scenario_reset}, {"recycle", scenario_recycle}, {"peers", scenario_peers},
+                   {"units", scenario_units}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

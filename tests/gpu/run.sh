@@ -11,6 +11,7 @@
 # runs with under 10 s left are skipped and reported as MISS), LAT_REPS / TORCH_REPS (default 3:
 # processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
 # TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: docs/benchmarks.md),
+# TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
 # load correctness race ordered legacy latency torch cupy jax ddp), GPU_BIN (use programs already
@@ -232,10 +233,18 @@ fi
 # Fixed seeds and deterministic algorithms, so losses can be compared exactly.
 DET=(CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0)
 NOCACHE=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+# Each training process runs pinned to one CPU (TORCH_PIN_CPU, default 2; "none" to not pin):
+# unpinned, one mode's processes spread by 10-25 % on the lent VMs, pinned by ~2 %
+# (docs/benchmarks.md, fourth session). nvml_peak itself stays unpinned, so it never competes
+# with the process it measures.
+TPIN=()
+if [ "${TORCH_PIN_CPU:-2}" != none ] && command -v taskset >/dev/null && [ "$(nproc)" -gt "${TORCH_PIN_CPU:-2}" ]; then
+  TPIN=(taskset -c "${TORCH_PIN_CPU:-2}")
+fi
 # One PyTorch training run in MODE as run NAME (its JSON, NVML peak and stats under that name).
 torch_mode() {  # torch_mode MODE NAME
   local mode=$1 name=$2
-  local T=(python3 "$ROOT/tests/gpu/torch_train.py" --steps 60 --d-model "${TORCH_D_MODEL:-2048}" --out "$OUT/logs/$name.json")
+  local T=("${TPIN[@]}" python3 "$ROOT/tests/gpu/torch_train.py" --steps 60 --d-model "${TORCH_D_MODEL:-2048}" --out "$OUT/logs/$name.json")
   case $mode in
     native) run "$name" 100 "${DET[@]}" -- $(peak "$name") "${T[@]}" ;;
     expandable) run "$name" 100 "${DET[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- $(peak "$name") "${T[@]}" ;;

@@ -122,7 +122,7 @@ class FakeUpstream : public Upstream {
   void unreserve(void* base, std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = reservations_.find(reinterpret_cast<std::uintptr_t>(base));
-    if (it == reservations_.end() || it->second.size != bytes || !it->second.pages.empty()) {
+    if (it == reservations_.end() || it->second.size != bytes || !it->second.units.empty()) {
       ++bad_calls_;  // unknown range, wrong size, or pages still mapped
       return;
     }
@@ -145,16 +145,15 @@ class FakeUpstream : public Upstream {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
-    for (std::uintptr_t p = a; p < a + bytes; p += granularity_)
-      if (r->pages.count(p)) {
-        ++bad_calls_;  // mapping a page twice
-        return UpstreamStatus::error;
-      }
+    if (overlaps_unit(*r, a, bytes)) {
+      ++bad_calls_;  // mapping a page twice
+      return UpstreamStatus::error;
+    }
     if (held_ + mapped_ + bytes > capacity_) {
       ++failed_calls_;
       return UpstreamStatus::out_of_memory;
     }
-    for (std::uintptr_t p = a; p < a + bytes; p += granularity_) r->pages[p] = true;
+    r->units[a] = bytes;  // one physical allocation, like cuMemCreate of `bytes`
     pages_mapped_ += bytes / r->page;
     if (backed_) ::mprotect(addr, bytes, PROT_READ | PROT_WRITE);
     mapped_ += bytes;
@@ -171,12 +170,11 @@ class FakeUpstream : public Upstream {
       ++bad_calls_;
       return;
     }
-    for (std::uintptr_t p = a; p < a + bytes; p += granularity_)
-      if (!r->pages.count(p)) {
-        ++bad_calls_;  // unmapping a page that is not mapped
-        return;
-      }
-    for (std::uintptr_t p = a; p < a + bytes; p += granularity_) r->pages.erase(p);
+    if (!whole_units(*r, a, bytes)) {
+      ++bad_calls_;  // unmapping what is not mapped, or part of a physical allocation
+      return;
+    }
+    r->units.erase(r->units.lower_bound(a), r->units.lower_bound(a + bytes));
     if (backed_) {
       ::madvise(addr, bytes, MADV_DONTNEED);
       ::mprotect(addr, bytes, PROT_NONE);
@@ -184,13 +182,30 @@ class FakeUpstream : public Upstream {
     mapped_ -= bytes;
   }
 
-  // The default (unmap + map), counted: the pool's recycling path.
+  // The pool's recycling path: like the shim, every unit keeps its size at its new address.
   UpstreamStatus move(void* from, void* to, std::size_t bytes) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++move_calls_;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++move_calls_;
+    ++unmap_calls_;  // a move is an unmap and a map of the same memory, and counts as both
+    ++map_calls_;
+    const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
+    Reservation* rs = find_reservation(src, bytes);
+    Reservation* rd = find_reservation(dst, bytes);
+    if (rs == nullptr || rd == nullptr || !whole_pages(*rs, src, bytes) || !whole_pages(*rd, dst, bytes) ||
+        !whole_units(*rs, src, bytes) || overlaps_unit(*rd, dst, bytes)) {
+      ++bad_calls_;
+      return UpstreamStatus::error;
     }
-    return Upstream::move(from, to, bytes);
+    std::vector<std::pair<std::uintptr_t, std::size_t>> moved(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
+    rs->units.erase(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
+    for (const auto& [at, size] : moved) rd->units[dst + (at - src)] = size;
+    units_moved_ += moved.size();
+    if (backed_) {
+      ::madvise(from, bytes, MADV_DONTNEED);
+      ::mprotect(from, bytes, PROT_NONE);
+      ::mprotect(to, bytes, PROT_READ | PROT_WRITE);
+    }
+    return UpstreamStatus::ok;
   }
 
   // ---- Control -----------------------------------------------------------------------------
@@ -221,8 +236,18 @@ class FakeUpstream : public Upstream {
   std::size_t map_calls() const { return locked(map_calls_); }
   std::size_t unmap_calls() const { return locked(unmap_calls_); }
   std::size_t move_calls() const { return locked(move_calls_); }
-  // Pages mapped by map() so far, each counted in its range's page (what a driver creates).
+  // Pages mapped by map() so far, each counted in its range's page.
   std::size_t pages_mapped() const { return locked(pages_mapped_); }
+  // Physical units moved so far (each one driver unmap + map), and the sizes of the units mapped
+  // now, in address order.
+  std::size_t units_moved() const { return locked(units_moved_); }
+  std::vector<std::size_t> unit_sizes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::size_t> out;
+    for (const auto& [base, r] : reservations_)
+      for (const auto& [at, size] : r.units) out.push_back(size);
+    return out;
+  }
   // The page size each reservation was made with, by base address order.
   std::vector<std::size_t> reservation_pages() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -251,12 +276,24 @@ class FakeUpstream : public Upstream {
   struct Reservation {
     std::size_t size = 0;
     std::size_t page = 0;                  // the unit promised at reserve()
-    std::map<std::uintptr_t, bool> pages;  // mapped bases, granularity apart
+    std::map<std::uintptr_t, std::size_t> units;  // physical allocations: base -> bytes
     std::uintptr_t base = 0;
   };
   // The pool's promise at reserve(): whole pages of the range, at page offsets from its base.
   bool whole_pages(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
     return granularity_ != 0 && bytes != 0 && (a - r.base) % r.page == 0 && bytes % r.page == 0;
+  }
+
+  bool overlaps_unit(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
+    auto it = r.units.lower_bound(a);
+    if (it != r.units.end() && it->first < a + bytes) return true;
+    return it != r.units.begin() && std::prev(it)->first + std::prev(it)->second > a;
+  }
+  // [a, a+bytes) is exactly a run of whole, adjacent units.
+  bool whole_units(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
+    std::uintptr_t at = a;
+    for (auto it = r.units.find(a); it != r.units.end() && it->first == at && at < a + bytes; ++it) at += it->second;
+    return at == a + bytes;
   }
 
   std::uintptr_t take_address(std::size_t bytes) {
@@ -281,7 +318,7 @@ class FakeUpstream : public Upstream {
   std::size_t capacity_;
   bool backed_;
   std::size_t granularity_ = 0;
-  std::size_t pages_mapped_ = 0;
+  std::size_t pages_mapped_ = 0, units_moved_ = 0;
   std::uintptr_t next_ = std::uintptr_t{1} << 44;  // 16 TiB: no host mapping lives there
   std::map<std::uintptr_t, std::size_t> segments_;
   std::map<std::uintptr_t, Reservation> reservations_;

@@ -12,6 +12,7 @@ PoolOptions expandable(FreeSync sync = FreeSync::immediate) {
   PoolOptions o;
   o.expandable_segments = true;
   o.expandable_large_page = 0;  // 2 MiB pages in both ranges: the page arithmetic here assumes it
+  o.expandable_max_unit = 0;    // one physical unit per page, likewise (pool_units_test.cpp: larger)
   o.free_sync = sync;
   return o;
 }

@@ -50,16 +50,44 @@ TEST(FakeUpstream, MapUnmapAccounting) {
   void* r = nullptr;
   ASSERT_EQ(up.reserve(32 * MiB, 2 * MiB, &r), UpstreamStatus::ok);
   auto* base = static_cast<char*>(r);
-  ASSERT_EQ(up.map(base + 2 * MiB, 4 * MiB), UpstreamStatus::ok);
-  EXPECT_EQ(up.bytes_mapped(), 4 * MiB);
+  ASSERT_EQ(up.map(base + 2 * MiB, 4 * MiB), UpstreamStatus::ok);   // one 4 MiB unit
+  ASSERT_EQ(up.map(base + 6 * MiB, 2 * MiB), UpstreamStatus::ok);   // and a 2 MiB one
+  EXPECT_EQ(up.bytes_mapped(), 6 * MiB);
   EXPECT_EQ(up.map(base + 4 * MiB, 2 * MiB), UpstreamStatus::error);  // already mapped
-  up.unmap(base + 2 * MiB, 2 * MiB);
-  EXPECT_EQ(up.bytes_mapped(), 2 * MiB);
-  up.unreserve(r, 32 * MiB);  // still a page mapped: refused
-  EXPECT_EQ(up.bad_calls(), 2u);
-  up.unmap(base + 4 * MiB, 2 * MiB);
+  EXPECT_EQ(up.map(base, 4 * MiB), UpstreamStatus::error);            // overlaps the first unit
+  up.unmap(base + 2 * MiB, 2 * MiB);  // half of a physical allocation: refused
+  EXPECT_EQ(up.bytes_mapped(), 6 * MiB);
+  EXPECT_EQ(up.bad_calls(), 3u);
+  up.unmap(base + 6 * MiB, 2 * MiB);
+  EXPECT_EQ(up.bytes_mapped(), 4 * MiB);
+  up.unreserve(r, 32 * MiB);  // still a unit mapped: refused
+  EXPECT_EQ(up.bad_calls(), 4u);
+  up.unmap(base + 2 * MiB, 4 * MiB);
   up.unreserve(r, 32 * MiB);
   EXPECT_EQ(up.reservations_held(), 0u);
+  EXPECT_EQ(up.bad_calls(), 4u);
+}
+
+// A move takes whole units and keeps each one's size at the new address, like cuMemUnmap +
+// cuMemMap of the same handles; anything else is a bad call and changes nothing.
+TEST(FakeUpstream, MovesKeepUnits) {
+  FakeUpstream up(64 * MiB);
+  up.set_granularity(2 * MiB);
+  void* r = nullptr;
+  ASSERT_EQ(up.reserve(64 * MiB, 2 * MiB, &r), UpstreamStatus::ok);
+  auto* base = static_cast<char*>(r);
+  ASSERT_EQ(up.map(base, 4 * MiB), UpstreamStatus::ok);
+  ASSERT_EQ(up.map(base + 4 * MiB, 2 * MiB), UpstreamStatus::ok);
+  EXPECT_EQ(up.move(base, base + 32 * MiB, 2 * MiB), UpstreamStatus::error);  // half a unit
+  EXPECT_EQ(up.move(base, base + 4 * MiB, 4 * MiB), UpstreamStatus::error);   // onto a mapped unit
+  EXPECT_EQ(up.bad_calls(), 2u);
+  ASSERT_EQ(up.move(base, base + 32 * MiB, 6 * MiB), UpstreamStatus::ok);
+  EXPECT_EQ(up.units_moved(), 2u);
+  EXPECT_EQ(up.unit_sizes(), (std::vector<std::size_t>{4 * MiB, 2 * MiB}));
+  EXPECT_EQ(up.bytes_mapped(), 6 * MiB);
+  up.unmap(base + 32 * MiB, 4 * MiB);  // the moved 4 MiB unit, whole
+  up.unmap(base + 36 * MiB, 2 * MiB);
+  EXPECT_EQ(up.bytes_mapped(), 0u);
   EXPECT_EQ(up.bad_calls(), 2u);
 }
 
@@ -77,7 +105,8 @@ TEST(FakeUpstream, LargePagesAreMappedWhole) {
   EXPECT_EQ(up.map(base + 2 * MiB, 20 * MiB), UpstreamStatus::error);  // not at a page offset
   EXPECT_EQ(up.map(base, 2 * MiB), UpstreamStatus::error);             // part of a page
   EXPECT_EQ(up.bad_calls(), 4u);
-  ASSERT_EQ(up.map(base + 20 * MiB, 40 * MiB), UpstreamStatus::ok);
+  ASSERT_EQ(up.map(base + 20 * MiB, 20 * MiB), UpstreamStatus::ok);
+  ASSERT_EQ(up.map(base + 40 * MiB, 20 * MiB), UpstreamStatus::ok);
   EXPECT_EQ(up.pages_mapped(), 2u);
   up.unmap(base + 20 * MiB, 2 * MiB);  // part of a page: refused, nothing unmapped
   EXPECT_EQ(up.bad_calls(), 5u);

@@ -1,7 +1,7 @@
 // Expandable segments through the shim's CUDA upstream: runs tests/fakecuda/vmm_app (linked with
 // the fake libcuda.so.1) under LD_PRELOAD=libcudapool.so with expandable_segments:True, one
 // process per scenario, and checks what it reports. The program itself asserts the fake driver's
-// VMM accounting (pages of the driver's granularity, one handle per page, pages given back on
+// VMM accounting (pages of the driver's granularity, handles of whole pages, pages given back on
 // empty-cache and trim, nothing leaked, bounded reservations); this driver adds the environment
 // (granularity, device size) and checks the log lines.
 #include <sys/wait.h>
@@ -64,6 +64,19 @@ TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
   EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS reset"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("context gone, released"), std::string::npos) << o.output;
+}
+
+// Physical units: a 100 MiB growth is ceil(100 / unit) handles, with the default 16 MiB units and
+// with others; 0 = one handle per page (then 25 handles at the fake's 4 MiB granularity). The
+// app checks handle counts against VMM_APP_MAX_UNIT_MB, so a pool ignoring the key fails it.
+TEST(ShimVmm, GrowthMapsFewLargeUnits) {
+  expect_pass("units");
+  expect_pass("units", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
+  expect_pass("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"}, {"VMM_APP_MAX_UNIT_MB", "0"}});
+  expect_pass("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:40"}, {"VMM_APP_MAX_UNIT_MB", "40"}});
+  // Told 16 MiB units while the pool maps one page per handle, the app fails.
+  const auto o = run_app("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"}});
+  EXPECT_NE(o.exit_status, 0) << o.output;
 }
 
 // Recycling moves pages (same handles, new address) instead of releasing and creating them.
