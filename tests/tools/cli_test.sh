@@ -104,6 +104,17 @@ if awk '/^upstream calls|^fence waits/ { n++; x = $(NF-2); y = $(NF-1); z = $NF;
 else
   fail "headroom 0.03 does not save upstream calls and fence waits on the H200 trace"; sed 's/^/    /' "$tmp/out" | tail -n 12
 fi
+expect_rc 0 "replay an H200 trace sweeping the physical unit" -- "$cp" replay \
+  $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True,free_sync:immediate \
+  --sweep "expandable_unit_mb=0,16" --quiet
+# Columns: the --conf alone (16 MiB units, the default), one page per unit, 16 MiB: the driver's
+# handle operations fall several-fold with units, and the default is 16 MiB.
+if awk '/^VMM handle ops/ { n++; x = $(NF-2); y = $(NF-1); z = $NF; bad += !(x == z && y > 4 * z && z > 0) }
+        END { exit !(n == 1 && !bad) }' "$tmp/out"; then
+  ok
+else
+  fail "16 MiB units do not cut the VMM handle operations on the H200 trace"; sed 's/^/    /' "$tmp/out" | tail -n 12
+fi
 expect_rc 0 "replay a plain RMM log" -- "$cp" replay $traces/serve_rmm.csv
 expect_out "plain allocation log" "RMM log recognised"
 expect_rc 0 "replay on a small device" -- "$cp" replay $traces/train.csv --device-memory 2GiB --quiet

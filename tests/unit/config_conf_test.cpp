@@ -174,6 +174,18 @@ TEST(ConfKeys, ExpandablePageBounds) {
   EXPECT_FALSE(has(to_conf_string(must_parse("expandable_page_mb:0")), "expandable_page_mb"));  // the default
 }
 
+TEST(ConfKeys, ExpandableUnitBounds) {
+  EXPECT_EQ(Policy{}.pool.expandable_max_unit, 16 * MiB);
+  EXPECT_EQ(must_parse("expandable_unit_mb:0").pool.expandable_max_unit, 0u);
+  EXPECT_EQ(must_parse("expandable_unit_mb:64").pool.expandable_max_unit, 64 * MiB);
+  EXPECT_EQ(must_parse("expandable_unit_mb:1024").pool.expandable_max_unit, 1024 * MiB);
+  EXPECT_TRUE(has(must_fail("expandable_unit_mb:1025"), "above the maximum 1024"));
+  EXPECT_TRUE(has(must_fail("expandable_unit_mb:-1"), "expandable_unit_mb"));
+  EXPECT_TRUE(has(must_fail("expandable_unit_mb:big"), "expandable_unit_mb"));
+  EXPECT_TRUE(has(to_conf_string(must_parse("expandable_unit_mb:0")), "expandable_unit_mb:0"));
+  EXPECT_FALSE(has(to_conf_string(must_parse("expandable_unit_mb:16")), "expandable_unit_mb"));  // the default
+}
+
 TEST(ConfKeys, ExpandableHeadroomBounds) {
   EXPECT_EQ(Policy{}.pool.expandable_headroom, 0.0);
   EXPECT_EQ(must_parse("expandable_headroom:0.03").pool.expandable_headroom, 0.03);
