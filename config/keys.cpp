@@ -84,13 +84,18 @@ std::string apply_release_lock(Policy& p, std::string_view v, Warnings&) {
 std::string format_release_lock(const Policy& p) { return p.pool.release_lock_on_cudamalloc ? "True" : "False"; }
 bool default_release_lock(const Policy& p) { return !p.pool.release_lock_on_cudamalloc; }
 
-std::string apply_expandable_page(Policy& p, std::string_view v, Warnings&) {
+// Expandable pages and units are single physical allocations, given back only when all of one
+// is free: one near the device's size never would be, hence the 1 GiB cap.
+std::string set_physical_mib(std::size_t& out, std::string_view v) {
   std::size_t bytes = 0;
   if (std::string why = set_mib(bytes, v, 0); !why.empty()) return why;
-  // One physical allocation per page: a page near the device's size could never be recycled.
   if (bytes > 1024 * MiB) return "above the maximum 1024";
-  p.pool.expandable_large_page = bytes;
+  out = bytes;
   return {};
+}
+
+std::string apply_expandable_page(Policy& p, std::string_view v, Warnings&) {
+  return set_physical_mib(p.pool.expandable_large_page, v);
 }
 std::string format_expandable_page(const Policy& p) { return std::to_string(p.pool.expandable_large_page / MiB); }
 bool default_expandable_page(const Policy& p) {
@@ -98,12 +103,7 @@ bool default_expandable_page(const Policy& p) {
 }
 
 std::string apply_expandable_unit(Policy& p, std::string_view v, Warnings&) {
-  std::size_t bytes = 0;
-  if (std::string why = set_mib(bytes, v, 0); !why.empty()) return why;
-  // A unit is given back only when all of it is free: one near the device's size never would be.
-  if (bytes > 1024 * MiB) return "above the maximum 1024";
-  p.pool.expandable_max_unit = bytes;
-  return {};
+  return set_physical_mib(p.pool.expandable_max_unit, v);
 }
 std::string format_expandable_unit(const Policy& p) { return std::to_string(p.pool.expandable_max_unit / MiB); }
 bool default_expandable_unit(const Policy& p) {

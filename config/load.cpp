@@ -73,6 +73,13 @@ void add_combination_warnings(Policy& p) {
       if (key != "backend" && key != "on_error" && key.rfind("log_", 0) != 0 && origin != "default") {
         config::warn_once(p.warnings, "backend:passthrough: the pool is off, so " + key + " has no effect");
       }
+  // expandable_page_mb, expandable_unit_mb, ... tune the expandable ranges only: set without
+  // them (a profile that dropped expandable_segments, a typo in an A/B) they silently do nothing.
+  if (!p.pool.expandable_segments)
+    for (const auto& [key, origin] : p.origin)
+      if (key.rfind("expandable_", 0) == 0 && key != "expandable_segments" && origin != "default") {
+        config::warn_once(p.warnings, key + " has no effect without expandable_segments:True");
+      }
 }
 
 PolicyResult load(const PolicySources& src) {

@@ -8,6 +8,8 @@
 //   catch overlapping live blocks; expandable ranges are PROT_NONE reservations whose pages are
 //   made readable/writable by map() and dropped by unmap().
 // Segments are separated by an unused gap, so a pool that merged across segments would be caught.
+// Like the driver, every map() is one physical unit: an unmap or move must cover whole units
+// (anything else is a bad call), and a move keeps each unit's size at its new address.
 // Failures are injectable (fail_next, capacity); every call is counted. Thread-safe.
 #pragma once
 #include <sys/mman.h>

@@ -353,6 +353,17 @@ TEST(Warnings, PassthroughMakesPoolKeysMoot) {
   EXPECT_TRUE(has(p.warnings[0], "max_split_size_mb has no effect")) << p.warnings[0];
 }
 
+TEST(Warnings, ExpandableKeysNeedExpandableSegments) {
+  PolicySources s;
+  s.conf = "expandable_unit_mb:64,expandable_headroom:0.03";
+  Policy p = must_load(s);
+  ASSERT_EQ(p.warnings.size(), 2u);
+  EXPECT_TRUE(has(p.warnings[0] + p.warnings[1], "expandable_unit_mb has no effect without expandable_segments:True"));
+  EXPECT_TRUE(has(p.warnings[0] + p.warnings[1], "expandable_headroom has no effect without expandable_segments:True"));
+  s.conf = "expandable_segments:True,expandable_unit_mb:64";
+  EXPECT_TRUE(must_load(s).warnings.empty());
+}
+
 TEST(Environment, SourcesAndLoad) {
   TempFile f(kJobFile);
   ::setenv("CUDAPOOL_CONF", "expandable_segments:True", 1);
