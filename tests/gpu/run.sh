@@ -233,18 +233,12 @@ fi
 # Fixed seeds and deterministic algorithms, so losses can be compared exactly.
 DET=(CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0)
 NOCACHE=PYTORCH_NO_CUDA_MEMORY_CACHING=1
-# Each training process runs pinned to one CPU (TORCH_PIN_CPU, default 2; "none" to not pin):
-# unpinned, one mode's processes spread by 10-25 % on the lent VMs, pinned by ~2 %
-# (docs/benchmarks.md, fourth session). nvml_peak itself stays unpinned, so it never competes
-# with the process it measures.
-TPIN=()
-if [ "${TORCH_PIN_CPU:-2}" != none ] && command -v taskset >/dev/null && [ "$(nproc)" -gt "${TORCH_PIN_CPU:-2}" ]; then
-  TPIN=(taskset -c "${TORCH_PIN_CPU:-2}")
-fi
+# Each training process runs pinned to one CPU (tests/gpu/pin.sh); nvml_peak stays unpinned.
+source "$ROOT/tests/gpu/pin.sh"
 # One PyTorch training run in MODE as run NAME (its JSON, NVML peak and stats under that name).
 torch_mode() {  # torch_mode MODE NAME
   local mode=$1 name=$2
-  local T=("${TPIN[@]}" python3 "$ROOT/tests/gpu/torch_train.py" --steps 60 --d-model "${TORCH_D_MODEL:-2048}" --out "$OUT/logs/$name.json")
+  local T=("${TORCH_PIN[@]}" python3 "$ROOT/tests/gpu/torch_train.py" --steps 60 --d-model "${TORCH_D_MODEL:-2048}" --out "$OUT/logs/$name.json")
   case $mode in
     native) run "$name" 100 "${DET[@]}" -- $(peak "$name") "${T[@]}" ;;
     expandable) run "$name" 100 "${DET[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- $(peak "$name") "${T[@]}" ;;

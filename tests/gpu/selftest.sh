@@ -170,6 +170,34 @@ else
   echo "FAIL torch_reps.sh peaks: $reps"; failures=$((failures + 1))
 fi
 
+# Pinned (tests/gpu/pin.sh) on CPU 0, which every machine has: the stand-in still answers
+# through taskset, and the summary says how the processes ran.
+if command -v taskset >/dev/null; then
+  reps=$(PATH="$work/fakepy:$PATH" OUT="$work/reps3" TORCH_PIN_CPU=0 \
+    bash tests/gpu/torch_reps.sh 1 native slow=expandable_segments:True 2>&1)
+  if grep -q "^training processes: taskset -c 0$" <<<"$reps" && grep -q "slow 1.100x" <<<"$reps"; then
+    echo "PASS torch_reps.sh pins the training processes"
+  else
+    echo "FAIL torch_reps.sh pinning: $reps"; failures=$((failures + 1))
+  fi
+fi
+# step_table.py: each process's median step / host time, per-step medians over the processes.
+mkdir -p "$work/steps"
+python3 - "$work/steps" <<'PY'
+import json, sys
+for rep, (step, host) in enumerate([(0.020, 0.012), (0.030, 0.020), (0.022, 0.014)], 1):
+    s = [step] * 60
+    s[17] = 2 * step  # a growth step
+    json.dump({"step_s": s, "step_host_s": [host] * 60}, open(f"{sys.argv[1]}/m_{rep}.json", "w"))
+PY
+tab=$(python3 tests/gpu/step_table.py "$work/steps" m --steps 17,20 2>&1)
+if grep -q "processes (step/host ms): 20.00/12.00 30.00/20.00 22.00/14.00" <<<"$tab" &&
+   grep -q "s17 44.00 s20 22.00  |  steady (from 18) 22.00" <<<"$tab"; then
+  echo "PASS step_table.py medians per process and per step"
+else
+  echo "FAIL step_table.py: $tab"; failures=$((failures + 1))
+fi
+
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"
   exit 1

@@ -9,9 +9,8 @@
 # Environment: CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
 # REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files),
 # NVML_PEAK (path of tests/gpu/nvml_peak, built by build.sh: each process's NVML peak is taken),
-# TORCH_PIN_CPU (the CPU each training process is pinned to with taskset, default 2; "none" for
-# no pinning: unpinned processes of one mode spread by 10-25 %, pinned ones by ~2 %, see
-# docs/benchmarks.md).
+# TORCH_PIN_CPU (the CPU each training process is pinned to, default 2, "none": tests/gpu/pin.sh).
+# tests/gpu/step_table.py shows the same files step by step.
 # Prints, per mode, the median / mean / min of the per-process median step times (ms), every
 # value and the median host share of a step, then each mode's median relative to the fastest
 # mode's median; with NVML_PEAK also each mode's median peak and its ratio to `nocache`'s.
@@ -40,12 +39,8 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
 }
 name_of() { echo "${1%%=*}"; }
 for m in "$@"; do env_of "$m" >/dev/null || exit 2; done
-PIN=()
-pin_cpu=${TORCH_PIN_CPU:-2}
-if [ "$pin_cpu" != none ] && command -v taskset >/dev/null && [ "$(nproc)" -gt "$pin_cpu" ]; then
-  PIN=(taskset -c "$pin_cpu")
-fi
-echo "training processes: ${PIN[*]:-not pinned}"
+source tests/gpu/pin.sh
+echo "training processes: ${TORCH_PIN[*]:-not pinned}"
 END=$((SECONDS + ${REPS_BUDGET_S:-420}))
 for rep in $(seq 1 "$REPS"); do
   [ "$SECONDS" -lt "$END" ] || { echo "budget spent after $((rep - 1)) rounds"; break; }
@@ -54,7 +49,7 @@ for rep in $(seq 1 "$REPS"); do
     mapfile -t envs < <(env_of "$m")
     peak=()
     [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
-    timeout 120 "${peak[@]}" env "${envs[@]}" "${PIN[@]}" python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" \
+    timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" \
       --steps 60 --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
   done
 done
