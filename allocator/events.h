@@ -21,6 +21,7 @@ enum class EventKind : std::uint8_t {
   gc,                // size = bytes released by one GC pass
   empty_cache,       // size = bytes released
   fence_wait,        // the host blocked on a fence: stream = whose, duration_ns = how long
+  gpu_wait,          // pending memory reused at once, the GPU made to wait for its fences; size = bytes
 };
 
 struct Event {

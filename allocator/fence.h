@@ -3,6 +3,7 @@
 // reuses that memory once the fence has completed. The shim builds fences from CUDA events;
 // tests complete them by hand.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "allocator/types.h"
@@ -24,6 +25,13 @@ class FenceProvider {
   virtual void wait(FenceHandle fence) = 0;
   // The pool no longer needs the fence.
   virtual void release(FenceHandle fence) = 0;
+  // Make the GPU, not the host, wait: every piece of work issued from now on, on any stream that
+  // can touch the pool's memory (streams created later included), runs only after the `n` device
+  // fences have completed. Afterwards the pool may hand their memory out at once; the fences stay
+  // the pool's (it still queries, waits on and releases them). Returns false when that cannot be
+  // done now (a graph capture is open, the driver refused, or the provider has no such means):
+  // the memory then stays pending. The default has no such means.
+  virtual bool order_after(const FenceHandle* /*fences*/, std::size_t /*n*/) { return false; }
 };
 
 }  // namespace cudapool

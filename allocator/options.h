@@ -11,10 +11,18 @@ namespace cudapool {
 
 // What cudaFree (a free without a stream) means for reuse.
 enum class FreeSync : std::uint8_t {
-  fenced,     // reusable after a device-wide fence recorded after the free completes (default)
-  device,     // like fenced, but when pending memory is needed the pool waits for the fence
+  // Reusable after a device-wide fence recorded after the free completes; when memory whose fence
+  // still runs is needed, it is reused at once and every stream is made to wait for that fence
+  // on the GPU (FenceProvider::order_after) instead of the pool growing or the host waiting
+  // (default).
+  gpu_wait,
+  fenced,     // reusable after the device-wide fence completes; until then the pool grows instead
+  device,     // like fenced, but when pending memory is needed the host waits for the fence
   immediate,  // reusable at once on the block's allocation stream (PyTorch's own semantics)
 };
+
+// free() records a device-wide fence for the block (every mode but immediate).
+inline bool device_fenced(FreeSync s) { return s != FreeSync::immediate; }
 
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
 
@@ -35,7 +43,7 @@ struct PoolOptions {
   double per_process_memory_fraction = 0.0;
   // Absolute cap on reserved bytes. kNoLimit = off.
   std::size_t max_reserved = kNoLimit;
-  FreeSync free_sync = FreeSync::fenced;
+  FreeSync free_sync = FreeSync::gpu_wait;
   // expandable_segments: before the mapped total would rise above its previous peak, and when
   // memory freed earlier still waits for a fence that would cover the growth, wait for the
   // oldest such fence instead of mapping new pages (docs/design.md, "Expandable segments").

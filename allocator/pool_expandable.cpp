@@ -125,6 +125,7 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
+      if (is_hot(b)) continue;  // old work may still use it: reusable in place, not movable
       const std::size_t r = releasable_pages(b);
       if (r == 0) continue;
       ranked.emplace_back(r, b);
@@ -237,6 +238,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       // Each changes the free sets: search again, then plan again.
       const bool wait = may_wait && opt.expandable_wait;
       bool changed = promote_own(stream, over - avail, wait);
+      // Pending free()d pages reused at once with the GPU waiting beat both a host wait and
+      // recycling: nothing moves and nothing blocks.
+      if (!changed && opt.free_sync == FreeSync::gpu_wait) changed = order_device_batches(over - avail, small, true);
       if (!changed && wait) changed = wait_device_batches_for(over - avail);
       if (!changed && wait) changed = sync_own(stream, over - avail);
       if (changed) {
@@ -329,6 +333,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       }
     }
     if (us != UpstreamStatus::ok && done != 0) {
+      // Fresh and recycled units only, but the rule stays simple: nothing goes back to the
+      // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
+      if (!ordered.empty()) settle_ordered();
       up.unmap(reinterpret_cast<void*>(at), done);
       seg->units.erase(seg->units.lower_bound(at), seg->units.lower_bound(at + done));
     }

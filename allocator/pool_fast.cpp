@@ -239,7 +239,7 @@ FreeStatus DevicePool::free(void* ptr) {
   if (tc != nullptr && I.opt.free_sync == FreeSync::immediate) {
     Impl::Guard g(tc->mu);
     if (tc_put(*tc, p, 0, true)) return FreeStatus::ok;
-  } else if (tc != nullptr && I.opt.free_sync == FreeSync::fenced) {
+  } else if (tc != nullptr && (I.opt.free_sync == FreeSync::fenced || I.opt.free_sync == FreeSync::gpu_wait)) {
     Impl::Guard g(tc->mu);
     if (tc_put_pending(*tc, p)) {
       if (tc->npend == 1)

@@ -48,13 +48,16 @@ void DevicePool::Impl::complete_batch(Batch* batch) {
     if (b->state == BState::pending) {
       st.pending_bytes -= static_cast<std::int64_t>(b->size);
       deactivate(b);
+      // Its own fence covers whatever an older GPU-side wait covered. (order_device_batches sets
+      // hot again after this for the batches it orders.)
+      if (batch->fence != 0) b->hot = 0;
     } else if (b->is_split()) {
       count_inactive_split(b, -1);  // retiring blocks were counted; insert_free recounts
     }
     insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
     b = next;
   }
-  fences.release(batch->fence);
+  if (batch->fence != 0) fences.release(batch->fence);
   batch_pool.put(batch);
 }
 
@@ -110,6 +113,10 @@ void DevicePool::Impl::service_fences() {
       ++i;
       running = true;
     }
+  }
+  if (!ordered.empty()) {
+    poll_ordered();
+    running |= !ordered.empty();
   }
   fence_query_after = running ? now + kFenceQueryGapNs : INT64_MIN;
 }
@@ -175,6 +182,55 @@ bool DevicePool::Impl::wait_device_batches() {
   }
   dev_tail = nullptr;
   return true;
+}
+
+// FreeSync::gpu_wait: instead of growing the pool (or blocking the host, or recycling pages) while
+// memory freed with free() waits for its fence, hand that memory out now and let the GPU wait.
+// All recorded batches go together: one order_after call covers them all, and the newest fence
+// is what the GPU has to reach anyway.
+bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool expandable_only) {
+  close_open();
+  drain_device_batches();  // batches already complete need no wait
+  if (dev_head == nullptr) return false;
+  std::size_t bytes = 0;
+  order_scratch.clear();
+  for (Batch* b = dev_head; b != nullptr; b = b->next) {
+    order_scratch.push_back(b->fence);
+    for (Block* x = b->head; x != nullptr; x = x->link)
+      if (x->seg->small == small && (!expandable_only || x->seg->expandable)) bytes += x->size;
+  }
+  // Too little to serve the request: the wait would cost the GPU overlap and gain nothing.
+  if (bytes < need || bytes == 0) return false;
+  if (!fences.order_after(order_scratch.data(), order_scratch.size())) return false;
+  ++st.gpu_waits;
+  emit(EventKind::gpu_wait, 0, bytes, 0, 0);
+  const std::uint64_t seq = ++order_seq;
+  while (dev_head != nullptr) {
+    Batch* b = dev_head;
+    dev_head = b->next;
+    ordered.emplace_back(b->fence, seq);
+    b->fence = 0;  // kept in `ordered`, not released with the batch
+    for (Block* x = b->head; x != nullptr; x = x->link) x->hot = seq;
+    complete_batch(b);
+  }
+  dev_tail = nullptr;
+  return true;
+}
+
+void DevicePool::Impl::poll_ordered() {
+  std::size_t done = 0;
+  while (done < ordered.size() && fences.query(ordered[done].first)) fences.release(ordered[done++].first);
+  ordered.erase(ordered.begin(), ordered.begin() + static_cast<std::ptrdiff_t>(done));
+  order_done = ordered.empty() ? order_seq : ordered.front().second - 1;
+}
+
+void DevicePool::Impl::settle_ordered() {
+  for (const auto& [f, seq] : ordered) {
+    if (!fences.query(f)) wait_fence(f, 0);
+    fences.release(f);
+  }
+  ordered.clear();
+  order_done = order_seq;
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`

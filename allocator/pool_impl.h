@@ -61,6 +61,10 @@ struct Block {
   StreamId owner = 0;     // allocated/pending: allocation stream; local: the stream it is local to
   std::uint64_t epoch = 0;    // local: free stamp; promoted by a stream fence recorded at >= epoch
   std::uint64_t gc_base = 0;  // pool searches counter when the block was last cached (GC age)
+  // Free memory handed out under a GPU-side wait (Impl::order_device_batches) whose fence may
+  // still run: the order's sequence number (0 = none). While Impl::order_done is below it, old
+  // work may still touch the block: it may be reused, but its pages may not be unmapped or moved.
+  std::uint64_t hot = 0;
   BState state = BState::shared;
   bool is_split() const { return prev != nullptr || next != nullptr; }
   bool mapped() const { return state != BState::unmapped; }
@@ -280,7 +284,8 @@ struct DevicePool::Impl {
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const {
-    return open->count != 0 || dev_head != nullptr || retire_head != nullptr || !promo_list.empty();
+    return open->count != 0 || dev_head != nullptr || retire_head != nullptr || !promo_list.empty() ||
+           !ordered.empty();
   }
 
   StreamFree* stream_find(StreamId s) {
@@ -358,6 +363,7 @@ struct DevicePool::Impl {
       r->owner = b->owner;
       r->epoch = b->epoch;
       r->gc_base = b->gc_base;
+      r->hot = b->hot;
       auto hint = fit.set->erase(fit.it);  // before b->size changes: the set is ordered by size
       b->size = rounded;
       fit.set->insert(hint, r);
@@ -423,6 +429,7 @@ struct DevicePool::Impl {
       b->prev = n->prev;
       if (n->prev != nullptr) n->prev->next = b; else b->seg->head = b;
       if (n->epoch > b->epoch) b->epoch = n->epoch;
+      if (n->hot > b->hot) b->hot = n->hot;
       block_pool.put(n);
     }
     while ((n = b->next) != nullptr && can_absorb(b, n)) {
@@ -432,6 +439,7 @@ struct DevicePool::Impl {
       b->next = n->next;
       if (n->next != nullptr) n->next->prev = b;
       if (n->epoch > b->epoch) b->epoch = n->epoch;
+      if (n->hot > b->hot) b->hot = n->hot;
       block_pool.put(n);
     }
     if (b->is_split()) count_inactive_split(b, +1);
@@ -592,6 +600,24 @@ struct DevicePool::Impl {
   void promote_all_now(StreamFree* sf, StreamId stream);
   void record_promo(StreamFree* sf, StreamId stream);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
   void wait_all();
+  // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
+  // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when
+  // `expandable_only`), the GPU is made to wait for all their fences (FenceProvider::order_after)
+  // and every batch becomes shared free memory at once. Their fences move to `ordered`. Returns
+  // true if anything became free.
+  bool order_device_batches(std::size_t need, bool small, bool expandable_only);
+  // Fences of memory handed out under a GPU-side wait that may still be running, with the order's
+  // sequence number (Block::hot). Memory they covered is only given back to the upstream
+  // (released, unmapped, moved) after they completed: the driver's unmap does not wait for
+  // kernels that still use the pages. Recycling skips such blocks; the rare release paths (GC,
+  // empty_cache, out of memory) wait for all of them first.
+  std::vector<std::pair<FenceHandle, std::uint64_t>> ordered;
+  std::uint64_t order_seq = 0;   // orders made so far
+  std::uint64_t order_done = 0;  // every order up to this one has completed
+  bool is_hot(const Block* b) const { return b->hot > order_done; }
+  void poll_ordered();    // release the completed ones (oldest first, stop at a running one)
+  void settle_ordered();  // host-wait for every one of them (before memory goes back)
+  std::vector<FenceHandle> order_scratch;  // order_device_batches' handle list (no allocation per call)
 
   // ---- queries (pool_query.cpp) ----
   FreeStatus diagnose_bad_free(std::uintptr_t p);

@@ -21,6 +21,7 @@ DevicePool::Impl::~Impl() {
   drop_list(dev_head);
   drop_list(retire_head);
   for (StreamFree* sf : promo_list) fences.release(sf->promo_fence);
+  for (const auto& [f, seq] : ordered) fences.release(f);
   for (auto& [base, seg] : segments) {
     if (seg->expandable)
       destroy_expandable(seg);
@@ -133,7 +134,7 @@ void DevicePool::reset_accumulated_stats() {
   Stats& s = impl_->st;
   for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
-  s.cache_hits = s.cache_misses = s.upstream_ns = s.fences_recorded = s.fence_waits = 0;
+  s.cache_hits = s.cache_misses = s.upstream_ns = s.fences_recorded = s.fence_waits = s.gpu_waits = 0;
   s.gc_passes = s.gc_freed_bytes = s.empty_cache_calls = s.bad_frees = 0;
 }
 
@@ -207,6 +208,8 @@ void DevicePool::Impl::forget_all() {
   streams.clear();
   retired.clear();
   promo_list.clear();
+  ordered.clear();
+  order_done = order_seq;
   for (Batch* b = dev_head; b != nullptr;) {
     Batch* next = b->next;
     batch_pool.put(b);

@@ -1,8 +1,10 @@
 // The slow path of allocate(): no cached block fits. In order (docs/design.md):
 //   1. promote other streams' local blocks whose stream fence has completed (with expandable
 //      ranges, this stream's own too); search again;
-//   2. FreeSync::device: wait for pending free() fences; search again; fenced frees that idle
-//      threads left in their caches join the open batch (tc_collect_fenced); search again;
+//   2. FreeSync::gpu_wait: pending free()d memory that could serve the request becomes free at
+//      once, with every stream made to wait on the GPU for its fences; FreeSync::device: the host
+//      waits for those fences instead; search again; fenced frees that idle threads left in
+//      their caches join the open batch (tc_collect_fenced); search again;
 //   3. garbage collection (garbage_collection_threshold);
 //   4. expandable ranges: grow (recycling free pages, maybe waiting for a fence, past the
 //      high-water mark: pool_expandable.cpp); else / when full, a new segment from the upstream
@@ -53,6 +55,12 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
       return ok(serve(fit, rounded, size, stream));
     }
   }
+  if (opt.free_sync == FreeSync::gpu_wait && order_device_batches(rounded, small, false)) {
+    if (Fit fit = find_fit(rounded, stream)) {
+      ++st.cache_hits;
+      return ok(serve(fit, rounded, size, stream));
+    }
+  }
   if (opt.free_sync == FreeSync::device && wait_device_batches()) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
@@ -62,7 +70,8 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // Before anything costlier: fenced frees left in the caches of threads that stopped allocating
   // (only their owner closes those batches) join the open batch, which is then closed and asked.
   // Not earlier: taking other threads' cache locks on every miss slowed busy threads down.
-  if (!tcaches.empty() && tc_collect_fenced() && service_miss()) {
+  if (!tcaches.empty() && tc_collect_fenced() &&
+      (service_miss() || (opt.free_sync == FreeSync::gpu_wait && order_device_batches(rounded, small, false)))) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
       return ok(serve(fit, rounded, size, stream));
@@ -205,6 +214,9 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   std::size_t total = 0;
   for (const Detached& d : list) total += d.size;
   if (list.empty()) return 0;
+  // Memory handed out under a GPU-side wait may belong to a block whose old work still runs;
+  // the driver's unmap would pull the pages from under it. Rare: releases are the cold path.
+  if (!ordered.empty()) settle_ordered();
   std::vector<std::int64_t> ns(list.size());
   bool unmaps = false;
   for (const Detached& d : list) unmaps |= d.unmap;

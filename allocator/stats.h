@@ -39,6 +39,7 @@ struct Stats {
   std::int64_t upstream_ns = 0;       // time spent inside Upstream::allocate/release/map/unmap
   std::int64_t fences_recorded = 0;
   std::int64_t fence_waits = 0;       // host blocked on a fence
+  std::int64_t gpu_waits = 0;         // pending memory reused with the GPU made to wait (order_after)
   std::int64_t pending_bytes = 0;     // freed, waiting for a fence (current)
   std::int64_t gc_passes = 0;
   std::int64_t gc_freed_bytes = 0;

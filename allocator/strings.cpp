@@ -37,6 +37,7 @@ const char* to_string(EventKind k) noexcept {
     case EventKind::gc: return "gc";
     case EventKind::empty_cache: return "empty_cache";
     case EventKind::fence_wait: return "fence_wait";
+    case EventKind::gpu_wait: return "gpu_wait";
   }
   return "unknown";
 }

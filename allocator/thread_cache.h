@@ -3,7 +3,7 @@
 //  * stream-local ones: blocks freed with free_on_stream(p, s) (reusable at once on s) or with
 //    free(p) under FreeSync::immediate (reusable at once on the allocation stream). Such a block
 //    may be handed straight back to the SAME stream by the SAME thread;
-//  * fenced ones (FreeSync::fenced): free(p) of a block lent by this cache joins the cache's own
+//  * fenced ones (FreeSync::gpu_wait, fenced): free(p) of a block lent by this cache joins the cache's own
 //    batch; the batch gets ONE device fence (recorded by this thread, without the pool lock) when
 //    it holds kMaxPend blocks or has been open for the pool's batch window, and once that fence
 //    has completed its blocks are reusable on ANY stream (entries with any_stream set).

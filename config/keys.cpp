@@ -161,7 +161,8 @@ bool default_backend(const Policy& p) { return p.backend == Backend::native; }
 
 std::string apply_free_sync(Policy& p, std::string_view v, Warnings&) {
   const std::string l = lower(v);
-  if (l == "fenced") p.pool.free_sync = FreeSync::fenced;
+  if (l == "gpu_wait") p.pool.free_sync = FreeSync::gpu_wait;
+  else if (l == "fenced") p.pool.free_sync = FreeSync::fenced;
   else if (l == "device") p.pool.free_sync = FreeSync::device;
   else if (l == "immediate") p.pool.free_sync = FreeSync::immediate;
   else return "not a free_sync mode";
@@ -169,13 +170,18 @@ std::string apply_free_sync(Policy& p, std::string_view v, Warnings&) {
 }
 std::string format_free_sync(const Policy& p) {
   switch (p.pool.free_sync) {
+    case FreeSync::fenced: return "fenced";
     case FreeSync::device: return "device";
     case FreeSync::immediate: return "immediate";
-    case FreeSync::fenced: break;
+    case FreeSync::gpu_wait: break;
   }
-  return "fenced";
+  return "gpu_wait";
 }
-bool default_free_sync(const Policy& p) { return p.pool.free_sync == FreeSync::fenced; }
+bool default_free_sync(const Policy& p) { return p.pool.free_sync == FreeSync::gpu_wait; }
+
+std::string apply_free_host_sync(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.free_host_sync); }
+std::string format_free_host_sync(const Policy& p) { return p.free_host_sync ? "True" : "False"; }
+bool default_free_host_sync(const Policy& p) { return !p.free_host_sync; }
 
 std::string apply_log_level(Policy& p, std::string_view v, Warnings&) {
   // spdlog's names, plus its aliases "warning" and "err", stored in the canonical spelling.
@@ -282,7 +288,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 30> kKeys{{
+const std::array<KeySpec, 31> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -299,7 +305,7 @@ const std::array<KeySpec, 30> kKeys{{
      "(the limit set by per_process_memory_fraction or max_reserved_mb, else the device's total memory)",
      {}, apply_gc, format_gc, default_gc},
     {"expandable_segments", K::boolean, "True or False (any case)", "True",
-     "grow one virtual range per stream instead of allocating separate segments",
+     "grow one virtual range per pool kind (small, large) by mapping pages instead of allocating separate segments",
      {}, apply_expandable, format_expandable, default_expandable},
     {"release_lock_on_cudamalloc", K::boolean, "True or False (any case)", "True",
      "drop the pool lock while CUDA allocates or frees a segment",
@@ -311,11 +317,18 @@ const std::array<KeySpec, 30> kKeys{{
      "native = serve allocations from the pool; passthrough = hand every call to CUDA untouched",
      {}, apply_backend, format_backend, default_backend},
     // cudapool's own keys.
-    {"free_sync", K::choice, "fenced, device or immediate", "fenced",
-     "when memory freed by cudaFree may be reused: fenced = after a device-wide fence completes; "
-     "device = the same, waiting on the fence when memory is short; immediate = at once on its "
-     "allocation stream (PyTorch's semantics)",
+    {"free_sync", K::choice, "gpu_wait, fenced, device or immediate", "fenced",
+     "when memory freed by cudaFree may be reused: gpu_wait = after a device-wide fence completes, "
+     "or at once when memory is short, with every stream made to wait on the GPU for that fence; "
+     "fenced = only after the fence completes (the pool grows meanwhile); device = the same, the "
+     "host waiting on the fence when memory is short; immediate = at once on its allocation stream "
+     "(PyTorch's semantics; unsafe for programs that rely on cudaFree's wait)",
      {}, apply_free_sync, format_free_sync, default_free_sync},
+    {"free_host_sync", K::boolean, "True or False (any case)", "True",
+     "cudaFree also returns only after the device has finished all earlier work, as CUDA's own does "
+     "(for programs that read results through mapped host memory after a cudaFree); costs what "
+     "CUDA's wait costs",
+     {}, apply_free_host_sync, format_free_host_sync, default_free_host_sync},
     {"expandable_wait", K::boolean, "True or False (any case)", "False",
      "with expandable_segments: before mapping memory beyond the most ever reserved, wait for the "
      "oldest fence of freed memory that would cover the growth instead of mapping new pages",

@@ -24,6 +24,9 @@ struct Policy {
   // expandable_segments: pages are also readable/writable by every other GPU that can reach the
   // owning one (cuDeviceCanAccessPeer); off: the owning device only.
   bool expandable_peer_access = false;
+  // cudaFree (a free without a stream) also returns only once the device has finished all work
+  // issued before it, as CUDA's own does (a context synchronize after the pool's free).
+  bool free_host_sync = false;
   OnError on_error = OnError::stop;
   // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
   std::map<std::string, std::string> origin;

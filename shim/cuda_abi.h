@@ -158,6 +158,7 @@ using PFN_cuEventQuery = CUresult (*)(CUevent);
 using PFN_cuEventSynchronize = CUresult (*)(CUevent);
 using PFN_cuEventDestroy_v2 = CUresult (*)(CUevent);
 using PFN_cuCtxSynchronize = CUresult (*)();
+using PFN_cuStreamWaitEvent = CUresult (*)(CUstream, CUevent, unsigned);
 using PFN_cuMemGetAllocationGranularity = CUresult (*)(std::size_t*, const CUmemAllocationProp*, int);
 using PFN_cuMemAddressReserve = CUresult (*)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr,
                                              unsigned long long);

@@ -37,6 +37,7 @@ CudaFences::Fence* CudaFences::new_fence_locked() {
     f = new Fence;
   }
   f->events.clear();
+  f->on.clear();
   f->deferred = f->done = false;
   f->generation = generation_;
   f->seq = 0;
@@ -62,6 +63,7 @@ bool CudaFences::record_on_locked(Fence* f, CUstream s) {
     return false;
   }
   f->events.push_back(e);
+  f->on.push_back(s);
   return true;
 }
 
@@ -179,14 +181,92 @@ void CudaFences::release(FenceHandle fence) {
     free_events_.insert(free_events_.end(), f->events.begin(), f->events.end());
   }
   f->events.clear();
+  f->on.clear();
   if (newest_ == f) newest_ = nullptr;
   free_fences_.push_back(f);
+}
+
+bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
+  if (d_.cuStreamWaitEvent == nullptr) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (any_capture_active()) return false;
+  auto order = [&]() -> bool {
+    // The events still running: on the legacy stream, and on non-blocking streams.
+    bool legacy_running = false;
+    CUstream only = nullptr;  // the single non-blocking stream every running event is on, if any
+    bool several = false;
+    std::vector<CUevent> others;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto* f = reinterpret_cast<Fence*>(handles[i]);
+      if (f->done || f->generation != generation_) continue;
+      if (f->seq != 0 && f->seq <= completed_seq_ && f->stream_epoch == completed_epoch_) {
+        f->done = true;
+        continue;
+      }
+      if (f->deferred) {  // no capture is open now: it can be recorded (after the work it covers)
+        record_locked(f);
+        f->deferred = false;
+      }
+      bool running = false;
+      for (std::size_t k = 0; k < f->events.size(); ++k) {
+        if (d_.cuEventQuery(f->events[k]) != CUDA_ERROR_NOT_READY) continue;
+        running = true;
+        if (f->on[k] == CU_STREAM_LEGACY) {
+          legacy_running = true;
+        } else {
+          others.push_back(f->events[k]);
+          if (only == nullptr) only = f->on[k];
+          else if (only != f->on[k]) several = true;
+        }
+      }
+      if (!running) {
+        f->done = true;
+        note_complete_locked(f);
+      }
+    }
+    if (!legacy_running && others.empty()) return true;  // all complete: nothing to wait for
+    // Join on the legacy stream: it waits for the other streams' events, and one event recorded
+    // after those waits covers everything.
+    for (CUevent e : others)
+      if (d_.cuStreamWaitEvent(CU_STREAM_LEGACY, e, 0) != CUDA_SUCCESS) return false;
+    CUevent join = take_event_locked();
+    if (join == nullptr) return false;
+    if (d_.cuEventRecord(join, CU_STREAM_LEGACY) != CUDA_SUCCESS) {
+      free_events_.push_back(join);
+      return false;
+    }
+    for (CUstream s : non_blocking_) {
+      if (!legacy_running && !several && s == only) continue;  // all it would wait for ran on it
+      if (d_.cuStreamWaitEvent(s, join, 0) != CUDA_SUCCESS) {
+        free_events_.push_back(join);  // waits already made only add order; the memory stays pending
+        return false;
+      }
+    }
+    if (join_ != nullptr) free_events_.push_back(join_);  // the new join covers the old one
+    join_ = join;
+    return true;
+  };
+  if (tl_known_current == ctx_) return order();
+  ScopedContext scope(d_, ctx_);
+  return order();
+}
+
+bool CudaFences::join_done_locked() {
+  if (join_ == nullptr) return true;
+  if (d_.cuEventQuery(join_) == CUDA_ERROR_NOT_READY) return false;
+  free_events_.push_back(join_);
+  join_ = nullptr;
+  return true;
 }
 
 void CudaFences::add_stream(CUstream s, bool non_blocking) {
   std::lock_guard<std::mutex> lock(mu_);
   streams_.push_back(s);
-  if (non_blocking) non_blocking_.push_back(s);
+  if (!non_blocking) return;  // blocking streams follow the legacy stream, which already waits
+  non_blocking_.push_back(s);
+  // Memory handed out under a GPU-side wait that may still be running: the new stream must not
+  // run ahead of it either. (Called in the creating thread, whose current context is ctx_.)
+  if (!join_done_locked() && d_.cuStreamWaitEvent != nullptr) d_.cuStreamWaitEvent(s, join_, 0);
 }
 
 bool CudaFences::remove_stream(CUstream s) {
@@ -227,6 +307,7 @@ void CudaFences::abandon() {
   ++generation_;
   streams_version_.fetch_add(1, std::memory_order_acq_rel);
   newest_ = nullptr;
+  join_ = nullptr;
   free_events_.clear();
   streams_.clear();
   non_blocking_.clear();

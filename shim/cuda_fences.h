@@ -9,6 +9,16 @@
 // would become part of the graph (or break it), so such a fence is "deferred": it is recorded at
 // the first query after every capture has ended and counts as pending until then.
 //
+// order_after (free_sync:gpu_wait; docs/shim.md, "GPU-side waits"): the still-running events of
+// the given device fences are joined on the legacy stream (it waits for each event recorded on
+// another stream), one join event is recorded there, and every live non-blocking stream waits
+// for it; blocking and per-thread streams follow the legacy stream by themselves. So k streams
+// cost about 2k waits, not k*k, and a program with no non-blocking stream pays one event record.
+// A non-blocking stream created while the newest join event still runs waits for it at creation.
+// Never while a capture is open (a wait on a capturing stream would become part of its graph,
+// and legacy-stream work breaks captures of blocking streams): the pool then keeps the memory
+// pending.
+//
 // Hot-path economy (GPU run 1: cuEventRecord ~0.5 µs, cuEventQuery ~0.33 µs, cuCtxGetCurrent per
 // ScopedContext): the allocation hook marks the pool's context as current for the calling thread
 // (ContextGuard), so recording skips the context check; device fences carry a sequence number,
@@ -48,6 +58,7 @@ class CudaFences final : public FenceProvider {
   bool query(FenceHandle fence) override;
   void wait(FenceHandle fence) override;
   void release(FenceHandle fence) override;
+  bool order_after(const FenceHandle* fences, std::size_t n) override;
 
   // Stream lifetime, from the stream-creation hooks.
   void add_stream(CUstream s, bool non_blocking);
@@ -64,6 +75,7 @@ class CudaFences final : public FenceProvider {
  private:
   struct Fence {
     std::vector<CUevent> events;
+    std::vector<CUstream> on;  // the stream each event was recorded on
     StreamId stream = 0;
     bool device = false;
     bool deferred = false;
@@ -96,6 +108,10 @@ class CudaFences final : public FenceProvider {
   std::vector<CUevent> free_events_;
   std::vector<Fence*> free_fences_;
   std::vector<CUstream> non_blocking_;
+  // The newest join event of order_after, while it may still be running: streams created later
+  // wait for it. Owned here (not in free_events_) until a newer one replaces it.
+  CUevent join_ = nullptr;
+  bool join_done_locked();
   std::vector<CUstream> streams_;
   // Bumped (under mu_) whenever a stream is forgotten: per-thread knows_stream answers made
   // before it are stale.

@@ -96,6 +96,7 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuMemUnmap);
   CUDAPOOL_BIND(cuMemSetAccess);
   CUDAPOOL_BIND(cuCtxSynchronize);
+  CUDAPOOL_BIND(cuStreamWaitEvent);
 #undef CUDAPOOL_BIND
   // Without these the pool cannot work at all; the hooks then pass everything through.
   return d.cuMemAlloc_v2 && d.cuMemFree_v2 && d.cuCtxGetCurrent && d.cuCtxGetDevice &&

@@ -58,6 +58,7 @@ struct RealDriver {
   PFN_cuEventQuery cuEventQuery = nullptr;
   PFN_cuEventSynchronize cuEventSynchronize = nullptr;
   PFN_cuEventDestroy_v2 cuEventDestroy_v2 = nullptr;
+  PFN_cuStreamWaitEvent cuStreamWaitEvent = nullptr;  // GPU-side waits (free_sync:gpu_wait); absent: none
   // Virtual memory management, for expandable segments (shim/cuda_upstream_vmm.cpp). Any of them
   // missing (driver older than CUDA 10.2) turns expandable segments off.
   PFN_cuMemGetAllocationGranularity cuMemGetAllocationGranularity = nullptr;

@@ -161,13 +161,16 @@ CUresult destroy_stream(CUstream s, PFN_cuStreamDestroy_v2 real) {
   if (rt != nullptr && rt->native() && !Runtime::exiting() && s != nullptr) {
     ContextPool* owner = nullptr;
     rt->for_each_pool([&](ContextPool& cp) {
-      if (owner == nullptr && cp.fences.remove_stream(s)) owner = &cp;
+      if (owner == nullptr && cp.fences.knows_stream(s)) owner = &cp;
     });
+    const bool tracked = owner != nullptr;
     // A stream created before the shim started (not tracked) belongs to the current context.
     if (owner == nullptr) owner = rt->current_pool();
     // Blocks only this stream could reuse become pending on a fence recorded on it now, while
-    // the handle is still valid.
+    // the handle is still valid. Before the stream leaves the fences' list: the device fence
+    // that retiring records for free()d blocks must still cover work pending on it.
     if (owner != nullptr) owner->pool.retire_stream(stream_id(s, false));
+    if (tracked) owner->fences.remove_stream(s);
   }
   return real(s);
 }

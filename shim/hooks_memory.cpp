@@ -208,7 +208,16 @@ CUDAPOOL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     return rt->driver().cuMemFree_v2(dptr);
   }
   CUresult r = pool_free(*rt, dptr, nullptr, nullptr);
-  return r == kPassThrough ? rt->driver().cuMemFree_v2(dptr) : r;
+  if (r == kPassThrough) return rt->driver().cuMemFree_v2(dptr);
+  // free_host_sync: CUDA's cudaFree returns only once the device has finished; the pool's free
+  // never needs that wait itself (its fences keep the memory safe), but a program may read
+  // results through mapped host memory right after it.
+  if (r == CUDA_SUCCESS && rt->policy().free_host_sync && !Runtime::exiting() &&
+      rt->driver().cuCtxSynchronize != nullptr) {
+    const CUresult s = rt->driver().cuCtxSynchronize();
+    if (s != CUDA_SUCCESS) return s;
+  }
+  return r;
 }
 
 CUDAPOOL_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytesize, CUstream s) {

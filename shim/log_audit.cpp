@@ -57,6 +57,9 @@ class LoggingSink final : public EventSink {
       case EventKind::fence_wait:
         log_debug("device {}: the host waited {:.1f} us for a fence", e.device, us);
         break;
+      case EventKind::gpu_wait:
+        log_debug("device {}: {} pending bytes reused, streams wait on the GPU for their fences", e.device, e.size);
+        break;
       case EventKind::oom:
         // The hook logs the full diagnosis at warn; this is the upstream refusal itself.
         log_debug("upstream refused a segment of {} bytes on device {}", e.size, e.device);

@@ -67,6 +67,7 @@ constexpr Scalar kScalars[] = {
     {"upstream_ns", &Stats::upstream_ns},
     {"fences_recorded", &Stats::fences_recorded},
     {"fence_waits", &Stats::fence_waits},
+    {"gpu_waits", &Stats::gpu_waits},
     {"pending_bytes", &Stats::pending_bytes},
     {"gc_passes", &Stats::gc_passes},
     {"gc_freed_bytes", &Stats::gc_freed_bytes},

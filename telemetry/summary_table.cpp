@@ -41,7 +41,10 @@ std::string format_summary_table(const Summary& s) {
          return std::to_string(d.stats.num_device_alloc) + " / " + std::to_string(d.stats.num_device_free);
        }},
       {"upstream time", [](const DeviceSummary& d) { return ms(d.stats.upstream_ns); }},
-      {"fence waits", [](const DeviceSummary& d) { return std::to_string(d.stats.fence_waits); }},
+      {"fence waits (host / GPU)",
+       [](const DeviceSummary& d) {
+         return std::to_string(d.stats.fence_waits) + " / " + std::to_string(d.stats.gpu_waits);
+       }},
       {"alloc retries / OOMs",
        [](const DeviceSummary& d) {
          return std::to_string(d.stats.num_alloc_retries) + " / " + std::to_string(d.stats.num_ooms);

@@ -33,6 +33,7 @@ enum class TraceAction : std::uint8_t {
   gc,                // "gc"
   empty_cache,       // "empty_cache"
   fence_wait,        // "fence_wait": the host blocked on a fence (duration_ns)
+  gpu_wait,          // "gpu_wait": pending memory (Size bytes) reused, the GPU waits for its fences
   device,            // "device": Size = the device's total memory (written once per pool)
 };
 

@@ -24,6 +24,7 @@ const char* trace_action_name(TraceAction a) noexcept {
     case TraceAction::gc: return "gc";
     case TraceAction::empty_cache: return "empty_cache";
     case TraceAction::fence_wait: return "fence_wait";
+    case TraceAction::gpu_wait: return "gpu_wait";
     case TraceAction::device: return "device";
   }
   return "unknown";
@@ -42,6 +43,7 @@ TraceAction trace_action_of(EventKind k) noexcept {
     case EventKind::gc: return TraceAction::gc;
     case EventKind::empty_cache: return TraceAction::empty_cache;
     case EventKind::fence_wait: return TraceAction::fence_wait;
+    case EventKind::gpu_wait: return TraceAction::gpu_wait;
   }
   return TraceAction::allocate;
 }

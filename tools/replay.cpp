@@ -98,6 +98,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
       case TraceAction::oom:
       case TraceAction::gc:
       case TraceAction::fence_wait:
+      case TraceAction::gpu_wait:
         saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
         break;
     }

@@ -82,7 +82,13 @@ class SimFences : public FenceProvider {
   bool query(FenceHandle f) override;
   void wait(FenceHandle f) override;
   void release(FenceHandle f) override;
+  // The simulated GPU honours every GPU-side wait; the replay's host never blocks for one.
+  bool order_after(const FenceHandle*, std::size_t) override {
+    ++gpu_waits_;
+    return true;
+  }
 
+  std::uint64_t gpu_waits() const { return gpu_waits_; }
   std::uint64_t recorded() const { return fences_.size(); }
   std::uint64_t waits() const { return waits_; }
   std::uint64_t live() const { return live_; }
@@ -98,7 +104,7 @@ class SimFences : public FenceProvider {
   std::uint64_t index_ = 0;
   std::int64_t now_ns_ = 0;
   std::vector<Fence> fences_;  // handle h is fences_[h - 1]
-  std::uint64_t waits_ = 0, live_ = 0;
+  std::uint64_t waits_ = 0, live_ = 0, gpu_waits_ = 0;
 };
 
 }  // namespace cudapool::tools

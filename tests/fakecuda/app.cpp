@@ -46,6 +46,10 @@ FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
 FAKE_CONTROL(void, fakecuda_reset_primary_unseen, (cudaabi::CUdevice dev), (dev))
 FAKE_CONTROL(int, fakecuda_is_live, (cudaabi::CUdeviceptr p), (p))
 FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext* c, int d), (c, d))
+FAKE_CONTROL(long, fakecuda_stream_waits, (), ())
+FAKE_CONTROL(long, fakecuda_capture_waits, (), ())
+FAKE_CONTROL(long, fakecuda_ctx_syncs, (), ())
+FAKE_CONTROL(int, fakecuda_would_wait, (cudaabi::CUstream s, cudaabi::CUstream h), (s, h))
 #undef FAKE_CONTROL
 #endif
 
@@ -719,6 +723,92 @@ void device_sync() {
   CHECK(fakecuda_event_syncs() > syncs);
 }
 
+// The default policy (free_sync:gpu_wait): a block freed while work that may use it is pending
+// on any kind of stream is reused at once when the pool would otherwise grow, without a host
+// wait, and every stream is made to wait on the GPU for that work: the legacy, blocking and
+// per-thread streams, every non-blocking stream, non-blocking streams created afterwards, and
+// the case where the busy stream was destroyed after the free.
+void gpu_wait_reuse() {
+  start_cuda();
+  CUstream nb = nullptr, nb2 = nullptr, blocking = nullptr, doomed = nullptr;
+  CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+  CHECK_OK(api.cuStreamCreate(&nb2, CU_STREAM_NON_BLOCKING));
+  CHECK_OK(api.cuStreamCreate(&blocking, 0));
+  CHECK_OK(api.cuStreamCreate(&doomed, CU_STREAM_NON_BLOCKING));
+  constexpr std::size_t n = 12 << 20;  // fills its 12 MiB segment: no remainder to serve from
+  const CUstream all[] = {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, nb, nb2, blocking};
+  for (CUstream busy : {nb, blocking, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, doomed}) {
+    CUdeviceptr p = 0, q = 0;
+    CHECK_OK(api.cuMemAlloc(&p, n));
+    fakecuda_hold_stream(busy);
+    CHECK_OK(api.cuMemFree(p));
+    if (busy == doomed) CHECK_OK(api.cuStreamDestroy(doomed));  // its work still runs
+    const long allocs = fakecuda_alloc_calls(), syncs = fakecuda_event_syncs();
+    const long waits = fakecuda_stream_waits();
+    CHECK_OK(api.cuMemAlloc(&q, n));
+    CHECK(q == p);                               // reused at once…
+    CHECK(fakecuda_alloc_calls() == allocs);     // …instead of new memory…
+    CHECK(fakecuda_event_syncs() == syncs);      // …and without a host wait
+    for (CUstream s : all) CHECK(fakecuda_would_wait(s, busy) == 1);  // the GPU waits instead
+    CUstream later = nullptr;
+    CHECK_OK(api.cuStreamCreate(&later, CU_STREAM_NON_BLOCKING));
+    CHECK(fakecuda_would_wait(later, busy) == 1);
+    CHECK_OK(api.cuStreamDestroy(later));
+    // Joined before fanning out: about two waits per non-blocking stream, never one per pair.
+    CHECK(fakecuda_stream_waits() - waits <= 2 * 4 + 1);
+    fakecuda_release_stream(busy);
+    CHECK_OK(api.cuMemFree(q));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the fence window passes
+  }
+  // Nothing pending: no wait is made at all.
+  CUdeviceptr p = 0, q = 0;
+  CHECK_OK(api.cuMemAlloc(&p, n));
+  CHECK_OK(api.cuMemFree(p));
+  const long waits = fakecuda_stream_waits();
+  CHECK_OK(api.cuMemAlloc(&q, n));
+  CHECK(q == p);
+  CHECK(fakecuda_stream_waits() == waits);
+  CHECK_OK(api.cuMemFree(q));
+  for (CUstream s : {nb, nb2, blocking}) CHECK_OK(api.cuStreamDestroy(s));
+}
+
+// While a graph capture is open, no wait may be inserted anywhere (a wait on the capturing
+// stream would join its graph; legacy-stream work breaks the capture of a blocking stream): the
+// pending block is not reused, the capture stays valid.
+void gpu_wait_capture() {
+  start_cuda();
+  CUstream cap = nullptr, nb = nullptr;
+  CHECK_OK(api.cuStreamCreate(&cap, 0));  // blocking: legacy-stream work would break it
+  CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+  constexpr std::size_t n = 12 << 20;
+  CUdeviceptr p = 0, q = 0;
+  CHECK_OK(api.cuMemAlloc(&p, n));
+  fakecuda_hold_stream(nb);
+  CHECK_OK(api.cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CHECK_OK(api.cuMemFree(p));
+  const long waits = fakecuda_stream_waits();
+  CHECK_OK(api.cuMemAlloc(&q, n));
+  CHECK(!overlaps(p, n, q, n));
+  CHECK(fakecuda_stream_waits() == waits);
+  CHECK(fakecuda_capture_waits() == 0);
+  CUgraph graph = nullptr;
+  CHECK_OK(api.cuStreamEndCapture(cap, &graph));  // not invalidated
+  fakecuda_release_stream(nb);
+  CHECK_OK(api.cuMemFree(q));
+  CHECK_OK(api.cuStreamDestroy(cap));
+  CHECK_OK(api.cuStreamDestroy(nb));
+}
+
+// free_host_sync:True: cudaFree of a pooled block also waits for the device, as CUDA's does.
+void free_host_sync() {
+  start_cuda();
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 4096));
+  const long syncs = fakecuda_ctx_syncs();
+  CHECK_OK(api.cuMemFree(p));
+  CHECK(fakecuda_ctx_syncs() == syncs + 1);
+}
+
 // Driver calls per pool hit (run with CUDAPOOL_CONF=free_sync:immediate): the allocation hook
 // reads the current context (1 call) and nothing else; the free hook makes none. Stream-ordered
 // pairs skip cuStreamIsCapturing until the process begins its first capture.
@@ -879,6 +969,8 @@ int main(int argc, char** argv) {
       {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
       {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench}, {"bench_threads", bench_threads},
       {"hot_calls_immediate", hot_calls_immediate}, {"hot_calls_fenced", hot_calls_fenced},
+      {"gpu_wait_reuse", gpu_wait_reuse}, {"gpu_wait_capture", gpu_wait_capture},
+      {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {
     if (s == sc.name) {

@@ -48,6 +48,9 @@ struct Stream {
   bool capturing = false;
   int capture_mode = 0;
   bool invalidated = false;
+  // cuStreamWaitEvent: work issued on this stream from then on also waits for these (stream,
+  // hold_gen) pairs, the ones the event stood for when the wait was made.
+  std::vector<std::pair<Stream*, unsigned long>> deps;
 };
 
 struct Event {
@@ -68,7 +71,8 @@ thread_local Stream* tl_per_thread = nullptr;
 thread_local std::vector<Context*> tl_ctx_stack;
 thread_local Context* tl_current = nullptr;
 bool initialised = false;
-long n_alloc = 0, n_free = 0, n_graph = 0, n_records = 0, n_syncs = 0, n_trims = 0;
+long n_alloc = 0, n_free = 0, n_graph = 0, n_records = 0, n_syncs = 0, n_trims = 0, n_stream_waits = 0;
+long n_capture_waits = 0;  // cuStreamWaitEvent on a capturing stream (the wait joins the graph)
 
 std::size_t total_bytes() {
   const char* e = std::getenv("FAKECUDA_TOTAL_MB");
@@ -163,6 +167,41 @@ bool event_done(const Event* e) {
   return true;
 }
 
+bool pair_pending(const std::pair<Stream*, unsigned long>& p) { return p.first->held && p.first->hold_gen == p.second; }
+
+// Everything work issued now on `s` would wait for: its own earlier work, what it was made to
+// wait for (cuStreamWaitEvent), and the implicit order of the legacy stream (it waits for every
+// blocking and per-thread stream; those wait for it).
+std::vector<std::pair<Stream*, unsigned long>> waits_of(Stream* s) {
+  std::vector<std::pair<Stream*, unsigned long>> out;
+  auto add = [&](Stream* x) {
+    if (x->held) out.push_back({x, x->hold_gen});
+    for (auto& d : x->deps)
+      if (pair_pending(d)) out.push_back(d);
+  };
+  add(s);
+  if (s->legacy) {
+    for (Stream* o : streams)
+      if (o->flags == 0 && o != s) add(o);
+  } else if (s->flags == 0) {
+    add(&legacy_stream);
+  }
+  return out;
+}
+
+// An operation enqueued on the legacy stream runs after the work pending on every blocking and
+// per-thread stream, and later legacy-stream work runs after that operation: the legacy stream
+// keeps those dependencies (so blocking streams, which follow it, inherit them too).
+void absorb_implicit(Stream* s) {
+  if (!s->legacy) return;
+  for (Stream* o : streams) {
+    if (o->flags != 0 || o == s) continue;
+    if (o->held) s->deps.push_back({o, o->hold_gen});
+    for (auto& d : o->deps)
+      if (pair_pending(d)) s->deps.push_back(d);
+  }
+}
+
 CUresult record(CUevent ev, CUstream hs, bool ptsz) {
   FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
@@ -177,18 +216,8 @@ CUresult record(CUevent ev, CUstream hs, bool ptsz) {
       }
     }
   }
-  e->waits.clear();
-  auto add = [&](Stream* x) {
-    if (x->held) e->waits.push_back({x, x->hold_gen});
-  };
-  add(s);
-  if (s->legacy) {
-    // Legacy-stream work waits for every blocking stream and per-thread stream.
-    for (Stream* o : streams)
-      if (o->flags == 0) add(o);
-  } else if (s->flags == 0) {
-    add(&legacy_stream);
-  }
+  absorb_implicit(s);
+  e->waits = waits_of(s);
   ++n_records;
   return CUDA_SUCCESS;
 }
@@ -619,7 +648,9 @@ FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
   return vmm_overlaps_mapping(p, 1) ? 1 : 0;
 }
 // ---- streams, capture, events ------------------------------------------------------------------
-FAKE_API CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int) {
+// The exported entry points call these, never each other: an exported symbol called from inside
+// the library resolves to the shim's wrapper, which would then see one call twice.
+static CUresult create_stream(CUstream* ph, unsigned flags) {
   std::lock_guard<std::mutex> lock(mu);
   auto* s = new Stream;
   s->ctx = tl_current;
@@ -628,10 +659,12 @@ FAKE_API CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int) 
   *ph = reinterpret_cast<CUstream>(s);
   return CUDA_SUCCESS;
 }
-FAKE_API CUresult cuStreamCreate(CUstream* ph, unsigned flags) { return cuStreamCreateWithPriority(ph, flags, 0); }
-FAKE_API CUresult cuStreamDestroy_v2(CUstream hs);
-FAKE_API CUresult cuStreamDestroy(CUstream hs) { return cuStreamDestroy_v2(hs); }
-FAKE_API CUresult cuStreamDestroy_v2(CUstream hs) {
+static CUresult destroy_stream(CUstream hs);
+FAKE_API CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned flags, int) { return create_stream(ph, flags); }
+FAKE_API CUresult cuStreamCreate(CUstream* ph, unsigned flags) { return create_stream(ph, flags); }
+FAKE_API CUresult cuStreamDestroy(CUstream hs) { return destroy_stream(hs); }
+FAKE_API CUresult cuStreamDestroy_v2(CUstream hs) { return destroy_stream(hs); }
+static CUresult destroy_stream(CUstream hs) {
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = streams.begin(); it != streams.end(); ++it) {
     if (*it == reinterpret_cast<Stream*>(hs)) {
@@ -695,6 +728,37 @@ FAKE_API CUresult cuEventDestroy_v2(CUevent e) {
 }
 FAKE_API CUresult cuEventRecord(CUevent e, CUstream s) { return record(e, s, false); }
 FAKE_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return record(e, s, true); }
+static CUresult stream_wait_event(CUstream hs, CUevent ev, bool ptsz) {
+  FAKE_COUNT();
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* s = resolve(hs, ptsz);
+  auto* e = reinterpret_cast<Event*>(ev);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->capturing) {
+    // A real capture would take the wait into its graph (an external-event node, or an error):
+    // either way the graph is not what the program captured.
+    ++n_capture_waits;
+    s->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  }
+  if (s->legacy) {
+    for (Stream* o : streams) {
+      if (o->capturing && o->flags == 0 && !o->per_thread) {
+        o->invalidated = true;
+        ++n_capture_waits;
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+      }
+    }
+  }
+  absorb_implicit(s);
+  std::erase_if(s->deps, [](const auto& d) { return !pair_pending(d); });
+  for (auto& w : e->waits)
+    if (pair_pending(w)) s->deps.push_back(w);
+  ++n_stream_waits;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) { return stream_wait_event(s, e, false); }
+FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned) { return stream_wait_event(s, e, true); }
 FAKE_API CUresult cuEventQuery(CUevent e) {
   FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
@@ -731,6 +795,16 @@ FAKE_API std::size_t fakecuda_live_bytes() {
 FAKE_API long fakecuda_graph_allocs() { std::lock_guard<std::mutex> l(mu); return n_graph; }
 FAKE_API long fakecuda_event_records() { std::lock_guard<std::mutex> l(mu); return n_records; }
 FAKE_API long fakecuda_event_syncs() { std::lock_guard<std::mutex> l(mu); return n_syncs; }
+FAKE_API long fakecuda_stream_waits() { std::lock_guard<std::mutex> l(mu); return n_stream_waits; }
+FAKE_API long fakecuda_capture_waits() { std::lock_guard<std::mutex> l(mu); return n_capture_waits; }
+FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
+  std::lock_guard<std::mutex> lock(mu);
+  Stream* h = resolve(held, false);
+  if (!h->held) return -1;
+  for (auto& w : waits_of(resolve(s, false)))
+    if (w.first == h && w.second == h->hold_gen) return 1;
+  return 0;
+}
 FAKE_API long fakecuda_thread_driver_calls() { return tl_driver_calls; }
 FAKE_API long fakecuda_trim_calls() { std::lock_guard<std::mutex> l(mu); return n_trims; }
 FAKE_API int fakecuda_is_live(CUdeviceptr p) {
@@ -796,6 +870,7 @@ const ProcEntry kProcs[] = {
     {"cuEventCreate", 2000, P(cuEventCreate), nullptr},
     {"cuEventRecord", 2000, P(cuEventRecord), P(cuEventRecord_ptsz)},
     {"cuEventQuery", 2000, P(cuEventQuery), nullptr},
+    {"cuStreamWaitEvent", 3020, P(cuStreamWaitEvent), P(cuStreamWaitEvent_ptsz)},
     {"cuEventSynchronize", 2000, P(cuEventSynchronize), nullptr},
     {"cuEventDestroy", 4000, P(cuEventDestroy_v2), nullptr},
 };

@@ -21,6 +21,12 @@ std::size_t fakecuda_live_bytes();  // on the current context's device
 long fakecuda_graph_allocs();       // cuMemAllocAsync calls on a capturing stream
 long fakecuda_event_records();      // successful cuEventRecord calls
 long fakecuda_event_syncs();        // cuEventSynchronize calls that had to wait
+long fakecuda_stream_waits();       // successful cuStreamWaitEvent calls
+long fakecuda_capture_waits();      // cuStreamWaitEvent calls that hit a capture (and broke it)
+// 1 if work issued now on `s` would run only after the work now pending on `held` (its own
+// order, cuStreamWaitEvent waits, the legacy stream's implicit order); 0 if it could run before;
+// -1 if nothing is pending on `held`. Handles as for fakecuda_hold_stream.
+int fakecuda_would_wait(cudaabi::CUstream s, cudaabi::CUstream held);
 long fakecuda_trim_calls();         // cuMemPoolTrimTo calls
 // Driver entry points the CALLING THREAD made (context, alloc/free, capture query, event and
 // pointer-attribute calls; not cuGetProcAddress): what a hook costs in driver calls.

@@ -2,8 +2,11 @@
 // so (complete(), complete_all(), complete_some()), or at once in auto mode; wait() completes the
 // fence it waits for (the GPU "catches up") and counts the wait. Handles are issued in increasing
 // order, so a test can ask "has a fence recorded after point N completed?" (covered()), which
-// is how the stress test proves that no pending block is handed out early. Misuse (query, wait
-// or release of an unknown or released handle) is counted, never fatal. Thread-safe.
+// is how the stress test proves that no pending block is handed out early. order_after (a GPU-side
+// wait) succeeds unless the test turns it off; an ordered fence covers what it would cover once
+// complete (work issued after the order waits for it on the "GPU"), and is listed until it
+// completes, so a test can check that nothing is released while one still runs. Misuse (query,
+// wait or release of an unknown or released handle) is counted, never fatal. Thread-safe.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -52,6 +55,40 @@ class FakeFence : public FenceProvider {
     std::lock_guard<std::mutex> lock(mu_);
     ++releases_;
     if (fences_.erase(fence) == 0) ++bad_calls_;
+  }
+
+  bool order_after(const FenceHandle* fences, std::size_t n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++order_calls_;
+    if (!can_order_) return false;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto it = fences_.find(fences[i]);
+      if (it == fences_.end()) {
+        ++bad_calls_;
+        continue;
+      }
+      if (!it->second.device) ++bad_calls_;  // the pool orders device fences only
+      it->second.ordered = true;
+      if (!it->second.completed) ++ordered_running_;
+      max_ordered_device_ = std::max(max_ordered_device_, fences[i]);
+    }
+    return true;
+  }
+
+  // ---- GPU-side waits ----------------------------------------------------------------------
+  void set_can_order(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    can_order_ = on;
+  }
+  std::size_t order_calls() const { return locked(order_calls_); }
+  // Fences ordered while still running (GPU-side waits that really had something to wait for).
+  std::size_t ordered_running() const { return locked(ordered_running_); }
+  // Ordered fences not yet complete: memory handed out under them may still be in use by old work.
+  std::size_t ordered_incomplete() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t n = 0;
+    for (auto& [h, f] : fences_) n += f.ordered && !f.completed;
+    return n;
   }
 
   // ---- Control -----------------------------------------------------------------------------
@@ -108,6 +145,15 @@ class FakeFence : public FenceProvider {
     auto it = max_completed_stream_.find(*stream);
     return it != max_completed_stream_.end() && it->second >= since;
   }
+  // covered(), or a device fence with handle >= since was ordered (order_after): new work of any
+  // stream waits for it on the GPU, so memory may be REUSED, though not released or unmapped.
+  bool covered_or_ordered(FenceHandle since, std::optional<StreamId> stream) const {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (max_ordered_device_ >= since) return true;
+    }
+    return covered(since, stream);
+  }
   bool is_completed(FenceHandle fence) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = fences_.find(fence);
@@ -140,6 +186,7 @@ class FakeFence : public FenceProvider {
     bool device = false;
     StreamId stream = 0;
     bool completed = false;
+    bool ordered = false;
   };
 
   FenceHandle record(bool device, StreamId stream) {
@@ -170,6 +217,9 @@ class FakeFence : public FenceProvider {
   FenceHandle next_ = 1;  // 0 is never a valid fence
   std::unordered_map<FenceHandle, Fence> fences_;
   FenceHandle max_completed_device_ = 0;
+  FenceHandle max_ordered_device_ = 0;  // newest device fence the GPU was made to wait for
+  bool can_order_ = true;
+  std::size_t order_calls_ = 0, ordered_running_ = 0;
   std::unordered_map<StreamId, FenceHandle> max_completed_stream_;
   std::size_t device_records_ = 0, stream_records_ = 0, queries_ = 0, waits_ = 0, releases_ = 0;
   std::size_t bad_calls_ = 0;

@@ -95,7 +95,7 @@ expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
 expect_out "^metric +defaults +max_split_size_mb=64 +max_split_size_mb=256" "sweep columns"
 expect_rc 0 "replay an H200 trace with fence waits, sweeping the headroom" -- "$cp" replay \
-  $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True --sweep "expandable_headroom=0,0.03" --quiet
+  $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True,free_sync:fenced --sweep "expandable_headroom=0,0.03" --quiet
 # Columns: the --conf alone, headroom 0 (the same), headroom 0.03: fewer driver calls, fewer
 # fence waits.
 if awk '/^upstream calls|^fence waits/ { n++; x = $(NF-2); y = $(NF-1); z = $NF; bad += !(x == y && z < y) }

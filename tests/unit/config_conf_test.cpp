@@ -304,13 +304,23 @@ TEST(ConfKeys, Backend) {
 }
 
 TEST(ConfKeys, FreeSync) {
-  EXPECT_EQ(Policy{}.pool.free_sync, FreeSync::fenced);
+  EXPECT_EQ(Policy{}.pool.free_sync, FreeSync::gpu_wait);
+  EXPECT_EQ(must_parse("free_sync:fenced").pool.free_sync, FreeSync::fenced);
+  EXPECT_EQ(must_parse("free_sync:GPU_WAIT").pool.free_sync, FreeSync::gpu_wait);
   EXPECT_EQ(must_parse("free_sync:device").pool.free_sync, FreeSync::device);
   EXPECT_EQ(must_parse("free_sync:Immediate").pool.free_sync, FreeSync::immediate);
   EXPECT_EQ(must_parse("free_sync:immediate,free_sync:fenced").pool.free_sync, FreeSync::fenced);
   std::string e = must_fail("free_sync:lazy");
   EXPECT_TRUE(has(e, "free_sync")) << e;
-  EXPECT_TRUE(has(e, "fenced, device or immediate")) << e;
+  EXPECT_TRUE(has(e, "gpu_wait, fenced, device or immediate")) << e;
+}
+
+TEST(ConfKeys, FreeHostSync) {
+  EXPECT_FALSE(Policy{}.free_host_sync);
+  EXPECT_TRUE(must_parse("free_host_sync:True").free_host_sync);
+  EXPECT_FALSE(must_parse("free_host_sync:true,free_host_sync:false").free_host_sync);
+  std::string e = must_fail("free_host_sync:sometimes");
+  EXPECT_TRUE(has(e, "free_host_sync")) << e;
 }
 
 TEST(ConfKeys, MaxReserved) {

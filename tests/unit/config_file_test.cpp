@@ -99,11 +99,11 @@ TEST(PolicyFile, ProfileByNameAndByMatch) {
   // An explicit choice wins over match.
   Policy train = must_load(file(f, "train", "/usr/bin/python3 eval.py"));
   EXPECT_TRUE(train.pool.expandable_segments);
-  EXPECT_EQ(train.pool.free_sync, FreeSync::fenced);
+  EXPECT_EQ(train.pool.free_sync, FreeSync::gpu_wait);
   // Nothing matches: the file's [policy] alone.
   Policy none = must_load(file(f, "", "./a.out"));
   EXPECT_EQ(none.pool.max_split_size, 128 * MiB);
-  EXPECT_EQ(none.pool.free_sync, FreeSync::fenced);
+  EXPECT_EQ(none.pool.free_sync, FreeSync::gpu_wait);
 }
 
 TEST(PolicyFile, TwoMatchingProfilesNameBoth) {

@@ -36,6 +36,13 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.pool.per_process_memory_fraction, b.pool.per_process_memory_fraction);
   EXPECT_EQ(a.pool.max_reserved, b.pool.max_reserved);
   EXPECT_EQ(a.pool.free_sync, b.pool.free_sync);
+  EXPECT_EQ(a.pool.expandable_wait, b.pool.expandable_wait);
+  EXPECT_EQ(a.pool.expandable_large_page, b.pool.expandable_large_page);
+  EXPECT_EQ(a.pool.expandable_max_unit, b.pool.expandable_max_unit);
+  EXPECT_EQ(a.pool.expandable_headroom, b.pool.expandable_headroom);
+  EXPECT_EQ(a.expandable_peer_access, b.expandable_peer_access);
+  EXPECT_EQ(a.free_host_sync, b.free_host_sync);
+  EXPECT_EQ(a.dump_signal, b.dump_signal);
   EXPECT_EQ(a.backend, b.backend);
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.log_file, b.log_file);

@@ -78,6 +78,15 @@ inline constexpr std::int64_t kPastBatchWindowNs = 1'000'000;
 
 // A pool on a fake upstream and a fake fence, with helpers most tests want. It installs the
 // test clock for its lifetime.
+// FreeSync::fenced: pending memory is never handed out before its fence completed (the mode the
+// tests of the batch window and of the host-side rules were written for; the default orders
+// GPU-side waits instead, pool_gpu_wait_test.cpp).
+inline PoolOptions fenced_options() {
+  PoolOptions o;
+  o.free_sync = FreeSync::fenced;
+  return o;
+}
+
 struct PoolRig {
   FakeUpstream up;
   FakeFence fence;

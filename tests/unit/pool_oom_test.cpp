@@ -29,7 +29,7 @@ TEST(PoolOom, InjectedFailureReleasesCacheAndSucceedsOnRetry) {
 }
 
 TEST(PoolOom, AfterWaitingThePoolIsSearchedAgain) {
-  PoolRig rig({}, 20 * MiB);  // fenced frees, room for one large segment
+  PoolRig rig(fenced_options(), 20 * MiB);  // fenced frees, room for one large segment
   void* a = rig.alloc(20 * MiB);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // pending: fence not complete
   AllocResult r = rig.pool->allocate(20 * MiB, 0);

@@ -43,7 +43,7 @@ TEST(PoolStreams, OtherStreamWaitsForFenceOnFreeingStream) {
 }
 
 TEST(PoolStreams, FreeWaitsForDeviceFenceAndBatchesFrees) {
-  PoolRig rig;  // FreeSync::fenced
+  PoolRig rig(fenced_options());
   std::vector<void*> ps;
   for (int i = 0; i < 10; ++i) ps.push_back(rig.alloc(4 * KiB, kS1));
   for (void* p : ps) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
@@ -69,7 +69,7 @@ TEST(PoolStreams, FreeWaitsForDeviceFenceAndBatchesFrees) {
 }
 
 TEST(PoolStreams, FencedMissGoesUpstreamWithoutWaiting) {
-  PoolRig rig;
+  PoolRig rig(fenced_options());
   void* a = rig.alloc(20 * MiB);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
   void* b = rig.alloc(20 * MiB);

@@ -7,6 +7,8 @@
 //  * at checkpoints (all workers paused): check_consistency(), stats == recount from snapshot,
 //    the union of every worker's live blocks has no overlap and each is an allocated block of
 //    the snapshot;
+//  * memory handed out under a GPU-side wait (FreeSync::gpu_wait) counts as safe to reuse, but
+//    nothing may go back to the upstream (release, unmap, move) while such a fence still runs;
 //  * at the end, after freeing everything and empty_cache(), the upstream holds nothing and no
 //    fence is left.
 #include <gtest/gtest.h>
@@ -48,6 +50,43 @@ struct Freed {
   StreamId stream;
 };
 
+// Memory the pool handed out under a GPU-side wait before the free's fence completed ("hot"): at
+// every upstream call that gives memory back (release, unmap, move) no hot range may be touched
+// whose fence has not completed yet, whatever happened to the range since.
+struct HotRange {
+  std::uintptr_t lo, hi;
+  FenceHandle since;
+};
+struct OrderCheckingUpstream : FakeUpstream {
+  using FakeUpstream::FakeUpstream;
+  FakeFence* fence = nullptr;
+  std::mutex* mu = nullptr;
+  std::vector<HotRange>* hot = nullptr;
+  std::atomic<long> early_returns{0};
+  void check(void* addr, std::size_t bytes) {
+    if (hot == nullptr) return;
+    const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+    std::lock_guard<std::mutex> lock(*mu);
+    std::erase_if(*hot, [&](const HotRange& r) {
+      if (fence->covered(r.since, std::nullopt)) return true;  // safe from now on
+      if (r.lo < lo + bytes && lo < r.hi) early_returns.fetch_add(1);
+      return false;
+    });
+  }
+  void release(void* base, std::size_t bytes) override {
+    check(base, bytes);
+    FakeUpstream::release(base, bytes);
+  }
+  void unmap(void* addr, std::size_t bytes) override {
+    check(addr, bytes);
+    FakeUpstream::unmap(addr, bytes);
+  }
+  UpstreamStatus move(void* from, void* to, std::size_t bytes) override {
+    check(from, bytes);
+    return FakeUpstream::move(from, to, bytes);
+  }
+};
+
 struct Live {
   std::uintptr_t p;
   std::size_t n;        // requested
@@ -62,6 +101,9 @@ class Stress {
       : opt_(opt), up_(384 * MiB, /*backed=*/true), fence_(false), workers_(workers), ops_(ops),
         barrier_(workers + 1), live_(workers) {
     up_.set_granularity(granularity);
+    up_.fence = &fence_;
+    up_.mu = &reg_mu_;
+    up_.hot = &hot_;
     pool_ = std::make_unique<DevicePool>(0, opt_, up_, fence_);
   }
 
@@ -175,9 +217,14 @@ class Stress {
       --it;
       if (it->second.end <= p) break;  // ranges never overlap each other, so none further left
       const Freed& f = it->second;
-      const bool safe = (f.on_stream && f.stream == t) ||
-                        fence_.covered(f.since, f.on_stream ? std::optional<StreamId>(f.stream) : std::nullopt);
+      const std::optional<StreamId> on = f.on_stream ? std::optional<StreamId>(f.stream) : std::nullopt;
+      const bool own = f.on_stream && f.stream == t;
+      const bool safe = own || fence_.covered_or_ordered(f.since, on);
       if (!safe) early_.fetch_add(1);
+      if (safe && !own && !fence_.covered(f.since, on)) {
+        hot_.push_back({std::max(p, it->first), std::min(p + n, f.end), f.since});
+        ++hot_reuses_;
+      }
       it = freed_.erase(it);
     }
   }
@@ -208,6 +255,13 @@ class Stress {
   }
 
   void finish() {
+    EXPECT_EQ(up_.early_returns.load(), 0) << "memory went back to the upstream under a running GPU-side wait";
+    if (opt_.free_sync == FreeSync::gpu_wait) {
+      EXPECT_GT(fence_.ordered_running(), 0u) << "no GPU-side wait had anything to wait for: not exercised";
+      EXPECT_GT(hot_reuses_, 0) << "no memory was reused under a running GPU-side wait: not exercised";
+    } else {
+      EXPECT_EQ(fence_.order_calls(), 0u);
+    }
     fence_.complete_all();
     pool_->empty_cache();
     EXPECT_EQ(pool_->check_consistency(), "");
@@ -233,7 +287,7 @@ class Stress {
   }
 
   PoolOptions opt_;
-  FakeUpstream up_;
+  OrderCheckingUpstream up_;
   FakeFence fence_;
   std::unique_ptr<DevicePool> pool_;
   int workers_;
@@ -242,6 +296,8 @@ class Stress {
   std::vector<std::vector<Live>> live_;
   std::mutex reg_mu_;
   std::map<std::uintptr_t, Freed> freed_;
+  std::vector<HotRange> hot_;  // under reg_mu_
+  long hot_reuses_ = 0;        // under reg_mu_
   std::atomic<std::uint64_t> next_tag_{1};
   std::atomic<long> early_{0}, clobbered_{0}, overlaps_{0}, not_in_segment_{0}, bad_{0}, ooms_{0};
   int checkpoints_ = 0;
@@ -249,8 +305,14 @@ class Stress {
 
 }  // namespace
 
+TEST(PoolStress, GpuWaitFrees) {
+  Stress(PoolOptions{}, 3, total_ops() / 4).run();  // the default: FreeSync::gpu_wait
+}
+
 TEST(PoolStress, FencedFrees) {
-  Stress(PoolOptions{}, 3, total_ops() / 4).run();
+  PoolOptions o;
+  o.free_sync = FreeSync::fenced;
+  Stress(o, 3, total_ops() / 4).run();
 }
 
 TEST(PoolStress, DeviceSyncReleaseLockMaxSplit) {

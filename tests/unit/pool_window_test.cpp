@@ -30,7 +30,7 @@ TEST(PoolWindow, TightLoopRecordsAHandfulOfFences) {
 // Same loop with fences that never complete: pending blocks are never handed out, the pool
 // moves on through free memory (and a second segment once the first is used up).
 TEST(PoolWindow, TightLoopNeverReusesPendingBlocks) {
-  PoolRig rig;
+  PoolRig rig(fenced_options());
   std::set<void*> seen;
   for (int i = 0; i < 1000; ++i) {
     void* p = rig.alloc(4 * KiB);
@@ -75,7 +75,7 @@ TEST(PoolWindow, RecordsWhenTheWindowPasses) {
 // A miss closes the open batch at once and queries it before going to the upstream.
 TEST(PoolWindow, MissRecordsAtOnce) {
   {
-    PoolRig rig;  // fences complete only when told
+    PoolRig rig(fenced_options());  // fences complete only when told
     void* a = rig.alloc(20 * MiB);
     ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
     EXPECT_EQ(rig.fence.device_records(), 0u);
@@ -177,7 +177,7 @@ TEST(PoolWindow, EmptyCacheClosesTheBatch) {
 
 // The OOM path waits for the open batch's fence (recorded by the miss) and reuses the block.
 TEST(PoolWindow, OomPathClosesTheBatch) {
-  PoolRig rig({}, 20 * MiB);
+  PoolRig rig(fenced_options(), 20 * MiB);
   void* a = rig.alloc(20 * MiB);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
   EXPECT_EQ(rig.alloc(20 * MiB), a);

@@ -138,8 +138,10 @@ TEST(Shim, BackendPassthroughSendsEverythingToTheDriver) {
 }
 
 TEST(Shim, FreeSyncImmediateReusesWhileWorkIsPending) {
-  // The default policy refuses the early reuse (the scenario's check fails)…
-  RunResult fenced = run({app(false), "immediate_reuse"});
+  // The fenced policies refuse the early reuse on the same stream (the scenario's check fails)…
+  RunResult dflt = run({app(false), "immediate_reuse"});
+  EXPECT_NE(dflt.exit_status, 0) << dflt.output;
+  RunResult fenced = run({app(false), "immediate_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
   EXPECT_NE(fenced.exit_status, 0) << fenced.output;
   // …free_sync:immediate allows it (PyTorch's semantics).
   RunResult imm = run({app(false), "immediate_reuse"}, {{"CUDAPOOL_CONF", "free_sync:immediate"}});
@@ -158,10 +160,38 @@ TEST(Shim, PoolHitsMakeNoDriverCallsBeyondTheContextRead) {
 }
 
 TEST(Shim, FreeSyncDeviceWaitsInsteadOfAllocating) {
-  RunResult fenced = run({app(true), "device_sync"});
-  EXPECT_NE(fenced.exit_status, 0) << fenced.output;  // default: a new segment instead
+  RunResult fenced = run({app(true), "device_sync"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
+  EXPECT_NE(fenced.exit_status, 0) << fenced.output;  // fenced: a new segment instead
+  RunResult dflt = run({app(true), "device_sync"});
+  EXPECT_NE(dflt.exit_status, 0) << dflt.output;  // the default reuses it, but without a host wait
   RunResult dev = run({app(true), "device_sync"}, {{"CUDAPOOL_CONF", "free_sync:device"}});
   EXPECT_EQ(dev.exit_status, 0) << dev.output;
+}
+
+// The default policy: pending memory is reused at once, every stream waits on the GPU.
+TEST(Shim, GpuWaitReusesPendingMemoryAndEveryStreamWaits) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "gpu_wait_reuse"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS gpu_wait_reuse"), std::string::npos) << r.output;
+  }
+  // Its negative control: fenced mode grows instead (q != p), so the scenario fails.
+  RunResult fenced = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
+  EXPECT_NE(fenced.exit_status, 0) << fenced.output;
+  EXPECT_NE(fenced.output.find("q == p"), std::string::npos) << fenced.output;
+}
+
+TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {
+  RunResult r = run({app(true), "gpu_wait_capture"});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS gpu_wait_capture"), std::string::npos) << r.output;
+}
+
+TEST(Shim, FreeHostSyncWaitsForTheDeviceInCudaFree) {
+  RunResult on = run({app(true), "free_host_sync"}, {{"CUDAPOOL_CONF", "free_host_sync:True"}});
+  EXPECT_EQ(on.exit_status, 0) << on.output;
+  RunResult off = run({app(true), "free_host_sync"});
+  EXPECT_NE(off.exit_status, 0) << off.output;  // the default does not synchronize
 }
 
 TEST(Shim, StatsAndTraceFilesAreWritten) {

@@ -52,14 +52,14 @@ Summary sample() {
 TEST(TelemetrySummary, FlatNamesArePyTorchsAndComplete) {
   Stats s;
   auto flat = flatten_stats(s);
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 16);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 17);
   std::set<std::string> names;
   for (auto& [n, v] : flat) names.insert(n);
   EXPECT_EQ(names.size(), flat.size());
   for (const char* n : {"allocated_bytes.all.peak", "reserved_bytes.large_pool.current",
                         "inactive_split_bytes.small_pool.freed", "oversize_segments.peak",
                         "num_alloc_retries", "num_ooms", "num_sync_all_streams", "max_split_size",
-                        "cache_hits", "upstream_ns", "bad_frees"})
+                        "cache_hits", "upstream_ns", "gpu_waits", "bad_frees"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(set_stat(&s, "allocated_bytes.all.bogus", 1));
   EXPECT_FALSE(set_stat(&s, "allocated_bytes.medium_pool.peak", 1));

@@ -92,14 +92,18 @@ TEST(ToolsReplay, RecordedFailureIsRetried) {
 TEST(ToolsReplay, SyncFreeReuseWaitsForTheFenceModel) {
   // A cudaFree'd block is reusable once a device fence recorded after the free has completed.
   // The pool records that fence at the next allocation (the 1 KiB one); in the model it completes
-  // by the event after, so with no simulated latency the 100 MiB block is reused. With 1 s of
-  // latency it is still pending and the request needs a segment of its own.
+  // by the event after, so with no simulated latency the 100 MiB block is reused. Under
+  // free_sync:fenced with 1 s of latency it is still pending and the request needs a segment of
+  // its own; under the default (gpu_wait) it is reused at once, the simulated GPU waiting.
   TraceBuilder b;
   b.alloc(0x1, 100 * MiB, 1).free(0x1, 100 * MiB, 1).alloc(0x2, KiB, 1).alloc(0x3, 100 * MiB, 1);
   const std::int64_t small = 2 * MiB;
-  EXPECT_EQ(peak_reserved(run(b, "", std::nullopt, 0, FreeMode::sync)), static_cast<std::int64_t>(100 * MiB) + small);
-  EXPECT_EQ(peak_reserved(run(b, "", std::nullopt, 1'000'000'000, FreeMode::sync)),
+  EXPECT_EQ(peak_reserved(run(b, "free_sync:fenced", std::nullopt, 0, FreeMode::sync)),
+            static_cast<std::int64_t>(100 * MiB) + small);
+  EXPECT_EQ(peak_reserved(run(b, "free_sync:fenced", std::nullopt, 1'000'000'000, FreeMode::sync)),
             static_cast<std::int64_t>(200 * MiB) + small);
+  EXPECT_EQ(peak_reserved(run(b, "", std::nullopt, 1'000'000'000, FreeMode::sync)),
+            static_cast<std::int64_t>(100 * MiB) + small);
   // free_sync:immediate makes the block reusable on its stream at once, whatever the GPU does.
   EXPECT_EQ(peak_reserved(run(b, "free_sync:immediate", std::nullopt, 1'000'000'000, FreeMode::sync)),
             static_cast<std::int64_t>(100 * MiB) + small);

@@ -1,0 +1,148 @@
+// FreeSync::gpu_wait, the default: memory freed with free() whose fence still runs is handed out
+// at once when the pool would otherwise grow, with the GPU made to wait for the fence
+// (FenceProvider::order_after); nothing goes back to the upstream before such a fence completed.
+#include <gtest/gtest.h>
+
+#include "tests/unit/pool_helpers.h"
+
+using namespace cudapool;
+using namespace cudapool::testing;
+
+namespace {
+
+PoolOptions gpu_wait() {
+  PoolOptions o;
+  EXPECT_EQ(o.free_sync, FreeSync::gpu_wait);  // the default
+  return o;
+}
+
+}  // namespace
+
+TEST(PoolGpuWait, PendingMemoryIsReusedWithoutGrowingOrWaiting) {
+  PoolRig rig(gpu_wait());  // fences complete only when told
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  void* b = rig.alloc(20 * MiB);
+  EXPECT_EQ(b, a);                              // the pending block, at once
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);       // no new segment
+  EXPECT_EQ(rig.fence.waits(), 0u);             // the host did not wait
+  EXPECT_EQ(rig.fence.order_calls(), 1u);
+  EXPECT_EQ(rig.fence.ordered_running(), 1u);   // the GPU had something to wait for
+  EXPECT_EQ(rig.pool->stats().gpu_waits, 1);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  rig.expect_intact();
+  // The ordered fence stays the pool's until it completes, then it is released.
+  EXPECT_EQ(rig.fence.outstanding(), 1u);
+  rig.fence.complete_all();
+  rig.advance_clock();
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  (void)rig.alloc(4 * KiB);  // fence service: the completed ordered fence is released
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
+}
+
+// The same sequence in fenced mode grows instead: the negative control of the test above.
+TEST(PoolGpuWait, FencedModeGrowsInstead) {
+  PoolRig rig(fenced_options());
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_NE(rig.alloc(20 * MiB), a);
+  EXPECT_EQ(rig.up.allocate_calls(), 2u);
+  EXPECT_EQ(rig.fence.order_calls(), 0u);
+}
+
+// A provider that cannot order (a capture is open, the driver refused) leaves the memory pending:
+// the pool grows, exactly as in fenced mode.
+TEST(PoolGpuWait, RefusedOrderKeepsTheMemoryPending) {
+  PoolRig rig(gpu_wait());
+  rig.fence.set_can_order(false);
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_NE(rig.alloc(20 * MiB), a);
+  EXPECT_EQ(rig.fence.order_calls(), 1u);
+  EXPECT_EQ(rig.up.allocate_calls(), 2u);
+  EXPECT_EQ(rig.pool->stats().gpu_waits, 0);
+  EXPECT_GT(rig.pool->stats().pending_bytes, 0);
+  rig.expect_intact();
+}
+
+// Pending memory that could not serve the request is not worth a GPU-side wait.
+TEST(PoolGpuWait, TooLittlePendingMemoryOrdersNothing) {
+  PoolRig rig(gpu_wait());
+  void* small = rig.alloc(64 * KiB);
+  void* large = rig.alloc(4 * MiB);
+  ASSERT_EQ(rig.pool->free(small), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(large), FreeStatus::ok);
+  (void)rig.alloc(30 * MiB);  // 4 MiB of large blocks pending: cannot serve 30 MiB
+  EXPECT_EQ(rig.fence.order_calls(), 0u);
+  EXPECT_EQ(rig.fence.waits(), 0u);
+  rig.expect_intact();
+}
+
+// Completed fences need no GPU-side wait: the batch simply completes.
+TEST(PoolGpuWait, CompletedFencesAreNotOrdered) {
+  PoolRig rig(gpu_wait(), 80 * GiB, /*auto_fence=*/true);
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  EXPECT_EQ(rig.alloc(20 * MiB), a);
+  EXPECT_EQ(rig.fence.order_calls(), 0u);
+  EXPECT_EQ(rig.pool->stats().gpu_waits, 0);
+}
+
+// Memory handed out under a running GPU-side wait is never given back to the upstream before
+// that fence completed: empty_cache (like GC and the OOM path) waits for it first.
+TEST(PoolGpuWait, ReleaseWaitsForOrderedFences) {
+  PoolRig rig(gpu_wait());
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  void* b = rig.alloc(20 * MiB);
+  ASSERT_EQ(b, a);
+  ASSERT_EQ(rig.fence.ordered_incomplete(), 1u);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  const std::size_t waits = rig.fence.waits();
+  EXPECT_EQ(rig.pool->empty_cache(), 20 * MiB);
+  EXPECT_GT(rig.fence.waits(), waits);
+  EXPECT_EQ(rig.fence.ordered_incomplete(), 0u);
+  EXPECT_EQ(rig.up.bytes_held(), 0u);
+  EXPECT_EQ(rig.fence.outstanding(), 0u);
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
+}
+
+// Several batches pending: one order covers them all, and every block comes back.
+TEST(PoolGpuWait, OneOrderCoversEveryPendingBatch) {
+  PoolRig rig(gpu_wait());
+  std::vector<void*> ps;
+  for (int i = 0; i < 3; ++i) ps.push_back(rig.alloc(20 * MiB));
+  for (void* p : ps) {
+    ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+    rig.advance_clock();
+    (void)rig.pool->allocate(512, 0);  // the window passes: each free gets its own batch
+  }
+  const std::size_t records = rig.fence.device_records();
+  EXPECT_GE(records, 3u);
+  void* big = rig.alloc(20 * MiB);
+  EXPECT_TRUE(big == ps[0] || big == ps[1] || big == ps[2]);
+  EXPECT_EQ(rig.fence.order_calls(), 1u);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  for (int i = 0; i < 2; ++i) (void)rig.alloc(20 * MiB);
+  EXPECT_EQ(rig.fence.order_calls(), 1u);  // the other two were already free
+  EXPECT_EQ(rig.up.allocate_calls(), 4u);  // three large segments + the small one
+  rig.expect_intact();
+}
+
+// Expandable ranges: pending pages are reused in place instead of a host wait or page moves.
+TEST(PoolGpuWait, ExpandableReusesPendingPagesInPlace) {
+  PoolOptions o = gpu_wait();
+  o.expandable_segments = true;
+  PoolRig rig(o);
+  rig.up.set_granularity(2 * MiB);
+  void* a = rig.alloc(32 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  const std::size_t maps = rig.up.map_calls();
+  void* b = rig.alloc(32 * MiB);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(rig.up.map_calls(), maps);
+  EXPECT_EQ(rig.up.unmap_calls(), 0u);
+  EXPECT_EQ(rig.fence.waits(), 0u);
+  EXPECT_EQ(rig.fence.ordered_running(), 1u);
+  rig.expect_intact();
+}
