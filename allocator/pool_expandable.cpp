@@ -111,8 +111,9 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
 }
 
 std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan,
-                                                 std::vector<Block*>& out) const {
+                                                 std::vector<Block*>& out, std::size_t* hot_bytes) const {
   std::size_t total = 0;
+  *hot_bytes = 0;
   std::vector<std::pair<std::size_t, Block*>> ranked;  // (releasable bytes, block): computed once
   for (int k = 0; k < 2; ++k) {
     // Pages move between the two ranges only when they have the same page size: a page is one
@@ -125,8 +126,11 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
-      if (is_hot(b)) continue;  // old work may still use it: reusable in place, not movable
       const std::size_t r = releasable_pages(b);
+      if (is_hot(b)) {  // old work may still use it: reusable in place, not movable
+        *hot_bytes += r;
+        continue;
+      }
       if (r == 0) continue;
       ranked.emplace_back(r, b);
       total += r;
@@ -229,7 +233,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       over = std::max(over, reserved + inflight + plan.to_map - limit);
     if (over == 0) break;
     cands.clear();
-    const std::size_t avail = recycle_candidates(seg, plan, cands);
+    if (!ordered.empty()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
+    std::size_t hot = 0;
+    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot);
     if (avail < over && !fences_tried) {
       fences_tried = true;
       // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
@@ -242,6 +248,12 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       // recycling: nothing moves and nothing blocks.
       if (!changed && opt.free_sync == FreeSync::gpu_wait) changed = order_device_batches(over - avail, small, true);
       if (!changed && wait) changed = wait_device_batches_for(over - avail);
+      // Free pages reused under a GPU-side wait cannot move until its fences complete: past the
+      // high-water mark, expandable_wait prefers waiting for them to mapping new memory.
+      if (!changed && wait && avail + hot >= over && hot != 0) {
+        settle_ordered();
+        changed = true;
+      }
       if (!changed && wait) changed = sync_own(stream, over - avail);
       if (changed) {
         if (Fit fit = find_fit(rounded, stream)) {

@@ -513,8 +513,10 @@ struct DevicePool::Impl {
     return want <= seg->page ? seg->page : want / seg->page * seg->page;
   }
   // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
-  // fewest whole pages first; returns their total releasable bytes.
-  std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out) const;
+  // fewest whole pages first; returns their total releasable bytes. Hot blocks (Block::hot) are
+  // left out; *hot_bytes = what they would have added.
+  std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
+                                 std::size_t* hot_bytes) const;
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
   // units are appended to `out`, to be moved into the growth.
   std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out);

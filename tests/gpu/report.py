@@ -214,35 +214,146 @@ def race_total(run):
     return tuple(int(x) for x in m.groups()) if run.ok and m else None
 
 
+def race_reused(run):
+    """Cases where B got A's address back (`reused_cases=N`); None when the line is missing."""
+    m = re.search(r"^reused_cases=(\d+)", run.stdout, re.M)
+    return int(m.group(1)) if run.ok and m else None
+
+
+RACE_RUNS = (("race_ref", "no shim"), ("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
+             ("race_device", "free_sync:device"), ("race_expandable", "expandable_segments"),
+             ("race_immediate", "free_sync:immediate"))
+
+
+def race_details(out):
+    """Per run and writer (race.cu's `writer NAME: ...` lines): corrupted cases and reuses."""
+    md = ["### Reuse race by writer", "",
+          "corrupted cases / cases, A's address reused as B (race.cu; 16 MiB runs every writer)", "",
+          "| run | writer | cases | reused | corrupted cases | corrupted bytes |", "|---|---|---|---|---|---|"]
+    for name, label in RACE_RUNS:
+        for m in re.finditer(r"^writer (\S+): cases=(\d+) reused=(\d+) corrupted_cases=(\d+) corrupted=(\d+)",
+                             Run(out, name).stdout, re.M):
+            md.append(f"| {label} | {m[1]} | {m[2]} | {m[3]} | {m[4]} | {m[5]} |")
+    if len(md) > 6:
+        add_detail(out, "race", "\n".join(md))
+
+
 def cmd_race(out):
-    ref = race_total(Run(out, "race_ref"))
-    for name, label in (("race_default", "default (fenced)"), ("race_device", "free_sync:device"),
-                        ("race_expandable", "expandable_segments")):
+    """Rows: the safe policies must corrupt nothing (the real driver neither); the default,
+    gpu_wait, must also have handed A's address out as B in at least one case, or its GPU-side
+    waits were never exercised; free_sync:immediate must corrupt (the test can fail)."""
+    ref_run = Run(out, "race_ref")
+    ref = race_total(ref_run)
+    race_details(out)
+    for name, label in (("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
+                        ("race_device", "free_sync:device"), ("race_expandable", "expandable_segments")):
         run = Run(out, name)
         got = race_total(run)
+        check = f"reuse race, {label}: corrupted bytes"
         if got is None:
-            add_row(out, f"reuse race, {label}: corrupted bytes", status=FAIL if run.ran else MISS,
-                    note=run.why_failed())
+            add_row(out, check, status=FAIL if run.ran else MISS,
+                    note=run.why_failed() if not run.ok else f"{name} printed no total_corrupted line")
             continue
+        reused = race_reused(run)
+        reuse_txt = f"A reused as B in {reused}/{got[2]} cases" if reused is not None else "no reused_cases line"
         base = "n/a" if ref is None else str(ref[0])
         ok = got[0] == 0 and ref is not None and ref[0] == 0
-        note = f"{got[2]} cases (5 stream kinds x read/write x 4 KiB/8 MiB)"
+        note = f"{got[2]} cases (5 kernel streams x read/write; 4 KiB, 8 MiB: 1 writer, 16 MiB: 5 writers); {reuse_txt}"
+        target = "0"
+        if name == "race_default":
+            target = "0, reused > 0"
+            if not reused:
+                ok = False
+                note = (f"no case got A's address back as B ({reuse_txt}): the gpu_wait mechanism was not "
+                        f"exercised; {got[0]} corrupted bytes in {got[2]} cases")
+        elif name == "race_expandable":
+            note += " (INFO: reuse expected here too)"
         if ref is None:
-            note = "baseline run missing: " + Run(out, "race_ref").why_failed()
+            note = "baseline run missing: " + ref_run.why_failed() + "; " + note
         elif ref[0] != 0:
-            note = "the real driver itself showed corruption: the test is broken"
-        add_row(out, f"reuse race, {label}: corrupted bytes", value=got[0], baseline=base,
-                target="0", status=PASS if ok else FAIL, note=note)
+            note = "the real driver itself showed corruption: the test is broken; " + note
+        add_row(out, check, value=got[0], baseline=base, target=target, status=PASS if ok else FAIL, note=note)
     run = Run(out, "race_immediate")
     got = race_total(run)
     if got is None:
         add_row(out, "reuse race, free_sync:immediate shows it", status=FAIL if run.ran else MISS,
-                note=run.why_failed())
+                note=run.why_failed() if not run.ok else "race_immediate printed no total_corrupted line")
     else:
         add_row(out, "reuse race, free_sync:immediate shows it", value=f"{got[1]}/{got[2]} cases",
                 baseline=f"{got[0]} bytes", target=">= 1 case corrupted", status=PASS if got[1] > 0 else FAIL,
                 note="proves the race test can fail" if got[1] else
                 "no corruption even without fences: the test cannot detect the bug")
+
+
+# ---- cudaFree's host-side wait (free_host_sync.cu)
+FHS_PARTS = ("legacy", "nonblocking")
+
+
+def fhs_counts(run):
+    """{part: (seen, trials, seen_after_sync)} from free_host_sync.cu; None if the run failed or
+    a part's lines are missing."""
+    if not run.ok:
+        return None
+    res = {}
+    for part in FHS_PARTS:
+        m = re.search(rf"^{part}: seen=(\d+) of (\d+)$", run.stdout, re.M)
+        s = re.search(rf"^{part}: seen_after_sync=(\d+) of (\d+)$", run.stdout, re.M)
+        if not m or not s:
+            return None
+        res[part] = (int(m[1]), int(m[2]), int(s[1]))
+    return res
+
+
+def fhs_text(c):
+    return ", ".join(f"{p} {c[p][0]}/{c[p][1]}" for p in FHS_PARTS)
+
+
+def cmd_free_host_sync(out):
+    """Rows: whether the kernel's late write to host memory is visible right after cudaFree
+    returned. Without the shim it must be (seen = N in both parts), else the test cannot tell
+    and both rows FAIL (MISS when that run is missing). The default shim: INFO (it does not
+    keep cudaFree's host-side wait). free_host_sync:True: PASS iff seen = N, as without it."""
+    ref_run = Run(out, "free_host_sync_ref")
+    ref = fhs_counts(ref_run)
+    ref_problem = None
+    if ref is None:
+        ref_problem = (MISS if not ref_run.ran else FAIL,
+                       "baseline: " + (ref_run.why_failed() if not ref_run.ok else
+                                       "free_host_sync_ref printed no seen= lines"))
+    elif any(c[0] != c[1] or c[2] != c[1] for c in ref.values()):
+        ref_problem = (FAIL, f"without the shim the write was seen after cudaFree in {fhs_text(ref)} trials "
+                             f"(after a sync: {', '.join(f'{p} {ref[p][2]}' for p in FHS_PARTS)}): "
+                             "the real cudaFree did not wait here, the test cannot tell")
+    base = fhs_text(ref) if ref else "n/a"
+    for name, check, info in (
+            ("free_host_sync_default", "cudaFree host wait, default", True),
+            ("free_host_sync_on", "cudaFree host wait, free_host_sync:True", False)):
+        run = Run(out, name)
+        got = fhs_counts(run)
+        target = "" if info else "all trials, as without the shim"
+        if got is None:
+            add_row(out, check, baseline=base, target=target, status=FAIL if run.ran else MISS,
+                    note=run.why_failed() if not run.ok else f"{name} printed no seen= lines")
+            continue
+        value = fhs_text(got)
+        if ref_problem:
+            add_row(out, check, value=value, baseline=base, target=target, status=ref_problem[0], note=ref_problem[1])
+            continue
+        lost = [p for p in FHS_PARTS if got[p][2] != got[p][1]]
+        if lost:
+            add_row(out, check, value=value, baseline=base, target=target, status=FAIL,
+                    note=f"the kernel's write was missing even after cudaDeviceSynchronize ({', '.join(lost)})")
+            continue
+        if info:
+            waited = all(got[p][0] == got[p][1] for p in FHS_PARTS)
+            add_row(out, check, value=value, baseline=base, status=INFO,
+                    note="the default does not keep cudaFree's host-side wait (free_host_sync:True does)" +
+                         ("; yet every write was seen here" if waited else ""))
+        else:
+            ok = all(got[p][0] == got[p][1] for p in FHS_PARTS)
+            add_row(out, check, value=value, baseline=base, target=target, status=PASS if ok else FAIL,
+                    note="cudaFree waited for the device (legacy and non-blocking stream)" if ok else
+                    "cudaFree returned before the device finished: free_host_sync:True did not wait")
 
 
 # ---- allocation latency
@@ -547,6 +658,74 @@ def cmd_torch(out):
     add_detail(out, "torch", "\n".join(md + [""] + [f"- {s}" for s in same]))
 
 
+# ---- PyTorch side-stream program (torch_side_stream.py): X read late on a side stream, then
+# X.record_stream(side), del X, Y of X's size allocated and filled on the default stream.
+SIDE_RUNS = (("side_stream_native", "PyTorch caching allocator, no shim"),
+             ("side_stream_nocache", "no caching, no shim"),
+             ("side_stream_default", "no caching, cudapool default (gpu_wait)"),
+             ("side_stream_expandable", "no caching, cudapool expandable_segments"))
+SIDE_NEGATIVE = "side_stream_immediate"
+
+
+def side_totals(run):
+    """(corrupted_cases, cases, corrupted_bytes, reused_cases or None) from torch_side_stream.py;
+    None if the run failed or printed no totals."""
+    if not run.ok:
+        return None
+    m = re.search(r"^corrupted_cases=(\d+) cases=(\d+)$", run.stdout, re.M)
+    b = re.search(r"^corrupted_bytes=(\d+)$", run.stdout, re.M)
+    if not m or not b:
+        return None
+    r = re.search(r"^reused_cases=(\d+)$", run.stdout, re.M)
+    return int(m[1]), int(m[2]), int(b[1]), (int(r[1]) if r else None)
+
+
+def side_details(out):
+    md = ["### PyTorch side-stream program", "",
+          "torch_side_stream.py: corrupted cases / cases per size (Y handed X's address in how many)", "",
+          "| run | size | corrupted cases | corrupted bytes | reused |", "|---|---|---|---|---|"]
+    for name, label in SIDE_RUNS + ((SIDE_NEGATIVE, "no caching, cudapool free_sync:immediate+expandable"),):
+        for m in re.finditer(r"^size (\d+): corrupted_cases=(\d+) cases=(\d+) corrupted=(\d+) reused=(\d+)",
+                             Run(out, name).stdout, re.M):
+            md.append(f"| {label} | {m[1]} B | {m[2]}/{m[3]} | {m[4]} | {m[5]} |")
+    if len(md) > 6:
+        add_detail(out, "torch_side_stream", "\n".join(md))
+
+
+def cmd_torch_side_stream(out):
+    """Rows: a correct PyTorch side-stream program must see no corruption with PyTorch's own
+    allocator, without caching, under cudapool's default and with expandable segments (MISS when
+    the run is missing, FAIL when it crashed or printed no totals); under free_sync:immediate it
+    must be corrupted (the negative control: else the test cannot detect the bug)."""
+    side_details(out)
+    for name, label in SIDE_RUNS:
+        run = Run(out, name)
+        got = side_totals(run)
+        check = f"PyTorch side stream, {label}: corrupted cases"
+        if got is None:
+            add_row(out, check, target="0", status=FAIL if run.ran else MISS,
+                    note=run.why_failed() if not run.ok else f"{name} printed no corrupted_cases / corrupted_bytes totals")
+            continue
+        cc, cases, nbytes, reused = got
+        reuse_txt = f"Y got X's address in {reused}/{cases} cases" if reused is not None else "no reused_cases line"
+        ok = cc == 0 and cases > 0
+        note = (f"{nbytes} corrupted bytes; {reuse_txt}" if cases else "no cases ran")
+        add_row(out, check, value=f"{cc}/{cases} cases", target="0", status=PASS if ok else FAIL, note=note)
+    run = Run(out, SIDE_NEGATIVE)
+    got = side_totals(run)
+    check = "PyTorch side stream, negative control: immediate corrupts a correct PyTorch side-stream program"
+    if got is None:
+        add_row(out, check, target=">= 1 case corrupted", status=FAIL if run.ran else MISS,
+                note=run.why_failed() if not run.ok else f"{SIDE_NEGATIVE} printed no corrupted_cases / corrupted_bytes totals")
+        return
+    cc, cases, nbytes, reused = got
+    reuse_txt = f"Y got X's address in {reused}/{cases} cases" if reused is not None else "no reused_cases line"
+    add_row(out, check, value=f"{cc}/{cases} cases", baseline=f"{nbytes} bytes", target=">= 1 case corrupted",
+            status=PASS if cc > 0 else FAIL,
+            note=(f"free_sync:immediate,expandable_segments:True: proves the test can fail; {reuse_txt}" if cc else
+                  f"no corruption under free_sync:immediate: the test could not detect the bug; {reuse_txt}"))
+
+
 CUPY_MODES = [("CuPy pool (default)", "cupy_pool"), ("no pool (floor)", "cupy_nopool"),
               ("cudapool (set_allocator(None))", "cupy_cudapool")]
 JAX_MODES = [("XLA BFC, preallocate (default)", "jax_bfc"), ("XLA BFC, no preallocation", "jax_bfc_noprealloc"),
@@ -646,7 +825,9 @@ def cmd_table(out, command="bash tests/gpu/run.sh"):
 
 COMMANDS = {
     "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "race": cmd_race,
-    "latency": cmd_latency, "legacy": cmd_legacy, "torch": cmd_torch, "cupy": cmd_cupy, "jax": cmd_jax,
+    "free_host_sync": cmd_free_host_sync,
+    "latency": cmd_latency, "legacy": cmd_legacy, "torch": cmd_torch, "torch_side_stream": cmd_torch_side_stream,
+    "cupy": cmd_cupy, "jax": cmd_jax,
     "ddp": cmd_ddp, "table": cmd_table,
 }
 

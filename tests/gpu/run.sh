@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The real-GPU suite: correctness under the shim, the reuse race, stream-ordered / graph / reset,
-# allocation latency, a legacy program, PyTorch / CuPy / JAX, DDP when two GPUs are present.
+# The real-GPU suite: correctness under the shim, the reuse race and cudaFree's host-side wait,
+# stream-ordered / graph / reset, allocation latency, a legacy program, PyTorch / CuPy / JAX,
+# DDP when two GPUs are present.
 #   bash tests/gpu/run.sh
 # Needs build/release/libcudapool.so (built by `make` elsewhere and carried here: this script never
 # rebuilds it, which proves that library loads on this machine). Compiles its own test programs
@@ -14,8 +15,10 @@
 # TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ordered legacy latency torch cupy jax ddp), GPU_BIN (use programs already
-# built there instead of compiling; default: compile into build/gpu-scratch).
+# load correctness race ordered legacy latency torch cupy jax ddp; race also runs free_host_sync,
+# torch also runs torch_side_stream.py),
+# GPU_BIN (use programs already built there instead of compiling; default: compile into
+# build/gpu-scratch).
 set -u
 cd "$(dirname "$0")/../.."
 command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
@@ -103,7 +106,7 @@ if [ "$BUILD" = 1 ]; then
   cp "$BIN"/build-*.log "$OUT/logs/" 2>/dev/null
 fi
 missing=()
-for p in correctness correctness_shared driver_api race stream_ordered graph_capture device_reset legacy_app alloc_bench nvml_peak; do
+for p in correctness correctness_shared driver_api race free_host_sync stream_ordered graph_capture device_reset legacy_app alloc_bench nvml_peak; do
   [ -x "$BIN/$p" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -148,13 +151,21 @@ if want correctness; then
 fi
 
 # ---------------------------------------------------------------- 2. cross-stream reuse race
+# race: memory freed while a kernel still uses it, reused and written from other streams (the
+# default, gpu_wait, must hand A's address out again and make the writers wait on the GPU).
+# free_host_sync: whether cudaFree still waits on the host for the device's work.
 if want race; then
   run race_ref 60 -- "$BIN/race"
   run race_default 60 $(shim_env race_default) -- "$BIN/race"
+  run race_fenced 60 $(shim_env race_fenced free_sync:fenced) -- "$BIN/race"
   run race_device 60 $(shim_env race_device free_sync:device) -- "$BIN/race"
   run race_immediate 60 $(shim_env race_immediate free_sync:immediate) -- "$BIN/race"
   run race_expandable 60 $(shim_env race_expandable expandable_segments:True) -- "$BIN/race"
   "${REPORT[@]}" race "$OUT"
+  run free_host_sync_ref 30 -- "$BIN/free_host_sync"
+  run free_host_sync_default 30 $(shim_env free_host_sync_default) -- "$BIN/free_host_sync"
+  run free_host_sync_on 30 $(shim_env free_host_sync_on free_host_sync:True) -- "$BIN/free_host_sync"
+  "${REPORT[@]}" free_host_sync "$OUT"
 fi
 
 # ---------------------------------------------------------------- 3. stream-ordered, graphs, device reset
@@ -255,6 +266,17 @@ torch_mode() {  # torch_mode MODE NAME
   esac
 }
 if want torch; then
+  # A correct side-stream program (X read late on a side stream, X.record_stream(side), del X,
+  # Y allocated at once on the default stream): PyTorch's cache, no caching, cudapool default and
+  # expandable must keep it correct; free_sync:immediate must corrupt it (the negative control).
+  S=(python3 "$ROOT/tests/gpu/torch_side_stream.py")
+  run side_stream_native 60 -- "${S[@]}"
+  run side_stream_nocache 60 $NOCACHE -- "${S[@]}"
+  run side_stream_default 60 $NOCACHE $(shim_env side_stream_default) -- "${S[@]}"
+  run side_stream_expandable 60 $NOCACHE $(shim_env side_stream_expandable expandable_segments:True) -- "${S[@]}"
+  run side_stream_immediate 60 $NOCACHE $(shim_env side_stream_immediate free_sync:immediate,expandable_segments:True) \
+    -- "${S[@]}"
+  "${REPORT[@]}" torch_side_stream "$OUT"
   for m in native expandable async nocache cudapool cudapool_exp cudapool_imm cudapool_exph; do torch_mode $m torch_$m; done
   # Step times of one mode move by tens of percent between processes on these shared machines
   # (13-20 ms for PyTorch native across earlier runs), far more than the allocators differ. So

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
-for p in correctness correctness_shared driver_api race stream_ordered graph_capture device_reset legacy_app \
+for p in correctness correctness_shared driver_api race free_host_sync stream_ordered graph_capture device_reset legacy_app \
          alloc_bench torch_alloc_bench nvml_peak; do
   ln -s "$PWD/tests/gpu/mock/fakeprog" "$work/bin/$p"
 done
@@ -33,9 +33,13 @@ expect "$r" "shim loads" PASS
 expect "$r" "correctness (static cudart): output" PASS
 expect "$r" "correctness (shared cudart): served by the pool" PASS
 expect "$r" "driver API, -lcuda: served by the pool" PASS
-expect "$r" "reuse race, default (fenced)" PASS
+expect "$r" "reuse race, default (gpu_wait)" PASS
+expect "$r" "reuse race, free_sync:fenced" PASS
+expect "$r" "reuse race, free_sync:device" PASS
 expect "$r" "reuse race, free_sync:immediate shows it" PASS
 expect "$r" "reuse race, expandable_segments" PASS
+expect "$r" "cudaFree host wait, default" INFO
+expect "$r" "cudaFree host wait, free_host_sync:True" PASS
 expect "$r" "correctness, expandable_segments" PASS
 expect "$r" "cudaDeviceReset mid-run" PASS
 expect "$r" "cudaMalloc during global capture" FAIL   # the mock pool answers 0 where CUDA says 900
@@ -55,7 +59,9 @@ OUT=$work/bad GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=$checks 
 r=$work/bad/results.tsv
 expect "$r" "correctness (static cudart): output" FAIL
 expect "$r" "correctness (static cudart): served by the pool" FAIL
-expect "$r" "reuse race, default (fenced)" FAIL
+expect "$r" "reuse race, default (gpu_wait)" FAIL
+expect "$r" "reuse race, free_sync:fenced" FAIL
+expect "$r" "cudaFree host wait, free_host_sync:True" FAIL
 expect "$r" "cudaDeviceReset mid-run" FAIL
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" FAIL
 expect "$r" "alloc+free pair, tight, default" FAIL
@@ -64,7 +70,14 @@ expect "$r" "16 threads vs 1 thread" FAIL
 # The budget: with none left, runs are skipped and reported as MISS, not as PASS.
 OUT=$work/late GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race GPU_SUITE_BUDGET_S=5 \
   bash tests/gpu/run.sh >"$work/late.txt" 2>&1
-expect "$work/late/results.tsv" "reuse race, default (fenced)" MISS
+expect "$work/late/results.tsv" "reuse race, default (gpu_wait)" MISS
+expect "$work/late/results.tsv" "cudaFree host wait, free_host_sync:True" MISS
+
+# gpu_wait must be seen at work: no corruption but no reuse either is not a PASS for the default.
+OUT=$work/noreuse GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race MOCK_RACE_NO_REUSE=1 \
+  bash tests/gpu/run.sh >"$work/noreuse.txt" 2>&1
+expect "$work/noreuse/results.tsv" "reuse race, default (gpu_wait)" FAIL
+expect "$work/noreuse/results.tsv" "reuse race, free_sync:fenced" PASS
 
 # The latency harness itself, over host malloc: it must end (bounded bursts and loops) and print
 # one well-formed line per size x pattern and per thread count.
@@ -141,6 +154,15 @@ if [[ "$1" == *torch_train.py ]]; then
   ms=20; [ -n "${CUDAPOOL_CONF:-}" ] && ms=22
   exec "$real" -c "import json,sys; json.dump({'step_s': [$ms / 1000.0] * 60}, open(sys.argv[1], 'w'))" "$out"
 fi
+if [[ "$1" == *hf_lm.py ]]; then  # TORCH_WORKLOAD=hf: --steps HF_STEPS, no --d-model
+  out= steps=
+  while [ $# -gt 0 ]; do
+    case $1 in --out) out=$2 ;; --steps) steps=$2 ;; --d-model) echo "hf_lm.py got --d-model" >&2; exit 3 ;; esac
+    shift
+  done
+  ms=30; [ -n "${CUDAPOOL_CONF:-}" ] && ms=36
+  exec "$real" -c "import json,sys; json.dump({'step_s': [$ms / 1000.0] * $steps}, open(sys.argv[1], 'w'))" "$out"
+fi
 exec "$real" "$@"
 SH
 } >"$work/fakepy/python3"
@@ -170,6 +192,15 @@ else
   echo "FAIL torch_reps.sh peaks: $reps"; failures=$((failures + 1))
 fi
 
+# TORCH_WORKLOAD=hf runs hf_lm.py --steps HF_STEPS instead (cudapool 20 % slower in the stand-in).
+reps=$(PATH="$work/fakepy:$PATH" OUT="$work/reps_hf" TORCH_WORKLOAD=hf HF_STEPS=12 \
+  bash tests/gpu/torch_reps.sh 2 native slow=expandable_segments:True 2>&1)
+if grep -q "relative to the fastest median (native): native 1.000x, slow 1.200x" <<<"$reps" &&
+   python3 -c 'import json, sys; sys.exit(len(json.load(open(sys.argv[1]))["step_s"]) != 12)' "$work/reps_hf/slow_2.json"; then
+  echo "PASS torch_reps.sh TORCH_WORKLOAD=hf runs hf_lm.py"
+else
+  echo "FAIL torch_reps.sh TORCH_WORKLOAD=hf: $reps"; failures=$((failures + 1))
+fi
 # Pinned (tests/gpu/pin.sh) on CPU 0, which every machine has: the stand-in still answers
 # through taskset, and the summary says how the processes ran.
 if command -v taskset >/dev/null; then
@@ -197,6 +228,45 @@ if grep -q "processes (step/host ms): 20.00/12.00 30.00/20.00 22.00/14.00" <<<"$
 else
   echo "FAIL step_table.py: $tab"; failures=$((failures + 1))
 fi
+
+# torch_side_stream.py's verdicts, from hand-made outputs: no corruption passes for the correct
+# modes and fails for the negative control; corruption fails the former and passes the latter; a
+# missing run is MISS, a crash or an output without totals FAIL.
+python3 - "$work/side" <<'PY'
+import os, sys
+logs = os.path.join(sys.argv[1], "logs"); os.makedirs(logs)
+def put(name, cc, nbytes, rc=0, totals=True):
+    with open(f"{logs}/{name}.rc", "w") as f: f.write(f"{rc}\n")
+    with open(f"{logs}/{name}.out", "w") as f:
+        f.write(f"size 4096: corrupted_cases={cc} cases=30 corrupted={nbytes} reused=30\n")
+        if totals:
+            f.write(f"corrupted_cases={cc} cases=30\ncorrupted_bytes={nbytes}\nreused_cases=30\n")
+put("side_stream_native", 0, 0); put("side_stream_nocache", 0, 0, totals=False)
+put("side_stream_default", 3, 12288); put("side_stream_immediate", 30, 4096 * 30)
+# side_stream_expandable: not run
+PY
+python3 tests/gpu/report.py torch_side_stream "$work/side" >/dev/null
+r=$work/side/results.tsv
+expect "$r" "PyTorch side stream, PyTorch caching allocator" PASS
+expect "$r" "PyTorch side stream, no caching, no shim" FAIL
+expect "$r" "PyTorch side stream, no caching, cudapool default" FAIL
+expect "$r" "PyTorch side stream, no caching, cudapool expandable" MISS
+expect "$r" "PyTorch side stream, negative control" PASS
+python3 - "$work/side2" <<'PY'
+import os, sys
+logs = os.path.join(sys.argv[1], "logs"); os.makedirs(logs)
+for name in ("side_stream_native", "side_stream_nocache", "side_stream_default", "side_stream_expandable",
+             "side_stream_immediate"):
+    with open(f"{logs}/{name}.rc", "w") as f: f.write("0\n")
+    with open(f"{logs}/{name}.out", "w") as f: f.write("corrupted_cases=0 cases=30\ncorrupted_bytes=0\nreused_cases=0\n")
+with open(f"{logs}/side_stream_native.rc", "w") as f: f.write("1\n")  # crashed
+PY
+python3 tests/gpu/report.py torch_side_stream "$work/side2" >/dev/null
+r=$work/side2/results.tsv
+expect "$r" "PyTorch side stream, PyTorch caching allocator" FAIL
+expect "$r" "PyTorch side stream, no caching, cudapool default" PASS
+expect "$r" "PyTorch side stream, no caching, cudapool expandable" PASS
+expect "$r" "PyTorch side stream, negative control" FAIL
 
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"

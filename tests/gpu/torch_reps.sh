@@ -6,7 +6,9 @@
 # cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
 # h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
 # one trace per process, for tests/gpu/step_events.py).
-# Environment: CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
+# Environment: TORCH_WORKLOAD (unset or "torch": torch_train.py --d-model TORCH_D_MODEL --steps 60;
+# "hf": hf_lm.py --steps HF_STEPS, HF transformers' GPT-2 with a 50257-token vocabulary, HF_STEPS
+# default 30), CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
 # REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files),
 # NVML_PEAK (path of tests/gpu/nvml_peak, built by build.sh: each process's NVML peak is taken),
 # TORCH_PIN_CPU (the CPU each training process is pinned to, default 2, "none": tests/gpu/pin.sh).
@@ -18,12 +20,17 @@ set -u
 cd "$(dirname "$0")/../.."
 REPS=10
 if [[ "${1:-}" =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
-[ $# -gt 0 ] || { sed -n 2,10p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,13p "$0"; exit 2; }
 SHIM=${CUDAPOOL_SHIM:-$PWD/build/release/libcudapool.so}
 OUT=${OUT:-build/torch-reps}
 mkdir -p "$OUT"
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0
 NC=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+case ${TORCH_WORKLOAD:-torch} in  # the training program and its arguments, --out excepted
+  torch) PROG=(python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" --steps 60) ;;
+  hf) PROG=(python3 tests/gpu/hf_lm.py --steps "${HF_STEPS:-30}") ;;
+  *) echo "unknown TORCH_WORKLOAD ${TORCH_WORKLOAD} (torch or hf)" >&2; exit 2 ;;
+esac
 env_of() {  # env_of MODE: the environment of one run, one assignment a line
   case $1 in
     native) ;;
@@ -49,8 +56,8 @@ for rep in $(seq 1 "$REPS"); do
     mapfile -t envs < <(env_of "$m")
     peak=()
     [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
-    timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" \
-      --steps 60 --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
+    timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" "${PROG[@]}" \
+      --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
   done
 done
 python3 - "$OUT" "$@" <<'PY'

@@ -146,3 +146,44 @@ TEST(PoolGpuWait, ExpandableReusesPendingPagesInPlace) {
   EXPECT_EQ(rig.fence.ordered_running(), 1u);
   rig.expect_intact();
 }
+
+// Past the high-water mark, free pages reused under a still-running GPU-side wait cannot be
+// recycled until it completes: expandable_wait (default) waits for it and recycles them, False
+// maps new pages instead.
+TEST(PoolGpuWait, ExpandableWaitSettlesHotPagesBeforeRecycling) {
+  for (bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
+    PoolOptions o = gpu_wait();
+    o.expandable_segments = true;
+    o.expandable_large_page = 0;
+    o.expandable_max_unit = 0;  // one unit per 2 MiB page: any run of pages can move
+    o.expandable_wait = wait;
+    PoolRig rig(o);
+    rig.up.set_granularity(2 * MiB);
+    void* big = rig.alloc(34 * MiB);  // the high-water mark: 34 MiB
+    ASSERT_EQ(rig.pool->free(big), FreeStatus::ok);
+    rig.fence.complete_all();
+    rig.advance_clock();
+    EXPECT_EQ(rig.pool->empty_cache(), 34 * MiB);
+    void* a = rig.alloc(16 * MiB);
+    void* b = rig.alloc(16 * MiB);
+    ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+    void* c = rig.alloc(2 * MiB);  // a's pages reused under a GPU-side wait; 14 MiB stay free, hot
+    EXPECT_EQ(c, a);
+    ASSERT_EQ(rig.fence.ordered_incomplete(), 1u);
+    const std::size_t waits = rig.fence.waits();
+    void* d = rig.alloc(16 * MiB);  // fits nowhere: growth 14 MiB past the mark
+    ASSERT_NE(d, nullptr);
+    if (wait) {
+      EXPECT_GT(rig.fence.waits(), waits);          // waited for the GPU-side wait's fence…
+      EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);   // …and recycled the hot pages
+    } else {
+      EXPECT_EQ(rig.fence.waits(), waits);          // never blocks…
+      EXPECT_EQ(rig.up.bytes_mapped(), 48 * MiB);   // …maps new memory instead
+      EXPECT_EQ(rig.fence.ordered_incomplete(), 1u);
+    }
+    EXPECT_EQ(rig.up.bad_calls(), 0u);
+    rig.expect_intact();
+    for (void* p : {b, c, d}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+}
