@@ -772,6 +772,73 @@ void gpu_wait_reuse() {
   for (CUstream s : {nb, nb2, blocking}) CHECK_OK(api.cuStreamDestroy(s));
 }
 
+// GPU-side waits across threads and contexts: a block freed by another thread while its stream is
+// busy is reused by this one with the waits in place; each context's pool orders its own streams
+// (a context's memory is used by its own streams: cudaFree's wait is per context too); a reset
+// while a join event runs leaves nothing stale behind.
+void gpu_wait_threads_contexts() {
+  CUcontext ctx = start_cuda();
+  constexpr std::size_t n = 12 << 20;
+  CUstream mine = nullptr;
+  CHECK_OK(api.cuStreamCreate(&mine, CU_STREAM_NON_BLOCKING));
+  CUstream theirs = nullptr;
+  CUdeviceptr p = 0;
+  std::thread t([&] {
+    CHECK_OK(api.cuCtxSetCurrent(ctx));
+    CHECK_OK(api.cuStreamCreate(&theirs, CU_STREAM_NON_BLOCKING));
+    CHECK_OK(api.cuMemAlloc(&p, n));
+    fakecuda_hold_stream(theirs);
+    CHECK_OK(api.cuMemFree(p));
+  });
+  t.join();
+  CUdeviceptr q = 0;
+  CHECK_OK(api.cuMemAlloc(&q, n));
+  CHECK(q == p);
+  for (CUstream s : {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, mine}) CHECK(fakecuda_would_wait(s, theirs) == 1);
+  fakecuda_release_stream(theirs);
+  CHECK_OK(api.cuMemFree(q));
+
+  // A second context (device 1) with a busy non-blocking stream of its own.
+  CUcontext other = nullptr;
+  CHECK_OK(fakecuda_create_context(&other, 1));
+  CUstream b_busy = nullptr, b_idle = nullptr;
+  CHECK_OK(api.cuStreamCreate(&b_busy, CU_STREAM_NON_BLOCKING));
+  CHECK_OK(api.cuStreamCreate(&b_idle, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr r = 0, r2 = 0;
+  CHECK_OK(api.cuMemAlloc(&r, n));
+  fakecuda_hold_stream(b_busy);
+  CHECK_OK(api.cuMemFree(r));
+  CHECK_OK(api.cuMemAlloc(&r2, n));
+  CHECK(r2 == r);
+  CHECK(fakecuda_would_wait(b_idle, b_busy) == 1);  // context B's pool ordered B's streams
+  CHECK(fakecuda_would_wait(mine, b_busy) == 0);    // and left context A's alone
+  fakecuda_release_stream(b_busy);
+  CHECK_OK(api.cuMemFree(r2));
+  CHECK_OK(api.cuCtxDestroy(other));
+
+  // A reset while a join event still runs: the context's fences are forgotten with it.
+  CHECK_OK(api.cuCtxSetCurrent(ctx));
+  CUdeviceptr x = 0, y = 0;
+  CHECK_OK(api.cuMemAlloc(&x, n));
+  fakecuda_hold_stream(mine);
+  CHECK_OK(api.cuMemFree(x));
+  CHECK_OK(api.cuMemAlloc(&y, n));
+  CHECK(y == x);
+  CHECK_OK(api.cuDevicePrimaryCtxReset(0));
+  fakecuda_release_stream(mine);
+  CUcontext again = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&again, 0));
+  CHECK_OK(api.cuCtxSetCurrent(again));
+  const long waits = fakecuda_stream_waits();
+  CUstream fresh = nullptr;
+  CHECK_OK(api.cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING));
+  CHECK(fakecuda_stream_waits() == waits);  // no wait on a dead context's join event
+  CUdeviceptr z = 0;
+  CHECK_OK(api.cuMemAlloc(&z, n));
+  CHECK(fakecuda_is_live(z));
+  CHECK_OK(api.cuMemFree(z));
+}
+
 // While a graph capture is open, no wait may be inserted anywhere (a wait on the capturing
 // stream would join its graph; legacy-stream work breaks the capture of a blocking stream): the
 // pending block is not reused, the capture stays valid.
@@ -970,6 +1037,7 @@ int main(int argc, char** argv) {
       {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench}, {"bench_threads", bench_threads},
       {"hot_calls_immediate", hot_calls_immediate}, {"hot_calls_fenced", hot_calls_fenced},
       {"gpu_wait_reuse", gpu_wait_reuse}, {"gpu_wait_capture", gpu_wait_capture},
+      {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {

@@ -181,6 +181,14 @@ TEST(Shim, GpuWaitReusesPendingMemoryAndEveryStreamWaits) {
   EXPECT_NE(fenced.output.find("q == p"), std::string::npos) << fenced.output;
 }
 
+TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "gpu_wait_threads_contexts"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS gpu_wait_threads_contexts"), std::string::npos) << r.output;
+  }
+}
+
 TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {
   RunResult r = run({app(true), "gpu_wait_capture"});
   EXPECT_EQ(r.exit_status, 0) << r.output;
