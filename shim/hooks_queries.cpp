@@ -1,6 +1,7 @@
 // Queries the program makes about memory, answered so the pool stays invisible: free memory
 // counts cached bytes, address ranges and IPC handles are per block, and trimming the default
 // memory pool empties ours.
+#include <algorithm>
 #include <cstring>
 
 #include "shim/export.h"
@@ -62,9 +63,27 @@ CUDAPOOL_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* t
     CUdevice dev = -1;
     if (d->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && d->cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
       // Every pool of this device holds memory the program may still get from us.
+      std::size_t cached = 0, reserved = 0;
       rt->for_each_pool([&](ContextPool& cp) {
-        if (cp.device == dev) f += cp.pool.cached_bytes();
+        if (cp.device != dev) return;
+        cached += cp.pool.cached_bytes();
+        reserved += static_cast<std::size_t>(cp.pool.stats().reserved_bytes[cudapool::kAll].current);
       });
+      f += cached;
+      // A cap (max_reserved_mb, per_process_memory_fraction) is what the program may have: report
+      // it as the total, and as free what it could still get under it, so that programs that size
+      // themselves from this call (JAX's preallocation, vLLM, batch-size probes) fit the cap.
+      const cudapool::PoolOptions& po = rt->policy().pool;
+      std::size_t cap = po.max_reserved;
+      if (po.per_process_memory_fraction > 0.0) {
+        const auto by_fraction = static_cast<std::size_t>(po.per_process_memory_fraction * static_cast<double>(t));
+        cap = std::min(cap, by_fraction);
+      }
+      if (cap < t) {
+        t = cap;
+        const std::size_t room = reserved < cap ? cap - reserved : 0;
+        f = std::min(f, room + cached);
+      }
       if (f > t) f = t;
     }
   }

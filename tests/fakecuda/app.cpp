@@ -839,6 +839,25 @@ void gpu_wait_threads_contexts() {
   CHECK_OK(api.cuMemFree(z));
 }
 
+// cuMemGetInfo as the program sees it: before any allocation, with 20 MiB allocated, after the
+// free (cached). The test runs it under caps and without.
+void mem_info() {
+  start_cuda();
+  auto show = [](const char* when) {
+    std::size_t f = 0, t = 0;
+    CHECK_OK(api.cuMemGetInfo(&f, &t));
+    std::printf("%s total_mib=%zu free_mib=%zu\n", when, t >> 20, f >> 20);
+  };
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 4096));  // the pool exists (a 2 MiB small segment)
+  CHECK_OK(api.cuMemFree(p));
+  show("start");
+  CHECK_OK(api.cuMemAlloc(&p, 20 << 20));
+  show("allocated");
+  CHECK_OK(api.cuMemFree(p));
+  show("freed");
+}
+
 // While a graph capture is open, no wait may be inserted anywhere (a wait on the capturing
 // stream would join its graph; legacy-stream work breaks the capture of a blocking stream): the
 // pending block is not reused, the capture stays valid.
@@ -1037,7 +1056,7 @@ int main(int argc, char** argv) {
       {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench}, {"bench_threads", bench_threads},
       {"hot_calls_immediate", hot_calls_immediate}, {"hot_calls_fenced", hot_calls_fenced},
       {"gpu_wait_reuse", gpu_wait_reuse}, {"gpu_wait_capture", gpu_wait_capture},
-      {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
+      {"gpu_wait_threads_contexts", gpu_wait_threads_contexts}, {"mem_info", mem_info},
       {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {

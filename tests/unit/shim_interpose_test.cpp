@@ -189,6 +189,33 @@ TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
   }
 }
 
+// Under a cap, cuMemGetInfo reports the cap as the total and what the program could still get
+// under it as free (cached bytes count as free); without one, the device's own numbers.
+TEST(Shim, MemGetInfoShowsTheCap) {
+  auto line = [](const std::string& out, const std::string& when) {
+    const auto at = out.find(when + " ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  // The fake device: 1024 MiB, nothing else on it.
+  RunResult none = run({app(true), "mem_info"});
+  ASSERT_EQ(none.exit_status, 0) << none.output;
+  EXPECT_EQ(line(none.output, "start"), "start total_mib=1024 free_mib=1024") << none.output;
+  EXPECT_EQ(line(none.output, "allocated"), "allocated total_mib=1024 free_mib=1004") << none.output;
+  RunResult cap = run({app(true), "mem_info"}, {{"CUDAPOOL_CONF", "max_reserved_mb:64"}});
+  ASSERT_EQ(cap.exit_status, 0) << cap.output;
+  EXPECT_EQ(line(cap.output, "start"), "start total_mib=64 free_mib=64") << cap.output;
+  EXPECT_EQ(line(cap.output, "allocated"), "allocated total_mib=64 free_mib=44") << cap.output;
+  EXPECT_EQ(line(cap.output, "freed"), "freed total_mib=64 free_mib=64") << cap.output;
+  RunResult frac = run({app(true), "mem_info"}, {{"CUDAPOOL_CONF", "per_process_memory_fraction:0.25"}});
+  ASSERT_EQ(frac.exit_status, 0) << frac.output;
+  EXPECT_EQ(line(frac.output, "start"), "start total_mib=256 free_mib=256") << frac.output;
+  EXPECT_EQ(line(frac.output, "allocated"), "allocated total_mib=256 free_mib=236") << frac.output;
+  // The device's real free memory still bounds it: a cap above what is free shows what is free.
+  RunResult big = run({app(true), "mem_info"}, {{"CUDAPOOL_CONF", "max_reserved_mb:1000"}, {"FAKECUDA_TOTAL_MB", "512"}});
+  ASSERT_EQ(big.exit_status, 0) << big.output;
+  EXPECT_EQ(line(big.output, "start"), "start total_mib=512 free_mib=512") << big.output;
+}
+
 TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {
   RunResult r = run({app(true), "gpu_wait_capture"});
   EXPECT_EQ(r.exit_status, 0) << r.output;
