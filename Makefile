@@ -1,6 +1,7 @@
 # cudapool — `make` builds everything, `make test` runs the tests (no GPU needed),
 # `make bench` runs the CPU benchmarks, `make fuzz` runs the policy fuzzers (clang),
-# `make install PREFIX=/usr/local`. Sanitizers: `make test SAN=address,undefined` or SAN=thread.
+# `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
+# variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
 # Each directory describes its own targets in module.mk; this file holds the shared rules.
 
 comma := ,
@@ -29,7 +30,7 @@ INSTALL_LIBS :=   # installed into $(PREFIX)/lib
 INSTALL_BINS :=   # installed into $(PREFIX)/bin
 INSTALL_HEADERS := # installed into $(PREFIX)/include
 
-.PHONY: all test bench fuzz install clean deps
+.PHONY: all test bench fuzz install uninstall clean deps
 all: programs
 
 include allocator/module.mk
@@ -60,11 +61,23 @@ fuzz: $(FUZZ_TARGETS)
 	      -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz-artifacts/ \
 	      $(BUILD)/fuzz-corpus/$$n $$seeds 2>&1 | tail -n 15"; done
 
+# Installed stripped (debug info stays in the build tree); a pkg-config file for cudapool.h.
+VERSION := $(shell sed -n 's/.*kVersion\[\] = "\(.*\)";/\1/p' config/version.h)
+STRIP ?= strip
+DEST = $(DESTDIR)$(PREFIX)
+INSTALLED = $(addprefix $(DEST)/lib/,$(notdir $(INSTALL_LIBS))) $(addprefix $(DEST)/bin/,$(notdir $(INSTALL_BINS))) \
+            $(addprefix $(DEST)/include/,$(notdir $(INSTALL_HEADERS))) $(DEST)/lib/pkgconfig/cudapool.pc
 install: $(PROGRAMS)
-	install -d $(PREFIX)/lib $(PREFIX)/bin $(PREFIX)/include
-	$(if $(INSTALL_LIBS),install -m 755 $(INSTALL_LIBS) $(PREFIX)/lib)
-	$(if $(INSTALL_BINS),install -m 755 $(INSTALL_BINS) $(PREFIX)/bin)
-	$(if $(INSTALL_HEADERS),install -m 644 $(INSTALL_HEADERS) $(PREFIX)/include)
+	install -d $(DEST)/lib/pkgconfig $(DEST)/bin $(DEST)/include
+	$(if $(INSTALL_LIBS),install -m 755 $(INSTALL_LIBS) $(DEST)/lib)
+	$(if $(INSTALL_LIBS),$(STRIP) --strip-unneeded $(addprefix $(DEST)/lib/,$(notdir $(INSTALL_LIBS))))
+	$(if $(INSTALL_BINS),install -m 755 -s --strip-program=$(STRIP) $(INSTALL_BINS) $(DEST)/bin)
+	$(if $(INSTALL_HEADERS),install -m 644 $(INSTALL_HEADERS) $(DEST)/include)
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: cudapool\nDescription: caching CUDA device-memory pool preloaded in front of CUDA programs (C API)\nVersion: %s\nLibs: -L$${libdir} -lcudapool\nCflags: -I$${includedir}\n' \
+	  '$(PREFIX)' '$(VERSION)' > $(DEST)/lib/pkgconfig/cudapool.pc
+
+uninstall:
+	rm -f $(INSTALLED)
 
 clean:
 	rm -rf build

@@ -7,9 +7,11 @@
 // Every string PyTorch accepts lexes the same way here; `=`, any-case booleans and quotes are the
 // extensions. Columns in messages are 1-based byte offsets into the original string.
 #include <cctype>
+#include <map>
 
 #include "config/keys.h"
 #include "config/policy.h"
+#include "config/values.h"
 
 namespace cudapool {
 namespace {
@@ -96,12 +98,22 @@ class ConfParser {
     std::string origin = std::string(origin_) + " col " + std::to_string(key_pos + 1);
     if (std::string err = config::apply_setting(p, *spec, value, std::move(origin), false); !err.empty())
       return at(value_pos, err);
+    // The same key twice (an alias counts as its key): the later one wins, as in PyTorch, but a
+    // policy that says two things is usually a mistake worth a word.
+    const std::string name(spec->alias_of.empty() ? spec->name : spec->alias_of);
+    if (auto [it, fresh] = seen_.emplace(name, key_pos); !fresh && spec->ignored_because.empty()) {
+      config::warn_once(p.warnings, std::string(origin_) + ": " + name + " is set twice (col " +
+                                        std::to_string(it->second + 1) + " and col " + std::to_string(key_pos + 1) +
+                                        "); the later value wins");
+      it->second = key_pos;
+    }
     return {};
   }
 
   std::string_view s_;
   std::string_view origin_;
   std::size_t i_ = 0;
+  std::map<std::string, std::size_t> seen_;  // key -> position of its latest setting
 };
 
 }  // namespace

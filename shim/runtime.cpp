@@ -10,6 +10,7 @@
 #include <mutex>
 #include <new>
 
+#include "config/version.h"
 #include "shim/log_audit.h"
 #include "shim/log.h"
 #include "shim/streams.h"
@@ -122,7 +123,7 @@ Runtime* Runtime::start() noexcept {
     else log_warn("trace file: {}", err);
   }
   rt->sink_ = start_audit(rt->policy_, native, rt->sink_);  // start report, dump signal, log sink
-  log_info("cudapool started: backend={} policy={}", native ? "native" : "passthrough",
+  log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",
            to_conf_string(rt->policy_));
   pthread_atfork(nullptr, nullptr, &Runtime::on_fork_child);
   std::atexit(&Runtime::on_exit);

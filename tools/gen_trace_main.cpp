@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "config/version.h"
+#include "tools/cli_io.h"
 #include "tools/policies.h"
 #include "tools/synth.h"
 #include "tools/units.h"
@@ -13,6 +15,8 @@ using namespace cudapool::tools;
 
 int main(int argc, char** argv) {
   CLI::App app{"cudapool-gen-trace: write a synthetic transformer trace recorded by the real pool"};
+  app.set_version_flag("-V,--version", std::string("cudapool-gen-trace ") + kVersion);
+  app.option_defaults()->always_capture_default();
   SynthOptions o;
   std::string out, conf, device_memory = "16GiB";
   app.add_option("--pattern", o.pattern, "train or serve")->check(CLI::IsMember({"train", "serve"}));
@@ -31,11 +35,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cudapool-gen-trace: %s\n", err.c_str());
     return 2;
   }
-  auto total = parse_size(device_memory);
-  if (!total || *total == 0) {
-    std::fprintf(stderr, "cudapool-gen-trace: bad --device-memory\n");
-    return 2;
-  }
+  std::optional<std::size_t> total;
+  if (!device_memory_option(device_memory, &total, "cudapool-gen-trace") || !total) return 2;
   o.device_memory = *total;
   SynthResult r;
   if (!synthesize_trace(o, options, &r, &err)) {

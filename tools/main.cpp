@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstring>
 
+#include "config/version.h"
 #include "tools/commands.h"
 
 using namespace cudapool::tools;
@@ -22,8 +23,11 @@ int main(int argc, char** argv) {
   }
 
   CLI::App app{"cudapool: run CUDA programs on a caching pool, compare policies, replay and tune on traces"};
+  app.set_version_flag("-V,--version", std::string("cudapool ") + cudapool::kVersion);
   app.require_subcommand(1);
-  app.failure_message(CLI::FailureMessage::help);
+  // Defaults in every command's --help; an error is one line and a pointer to --help.
+  app.option_defaults()->always_capture_default();
+  app.failure_message(CLI::FailureMessage::simple);
   int exit_status = 0;
   add_run_command(app, tail, &exit_status);
   add_ab_command(app, tail, &exit_status);

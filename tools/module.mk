@@ -20,7 +20,7 @@ $(GEN_TRACE_BIN): $(BUILD)/tools/gen_trace_main.o $(TOOLS_LINK)
 	$(CXX) $(LDFLAGS) $< $(TOOLS_LINK) $(TOOLS_LDLIBS) -o $@
 
 PROGRAMS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)
-INSTALL_BINS += $(CUDAPOOL_BIN)
+INSTALL_BINS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)
 
 # The demo on the sample traces (no GPU needed). `make demo` runs it; the top-level Makefile may
 # add its own steps to `demo` as well (a rule without a recipe only adds a prerequisite).

@@ -22,3 +22,11 @@ $(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TO
 	printf '#!/usr/bin/env bash\nexec bash tests/tools/cli_test.sh %s\n' "$(BUILD)" > $@
 	chmod +x $@
 TEST_BINS += $(TOOLS_CLI_TEST)
+
+# make install / uninstall into a scratch DESTDIR (the same build: SAN is handed on).
+TOOLS_INSTALL_TEST := $(BUILD)/tests/install_test.sh
+$(TOOLS_INSTALL_TEST): tests/tools/install_test.sh $(PROGRAMS)
+	@mkdir -p $(@D)
+	printf '#!/usr/bin/env bash\nexec bash tests/tools/install_test.sh "%s"\n' "$(SAN)" > $@
+	chmod +x $@
+TEST_BINS += $(TOOLS_INSTALL_TEST)

@@ -43,6 +43,22 @@ expect_rc 2 "run without a command" -- "$cp" run --conf max_split_size_mb:64
 CUDAPOOL_LIBRARY=/nonexistent/libcudapool.so expect_rc 66 "run without the library" -- "$cp" run -- true
 expect_out "cannot find libcudapool.so" "missing library message"
 
+# ---- habits ----------------------------------------------------------------------------------
+version=$(sed -n 's/.*kVersion\[\] = "\(.*\)";/\1/p' config/version.h)
+expect_rc 0 "--version" -- "$cp" --version
+expect_out "^cudapool $version\$" "--version prints the version"
+expect_rc 0 "gen-trace --version" -- "$build/cudapool-gen-trace" --version
+expect_out "^cudapool-gen-trace $version\$" "gen-trace --version prints the version"
+expect_rc 2 "an unknown option is a usage error" -- "$cp" replay --no-such-option $traces/train.csv
+expect_out "no-such-option" "the error names the option"
+if [ "$(wc -l <"$tmp/out")" -le 3 ]; then ok; else fail "a usage error prints the whole help"; fi
+expect_out "--help" "the error points to --help"
+expect_rc 0 "replay --help" -- "$cp" replay --help
+expect_out "--fence-latency-us.*=0" "--help shows defaults"
+expect_rc 2 "a bare small --device-memory is refused" -- "$cp" replay $traces/train.csv --device-memory 7
+expect_out "write the unit, e.g. 7GiB" "the refusal says how to fix it"
+expect_rc 0 "--device-memory with a unit" -- "$cp" replay $traces/train.csv --device-memory 7GiB --quiet
+
 # ---- check -----------------------------------------------------------------------------------
 expect_rc 0 "check a valid policy" -- "$cp" check --conf "max_split_size_mb:128,garbage_collection_threshold:0.8"
 expect_out "max_split_size_mb += 128 +\(CUDAPOOL_CONF" "check shows value and origin"

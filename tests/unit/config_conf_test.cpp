@@ -1,6 +1,8 @@
 // The env grammar: every key, every bound, the seeds' spellings, and the error messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config/keys.h"
 #include "config/policy.h"
 #include "tests/unit/config_test_util.h"
@@ -297,7 +299,12 @@ TEST(ConfKeys, Backend) {
   EXPECT_EQ(p.backend, Backend::native);
   ASSERT_EQ(p.warnings.size(), 1u);
   EXPECT_TRUE(has(p.warnings[0], "cudaMallocAsync is ignored")) << p.warnings[0];
-  EXPECT_EQ(must_parse("backend:cudaMallocAsync,backend:cudaMallocAsync").warnings.size(), 1u);
+  {
+    const Policy twice = must_parse("backend:cudaMallocAsync,backend:cudaMallocAsync");
+    EXPECT_EQ(std::count_if(twice.warnings.begin(), twice.warnings.end(),
+                            [](const std::string& w) { return has(w, "is ignored"); }),
+              1);
+  }
   std::string e = must_fail("backend:pool");
   EXPECT_TRUE(has(e, "bad value 'pool' for backend")) << e;
   EXPECT_TRUE(has(e, "native, passthrough")) << e;
@@ -313,6 +320,19 @@ TEST(ConfKeys, FreeSync) {
   std::string e = must_fail("free_sync:lazy");
   EXPECT_TRUE(has(e, "free_sync")) << e;
   EXPECT_TRUE(has(e, "gpu_wait, fenced, device or immediate")) << e;
+}
+
+TEST(ConfKeys, DuplicateKeysWarnAndTheLaterWins) {
+  const Policy p = must_parse("max_split_size_mb:64,roundup_power2_divisions:2,max_split_size_mb:128");
+  EXPECT_EQ(p.pool.max_split_size, 128 * MiB);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_TRUE(has(p.warnings[0], "max_split_size_mb is set twice (col 1 and col 49)")) << p.warnings[0];
+  // An alias is the same key.
+  const Policy q = must_parse("release_lock_on_cudamalloc:True,release_lock_on_hipmalloc:False");
+  EXPECT_FALSE(q.pool.release_lock_on_cudamalloc);
+  ASSERT_EQ(q.warnings.size(), 1u);
+  EXPECT_TRUE(has(q.warnings[0], "release_lock_on_cudamalloc is set twice")) << q.warnings[0];
+  EXPECT_TRUE(must_parse("max_split_size_mb:64,roundup_power2_divisions:2").warnings.empty());
 }
 
 TEST(ConfKeys, FreeHostSync) {
