@@ -113,6 +113,15 @@ Runtime* Runtime::start() noexcept {
   std::string why = init_logging(policy);
   if (!why.empty()) log_warn("logging: {}", why);
   for (const auto& w : policy.warnings) log_warn("policy: {}", w);
+  // PyTorch users bring their habit: that variable configures PyTorch's allocator, never this pool.
+  if (const char* pt = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); native && pt != nullptr && *pt != '\0') {
+    const char* own = std::getenv("CUDAPOOL_CONF");
+    log_warn("PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
+             "cudapool's policy comes from CUDAPOOL_CONF{}",
+             pt, std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
+                                                                        : "which sits in front of it",
+             own != nullptr && *own != '\0' ? "" : " (unset: the defaults; most keys are spelled the same there)");
+  }
   auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit
   rt->start_unix_ns_ = now_ns(CLOCK_REALTIME);
   rt->start_mono_ns_ = now_ns(CLOCK_MONOTONIC);

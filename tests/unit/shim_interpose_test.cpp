@@ -126,6 +126,17 @@ TEST(Shim, InvalidPolicyWithOnErrorPassthroughRunsWithoutThePool) {
   EXPECT_NE(r.output.find("active=0"), std::string::npos) << r.output;
 }
 
+TEST(Shim, PytorchAllocConfGetsAHint) {
+  RunResult r = run({app(true), "alloc_once"}, {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"},
+                                                {"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_NE(r.output.find("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True configures PyTorch's own"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CUDAPOOL_CONF (unset"), std::string::npos) << r.output;
+  RunResult quiet = run({app(true), "alloc_once"});
+  EXPECT_EQ(quiet.output.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos) << quiet.output;
+}
+
 TEST(Shim, BackendPassthroughSendsEverythingToTheDriver) {
   RunResult on = run({app(false), "alloc_once"});
   EXPECT_NE(on.output.find("active=1"), std::string::npos) << on.output;
