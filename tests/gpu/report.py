@@ -820,6 +820,9 @@ def cmd_table(out, command="bash tests/gpu/run.sh"):
     for r in rows:
         print(line(r))
     print(f"{summary}   (details: {os.path.join(out, 'results.md')})")
+    if counts[PASS] == 0:
+        print("nothing was checked (no row passed): exit status 1")
+        return 1
     return 1 if counts[FAIL] else 0
 
 

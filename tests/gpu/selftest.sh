@@ -73,6 +73,14 @@ OUT=$work/late GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race GP
 expect "$work/late/results.tsv" "reuse race, default (gpu_wait)" MISS
 expect "$work/late/results.tsv" "cudaFree host wait, free_host_sync:True" MISS
 
+# A table in which nothing passed (every row MISS or INFO) measured nothing: exit status 1.
+mkdir -p "$work/allmiss"
+printf 'reuse race, default (gpu_wait): corrupted bytes\t\t\t\t0\tMISS\tbudget spent\nlegacy app: wall time\t1\t1\t1x\t\tINFO\t\n' \
+  >"$work/allmiss/results.tsv"
+if python3 tests/gpu/report.py table "$work/allmiss" >/dev/null 2>&1; then
+  echo "FAIL a table of MISS and INFO rows exits 0"; failures=$((failures + 1))
+else echo "PASS a table of MISS and INFO rows exits 1"; fi
+
 # gpu_wait must be seen at work: no corruption but no reuse either is not a PASS for the default.
 OUT=$work/noreuse GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race MOCK_RACE_NO_REUSE=1 \
   bash tests/gpu/run.sh >"$work/noreuse.txt" 2>&1

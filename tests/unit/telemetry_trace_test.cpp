@@ -350,7 +350,10 @@ TEST(TelemetryTrace, TimeNsIsWallClockTime) {
   std::vector<TraceRow> rows;
   ASSERT_TRUE(read_trace_file(path.str(), &rows, &err)) << err;
   ASSERT_EQ(rows.size(), 5u);
-  constexpr std::int64_t kSlack = 200'000;  // 0.2 ms: clock anchors and interpolation
+  // 2 ms: clock anchors and interpolation, with room for a preempted anchor on a loaded CI
+  // machine. What the test proves needs far less precision: wall-clock time, not some other clock
+  // (a monotonic clock is off by the machine's uptime, days), each row inside its own window.
+  constexpr std::int64_t kSlack = 2'000'000;
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_GE(rows[i].time_ns, windows[i].first - kSlack) << i;
     EXPECT_LE(rows[i].time_ns, windows[i].second + kSlack) << i;
