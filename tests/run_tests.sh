@@ -21,7 +21,12 @@ for t in "$@"; do
     echo "FAIL: $t ran no tests"; f=1
   fi
   [ "$s" -gt 0 ] && skipped_names+=("$t")
-  if [ "$f" -gt 0 ]; then failed_names+=("$t"); printf '%s\n' "$out" | tail -n 60; fi
+  if [ "$f" -gt 0 ]; then
+    failed_names+=("$t")
+    # Each failed assertion with its message (often far above the end), then the end.
+    printf '%s\n' "$out" | grep -E -A12 ': Failure$' | head -n 120
+    printf '%s\n' "$out" | tail -n 40
+  fi
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
 done
 [ ${#failed_names[@]} -gt 0 ] && echo "failing: ${failed_names[*]}"
