@@ -41,6 +41,7 @@ inline constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
 inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr CUresult CUDA_ERROR_CONTEXT_IS_DESTROYED = 709;
+inline constexpr CUresult CUDA_ERROR_NOT_PERMITTED = 800;
 inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
 inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900;
 
@@ -88,6 +89,7 @@ inline constexpr int CU_MEMORYTYPE_DEVICE = 0x2;
 using CUmemGenericAllocationHandle = unsigned long long;
 inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
 inline constexpr int CU_MEM_HANDLE_TYPE_NONE = 0x0;
+inline constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
 inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
 inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
@@ -170,5 +172,11 @@ using PFN_cuMemMap = CUresult (*)(CUdeviceptr, std::size_t, std::size_t, CUmemGe
                                   unsigned long long);
 using PFN_cuMemUnmap = CUresult (*)(CUdeviceptr, std::size_t);
 using PFN_cuMemSetAccess = CUresult (*)(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t);
+// CUDA IPC: legacy handles, and the shareable handles of VMM pages (a file descriptor on Linux,
+// passed as a pointer-sized value through void*).
+using PFN_cuIpcOpenMemHandle_v2 = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned);
+using PFN_cuIpcCloseMemHandle = CUresult (*)(CUdeviceptr);
+using PFN_cuMemExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle, int, unsigned long long);
+using PFN_cuMemImportFromShareableHandle = CUresult (*)(CUmemGenericAllocationHandle*, void*, int);
 
 }  // namespace cudaabi

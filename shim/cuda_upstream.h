@@ -30,6 +30,7 @@ class ScopedContext {
 class CudaUpstream final : public Upstream {
  public:
   CudaUpstream(const RealDriver& d, CUcontext ctx) : d_(d), ctx_(ctx) {}
+  const RealDriver& driver() const noexcept { return d_; }
   UpstreamStatus allocate(std::size_t bytes, void** out) override;
   void release(void* base, std::size_t bytes) override;
   void mem_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
@@ -60,6 +61,16 @@ class CudaUpstream final : public Upstream {
   // reserve/map calls fail. No CUDA call when this upstream never reserved anything.
   void release_all_vmm();
 
+  // CUDA IPC of a block in an expandable segment: the physical units covering [lo, lo+bytes),
+  // in address order, each exported as a file descriptor the caller owns. CUDA_ERROR_NOT_SUPPORTED
+  // when the units were created without an exportable handle type (the driver refused one).
+  struct ExportedUnit {
+    std::uintptr_t addr = 0;
+    std::size_t bytes = 0;
+    int fd = -1;
+  };
+  CUresult export_units(std::uintptr_t lo, std::size_t bytes, std::vector<ExportedUnit>* out);
+
   // Bounds on address space, per process (all upstreams together) and per range.
   static constexpr std::size_t kMaxReservedTotal = std::size_t{16} << 40;  // 16 TiB
   static std::size_t reserved_total() noexcept;
@@ -85,9 +96,13 @@ class CudaUpstream final : public Upstream {
   std::size_t gran_ = 0;
   std::size_t device_total_ = 0;
   std::vector<int> peers_;
+  // Units are created with a file-descriptor handle type, so any block can be shared with another
+  // process, until the driver refuses that once (some containers): then without, for good.
+  bool fd_handles_ = true;
   struct Unit {
     CUmemGenericAllocationHandle handle = 0;
     std::size_t bytes = 0;
+    bool exportable = false;
   };
   std::map<std::uintptr_t, Unit> units_;    // physical allocations by mapped address (one per map())
   std::map<std::uintptr_t, Range> ranges_;  // reservations by base

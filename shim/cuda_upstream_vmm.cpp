@@ -19,6 +19,8 @@
 // 9/8 of the device plus two pages, and any reservation that would take this process's total
 // over kMaxReservedTotal (16 TiB: 8 devices x a few contexts of 141 GB GPUs fit many times, and
 // it stays far below the 47-bit / 128 TiB space the driver shares with the host).
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "shim/cuda_upstream.h"
@@ -159,15 +161,26 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
   if (page_at(lo, bytes) == 0) return UpstreamStatus::error;  // not whole pages of one of our ranges
   ScopedContext scope(d_, ctx_);
-  const CUmemAllocationProp prop = pinned_on(dev);
+  CUmemAllocationProp prop = pinned_on(dev);
   CUmemGenericAllocationHandle h = 0;
+  const bool want_fd = fd_handles_ && d_.cuMemExportToShareableHandle != nullptr;
+  if (want_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUresult r = d_.cuMemCreate(&h, bytes, &prop, 0);
+  if (want_fd && r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
+    // Some containers refuse exportable memory: expandable segments still work, unshared.
+    log_info("expandable segments: the driver refused exportable pages (CUDA error {}); pages are created "
+             "without a shareable handle from now on, so CUDA IPC of blocks in them is refused",
+             r);
+    fd_handles_ = false;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    r = d_.cuMemCreate(&h, bytes, &prop, 0);
+  }
   if (r == CUDA_SUCCESS) {
     r = d_.cuMemMap(static_cast<CUdeviceptr>(lo), bytes, 0, h, 0);
     if (r != CUDA_SUCCESS) {
       d_.cuMemRelease(h);
     } else {
-      units_[lo] = Unit{h, bytes};
+      units_[lo] = Unit{h, bytes, want_fd && fd_handles_};
       r = set_access(dev, lo, bytes);
       if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
       release_units(lo, lo + bytes);  // all or nothing
@@ -290,6 +303,33 @@ void CudaUpstream::release_all_vmm() {
     ranges_.clear();
   }
   if (device_ >= 0 || device_ == -1) device_ = -2;  // no more reservations or maps
+}
+
+CUresult CudaUpstream::export_units(std::uintptr_t lo, std::size_t bytes, std::vector<ExportedUnit>* out) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  out->clear();
+  if (d_.cuMemExportToShareableHandle == nullptr || bytes == 0) return CUDA_ERROR_NOT_SUPPORTED;
+  auto it = units_.upper_bound(lo);
+  if (it == units_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  CUresult r = CUDA_SUCCESS;
+  std::uintptr_t next = it->first;
+  for (; it != units_.end() && it->first < lo + bytes; ++it) {
+    // Units are mapped back to back inside a block: a gap means the block is not what we think.
+    if (it->first != next) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !it->second.exportable) r = CUDA_ERROR_NOT_SUPPORTED;
+    int fd = -1;
+    if (r == CUDA_SUCCESS) r = d_.cuMemExportToShareableHandle(&fd, it->second.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) break;
+    out->push_back(ExportedUnit{it->first, it->second.bytes, fd});
+    next = it->first + it->second.bytes;
+  }
+  if (r == CUDA_SUCCESS && next < lo + bytes) r = CUDA_ERROR_INVALID_VALUE;  // the block runs past the units
+  if (r != CUDA_SUCCESS) {
+    for (const ExportedUnit& u : *out) ::close(u.fd);
+    out->clear();
+  }
+  return r;
 }
 
 }  // namespace cudapool::shim

@@ -97,6 +97,11 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuMemSetAccess);
   CUDAPOOL_BIND(cuCtxSynchronize);
   CUDAPOOL_BIND(cuStreamWaitEvent);
+  CUDAPOOL_BIND(cuIpcOpenMemHandle_v2);
+  if (d.cuIpcOpenMemHandle_v2 == nullptr) bind(h, sym, d.cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle");  // same ABI
+  CUDAPOOL_BIND(cuIpcCloseMemHandle);
+  CUDAPOOL_BIND(cuMemExportToShareableHandle);
+  CUDAPOOL_BIND(cuMemImportFromShareableHandle);
 #undef CUDAPOOL_BIND
   // Without these the pool cannot work at all; the hooks then pass everything through.
   return d.cuMemAlloc_v2 && d.cuMemFree_v2 && d.cuCtxGetCurrent && d.cuCtxGetDevice &&

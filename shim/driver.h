@@ -23,6 +23,11 @@ struct RealDriver {
   PFN_cuPointerGetAttribute cuPointerGetAttribute = nullptr;
   PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;
   PFN_cuIpcGetMemHandle cuIpcGetMemHandle = nullptr;
+  PFN_cuIpcOpenMemHandle_v2 cuIpcOpenMemHandle_v2 = nullptr;  // "cuIpcOpenMemHandle" on drivers before 11.0
+  PFN_cuIpcCloseMemHandle cuIpcCloseMemHandle = nullptr;
+  // Pages of expandable segments shared with other processes (shim/ipc_*.cpp); absent: no sharing.
+  PFN_cuMemExportToShareableHandle cuMemExportToShareableHandle = nullptr;
+  PFN_cuMemImportFromShareableHandle cuMemImportFromShareableHandle = nullptr;
   PFN_cuMemPoolTrimTo cuMemPoolTrimTo = nullptr;
   PFN_cuDeviceGetDefaultMemPool cuDeviceGetDefaultMemPool = nullptr;
   PFN_cuCtxGetCurrent cuCtxGetCurrent = nullptr;

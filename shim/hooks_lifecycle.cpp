@@ -2,6 +2,7 @@
 // before the driver acts on them.
 #include "shim/export.h"
 #include "shim/hooks.h"
+#include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/streams.h"
 
@@ -13,6 +14,7 @@ void retire_context(Runtime* rt, CUcontext ctx) {
   if (rt == nullptr || ctx == nullptr) return;
   if (ContextPool* cp = rt->find_pool(ctx)) {
     rt->retire(cp);
+    ipc::forget_pool(cp);            // its exports end: later opens find nothing
     cp->upstream.release_all_vmm();  // expandable segments: cuMemCreate pages outlive contexts
   }
 }

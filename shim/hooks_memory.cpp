@@ -5,6 +5,7 @@
 #include "shim/hooks.h"
 
 #include "shim/export.h"
+#include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/streams.h"
 #include "telemetry/oom.h"
@@ -35,6 +36,7 @@ CUresult finish_free(FreeStatus s, const ContextPool& cp, void* p, bool on_strea
 }  // namespace
 
 CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+  ipc::drain_frees(rt);  // blocks the program freed while another process held them open
   ContextPool* cp = rt.current_pool();
   if (cp == nullptr) {
     rt.count_pass(PassKind::no_context);
@@ -59,6 +61,17 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
 
 CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
   void* p = as_ptr(dptr);
+  // A block exported with CUDA IPC and still open in another process is freed into the pool only
+  // once the last importer closed it: that process may still be using the bytes.
+  switch (ipc::on_free(p)) {
+    case ipc::FreeVerdict::free: break;
+    case ipc::FreeVerdict::held: return CUDA_SUCCESS;
+    case ipc::FreeVerdict::already_freed:
+      log_warn("free of {}: freed before (it waits for another process to close its CUDA IPC handle); "
+               "returning CUDA_ERROR_INVALID_VALUE", p);
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  ipc::drain_frees(rt);
   // Fast path: hand the pointer straight to the pool this thread last used; its answer is
   // authoritative unless it says "not mine" (pools never overlap). No owns() (the pool's shared
   // lock), no scan: a stream-ordered free can stay in the pool's per-thread cache. For a

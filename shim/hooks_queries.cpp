@@ -6,6 +6,7 @@
 
 #include "shim/export.h"
 #include "shim/hooks.h"
+#include "shim/ipc.h"
 #include "shim/log.h"
 
 namespace cudapool::shim {
@@ -27,8 +28,21 @@ Owned lookup(Runtime* rt, CUdeviceptr dptr) {
   return o;
 }
 
+// The block imported from another process (CUDA IPC) containing `dptr`, described as a live
+// block of that size; nullopt for any other address.
+std::optional<AddressInfo> imported_info(CUdeviceptr dptr) {
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (!ipc::imported_block(dptr, &base, &size)) return std::nullopt;
+  AddressInfo a;
+  a.block_base = base;
+  a.block_size = size;
+  return a;  // not a whole segment of this process: not legacy-IPC capable
+}
+
 // Overrides one attribute answer for a live pool block. false = leave the driver's answer.
-bool answer_attribute(CUpointer_attribute attr, const AddressInfo& info, void* data) {
+// `imported`: the block was opened from another process (CUDA IPC), not allocated here.
+bool answer_attribute(CUpointer_attribute attr, const AddressInfo& info, void* data, bool imported) {
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       *static_cast<CUdeviceptr*>(data) = info.block_base;
@@ -37,8 +51,10 @@ bool answer_attribute(CUpointer_attribute attr, const AddressInfo& info, void* d
       *static_cast<std::size_t*>(data) = info.block_size;
       return true;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-      if (info.whole_segment && !info.expandable) return false;  // the driver's answer holds
-      *static_cast<int*>(data) = 0;
+      // Every pool block exports (shim/ipc.h); a classic segment is a cudaMalloc allocation, so
+      // the driver's answer for it holds; an imported block cannot be exported again.
+      if (!imported && !info.expandable) return false;
+      *static_cast<int*>(data) = imported ? 0 : 1;
       return true;
     default:
       return false;
@@ -96,7 +112,14 @@ CUDAPOOL_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, std::size_t
   const RealDriver* d = real_driver();
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Owned o = lookup(Runtime::peek(), dptr);
-  if (o.pool == nullptr) return d->cuMemGetAddressRange_v2(pbase, psize, dptr);
+  if (o.pool == nullptr) {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (!ipc::imported_block(dptr, &base, &size)) return d->cuMemGetAddressRange_v2(pbase, psize, dptr);
+    if (pbase != nullptr) *pbase = base;  // a block imported from another process: its own range
+    if (psize != nullptr) *psize = size;
+    return CUDA_SUCCESS;
+  }
   // Inside a segment but in no live block: as for memory that was freed.
   if (!o.info) return CUDA_ERROR_NOT_FOUND;
   if (pbase != nullptr) *pbase = o.info->block_base;
@@ -109,7 +132,8 @@ CUDAPOOL_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a
   if (d == nullptr || d->cuPointerGetAttribute == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (data != nullptr) {
     Owned o = lookup(Runtime::peek(), dptr);
-    if (o.info && answer_attribute(attr, *o.info, data)) return CUDA_SUCCESS;
+    if (o.pool == nullptr) o.info = imported_info(dptr);
+    if (o.info && answer_attribute(attr, *o.info, data, o.pool == nullptr)) return CUDA_SUCCESS;
   }
   return d->cuPointerGetAttribute(data, attr, dptr);
 }
@@ -121,38 +145,46 @@ CUDAPOOL_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute*
   CUresult r = d->cuPointerGetAttributes(n, attrs, data, dptr);
   if (r != CUDA_SUCCESS || attrs == nullptr || data == nullptr) return r;
   Owned o = lookup(Runtime::peek(), dptr);
+  if (o.pool == nullptr) o.info = imported_info(dptr);
   if (!o.info) return r;
   for (unsigned i = 0; i < n; ++i) {
-    if (data[i] != nullptr) answer_attribute(attrs[i], *o.info, data[i]);
+    if (data[i] != nullptr) answer_attribute(attrs[i], *o.info, data[i], o.pool == nullptr);
   }
   return r;
 }
 
+// CUDA IPC (shim/ipc.h): any live pool block exports a handle of the shim's, which another
+// process running the shim opens to exactly that block; everything else is the driver's.
 CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Owned o = lookup(Runtime::peek(), dptr);
   if (o.pool == nullptr) return d->cuIpcGetMemHandle(handle, dptr);
-  if (o.info && o.info->expandable) {
-    // Pages mapped one by one into a reserved range (cuMemCreate/cuMemMap) are no allocation
-    // legacy IPC knows; the driver would refuse too, but without saying why.
-    log_warn("cuIpcGetMemHandle({:#x}): the block lies in an expandable segment (pages mapped into a "
-             "reserved range), which legacy CUDA IPC cannot export; returning CUDA_ERROR_INVALID_VALUE. "
-             "Run without expandable_segments:True to share this memory.",
-             static_cast<unsigned long long>(dptr));
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  // A legacy IPC handle names a whole driver allocation and the importer maps its base; only a
-  // block that *is* its whole segment, asked for by its base, exports the right bytes.
-  if (o.info && o.info->whole_segment && !o.info->expandable && o.info->block_base == dptr) {
-    return d->cuIpcGetMemHandle(handle, dptr);
-  }
-  log_warn("cuIpcGetMemHandle({:#x}): not the base of a block that is a whole pooled segment, so "
-           "the handle would map other bytes in the importer; returning CUDA_ERROR_INVALID_VALUE. "
-           "Export the block's base, allocate IPC buffers of at least 10 MiB, or run with "
-           "backend:passthrough.",
-           static_cast<unsigned long long>(dptr));
-  return CUDA_ERROR_INVALID_VALUE;
+  return ipc::export_block(*o.pool, dptr, handle);
+}
+
+namespace {
+CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned flags) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuIpcOpenMemHandle_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = ipc::open(*d, pdptr, handle, flags);
+  return r == kPassThrough ? d->cuIpcOpenMemHandle_v2(pdptr, handle, flags) : r;
+}
+}  // namespace
+
+CUDAPOOL_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned flags) {
+  return ipc_open(pdptr, handle, flags);
+}
+// The pre-11.0 symbol: same arguments and meaning.
+CUDAPOOL_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned flags) {
+  return ipc_open(pdptr, handle, flags);
+}
+
+CUDAPOOL_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuIpcCloseMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = ipc::close(*d, dptr);
+  return r == kPassThrough ? d->cuIpcCloseMemHandle(dptr) : r;
 }
 
 CUDAPOOL_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool mem_pool, std::size_t min_bytes_to_keep) {

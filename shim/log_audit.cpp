@@ -96,6 +96,7 @@ const char* hooked_entry_points() noexcept {
   return "dlsym cuGetProcAddress cuGetProcAddress_v2 cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemFree_v2 "
          "cuMemAllocAsync cuMemAllocAsync_ptsz cuMemFreeAsync cuMemFreeAsync_ptsz cuMemGetInfo_v2 "
          "cuMemGetAddressRange_v2 cuPointerGetAttribute cuPointerGetAttributes cuIpcGetMemHandle "
+         "cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle "
          "cuMemPoolTrimTo cuCtxDestroy cuCtxDestroy_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 "
          "cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRetain cuStreamCreate cuStreamCreateWithPriority "
          "cuStreamDestroy cuStreamDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_ptsz "

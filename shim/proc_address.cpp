@@ -26,6 +26,9 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
 CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
 CUresult cuPointerGetAttributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
 CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
+CUresult cuIpcOpenMemHandle(CUdeviceptr*, CUipcMemHandle, unsigned);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr*, CUipcMemHandle, unsigned);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
 CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxDestroy(CUcontext);
@@ -79,6 +82,9 @@ const Hook kHooks[] = {
     {"cuPointerGetAttribute", 4000, INT_MAX, kAny, "cuPointerGetAttribute", W(cuPointerGetAttribute)},
     {"cuPointerGetAttributes", 7000, INT_MAX, kAny, "cuPointerGetAttributes", W(cuPointerGetAttributes)},
     {"cuIpcGetMemHandle", 4010, INT_MAX, kAny, "cuIpcGetMemHandle", W(cuIpcGetMemHandle)},
+    {"cuIpcOpenMemHandle", 4010, 11000, kAny, "cuIpcOpenMemHandle", W(cuIpcOpenMemHandle)},
+    {"cuIpcOpenMemHandle", 11000, INT_MAX, kAny, "cuIpcOpenMemHandle_v2", W(cuIpcOpenMemHandle_v2)},
+    {"cuIpcCloseMemHandle", 4010, INT_MAX, kAny, "cuIpcCloseMemHandle", W(cuIpcCloseMemHandle)},
     {"cuMemPoolTrimTo", 11020, INT_MAX, kAny, "cuMemPoolTrimTo", W(cuMemPoolTrimTo)},
     {"cuCtxDestroy", 2000, 4000, kAny, "cuCtxDestroy", W(cuCtxDestroy)},
     {"cuCtxDestroy", 4000, INT_MAX, kAny, "cuCtxDestroy_v2", W(cuCtxDestroy_v2)},

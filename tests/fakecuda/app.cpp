@@ -461,11 +461,15 @@ void queries() {
   void* data[2] = {&rsize, &ordinal};
   CHECK_OK(api.cuPointerGetAttributes(2, attrs, data, small));
   CHECK(rsize == 1000 && ordinal == 0);
-  // IPC: a whole segment exports; a sub-block would export other bytes, so it is refused.
-  CUipcMemHandle h{};
+  // IPC: every block exports the shim's own handle (tests/fakecuda/ipc_app.cpp opens them), one
+  // per block, whatever address inside it is asked for.
+  CUipcMemHandle h{}, hs{}, hi{};
   CHECK_OK(api.cuIpcGetMemHandle(&h, big));
-  CHECK(api.cuIpcGetMemHandle(&h, small) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(api.cuIpcGetMemHandle(&h, big + 4096) == CUDA_ERROR_INVALID_VALUE);
+  CHECK_OK(api.cuIpcGetMemHandle(&hs, small));
+  CHECK_OK(api.cuIpcGetMemHandle(&hi, big + 4096));
+  CHECK(std::memcmp(h.reserved, "CPOOLIPC", 8) == 0 && std::memcmp(hs.reserved, "CPOOLIPC", 8) == 0);
+  CHECK(std::memcmp(h.reserved, hi.reserved, sizeof h.reserved) == 0);
+  CHECK(std::memcmp(h.reserved, hs.reserved, sizeof h.reserved) != 0);
   // cuMemGetInfo: cached bytes count as free; NULL out-pointers are legal.
   CHECK_OK(api.cuMemFree(big));
   std::size_t f = 0, t = 0, t_only = 0;

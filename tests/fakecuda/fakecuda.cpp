@@ -3,9 +3,15 @@
 // cuGetProcAddress(_v2) resolves by name, version and stream flavour like the real driver.
 // It implements only what the shim and its test programs call, with the real driver's answers
 // for the cases the tests depend on (capture rules, reset, IPC of an interior pointer).
+// Device memory lives in shared memory files (memfd), so CUDA IPC works between processes as it
+// does on a GPU: cuIpcGetMemHandle names an allocation's place in its process's file, and
+// cuMemExportToShareableHandle hands out the file descriptor of a VMM handle.
 #include "tests/fakecuda/fakecuda.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdio>
@@ -13,6 +19,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 using namespace cudaabi;
@@ -60,7 +67,90 @@ struct Event {
 struct Alloc {
   std::size_t size;
   Context* ctx;
+  bool imported = false;  // opened with cuIpcOpenMemHandle: mapped from another process's file
+  int refs = 0;           // imported: opens not yet closed
 };
+
+// The "device memory" of cuMemAlloc: one shared memory file per arena, mapped whole, carved
+// first-fit in pages. An arena made by a parent process is never carved by a forked child.
+struct Arena {
+  int fd = -1;
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  pid_t pid = 0;
+  std::map<std::size_t, std::size_t> free_runs;  // offset -> bytes
+};
+constexpr std::size_t kArenaBytes = std::size_t{64} << 30;
+constexpr std::size_t kArenaPage = 4096;
+std::vector<Arena*> arenas;
+
+Arena* new_arena() {
+  const int fd = static_cast<int>(memfd_create("fakecuda-device-memory", MFD_CLOEXEC));
+  if (fd < 0) return nullptr;
+  if (ftruncate(fd, static_cast<off_t>(kArenaBytes)) != 0) {
+    close(fd);
+    return nullptr;
+  }
+  void* m = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  auto* a = new Arena;
+  a->fd = fd;
+  a->base = reinterpret_cast<std::uintptr_t>(m);
+  a->size = kArenaBytes;
+  a->pid = getpid();
+  a->free_runs[0] = kArenaBytes;
+  arenas.push_back(a);
+  return a;
+}
+
+Arena* arena_of(std::uintptr_t p) {
+  for (Arena* a : arenas)
+    if (p >= a->base && p < a->base + a->size) return a;
+  return nullptr;
+}
+
+void* arena_alloc(std::size_t bytes) {
+  const std::size_t n = (bytes + kArenaPage - 1) / kArenaPage * kArenaPage;
+  const pid_t me = getpid();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (Arena* a : arenas) {
+      if (a->pid != me) continue;
+      for (auto it = a->free_runs.begin(); it != a->free_runs.end(); ++it) {
+        if (it->second < n) continue;
+        const std::size_t off = it->first, len = it->second;
+        a->free_runs.erase(it);
+        if (len > n) a->free_runs[off + n] = len - n;
+        return reinterpret_cast<void*>(a->base + off);
+      }
+    }
+    if (new_arena() == nullptr) return nullptr;
+  }
+  return nullptr;
+}
+
+void arena_free(std::uintptr_t p, std::size_t bytes) {
+  Arena* a = arena_of(p);
+  if (a == nullptr || a->pid != getpid()) return;  // a parent's arena: not this process's to carve
+  std::size_t off = p - a->base, n = (bytes + kArenaPage - 1) / kArenaPage * kArenaPage;
+  fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off), static_cast<off_t>(n));
+  auto next = a->free_runs.lower_bound(off);
+  if (next != a->free_runs.end() && next->first == off + n) {
+    n += next->second;
+    next = a->free_runs.erase(next);
+  }
+  if (next != a->free_runs.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      n += prev->second;
+      a->free_runs.erase(prev);
+    }
+  }
+  a->free_runs[off] = n;
+}
 
 std::mutex mu;
 Context primaries[kDevices] = {{0, true, false, 0}, {1, true, false, 0}};
@@ -83,7 +173,7 @@ std::size_t vmm_used_on(int dev);  // physical VMM handles (below)
 std::size_t used_on(int dev) {
   std::size_t u = vmm_used_on(dev);
   for (auto& [p, a] : allocs)
-    if (a.ctx->device == dev) u += a.size;
+    if (a.ctx->device == dev && !a.imported) u += a.size;
   return u;
 }
 
@@ -115,7 +205,7 @@ CUresult do_alloc(CUdeviceptr* dptr, std::size_t size) {
   if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
   if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
   if (used_on(tl_current->device) + size > total_bytes()) return CUDA_ERROR_OUT_OF_MEMORY;
-  void* p = std::aligned_alloc(512, (size + 511) / 512 * 512);
+  void* p = arena_alloc(size);
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   allocs[reinterpret_cast<std::uintptr_t>(p)] = {size, tl_current};
   *dptr = reinterpret_cast<CUdeviceptr>(p);
@@ -125,8 +215,8 @@ CUresult do_alloc(CUdeviceptr* dptr, std::size_t size) {
 
 CUresult do_free(CUdeviceptr p) {
   auto it = allocs.find(static_cast<std::uintptr_t>(p));
-  if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
-  std::free(reinterpret_cast<void*>(it->first));
+  if (it == allocs.end() || it->second.imported) return CUDA_ERROR_INVALID_VALUE;
+  arena_free(it->first, it->second.size);
   allocs.erase(it);
   ++n_free;
   return CUDA_SUCCESS;
@@ -144,7 +234,8 @@ const Alloc* containing(CUdeviceptr p, std::uintptr_t* base) {
 void destroy_context(Context* c) {
   for (auto it = allocs.begin(); it != allocs.end();) {
     if (it->second.ctx == c) {
-      std::free(reinterpret_cast<void*>(it->first));
+      if (it->second.imported) munmap(reinterpret_cast<void*>(it->first), it->second.size);
+      else arena_free(it->first, it->second.size);
       it = allocs.erase(it);
     } else {
       ++it;
@@ -227,6 +318,12 @@ CUresult record(CUevent ev, CUstream hs, bool ptsz) {
 // ---- initialisation, devices, contexts --------------------------------------------------------
 FAKE_API CUresult cuInit(unsigned) {
   std::lock_guard<std::mutex> lock(mu);
+  // Exportable VMM handles are files here: allow as many as the hard limit does.
+  rlimit rl{};
+  if (!initialised && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
   legacy_stream.legacy = true;
   initialised = true;
   return CUDA_SUCCESS;
@@ -430,14 +527,86 @@ FAKE_API CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs,
   }
   return CUDA_SUCCESS;
 }
+// A legacy IPC handle of the fake: where the allocation lies in its process's arena file.
+namespace {
+struct FakeIpcHandle {
+  char magic[8];
+  std::uint32_t pid;
+  std::int32_t fd;
+  std::uint64_t offset;
+  std::uint64_t size;
+};
+constexpr char kFakeIpcMagic[8] = {'F', 'A', 'K', 'E', 'I', 'P', 'C', '1'};
+long n_ipc_opens = 0;  // cuIpcOpenMemHandle calls that mapped memory (first opens)
+std::map<std::string, std::uintptr_t> ipc_opened;  // exporter's pid/fd/offset -> mapping here
+}  // namespace
 FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(mu);
   std::uintptr_t base = 0;
-  if (containing(p, &base) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Alloc* a = containing(p, &base);
+  if (a == nullptr || a->imported) return CUDA_ERROR_INVALID_VALUE;
+  const Arena* ar = arena_of(base);
+  if (ar == nullptr) return CUDA_ERROR_INVALID_VALUE;
   // Like the real driver: an interior pointer yields the handle of the whole allocation.
+  FakeIpcHandle f{};
+  std::memcpy(f.magic, kFakeIpcMagic, sizeof f.magic);
+  f.pid = static_cast<std::uint32_t>(ar->pid);
+  f.fd = ar->fd;
+  f.offset = base - ar->base;
+  f.size = a->size;
+  static_assert(sizeof f <= sizeof h->reserved);
   std::memset(h, 0, sizeof *h);
-  std::memcpy(h->reserved, &base, sizeof base);
+  std::memcpy(h->reserved, &f, sizeof f);
   return CUDA_SUCCESS;
+}
+static CUresult ipc_open(CUdeviceptr* out, CUipcMemHandle h, unsigned) {
+  std::lock_guard<std::mutex> lock(mu);
+  FakeIpcHandle f{};
+  std::memcpy(&f, h.reserved, sizeof f);
+  if (out == nullptr || std::memcmp(f.magic, kFakeIpcMagic, sizeof f.magic) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  if (f.pid == static_cast<std::uint32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
+  // The same allocation opened again in this context: the same pointer, counted.
+  const std::string key = std::to_string(f.pid) + "/" + std::to_string(f.fd) + "/" + std::to_string(f.offset);
+  if (auto it = ipc_opened.find(key); it != ipc_opened.end()) {
+    auto a = allocs.find(it->second);
+    if (a != allocs.end() && a->second.ctx == tl_current) {
+      ++a->second.refs;
+      *out = it->second;
+      return CUDA_SUCCESS;
+    }
+  }
+  const std::string path = "/proc/" + std::to_string(f.pid) + "/fd/" + std::to_string(f.fd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporter is gone
+  void* m = mmap(nullptr, f.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(f.offset));
+  close(fd);
+  if (m == MAP_FAILED) return CUDA_ERROR_INVALID_HANDLE;
+  const auto p = reinterpret_cast<std::uintptr_t>(m);
+  allocs[p] = Alloc{f.size, tl_current, true, 1};
+  ipc_opened[key] = p;
+  ++n_ipc_opens;
+  *out = p;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) { return ipc_open(out, h, flags); }
+FAKE_API CUresult cuIpcOpenMemHandle(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) { return ipc_open(out, h, flags); }
+FAKE_API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = allocs.find(static_cast<std::uintptr_t>(p));
+  if (it == allocs.end() || !it->second.imported) return CUDA_ERROR_INVALID_VALUE;
+  if (--it->second.refs > 0) return CUDA_SUCCESS;
+  munmap(reinterpret_cast<void*>(it->first), it->second.size);
+  std::erase_if(ipc_opened, [&](const auto& kv) { return kv.second == it->first; });
+  allocs.erase(it);
+  return CUDA_SUCCESS;
+}
+FAKE_API long fakecuda_ipc_opens() { std::lock_guard<std::mutex> l(mu); return n_ipc_opens; }
+FAKE_API long fakecuda_ipc_mapped() {
+  std::lock_guard<std::mutex> l(mu);
+  long n = 0;
+  for (auto& [p, a] : allocs) n += a.imported ? 1 : 0;
+  return n;
 }
 FAKE_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
   *pool = reinterpret_cast<CUmemoryPool>(static_cast<std::uintptr_t>(0x1000 + 16 * dev));
@@ -461,6 +630,8 @@ struct VmmHandle {
   std::size_t size;
   int device;
   int maps;
+  int fd = -1;            // created exportable (a shared memory file), or imported from one
+  bool imported = false;  // cuMemImportFromShareableHandle: another process's memory
 };
 struct VmmMapping {
   std::size_t size;
@@ -497,7 +668,7 @@ bool vmm_overlaps_mapping(std::uintptr_t p, std::size_t size) {
 std::size_t vmm_used_on(int dev) {
   std::size_t u = 0;
   for (auto& [h, v] : vmm_handles)
-    if (v.device == dev) u += v.size;
+    if (v.device == dev && !v.imported) u += v.size;
   return u;
 }
 }  // namespace
@@ -550,16 +721,29 @@ FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, cons
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 || prop->location.id >= kDevices)
     return vmm_bad_call();
   if (used_on(prop->location.id) + size > total_bytes()) return CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = -1;
+  if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
+    // FAKECUDA_VMM_NO_EXPORT=1: a driver (container) that refuses exportable memory.
+    if (std::getenv("FAKECUDA_VMM_NO_EXPORT") != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    fd = static_cast<int>(memfd_create("fakecuda-vmm-handle", MFD_CLOEXEC));
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      if (fd >= 0) close(fd);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   *handle = vmm_next_handle++;
   ++vmm_create_calls;
-  vmm_handles[*handle] = VmmHandle{size, prop->location.id, 0};
+  vmm_handles[*handle] = VmmHandle{size, prop->location.id, 0, fd, false};
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemRelease(unsigned long long handle) {
   std::lock_guard<std::mutex> lock(mu);
   // The real driver frees the memory once the handle is released and its last mapping is gone;
   // the fake counts it gone at release (the shim always unmaps first).
-  if (vmm_handles.erase(handle) == 0) return vmm_bad_call();
+  auto it = vmm_handles.find(handle);
+  if (it == vmm_handles.end()) return vmm_bad_call();
+  if (it->second.fd >= 0) close(it->second.fd);  // mappings keep the file's pages
+  vmm_handles.erase(it);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset, unsigned long long handle,
@@ -571,7 +755,14 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset, 
   if (h == vmm_handles.end() || size == 0 || p % g != 0 || size % g != 0 || offset + size > h->second.size ||
       !vmm_in_range(p, size) || vmm_overlaps_mapping(p, size))
     return vmm_bad_call();
-  if (mprotect(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE) != 0) return vmm_bad_call();
+  if (h->second.fd >= 0) {
+    // A shared memory file: every process that maps it sees the same bytes.
+    if (mmap(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, h->second.fd,
+             static_cast<off_t>(offset)) == MAP_FAILED)
+      return vmm_bad_call();
+  } else if (mprotect(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE) != 0) {
+    return vmm_bad_call();
+  }
   ++h->second.maps;
   vmm_maps[p] = VmmMapping{size, handle};
   return CUDA_SUCCESS;
@@ -611,8 +802,33 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr p, std::size_t size) {
     if (h != vmm_handles.end()) --h->second.maps;
     m = vmm_maps.erase(m);
   }
-  madvise(reinterpret_cast<void*>(p), size, MADV_DONTNEED);
-  mprotect(reinterpret_cast<void*>(p), size, PROT_NONE);
+  // Back to reserved, inaccessible address space (a file mapping is replaced, a private one dropped).
+  mmap(reinterpret_cast<void*>(p), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  return CUDA_SUCCESS;
+}
+// Shareable handles: the file descriptor of an exportable handle, and a handle made from one.
+FAKE_API CUresult cuMemExportToShareableHandle(void* shareable, unsigned long long handle, int type,
+                                               unsigned long long) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto h = vmm_handles.find(handle);
+  if (shareable == nullptr || h == vmm_handles.end()) return vmm_bad_call();
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || h->second.fd < 0) return CUDA_ERROR_NOT_PERMITTED;
+  const int fd = fcntl(h->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemImportFromShareableHandle(unsigned long long* handle, void* os_handle, int type) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return vmm_bad_call();
+  if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  const off_t size = lseek(fd, 0, SEEK_END);
+  if (size <= 0 || static_cast<std::size_t>(size) % vmm_granularity() != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *handle = vmm_next_handle++;
+  vmm_handles[*handle] = VmmHandle{static_cast<std::size_t>(size), tl_current->device, 0, own, true};
   return CUDA_SUCCESS;
 }
 FAKE_API std::size_t fakecuda_vmm_mapped_bytes() {
@@ -856,6 +1072,9 @@ const ProcEntry kProcs[] = {
     {"cuPointerGetAttribute", 4000, P(cuPointerGetAttribute), nullptr},
     {"cuPointerGetAttributes", 7000, P(cuPointerGetAttributes), nullptr},
     {"cuIpcGetMemHandle", 4010, P(cuIpcGetMemHandle), nullptr},
+    {"cuIpcOpenMemHandle", 4010, P(cuIpcOpenMemHandle), nullptr},
+    {"cuIpcOpenMemHandle", 11000, P(cuIpcOpenMemHandle_v2), nullptr},
+    {"cuIpcCloseMemHandle", 4010, P(cuIpcCloseMemHandle), nullptr},
     {"cuMemPoolTrimTo", 11020, P(cuMemPoolTrimTo), nullptr},
     {"cuDeviceGetDefaultMemPool", 11020, P(cuDeviceGetDefaultMemPool), nullptr},
     {"cuStreamCreate", 2000, P(cuStreamCreate), nullptr},

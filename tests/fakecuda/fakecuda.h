@@ -54,6 +54,10 @@ long fakecuda_vmm_access_calls();           // cuMemSetAccess calls
 std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`
 int fakecuda_vmm_is_mapped(cudaabi::CUdeviceptr p);
 long fakecuda_ctx_syncs();  // cuCtxSynchronize calls
+// CUDA IPC: legacy handles opened in this process that mapped memory (first opens of an
+// allocation in a context), and imported allocations mapped now.
+long fakecuda_ipc_opens();
+long fakecuda_ipc_mapped();
 // Creates a non-primary context on `dev` and makes it current (cuCtxCreate without its ABI).
 cudaabi::CUresult fakecuda_create_context(cudaabi::CUcontext* ctx, int dev);
 }

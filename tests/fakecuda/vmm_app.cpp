@@ -239,14 +239,26 @@ void scenario_bounded() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
-// Legacy IPC cannot export pages of an expandable segment: a clear error, the driver not asked.
+// A block of an expandable segment exports the shim's handle (its pages' descriptors are taken
+// then); the export maps nothing more, and once the block is freed with no importer its pages go
+// back like any others. (Opening such handles: tests/fakecuda/ipc_app.cpp.)
 void scenario_ipc() {
   start(0);
   CUdeviceptr p = 0;
   CHECK_OK(cuMemAlloc_v2(&p, 12 * kMiB));
-  CUipcMemHandle h{};
-  CHECK(cuIpcGetMemHandle(&h, p) == CUDA_ERROR_INVALID_VALUE);
+  const long handles = fakecuda_vmm_live_handles();
+  const std::size_t mapped = fakecuda_vmm_mapped_bytes();
+  CUipcMemHandle h{}, again{};
+  CHECK_OK(cuIpcGetMemHandle(&h, p));
+  CHECK(std::memcmp(h.reserved, "CPOOLIPC", 8) == 0);
+  CHECK_OK(cuIpcGetMemHandle(&again, p + 5 * kMiB));
+  CHECK(std::memcmp(h.reserved, again.reserved, sizeof h.reserved) == 0);
+  CHECK(fakecuda_vmm_live_handles() == handles && fakecuda_vmm_mapped_bytes() == mapped);
+  check_accounting(0);
   CHECK_OK(cuMemFree_v2(p));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  check_accounting(0);
 }
 
 // Out of device memory: the pool gets CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate, releases what

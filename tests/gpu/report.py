@@ -356,6 +356,95 @@ def cmd_free_host_sync(out):
                     "cudaFree returned before the device finished: free_host_sync:True did not wait")
 
 
+
+# ---- CUDA IPC (ipc.cu, torch_ipc.py)
+IPC_RUNS = (("ipc_ref", "no shim (the driver)"),
+            ("ipc_default", "cudapool default"),
+            ("ipc_expandable", "cudapool expandable_segments"))
+TORCH_IPC_RUNS = (("torch_ipc_ref", "PyTorch no caching, no shim"),
+                  ("torch_ipc_shim", "PyTorch no caching, cudapool default"),
+                  ("torch_ipc_cached_shim", "PyTorch caching allocator on cudapool default"))
+IPC_CHECK = re.compile(r"^ipc CHECK=(\S+) ok=([01]) detail=(.*)$", re.M)
+
+
+def ipc_failed_checks(run):
+    """'NAME: detail' of every check ipc.cu reported as failed."""
+    return [f"{m[1]}: {m[3]}" for m in IPC_CHECK.finditer(run.stdout) if m[2] == "0"]
+
+
+def cmd_ipc(out):
+    """Rows: one per ipc.cu run (PASS when it exited 0 and printed `ipc: PASS`; FAIL otherwise,
+    with the failed checks; MISS when it did not run) and per torch_ipc.py run (PASS on
+    `torch_ipc: PASS`; INFO when PyTorch refused to share the tensor in that mode; FAIL
+    otherwise). INFO rows: the real driver's answer to a cudapool handle (from the shim runs) and
+    whether a child may take its parent's descriptors with pidfd_getfd (with ptrace_scope)."""
+    md = ["### CUDA IPC", "", "| run | checks | failed checks / notes |", "|---|---|---|"]
+    for name, label in IPC_RUNS:
+        run = Run(out, name)
+        check = f"CUDA IPC, {label}: ipc.cu checks"
+        if not run.ran:
+            add_row(out, check, target="all pass", status=MISS, note=run.why_failed())
+            continue
+        m = re.search(r"^ipc: (PASS|FAIL) n=(\d+)", run.stdout, re.M)
+        failed = ipc_failed_checks(run)
+        n = int(m[2]) if m else len(IPC_CHECK.findall(run.stdout))
+        if run.ok and m and m[1] == PASS and not failed:
+            add_row(out, check, value=f"{n} checks", target="all pass", status=PASS)
+            md.append(f"| {name} | {n} passed | |")
+            continue
+        why = "; ".join(failed) if failed else ""
+        if not run.ok or not m:
+            why = (why + "; " if why else "") + (run.why_failed() if not run.ok else "no final ipc: line")
+        add_row(out, check, value=f"{len(failed)} of {n} failed", target="all pass", status=FAIL, note=why[:400])
+        md.append(f"| {name} | {len(failed)} of {n} failed | {why.replace('|', '/')[:1000]} |")
+
+    # What the driver does with a handle it did not make (an importer without the shim).
+    answers = []
+    for name, label in IPC_RUNS[1:]:
+        for m in IPC_CHECK.finditer(Run(out, name).stdout):
+            if m[1].startswith("noshim_importer_"):
+                what = m[1][len("noshim_importer_"):]
+                answers.append(f"{label}, {what}: {m[3]}" + ("" if m[2] == "1" else " (MAPPED)"))
+    if answers:
+        add_row(out, "CUDA IPC: the driver given a cudapool handle (importer without the shim)",
+                value="MAPPED" if any(a.endswith("(MAPPED)") for a in answers) else "refused", status=INFO,
+                note="; ".join(answers))
+    for name, _ in IPC_RUNS:
+        text = Run(out, name).stdout
+        p = re.search(r"^pidfd_getfd: (.*)$", text, re.M)
+        if p:
+            y = re.search(r"^ptrace_scope: (.*)$", text, re.M)
+            add_row(out, "CUDA IPC: pidfd_getfd of a parent's descriptor from a child", value=p[1], status=INFO,
+                    note=f"ptrace_scope {y[1] if y else 'not printed'} ({name})")
+            break
+    for name, _ in IPC_RUNS:
+        for m in re.finditer(r"^(ipc INFO=\S+.*|pidfd_getfd: .*|ptrace_scope: .*)$", Run(out, name).stdout, re.M):
+            md.append(f"| {name} | | {m[1].replace('|', '/')} |")
+
+    for name, label in TORCH_IPC_RUNS:
+        run = Run(out, name)
+        check = f"CUDA IPC, {label}: torch.multiprocessing tensor"
+        if not run.ran:
+            add_row(out, check, target="PASS", status=MISS, note=run.why_failed())
+            continue
+        m = re.search(r"^torch_ipc: (PASS|FAIL|REFUSED)\b ?(.*)$", run.stdout, re.M)
+        if run.ok and m and m[1] == PASS:
+            add_row(out, check, value="child read, parent saw the write", target="PASS", status=PASS, note=m[2])
+        elif run.ok and m and m[1] == "REFUSED":
+            add_row(out, check, value="refused by PyTorch", status=INFO,
+                    note="PyTorch would not share the tensor in this mode: " + m[2][:300])
+        else:
+            why = [f"{m[1]} {m[2]}"] if m else []
+            if not run.ok:
+                why.append(run.why_failed())
+            elif not m:
+                why.append("no torch_ipc: line")
+            add_row(out, check, target="PASS", status=FAIL, note="; ".join(why)[:400])
+        text = (m[2] if m else run.why_failed()).replace("|", "/")[:300]
+        md.append(f"| {name} | {m[1] if m else 'no result'} | {text} |")
+    if len(md) > 4:
+        add_detail(out, "ipc", "\n".join(md))
+
 # ---- allocation latency
 LAT_LABELS = ["raw", "floor", "driverpool", "torch", "passthrough", "cudapool-immediate", "cudapool-default",
               "cudapool-default-async"]
@@ -828,7 +917,7 @@ def cmd_table(out, command="bash tests/gpu/run.sh"):
 
 COMMANDS = {
     "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "race": cmd_race,
-    "free_host_sync": cmd_free_host_sync,
+    "free_host_sync": cmd_free_host_sync, "ipc": cmd_ipc,
     "latency": cmd_latency, "legacy": cmd_legacy, "torch": cmd_torch, "torch_side_stream": cmd_torch_side_stream,
     "cupy": cmd_cupy, "jax": cmd_jax,
     "ddp": cmd_ddp, "table": cmd_table,

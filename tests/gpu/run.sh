@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-GPU suite: correctness under the shim, the reuse race and cudaFree's host-side wait,
-# stream-ordered / graph / reset, allocation latency, a legacy program, PyTorch / CuPy / JAX,
-# DDP when two GPUs are present.
+# CUDA IPC of pooled memory, stream-ordered / graph / reset, allocation latency, a legacy program,
+# PyTorch / CuPy / JAX, DDP when two GPUs are present.
 #   bash tests/gpu/run.sh
 # Needs build/release/libcudapool.so (built by `make` elsewhere and carried here: this script never
 # rebuilds it, which proves that library loads on this machine). Compiles its own test programs
@@ -15,8 +15,8 @@
 # TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ordered legacy latency torch cupy jax ddp; race also runs free_host_sync,
-# torch also runs torch_side_stream.py),
+# load correctness race ipc ordered legacy latency torch cupy jax ddp; race also runs free_host_sync,
+# ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
 # build/gpu-scratch).
 set -u
@@ -32,7 +32,7 @@ SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
 BUDGET=${GPU_SUITE_BUDGET_S:-540}
 START=$(date +%s)
 REPORT=(python3 "$ROOT/tests/gpu/report.py")
-ONLY=" ${GPU_ONLY:-load correctness race ordered legacy latency torch cupy jax ddp} "
+ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cupy jax ddp} "
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 want() { [[ "$ONLY" == *" $1 "* ]]; }
@@ -106,7 +106,8 @@ if [ "$BUILD" = 1 ]; then
   cp "$BIN"/build-*.log "$OUT/logs/" 2>/dev/null
 fi
 missing=()
-for p in correctness correctness_shared driver_api race free_host_sync stream_ordered graph_capture device_reset legacy_app alloc_bench nvml_peak; do
+for p in correctness correctness_shared driver_api race free_host_sync ipc stream_ordered graph_capture device_reset \
+         legacy_app alloc_bench nvml_peak; do
   [ -x "$BIN/$p" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -166,6 +167,23 @@ if want race; then
   run free_host_sync_default 30 $(shim_env free_host_sync_default) -- "$BIN/free_host_sync"
   run free_host_sync_on 30 $(shim_env free_host_sync_on free_host_sync:True) -- "$BIN/free_host_sync"
   "${REPORT[@]}" free_host_sync "$OUT"
+fi
+
+# ---------------------------------------------------------------- 2b. CUDA IPC of pooled memory
+# ipc: handles of pooled blocks (split 4 KiB blocks, 30 MiB, 600 MiB) opened, checked, written
+# and closed by child processes; with --expect-shim also the shim's handle marker, a block freed
+# while a child holds it, stale handles, and the real driver given a cudapool handle. Without
+# the shim the same sharing checks run against the driver. torch_ipc.py: a tensor shared with a
+# torch.multiprocessing child (spawn) without caching, and with PyTorch's cache on the shim.
+if want ipc; then
+  run ipc_ref 60 -- "$BIN/ipc"
+  run ipc_default 60 $(shim_env ipc_default) -- "$BIN/ipc" --expect-shim
+  run ipc_expandable 60 $(shim_env ipc_expandable expandable_segments:True) -- "$BIN/ipc" --expect-shim
+  TI=(python3 "$ROOT/tests/gpu/torch_ipc.py")
+  run torch_ipc_ref 90 PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${TI[@]}"
+  run torch_ipc_shim 90 PYTORCH_NO_CUDA_MEMORY_CACHING=1 $(shim_env torch_ipc_shim) -- "${TI[@]}"
+  run torch_ipc_cached_shim 90 $(shim_env torch_ipc_cached_shim) -- "${TI[@]}"
+  "${REPORT[@]}" ipc "$OUT"
 fi
 
 # ---------------------------------------------------------------- 3. stream-ordered, graphs, device reset
@@ -235,6 +253,28 @@ try:
     print(f"{per_handle('2'):.1f} us / {per_handle('20'):.1f} us; move {c[('2', 'move')]:.1f} / {c[('20', 'move')]:.1f} us (logs/vmm_costs.out)")
 except KeyError:
     print("no numbers (see logs/vmm_costs.out)")
+PY
+)"
+    # What sharing pages would add: creation with a file-descriptor handle type against none,
+    # and the export of one handle to a file descriptor.
+    "${REPORT[@]}" row "$OUT" "VMM shareable pages: create fd vs none, export per handle (2 MiB / 20 MiB pages)" INFO \
+      "$(python3 - "$OUT/logs/vmm_costs.out" <<'PY'
+import re, sys
+c, err = {}, []
+for line in open(sys.argv[1]):
+    m = re.match(r"vmm page_mib=(\S+) op=(\S+) gpu=idle us_per_call=(\S+)", line)
+    if m: c[(m[1], m[2])] = float(m[3])
+    e = re.match(r"vmm page_mib=(\S+) op=(\S+) error=(\S+)", line)
+    if e: err.append(f"{e[2]} {e[1]} MiB: error {e[3]}")
+def page(p):
+    s = f"{p} MiB: create {c[(p, 'create_fd')]:.1f} vs {c[(p, 'create_none')]:.1f} us"
+    if (p, "export_fd") in c: s += f", export {c[(p, 'export_fd')]:.1f} us"
+    if (p, "import_fd") in c: s += f", import {c[(p, 'import_fd')]:.1f} us"
+    return s
+try:
+    print(f"{page('2')}; {page('20')}" + (f"; {', '.join(err)}" if err else "") + " (logs/vmm_costs.out)")
+except KeyError:
+    print("no numbers" + (f": {', '.join(err)}" if err else "") + " (see logs/vmm_costs.out)")
 PY
 )"
   fi

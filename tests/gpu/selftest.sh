@@ -8,8 +8,8 @@ cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
-for p in correctness correctness_shared driver_api race free_host_sync stream_ordered graph_capture device_reset legacy_app \
-         alloc_bench torch_alloc_bench nvml_peak; do
+for p in correctness correctness_shared driver_api race free_host_sync ipc stream_ordered graph_capture device_reset \
+         legacy_app alloc_bench torch_alloc_bench nvml_peak; do
   ln -s "$PWD/tests/gpu/mock/fakeprog" "$work/bin/$p"
 done
 echo 'int cudapool_mock_marker;' >"$work/empty.c"
@@ -162,6 +162,11 @@ if [[ "$1" == *torch_train.py ]]; then
   ms=20; [ -n "${CUDAPOOL_CONF:-}" ] && ms=22
   exec "$real" -c "import json,sys; json.dump({'step_s': [$ms / 1000.0] * 60}, open(sys.argv[1], 'w'))" "$out"
 fi
+if [[ "$1" == *torch_ipc.py ]]; then  # shares without caching; "refuses" with PyTorch's cache
+  if [ "${PYTORCH_NO_CUDA_MEMORY_CACHING:-}" = 1 ]; then echo "torch_ipc: PASS sizes=1024 (stand-in)"
+  else echo "torch_ipc: REFUSED RuntimeError: stand-in refusal"; fi
+  exit 0
+fi
 if [[ "$1" == *hf_lm.py ]]; then  # TORCH_WORKLOAD=hf: --steps HF_STEPS, no --d-model
   out= steps=
   while [ $# -gt 0 ]; do
@@ -220,6 +225,24 @@ if command -v taskset >/dev/null; then
     echo "FAIL torch_reps.sh pinning: $reps"; failures=$((failures + 1))
   fi
 fi
+# The ipc section of run.sh with stand-ins (ipc: mock/fakeprog; torch_ipc.py: the python3
+# stand-in above): each run gets --expect-shim exactly when it runs under the shim.
+OUT=$work/ipcrun GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=ipc PATH="$work/fakepy:$PATH" \
+  bash tests/gpu/run.sh >"$work/ipcrun.txt" 2>&1
+r=$work/ipcrun/results.tsv
+expect "$r" "CUDA IPC, no shim (the driver): ipc.cu checks" PASS
+expect "$r" "CUDA IPC, cudapool default: ipc.cu checks" PASS
+expect "$r" "CUDA IPC, cudapool expandable_segments: ipc.cu checks" PASS
+expect "$r" "CUDA IPC, PyTorch no caching, no shim" PASS
+expect "$r" "CUDA IPC, PyTorch no caching, cudapool default" PASS
+expect "$r" "CUDA IPC, PyTorch caching allocator on cudapool" INFO
+expect "$r" "CUDA IPC: the driver given a cudapool handle" INFO
+expect "$r" "CUDA IPC: pidfd_getfd" INFO
+OUT=$work/ipcbad GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=ipc PATH="$work/fakepy:$PATH" MOCK_BROKEN=1 \
+  bash tests/gpu/run.sh >"$work/ipcbad.txt" 2>&1
+expect "$work/ipcbad/results.tsv" "CUDA IPC, no shim (the driver): ipc.cu checks" PASS
+expect "$work/ipcbad/results.tsv" "CUDA IPC, cudapool default: ipc.cu checks" FAIL
+
 # step_table.py: each process's median step / host time, per-step medians over the processes.
 mkdir -p "$work/steps"
 python3 - "$work/steps" <<'PY'
@@ -275,6 +298,34 @@ expect "$r" "PyTorch side stream, PyTorch caching allocator" FAIL
 expect "$r" "PyTorch side stream, no caching, cudapool default" PASS
 expect "$r" "PyTorch side stream, no caching, cudapool expandable" PASS
 expect "$r" "PyTorch side stream, negative control" FAIL
+
+# report.py ipc from hand-made logs: a passing run, a failing one (with its failed check in the
+# note), a missing one (MISS); torch_ipc.py crashed (FAIL), missing (MISS), refused (INFO).
+python3 - "$work/ipc" <<'PY'
+import os, sys
+logs = os.path.join(sys.argv[1], "logs"); os.makedirs(logs)
+def put(name, rc, text):
+    with open(f"{logs}/{name}.rc", "w") as f: f.write(f"{rc}\n")
+    with open(f"{logs}/{name}.out", "w") as f: f.write(text)
+put("ipc_ref", 0, "pidfd_getfd: errno=1 (EPERM)\nptrace_scope: 1\nipc CHECK=read_a4k ok=1 detail=bad=0\nipc: PASS n=1\n")
+put("ipc_default", 1, "ipc CHECK=read_b4k ok=0 detail=bad=4096 of 4096 bytes\n"
+    "ipc CHECK=noshim_importer_a4k ok=1 detail=err=400 (cudaErrorInvalidResourceHandle)\n"
+    "ipc: FAIL n=2 failed=read_b4k\n")
+put("torch_ipc_ref", 1, "")
+put("torch_ipc_cached_shim", 0, "torch_ipc: REFUSED RuntimeError: invalid device pointer\n")
+PY
+python3 tests/gpu/report.py ipc "$work/ipc" >/dev/null
+r=$work/ipc/results.tsv
+expect "$r" "CUDA IPC, no shim (the driver): ipc.cu checks" PASS
+expect "$r" "CUDA IPC, cudapool default: ipc.cu checks" FAIL
+expect "$r" "CUDA IPC, cudapool expandable_segments: ipc.cu checks" MISS
+expect "$r" "CUDA IPC, PyTorch no caching, no shim" FAIL
+expect "$r" "CUDA IPC, PyTorch no caching, cudapool default" MISS
+expect "$r" "CUDA IPC, PyTorch caching allocator on cudapool" INFO
+expect "$r" "CUDA IPC: the driver given a cudapool handle" INFO
+expect "$r" "CUDA IPC: pidfd_getfd" INFO
+grep -q "read_b4k: bad=4096 of 4096 bytes" "$r" && echo "PASS ipc FAIL row names the failed check" ||
+  { echo "FAIL ipc FAIL row does not name the failed check"; failures=$((failures + 1)); }
 
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"

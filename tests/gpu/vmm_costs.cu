@@ -8,11 +8,20 @@
 // cuMemRelease. Each phase runs twice: with the GPU idle, and while a 300 ms kernel runs on a
 // non-blocking stream; "waited" says whether that kernel had finished when the phase returned,
 // i.e. whether the call waits for unrelated GPU work (then every such call drains the queue).
+// Shareable pages (what sharing expandable segments with another process would cost), GPU
+// idle, same N pages of P: cuMemCreate + cuMemRelease with prop.requestedHandleTypes NONE
+// (create_none, release_none) and POSIX_FILE_DESCRIPTOR (create_fd, release_fd), and per handle
+// cuMemExportToShareableHandle to a file descriptor (export_fd) and cuMemImportFromShareableHandle
+// of it in this same process (import_fd); when the driver refuses a kind of handle, one line
+// `vmm page_mib=P op=X error=CODE` says so and that part is skipped.
 // Output: one line per (page, phase, gpu state): `vmm page_mib=P op=X gpu=idle|busy
-// us_per_call=T waited=yes|no`. Timings vary from run to run; nothing here is compared.
+// us_per_call=T waited=yes|no|-`. Timings vary from run to run; nothing here is compared.
 #include <cuda.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -101,6 +110,69 @@ void run_page(const Ctx& c, std::size_t gran, std::size_t page, bool busy) {
   DK(cuMemAddressFree(a, total));
   DK(cuMemAddressFree(b, total));
 }
+// Creation with and without a file-descriptor handle type, export and import, GPU idle.
+void run_shareable(const Ctx& c, std::size_t page) {
+  const std::size_t total = 400ull << 20;
+  const int n = static_cast<int>(total / page);
+  const double mib = static_cast<double>(page) / (1 << 20);
+  CUmemAllocationProp none = c.prop, fd = c.prop;
+  none.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  fd.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const auto kFd = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  std::vector<CUmemGenericAllocationHandle> h(n);
+  measure(c, mib, "create_none", false, n, [&] {
+    for (auto& x : h) DK(cuMemCreate(&x, page, &none, 0));
+  });
+  measure(c, mib, "release_none", false, n, [&] {
+    for (auto x : h) DK(cuMemRelease(x));
+  });
+
+  // One page first, outside the timing: a driver that refuses the handle type or the export
+  // ends this part with a line saying so instead of ending the program.
+  CUmemGenericAllocationHandle probe = 0;
+  CUresult r = cuMemCreate(&probe, page, &fd, 0);
+  if (r != CUDA_SUCCESS) {
+    std::printf("vmm page_mib=%g op=create_fd error=%d\n", mib, static_cast<int>(r));
+    return;
+  }
+  int probe_fd = -1;
+  r = cuMemExportToShareableHandle(&probe_fd, probe, kFd, 0);
+  bool can_import = false;
+  if (r == CUDA_SUCCESS) {
+    CUmemGenericAllocationHandle imported = 0;
+    const CUresult ri = cuMemImportFromShareableHandle(
+        &imported, reinterpret_cast<void*>(static_cast<std::uintptr_t>(probe_fd)), kFd);
+    can_import = ri == CUDA_SUCCESS;
+    if (can_import) DK(cuMemRelease(imported));
+    else std::printf("vmm page_mib=%g op=import_fd error=%d\n", mib, static_cast<int>(ri));
+    close(probe_fd);
+  }
+  DK(cuMemRelease(probe));
+  if (r != CUDA_SUCCESS) std::printf("vmm page_mib=%g op=export_fd error=%d\n", mib, static_cast<int>(r));
+
+  measure(c, mib, "create_fd", false, n, [&] {
+    for (auto& x : h) DK(cuMemCreate(&x, page, &fd, 0));
+  });
+  if (r == CUDA_SUCCESS) {
+    std::vector<int> fds(n, -1);
+    measure(c, mib, "export_fd", false, n, [&] {
+      for (int i = 0; i < n; ++i) DK(cuMemExportToShareableHandle(&fds[i], h[i], kFd, 0));
+    });
+    if (can_import) {
+      std::vector<CUmemGenericAllocationHandle> imported(n);
+      measure(c, mib, "import_fd", false, n, [&] {
+        for (int i = 0; i < n; ++i)
+          DK(cuMemImportFromShareableHandle(&imported[i], reinterpret_cast<void*>(static_cast<std::uintptr_t>(fds[i])),
+                                            kFd));
+      });
+      for (auto x : imported) DK(cuMemRelease(x));
+    }
+    for (int x : fds) close(x);
+  }
+  measure(c, mib, "release_fd", false, n, [&] {
+    for (auto x : h) DK(cuMemRelease(x));
+  });
+}
 }  // namespace
 
 int main() {
@@ -118,6 +190,7 @@ int main() {
   std::printf("vmm granularity_bytes=%zu\n", g);
   for (std::size_t page : {g, 10 * g})
     for (bool busy : {false, true}) run_page(c, g, page, busy);
+  for (std::size_t page : {g, 10 * g}) run_shareable(c, page);
   // The reference: what cudaMalloc + cudaFree of the same 400 MiB cost, idle and busy.
   for (bool busy : {false, true}) {
     void* p = nullptr;

@@ -40,3 +40,13 @@ $(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h shim/cudap
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_VMM)
+
+# CUDA IPC between processes: a -lcuda program that exports pooled blocks and runs itself as the
+# importing children (tests/unit/shim_ipc_test.cpp runs it); it speaks the shim's wire format
+# directly for the foreign-user check, so it links shim/ipc_wire.cpp.
+SHIM_APP_IPC := $(FAKECUDA_DIR)/ipc_app
+$(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp shim/ipc_wire.h tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp -o $@ \
+	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
+$(SHIM_TEST_BIN): | $(SHIM_APP_IPC)

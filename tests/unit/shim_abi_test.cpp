@@ -48,6 +48,17 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(a::CUDA_ERROR_INVALID_CONTEXT == ::CUDA_ERROR_INVALID_CONTEXT);
   static_assert(a::CUDA_ERROR_INVALID_HANDLE == ::CUDA_ERROR_INVALID_HANDLE);
   static_assert(a::CUDA_ERROR_NOT_FOUND == ::CUDA_ERROR_NOT_FOUND);
+  static_assert(a::CUDA_ERROR_NOT_PERMITTED == ::CUDA_ERROR_NOT_PERMITTED);
+  static_assert(a::kIpcHandleSize == CU_IPC_HANDLE_SIZE && sizeof(a::CUipcMemHandle) == sizeof(::CUipcMemHandle));
+  {  // the handle is our own struct of the same size, passed by value
+    using Ours = Sig<a::PFN_cuIpcOpenMemHandle_v2>::Args;
+    using Theirs = Sig<decltype(&::cuIpcOpenMemHandle_v2)>::Args;
+    static_assert(std::tuple_size_v<Ours> == 3 && std::tuple_size_v<Theirs> == 3);
+    static_assert(sizeof(std::tuple_element_t<0, Ours>) == sizeof(std::tuple_element_t<0, Theirs>));
+    static_assert(sizeof(std::tuple_element_t<1, Ours>) == sizeof(std::tuple_element_t<1, Theirs>));
+    static_assert(std::is_same_v<std::tuple_element_t<2, Ours>, std::tuple_element_t<2, Theirs>>);
+  }
+  static_assert(same_abi<a::PFN_cuIpcCloseMemHandle, decltype(&::cuIpcCloseMemHandle)>);
   static_assert(a::CUDA_ERROR_NOT_READY == ::CUDA_ERROR_NOT_READY);
   static_assert(a::CUDA_ERROR_CONTEXT_IS_DESTROYED == ::CUDA_ERROR_CONTEXT_IS_DESTROYED);
   static_assert(a::CUDA_ERROR_NOT_SUPPORTED == ::CUDA_ERROR_NOT_SUPPORTED);
@@ -99,6 +110,8 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   // VMM (expandable segments): values, struct layouts, signatures.
   static_assert(a::CU_MEM_ALLOCATION_TYPE_PINNED == ::CU_MEM_ALLOCATION_TYPE_PINNED);
   static_assert(a::CU_MEM_HANDLE_TYPE_NONE == ::CU_MEM_HANDLE_TYPE_NONE);
+  static_assert(a::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == ::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  static_assert(sizeof(::CUmemAllocationHandleType) == sizeof(int));
   static_assert(a::CU_MEM_LOCATION_TYPE_DEVICE == ::CU_MEM_LOCATION_TYPE_DEVICE);
   static_assert(a::CU_MEM_ACCESS_FLAGS_PROT_READWRITE == ::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   static_assert(a::CU_MEM_ALLOC_GRANULARITY_MINIMUM == ::CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -118,6 +131,8 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(same_abi<a::PFN_cuMemAddressReserve, decltype(&::cuMemAddressReserve)>);
   static_assert(same_abi<a::PFN_cuMemAddressFree, decltype(&::cuMemAddressFree)>);
   static_assert(same_abi<a::PFN_cuMemRelease, decltype(&::cuMemRelease)>);
+  static_assert(std::is_same_v<std::tuple_element_t<0, Sig<decltype(&::cuMemExportToShareableHandle)>::Args>, void*>);
+  static_assert(std::is_same_v<std::tuple_element_t<1, Sig<decltype(&::cuMemImportFromShareableHandle)>::Args>, void*>);
   static_assert(same_abi<a::PFN_cuMemMap, decltype(&::cuMemMap)>);
   static_assert(same_abi<a::PFN_cuMemUnmap, decltype(&::cuMemUnmap)>);
   static_assert(same_abi<a::PFN_cuCtxSynchronize, decltype(&::cuCtxSynchronize)>);

@@ -81,10 +81,12 @@ TEST(Shim, BadFreesAreLogged) {
   EXPECT_NE(r.output.find("another context"), std::string::npos) << r.output;
 }
 
-TEST(Shim, IpcRefusalIsLogged) {
-  RunResult r = run({app(true), "queries"});
+// Every block exports a handle of the shim's own (opening them: tests/unit/shim_ipc_test.cpp).
+TEST(Shim, IpcHandlesAreTheShimsForSplitAndWholeBlocks) {
+  RunResult r = run({app(true), "queries"}, {{"CUDAPOOL_CONF", "log_level:debug"}});
   ASSERT_EQ(r.exit_status, 0) << r.output;
-  EXPECT_NE(r.output.find("cuIpcGetMemHandle"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("export 1 of a classic block of 67108864 bytes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("export 2 of a classic block of 1000 bytes"), std::string::npos) << r.output;
 }
 
 TEST(Shim, NoCudaCallAtExit) {

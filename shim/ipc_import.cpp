@@ -1,0 +1,378 @@
+// CUDA IPC, the importing process: opening a handle the shim made in another process, closing it,
+// and answering queries about the imported block.
+//
+// One import per (exporting process, export, context), reference counted like CUDA's own
+// cuIpcOpenMemHandle: opening it again returns the same pointer, and only the last close unmaps.
+// A classic block maps its segment through the driver's legacy IPC (which counts repeated opens
+// of one segment itself) and points at the block inside it; an expandable block imports the file
+// descriptors of its physical units, maps them into a fresh range of this process and points at
+// the block inside that. The connection to an exporter stays open while anything of it is
+// imported: the exporter holds those blocks allocated for as long, and lets go of them when the
+// connection closes, whether by the last close or by this process's end.
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "shim/hooks.h"
+#include "shim/ipc.h"
+#include "shim/ipc_wire.h"
+#include "shim/log.h"
+
+namespace cudapool::shim::ipc {
+
+namespace detail {
+std::atomic<int> g_imports{0};
+}  // namespace detail
+
+namespace {
+
+using detail::g_imports;
+
+constexpr int kReplyTimeoutMs = 10000;  // an exporter that does not answer in time is treated as gone
+constexpr std::uint32_t kMaxUnits = 1u << 16;  // 1 TiB of 16 MiB units: more is no reply of ours
+
+struct Conn {
+  int fd = -1;
+  std::uint32_t pid = 0;
+  std::uint64_t nonce = 0;
+  int imports = 0;
+  bool broken = false;  // an exchange on it failed half-way: kept only for the holds of its imports
+};
+
+struct Import {
+  std::uint32_t pid = 0;
+  std::uint64_t nonce = 0;
+  std::uint64_t id = 0;
+  CUcontext ctx = nullptr;
+  CUdeviceptr ptr = 0;
+  std::size_t size = 0;
+  int refs = 0;
+  Kind kind = Kind::classic;
+  CUdeviceptr segment_base = 0;  // classic: what the driver's open returned
+  CUdeviceptr va = 0;            // expandable: the range the units are mapped into
+  std::size_t va_bytes = 0;
+  std::vector<std::pair<CUmemGenericAllocationHandle, std::size_t>> units;
+  Conn* conn = nullptr;
+};
+
+// A classic segment mapped through the driver's legacy IPC, shared by the imports of its blocks:
+// the driver is asked once per segment and context, and closed with the last of them.
+struct SegmentOpen {
+  CUipcMemHandle handle{};
+  CUcontext ctx = nullptr;
+  CUdeviceptr base = 0;
+  int refs = 0;
+};
+
+struct Importer {
+  std::mutex mu;
+  std::vector<SegmentOpen> segments;
+  std::vector<Conn*> conns;
+  std::map<CUdeviceptr, Import*> by_ptr;
+};
+
+std::atomic<Importer*> g_state{nullptr};
+std::mutex g_state_mu;
+
+void after_fork_child() noexcept;
+
+Importer& state() {
+  Importer* s = g_state.load(std::memory_order_acquire);
+  if (s != nullptr) return *s;
+  std::lock_guard<std::mutex> lock(g_state_mu);
+  s = g_state.load(std::memory_order_relaxed);
+  if (s == nullptr) {
+    static std::once_flag fork_handler;
+    std::call_once(fork_handler, [] { pthread_atfork(nullptr, nullptr, &after_fork_child); });
+    s = new Importer;  // never destroyed: no teardown at exit
+    g_state.store(s, std::memory_order_release);
+  }
+  return *s;
+}
+
+unsigned long long u(CUdeviceptr p) { return static_cast<unsigned long long>(p); }
+
+// Under mu.
+void drop_conn_if_idle(Importer& s, Conn* c) {
+  if (c->imports > 0) return;
+  ::close(c->fd);
+  std::erase(s.conns, c);
+  delete c;
+}
+
+// Under mu: the connection to the exporter of `h`, opened if needed, its identity checked.
+CUresult connect_to(Importer& s, const Handle& h, Conn** out) {
+  for (Conn* c : s.conns) {
+    if (c->pid == h.pid && c->nonce == h.nonce && !c->broken) {
+      *out = c;
+      return CUDA_SUCCESS;
+    }
+  }
+  const int fd = connect_abstract(socket_name(h.uid, h.pid, h.nonce));
+  if (fd < 0) {
+    log_warn("cuIpcOpenMemHandle: the process that exported this block (pid {}) cannot be reached ({}): it has "
+             "exited, or runs in another network namespace; returning CUDA_ERROR_INVALID_HANDLE",
+             h.pid, std::strerror(errno));
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  pid_t pid = 0;
+  uid_t uid = 0;
+  if (!peer_credentials(fd, &pid, &uid) || static_cast<std::uint32_t>(pid) != h.pid || uid != ::getuid()) {
+    ::close(fd);
+    log_warn("cuIpcOpenMemHandle: the socket named by the handle is served by pid {} of uid {}; only an exporter "
+             "that is pid {} and runs as this process's user (uid {}) is trusted; returning CUDA_ERROR_NOT_PERMITTED",
+             static_cast<long>(pid), static_cast<long>(uid), h.pid, static_cast<long>(::getuid()));
+    return CUDA_ERROR_NOT_PERMITTED;
+  }
+  auto* c = new Conn{fd, h.pid, h.nonce, 0};
+  s.conns.push_back(c);
+  *out = c;
+  return CUDA_SUCCESS;
+}
+
+void send_release(Conn* c, std::uint64_t id) {
+  Request r;
+  r.op = Op::release;
+  r.id = id;
+  send_message(c->fd, &r, sizeof r);  // a lost release is settled when the connection closes
+}
+
+// Unmaps what map_units mapped (any prefix of it).
+void unmap_units(const RealDriver& d, Import& im, std::size_t mapped) {
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < im.units.size(); ++i) {
+    if (i < mapped) d.cuMemUnmap(im.va + off, im.units[i].second);
+    d.cuMemRelease(im.units[i].first);
+    off += im.units[i].second;
+  }
+  im.units.clear();
+  if (im.va != 0) d.cuMemAddressFree(im.va, im.va_bytes);
+  im.va = 0;
+}
+
+// Expandable: receives the unit descriptors, imports and maps them. Closes every descriptor.
+CUresult map_units(const RealDriver& d, Conn* c, const Reply& rep, Import& im) {
+  if (!d.has_vmm() || d.cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (rep.units == 0 || rep.units > kMaxUnits) return CUDA_ERROR_INVALID_HANDLE;
+  std::vector<int> fds;
+  std::vector<std::size_t> sizes;
+  while (sizes.size() < rep.units) {
+    UnitBatch b;
+    std::vector<int> got;
+    if (!recv_message(c->fd, &b, sizeof b, kReplyTimeoutMs, &got) || b.magic != kWireMagic || got.size() != b.count ||
+        b.count == 0 || b.count > kUnitsPerMessage) {
+      for (int f : got) ::close(f);
+      for (int f : fds) ::close(f);
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    fds.insert(fds.end(), got.begin(), got.end());
+    sizes.insert(sizes.end(), b.bytes, b.bytes + b.count);
+  }
+  CUresult r = CUDA_SUCCESS;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    CUmemGenericAllocationHandle h = 0;
+    if (r == CUDA_SUCCESS) {
+      r = d.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      if (r == CUDA_SUCCESS) {
+        im.units.emplace_back(h, sizes[i]);
+        im.va_bytes += sizes[i];
+      }
+    }
+    ::close(fds[i]);  // the imported handle keeps the memory
+  }
+  CUdevice dev = 0;
+  if (r == CUDA_SUCCESS) r = d.cuCtxGetDevice(&dev);
+  // The block must lie inside the units sent for it.
+  if (r == CUDA_SUCCESS && (im.units.empty() || rep.offset + rep.size > im.va_bytes)) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) r = d.cuMemAddressReserve(&im.va, im.va_bytes, 0, 0, 0);
+  std::size_t mapped = 0;
+  std::size_t off = 0;
+  while (r == CUDA_SUCCESS && mapped < im.units.size()) {
+    r = d.cuMemMap(im.va + off, im.units[mapped].second, 0, im.units[mapped].first, 0);
+    if (r == CUDA_SUCCESS) off += im.units[mapped++].second;
+  }
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc a{};
+    a.location = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = d.cuMemSetAccess(im.va, im.va_bytes, &a, 1);
+  }
+  if (r != CUDA_SUCCESS) unmap_units(d, im, mapped);
+  return r;
+}
+
+// Under mu: the segment of a classic block, mapped in `ctx` (once per segment and context).
+CUresult open_segment(const RealDriver& d, Importer& s, const CUipcMemHandle& seg, CUcontext ctx, unsigned flags,
+                      CUdeviceptr* base) {
+  for (SegmentOpen& o : s.segments) {
+    if (o.ctx == ctx && std::memcmp(o.handle.reserved, seg.reserved, sizeof seg.reserved) == 0) {
+      ++o.refs;
+      *base = o.base;
+      return CUDA_SUCCESS;
+    }
+  }
+  if (d.cuIpcOpenMemHandle_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  SegmentOpen o;
+  o.handle = seg;
+  o.ctx = ctx;
+  o.refs = 1;
+  const CUresult r = d.cuIpcOpenMemHandle_v2(&o.base, seg, flags);
+  if (r != CUDA_SUCCESS) return r;
+  *base = o.base;
+  s.segments.push_back(o);
+  return CUDA_SUCCESS;
+}
+
+// Under mu, with `ctx` current: one block of the segment at `base` is closed.
+CUresult close_segment(const RealDriver& d, Importer& s, CUcontext ctx, CUdeviceptr base) {
+  for (auto it = s.segments.begin(); it != s.segments.end(); ++it) {
+    if (it->ctx != ctx || it->base != base) continue;
+    if (--it->refs > 0) return CUDA_SUCCESS;
+    s.segments.erase(it);
+    return d.cuIpcCloseMemHandle != nullptr ? d.cuIpcCloseMemHandle(base) : CUDA_SUCCESS;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, unsigned flags) noexcept {
+  Handle h;
+  if (!decode(raw, &h)) return kPassThrough;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (h.pid == static_cast<std::uint32_t>(::getpid())) {
+    log_warn("cuIpcOpenMemHandle: the handle was made by this process (pid {}); CUDA opens handles only in other "
+             "processes; returning CUDA_ERROR_INVALID_CONTEXT",
+             h.pid);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  CUcontext ctx = nullptr;
+  if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  Importer& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto& [p, im] : s.by_ptr) {
+    if (im->pid == h.pid && im->nonce == h.nonce && im->id == h.id && im->ctx == ctx) {
+      ++im->refs;
+      *out = im->ptr;
+      return CUDA_SUCCESS;
+    }
+  }
+  Conn* c = nullptr;
+  CUresult r = connect_to(s, h, &c);
+  if (r != CUDA_SUCCESS) return r;
+  Request req;
+  req.op = Op::open;
+  req.id = h.id;
+  Reply rep;
+  errno = 0;
+  if (!send_message(c->fd, &req, sizeof req) || !recv_message(c->fd, &rep, sizeof rep, kReplyTimeoutMs) ||
+      rep.magic != kWireMagic) {
+    log_warn("cuIpcOpenMemHandle: the exporting process (pid {}) did not answer ({}); returning "
+             "CUDA_ERROR_INVALID_HANDLE",
+             h.pid, errno != 0 ? std::strerror(errno) : "timed out");
+    // A half-finished exchange leaves the connection unusable for requests; it stays open while
+    // it holds earlier imports (closing it would let the exporter reuse their bytes).
+    c->broken = true;
+    drop_conn_if_idle(s, c);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (rep.status != Status::ok) {
+    const CUresult code = rep.status == Status::refused_uid ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_HANDLE;
+    log_warn("cuIpcOpenMemHandle: export {} of pid {}: {}; returning {}", h.id, h.pid, to_string(rep.status),
+             code == CUDA_ERROR_NOT_PERMITTED ? "CUDA_ERROR_NOT_PERMITTED" : "CUDA_ERROR_INVALID_HANDLE");
+    drop_conn_if_idle(s, c);
+    return code;
+  }
+  auto* im = new Import;
+  im->pid = h.pid;
+  im->nonce = h.nonce;
+  im->id = h.id;
+  im->ctx = ctx;
+  im->size = rep.size;
+  im->kind = rep.kind;
+  im->conn = c;
+  if (rep.kind == Kind::classic) {
+    r = open_segment(d, s, rep.segment, ctx, flags, &im->segment_base);
+    im->ptr = im->segment_base + rep.offset;
+  } else {
+    r = map_units(d, c, rep, *im);
+    im->ptr = im->va + rep.offset;
+  }
+  if (r != CUDA_SUCCESS) {
+    log_warn("cuIpcOpenMemHandle: mapping export {} of pid {} failed: CUDA error {}", h.id, h.pid, r);
+    send_release(c, h.id);
+    delete im;
+    drop_conn_if_idle(s, c);
+    return r;
+  }
+  im->refs = 1;
+  ++c->imports;
+  s.by_ptr[im->ptr] = im;
+  g_imports.fetch_add(1, std::memory_order_relaxed);
+  *out = im->ptr;
+  log_debug("cuIpcOpenMemHandle: export {} of pid {} ({} bytes) at {:#x}", h.id, h.pid, im->size, u(im->ptr));
+  return CUDA_SUCCESS;
+}
+
+CUresult close(const RealDriver& d, CUdeviceptr dptr) noexcept {
+  if (g_imports.load(std::memory_order_relaxed) == 0) return kPassThrough;
+  Importer& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.by_ptr.find(dptr);
+  if (it == s.by_ptr.end()) return kPassThrough;
+  Import* im = it->second;
+  if (--im->refs > 0) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  {
+    ScopedContext scope(d, im->ctx);
+    // The exporter may hand these bytes to its next allocation as soon as it hears of the close:
+    // this process's work on them must be over first.
+    if (d.cuCtxSynchronize != nullptr) r = d.cuCtxSynchronize();
+    if (im->kind == Kind::classic) {
+      const CUresult c = close_segment(d, s, im->ctx, im->segment_base);
+      if (r == CUDA_SUCCESS) r = c;
+    } else {
+      unmap_units(d, *im, im->units.size());
+    }
+  }
+  send_release(im->conn, im->id);
+  --im->conn->imports;
+  drop_conn_if_idle(s, im->conn);
+  s.by_ptr.erase(it);
+  g_imports.fetch_sub(1, std::memory_order_relaxed);
+  delete im;
+  return r;
+}
+
+bool imported_block_slow(CUdeviceptr dptr, CUdeviceptr* base, std::size_t* size) noexcept {
+  Importer& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.by_ptr.upper_bound(dptr);
+  if (it == s.by_ptr.begin()) return false;
+  --it;
+  const Import* im = it->second;
+  if (dptr >= im->ptr + std::max<std::size_t>(im->size, 1)) return false;
+  *base = im->ptr;
+  *size = im->size;
+  return true;
+}
+
+namespace {
+
+// The parent's connections are shared with it: the child must not speak on them (nor close
+// them, which would not end the parent's holds anyway). Forget them.
+void after_fork_child() noexcept {
+  new (&g_state_mu) std::mutex;
+  g_state.store(nullptr, std::memory_order_relaxed);
+  g_imports.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+}  // namespace cudapool::shim::ipc

@@ -1,0 +1,470 @@
+// CUDA IPC of pooled memory between processes, on the fake libcuda.so.1 (whose device memory is
+// shared memory files, so another process maps the same bytes). Linked -lcuda style and run
+// under LD_PRELOAD=libcudapool.so by tests/unit/shim_ipc_test.cpp, with the policy under test.
+//
+// `ipc_app <scenario>` is the exporting parent; it runs this program again (fork + exec) as
+// importing children: `ipc_app child <op> ...`. The parent prints "FAIL file:line: expr" and
+// exits 1 on the first failed check, "PASS <scenario>" when all passed; a child's failure shows
+// as its exit status (its FAIL line goes to the shared stdout).
+//
+// Scenarios:
+//   share     split 4 KiB blocks of one segment, 8 MiB and 64 MiB blocks: handles carry the
+//             shim's marker, one handle per block (also for interior pointers), a child opens
+//             each, checks range queries and every byte, opens one twice (same pointer, one
+//             close keeps it), writes new bytes, closes all; the parent sees the new bytes.
+//   held      a block freed while a child holds it stays allocated (six new blocks do not
+//             overlap it, a second free is refused); it goes back to the pool after the close;
+//             then its handle, and the handle of a block freed with no importer, are refused.
+//   crash     the importer is killed while holding a freed block: the block still comes back.
+//   gone      a handle whose exporter exited is refused.
+//   noshim    a child without the shim gets an error from the driver for a shim handle.
+//   foreign   (as root) an importer running as another user is refused by both ends.
+//   noexport  (run with FAKECUDA_VMM_NO_EXPORT=1 and expandable segments) the driver refused
+//             exportable pages: the handle is refused with CUDA_ERROR_NOT_SUPPORTED.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shim/cudapool.h"
+#include "shim/ipc_wire.h"
+#include "tests/fakecuda/fakecuda.h"
+
+using namespace cudaabi;
+
+#define CHECK(expr)                                              \
+  do {                                                           \
+    if (!(expr)) {                                               \
+      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
+      std::fflush(stdout);                                       \
+      std::_Exit(1);                                             \
+    }                                                            \
+  } while (0)
+#define CHECK_OK(call) CHECK((call) == CUDA_SUCCESS)
+
+extern "C" {
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
+CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
+CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr*, CUipcMemHandle, unsigned);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+}
+
+extern char** environ;
+
+namespace {
+
+constexpr std::size_t kMiB = 1u << 20;
+constexpr CUresult kInvalidHandle = 400;
+constexpr CUresult kNotPermitted = 800;
+constexpr unsigned kLazyPeerAccess = 1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+
+void start() {
+  CHECK_OK(cuInit(0));
+  CUcontext ctx = nullptr;
+  CHECK_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  CHECK_OK(cuCtxSetCurrent(ctx));
+}
+
+cudapool_stats stats() {
+  auto fn = reinterpret_cast<int (*)(int, cudapool_stats*)>(dlsym(RTLD_DEFAULT, "cudapool_get_stats"));
+  CHECK(fn != nullptr);
+  cudapool_stats s{};
+  CHECK(fn(0, &s) == 0);
+  return s;
+}
+
+bool expandable() {
+  const char* c = std::getenv("CUDAPOOL_CONF");
+  return c != nullptr && std::strstr(c, "expandable_segments:True") != nullptr;
+}
+
+std::string hex(const CUipcMemHandle& h) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (char c : h.reserved) {
+    const auto b = static_cast<unsigned char>(c);
+    s += d[b >> 4];
+    s += d[b & 15];
+  }
+  return s;
+}
+CUipcMemHandle unhex(const std::string& s) {
+  CHECK(s.size() == 2 * sizeof(CUipcMemHandle::reserved));
+  CUipcMemHandle h{};
+  for (std::size_t i = 0; i < sizeof h.reserved; ++i) h.reserved[i] = static_cast<char>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+  return h;
+}
+
+void fill(CUdeviceptr p, std::size_t n, int v) { std::memset(reinterpret_cast<void*>(p), v, n); }
+bool holds(CUdeviceptr p, std::size_t n, int v) {
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i)
+    if (b[i] != static_cast<unsigned char>(v)) return false;
+  return true;
+}
+
+// --- the parent's side: children and the pipes to them
+
+struct Child {
+  pid_t pid = -1;
+  int from = -1;  // what the child writes to fd 3
+  int to = -1;    // what the child reads from fd 4
+};
+
+// Runs this program as `child args...`, with fd 3 (to the parent) and fd 4 (from the parent).
+// `with_shim` false: without LD_PRELOAD (a program that does not run the shim).
+Child spawn(const std::vector<std::string>& args, bool with_shim = true) {
+  int up[2], down[2];
+  CHECK(pipe2(up, O_CLOEXEC) == 0 && pipe2(down, O_CLOEXEC) == 0);  // only fds 3 and 4 reach the child
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (with_shim || std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.emplace_back(*e);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    dup2(up[1], 3);
+    dup2(down[0], 4);
+    std::vector<char*> argv{const_cast<char*>("/proc/self/exe"), const_cast<char*>("child")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    execve("/proc/self/exe", argv.data(), envp.data());
+    std::_Exit(127);
+  }
+  close(up[1]);
+  close(down[0]);
+  return Child{pid, up[0], down[1]};
+}
+
+// One byte from the child, within 10 s.
+char hear(const Child& c) {
+  pollfd p{c.from, POLLIN, 0};
+  CHECK(poll(&p, 1, 10000) == 1);
+  char b = 0;
+  CHECK(read(c.from, &b, 1) == 1);
+  return b;
+}
+void tell(const Child& c, char b) { CHECK(write(c.to, &b, 1) == 1); }
+
+int wait_exit(Child& c) {
+  int st = 0;
+  for (int i = 0; i < 1000; ++i) {  // 10 s
+    const pid_t r = waitpid(c.pid, &st, WNOHANG);
+    if (r == c.pid) {
+      close(c.from);
+      close(c.to);
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(c.pid, SIGKILL);
+  waitpid(c.pid, &st, 0);
+  return -1;
+}
+
+int run_child(const std::vector<std::string>& args, bool with_shim = true) {
+  Child c = spawn(args, with_shim);
+  return wait_exit(c);
+}
+
+CUipcMemHandle export_of(CUdeviceptr p) {
+  CUipcMemHandle h{};
+  CHECK_OK(cuIpcGetMemHandle(&h, p));
+  CHECK(std::memcmp(h.reserved, "CPOOLIPC", 8) == 0);  // the shim's handle, not the driver's
+  return h;
+}
+
+// Until the pool's allocated bytes drop to `want` (a deferred free reaches the pool on the next
+// hook after the importer let go; the exporter hears of that on its server thread).
+bool allocated_drops_to(std::int64_t want) {
+  for (int i = 0; i < 500; ++i) {  // 5 s
+    CUdeviceptr t = 0;
+    CHECK_OK(cuMemAlloc_v2(&t, 512));
+    CHECK_OK(cuMemFree_v2(t));
+    if (stats().allocated_bytes <= want) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+void scenario_share() {
+  start();
+  struct B {
+    CUdeviceptr p;
+    std::size_t n;
+    int v;
+  } b[4] = {{0, 4096, 0x11}, {0, 4096, 0x22}, {0, 8 * kMiB, 0x33}, {0, 64 * kMiB, 0x44}};
+  for (auto& x : b) {
+    CHECK_OK(cuMemAlloc_v2(&x.p, x.n));
+    fill(x.p, x.n, x.v);
+  }
+  std::vector<std::string> args{"open", std::to_string(expandable() ? 0 : 3)};
+  for (auto& x : b) {
+    const CUipcMemHandle h = export_of(x.p);
+    // One handle per block: asked again, or for an address inside the block, the same bytes.
+    const CUipcMemHandle again = export_of(x.p + x.n / 2);
+    CHECK(std::memcmp(h.reserved, again.reserved, sizeof h.reserved) == 0);
+    args.push_back(hex(h));
+    args.push_back(std::to_string(x.n));
+    args.push_back(std::to_string(x.v));
+  }
+  // CUDA opens handles in other processes only.
+  CUdeviceptr self = 0;
+  CHECK(cuIpcOpenMemHandle_v2(&self, unhex(args[2]), kLazyPeerAccess) != CUDA_SUCCESS);
+  CHECK(run_child(args) == 0);
+  for (auto& x : b) CHECK(holds(x.p, x.n, x.v + 1));  // the child's writes
+  for (auto& x : b) CHECK_OK(cuMemFree_v2(x.p));
+  CHECK(stats().allocated_bytes == 0);
+}
+
+void scenario_held() {
+  start();
+  const std::size_t n = 8 * kMiB;
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, n));
+  fill(x, n, 0x5a);
+  const CUipcMemHandle h = export_of(x);
+  Child c = spawn({"hold", hex(h), std::to_string(n), "90"});  // 0x5a
+  CHECK(hear(c) == 'o');
+  const std::int64_t before = stats().allocated_bytes;
+  CHECK_OK(cuMemFree_v2(x));                                // deferred: the child still has it open
+  CHECK(cuMemFree_v2(x) == CUDA_ERROR_INVALID_VALUE);      // and a second free is an error
+  CHECK(stats().allocated_bytes == before);
+  std::vector<CUdeviceptr> more(6);
+  for (auto& m : more) {
+    CHECK_OK(cuMemAlloc_v2(&m, n));
+    CHECK(m + n <= x || m >= x + n);  // never the held bytes
+    fill(m, n, 0xee);
+  }
+  tell(c, 'g');
+  CHECK(hear(c) == 'c');
+  CHECK(wait_exit(c) == 0);
+  for (auto& m : more) CHECK_OK(cuMemFree_v2(m));
+  CHECK(allocated_drops_to(0));  // the held block went back to the pool after the close
+  // Its handle now names nothing; nor does one of a block freed with no importer.
+  CHECK(run_child({"fail", hex(h), std::to_string(kInvalidHandle)}) == 0);
+  CUdeviceptr z = 0;
+  CHECK_OK(cuMemAlloc_v2(&z, kMiB));
+  const CUipcMemHandle hz = export_of(z);
+  CHECK_OK(cuMemFree_v2(z));
+  CHECK(run_child({"fail", hex(hz), std::to_string(kInvalidHandle)}) == 0);
+}
+
+void scenario_crash() {
+  start();
+  const std::size_t n = 8 * kMiB;
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, n));
+  fill(x, n, 0x5a);
+  Child c = spawn({"hold", hex(export_of(x)), std::to_string(n), "90"});
+  CHECK(hear(c) == 'o');
+  CHECK_OK(cuMemFree_v2(x));
+  CHECK(stats().allocated_bytes == static_cast<std::int64_t>(n));  // held
+  kill(c.pid, SIGKILL);
+  CHECK(wait_exit(c) == 128 + SIGKILL);
+  CHECK(allocated_drops_to(0));  // the dead importer's hold ended with its connection
+}
+
+void scenario_gone() {
+  start();  // the parent runs CUDA too, as exporters and importers do
+  Child c = spawn({"export_exit"});
+  std::string h;
+  for (char b; (b = hear(c)) != '\n';) h += b;
+  CHECK(wait_exit(c) == 0);
+  CHECK(run_child({"fail", h, std::to_string(kInvalidHandle)}) == 0);
+}
+
+void scenario_noshim() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4096));
+  CHECK(run_child({"fail", hex(export_of(x)), "any"}, /*with_shim=*/false) == 0);
+}
+
+void scenario_foreign() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4096));
+  fill(x, 4096, 0x77);
+  CHECK(run_child({"foreign", hex(export_of(x))}) == 0);
+  CHECK(holds(x, 4096, 0x77));
+}
+
+void scenario_noexport() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4 * kMiB));
+  CUipcMemHandle h{};
+  CHECK(cuIpcGetMemHandle(&h, x) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_OK(cuMemFree_v2(x));
+}
+
+// --- the children
+
+CUdeviceptr open_checked(const std::string& hx, std::size_t n, int v) {
+  CUdeviceptr p = 0;
+  CHECK_OK(cuIpcOpenMemHandle_v2(&p, unhex(hx), kLazyPeerAccess));
+  // Range queries answer for the block, wherever inside it they ask.
+  for (std::size_t off : {std::size_t{0}, n / 2, n - 1}) {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    CHECK_OK(cuMemGetAddressRange_v2(&base, &size, p + off));
+    CHECK(base == p && size == n);
+  }
+  CUdeviceptr start_addr = 0;
+  CHECK_OK(cuPointerGetAttribute(&start_addr, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + n / 2));
+  CHECK(start_addr == p);
+  CHECK(holds(p, n, v));
+  return p;
+}
+
+// open SEGMENTS (HANDLE SIZE VALUE)...: SEGMENTS = legacy IPC mappings the driver should make
+// (one per classic segment; 0 for expandable blocks, which are mapped from their pages).
+int child_open(const std::vector<std::string>& a) {
+  start();
+  const long segments = std::stol(a[0]);
+  struct Opened {
+    CUdeviceptr p;
+    std::size_t n;
+    int v;
+  };
+  std::vector<Opened> o;
+  for (std::size_t i = 1; i + 2 < a.size(); i += 3) {
+    const std::size_t n = std::stoul(a[i + 1]);
+    const int v = std::stoi(a[i + 2]);
+    o.push_back({open_checked(a[i], n, v), n, v});
+  }
+  for (std::size_t i = 0; i < o.size(); ++i)
+    for (std::size_t j = i + 1; j < o.size(); ++j) CHECK(o[i].p + o[i].n <= o[j].p || o[j].p + o[j].n <= o[i].p);
+  CHECK(fakecuda_ipc_opens() == segments);
+  // Opened twice: the same pointer; one close leaves it open.
+  CUdeviceptr again = 0;
+  CHECK_OK(cuIpcOpenMemHandle_v2(&again, unhex(a[1]), kLazyPeerAccess));
+  CHECK(again == o[0].p);
+  CHECK_OK(cuIpcCloseMemHandle(again));
+  CHECK(holds(o[0].p, o[0].n, o[0].v));
+  for (auto& x : o) fill(x.p, x.n, x.v + 1);
+  for (auto& x : o) CHECK_OK(cuIpcCloseMemHandle(x.p));
+  // Nothing stays mapped here.
+  CHECK(fakecuda_ipc_mapped() == 0);
+  CHECK(fakecuda_vmm_mapped_bytes() == 0);
+  CHECK(cuIpcCloseMemHandle(o[0].p) != CUDA_SUCCESS);  // closed already: the driver's error
+  return 0;
+}
+
+// hold HANDLE SIZE VALUE: opens, says 'o', waits for 'g', checks the bytes again, closes, 'c'.
+int child_hold(const std::vector<std::string>& a) {
+  start();
+  const std::size_t n = std::stoul(a[1]);
+  const int v = std::stoi(a[2]);
+  const CUdeviceptr p = open_checked(a[0], n, v);
+  char b = 'o';
+  CHECK(write(3, &b, 1) == 1);
+  pollfd pf{4, POLLIN, 0};
+  CHECK(poll(&pf, 1, 10000) == 1);  // a parent that died or failed ends this child too
+  CHECK(read(4, &b, 1) == 1 && b == 'g');
+  CHECK(holds(p, n, v));  // the parent's new blocks did not take these bytes
+  CHECK_OK(cuIpcCloseMemHandle(p));
+  b = 'c';
+  CHECK(write(3, &b, 1) == 1);
+  return 0;
+}
+
+// fail HANDLE CODE|any: the open must fail (with CODE), and map nothing.
+int child_fail(const std::vector<std::string>& a) {
+  start();
+  CUdeviceptr p = 0;
+  const CUresult r = cuIpcOpenMemHandle_v2(&p, unhex(a[0]), kLazyPeerAccess);
+  std::printf("child: open answered %d\n", static_cast<int>(r));
+  CHECK(r != CUDA_SUCCESS);
+  if (a[1] != "any") CHECK(r == static_cast<CUresult>(std::stoi(a[1])));
+  CHECK(fakecuda_ipc_mapped() == 0 && fakecuda_vmm_mapped_bytes() == 0);
+  return 0;
+}
+
+// export_exit: exports a block, sends its handle, exits (the handle outlives its exporter).
+int child_export_exit() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4096));
+  CUipcMemHandle h{};
+  CHECK_OK(cuIpcGetMemHandle(&h, x));
+  const std::string s = hex(h) + "\n";
+  CHECK(write(3, s.data(), s.size()) == static_cast<ssize_t>(s.size()));
+  return 0;
+}
+
+// foreign HANDLE (run as root): as user 65534, the open is refused by this side (the socket is
+// not this user's), and the exporter refuses a connection from this user outright.
+int child_foreign(const std::vector<std::string>& a) {
+  CHECK(getuid() == 0);
+  CHECK(setgid(65534) == 0 && setuid(65534) == 0);
+  start();
+  CUdeviceptr p = 0;
+  CHECK(cuIpcOpenMemHandle_v2(&p, unhex(a[0]), kLazyPeerAccess) == kNotPermitted);
+  namespace w = cudapool::shim::ipc;
+  w::Handle h{};
+  CHECK(w::decode(unhex(a[0]), &h));
+  const int fd = w::connect_abstract(w::socket_name(h.uid, h.pid, h.nonce));
+  CHECK(fd >= 0);
+  // The refusal comes unasked, right after the connection is accepted.
+  w::Reply rep;
+  CHECK(w::recv_message(fd, &rep, sizeof rep, 5000));
+  CHECK(rep.magic == w::kWireMagic && rep.status == w::Status::refused_uid && rep.units == 0);
+  close(fd);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "child") == 0) {
+    const std::string op = argv[2];
+    const std::vector<std::string> a(argv + 3, argv + argc);
+    if (op == "open") return child_open(a);
+    if (op == "hold") return child_hold(a);
+    if (op == "fail") return child_fail(a);
+    if (op == "export_exit") return child_export_exit();
+    if (op == "foreign") return child_foreign(a);
+    return 2;
+  }
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <scenario>\n", argv[0]);
+    return 2;
+  }
+  const std::string s = argv[1];
+  struct {
+    const char* name;
+    void (*fn)();
+  } scenarios[] = {{"share", scenario_share},   {"held", scenario_held},     {"crash", scenario_crash},
+                   {"gone", scenario_gone},     {"noshim", scenario_noshim}, {"foreign", scenario_foreign},
+                   {"noexport", scenario_noexport}};
+  for (auto& sc : scenarios) {
+    if (s == sc.name) {
+      sc.fn();
+      std::printf("PASS %s\n", sc.name);
+      return 0;
+    }
+  }
+  std::fprintf(stderr, "unknown scenario %s\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,74 @@
+// CUDA IPC of pooled memory between processes: runs tests/fakecuda/ipc_app (the exporting
+// parent, which runs itself again as importing children) under LD_PRELOAD=libcudapool.so on the
+// fake libcuda.so.1, once per scenario and policy, and checks what it and the shim report.
+#include <unistd.h>
+
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/shim_child.h"
+
+namespace {
+
+const std::string kFakeDir = CUDAPOOL_FAKECUDA_DIR;
+
+cudapool::test::ChildResult run_app(const std::string& scenario, const std::string& conf,
+                                    std::map<std::string, std::string> extra = {}) {
+  extra["CUDAPOOL_CONF"] = conf;
+  return cudapool::test::run_under_shim({kFakeDir + "/ipc_app", scenario}, extra);
+}
+
+// Classic segments (the default policy) and expandable segments.
+class ShimIpc : public ::testing::TestWithParam<const char*> {};
+
+void expect_pass(const cudapool::test::ChildResult& o, const std::string& scenario) {
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("PASS " + scenario), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("FAIL"), std::string::npos) << o.output;
+}
+
+// Split, whole, small and large blocks open in another process to exactly their bytes.
+TEST_P(ShimIpc, AnyBlockOpensInAnotherProcess) { expect_pass(run_app("share", GetParam()), "share"); }
+
+// Freed while open elsewhere: held, not reused, returned to the pool after the close; its handle
+// (and that of a block freed with no importer) then names nothing, with a log line saying why.
+TEST_P(ShimIpc, BlockFreedWhileOpenIsHeldUntilClosed) {
+  const auto o = run_app("held", std::string(GetParam()) + ",log_level:info");
+  expect_pass(o, "held");
+  EXPECT_NE(o.output.find("importer open(s) still hold it"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("no such block (freed, or never exported by that process)"), std::string::npos) << o.output;
+}
+
+TEST_P(ShimIpc, ImporterThatDiesReleasesItsHolds) { expect_pass(run_app("crash", GetParam()), "crash"); }
+
+TEST_P(ShimIpc, HandleOfAnExitedExporterIsRefused) {
+  const auto o = run_app("gone", GetParam());
+  expect_pass(o, "gone");
+  EXPECT_NE(o.output.find("cannot be reached"), std::string::npos) << o.output;
+}
+
+// A process without the shim hands the handle to the driver, which refuses bytes it did not make.
+TEST_P(ShimIpc, ImporterWithoutTheShimGetsAnError) { expect_pass(run_app("noshim", GetParam()), "noshim"); }
+
+TEST_P(ShimIpc, OtherUsersAreRefusedByBothEnds) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run the importer as another user";
+  const auto o = run_app("foreign", GetParam());
+  expect_pass(o, "foreign");
+  EXPECT_NE(o.output.find("only processes of uid 0 may open"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("CUDA_ERROR_NOT_PERMITTED"), std::string::npos) << o.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, ShimIpc, ::testing::Values("", "expandable_segments:True"),
+                         [](const auto& info) { return std::string(info.param[0] == '\0' ? "classic" : "expandable"); });
+
+// A driver that refuses exportable pages: expandable segments still work, and an export of their
+// blocks says why it cannot be.
+TEST(ShimIpcFallback, DriverWithoutExportablePagesRefusesTheExport) {
+  const auto o = run_app("noexport", "expandable_segments:True,log_level:info", {{"FAKECUDA_VMM_NO_EXPORT", "1"}});
+  expect_pass(o, "noexport");
+  EXPECT_NE(o.output.find("refused exportable pages"), std::string::npos) << o.output;
+}
+
+}  // namespace
