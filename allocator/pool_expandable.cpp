@@ -394,7 +394,13 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     note_reserved();
     emit(EventKind::segment_map, u->ptr, amount, amount, stream, dt);
     u->epoch = 0;
-    insert_free(u, BState::local, stream, sf->sets[k]);
+    // Fresh (or recycled: cold) memory no stream has pending work on is shared at once, as a
+    // classic segment is, so other streams split what this request leaves of it. Next to a free
+    // block local to this stream it joins that block instead (local absorbs shared), so growth
+    // beside it makes one run.
+    auto own = [&](const Block* n) { return n != nullptr && n->state == BState::local && n->owner == stream; };
+    if (own(u->prev) || own(u->next)) insert_free(u, BState::local, stream, sf->sets[k]);
+    else insert_free(u, BState::shared, 0, shared[k]);
     return u;
   };
 

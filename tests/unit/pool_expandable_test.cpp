@@ -1,5 +1,7 @@
 // expandable_segments on the fake upstream (granularity 2 MiB): one reserved range per pool
 // kind grown by mapping pages, wholly free pages unmapped by empty_cache / OOM handling / GC.
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "tests/unit/pool_helpers.h"
@@ -247,4 +249,29 @@ TEST(PoolExpandable, NoRecyclingAcrossPageSizes) {
   EXPECT_EQ(rig.up.bad_calls(), 0u);
   EXPECT_EQ(rig.up.pages_mapped(), 20u + 1u);
   rig.expect_intact();
+}
+
+// Fresh pages are shared at once, as a classic segment is: streams that allocate small blocks in
+// turn (threads on their own streams, cudaFree meaning) split one page between them, and a GPU-side
+// wait is asked only once a page's blocks are all pending, not on every other allocation (each
+// wait is driver calls on every stream). Fences here never complete by themselves.
+TEST(PoolExpandable, StreamsInTurnSplitOnePageWithoutGpuWaitsPerPair) {
+  for (bool xs : {false, true}) {
+    PoolOptions o = xs ? expandable(FreeSync::gpu_wait) : PoolOptions{};
+    o.free_sync = FreeSync::gpu_wait;
+    PoolRig rig(o, 1 * GiB, /*auto_fence=*/false);
+    rig.up.set_granularity(2 * MiB);
+    constexpr int kPairs = 4000;
+    std::set<void*> seen;
+    for (int i = 0; i < kPairs; ++i) {
+      void* p = rig.alloc(64 << 10, static_cast<StreamId>(100 + i % 4));
+      seen.insert(p);
+      ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+    }
+    // 32 blocks of 64 KiB to a 2 MiB page: one wait per page's worth of pairs, for either kind.
+    EXPECT_LE(rig.fence.order_calls(), static_cast<std::size_t>(kPairs / 32 + 2)) << "expandable=" << xs;
+    EXPECT_EQ(seen.size(), 32u) << "expandable=" << xs;  // the whole page, across the four streams
+    EXPECT_EQ(rig.pool->stats().reserved_bytes[kAll].peak, static_cast<std::int64_t>(2 * MiB));
+    rig.expect_intact();
+  }
 }
