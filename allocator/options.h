@@ -48,6 +48,13 @@ struct PoolOptions {
   // memory freed earlier still waits for a fence that would cover the growth, wait for the
   // oldest such fence instead of mapping new pages (docs/design.md, "Expandable segments").
   bool expandable_wait = true;
+  // expandable_segments: growth that keeps the mapped total within the live peak (times
+  // 1 + headroom) plus this many bytes asks no fence first: it recycles free
+  // pages whose fences have passed and maps fresh ones for the rest, without a GPU-side or host
+  // wait. Classic pools get the same room from their spare segments: blocks freed with cudaFree
+  // get the time their fences need, instead of every stream being made to wait on the GPU each
+  // time the last free page is used up. 0 = none.
+  std::size_t expandable_slack = 16 * MiB;
   // expandable_segments: the large pool's range maps pages of this many bytes (rounded up to a
   // multiple of the driver's granularity; 0 = the granularity itself, the default). The small
   // pool always uses the granularity. CUDA's map and access calls cost about the same per

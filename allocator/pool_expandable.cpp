@@ -182,6 +182,26 @@ std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, st
   return done;
 }
 
+// Mapping is free below the high-water mark, and below the live peak plus the headroom (a bound
+// that does not move with the pool's own mapping, so growth into it cannot ratchet).
+std::size_t DevicePool::Impl::growth_cap() const {
+  const auto live_peak = static_cast<double>(st.allocated_bytes[kAll].peak);
+  return std::max(reserved_hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
+}
+
+// Within the slack (PoolOptions::expandable_slack says why) growth past the cap still recycles
+// free pages whose fences have passed, but asks no fence: no GPU-side wait, no host wait. The
+// slack sits on the live peak, not on the high-water mark, so growth into it cannot ratchet.
+bool DevicePool::Impl::growth_within_slack(std::size_t rounded, bool small) const {
+  if (granularity == 0 || opt.expandable_slack == 0) return false;
+  const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+  const std::size_t need = round_up(rounded, page_bytes(small));
+  const auto live_peak = static_cast<double>(st.allocated_bytes[kAll].peak);
+  const auto bound = static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)) + opt.expandable_slack;
+  return reserved + need <= bound &&
+         (limit == kNoLimit || reserved + inflight + need <= limit);
+}
+
 UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream,
                                                  Block** out, bool may_wait) {
   *out = nullptr;
@@ -223,11 +243,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
     const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
-    // Mapping is free below the high-water mark, and below the live peak plus the headroom (a
-    // bound that does not move with the pool's own mapping, so growth into it cannot ratchet).
-    const auto live_peak = static_cast<double>(st.allocated_bytes[kAll].peak);
-    const std::size_t cap =
-        std::max(reserved_hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
+    const std::size_t cap = growth_cap();
     std::size_t over = reserved + plan.to_map > cap ? reserved + plan.to_map - cap : 0;
     if (limit != kNoLimit && reserved + inflight + plan.to_map > limit)
       over = std::max(over, reserved + inflight + plan.to_map - limit);
@@ -236,7 +252,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (!ordered.empty()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0;
     const std::size_t avail = recycle_candidates(seg, plan, cands, &hot);
-    if (avail < over && !fences_tried) {
+    if (avail < over && !fences_tried && !growth_within_slack(rounded, small)) {
       fences_tried = true;
       // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
       // has passed, or will (a wait on an older fence); pending free()s, the oldest device fence

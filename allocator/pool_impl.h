@@ -486,6 +486,10 @@ struct DevicePool::Impl {
   // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
   // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
   // frees instead; *out may then be a free block that became usable (no pages mapped).
+  // Expandable ranges: mapping what `rounded` needs stays within the slack above the growth cap,
+  // where fresh pages are cheaper than a GPU-side wait (PoolOptions::expandable_slack).
+  bool growth_within_slack(std::size_t rounded, bool small) const;
+  std::size_t growth_cap() const;  // the mapped total growth may reach without fence work
   UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out,
                                  bool may_wait);
   // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).

@@ -55,7 +55,10 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
       return ok(serve(fit, rounded, size, stream));
     }
   }
-  if (opt.free_sync == FreeSync::gpu_wait && order_device_batches(rounded, small, false)) {
+  // A GPU-side wait costs driver calls on every stream; a page of growth within the slack is
+  // cheaper, and gives the pending blocks time to complete on their own.
+  if (opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, small) &&
+      order_device_batches(rounded, small, false)) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
       return ok(serve(fit, rounded, size, stream));
@@ -71,7 +74,8 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // (only their owner closes those batches) join the open batch, which is then closed and asked.
   // Not earlier: taking other threads' cache locks on every miss slowed busy threads down.
   if (!tcaches.empty() && tc_collect_fenced() &&
-      (service_miss() || (opt.free_sync == FreeSync::gpu_wait && order_device_batches(rounded, small, false)))) {
+      (service_miss() || (opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, small) &&
+                          order_device_batches(rounded, small, false)))) {
     if (Fit fit = find_fit(rounded, stream)) {
       ++st.cache_hits;
       return ok(serve(fit, rounded, size, stream));

@@ -3,7 +3,10 @@
 // ranges only (nothing is touched), the fake fence completes fences at once.
 #include <benchmark/benchmark.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -262,6 +265,93 @@ void BM_Pool_Contention_Fenced(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_Pool_Contention_Fenced)->Arg(64 << 10)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+
+// ---- GPU-side waits under cudaFree churn, with fences that take time ---------------------------
+// A fence completes kFenceLatencyNs after it was recorded (an idle GPU is not instant), and
+// order_after (a GPU-side wait: on CUDA a cuStreamWaitEvent on every live stream) is counted.
+// What matters on a GPU is the `gpu_waits_per_kpair` counter, not the CPU time here: each wait
+// costs driver calls there.
+class TimedFence final : public FenceProvider {
+ public:
+  static constexpr std::int64_t kFenceLatencyNs = 5000;
+  FenceHandle record_device() override { return record(); }
+  FenceHandle record_stream(StreamId) override { return record(); }
+  bool query(FenceHandle f) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = due_.find(f);
+    return it == due_.end() || now() >= it->second;
+  }
+  void wait(FenceHandle f) override {
+    std::int64_t due = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = due_.find(f);
+      if (it != due_.end()) due = it->second;
+    }
+    while (now() < due) {
+    }
+  }
+  void release(FenceHandle f) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    due_.erase(f);
+  }
+  bool order_after(const FenceHandle*, std::size_t) override {
+    orders_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  std::int64_t orders() const { return orders_.load(std::memory_order_relaxed); }
+
+ private:
+  static std::int64_t now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  FenceHandle record() {
+    std::lock_guard<std::mutex> lock(mu_);
+    due_[next_] = now() + kFenceLatencyNs;
+    return next_++;
+  }
+  std::mutex mu_;
+  std::map<FenceHandle, std::int64_t> due_;
+  FenceHandle next_ = 1;
+  std::atomic<std::int64_t> orders_{0};
+};
+
+// Arg: 0 classic segments, 1 expandable segments (default slack), 2 expandable without slack.
+// cudaFree pattern (default gpu_wait), 64 KiB, each thread on its own stream.
+void BM_Pool_GpuWaits_FreeChurn(benchmark::State& state) {
+  struct Shared {
+    FakeUpstream up{1024 * GiB};
+    TimedFence fence;
+    std::unique_ptr<DevicePool> pool;
+  };
+  static std::mutex mu;
+  static std::unique_ptr<Shared> sh;
+  if (state.thread_index() == 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    sh = std::make_unique<Shared>();
+    sh->up.set_granularity(2 * MiB);
+    PoolOptions o;
+    o.expandable_segments = state.range(0) != 0;
+    if (state.range(0) == 2) o.expandable_slack = 0;
+    sh->pool = std::make_unique<DevicePool>(0, o, sh->up, sh->fence);
+  }
+  const auto stream = static_cast<StreamId>(100 + state.thread_index());
+  for (auto _ : state) {
+    void* p = sh->pool->allocate(64 << 10, stream).ptr;
+    benchmark::DoNotOptimize(p);
+    sh->pool->free(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) {
+    state.counters["gpu_waits_per_kpair"] =
+        benchmark::Counter(static_cast<double>(sh->fence.orders()) * 1000.0 /
+                           static_cast<double>(state.iterations() * state.threads()));
+    state.counters["peak_reserved_MiB"] =
+        static_cast<double>(sh->pool->stats().reserved_bytes[kAll].peak) / static_cast<double>(MiB);
+  }
+}
+BENCHMARK(BM_Pool_GpuWaits_FreeChurn)->Arg(0)->Arg(1)->Arg(2)->Threads(1)->Threads(2)->UseRealTime();
 
 }  // namespace
 

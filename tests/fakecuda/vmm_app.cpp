@@ -8,6 +8,7 @@
 // `vmm_app <scenario>` prints "FAIL file:line: expr" and exits 1 on the first failed check.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -343,27 +344,30 @@ void scenario_reset() {
 void scenario_recycle() {
   start(0);
   const std::size_t g = large_page();  // the large pool's page
+  // Blocks of k whole pages, more than 8 MiB: the growth below (2k pages) then exceeds the pool's
+  // 16 MiB growth slack above the live peak, which would map fresh pages instead of moving.
+  const std::size_t k = std::max<std::size_t>(2, 8 * kMiB / g + 1);
   std::vector<CUdeviceptr> p(4);
   for (int i = 0; i < 4; ++i) {
-    CHECK_OK(cuMemAlloc_v2(&p[i], 2 * g));  // whole pages: no split remainders
-    fill(p[i], 2 * g, i + 1);
+    CHECK_OK(cuMemAlloc_v2(&p[i], k * g));  // whole pages: no split remainders
+    fill(p[i], k * g, i + 1);
   }
   const std::size_t mapped = fakecuda_vmm_mapped_bytes();
-  CHECK(mapped == 8 * g);
+  CHECK(mapped == 4 * k * g);
   check_accounting(0);
   CHECK_OK(cuMemFree_v2(p[0]));
   CHECK_OK(cuMemFree_v2(p[2]));
   const long creates = fakecuda_vmm_create_calls();
   const long handles = fakecuda_vmm_live_handles();
   CUdeviceptr e = 0;
-  CHECK_OK(cuMemAlloc_v2(&e, 4 * g));  // fits neither hole: p[0]'s and p[2]'s pages move
+  CHECK_OK(cuMemAlloc_v2(&e, 2 * k * g));  // fits neither hole: p[0]'s and p[2]'s pages move
   CHECK(fakecuda_vmm_create_calls() == creates);
   CHECK(fakecuda_vmm_live_handles() == handles);
   CHECK(fakecuda_vmm_mapped_bytes() == mapped);
-  CHECK(fakecuda_vmm_is_mapped(e) && fakecuda_vmm_is_mapped(e + 4 * g - 1));
+  CHECK(fakecuda_vmm_is_mapped(e) && fakecuda_vmm_is_mapped(e + 2 * k * g - 1));
   CHECK(!fakecuda_vmm_is_mapped(p[0]) && !fakecuda_vmm_is_mapped(p[2]));
-  fill(e, 4 * g, 9);
-  CHECK(holds(p[1], 2 * g, 2) && holds(p[3], 2 * g, 4) && holds(e, 4 * g, 9));
+  fill(e, 2 * k * g, 9);
+  CHECK(holds(p[1], k * g, 2) && holds(p[3], k * g, 4) && holds(e, 2 * k * g, 9));
   check_accounting(0);
   CHECK_OK(cuMemFree_v2(e));
   CHECK_OK(cuMemFree_v2(p[1]));

@@ -13,6 +13,7 @@ namespace {
 PoolOptions expandable(FreeSync sync = FreeSync::immediate) {
   PoolOptions o;
   o.expandable_segments = true;
+  o.expandable_slack = 0;  // exact page arithmetic: no growth slack
   o.expandable_large_page = 0;  // 2 MiB pages in both ranges: the page arithmetic here assumes it
   o.expandable_max_unit = 0;    // one physical unit per page, likewise (pool_units_test.cpp: larger)
   o.free_sync = sync;
@@ -257,7 +258,7 @@ TEST(PoolExpandable, NoRecyclingAcrossPageSizes) {
 // wait is driver calls on every stream). Fences here never complete by themselves.
 TEST(PoolExpandable, StreamsInTurnSplitOnePageWithoutGpuWaitsPerPair) {
   for (bool xs : {false, true}) {
-    PoolOptions o = xs ? expandable(FreeSync::gpu_wait) : PoolOptions{};
+    PoolOptions o = xs ? expandable(FreeSync::gpu_wait) : PoolOptions{};  // no growth slack (below)
     o.free_sync = FreeSync::gpu_wait;
     PoolRig rig(o, 1 * GiB, /*auto_fence=*/false);
     rig.up.set_granularity(2 * MiB);
@@ -272,6 +273,34 @@ TEST(PoolExpandable, StreamsInTurnSplitOnePageWithoutGpuWaitsPerPair) {
     EXPECT_LE(rig.fence.order_calls(), static_cast<std::size_t>(kPairs / 32 + 2)) << "expandable=" << xs;
     EXPECT_EQ(seen.size(), 32u) << "expandable=" << xs;  // the whole page, across the four streams
     EXPECT_EQ(rig.pool->stats().reserved_bytes[kAll].peak, static_cast<std::int64_t>(2 * MiB));
+    rig.expect_intact();
+  }
+}
+
+// The growth slack (PoolOptions::expandable_slack, 16 MiB by default): small growth past the live
+// peak maps fresh pages instead of making every stream wait on the GPU for pending frees; it stops
+// at the slack, and then the GPU-side waits take over.
+TEST(PoolExpandable, GrowthWithinTheSlackMapsInsteadOfWaitingOnTheGpu) {
+  for (std::size_t slack : {std::size_t{0}, 16 * MiB}) {
+    PoolOptions o = expandable(FreeSync::gpu_wait);
+    o.expandable_slack = slack;
+    PoolRig rig(o, 1 * GiB, /*auto_fence=*/false);
+    rig.up.set_granularity(2 * MiB);
+    constexpr int kPairs = 4000;
+    for (int i = 0; i < kPairs; ++i) {
+      void* p = rig.alloc(64 << 10, static_cast<StreamId>(100 + i % 4));
+      ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+    }
+    const auto peak = static_cast<std::size_t>(rig.pool->stats().reserved_bytes[kAll].peak);
+    if (slack == 0) {
+      EXPECT_EQ(peak, 2 * MiB);
+      EXPECT_GE(rig.fence.order_calls(), static_cast<std::size_t>(kPairs / 32 - 2));
+    } else {
+      // Eight pages of 32 blocks before the first wait; the live peak is one block.
+      EXPECT_EQ(peak, 16 * MiB);
+      EXPECT_LE(rig.fence.order_calls(), static_cast<std::size_t>(kPairs / 32 - 8 + 2));
+      EXPECT_GE(rig.up.map_calls(), 8u);
+    }
     rig.expect_intact();
   }
 }

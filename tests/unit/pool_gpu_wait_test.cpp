@@ -158,6 +158,7 @@ TEST(PoolGpuWait, ExpandableWaitSettlesHotPagesBeforeRecycling) {
     o.expandable_large_page = 0;
     o.expandable_max_unit = 0;  // one unit per 2 MiB page: any run of pages can move
     o.expandable_wait = wait;
+    o.expandable_slack = 0;  // exact page arithmetic: no growth slack
     PoolRig rig(o);
     rig.up.set_granularity(2 * MiB);
     void* big = rig.alloc(34 * MiB);  // the high-water mark: 34 MiB

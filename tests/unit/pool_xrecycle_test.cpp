@@ -23,6 +23,7 @@ constexpr std::size_t kPage = 2 * MiB;
 PoolOptions xopt(FreeSync sync, bool wait = true) {
   PoolOptions o;
   o.expandable_segments = true;
+  o.expandable_slack = 0;  // exact page arithmetic: no growth slack
   o.expandable_large_page = 0;  // 2 MiB pages in both ranges: the page arithmetic here assumes it
   o.expandable_max_unit = 0;    // one physical unit per page, likewise (pool_units_test.cpp: larger)
   o.free_sync = sync;
