@@ -19,6 +19,7 @@
 //   gone      a handle whose exporter exited is refused.
 //   noshim    a child without the shim gets an error from the driver for a shim handle.
 //   foreign   (as root) an importer running as another user is refused by both ends.
+//   reset     the exporter's context is reset: handles made before name nothing any more.
 //   noexport  (run with FAKECUDA_VMM_NO_EXPORT=1 and expandable segments) the driver refused
 //             exportable pages: the handle is refused with CUDA_ERROR_NOT_SUPPORTED.
 #include <dlfcn.h>
@@ -56,6 +57,7 @@ extern "C" {
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
@@ -309,6 +311,20 @@ void scenario_foreign() {
   CHECK(holds(x, 4096, 0x77));
 }
 
+// The exporter's context is reset: its pool and its exports end with it, so a handle made before
+// names nothing afterwards, even in the next context with the same handle value.
+void scenario_reset() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4096));
+  const CUipcMemHandle h = export_of(x);
+  CHECK_OK(cuDevicePrimaryCtxReset_v2(0));
+  start();
+  CUdeviceptr y = 0;
+  CHECK_OK(cuMemAlloc_v2(&y, 4096));  // a new pool; it may well hand out the same address
+  CHECK(run_child({"fail", hex(h), std::to_string(kInvalidHandle)}) == 0);
+}
+
 void scenario_noexport() {
   start();
   CUdeviceptr x = 0;
@@ -457,7 +473,7 @@ int main(int argc, char** argv) {
     void (*fn)();
   } scenarios[] = {{"share", scenario_share},   {"held", scenario_held},     {"crash", scenario_crash},
                    {"gone", scenario_gone},     {"noshim", scenario_noshim}, {"foreign", scenario_foreign},
-                   {"noexport", scenario_noexport}};
+                   {"noexport", scenario_noexport}, {"reset", scenario_reset}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

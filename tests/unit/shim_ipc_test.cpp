@@ -52,6 +52,12 @@ TEST_P(ShimIpc, HandleOfAnExitedExporterIsRefused) {
 // A process without the shim hands the handle to the driver, which refuses bytes it did not make.
 TEST_P(ShimIpc, ImporterWithoutTheShimGetsAnError) { expect_pass(run_app("noshim", GetParam()), "noshim"); }
 
+TEST_P(ShimIpc, ExportsEndWithTheirContext) {
+  const auto o = run_app("reset", GetParam());
+  expect_pass(o, "reset");
+  EXPECT_NE(o.output.find("no such block"), std::string::npos) << o.output;
+}
+
 TEST_P(ShimIpc, OtherUsersAreRefusedByBothEnds) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run the importer as another user";
   const auto o = run_app("foreign", GetParam());
