@@ -480,16 +480,16 @@ struct DevicePool::Impl {
   void garbage_collect(Lock& lk);
 
   // ---- expandable segments (pool_expandable.cpp) ----
+  // true: mapping what `rounded` needs stays within the slack above the live peak, where fresh
+  // pages are cheaper than a GPU-side wait (PoolOptions::expandable_slack).
+  bool growth_within_slack(std::size_t rounded, bool small) const;
+  std::size_t growth_cap() const;  // the mapped total growth may reach without fence work
   // Map pages so that a free block usable by `stream` of >= rounded bytes exists; *out = it.
   // Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with ok when
   // the range has no room (the caller then falls back to a classic segment).
   // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
   // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
   // frees instead; *out may then be a free block that became usable (no pages mapped).
-  // Expandable ranges: mapping what `rounded` needs stays within the slack above the growth cap,
-  // where fresh pages are cheaper than a GPU-side wait (PoolOptions::expandable_slack).
-  bool growth_within_slack(std::size_t rounded, bool small) const;
-  std::size_t growth_cap() const;  // the mapped total growth may reach without fence work
   UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out,
                                  bool may_wait);
   // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
