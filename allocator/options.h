@@ -61,7 +61,7 @@ struct PoolOptions {
   // physical allocation whatever its size (H200: ~50 us for 2 MiB or 20 MiB), so 20 MiB pages,
   // PyTorch's choice for its large pool, make growth ~10x cheaper per byte; the price is coarser
   // recycling (a page goes back only when all of it is free): PyTorch's peak on the H200 rose
-  // from 1.00x to 1.075x of no caching with 20 MiB pages (docs/benchmarks.md, session 3).
+  // from 1.00x to 1.075x of no caching with 20 MiB pages (docs/benchmarks.md).
   std::size_t expandable_large_page = 0;
   // expandable_segments: growth maps fresh memory in physical allocations of up to this many
   // bytes (whole pages; 0 or anything below a page = one page each). The driver's map and access
@@ -74,7 +74,7 @@ struct PoolOptions {
   // expandable_segments: growth maps fresh pages, without recycling or waiting, while the mapped
   // total stays within the peak of live (allocated) bytes times 1 + this; beyond that it recycles
   // as before. 0 (the default) keeps memory at the floor; a few percent trades that much memory
-  // for fewer page moves and fence waits (replays in docs/benchmarks.md, session 3).
+  // for fewer page moves and fence waits (replays in docs/benchmarks.md).
   double expandable_headroom = 0.0;
   // Per-thread caches (docs/design.md, "Thread caches") engage from the first thread. false (the
   // default): only once a second thread has used the pool, so a single-threaded replay keeps the

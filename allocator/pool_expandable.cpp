@@ -1,4 +1,4 @@
-// expandable_segments (issue 7, pool side): instead of one upstream allocation per segment, one
+// expandable_segments, the pool side: instead of one upstream allocation per segment, one
 // reserved virtual range per pool kind (small/large), grown by mapping pages where a request
 // needs them and shrunk by unmapping wholly free pages. Freed space anywhere in the range can
 // serve any size later, which is what keeps reserved memory near the live footprint.

@@ -88,7 +88,7 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
 // fence is asked again for kFenceQueryGapNs. A query costs ~0.3 us on an H200 and a just-recorded
 // fence takes a few microseconds to complete even on an idle GPU, so asking on every allocation
 // made the queries themselves the main cost of a fenced tight loop (0.55-0.66 us per pair
-// against 0.25 us for immediate frees, H200 run 5). A miss (service_miss) always asks at once.
+// against 0.25 us for immediate frees on an H200). A miss (service_miss) always asks at once.
 void DevicePool::Impl::service_fences() {
   const std::int64_t now = clock_ns();
   if (open->count != 0 && now - open_since >= kBatchWindowNs) close_open();

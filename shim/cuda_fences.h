@@ -19,7 +19,7 @@
 // and legacy-stream work breaks captures of blocking streams): the pool then keeps the memory
 // pending.
 //
-// Hot-path economy (GPU run 1: cuEventRecord ~0.5 µs, cuEventQuery ~0.33 µs, cuCtxGetCurrent per
+// Hot-path economy (on an H200: cuEventRecord ~0.5 µs, cuEventQuery ~0.33 µs, cuCtxGetCurrent per
 // ScopedContext): the allocation hook marks the pool's context as current for the calling thread
 // (ContextGuard), so recording skips the context check; device fences carry a sequence number,
 // and once one is seen complete every older device fence is complete too (the legacy-stream

@@ -1,4 +1,4 @@
-// What the shim logs beyond the hooks' own warnings (issue 5's list): the start report (version,
+// What the shim logs beyond the hooks' own warnings: the start report (version,
 // the effective policy with each key's origin, the hooked entry points), segment and GC events
 // through a logging EventSink composed with the trace writer, and the first pass-through of each
 // kind. Runtime::start calls start_audit() once; nothing here calls CUDA.
