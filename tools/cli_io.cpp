@@ -1,5 +1,7 @@
 #include "tools/cli_io.h"
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <fstream>
 
@@ -31,6 +33,18 @@ bool device_memory_option(const std::string& text, std::optional<std::size_t>* o
   }
   *out = size;
   return true;
+}
+
+void FreeReplayOptions::add_to(CLI::App* sub) {
+  sub->add_option("--fence-latency-us", fence_latency_us, "simulated GPU lag behind a free, in trace time")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--free-as", free_as, "replay frees as cudaFreeAsync (async) or cudaFree (sync)")
+      ->check(CLI::IsMember({"async", "sync"}));
+}
+
+void FreeReplayOptions::apply(ReplayConfig* rc) const {
+  rc->free_mode = free_as == "sync" ? FreeMode::sync : FreeMode::async;
+  rc->fence_latency_ns = static_cast<std::int64_t>(fence_latency_us * 1000.0);
 }
 
 }  // namespace cudapool::tools

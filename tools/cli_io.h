@@ -1,9 +1,15 @@
-// Small pieces the subcommands share: writing an output file and reading --device-memory, each
-// with the error printed in the subcommand's name.
+// Small pieces the subcommands share: writing an output file, reading --device-memory (each with
+// the error printed in the subcommand's name), and the replay flags of replay and tune.
 #pragma once
 #include <cstddef>
 #include <optional>
 #include <string>
+
+#include "tools/replay.h"
+
+namespace CLI {
+class App;
+}
 
 namespace cudapool::tools {
 
@@ -13,5 +19,14 @@ bool write_text_file(const std::string& path, const std::string& text, const cha
 // --device-memory: "" leaves *out unset; else a positive size ("80GiB"). false (after printing
 // why) when it is not one.
 bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who);
+
+// --free-as async|sync and --fence-latency-us X: how frees replay (replay, tune).
+struct FreeReplayOptions {
+  std::string free_as = "async";
+  double fence_latency_us = 0;
+  void add_to(CLI::App* sub);
+  void apply(ReplayConfig* rc) const;
+  const char* free_call() const { return free_as == "sync" ? "cudaFree" : "cudaFreeAsync"; }
+};
 
 }  // namespace cudapool::tools

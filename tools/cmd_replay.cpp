@@ -23,8 +23,7 @@ struct ReplayCliOptions {
   std::vector<std::string> confs;
   std::string sweep;
   std::string device_memory;
-  double fence_latency_us = 0;
-  std::string free_as = "async";
+  FreeReplayOptions frees;
   int device = -1;
   std::string stats;
   bool quiet = false;
@@ -33,8 +32,7 @@ struct ReplayCliOptions {
 int replay_main(const ReplayCliOptions& o) {
   ReplayConfig base;
   if (!device_memory_option(o.device_memory, &base.device_memory, "cudapool replay")) return kExitUsage;
-  base.fence_latency_ns = static_cast<std::int64_t>(o.fence_latency_us * 1000.0);
-  base.free_mode = o.free_as == "sync" ? FreeMode::sync : FreeMode::async;
+  o.frees.apply(&base);
 
   // The policies: --conf as given; a sweep over the first (or the defaults); with neither, the
   // environment's CUDAPOOL_CONF, so that a replay stands in for a program under the library.
@@ -155,10 +153,7 @@ void add_replay_command(CLI::App& root, int* exit_status) {
       ->allow_extra_args(false);
   sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value over the --conf given (shown first)");
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
-  sub->add_option("--fence-latency-us", o->fence_latency_us, "simulated GPU lag behind a free, in trace time")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--free-as", o->free_as, "replay frees as cudaFreeAsync (async) or cudaFree (sync)")
-      ->check(CLI::IsMember({"async", "sync"}));
+  o->frees.add_to(sub);
   sub->add_option("--device", o->device, "device to replay (default: the busiest)");
   sub->add_option("--stats", o->stats, "write the first policy's JSON summary here (default: its stats_file)");
   sub->add_flag("--quiet", o->quiet, "print only the table");

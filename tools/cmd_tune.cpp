@@ -20,8 +20,7 @@ struct TuneCliOptions {
   int budget = 40;
   double bound = 1.5;
   std::string device_memory;
-  std::string free_as = "async";
-  double fence_latency_us = 0;
+  FreeReplayOptions frees;
   int top = 15;
 };
 
@@ -32,8 +31,7 @@ int tune_main(const TuneCliOptions& o) {
   if (!device_memory_option(o.device_memory, &cfg.replay.device_memory, "cudapool tune")) return kExitUsage;
   // As for replay: a program that frees with cudaFree (PyTorch without its cache, legacy code) is
   // tuned against the wrong baseline unless its frees replay as cudaFree.
-  cfg.replay.free_mode = o.free_as == "sync" ? FreeMode::sync : FreeMode::async;
-  cfg.replay.fence_latency_ns = static_cast<std::int64_t>(o.fence_latency_us * 1000.0);
+  o.frees.apply(&cfg.replay);
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune"); rc != 0) return rc;
   print_trace_facts(o.trace, loaded);
@@ -62,7 +60,7 @@ int tune_main(const TuneCliOptions& o) {
   }
   std::printf("%zu policies replayed (frees as %s, fence latency %g us); bound: upstream calls <= %.1f x the "
               "defaults' (%.0f), OOMs <= the defaults'\n",
-              result.ranked.size(), o.free_as == "sync" ? "cudaFree" : "cudaFreeAsync", o.fence_latency_us, o.bound,
+              result.ranked.size(), o.frees.free_call(), o.frees.fence_latency_us, o.bound,
               result.call_limit);
   std::printf("%s", t.to_text().c_str());
   const Candidate& best = result.ranked.front();
@@ -83,10 +81,7 @@ void add_tune_command(CLI::App& root, int* exit_status) {
   sub->add_option("--bound", o->bound, "upstream calls allowed, as a multiple of the defaults'")
       ->check(CLI::Range(1.0, 1000.0));
   sub->add_option("--device-memory", o->device_memory, "simulated device size (default: recorded)");
-  sub->add_option("--free-as", o->free_as, "replay frees as cudaFreeAsync (async) or cudaFree (sync)")
-      ->check(CLI::IsMember({"async", "sync"}));
-  sub->add_option("--fence-latency-us", o->fence_latency_us, "simulated GPU lag behind a free, in trace time")
-      ->check(CLI::NonNegativeNumber);
+  o->frees.add_to(sub);
   sub->add_option("--top", o->top, "rows of the ranked table")->check(CLI::Range(1, 100000));
   sub->callback([o, exit_status] { *exit_status = tune_main(*o); });
 }

@@ -22,6 +22,7 @@
 
 #include "shim/cudapool.h"
 #include "tests/fakecuda/fakecuda.h"
+#include "tests/fakecuda/test_app.h"
 
 #ifndef CUDAPOOL_APP_LINKED
 // cudart-style programs do not link libcuda: reach the fake's controls through the handle the
@@ -55,15 +56,6 @@ FAKE_CONTROL(int, fakecuda_would_wait, (cudaabi::CUstream s, cudaabi::CUstream h
 
 using namespace cudaabi;
 
-#define CHECK(expr)                                              \
-  do {                                                           \
-    if (!(expr)) {                                               \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
-      std::fflush(stdout);                                       \
-      std::_Exit(1);                                             \
-    }                                                            \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == CUDA_SUCCESS)
 
 namespace {
 

@@ -40,32 +40,12 @@
 #include "shim/cudapool.h"
 #include "shim/ipc_wire.h"
 #include "tests/fakecuda/fakecuda.h"
+#define CUDAPOOL_TEST_APP_LCUDA
+#include "tests/fakecuda/test_app.h"
 
 using namespace cudaabi;
 
-#define CHECK(expr)                                              \
-  do {                                                           \
-    if (!(expr)) {                                               \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
-      std::fflush(stdout);                                       \
-      std::_Exit(1);                                             \
-    }                                                            \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == CUDA_SUCCESS)
 
-extern "C" {
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
-CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
-CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
-CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr*, CUipcMemHandle, unsigned);
-CUresult cuIpcCloseMemHandle(CUdeviceptr);
-}
 
 extern char** environ;
 
@@ -76,12 +56,7 @@ constexpr CUresult kInvalidHandle = 400;
 constexpr CUresult kNotPermitted = 800;
 constexpr unsigned kLazyPeerAccess = 1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
-void start() {
-  CHECK_OK(cuInit(0));
-  CUcontext ctx = nullptr;
-  CHECK_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CHECK_OK(cuCtxSetCurrent(ctx));
-}
+void start() { start_primary(0); }
 
 cudapool_stats stats() {
   auto fn = reinterpret_cast<int (*)(int, cudapool_stats*)>(dlsym(RTLD_DEFAULT, "cudapool_get_stats"));
@@ -238,15 +213,27 @@ void scenario_share() {
   CHECK(stats().allocated_bytes == 0);
 }
 
+// An 8 MiB block of 0x5a bytes, exported and held open by a child ("hold"), which has said 'o'.
+struct Held {
+  static constexpr std::size_t n = 8 * kMiB;
+  CUdeviceptr x = 0;
+  CUipcMemHandle h{};
+  Child c;
+};
+Held hold_in_child() {
+  Held held;
+  CHECK_OK(cuMemAlloc_v2(&held.x, Held::n));
+  fill(held.x, Held::n, 0x5a);
+  held.h = export_of(held.x);
+  held.c = spawn({"hold", hex(held.h), std::to_string(Held::n), "90"});  // 0x5a
+  CHECK(hear(held.c) == 'o');
+  return held;
+}
+
 void scenario_held() {
   start();
-  const std::size_t n = 8 * kMiB;
-  CUdeviceptr x = 0;
-  CHECK_OK(cuMemAlloc_v2(&x, n));
-  fill(x, n, 0x5a);
-  const CUipcMemHandle h = export_of(x);
-  Child c = spawn({"hold", hex(h), std::to_string(n), "90"});  // 0x5a
-  CHECK(hear(c) == 'o');
+  auto [x, h, c] = hold_in_child();
+  const std::size_t n = Held::n;
   const std::int64_t before = stats().allocated_bytes;
   CHECK_OK(cuMemFree_v2(x));                                // deferred: the child still has it open
   CHECK(cuMemFree_v2(x) == CUDA_ERROR_INVALID_VALUE);      // and a second free is an error
@@ -273,14 +260,9 @@ void scenario_held() {
 
 void scenario_crash() {
   start();
-  const std::size_t n = 8 * kMiB;
-  CUdeviceptr x = 0;
-  CHECK_OK(cuMemAlloc_v2(&x, n));
-  fill(x, n, 0x5a);
-  Child c = spawn({"hold", hex(export_of(x)), std::to_string(n), "90"});
-  CHECK(hear(c) == 'o');
+  auto [x, h, c] = hold_in_child();
   CHECK_OK(cuMemFree_v2(x));
-  CHECK(stats().allocated_bytes == static_cast<std::int64_t>(n));  // held
+  CHECK(stats().allocated_bytes == static_cast<std::int64_t>(Held::n));  // held
   kill(c.pid, SIGKILL);
   CHECK(wait_exit(c) == 128 + SIGKILL);
   CHECK(allocated_drops_to(0));  // the dead importer's hold ended with its connection

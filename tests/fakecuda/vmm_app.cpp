@@ -17,36 +17,12 @@
 
 #include "shim/cudapool.h"
 #include "tests/fakecuda/fakecuda.h"
+#define CUDAPOOL_TEST_APP_LCUDA
+#include "tests/fakecuda/test_app.h"
 
 using namespace cudaabi;
 
-#define CHECK(expr)                                              \
-  do {                                                           \
-    if (!(expr)) {                                               \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
-      std::fflush(stdout);                                       \
-      std::_Exit(1);                                             \
-    }                                                            \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == CUDA_SUCCESS)
 
-extern "C" {
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
-CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemAllocAsync(CUdeviceptr*, std::size_t, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemGetInfo_v2(std::size_t*, std::size_t*);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
-CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
-CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice);
-CUresult cuStreamCreate(CUstream*, unsigned);
-CUresult cuStreamDestroy_v2(CUstream);
-}
 
 namespace {
 
@@ -67,12 +43,7 @@ cudapool_stats stats(int dev) {
   return s;
 }
 
-void start(int dev) {
-  CHECK_OK(cuInit(0));
-  CUcontext ctx = nullptr;
-  CHECK_OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK_OK(cuCtxSetCurrent(ctx));
-}
+void start(int dev) { start_primary(dev); }
 
 // The large pool's page: VMM_APP_LARGE_PAGE_MB (what the test set with expandable_page_mb)
 // rounded up to the granularity; unset or 0, the granularity itself (the pool's default).

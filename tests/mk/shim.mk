@@ -10,11 +10,11 @@ $(FAKECUDA_SO): tests/fakecuda/fakecuda.cpp tests/fakecuda/fakecuda.h shim/cuda_
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra -fPIC -shared -Wl,-soname,libcuda.so.1 $< -o $@ -pthread
 
-$(SHIM_APP_CUDART): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h
+$(SHIM_APP_CUDART): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -pthread -ldl
 
-$(SHIM_APP_LINKED): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+$(SHIM_APP_LINKED): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra -DCUDAPOOL_APP_LINKED $< -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
@@ -36,7 +36,7 @@ TEST_BINS += $(SHIM_TEST_BIN)
 # Expandable segments (issue 7): a -lcuda program checking the fake driver's VMM accounting,
 # run by tests/unit/shim_vmm_test.cpp (part of SHIM_TEST_BIN via the shim_*.cpp wildcard).
 SHIM_APP_VMM := $(FAKECUDA_DIR)/vmm_app
-$(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+$(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_VMM)
@@ -45,7 +45,7 @@ $(SHIM_TEST_BIN): | $(SHIM_APP_VMM)
 # importing children (tests/unit/shim_ipc_test.cpp runs it); it speaks the shim's wire format
 # directly for the foreign-user check, so it links shim/ipc_wire.cpp.
 SHIM_APP_IPC := $(FAKECUDA_DIR)/ipc_app
-$(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp shim/ipc_wire.h tests/fakecuda/fakecuda.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+$(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp shim/ipc_wire.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
