@@ -555,7 +555,7 @@ struct DevicePool::Impl {
   detail::ThreadCache* tc_create();
   bool caches_on() const { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
   bool tc_may_cache(const Block* b) const {
-    return caches_on() && !b->seg->expandable && b->size <= detail::ThreadCache::kMaxBlock &&
+    return caches_on() && b->size <= detail::ThreadCache::kMaxBlock &&
            b->size < opt.max_split_size;
   }
   // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.
