@@ -52,9 +52,10 @@ class CudaUpstream final : public Upstream {
   // Recycling: each page's physical handle is unmapped at `from` and mapped again at `to`
   // (cuMemUnmap + cuMemMap + one cuMemSetAccess), without cuMemRelease / cuMemCreate.
   UpstreamStatus move(void* from, void* to, std::size_t bytes) override;
-  // Devices (ordinals) that also get read/write access to pages mapped from now on. Empty by
-  // default: only the pool's own device can touch its pages.
-  void grant_peer_access(int device);
+  // Device `device` (an ordinal) also gets read/write access to every page: those mapped from
+  // now on and those mapped already. Empty by default: only the pool's own device can touch its
+  // pages. The first failing cuMemSetAccess's error, else CUDA_SUCCESS.
+  CUresult grant_peer_access(int device);
   // The context is being destroyed or reset (or is already gone): pages from cuMemCreate are not
   // freed with the context, so after the context's work has finished (cuCtxSynchronize, when the
   // context still exists) every page is unmapped and released and every range freed. Later

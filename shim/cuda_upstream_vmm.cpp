@@ -86,11 +86,20 @@ std::size_t CudaUpstream::granularity() {
   return vmm_device(&dev) ? gran_ : 0;
 }
 
-void CudaUpstream::grant_peer_access(int device) {
+CUresult CudaUpstream::grant_peer_access(int device) {
   std::lock_guard<std::mutex> lock(vmm_mu_);
   for (int p : peers_)
-    if (p == device) return;
+    if (p == device) return CUDA_SUCCESS;
   peers_.push_back(device);
+  if (units_.empty() || device_ < 0) return CUDA_SUCCESS;
+  // Pages already mapped get the new access list too, one call per unit (a unit is one mapping).
+  ScopedContext scope(d_, ctx_);
+  CUresult first = CUDA_SUCCESS;
+  for (const auto& [lo, u] : units_) {
+    const CUresult r = set_access(device_, lo, u.bytes);
+    if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = r;
+  }
+  return first;
 }
 
 UpstreamStatus CudaUpstream::reserve(std::size_t bytes, std::size_t page, void** out) {

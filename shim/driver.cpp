@@ -62,6 +62,7 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuCtxPopCurrent_v2);
   CUDAPOOL_BIND(cuCtxDestroy_v2);
   CUDAPOOL_BIND(cuCtxDestroy);
+  CUDAPOOL_BIND(cuCtxEnablePeerAccess);
   CUDAPOOL_BIND(cuDevicePrimaryCtxReset_v2);
   CUDAPOOL_BIND(cuDevicePrimaryCtxReset);
   CUDAPOOL_BIND(cuDevicePrimaryCtxRetain);

@@ -38,6 +38,7 @@ struct RealDriver {
   PFN_cuCtxPopCurrent_v2 cuCtxPopCurrent_v2 = nullptr;
   PFN_cuCtxDestroy_v2 cuCtxDestroy_v2 = nullptr;
   PFN_cuCtxDestroy_v2 cuCtxDestroy = nullptr;  // v1 (CUDA < 4.0), same signature
+  PFN_cuCtxEnablePeerAccess cuCtxEnablePeerAccess = nullptr;
   PFN_cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset_v2 = nullptr;
   PFN_cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset = nullptr;  // v1: cudart 13 still asks for 7000
   PFN_cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRetain = nullptr;

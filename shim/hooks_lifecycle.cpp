@@ -227,3 +227,19 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph gr
 }
 CUDAPOOL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) { return end_capture(s, graph, false); }
 CUDAPOOL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) { return end_capture(s, graph, true); }
+
+// Peer access enabled from the current context to `peer`: the driver grants it for cudaMalloc
+// memory; expandable pages need their access list extended (Runtime::peer_access_enabled).
+// "Already enabled" still means the program may use the peer's memory: the grant is recorded too.
+CUDAPOOL_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuCtxEnablePeerAccess == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = d->cuCtxEnablePeerAccess(peer, flags);
+  Runtime* rt = Runtime::peek();
+  CUdevice accessor = -1;
+  if ((r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) && rt != nullptr &&
+      d->cuCtxGetDevice(&accessor) == CUDA_SUCCESS) {
+    rt->peer_access_enabled(peer, accessor);
+  }
+  return r;
+}

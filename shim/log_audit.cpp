@@ -98,7 +98,7 @@ const char* hooked_entry_points() noexcept {
          "cuMemGetAddressRange_v2 cuPointerGetAttribute cuPointerGetAttributes cuIpcGetMemHandle "
          "cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle "
          "cuMemPoolTrimTo cuCtxDestroy cuCtxDestroy_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 "
-         "cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRetain cuStreamCreate cuStreamCreateWithPriority "
+         "cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRetain cuCtxEnablePeerAccess cuStreamCreate cuStreamCreateWithPriority "
          "cuStreamDestroy cuStreamDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_ptsz "
          "cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph "
          "cuStreamBeginCaptureToGraph_ptsz cuStreamEndCapture cuStreamEndCapture_ptsz";

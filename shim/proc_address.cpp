@@ -33,6 +33,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxDestroy(CUcontext);
 CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
+CUresult cuCtxEnablePeerAccess(CUcontext, unsigned);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuDevicePrimaryCtxReset(CUdevice);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
@@ -89,6 +90,7 @@ const Hook kHooks[] = {
     {"cuCtxDestroy", 2000, 4000, kAny, "cuCtxDestroy", W(cuCtxDestroy)},
     {"cuCtxDestroy", 4000, INT_MAX, kAny, "cuCtxDestroy_v2", W(cuCtxDestroy_v2)},
     {"cuDevicePrimaryCtxRetain", 7000, INT_MAX, kAny, "cuDevicePrimaryCtxRetain", W(cuDevicePrimaryCtxRetain)},
+    {"cuCtxEnablePeerAccess", 4000, INT_MAX, kAny, "cuCtxEnablePeerAccess", W(cuCtxEnablePeerAccess)},
     {"cuDevicePrimaryCtxReset", 7000, 11000, kAny, "cuDevicePrimaryCtxReset", W(cuDevicePrimaryCtxReset)},
     {"cuDevicePrimaryCtxReset", 11000, INT_MAX, kAny, "cuDevicePrimaryCtxReset_v2", W(cuDevicePrimaryCtxReset_v2)},
     {"cuDevicePrimaryCtxRelease", 7000, 11000, kAny, "cuDevicePrimaryCtxRelease", W(cuDevicePrimaryCtxRelease)},

@@ -225,6 +225,28 @@ void Runtime::grant_peers(ContextPool& cp) noexcept {
            granted.empty() ? std::string("none (no peer can reach it)") : granted);
 }
 
+void Runtime::peer_access_enabled(CUcontext peer, int accessor) noexcept {
+  if (peer == nullptr || accessor < 0 || !native_) return;
+  ContextPool* cp = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(start_mutex());
+    cp = find_pool(peer);
+    try {
+      bool known = false;
+      for (const PeerGrant& g : peer_grants_) known = known || (g.peer == peer && g.accessor == accessor);
+      if (!known) peer_grants_.push_back(PeerGrant{peer, accessor});
+    } catch (const std::bad_alloc&) {
+    }
+  }
+  if (cp == nullptr || !cp->pool.options().expandable_segments || cp->device == accessor) return;
+  const CUresult r = cp->upstream.grant_peer_access(accessor);
+  if (r != CUDA_SUCCESS)
+    log_warn("peer access: pages of device {} could not be mapped for device {} (CUDA error {})", cp->device,
+             accessor, static_cast<int>(r));
+  else
+    log_info("peer access: pages of device {} are also mapped for device {}", cp->device, accessor);
+}
+
 ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   std::lock_guard<std::mutex> lock(start_mutex());
   if (ContextPool* cp = find_pool(ctx)) return cp;
@@ -243,6 +265,9 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     opt.cache_from_first_thread = opt.free_sync == FreeSync::immediate;
     auto* cp = new ContextPool(driver_, ctx, dev, opt, sink_);
     if (opt.expandable_segments && policy_.expandable_peer_access) grant_peers(*cp);
+    if (opt.expandable_segments)
+      for (const PeerGrant& g : peer_grants_)
+        if (g.peer == ctx && g.accessor != dev) cp->upstream.grant_peer_access(g.accessor);
     std::size_t free_bytes = 0;
     cp->upstream.mem_info(&free_bytes, &cp->driver_total);
     if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total);

@@ -5,6 +5,7 @@
 // creation) starts it; the dlsym and cuGetProcAddress wrappers never do.
 #pragma once
 #include <atomic>
+#include <vector>
 #include <cstdint>
 #include <string>
 
@@ -69,6 +70,11 @@ class Runtime {
   ContextPool* last_owner() const noexcept;
   // The context was destroyed or reset: abandon its pool (no CUDA call) and stop finding it.
   void retire(ContextPool* cp) noexcept;
+  // The program enabled peer access (cuCtxEnablePeerAccess, which cudaDeviceEnablePeerAccess
+  // calls): device `accessor` may now read and write `peer`'s memory. Expandable pages of
+  // `peer`'s pool, mapped already or later, are mapped for `accessor` too, as cudaMalloc memory
+  // would be. Remembered for a pool `peer` does not have yet.
+  void peer_access_enabled(CUcontext peer, int accessor) noexcept;
 
   // Iterates live pools: fn(ContextPool&). With include_retired, also the pools of contexts that
   // were destroyed or reset (their counters still tell what the program did; the exit summary
@@ -102,6 +108,13 @@ class Runtime {
   void write_exit_summary() noexcept;
   ContextPool* create_pool(CUcontext ctx) noexcept;
   void grant_peers(ContextPool& cp) noexcept;  // expandable_peer_access
+  // Peer access the program enabled (peer_access_enabled), under start_mutex(): applied to a
+  // pool created for the context later. Bounded: contexts x devices of one process.
+  struct PeerGrant {
+    CUcontext peer;
+    int accessor;
+  };
+  std::vector<PeerGrant> peer_grants_;
 
   static std::atomic<Runtime*> instance_;
   static std::atomic<bool> exiting_;

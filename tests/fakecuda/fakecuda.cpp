@@ -18,7 +18,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <iterator>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -399,6 +401,21 @@ FAKE_API CUresult cuCtxGetDevice(CUdevice* dev) {
   *dev = tl_current->device;
   return CUDA_SUCCESS;
 }
+// Peer access from the current context to `peer` (the fake keeps no state: every device reaches
+// every other one); counted, and refused like the driver's for a bad context or a repeat.
+std::set<std::pair<Context*, Context*>> peer_enabled;
+long peer_enables = 0;
+FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  FAKE_COUNT();
+  std::lock_guard<std::mutex> lock(mu);
+  auto* p = reinterpret_cast<Context*>(peer);
+  if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  if (p == nullptr || !p->alive || p->device == tl_current->device || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!peer_enabled.insert({tl_current, p}).second) return 704;  // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+  ++peer_enables;
+  return CUDA_SUCCESS;
+}
+FAKE_API long fakecuda_peer_enables() { std::lock_guard<std::mutex> l(mu); return peer_enables; }
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   FAKE_COUNT();
   tl_ctx_stack.push_back(tl_current);
@@ -636,6 +653,7 @@ struct VmmHandle {
 struct VmmMapping {
   std::size_t size;
   unsigned long long handle;
+  unsigned access = 0;  // bit d: device d may read and write (cuMemSetAccess)
 };
 std::map<std::uintptr_t, std::size_t> vmm_ranges;   // reservations
 std::map<unsigned long long, VmmHandle> vmm_handles;  // live physical handles
@@ -779,10 +797,16 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAcc
     if (it->first + it->second.size <= q) return vmm_bad_call();
     q = it->first + it->second.size;
   }
-  for (std::size_t i = 0; i < count; ++i)
+  unsigned mask = 0;
+  for (std::size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
         desc[i].location.id >= kDevices || desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
       return vmm_bad_call();
+    mask |= 1u << desc[i].location.id;
+  }
+  // Every mapping from the one holding p (checked above) to the end of the range.
+  for (auto it = std::prev(vmm_maps.upper_bound(p)); it != vmm_maps.end() && it->first < p + size; ++it)
+    it->second.access = mask;
   vmm_peer_descs += static_cast<long>(count) - 1;
   return CUDA_SUCCESS;
 }
@@ -858,6 +882,17 @@ FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); retu
 FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
 FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }
 FAKE_API long fakecuda_vmm_access_calls() { std::lock_guard<std::mutex> l(mu); return vmm_access_calls; }
+FAKE_API int fakecuda_vmm_access_ok(CUdeviceptr p, std::size_t bytes, int dev) {
+  std::lock_guard<std::mutex> l(mu);
+  for (std::uintptr_t q = p; q < p + bytes;) {
+    auto it = vmm_maps.upper_bound(q);
+    if (it == vmm_maps.begin()) return 0;
+    --it;
+    if (it->first + it->second.size <= q || (it->second.access & (1u << dev)) == 0) return 0;
+    q = it->first + it->second.size;
+  }
+  return 1;
+}
 FAKE_API std::size_t fakecuda_vmm_device_bytes(int dev) { std::lock_guard<std::mutex> l(mu); return vmm_used_on(dev); }
 FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(mu);
@@ -1059,6 +1094,7 @@ const ProcEntry kProcs[] = {
     {"cuDevicePrimaryCtxGetState", 7000, P(cuDevicePrimaryCtxGetState), nullptr},
     {"cuCtxSetCurrent", 4000, P(cuCtxSetCurrent), nullptr},
     {"cuCtxGetCurrent", 4000, P(cuCtxGetCurrent), nullptr},
+    {"cuCtxEnablePeerAccess", 4000, P(cuCtxEnablePeerAccess), nullptr},
     {"cuCtxDestroy", 2000, P(cuCtxDestroy), nullptr},
     {"cuCtxDestroy", 4000, P(cuCtxDestroy_v2), nullptr},
     {"cuMemAlloc", 3020, P(cuMemAlloc_v2), nullptr},

@@ -52,6 +52,9 @@ long fakecuda_vmm_unmap_calls();
 long fakecuda_vmm_peer_descs();             // access descriptors beyond the first, summed
 long fakecuda_vmm_access_calls();           // cuMemSetAccess calls
 std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`
+// 1 when every byte of [p, p+bytes) is mapped with read/write access for device `dev`.
+int fakecuda_vmm_access_ok(cudaabi::CUdeviceptr p, std::size_t bytes, int dev);
+long fakecuda_peer_enables();  // successful cuCtxEnablePeerAccess calls
 int fakecuda_vmm_is_mapped(cudaabi::CUdeviceptr p);
 long fakecuda_ctx_syncs();  // cuCtxSynchronize calls
 // CUDA IPC: legacy handles opened in this process that mapped memory (first opens of an

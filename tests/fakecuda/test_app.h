@@ -23,6 +23,7 @@ extern "C" {
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxEnablePeerAccess(CUcontext, unsigned);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuMemAlloc_v2(CUdeviceptr*, std::size_t);
 CUresult cuMemFree_v2(CUdeviceptr);

@@ -368,6 +368,45 @@ void scenario_peers() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
+// The program enables peer access (what cudaDeviceEnablePeerAccess does): device 0 may then use
+// device 1's memory, so expandable pages of device 1 mapped before the call are mapped for device
+// 0 too, and so are pages mapped after it; a repeat ("already enabled") changes nothing. Before
+// the call, device 0 reaches none of them.
+void scenario_enable_peer() {
+  CHECK_OK(cuInit(0));
+  CUcontext c0 = nullptr, c1 = nullptr;
+  CHECK_OK(cuDevicePrimaryCtxRetain(&c0, 0));
+  CHECK_OK(cuDevicePrimaryCtxRetain(&c1, 1));
+  CHECK_OK(cuCtxSetCurrent(c1));
+  CUdeviceptr before = 0, after = 0;
+  CHECK_OK(cuMemAlloc_v2(&before, 7 * kMiB));
+  CHECK(fakecuda_vmm_is_mapped(before) == 1);  // expandable pages, not a cuMemAlloc segment
+  CHECK(fakecuda_vmm_access_ok(before, 7 * kMiB, 1) == 1);
+  CHECK(fakecuda_vmm_access_ok(before, 7 * kMiB, 0) == 0);
+  CHECK_OK(cuCtxSetCurrent(c0));
+  CHECK_OK(cuCtxEnablePeerAccess(c1, 0));
+  CHECK(fakecuda_peer_enables() == 1);
+  CHECK(fakecuda_vmm_access_ok(before, 7 * kMiB, 0) == 1);
+  CHECK(cuCtxEnablePeerAccess(c1, 0) == 704);  // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, passed on
+  CHECK_OK(cuCtxSetCurrent(c1));
+  CHECK_OK(cuMemAlloc_v2(&after, 300 * kMiB));  // far past the pages mapped so far
+  CHECK(fakecuda_vmm_access_ok(after, 300 * kMiB, 0) == 1);
+  CHECK(fakecuda_vmm_access_ok(after, 300 * kMiB, 1) == 1);
+  fill(after, 300 * kMiB, 5);
+  CHECK(holds(after, 300 * kMiB, 5));
+  // Device 0's own pool was never asked for device 1: its pages stay its own.
+  CHECK_OK(cuCtxSetCurrent(c0));
+  CUdeviceptr own = 0;
+  CHECK_OK(cuMemAlloc_v2(&own, 5 * kMiB));
+  CHECK(fakecuda_vmm_access_ok(own, 5 * kMiB, 0) == 1);
+  CHECK(fakecuda_vmm_access_ok(own, 5 * kMiB, 1) == 0);
+  CHECK_OK(cuMemFree_v2(own));
+  CHECK_OK(cuCtxSetCurrent(c1));
+  CHECK_OK(cuMemFree_v2(before));
+  CHECK_OK(cuMemFree_v2(after));
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 }  // namespace
 // Physical units: a large growth is a few handles of up to expandable_unit_mb, not one per page
 // (the driver charges per handle); a unit partly in use stays mapped through empty-cache, and
@@ -419,6 +458,7 @@ int main(int argc, char** argv) {
                    {"ipc", scenario_ipc}, {"oom", scenario_oom},
                    {"classic", scenario_classic}, {"cap", scenario_cap},
                    {"reset", scenario_reset}, {"recycle", scenario_recycle}, {"peers", scenario_peers},
+                   {"enable_peer", scenario_enable_peer},
                    {"units", scenario_units}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {

@@ -99,6 +99,15 @@ TEST(ShimVmm, PeerAccessWhenAsked) {
   EXPECT_NE(off.exit_status, 0) << off.output;
 }
 
+// cudaDeviceEnablePeerAccess grants the peer expandable pages already mapped and those mapped
+// later, as it does for cudaMalloc memory.
+TEST(ShimVmm, EnabledPeerAccessReachesExpandablePages) {
+  const auto o = run_app("enable_peer", {{"CUDAPOOL_CONF", "expandable_segments:True,log_level:info"}});
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("PASS enable_peer"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("pages of device 1 are also mapped for device 0"), std::string::npos) << o.output;
+}
+
 TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounded"); }
 
 // The process-wide address-space cap (16 TiB): on an 8 TiB device the second range is refused.
