@@ -23,6 +23,10 @@ class FenceProvider {
   virtual bool query(FenceHandle fence) = 0;
   // Block the calling thread until the fence has completed.
   virtual void wait(FenceHandle fence) = 0;
+  // false when a wait now could return before all the work the fence stands for has finished
+  // (the shim: a fence taken while a graph capture is open, which cannot be recorded on every
+  // stream until the capture ends). The pool then never waits on it: the memory stays pending.
+  virtual bool can_wait(FenceHandle /*fence*/) { return true; }
   // The pool no longer needs the fence.
   virtual void release(FenceHandle fence) = 0;
   // Make the GPU, not the host, wait: every piece of work issued from now on, on any stream that

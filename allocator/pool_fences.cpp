@@ -174,14 +174,15 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
 bool DevicePool::Impl::wait_device_batches() {
   close_open();
   if (dev_head == nullptr) return false;
-  while (dev_head != nullptr) {
+  bool any = false;
+  while (dev_head != nullptr && wait_fence(dev_head->fence, 0)) {  // oldest first: stop at one that cannot be waited for
     Batch* b = dev_head;
     dev_head = b->next;
-    wait_fence(b->fence, 0);
     complete_batch(b);
+    any = true;
   }
-  dev_tail = nullptr;
-  return true;
+  if (dev_head == nullptr) dev_tail = nullptr;
+  return any;
 }
 
 // FreeSync::gpu_wait: instead of growing the pool (or blocking the host, or recycling pages) while
@@ -226,7 +227,9 @@ void DevicePool::Impl::poll_ordered() {
 
 void DevicePool::Impl::settle_ordered() {
   for (const auto& [f, seq] : ordered) {
-    if (!fences.query(f)) wait_fence(f, 0);
+    // order_after recorded every one of them (it refuses while a capture is open), so each can be
+    // waited for; what follows gives memory back, so a provider that refuses is waited on anyway.
+    if (!fences.query(f) && !wait_fence(f, 0)) fences.wait(f);
     fences.release(f);
   }
   ordered.clear();
@@ -256,8 +259,7 @@ std::size_t DevicePool::Impl::pending_expandable_bytes(std::size_t need, Batch**
 bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
   Batch* last = nullptr;
   pending_expandable_bytes(need, &last);
-  if (last == nullptr) return false;
-  wait_fence(last->fence, 0);
+  if (last == nullptr || !wait_fence(last->fence, 0)) return false;
   for (;;) {
     Batch* b = dev_head;
     dev_head = b->next;
@@ -286,8 +288,7 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
   for (const FreeSet& set : sf->sets)
     for (const Block* b : set)
       if (b->seg->expandable && b->epoch <= sf->promo_epoch) covered += b->size;
-  if (covered < need) return false;
-  wait_fence(sf->promo_fence, stream);
+  if (covered < need || !wait_fence(sf->promo_fence, stream)) return false;
   complete_promo(sf);
   return true;
 }
@@ -303,17 +304,17 @@ bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
     for (const Block* b : set)
       if (b->seg->expandable) local += b->size;
   if (local < need) return false;
-  promote_all_now(sf, stream);
-  return true;
+  return promote_all_now(sf, stream);
 }
 
 // Every local block of the stream becomes shared: its promotion fence, recorded now unless the
 // outstanding one already covers them all, is waited for.
-void DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
+bool DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
   if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
   if (sf->promo_fence == 0) record_promo(sf, stream);
-  wait_fence(sf->promo_fence, stream);
+  if (!wait_fence(sf->promo_fence, stream)) return false;
   complete_promo(sf);
+  return true;
 }
 
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
@@ -321,10 +322,9 @@ void DevicePool::Impl::wait_all() {
   ++st.num_sync_all_streams;
   tc_flush_all();  // blocks parked in threads' caches are reclaimable too
   wait_device_batches();
-  while (retire_head != nullptr) {
+  while (retire_head != nullptr && wait_fence(retire_head->fence, 0)) {
     Batch* b = retire_head;
     retire_head = b->next;
-    wait_fence(b->fence, 0);
     complete_batch(b);
   }
   for (auto& [sid, owned] : streams) {

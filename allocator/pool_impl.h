@@ -460,12 +460,15 @@ struct DevicePool::Impl {
     if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns});
   }
   // Every host wait on a fence goes through here: counted, and traced with its duration, since
-  // a wait is where the pool can cost a program its CPU/GPU overlap.
-  void wait_fence(FenceHandle f, StreamId stream) {
+  // a wait is where the pool can cost a program its CPU/GPU overlap. False, without waiting,
+  // when the fence cannot be waited for now (FenceProvider::can_wait): its memory stays pending.
+  [[nodiscard]] bool wait_fence(FenceHandle f, StreamId stream) {
+    if (!fences.can_wait(f)) return false;
     const std::int64_t t0 = sink != nullptr ? detail::now_ns() : 0;
     fences.wait(f);
     ++st.fence_waits;
     if (sink != nullptr) emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
+    return true;
   }
 
   // ---- slow paths (pool_slow.cpp) ----
@@ -603,7 +606,7 @@ struct DevicePool::Impl {
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait);
   bool sync_own(StreamId stream, std::size_t need);
-  void promote_all_now(StreamFree* sf, StreamId stream);
+  bool promote_all_now(StreamFree* sf, StreamId stream);
   void record_promo(StreamFree* sf, StreamId stream);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
   void wait_all();
   // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at

@@ -147,6 +147,12 @@ void CudaFences::note_complete_locked(const Fence* f) {
   }
 }
 
+bool CudaFences::can_wait(FenceHandle fence) {
+  auto* f = reinterpret_cast<Fence*>(fence);
+  std::lock_guard<std::mutex> lock(mu_);
+  return f->done || f->generation != generation_ || !f->deferred || !any_capture_active();
+}
+
 void CudaFences::wait(FenceHandle fence) {
   auto* f = reinterpret_cast<Fence*>(fence);
   std::lock_guard<std::mutex> lock(mu_);

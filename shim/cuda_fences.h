@@ -57,6 +57,9 @@ class CudaFences final : public FenceProvider {
   FenceHandle record_stream(StreamId stream) override;
   bool query(FenceHandle fence) override;
   void wait(FenceHandle fence) override;
+  // False for a fence taken while a capture is open, as long as one still is: it could not be
+  // recorded on the legacy stream (that would break the capture), so no wait can cover it.
+  bool can_wait(FenceHandle fence) override;
   void release(FenceHandle fence) override;
   bool order_after(const FenceHandle* fences, std::size_t n) override;
 
