@@ -76,7 +76,7 @@ std::string apply_expandable(Policy& p, std::string_view v, Warnings&) {
   return parse_bool(v, p.pool.expandable_segments);
 }
 std::string format_expandable(const Policy& p) { return p.pool.expandable_segments ? "True" : "False"; }
-bool default_expandable(const Policy& p) { return !p.pool.expandable_segments; }
+bool default_expandable(const Policy& p) { return p.pool.expandable_segments; }
 
 std::string apply_release_lock(Policy& p, std::string_view v, Warnings&) {
   return parse_bool(v, p.pool.release_lock_on_cudamalloc);
@@ -304,7 +304,7 @@ const std::array<KeySpec, 31> kKeys{{
      "free old cached blocks when reserved memory exceeds this fraction of the allowed memory "
      "(the limit set by per_process_memory_fraction or max_reserved_mb, else the device's total memory)",
      {}, apply_gc, format_gc, default_gc},
-    {"expandable_segments", K::boolean, "True or False (any case)", "True",
+    {"expandable_segments", K::boolean, "True or False (any case)", "False",
      "grow one virtual range per pool kind (small, large) by mapping pages instead of allocating separate segments",
      {}, apply_expandable, format_expandable, default_expandable},
     {"release_lock_on_cudamalloc", K::boolean, "True or False (any case)", "True",

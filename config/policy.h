@@ -14,6 +14,10 @@ enum class Backend : std::uint8_t { native, passthrough };
 enum class OnError : std::uint8_t { stop, passthrough };
 
 struct Policy {
+  // The shim's default differs from the bare pool's in one key: expandable segments are on (the
+  // pool then maps pages into one growing range per pool kind; docs/policy.md says why). A
+  // driver without virtual memory management still gets classic segments.
+  Policy() { pool.expandable_segments = true; }
   PoolOptions pool;
   Backend backend = Backend::native;
   std::string log_level = "warn";   // spdlog names: trace debug info warn error critical off

@@ -17,7 +17,7 @@ std::vector<TuneKey> default_search_space(const TraceFacts& facts) {
   space.push_back(split);
   space.push_back({"roundup_power2_divisions", {"", "2", "4", "8", "16"}});
   space.push_back({"garbage_collection_threshold", {"", "0.6", "0.8"}});
-  space.push_back({"expandable_segments", {"", "True"}});
+  space.push_back({"expandable_segments", {"", "False"}});  // the default is True
   return space;
 }
 

@@ -513,9 +513,11 @@ FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, std::size_t* psize
   if (psize != nullptr) *psize = a->size;
   return CUDA_SUCCESS;
 }
+static bool vmm_attribute(void* data, CUpointer_attribute attr, CUdeviceptr p, CUresult* r);
 static CUresult attribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
   std::uintptr_t base = 0;
   const Alloc* a = containing(p, &base);
+  if (CUresult r = CUDA_SUCCESS; a == nullptr && vmm_attribute(data, attr, p, &r)) return r;
   if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a->ctx); break;
@@ -882,6 +884,30 @@ FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); retu
 FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
 FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }
 FAKE_API long fakecuda_vmm_access_calls() { std::lock_guard<std::mutex> l(mu); return vmm_access_calls; }
+// Attributes of an address in a live mapping (cuMemCreate memory), as the driver answers them:
+// the handle's device, no context and no legacy IPC, the mapping as the range. False when p is
+// not mapped. Called with mu held.
+static bool vmm_attribute(void* data, CUpointer_attribute attr, CUdeviceptr p, CUresult* r) {
+  auto it = vmm_maps.upper_bound(p);
+  if (it == vmm_maps.begin()) return false;
+  --it;
+  if (p >= it->first + it->second.size) return false;
+  auto h = vmm_handles.find(it->second.handle);
+  if (h == vmm_handles.end()) return false;
+  *r = CUDA_SUCCESS;
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = nullptr; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = p; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = h->second.device; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<int*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = it->first; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<std::size_t*>(data) = it->second.size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = 1; break;
+    default: *r = CUDA_ERROR_INVALID_VALUE;
+  }
+  return true;
+}
 FAKE_API int fakecuda_vmm_access_ok(CUdeviceptr p, std::size_t bytes, int dev) {
   std::lock_guard<std::mutex> l(mu);
   for (std::uintptr_t q = p; q < p + bytes;) {
@@ -1058,10 +1084,11 @@ FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
 }
 FAKE_API long fakecuda_thread_driver_calls() { return tl_driver_calls; }
 FAKE_API long fakecuda_trim_calls() { std::lock_guard<std::mutex> l(mu); return n_trims; }
+// Live device memory at p: a cuMemAlloc allocation or a mapped cuMemCreate page.
 FAKE_API int fakecuda_is_live(CUdeviceptr p) {
   std::lock_guard<std::mutex> l(mu);
   std::uintptr_t base = 0;
-  return containing(p, &base) != nullptr ? 1 : 0;
+  return containing(p, &base) != nullptr || vmm_overlaps_mapping(p, 1) ? 1 : 0;
 }
 
 // ---- cuGetProcAddress --------------------------------------------------------------------------

@@ -34,7 +34,7 @@ long fakecuda_thread_driver_calls();
 // Destroys device `dev`'s primary context like cuDevicePrimaryCtxReset, but under a name the
 // shim does not hook (a reset it cannot see).
 void fakecuda_reset_primary_unseen(cudaabi::CUdevice dev);
-// 1 if `p` lies in a live allocation of the fake driver.
+// 1 if `p` lies in live memory of the fake driver: a cuMemAlloc allocation or a mapped page.
 int fakecuda_is_live(cudaabi::CUdeviceptr p);
 // Virtual memory management (expandable segments). Granularity: FAKECUDA_VMM_GRANULARITY_KB,
 // default 4 MiB. Bad calls: misaligned sizes/addresses, maps outside a reservation or over a

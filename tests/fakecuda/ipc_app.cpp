@@ -66,9 +66,10 @@ cudapool_stats stats() {
   return s;
 }
 
+// Expandable segments are the default; the test sets expandable_segments:False for classic ones.
 bool expandable() {
   const char* c = std::getenv("CUDAPOOL_CONF");
-  return c != nullptr && std::strstr(c, "expandable_segments:True") != nullptr;
+  return c == nullptr || std::strstr(c, "expandable_segments:False") == nullptr;
 }
 
 std::string hex(const CUipcMemHandle& h) {

@@ -221,7 +221,7 @@ def race_reused(run):
 
 
 RACE_RUNS = (("race_ref", "no shim"), ("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
-             ("race_device", "free_sync:device"), ("race_expandable", "expandable_segments"),
+             ("race_device", "free_sync:device"), ("race_classic", "classic segments"),
              ("race_immediate", "free_sync:immediate"))
 
 
@@ -246,7 +246,7 @@ def cmd_race(out):
     ref = race_total(ref_run)
     race_details(out)
     for name, label in (("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
-                        ("race_device", "free_sync:device"), ("race_expandable", "expandable_segments")):
+                        ("race_device", "free_sync:device"), ("race_classic", "classic segments")):
         run = Run(out, name)
         got = race_total(run)
         check = f"reuse race, {label}: corrupted bytes"
@@ -266,7 +266,7 @@ def cmd_race(out):
                 ok = False
                 note = (f"no case got A's address back as B ({reuse_txt}): the gpu_wait mechanism was not "
                         f"exercised; {got[0]} corrupted bytes in {got[2]} cases")
-        elif name == "race_expandable":
+        elif name == "race_classic":
             note += " (INFO: reuse expected here too)"
         if ref is None:
             note = "baseline run missing: " + ref_run.why_failed() + "; " + note
@@ -360,7 +360,7 @@ def cmd_free_host_sync(out):
 # ---- CUDA IPC (ipc.cu, torch_ipc.py)
 IPC_RUNS = (("ipc_ref", "no shim (the driver)"),
             ("ipc_default", "cudapool default"),
-            ("ipc_expandable", "cudapool expandable_segments"))
+            ("ipc_classic", "cudapool classic segments"))
 TORCH_IPC_RUNS = (("torch_ipc_ref", "PyTorch no caching, no shim"),
                   ("torch_ipc_shim", "PyTorch no caching, cudapool default"),
                   ("torch_ipc_cached_shim", "PyTorch caching allocator on cudapool default"))
@@ -707,7 +707,7 @@ def peak_row(out, check, run, base_label, base, target=None):
 
 TORCH_MODES = [("PyTorch native", "torch_native"), ("PyTorch expandable_segments", "torch_expandable"),
                ("PyTorch cudaMallocAsync", "torch_async"), ("no caching (floor)", "torch_nocache"),
-               ("cudapool default", "torch_cudapool"), ("cudapool expandable", "torch_cudapool_exp"),
+               ("cudapool default", "torch_cudapool"), ("cudapool classic", "torch_cudapool_classic"),
                ("cudapool immediate+expandable", "torch_cudapool_imm"),
                ("cudapool expandable, headroom 0.03", "torch_cudapool_exph")]
 
@@ -717,7 +717,7 @@ def cmd_torch(out):
     native = [(l, R[n]) for l, n in TORCH_MODES[:3]]
     compare_series("PyTorch training: losses, cudapool default", R["torch_nocache"], R["torch_cudapool"],
                    "losses", out, what="step losses")
-    compare_series("PyTorch training: losses, cudapool expandable", R["torch_nocache"], R["torch_cudapool_exp"],
+    compare_series("PyTorch training: losses, cudapool classic", R["torch_nocache"], R["torch_cudapool_classic"],
                    "losses", out, what="step losses")
     # PyTorch's own semantics (a freed block is reused at once on its stream) with page release:
     # what a single-stream PyTorch program can run with, and the closest to the no-caching floor.
@@ -725,10 +725,11 @@ def cmd_torch(out):
                    R["torch_cudapool_imm"], "losses", out, what="step losses")
     timing_row(out, "PyTorch step time, cudapool default", R["torch_cudapool"], native, 1.00)
     timing_row(out, "PyTorch step time, cudapool immediate+expandable", R["torch_cudapool_imm"], native, 1.00)
-    timing_row(out, "PyTorch step time, cudapool expandable", R["torch_cudapool_exp"], native, 1.00)
-    peak_row(out, "PyTorch peak memory, cudapool default", R["torch_cudapool"], "no caching", R["torch_nocache"], 1.03)
-    peak_row(out, "PyTorch peak memory, cudapool expandable", R["torch_cudapool_exp"], "no caching",
-             R["torch_nocache"], 1.03)
+    timing_row(out, "PyTorch step time, cudapool classic", R["torch_cudapool_classic"], native, 1.00)
+    peak_row(out, "PyTorch peak memory, cudapool default", R["torch_cudapool"], "no caching", R["torch_nocache"], 1.02)
+    # Classic segments keep whole segments that a split block pins: shown, not a target.
+    peak_row(out, "PyTorch peak memory, cudapool classic", R["torch_cudapool_classic"], "no caching",
+             R["torch_nocache"], None)
     peak_row(out, "PyTorch peak memory, cudapool immediate+expandable", R["torch_cudapool_imm"], "no caching",
              R["torch_nocache"], 1.03)
     # expandable_headroom:0.03 trades up to 3 % of memory for fewer page moves and fence waits.
@@ -752,7 +753,7 @@ def cmd_torch(out):
 SIDE_RUNS = (("side_stream_native", "PyTorch caching allocator, no shim"),
              ("side_stream_nocache", "no caching, no shim"),
              ("side_stream_default", "no caching, cudapool default (gpu_wait)"),
-             ("side_stream_expandable", "no caching, cudapool expandable_segments"))
+             ("side_stream_classic", "no caching, cudapool classic segments"))
 SIDE_NEGATIVE = "side_stream_immediate"
 
 

@@ -143,8 +143,8 @@ if want correctness; then
     "${REPORT[@]}" pooled "$OUT" "correctness ($kind cudart): served by the pool" "correct_${kind}_shim"
   done
   # Issue 7: the same program with the pool growing by mapped pages instead of segments.
-  run correct_static_exp 60 $(shim_env correct_static_exp expandable_segments:True) -- "$BIN/correctness"
-  "${REPORT[@]}" compare "$OUT" "correctness, expandable_segments: output" correct_static_ref correct_static_exp
+  run correct_static_classic 60 $(shim_env correct_static_classic expandable_segments:False) -- "$BIN/correctness"
+  "${REPORT[@]}" compare "$OUT" "correctness, classic segments: output" correct_static_ref correct_static_classic
   run driver_ref 60 -- "$BIN/driver_api"
   run driver_shim 60 $(shim_env driver_shim) -- "$BIN/driver_api"
   "${REPORT[@]}" compare "$OUT" "driver API, -lcuda: output" driver_ref driver_shim
@@ -161,7 +161,7 @@ if want race; then
   run race_fenced 60 $(shim_env race_fenced free_sync:fenced) -- "$BIN/race"
   run race_device 60 $(shim_env race_device free_sync:device) -- "$BIN/race"
   run race_immediate 60 $(shim_env race_immediate free_sync:immediate) -- "$BIN/race"
-  run race_expandable 60 $(shim_env race_expandable expandable_segments:True) -- "$BIN/race"
+  run race_classic 60 $(shim_env race_classic expandable_segments:False) -- "$BIN/race"
   "${REPORT[@]}" race "$OUT"
   run free_host_sync_ref 30 -- "$BIN/free_host_sync"
   run free_host_sync_default 30 $(shim_env free_host_sync_default) -- "$BIN/free_host_sync"
@@ -178,7 +178,7 @@ fi
 if want ipc; then
   run ipc_ref 60 -- "$BIN/ipc"
   run ipc_default 60 $(shim_env ipc_default) -- "$BIN/ipc" --expect-shim
-  run ipc_expandable 60 $(shim_env ipc_expandable expandable_segments:True) -- "$BIN/ipc" --expect-shim
+  run ipc_classic 60 $(shim_env ipc_classic expandable_segments:False) -- "$BIN/ipc" --expect-shim
   TI=(python3 "$ROOT/tests/gpu/torch_ipc.py")
   run torch_ipc_ref 90 PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${TI[@]}"
   run torch_ipc_shim 90 PYTORCH_NO_CUDA_MEMORY_CACHING=1 $(shim_env torch_ipc_shim) -- "${TI[@]}"
@@ -297,8 +297,8 @@ torch_mode() {  # torch_mode MODE NAME
     nocache) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") "${T[@]}" ;;
     # The shim is preloaded into the measured process only (env inside nvml_peak's command).
     cudapool) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") env $(shim_env "$name") "${T[@]}" ;;
-    cudapool_exp) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
-      env $(shim_env "$name" expandable_segments:True) "${T[@]}" ;;
+    cudapool_classic) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
+      env $(shim_env "$name" expandable_segments:False) "${T[@]}" ;;
     cudapool_exph) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
       env $(shim_env "$name" expandable_segments:True,expandable_headroom:0.03) "${T[@]}" ;;
     cudapool_imm) run "$name" 100 "${DET[@]}" $NOCACHE -- $(peak "$name") \
@@ -313,17 +313,17 @@ if want torch; then
   run side_stream_native 60 -- "${S[@]}"
   run side_stream_nocache 60 $NOCACHE -- "${S[@]}"
   run side_stream_default 60 $NOCACHE $(shim_env side_stream_default) -- "${S[@]}"
-  run side_stream_expandable 60 $NOCACHE $(shim_env side_stream_expandable expandable_segments:True) -- "${S[@]}"
+  run side_stream_classic 60 $NOCACHE $(shim_env side_stream_classic expandable_segments:False) -- "${S[@]}"
   run side_stream_immediate 60 $NOCACHE $(shim_env side_stream_immediate free_sync:immediate,expandable_segments:True) \
     -- "${S[@]}"
   "${REPORT[@]}" torch_side_stream "$OUT"
-  for m in native expandable async nocache cudapool cudapool_exp cudapool_imm cudapool_exph; do torch_mode $m torch_$m; done
+  for m in native expandable async nocache cudapool cudapool_classic cudapool_imm cudapool_exph; do torch_mode $m torch_$m; done
   # Step times of one mode move by tens of percent between processes on these shared machines
   # (13-20 ms for PyTorch native across earlier runs), far more than the allocators differ. So
   # the timed modes run TORCH_REPS times in all, interleaved, and report.py takes each mode's
   # best median (interference only adds time). Peaks and losses come from the first pass.
   for rep in $(seq 2 "${TORCH_REPS:-3}"); do
-    for m in native expandable async cudapool cudapool_exp cudapool_imm cudapool_exph; do torch_mode $m torch_${m}_t$rep; done
+    for m in native expandable async cudapool cudapool_classic cudapool_imm cudapool_exph; do torch_mode $m torch_${m}_t$rep; done
   done
   "${REPORT[@]}" torch "$OUT"
 fi

@@ -37,10 +37,10 @@ expect "$r" "reuse race, default (gpu_wait)" PASS
 expect "$r" "reuse race, free_sync:fenced" PASS
 expect "$r" "reuse race, free_sync:device" PASS
 expect "$r" "reuse race, free_sync:immediate shows it" PASS
-expect "$r" "reuse race, expandable_segments" PASS
+expect "$r" "reuse race, classic segments" PASS
 expect "$r" "cudaFree host wait, default" INFO
 expect "$r" "cudaFree host wait, free_host_sync:True" PASS
-expect "$r" "correctness, expandable_segments" PASS
+expect "$r" "correctness, classic segments" PASS
 expect "$r" "cudaDeviceReset mid-run" PASS
 expect "$r" "cudaMalloc during global capture" FAIL   # the mock pool answers 0 where CUDA says 900
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" PASS
@@ -133,22 +133,22 @@ def put(name, losses, step_ms, peak, rc=0):
 l = [2.5, 2.25, 2.0000001]
 put("torch_native", l, 10.0, 5e9); put("torch_expandable", l, 11.0, 4e9); put("torch_async", l, 12.0, 4e9)
 put("torch_nocache", l, 30.0, 3.0e9); put("torch_cudapool", l, 9.5, 3.05e9)
-put("torch_cudapool_exp", l[:2] + [2.0000002], 9.8, 3.5e9)
+put("torch_cudapool_classic", l[:2] + [2.0000002], 9.8, 3.5e9)
 # Timing repeats (run.sh's NAME_tK): each mode's best median counts, failed repeats do not.
 # Default passes only through its own repeat (8.9 <= native's repeat 9.0; its first pass is 9.5);
-# expandable (9.8) fails only because native's repeat counts (9.8 <= 10.0 otherwise) and its own
+# classic (9.8) fails only because native's repeat counts (9.8 <= 10.0 otherwise) and its own
 # failed repeat (1.0 ms, rc 1) is ignored.
 put("torch_native_t2", l, 9.0, 5e9); put("torch_cudapool_t2", l, 8.9, 3.05e9)
-put("torch_cudapool_exp_t3", l, 1.0, 3.5e9, rc=1)
+put("torch_cudapool_classic_t3", l, 1.0, 3.5e9, rc=1)
 PY
 python3 tests/gpu/report.py torch "$work/py" >/dev/null
 r=$work/py/results.tsv
 expect "$r" "PyTorch training: losses, cudapool default" PASS
-expect "$r" "PyTorch training: losses, cudapool expandable" FAIL
+expect "$r" "PyTorch training: losses, cudapool classic" FAIL
 expect "$r" "PyTorch step time, cudapool default" PASS
-expect "$r" "PyTorch step time, cudapool expandable" FAIL
+expect "$r" "PyTorch step time, cudapool classic" FAIL
 expect "$r" "PyTorch peak memory, cudapool default" PASS
-expect "$r" "PyTorch peak memory, cudapool expandable" FAIL
+expect "$r" "PyTorch peak memory, cudapool classic" INFO
 
 # torch_reps.sh: a stand-in python3 answers torch_train.py with fixed step times (cudapool with
 # a policy 10 % slower than native); the summary must rank native first and say 1.100x.
@@ -232,7 +232,7 @@ OUT=$work/ipcrun GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=ipc P
 r=$work/ipcrun/results.tsv
 expect "$r" "CUDA IPC, no shim (the driver): ipc.cu checks" PASS
 expect "$r" "CUDA IPC, cudapool default: ipc.cu checks" PASS
-expect "$r" "CUDA IPC, cudapool expandable_segments: ipc.cu checks" PASS
+expect "$r" "CUDA IPC, cudapool classic segments: ipc.cu checks" PASS
 expect "$r" "CUDA IPC, PyTorch no caching, no shim" PASS
 expect "$r" "CUDA IPC, PyTorch no caching, cudapool default" PASS
 expect "$r" "CUDA IPC, PyTorch caching allocator on cudapool" INFO
@@ -274,19 +274,19 @@ def put(name, cc, nbytes, rc=0, totals=True):
             f.write(f"corrupted_cases={cc} cases=30\ncorrupted_bytes={nbytes}\nreused_cases=30\n")
 put("side_stream_native", 0, 0); put("side_stream_nocache", 0, 0, totals=False)
 put("side_stream_default", 3, 12288); put("side_stream_immediate", 30, 4096 * 30)
-# side_stream_expandable: not run
+# side_stream_classic: not run
 PY
 python3 tests/gpu/report.py torch_side_stream "$work/side" >/dev/null
 r=$work/side/results.tsv
 expect "$r" "PyTorch side stream, PyTorch caching allocator" PASS
 expect "$r" "PyTorch side stream, no caching, no shim" FAIL
 expect "$r" "PyTorch side stream, no caching, cudapool default" FAIL
-expect "$r" "PyTorch side stream, no caching, cudapool expandable" MISS
+expect "$r" "PyTorch side stream, no caching, cudapool classic" MISS
 expect "$r" "PyTorch side stream, negative control" PASS
 python3 - "$work/side2" <<'PY'
 import os, sys
 logs = os.path.join(sys.argv[1], "logs"); os.makedirs(logs)
-for name in ("side_stream_native", "side_stream_nocache", "side_stream_default", "side_stream_expandable",
+for name in ("side_stream_native", "side_stream_nocache", "side_stream_default", "side_stream_classic",
              "side_stream_immediate"):
     with open(f"{logs}/{name}.rc", "w") as f: f.write("0\n")
     with open(f"{logs}/{name}.out", "w") as f: f.write("corrupted_cases=0 cases=30\ncorrupted_bytes=0\nreused_cases=0\n")
@@ -296,7 +296,7 @@ python3 tests/gpu/report.py torch_side_stream "$work/side2" >/dev/null
 r=$work/side2/results.tsv
 expect "$r" "PyTorch side stream, PyTorch caching allocator" FAIL
 expect "$r" "PyTorch side stream, no caching, cudapool default" PASS
-expect "$r" "PyTorch side stream, no caching, cudapool expandable" PASS
+expect "$r" "PyTorch side stream, no caching, cudapool classic" PASS
 expect "$r" "PyTorch side stream, negative control" FAIL
 
 # report.py ipc from hand-made logs: a passing run, a failing one (with its failed check in the
@@ -318,7 +318,7 @@ python3 tests/gpu/report.py ipc "$work/ipc" >/dev/null
 r=$work/ipc/results.tsv
 expect "$r" "CUDA IPC, no shim (the driver): ipc.cu checks" PASS
 expect "$r" "CUDA IPC, cudapool default: ipc.cu checks" FAIL
-expect "$r" "CUDA IPC, cudapool expandable_segments: ipc.cu checks" MISS
+expect "$r" "CUDA IPC, cudapool classic segments: ipc.cu checks" MISS
 expect "$r" "CUDA IPC, PyTorch no caching, no shim" FAIL
 expect "$r" "CUDA IPC, PyTorch no caching, cudapool default" MISS
 expect "$r" "CUDA IPC, PyTorch caching allocator on cudapool" INFO

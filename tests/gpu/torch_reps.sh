@@ -2,7 +2,7 @@
 # Step-time A/B of PyTorch modes with many interleaved processes: the suite's best-of-3 cannot
 # resolve a few percent on the lent VMs (one mode's processes spread by 10-25 %).
 #   bash tests/gpu/torch_reps.sh [REPS] MODE...
-# MODE: a name (native, ptexp, async, nocache, cpexp, cpimm, cpdef) or NAME=CUDAPOOL_CONF for
+# MODE: a name (native, ptexp, async, nocache, cpdef, cpcls, cpimm) or NAME=CUDAPOOL_CONF for
 # cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
 # h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
 # one trace per process, for tests/gpu/step_events.py).
@@ -37,8 +37,8 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
     ptexp) echo PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
     async) echo PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
     nocache) echo $NC ;;
-    cpexp) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:True ;;
-    cpimm) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:True,free_sync:immediate ;;
+    cpcls) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:False ;;
+    cpimm) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=free_sync:immediate ;;
     cpdef) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
     *=*) printf '%s\n' $NC "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=}" ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;

@@ -102,10 +102,11 @@ got = size(re.search(r"^peak reserved +([0-9.]+ \w+)$", text, re.M).group(1))
 assert abs(got / rec - 1) <= 0.10, (rec, got)
 PY
 }
-near_recorded $traces/train.csv
-near_recorded $traces/serve.csv
-near_recorded $traces/gpu_legacy.csv
-near_recorded $traces/gpu_torch.csv --free-as sync
+# They were recorded under classic segments, the default of the time: replayed under the same.
+near_recorded $traces/train.csv --conf expandable_segments:False
+near_recorded $traces/serve.csv --conf expandable_segments:False
+near_recorded $traces/gpu_legacy.csv --conf expandable_segments:False
+near_recorded $traces/gpu_torch.csv --free-as sync --conf expandable_segments:False
 expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf "" --conf "max_split_size_mb:64"
 expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
@@ -193,13 +194,13 @@ expect_rc 0 "tune with a budget of 3" -- "$cp" tune $traces/serve.csv --budget 3
 expect_out "^3 policies replayed" "tune stops at the budget"
 expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
 # --free-as / --fence-latency-us reach every candidate's replay: the PyTorch trace's defaults hold
-# 878.00 MiB as cudaFreeAsync, 926.00 MiB as cudaFree with 1 ms of fence latency (as replay says).
+# 776.00 MiB as cudaFreeAsync, 832.00 MiB as cudaFree with 1 ms of fence latency (as replay says).
 expect_rc 0 "tune with frees as cudaFree and fence latency" -- "$cp" tune $traces/gpu_torch.csv --budget 4 \
   --free-as sync --fence-latency-us 1000
 expect_out "frees as cudaFree, fence latency 1000 us" "tune says how frees were replayed"
-expect_out "\(defaults\) +926\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
+expect_out "\(defaults\) +832\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
 expect_rc 0 "tune with the default free kind" -- "$cp" tune $traces/gpu_torch.csv --budget 4
-expect_out "\(defaults\) +878\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
+expect_out "\(defaults\) +776\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
 expect_rc 2 "tune refuses an unknown free kind" -- "$cp" tune $traces/gpu_torch.csv --free-as sometimes
 
 # ---- report ----------------------------------------------------------------------------------

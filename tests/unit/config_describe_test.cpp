@@ -94,7 +94,7 @@ TEST(Describe, EveryKeyWithValueAndOrigin) {
   EXPECT_EQ(lines, keys) << d;
   EXPECT_TRUE(has(d, "max_split_size_mb            = 64   (CUDAPOOL_CONF col 1)")) << d;
   EXPECT_TRUE(has(d, "log_file                     = /tmp/x.log   (CUDAPOOL_CONF col 22)")) << d;
-  EXPECT_TRUE(has(d, "expandable_segments          = False   (default)")) << d;
+  EXPECT_TRUE(has(d, "expandable_segments          = True   (default)")) << d;
   EXPECT_TRUE(has(d, "trace_file                   = \"\"   (default)")) << d;
   EXPECT_TRUE(has(d, "on_error                     = stop   (default)")) << d;
 }

@@ -63,7 +63,7 @@ TEST(PolicyFile, PolicyAndLogTablesWithOrigins) {
   EXPECT_EQ(p.pool.garbage_collection_threshold, 0.8);
   EXPECT_EQ(p.log_level, "info");
   EXPECT_EQ(p.log_file, "/tmp/cudapool-%p.log");
-  EXPECT_FALSE(p.pool.expandable_segments);  // no profile matched
+  EXPECT_TRUE(p.pool.expandable_segments);  // no profile matched: the default
   EXPECT_EQ(p.origin.at("max_split_size_mb"), "file " + f.path() + ":3");
   EXPECT_EQ(p.origin.at("log_level"), "file " + f.path() + ":8");
   EXPECT_EQ(p.origin.at("expandable_segments"), "default");
@@ -216,7 +216,7 @@ TEST(PolicyFile, BadValueUsesTomlSyntaxInTheExample) {
   TempFile h("[policy]\nexpandable_segments = [true]\n");
   e = must_not_load(file(h));
   EXPECT_TRUE(has(e, "bad value 'an array' for expandable_segments (wrong TOML type)")) << e;
-  EXPECT_TRUE(has(e, "e.g. expandable_segments = true")) << e;
+  EXPECT_TRUE(has(e, "e.g. expandable_segments = false")) << e;
   TempFile i("[policy]\ngarbage_collection_threshold = 1.0\n");
   EXPECT_TRUE(has(must_not_load(file(i)), "strictly between 0 and 1"));
   TempFile j("[policy]\nmax_reserved_mb = -1\n");
@@ -355,12 +355,14 @@ TEST(Warnings, PassthroughMakesPoolKeysMoot) {
 
 TEST(Warnings, ExpandableKeysNeedExpandableSegments) {
   PolicySources s;
-  s.conf = "expandable_unit_mb:64,expandable_headroom:0.03";
+  s.conf = "expandable_segments:False,expandable_unit_mb:64,expandable_headroom:0.03";
   Policy p = must_load(s);
   ASSERT_EQ(p.warnings.size(), 2u);
   EXPECT_TRUE(has(p.warnings[0] + p.warnings[1], "expandable_unit_mb has no effect without expandable_segments:True"));
   EXPECT_TRUE(has(p.warnings[0] + p.warnings[1], "expandable_headroom has no effect without expandable_segments:True"));
   s.conf = "expandable_segments:True,expandable_unit_mb:64";
+  EXPECT_TRUE(must_load(s).warnings.empty());
+  s.conf = "expandable_unit_mb:64";  // the default has them
   EXPECT_TRUE(must_load(s).warnings.empty());
 }
 

@@ -41,7 +41,11 @@ class Scenario : public ::testing::TestWithParam<std::tuple<std::string, bool>> 
 
 TEST_P(Scenario, PassesUnderTheShim) {
   const auto& [name, linked] = GetParam();
-  RunResult r = run({app(linked), name});
+  // These check classic segments' own figures (cuMemAlloc segments and their sizes, legacy IPC
+  // handles, what a reset frees); vmm_app's scenarios check the same for expandable segments.
+  const bool classic = name == "queries" || name == "reset" || name == "c_api_calls";
+  RunResult r = run({app(linked), name}, classic ? std::map<std::string, std::string>{{"CUDAPOOL_CONF", "expandable_segments:False"}}
+                                                 : std::map<std::string, std::string>{});
   EXPECT_EQ(r.exit_status, 0) << r.output;
   EXPECT_EQ(r.signal, 0) << r.output;
   EXPECT_NE(r.output.find("PASS " + name), std::string::npos) << r.output;
@@ -83,7 +87,7 @@ TEST(Shim, BadFreesAreLogged) {
 
 // Every block exports a handle of the shim's own (opening them: tests/unit/shim_ipc_test.cpp).
 TEST(Shim, IpcHandlesAreTheShimsForSplitAndWholeBlocks) {
-  RunResult r = run({app(true), "queries"}, {{"CUDAPOOL_CONF", "log_level:debug"}});
+  RunResult r = run({app(true), "queries"}, {{"CUDAPOOL_CONF", "expandable_segments:False,log_level:debug"}});
   ASSERT_EQ(r.exit_status, 0) << r.output;
   EXPECT_NE(r.output.find("export 1 of a classic block of 67108864 bytes"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("export 2 of a classic block of 1000 bytes"), std::string::npos) << r.output;
@@ -188,10 +192,17 @@ TEST(Shim, GpuWaitReusesPendingMemoryAndEveryStreamWaits) {
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_NE(r.output.find("PASS gpu_wait_reuse"), std::string::npos) << r.output;
   }
-  // Its negative control: fenced mode grows instead (q != p), so the scenario fails.
-  RunResult fenced = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
+  // The same under classic segments.
+  RunResult classic = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "expandable_segments:False"}});
+  EXPECT_EQ(classic.exit_status, 0) << classic.output;
+  // Its negative controls: fenced mode never hands pending memory out early. Classic segments
+  // grow instead (q != p); expandable segments wait on the host for the fence (expandable_wait).
+  RunResult fenced = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced,expandable_segments:False"}});
   EXPECT_NE(fenced.exit_status, 0) << fenced.output;
   EXPECT_NE(fenced.output.find("q == p"), std::string::npos) << fenced.output;
+  RunResult fenced_x = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
+  EXPECT_NE(fenced_x.exit_status, 0) << fenced_x.output;
+  EXPECT_NE(fenced_x.output.find("fakecuda_event_syncs() == syncs"), std::string::npos) << fenced_x.output;
 }
 
 TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
@@ -284,7 +295,7 @@ TEST(Shim, ExitSummaryKeepsPoolsOfContextsThatWereReset) {
   char dir[] = "/tmp/cudapool-shim-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string stats = std::string(dir) + "/stats.json";
-  RunResult r = run({app(true), "reset"}, {{"CUDAPOOL_STATS", stats}});
+  RunResult r = run({app(true), "reset"}, {{"CUDAPOOL_STATS", stats}, {"CUDAPOOL_CONF", "expandable_segments:False"}});
   ASSERT_EQ(r.exit_status, 0) << r.output;
   std::string json;
   if (FILE* f = std::fopen(stats.c_str(), "r")) {

@@ -66,8 +66,8 @@ TEST_P(ShimIpc, OtherUsersAreRefusedByBothEnds) {
   EXPECT_NE(o.output.find("CUDA_ERROR_NOT_PERMITTED"), std::string::npos) << o.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, ShimIpc, ::testing::Values("", "expandable_segments:True"),
-                         [](const auto& info) { return std::string(info.param[0] == '\0' ? "classic" : "expandable"); });
+INSTANTIATE_TEST_SUITE_P(Policies, ShimIpc, ::testing::Values("expandable_segments:False", ""),
+                         [](const auto& info) { return std::string(info.param[0] != '\0' ? "classic" : "expandable_default"); });
 
 // A driver that refuses exportable pages: expandable segments still work, and an export of their
 // blocks says why it cannot be.

@@ -181,7 +181,7 @@ std::string dump_section(const std::string& log) {
 TEST(ShimSignal, DumpSignalLogsStatsAndSnapshotAndTheProgramKeepsRunning) {
   const std::string log_path = temp_path("dump"), trace_path = temp_path("trace");
   std::remove(log_path.c_str());
-  RunResult r = run_child("dump", {{"CUDAPOOL_CONF", "dump_signal:SIGUSR1,log_file:" + log_path},
+  RunResult r = run_child("dump", {{"CUDAPOOL_CONF", "expandable_segments:False,dump_signal:SIGUSR1,log_file:" + log_path},
                                    {"CUDAPOOL_TRACE", trace_path},
                                    {"CHILD_LOG", log_path},
                                    {"CHILD_TRACE", trace_path}});
@@ -218,7 +218,7 @@ TEST(ShimSignal, WithoutTheKeySigusr1KeepsItsDefaultAction) {
 }
 
 TEST(ShimSignal, StartReportListsVersionOriginsAndHookedEntryPoints) {
-  RunResult r = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,max_split_size_mb:64"}});
+  RunResult r = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,max_split_size_mb:64,expandable_segments:False"}});
   ASSERT_EQ(r.exit_status, 0) << r.output;
   const std::string& out = r.output;
   EXPECT_NE(out.find("cudapool 0."), std::string::npos) << out;

@@ -15,8 +15,10 @@ namespace {
 
 using testing::TraceBuilder;
 
-ReplayResult run(const TraceBuilder& b, const std::string& conf = "", std::optional<std::size_t> memory = {},
-                 std::int64_t latency_ns = 0, FreeMode free_mode = FreeMode::async) {
+// These tests state classic segments' rules (PyTorch's segment sizes, splitting), so `conf` runs
+// over expandable_segments:False unless it names the key; run_default() replays the defaults.
+ReplayResult replay_with(const TraceBuilder& b, const std::string& conf, std::optional<std::size_t> memory,
+                         std::int64_t latency_ns, FreeMode free_mode) {
   ReplayConfig cfg;
   cfg.free_mode = free_mode;
   std::string err;
@@ -25,6 +27,13 @@ ReplayResult run(const TraceBuilder& b, const std::string& conf = "", std::optio
   cfg.fence_latency_ns = latency_ns;
   return replay_trace(prepare_trace(b.rows()), cfg);
 }
+ReplayResult run(const TraceBuilder& b, const std::string& conf = "", std::optional<std::size_t> memory = {},
+                 std::int64_t latency_ns = 0, FreeMode free_mode = FreeMode::async) {
+  const bool names_kind = conf.find("expandable_segments") != std::string::npos;
+  return replay_with(b, names_kind ? conf : join_conf("expandable_segments:False", conf), memory, latency_ns,
+                     free_mode);
+}
+ReplayResult run_default(const TraceBuilder& b) { return replay_with(b, "", {}, 0, FreeMode::async); }
 
 std::int64_t peak_reserved(const ReplayResult& r) { return r.stats.reserved_bytes[kAll].peak; }
 
@@ -37,6 +46,17 @@ TEST(ToolsReplay, SegmentSizesFollowPyTorch) {
   EXPECT_EQ(peak_reserved(r), static_cast<std::int64_t>(36 * MiB));
   EXPECT_EQ(r.failed_allocations, 0u);
   EXPECT_EQ(r.ops, 3u);
+}
+
+// The defaults replay expandable segments: the same trace as above maps pages for what is live
+// instead of three PyTorch-sized segments.
+TEST(ToolsReplay, DefaultsAreExpandableSegments) {
+  TraceBuilder b;
+  b.alloc(0x30, 12 * MiB + 16).alloc(0x20, 5 * MiB).alloc(0x10, 1 * MiB);
+  const std::int64_t def = peak_reserved(run_default(b));
+  EXPECT_EQ(def, peak_reserved(run(b, "expandable_segments:True")));
+  EXPECT_LT(def, static_cast<std::int64_t>(36 * MiB));  // the classic peak (SegmentSizesFollowPyTorch)
+  EXPECT_GE(def, static_cast<std::int64_t>(18 * MiB));  // at least what is live
 }
 
 TEST(ToolsReplay, SweepOfMaxSplitSizeChangesWhatItMust) {

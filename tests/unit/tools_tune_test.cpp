@@ -18,7 +18,9 @@ TraceBuilder fragmenting() {
   return b;
 }
 
-TEST(ToolsTune, RecommendsMaxSplitSizeWhenItHelps) {
+// Classic segments fragment here; the defaults (expandable segments) do not: the search finds
+// nothing better than them, and says what classic segments would cost.
+TEST(ToolsTune, ExpandableDefaultsAvoidTheSplitFragmentation) {
   PreparedTrace p = prepare_trace(fragmenting().rows());
   TuneConfig cfg;
   TuneResult res;
@@ -28,15 +30,16 @@ TEST(ToolsTune, RecommendsMaxSplitSizeWhenItHelps) {
   const Candidate& best = res.ranked.front();
   EXPECT_TRUE(best.feasible);
   EXPECT_EQ(best.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(130 * MiB)) << best.conf;
-  // max_split_size_mb alone reaches it (expandable segments may too, and win on upstream calls).
-  bool split_found = false;
-  for (const auto& c : res.ranked)
-    split_found |= c.feasible && c.changed_keys == 1 && c.conf.rfind("max_split_size_mb:", 0) == 0 &&
-                   c.result.stats.reserved_bytes[kAll].peak == static_cast<std::int64_t>(130 * MiB);
-  EXPECT_TRUE(split_found);
   const Candidate& def = res.ranked[res.default_index];
   EXPECT_EQ(def.conf, "");
-  EXPECT_EQ(def.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(200 * MiB));
+  EXPECT_EQ(def.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(130 * MiB));
+  bool classic_found = false;
+  for (const auto& c : res.ranked)
+    if (c.conf == "expandable_segments:False") {
+      classic_found = true;
+      EXPECT_EQ(c.result.stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(200 * MiB));
+    }
+  EXPECT_TRUE(classic_found);
   // Ranked: feasible first, then by peak reserved.
   for (std::size_t i = 1; i < res.ranked.size(); ++i) {
     const auto& a = res.ranked[i - 1];
