@@ -34,17 +34,28 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   std::unordered_map<std::uintptr_t, LiveAlloc> live;  // trace pointer -> its allocation
   live.reserve(1024);
   std::unordered_set<std::uintptr_t> streams;
+  std::unordered_set<std::uint64_t> threads;
   std::unordered_set<int> others;
   bool saw_segments = false;
   std::int64_t reserved = 0, peak_reserved = 0;
   std::size_t allocated = 0;
   bool first = true;
   for (const auto& r : rows) {
+    // Process-wide rows, whatever their device column says.
+    if (r.action == TraceAction::policy) continue;  // its text comes through TraceMeta
+    if (r.action == TraceAction::stream) {
+      if (r.detail == TraceDetail::stream_non_blocking) ++f.non_blocking_streams;
+      else ++f.blocking_streams;
+      continue;
+    }
     if (r.device != device) {
       others.insert(r.device);
       continue;
     }
     if (first) f.start_ns = r.time_ns, first = false;
+    if (r.action == TraceAction::allocate || r.action == TraceAction::free) threads.insert(r.thread);
+    if (r.duration_ns > 0 && (r.action == TraceAction::segment_alloc || r.action == TraceAction::segment_map))
+      f.upstream_durations = true;
     f.end_ns = std::max(f.end_ns, r.time_ns);
     switch (r.action) {
       case TraceAction::allocate: {
@@ -67,7 +78,10 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
           break;
         }
         allocated -= it->second.size;
-        out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns});
+        out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns, r.detail});
+        if (r.detail == TraceDetail::free_sync) ++f.sync_frees;
+        else if (r.detail == TraceDetail::free_async) ++f.async_frees;
+        else ++f.unknown_frees;
         live.erase(it);
         ++f.frees;
         break;
@@ -101,9 +115,13 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
       case TraceAction::gpu_wait:
         saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
         break;
+      case TraceAction::policy:
+      case TraceAction::stream:
+        break;  // handled above
     }
   }
   f.streams = streams.size();
+  f.threads = threads.size();
   f.other_devices.assign(others.begin(), others.end());
   std::sort(f.other_devices.begin(), f.other_devices.end());
   f.rmm_only = !saw_segments;
@@ -140,7 +158,9 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
         case ReplayOp::free: {
           void* p = slots[op.slot];
           if (!p) break;  // its allocation failed in this replay
-          FreeStatus s = config.free_mode == FreeMode::async ? pool.free_on_stream(p, op.stream) : pool.free(p);
+          const bool sync = config.free_mode == FreeMode::sync ||
+                            (config.free_mode == FreeMode::recorded && op.detail == TraceDetail::free_sync);
+          FreeStatus s = sync ? pool.free(p) : pool.free_on_stream(p, op.stream);
           if (s != FreeStatus::ok) ++res.bad_frees;
           slots[op.slot] = nullptr;
           break;

@@ -106,6 +106,48 @@ near_recorded $traces/train.csv
 near_recorded $traces/serve.csv
 near_recorded $traces/gpu_legacy.csv
 near_recorded $traces/gpu_torch.csv --free-as sync
+# Faithful replay: a trace recorded now by the library itself (the fake driver stands in for the
+# GPU) records each free's call and the policy; replay defaults to both and checks the peak.
+fake_dir=$build/tests/fakecuda
+record_fake() {  # record_fake SCENARIO CONF OUT: run the fake-driver program under the shim
+  CUDAPOOL_CONF="$2,trace_file:$3" LD_PRELOAD=$(readlink -f "$build/libcudapool.so") LD_LIBRARY_PATH=$fake_dir \
+    CUDAPOOL_LIBRARY= "$fake_dir/app_cudart" "$1" >/dev/null 2>&1
+}
+if record_fake gpu_wait_reuse "max_split_size_mb:64" "$tmp/rec.csv"; then
+  ok
+  expect_rc 0 "replay of a trace the library recorded" -- "$cp" replay "$tmp/rec.csv"
+  expect_out "^policy: max_split_size_mb:64 \(from the trace's policy row\)" "replay defaults to the recorded policy"
+  expect_out "^frees: as recorded: 12 cudaFree, 0 cudaFreeAsync" "replay follows the recorded free calls"
+  expect_out "^fidelity: under the recorded policy .*\(\+0\.0 %\): within 3 %" "replay says the recorded peak is reproduced"
+  expect_out "^metric +max_split_size_mb:64" "the column is the recorded policy"
+  expect_rc 0 "replay of a recorded trace under another policy" -- "$cp" replay "$tmp/rec.csv" --conf ""
+  expect_out "^fidelity: under the recorded policy .*within 3 %" "the check still uses the recorded policy"
+  CUDAPOOL_CONF=max_split_size_mb:128 expect_rc 0 "replay with CUDAPOOL_CONF set" -- "$cp" replay "$tmp/rec.csv"
+  expect_out "^policy: max_split_size_mb:128 \(from \\\$CUDAPOOL_CONF\)" "the environment overrides the recorded policy"
+  expect_rc 0 "tune of a recorded trace" -- "$cp" tune "$tmp/rec.csv" --budget 8
+  expect_out "^base policy: max_split_size_mb:64 \(from the trace's policy row\)" "tune starts from the recorded policy"
+  expect_out "^8 policies replayed \(frees as recorded" "tune replays frees as recorded"
+  expect_out "^runner-up: " "tune names the runner-up"
+  expect_rc 0 "tune with --conf as the base" -- "$cp" tune "$tmp/rec.csv" --conf "garbage_collection_threshold:0.8" --budget 4
+  expect_out "^base policy: garbage_collection_threshold:0.8 \(from --conf\)" "tune takes --conf as its base"
+  expect_rc 78 "tune with a bad base" -- "$cp" tune "$tmp/rec.csv" --conf "max_split_size_mb:3"
+else
+  fail "recording gpu_wait_reuse under the shim and the fake driver"
+fi
+# A multi-threaded cudaFree program: replayed as recorded it is exact, as cudaFreeAsync (what
+# replay did before traces recorded the call) it is far off, and replay says why.
+if record_fake threads "" "$tmp/threads.csv"; then
+  expect_rc 0 "replay a threaded cudaFree trace as cudaFreeAsync" -- "$cp" replay "$tmp/threads.csv" --free-as async
+  expect_out "^fidelity: .*NOT within 3 %" "the wrong free kind shows in the check"
+  expect_out "why it may differ: .*--free-as overrides the recorded free calls" "and the check says why"
+else
+  fail "recording threads under the shim and the fake driver"
+fi
+# Old traces keep working and say what they lack.
+expect_rc 0 "replay of a trace without the detail column" -- "$cp" replay $traces/train.csv
+expect_out "^frees: the trace does not say which call freed" "an old trace's frees are named unknown"
+expect_out "^fidelity: under the defaults .*within 3 %" "an old generated trace still replays to its peak"
+expect_rc 2 "replay refuses an unknown --free-as" -- "$cp" replay $traces/train.csv --free-as maybe
 expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf "" --conf "max_split_size_mb:64"
 expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
@@ -197,9 +239,9 @@ expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
 expect_rc 0 "tune with frees as cudaFree and fence latency" -- "$cp" tune $traces/gpu_torch.csv --budget 4 \
   --free-as sync --fence-latency-us 1000
 expect_out "frees as cudaFree, fence latency 1000 us" "tune says how frees were replayed"
-expect_out "\(defaults\) +926\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
+expect_out "\(base\) +926\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
 expect_rc 0 "tune with the default free kind" -- "$cp" tune $traces/gpu_torch.csv --budget 4
-expect_out "\(defaults\) +878\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
+expect_out "\(base\) +878\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
 expect_rc 2 "tune refuses an unknown free kind" -- "$cp" tune $traces/gpu_torch.csv --free-as sometimes
 
 # ---- report ----------------------------------------------------------------------------------
