@@ -130,6 +130,44 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
 }
 
 
+namespace {
+
+// Counts reserved and allocated bytes from the pool's events (forwarding them to the row sink,
+// when rows are kept), so the replay can find its peak without asking the pool for its stats
+// after every op.
+class CountingSink : public EventSink {
+ public:
+  explicit CountingSink(EventSink* next) : next_(next) {}
+  void on_event(const Event& e) override {
+    if (next_ != nullptr && !stopped_) next_->on_event(e);
+    const auto n = static_cast<std::int64_t>(e.size);
+    switch (e.kind) {
+      case EventKind::segment_alloc:
+      case EventKind::segment_map: reserved += n; break;
+      case EventKind::segment_free:
+      case EventKind::segment_unmap: reserved -= n; break;
+      case EventKind::allocate: allocated += n; break;
+      case EventKind::free: allocated -= n; break;
+      default: break;
+    }
+  }
+  void stop_forwarding() { stopped_ = true; }
+  std::int64_t reserved = 0, allocated = 0;
+
+ private:
+  EventSink* next_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+std::size_t op_at_time(const PreparedTrace& trace, std::int64_t ns_since_start) {
+  const std::int64_t t = trace.facts.start_ns + ns_since_start;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < trace.ops.size() && trace.ops[i].time_ns <= t; ++i) at = i;
+  return at;
+}
+
 ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config) {
   ReplayResult res;
   res.device_memory = config.device_memory ? *config.device_memory
@@ -141,9 +179,12 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   TraceClock clock(&now);
   std::vector<void*> slots(trace.slots, nullptr);
   auto start = std::chrono::steady_clock::now();
+  const bool counting = config.track_peak || config.snapshot_after_op;
+  CountingSink counter(config.collect_rows ? &collector : nullptr);
+  EventSink* sink = counting ? &counter : config.collect_rows ? static_cast<EventSink*>(&collector) : nullptr;
+  std::int64_t best_reserved = -1, best_allocated = -1;
   {
-    DevicePool pool(trace.facts.device, config.pool, upstream, fences,
-                    config.collect_rows ? &collector : nullptr);
+    DevicePool pool(trace.facts.device, config.pool, upstream, fences, sink);
     std::uint64_t index = 0;
     for (const ReplayOp& op : trace.ops) {
       fences.advance(++index, op.time_ns);
@@ -177,6 +218,17 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
         case ReplayOp::empty_cache:
           pool.empty_cache();
           break;
+      }
+      const std::size_t done = static_cast<std::size_t>(index - 1);
+      if (config.track_peak && (counter.reserved > best_reserved ||
+                                (counter.reserved == best_reserved && counter.allocated > best_allocated))) {
+        best_reserved = counter.reserved;
+        best_allocated = counter.allocated;
+        res.peak_op = done;
+      }
+      if (config.snapshot_after_op && *config.snapshot_after_op == done) {
+        res.snapshot = pool.snapshot();
+        counter.stop_forwarding();  // the rows end where the snapshot is taken
       }
     }
     res.stats = pool.stats();

@@ -71,6 +71,11 @@ struct ReplayConfig {
   std::int64_t fence_latency_ns = 0;
   FreeMode free_mode = FreeMode::recorded;
   bool collect_rows = false;  // keep the pool's own events as trace rows (for report)
+  // After this op (0-based index into PreparedTrace::ops) the pool's segments and blocks are
+  // copied into ReplayResult::snapshot, and collected rows stop there.
+  std::optional<std::size_t> snapshot_after_op;
+  // Find the op after which reserved was highest (then allocated): ReplayResult::peak_op.
+  bool track_peak = false;
 };
 
 // The device size assumed when neither the trace nor the user gives one: large enough that no
@@ -91,7 +96,12 @@ struct ReplayResult {
   // (the pool's num_device_alloc/free count only the first two).
   std::uint64_t upstream_calls = 0;
   std::vector<TraceRow> rows;             // when collect_rows
+  std::optional<Snapshot> snapshot;       // when snapshot_after_op
+  std::size_t peak_op = 0;                // when track_peak
 };
+
+// The index of the last op at or before `ns_since_start` of trace time (0 when none is).
+std::size_t op_at_time(const PreparedTrace& trace, std::int64_t ns_since_start);
 
 ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config);
 

@@ -279,5 +279,54 @@ expect_out "replay under the default policy" "report says where segments came fr
 expect_rc 66 "report to an unwritable place" -- "$cp" report $traces/train.csv -o /nonexistent/dir/r.html
 expect_rc 65 "report of a malformed trace" -- "$cp" report "$tmp/bad.csv"
 
+# ---- report --snapshot: a PyTorch memory snapshot, checked by a standard-library script -------
+check_snap() {  # check_snap DESCRIPTION REPORT-ARGS…: write a snapshot, check it against report's figures
+  local what=$1; shift
+  "$cp" report "$@" --snapshot "$tmp/snap.pickle" >"$tmp/rep.txt" 2>&1 || { fail "$what: report"; cat "$tmp/rep.txt"; return; }
+  python3 tests/tools/check_snapshot.py "$tmp/snap.pickle" "$tmp/rep.txt" >"$tmp/out" 2>&1 && ok || { fail "$what"; cat "$tmp/out"; }
+}
+check_snap "snapshot of the training trace at its peak" $traces/train.csv
+check_snap "snapshot of the serving trace at 0.2 s" $traces/serve.csv --at 0.2
+check_snap "snapshot of a plain RMM log" $traces/serve_rmm.csv
+check_snap "snapshot with expandable segments" $traces/gpu_torch_d2048.csv --conf expandable_segments:True
+[ -s "$tmp/rec.csv" ] && check_snap "snapshot of a trace the library recorded" "$tmp/rec.csv"
+expect_rc 0 "snapshot at the peak" -- "$cp" report $traces/train.csv --snapshot "$tmp/snap.pickle"
+expect_out "^snapshot at [0-9.]+ s \(the moment of peak reserved\): 88 segments" "the snapshot is taken at the peak"
+# The checks can fail: a block cut short, a report figure that disagrees, a lost trace event.
+corrupt() {  # corrupt PYTHON-STATEMENT: apply it to the snapshot `d`, then run the checker
+  python3 - "$tmp/snap.pickle" "$tmp/bad.pickle" "$1" <<'PY'
+import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+exec(sys.argv[3])
+pickle.dump(d, open(sys.argv[2], "wb"))
+PY
+  python3 tests/tools/check_snapshot.py "$tmp/bad.pickle" "$tmp/rep.txt" >"$tmp/out" 2>&1
+}
+"$cp" report $traces/train.csv --snapshot "$tmp/snap.pickle" >"$tmp/rep.txt" 2>&1
+corrupt "d['segments'][0]['blocks'][0]['size'] -= 512" && fail "a block cut short passes the check" || ok
+corrupt "d['segments'].pop()" && fail "a missing segment passes the check" || ok
+corrupt "d['device_traces'][0] = [e for e in d['device_traces'][0] if e['action'] != 'segment_alloc'][1:]" && \
+  fail "a trace that lost events passes the check" || ok
+corrupt "d['segments'][0]['segment_type'] = 'medium'" && fail "a bad segment_type passes the check" || ok
+corrupt "pass" && ok || fail "the unchanged snapshot fails the check"
+sed -i 's/ 88 segments,/ 87 segments,/' "$tmp/rep.txt"
+python3 tests/tools/check_snapshot.py "$tmp/snap.pickle" "$tmp/rep.txt" >/dev/null 2>&1 && \
+  fail "a report figure that disagrees passes the check" || ok
+expect_rc 2 "--at without --snapshot" -- "$cp" report $traces/train.csv --at 0.1
+expect_out "give --snapshot" "--at says what it needs"
+expect_rc 2 "--at past the trace's end" -- "$cp" report $traces/train.csv --snapshot "$tmp/x.pickle" --at 50
+expect_out "outside the trace, which lasts 0.76" "--at names the trace's length"
+expect_rc 66 "snapshot to an unwritable place" -- "$cp" report $traces/train.csv --snapshot /nonexistent/dir/s.pickle
+# Perfetto: one slice per allocation besides the counters.
+"$cp" report $traces/train.csv --perfetto "$tmp/p.json" >/dev/null 2>&1
+python3 - "$tmp/p.json" <<'PY' && ok || fail "Perfetto slices: one begin and one end per allocation"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+b = [e for e in ev if e["ph"] == "b"]
+e = {x["id"]: x["ts"] for x in ev if x["ph"] == "e"}
+assert len(b) == 1306, len(b)  # the trace's allocations
+assert len(e) == len(b) and all(e[x["id"]] >= x["ts"] for x in b)
+PY
+
 echo "cli tests: $passes passed, $fails failed"
 if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi
