@@ -11,7 +11,7 @@ namespace cudapool {
 
 enum class EventKind : std::uint8_t {
   allocate,          // ptr, size (rounded), requested, stream
-  free,              // ptr, size, requested, stream (the free's stream, or the block's)
+  free,              // ptr, size, requested, stream (the free's stream, or the block's), on_stream
   allocate_failure,  // size = requested, after release-and-retry failed
   segment_alloc,     // ptr = segment base, size = segment size (an upstream call)
   segment_free,      // ptr = segment base, size
@@ -32,6 +32,9 @@ struct Event {
   std::size_t requested;
   StreamId stream;
   std::int64_t duration_ns;  // upstream events: time the upstream took; else 0
+  // free: true for free_on_stream (cudaFreeAsync and its driver forms), false for free
+  // (cudaFree / cuMemFree). Lets a trace say which call the program made.
+  bool on_stream = false;
 };
 
 class EventSink {

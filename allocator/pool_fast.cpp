@@ -281,7 +281,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   if (b == nullptr && p != 0 && !I.tcaches.empty() && I.tc_reclaim_lent(p)) b = I.live.take(p);
   if (b == nullptr) return I.diagnose_bad_free(p);
   I.unallocate(b);
-  I.emit(EventKind::free, b->ptr, b->size, b->requested, stream);
+  I.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);
   if (!I.retired.empty()) I.retired.erase(stream);
   I.make_local(b, stream);
   if (!I.multi_threaded) I.note_thread();

@@ -456,8 +456,8 @@ struct DevicePool::Impl {
   }
 
   void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
-            std::int64_t ns = 0) {
-    if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns});
+            std::int64_t ns = 0, bool on_stream = false) {
+    if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns, on_stream});
   }
   // Every host wait on a fence goes through here: counted, and traced with its duration, since
   // a wait is where the pool can cost a program its CPU/GPU overlap. False, without waiting,

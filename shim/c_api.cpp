@@ -5,10 +5,13 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shim/export.h"
 #include "shim/runtime.h"
 #include "telemetry/logging.h"
+#include "telemetry/summary.h"
 
 using namespace cudapool;
 using namespace cudapool::shim;
@@ -81,6 +84,33 @@ CUDAPOOL_EXPORT int cudapool_get_stats(int device, struct cudapool_stats* out) {
   if (!any) return -1;
   *out = acc;
   return 0;
+}
+
+CUDAPOOL_EXPORT size_t cudapool_memory_stats_json(int device, char* buf, size_t size) {
+  std::string out = "{";
+  if (Runtime* rt = Runtime::peek()) {
+    // Sum the device's pools name by name: peaks of several contexts add up as the summary does.
+    std::vector<std::pair<std::string, std::int64_t>> sum;
+    rt->for_each_pool([&](ContextPool& cp) {
+      if (cp.device != device) return;
+      auto flat = flatten_stats(cp.pool.stats());
+      if (sum.empty()) sum = std::move(flat);
+      else
+        for (std::size_t i = 0; i < sum.size() && i < flat.size(); ++i) sum[i].second += flat[i].second;
+    });
+    bool first = true;
+    for (const auto& [name, value] : sum) {
+      fmt::format_to(std::back_inserter(out), "{}\"{}\": {}", first ? "" : ", ", name, value);
+      first = false;
+    }
+  }
+  out += "}";
+  if (buf != nullptr && size > 0) {
+    const size_t n = out.size() < size - 1 ? out.size() : size - 1;
+    std::memcpy(buf, out.data(), n);
+    buf[n] = '\0';
+  }
+  return out.size();
 }
 
 CUDAPOOL_EXPORT int64_t cudapool_passthrough_count(const char* kind) {

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-#define CUDAPOOL_API_VERSION 1
+#define CUDAPOOL_API_VERSION 2
 
 /* A few headline counters of one device's pool (PyTorch memory_stats names in comments). */
 struct cudapool_stats {
@@ -39,6 +39,12 @@ int cudapool_active(void);
 /* Sums the pools of `device` (several contexts on one device add up) into *out.
  * Returns 0, or -1 when no pool of that device exists yet. */
 int cudapool_get_stats(int device, struct cudapool_stats* out);
+/* Every counter of the pools of `device` (summed over its contexts) as one JSON object, keyed
+ * by torch.cuda.memory_stats()'s names ("allocated_bytes.all.current", "num_ooms", …, then
+ * cudapool's own: cache_hits, fence_waits, …; docs/trace-format.md lists them), values integers.
+ * "{}" when no pool of that device exists yet. Writes at most `size` bytes including the NUL;
+ * returns the full length without it (snprintf-style). Since API version 2. */
+size_t cudapool_memory_stats_json(int device, char* buf, size_t size);
 /* Pass-through decisions so far of one kind: "backend", "foreign_pointer", "capture",
  * "no_context", "exiting". -1 for an unknown kind. */
 int64_t cudapool_passthrough_count(const char* kind);

@@ -5,6 +5,8 @@
 #include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/streams.h"
+#include "shim/log_audit.h"
+#include "telemetry/trace.h"
 
 using namespace cudapool::shim;
 
@@ -36,7 +38,9 @@ CUcontext primary_context(const RealDriver& d, CUdevice dev) {
 void track_new_stream(CUstream s, unsigned flags) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr || !rt->native()) return;
-  if (ContextPool* cp = rt->current_pool()) cp->fences.add_stream(s, (flags & CU_STREAM_NON_BLOCKING) != 0);
+  const bool non_blocking = (flags & CU_STREAM_NON_BLOCKING) != 0;
+  if (ContextPool* cp = rt->current_pool()) cp->fences.add_stream(s, non_blocking);
+  if (cudapool::TraceWriter* tw = trace_writer_of(nullptr)) tw->note_stream(reinterpret_cast<std::uintptr_t>(s), non_blocking);
 }
 
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool ptsz) {

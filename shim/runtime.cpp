@@ -128,8 +128,20 @@ Runtime* Runtime::start() noexcept {
   if (!rt->policy_.trace_file.empty()) {
     std::string err;
     auto writer = TraceWriter::open(rt->policy_.trace_file, &err);
-    if (writer) rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
-    else log_warn("trace file: {}", err);
+    if (writer) {
+      // The policy first, so that a replay of this trace defaults to it. Where the process
+      // wrote its files is no part of how its pool behaved, and a replay must not write there.
+      Policy recorded = rt->policy_;
+      recorded.log_level = Policy{}.log_level;
+      recorded.log_file.clear();
+      recorded.trace_file.clear();
+      recorded.stats_file.clear();
+      recorded.dump_signal = 0;
+      writer->note_policy(to_conf_string(recorded));
+      rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
+    } else {
+      log_warn("trace file: {}", err);
+    }
   }
   rt->sink_ = start_audit(rt->policy_, native, rt->sink_);  // start report, dump signal, log sink
   log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",

@@ -2,7 +2,10 @@
 //
 // The first six columns are RMM's logging_resource_adaptor columns, so RMM's replay benchmark
 // (after filtering to allocate/free rows) and pandas scripts written for RMM logs read it:
-//   Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns
+//   Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns,detail
+// `detail` says what replay needs to be faithful: the kind of free call on `free` rows, the kind
+// of a stream on `stream` rows, the process's policy on the `policy` row (docs/trace-format.md).
+// Traces written before that column existed (10 columns) are read too.
 //
 // Cost model: on_event() stores a fixed-size binary record in a preallocated buffer under one
 // mutex; formatting and write(2) happen only when the buffer fills, on flush(), at exit, or from
@@ -12,6 +15,7 @@
 #include <cstdint>
 #include <istream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,7 +39,20 @@ enum class TraceAction : std::uint8_t {
   fence_wait,        // "fence_wait": the host blocked on a fence (duration_ns)
   gpu_wait,          // "gpu_wait": pending memory (Size bytes) reused, the GPU waits for its fences
   device,            // "device": Size = the device's total memory (written once per pool)
+  policy,            // "policy": detail = the effective policy as a CUDAPOOL_CONF string (once)
+  stream,            // "stream": a stream the program created; detail = its kind
 };
+
+// The `detail` column, as a code (the policy row's text is kept by the reader, not per row).
+enum class TraceDetail : std::uint8_t {
+  none,                 // ""
+  free_sync,            // free row: "sync" = cudaFree / cuMemFree (DevicePool::free)
+  free_async,           // free row: "async" = cudaFreeAsync / cuMemFreeAsync (free_on_stream)
+  stream_blocking,      // stream row: "blocking" (synchronizes with the legacy default stream)
+  stream_non_blocking,  // stream row: "non_blocking" (CU_STREAM_NON_BLOCKING)
+  policy,               // policy row: the text is TraceReader::policy()
+};
+const char* trace_detail_name(TraceDetail d) noexcept;
 
 const char* trace_action_name(TraceAction a) noexcept;
 TraceAction trace_action_of(EventKind k) noexcept;
@@ -52,6 +69,7 @@ struct TraceRow {
   int device = 0;                 // plain RMM logs: 0
   std::size_t requested = 0;      // the caller's size; plain RMM logs: = size
   std::int64_t duration_ns = 0;   // upstream events: time the upstream took; else 0
+  TraceDetail detail = TraceDetail::none;  // older traces and RMM logs: none
 };
 
 class TraceWriter : public EventSink {
@@ -66,6 +84,11 @@ class TraceWriter : public EventSink {
   static std::unique_ptr<TraceWriter> open(const std::string& path, std::string* error);
   static std::unique_ptr<TraceWriter> open(const std::string& path, const Options& options,
                                            std::string* error);
+  // Writes the "policy" row (call once, right after open): `conf` is the process's effective
+  // policy as a CUDAPOOL_CONF string, so that a replay can default to it.
+  void note_policy(const std::string& conf);
+  // Writes a "stream" row: the program created `stream`, non-blocking or not.
+  void note_stream(std::uintptr_t stream, bool non_blocking);
   // Flushes and closes.
   ~TraceWriter() override;
   TraceWriter(const TraceWriter&) = delete;
@@ -95,8 +118,9 @@ class TraceWriter : public EventSink {
   std::unique_ptr<Impl> impl_;
 };
 
-// Formats one row (no newline) exactly as the writer does. Used by tests and tools.
-std::string format_trace_row(const TraceRow& row);
+// Formats one row (no newline) exactly as the writer does. Used by tests and tools. A policy
+// row's text is `policy_text` (quoted as CSV wants).
+std::string format_trace_row(const TraceRow& row, const std::string& policy_text = "");
 // The header line (no newline).
 const char* trace_header() noexcept;
 
@@ -113,6 +137,10 @@ class TraceReader {
   std::size_t line() const { return line_; }
   // true when the input is a plain RMM log (6 columns).
   bool rmm_only() const { return rmm_only_; }
+  // Columns of the format: 6 (RMM log), 10 (cudapool trace without detail), 11 (current).
+  int columns() const { return columns_; }
+  // The text of the policy row, once it was read (the first one, if several).
+  const std::optional<std::string>& policy() const { return policy_; }
 
  private:
   bool read_header();
@@ -126,9 +154,18 @@ class TraceReader {
   std::size_t line_ = 0;
   bool header_done_ = false;
   bool rmm_only_ = false;
+  int columns_ = 0;
+  std::optional<std::string> policy_;
+};
+
+// What a trace says about itself besides its rows.
+struct TraceMeta {
+  int columns = 0;                    // 6, 10 or 11 (see TraceReader::columns)
+  std::optional<std::string> policy;  // the recorded policy, when the trace has a policy row
 };
 
 // Reads a whole trace file. On error returns false with *error = "path:line: what".
-bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error);
+bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error,
+                     TraceMeta* meta = nullptr);
 
 }  // namespace cudapool

@@ -8,7 +8,19 @@
 namespace cudapool {
 
 const char* trace_header() noexcept {
-  return "Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns";
+  return "Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns,detail";
+}
+
+const char* trace_detail_name(TraceDetail d) noexcept {
+  switch (d) {
+    case TraceDetail::none: return "";
+    case TraceDetail::free_sync: return "sync";
+    case TraceDetail::free_async: return "async";
+    case TraceDetail::stream_blocking: return "blocking";
+    case TraceDetail::stream_non_blocking: return "non_blocking";
+    case TraceDetail::policy: return "";
+  }
+  return "";
 }
 
 const char* trace_action_name(TraceAction a) noexcept {
@@ -26,6 +38,8 @@ const char* trace_action_name(TraceAction a) noexcept {
     case TraceAction::fence_wait: return "fence_wait";
     case TraceAction::gpu_wait: return "gpu_wait";
     case TraceAction::device: return "device";
+    case TraceAction::policy: return "policy";
+    case TraceAction::stream: return "stream";
   }
   return "unknown";
 }
@@ -153,19 +167,33 @@ std::size_t format_row(const TraceRow& r, std::int64_t utc_offset_s, char* out) 
   p = put_i64(p, r.time_ns);
   *p++ = ',';
   p = put_i64(p, r.duration_ns);
+  *p++ = ',';
+  p = put_str(p, trace_detail_name(r.detail));
   *p++ = '\n';
   return static_cast<std::size_t>(p - out);
 }
 
+std::string quote_csv(const std::string& text) {
+  std::string q = "\"";
+  for (char c : text) {
+    if (c == '"') q += '"';
+    if (c == '\n' || c == '\r') c = ' ';  // one row per line, always
+    q += c;
+  }
+  return q + "\"";
+}
+
 }  // namespace trace_detail
 
-std::string format_trace_row(const TraceRow& row) {
+std::string format_trace_row(const TraceRow& row, const std::string& policy_text) {
   // localtime_r takes a global lock and may read the zone file: once per process is enough
   // (tools format millions of rows through here).
   static const std::int64_t offset = trace_detail::local_utc_offset_s();
   char buf[trace_detail::kMaxRowChars];
   std::size_t n = trace_detail::format_row(row, offset, buf);
-  return std::string(buf, n - 1);  // without the newline
+  std::string line(buf, n - 1);  // without the newline
+  if (row.detail == TraceDetail::policy) line += trace_detail::quote_csv(policy_text);
+  return line;
 }
 
 }  // namespace cudapool

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "telemetry/trace.h"
 
@@ -16,6 +17,10 @@ inline constexpr std::size_t kMaxRowChars = 256;
 std::int64_t local_utc_offset_s();
 
 // Formats `row` + '\n' at `out` (at least kMaxRowChars free). Returns the number of chars.
+// A policy row's detail is left empty: the caller appends quote_csv(text) before the newline.
 std::size_t format_row(const TraceRow& row, std::int64_t utc_offset_s, char* out) noexcept;
+
+// `text` as one CSV field: in double quotes, quotes doubled, line breaks made spaces.
+std::string quote_csv(const std::string& text);
 
 }  // namespace cudapool::trace_detail

@@ -14,9 +14,10 @@ namespace {
 
 constexpr std::string_view kRmmHeader = "Thread,Time,Action,Pointer,Size,Stream";
 constexpr std::string_view kExtraHeader = ",device,requested,time_ns,duration_ns";
+constexpr std::string_view kDetailHeader = ",detail";
 constexpr const char* kColumnNames[] = {"Thread", "Time",      "Action",  "Pointer", "Size",
                                         "Stream", "device",    "requested", "time_ns",
-                                        "duration_ns"};
+                                        "duration_ns", "detail"};
 
 bool parse_action(std::string_view s, TraceAction* out) {
   // The two actions of nearly every row first.
@@ -28,7 +29,7 @@ bool parse_action(std::string_view s, TraceAction* out) {
     *out = TraceAction::free;
     return true;
   }
-  for (int i = 0; i <= static_cast<int>(TraceAction::device); ++i) {
+  for (int i = 0; i <= static_cast<int>(TraceAction::stream); ++i) {
     auto a = static_cast<TraceAction>(i);
     if (s == trace_action_name(a)) {
       *out = a;
@@ -158,15 +159,21 @@ bool TraceReader::read_header() {
   if (h.substr(0, 3) == "\xEF\xBB\xBF") h.remove_prefix(3);
   if (h == kRmmHeader) {
     rmm_only_ = true;
+    columns_ = 6;
     return true;
   }
-  if (h.size() == kRmmHeader.size() + kExtraHeader.size() && h.substr(0, kRmmHeader.size()) == kRmmHeader &&
-      h.substr(kRmmHeader.size()) == kExtraHeader) {
-    rmm_only_ = false;
+  const std::string ten = std::string(kRmmHeader) + std::string(kExtraHeader);
+  if (h == ten) {
+    columns_ = 10;  // written before the detail column existed
     return true;
   }
-  return fail("header is " + show(h) + "; expected '" + std::string(kRmmHeader) +
-              "' (RMM log) or that followed by '" + std::string(kExtraHeader) + "' (cudapool trace)");
+  if (h == ten + std::string(kDetailHeader)) {
+    columns_ = 11;
+    return true;
+  }
+  return fail("header is " + show(h) + "; expected '" + std::string(kRmmHeader) + "' (RMM log) or that followed by '" +
+              std::string(kExtraHeader) + std::string(kDetailHeader) + "' (cudapool trace; older ones lack '" +
+              std::string(kDetailHeader) + "')");
 }
 
 bool TraceReader::next(TraceRow* row) {
@@ -177,15 +184,20 @@ bool TraceReader::next(TraceRow* row) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   if (line.empty()) return fail("empty line (a trace has no blank lines)");
 
-  const std::size_t want = rmm_only_ ? 6 : 10;
-  std::string_view f[10];
+  const auto want = static_cast<std::size_t>(columns_);
+  std::string_view f[11];
   std::size_t n = 0;
   std::string_view rest = line;
   while (true) {
-    std::size_t comma = rest.find(',');
     if (n == want) {
       return fail("more than " + std::to_string(want) + " columns");
     }
+    // The detail column (the last) may be a quoted CSV field with commas in it (the policy).
+    if (n == 10 && !rest.empty() && rest.front() == '"') {
+      f[n++] = rest;
+      break;
+    }
+    std::size_t comma = rest.find(',');
     f[n++] = rest.substr(0, comma);
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
@@ -227,11 +239,38 @@ bool TraceReader::next(TraceRow* row) {
     if (!parse_dec(f[8], &r.time_ns) || r.time_ns < 0) return bad(8, "is not a time in ns");
     if (!parse_dec(f[9], &r.duration_ns) || r.duration_ns < 0) return bad(9, "is not a duration in ns");
   }
+  if (columns_ == 11) {
+    const std::string_view d = f[10];
+    if (r.action == TraceAction::policy) {
+      // A quoted field: "…" with "" for a quote inside.
+      if (d.size() < 2 || d.front() != '"' || d.back() != '"') return bad(10, "is not a quoted policy string");
+      std::string text;
+      for (std::size_t i = 1; i + 1 < d.size(); ++i) {
+        if (d[i] == '"') {
+          if (i + 2 >= d.size() || d[i + 1] != '"') return bad(10, "has a lone '\"' inside the quoted policy");
+          ++i;
+        }
+        text += d[i];
+      }
+      r.detail = TraceDetail::policy;
+      if (!policy_) policy_ = std::move(text);
+    } else if (d.empty()) {
+      r.detail = TraceDetail::none;
+    } else if (r.action == TraceAction::free && (d == "sync" || d == "async")) {
+      r.detail = d == "sync" ? TraceDetail::free_sync : TraceDetail::free_async;
+    } else if (r.action == TraceAction::stream && (d == "blocking" || d == "non_blocking")) {
+      r.detail = d == "blocking" ? TraceDetail::stream_blocking : TraceDetail::stream_non_blocking;
+    } else {
+      return bad(10, r.action == TraceAction::free     ? "is not a free kind (sync, async or empty)"
+                     : r.action == TraceAction::stream ? "is not a stream kind (blocking, non_blocking or empty)"
+                                                       : "must be empty for this action");
+    }
+  }
   *row = r;
   return true;
 }
 
-bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error) {
+bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error, TraceMeta* meta) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (error) *error = path + ": cannot open";
@@ -240,6 +279,10 @@ bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::
   TraceReader reader(in);
   TraceRow row;
   while (reader.next(&row)) rows->push_back(row);
+  if (meta != nullptr) {
+    meta->columns = reader.columns();
+    meta->policy = reader.policy();
+  }
   if (!reader.error().empty()) {
     if (error) *error = path + ":" + reader.error().substr(5);  // "line N: …" → "path:N: …"
     return false;

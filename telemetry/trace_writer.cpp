@@ -70,6 +70,7 @@ struct Record {
   std::int64_t duration_ns;
   std::int32_t device;
   TraceAction action;
+  TraceDetail detail;
 };
 
 struct Buffer {
@@ -175,6 +176,7 @@ struct TraceWriter::Impl {
       row.device = r.device;
       row.requested = r.requested;
       row.duration_ns = r.duration_ns;
+      row.detail = r.detail;
       used += trace_detail::format_row(row, utc_offset_s, out + used);
       if (kOutBytes - used < trace_detail::kMaxRowChars) {
         if (!write_all(fd, out, used)) write_failed.store(true, std::memory_order_relaxed);
@@ -422,6 +424,9 @@ void TraceWriter::on_event(const Event& e) {
   r.duration_ns = e.duration_ns;
   r.device = e.device;
   r.action = trace_action_of(e.kind);
+  r.detail = e.kind != EventKind::free ? TraceDetail::none
+             : e.on_stream            ? TraceDetail::free_async
+                                      : TraceDetail::free_sync;
   w.push(r);
   // A failed allocation is often followed by the program dying: put the trace on disk now.
   // Same after the exit flush: nothing else will write these rows.
@@ -440,7 +445,44 @@ void TraceWriter::note_device(int device, std::size_t total_bytes) {
   r.requested = total_bytes;
   r.device = device;
   r.action = TraceAction::device;
+  r.detail = TraceDetail::none;
   w.push(r);
+}
+
+void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
+  Impl& w = *impl_;
+  if (w.disowned.load(std::memory_order_relaxed)) return;
+  Record r{};
+  r.stamp = w.clock.now();
+  r.thread = thread_id();
+  r.stream = stream;
+  r.action = TraceAction::stream;
+  r.detail = non_blocking ? TraceDetail::stream_non_blocking : TraceDetail::stream_blocking;
+  w.push(r);
+}
+
+void TraceWriter::note_policy(const std::string& conf) {
+  Impl& w = *impl_;
+  if (w.disowned.load(std::memory_order_relaxed)) return;
+  // Rows recorded before it go first, so the file keeps the recording order.
+  w.flush();
+  std::lock_guard<std::mutex> f(w.flush_mu);
+  TraceRow row;
+  row.thread = thread_id();
+  w.clock.begin_batch();
+  row.time_ns = w.clock.to_epoch_ns(w.clock.now());
+  row.action = TraceAction::policy;
+  row.detail = TraceDetail::policy;
+  char buf[trace_detail::kMaxRowChars];
+  std::size_t n = trace_detail::format_row(row, w.utc_offset_s, buf);
+  std::string line(buf, n - 1);
+  line += trace_detail::quote_csv(conf);
+  line += '\n';
+  if (!write_all(w.fd, line.data(), line.size())) w.write_failed.store(true, std::memory_order_relaxed);
+  {
+    std::lock_guard<SpinLock> lock(w.mu);
+    ++w.rows;
+  }
 }
 
 void TraceWriter::flush() {

@@ -38,12 +38,18 @@ bool device_memory_option(const std::string& text, std::optional<std::size_t>* o
 void FreeReplayOptions::add_to(CLI::App* sub) {
   sub->add_option("--fence-latency-us", fence_latency_us, "simulated GPU lag behind a free, in trace time")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--free-as", free_as, "replay frees as cudaFreeAsync (async) or cudaFree (sync)")
-      ->check(CLI::IsMember({"async", "sync"}));
+  sub->add_option("--free-as", free_as,
+                  "replay each free as the trace records it (recorded; cudaFreeAsync where it does not say), "
+                  "or every free as cudaFreeAsync (async) or cudaFree (sync)")
+      ->check(CLI::IsMember({"recorded", "async", "sync"}));
+}
+
+FreeMode FreeReplayOptions::mode() const {
+  return free_as == "sync" ? FreeMode::sync : free_as == "async" ? FreeMode::async : FreeMode::recorded;
 }
 
 void FreeReplayOptions::apply(ReplayConfig* rc) const {
-  rc->free_mode = free_as == "sync" ? FreeMode::sync : FreeMode::async;
+  rc->free_mode = mode();
   rc->fence_latency_ns = static_cast<std::int64_t>(fence_latency_us * 1000.0);
 }
 

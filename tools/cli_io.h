@@ -20,13 +20,16 @@ bool write_text_file(const std::string& path, const std::string& text, const cha
 // why) when it is not one.
 bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who);
 
-// --free-as async|sync and --fence-latency-us X: how frees replay (replay, tune).
+// --free-as recorded|async|sync and --fence-latency-us X: how frees replay (replay, tune).
 struct FreeReplayOptions {
-  std::string free_as = "async";
+  std::string free_as = "recorded";
   double fence_latency_us = 0;
   void add_to(CLI::App* sub);
   void apply(ReplayConfig* rc) const;
-  const char* free_call() const { return free_as == "sync" ? "cudaFree" : "cudaFreeAsync"; }
+  FreeMode mode() const;
+  const char* free_call() const {
+    return free_as == "sync" ? "cudaFree" : free_as == "async" ? "cudaFreeAsync" : "recorded";
+  }
 };
 
 }  // namespace cudapool::tools

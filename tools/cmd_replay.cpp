@@ -9,6 +9,7 @@
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/compare.h"
+#include "tools/fidelity.h"
 #include "tools/policies.h"
 #include "tools/replay.h"
 #include "tools/trace_input.h"
@@ -30,21 +31,35 @@ struct ReplayCliOptions {
 };
 
 int replay_main(const ReplayCliOptions& o) {
-  ReplayConfig base;
-  if (!device_memory_option(o.device_memory, &base.device_memory, "cudapool replay")) return kExitUsage;
-  o.frees.apply(&base);
+  ReplayConfig base_cfg;
+  if (!device_memory_option(o.device_memory, &base_cfg.device_memory, "cudapool replay")) return kExitUsage;
+  o.frees.apply(&base_cfg);
 
-  // The policies: --conf as given; a sweep over the first (or the defaults); with neither, the
-  // environment's CUDAPOOL_CONF, so that a replay stands in for a program under the library.
+  // The policies: --conf as given; a sweep over the first (or the base); with neither, the base:
+  // $CUDAPOOL_CONF when set (a replay stands in for a program under the library, as `ab
+  // --no-preload` runs it), else the policy the trace records, else the defaults.
   std::vector<NamedConf> policies;
   for (const auto& c : o.confs) policies.push_back({c.empty() ? "defaults" : c, c});
-  if (!o.sweep.empty()) {
-    if (policies.size() > 1) {
-      std::fprintf(stderr, "cudapool replay: --sweep takes at most one --conf (its base)\n");
-      return kExitUsage;
+  if (!o.sweep.empty() && policies.size() > 1) {
+    std::fprintf(stderr, "cudapool replay: --sweep takes at most one --conf (its base)\n");
+    return kExitUsage;
+  }
+  for (const auto& p : policies) {
+    Policy check;
+    std::string err;
+    if (!policy_from_conf(p.conf, &check, &err)) {
+      std::fprintf(stderr, "cudapool replay: invalid policy '%s': %s\n", p.conf.c_str(), err.c_str());
+      return kPolicyErrorExitStatus;
     }
+  }
+
+  LoadedTrace loaded;
+  if (int rc = load_trace(o.trace, o.device, &loaded, "cudapool replay"); rc != 0) return rc;
+  const TraceFacts& facts = loaded.prepared.facts;
+  const BasePolicy base = choose_base_policy(facts, policies.empty() ? std::nullopt : std::optional(policies.front().conf));
+  if (policies.empty()) policies.push_back({base.conf.empty() ? "defaults" : base.conf, base.conf});
+  if (!o.sweep.empty()) {
     // The base stays as the first column, the reference each swept value is read against.
-    if (policies.empty()) policies.push_back({"defaults", ""});
     std::string sweep_base = policies.front().conf;
     policies.resize(1);
     std::string err;
@@ -53,23 +68,22 @@ int replay_main(const ReplayCliOptions& o) {
       return kExitUsage;
     }
   }
-  if (policies.empty()) {
-    const char* env = std::getenv("CUDAPOOL_CONF");
-    std::string conf = env ? env : "";
-    policies.push_back({conf.empty() ? "defaults" : conf, conf});
-  }
   std::vector<Policy> options(policies.size());
   for (std::size_t i = 0; i < policies.size(); ++i) {
     std::string err;
     if (!policy_from_conf(policies[i].conf, &options[i], &err)) {
-      std::fprintf(stderr, "cudapool replay: invalid policy '%s': %s\n", policies[i].conf.c_str(), err.c_str());
+      const bool recorded = i == 0 && base.recorded && o.confs.empty();
+      std::fprintf(stderr, "cudapool replay: invalid policy '%s'%s: %s\n", policies[i].conf.c_str(),
+                   recorded ? " (the trace's policy row; override it with --conf)" : "", err.c_str());
       return kPolicyErrorExitStatus;
     }
   }
-
-  LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, o.device, &loaded, "cudapool replay"); rc != 0) return rc;
-  if (!o.quiet) print_trace_facts(o.trace, loaded);
+  if (!o.quiet) {
+    print_trace_facts(o.trace, loaded);
+    if (o.confs.empty())
+      std::printf("policy: %s (%s)\n", base.conf.empty() ? "the defaults" : base.conf.c_str(), base.origin.c_str());
+    std::printf("%s\n", describe_frees(facts, o.frees.mode()).c_str());
+  }
 
   std::vector<std::string> names;
   std::vector<Metrics> results;
@@ -77,7 +91,7 @@ int replay_main(const ReplayCliOptions& o) {
   double seconds = 0;
   std::size_t ops = 0;
   for (std::size_t i = 0; i < policies.size(); ++i) {
-    ReplayConfig cfg = base;
+    ReplayConfig cfg = base_cfg;
     cfg.pool = options[i].pool;
     raw.push_back(replay_trace(loaded.prepared, cfg));
     seconds += raw.back().seconds;
@@ -88,6 +102,27 @@ int replay_main(const ReplayCliOptions& o) {
     results.back().values[5].reset();
     // The simulated device counts expandable map/unmap calls too.
     results.back().values[4] = static_cast<double>(raw.back().upstream_calls);
+  }
+  // Does a replay under the trace's own policy give back its recorded peak? Compared with the
+  // column that is that policy, else with one more replay.
+  if (!o.quiet) {
+    BasePolicy under = facts.recorded_policy ? BasePolicy{*facts.recorded_policy, "the trace's policy row", true}
+                                             : BasePolicy{policies.front().conf, "", false};
+    const std::string want = canonical_conf(under.conf);
+    const ReplayResult* match = nullptr;
+    for (std::size_t i = 0; i < policies.size() && !match; ++i)
+      if (canonical_conf(policies[i].conf) == want) match = &raw[i];
+    ReplayResult extra;
+    if (!match) {
+      ReplayConfig cfg = base_cfg;
+      std::string err;
+      if (pool_options_from_conf(under.conf, &cfg.pool, &err)) {
+        extra = replay_trace(loaded.prepared, cfg);
+        match = &extra;
+      }
+    }
+    if (match)
+      std::printf("%s\n", check_fidelity(facts, under, *match, o.frees.mode(), o.frees.fence_latency_us).line.c_str());
   }
   Table t = policy_table(names, results);
   std::vector<std::string> fails{"failed allocations"}, served{"device memory"};
@@ -149,9 +184,9 @@ void add_replay_command(CLI::App& root, int* exit_status) {
   auto o = std::make_shared<ReplayCliOptions>();
   CLI::App* sub = root.add_subcommand("replay", "replay a trace through the pool on a simulated device (no GPU)");
   sub->add_option("trace", o->trace, "cudapool trace CSV or plain RMM log")->required();
-  sub->add_option("--conf", o->confs, "policy string; repeat for a side-by-side table (default: $CUDAPOOL_CONF)")
+  sub->add_option("--conf", o->confs, "policy string; repeat for a side-by-side table (default: $CUDAPOOL_CONF if set, else the trace's recorded policy, else the defaults)")
       ->allow_extra_args(false);
-  sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value over the --conf given (shown first)");
+  sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value over the --conf given, else the default policy (shown first)");
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   o->frees.add_to(sub);
   sub->add_option("--device", o->device, "device to replay (default: the busiest)");

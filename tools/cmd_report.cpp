@@ -1,4 +1,4 @@
-// `cudapool report TRACE [-o out.html] [--perfetto out.json] [--conf S]`
+// `cudapool report TRACE [-o out.html] [--perfetto out.json] [--conf S | --replay] [--snapshot F [--at S]]`
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -7,6 +7,9 @@
 #include "tools/analysis.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
+#include "tools/fidelity.h"
+#include "tools/snapshot.h"
+#include <optional>
 #include "tools/policies.h"
 #include "tools/render.h"
 #include "tools/trace_input.h"
@@ -16,7 +19,8 @@ namespace cudapool::tools {
 namespace {
 
 struct ReportOptions {
-  std::string trace, html, perfetto, conf;
+  std::string trace, html, perfetto, conf, snapshot;
+  std::optional<double> at_s;
   bool replay = false;
 };
 
@@ -28,19 +32,53 @@ int report_main(const ReportOptions& o) {
   ctx.title = o.trace;
   const std::vector<TraceRow>* rows = &loaded.rows;
   ReplayResult replayed;
+  const std::int64_t duration_ns = f.end_ns - f.start_ns;
+  if (o.at_s && o.snapshot.empty()) {
+    std::fprintf(stderr, "cudapool report: --at chooses the moment of --snapshot; give --snapshot FILE.pickle too\n");
+    return kExitUsage;
+  }
+  if (o.at_s && (*o.at_s < 0 || *o.at_s * 1e9 > static_cast<double>(duration_ns) + 0.5)) {
+    std::fprintf(stderr, "cudapool report: --at %g is outside the trace, which lasts %.6f s (give 0 to %.6f)\n", *o.at_s,
+                 static_cast<double>(duration_ns) * 1e-9, static_cast<double>(duration_ns) * 1e-9);
+    return kExitUsage;
+  }
+  // The snapshot's segments are the pool's placement in a replay; the report then shows that
+  // same replay, so that its figures and the snapshot's agree.
+  const bool snapshot = !o.snapshot.empty();
   // A plain allocation log has no segments: replay it to show what the pool would reserve.
-  if (f.rmm_only || o.replay || !o.conf.empty()) {
+  if (f.rmm_only || o.replay || !o.conf.empty() || snapshot) {
+    const BasePolicy base = !o.conf.empty() ? BasePolicy{o.conf, "from --conf", false}
+                            : o.replay      ? BasePolicy{"", "", false}
+                                            : choose_base_policy(f, std::nullopt);
     ReplayConfig cfg;
     std::string err;
-    if (!pool_options_from_conf(o.conf, &cfg.pool, &err)) {
-      std::fprintf(stderr, "cudapool report: invalid policy '%s': %s\n", o.conf.c_str(), err.c_str());
+    if (!pool_options_from_conf(base.conf, &cfg.pool, &err)) {
+      std::fprintf(stderr, "cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
     cfg.collect_rows = true;
     replayed = replay_trace(loaded.prepared, cfg);
     rows = &replayed.rows;
-    ctx.source_note = "segments from a replay under " + (o.conf.empty() ? std::string("the default policy") : o.conf) +
+    ctx.source_note = "segments from a replay under " +
+                      (base.conf.empty() ? std::string("the default policy") : base.conf) +
+                      (base.recorded ? " (the trace's own)" : "") +
                       (f.rmm_only ? " (the trace records allocations only)" : "");
+    if (snapshot) {
+      cfg.collect_rows = false;
+      SnapshotFigures fig;
+      std::optional<std::int64_t> at;
+      if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
+      std::string bytes = snapshot_from_replay(loaded.prepared, cfg, at, base.conf, &fig);
+      if (!write_text_file(o.snapshot, bytes, "cudapool report")) return kExitNoInput;
+      std::printf("snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
+                  "%zu of %zu blocks active, %zu trace events\n",
+                  static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at",
+                  fig.segments, static_cast<unsigned long long>(fig.reserved),
+                  static_cast<unsigned long long>(fig.allocated), static_cast<unsigned long long>(fig.requested),
+                  fig.active_blocks, fig.blocks, fig.events);
+      std::printf("wrote %s (PyTorch memory snapshot: pytorch.org/memory_viz or torch.cuda._memory_viz)\n",
+                  o.snapshot.c_str());
+    }
     ctx.device_memory = replayed.device_memory == kUnknownDeviceMemory ? 0 : replayed.device_memory;
   } else {
     ctx.device_memory = f.device_memory.value_or(0);
@@ -64,6 +102,9 @@ void add_report_command(CLI::App& root, int* exit_status) {
   sub->add_option("--perfetto", o->perfetto, "write Chrome/Perfetto trace-event JSON here");
   sub->add_option("--conf", o->conf, "replay under this policy and report the replay");
   sub->add_flag("--replay", o->replay, "report a replay under the defaults instead of the recorded pool");
+  sub->add_option("--snapshot", o->snapshot,
+                  "write a PyTorch memory snapshot (pickle) of a replay under the trace's policy (or --conf)");
+  sub->add_option("--at", o->at_s, "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");
   sub->callback([o, exit_status] { *exit_status = report_main(*o); });
 }
 

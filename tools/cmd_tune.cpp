@@ -1,11 +1,15 @@
-// `cudapool tune TRACE [--budget N] [--bound X] [--device-memory SIZE] [--free-as async|sync]
-//  [--fence-latency-us X] [--top N]`
+// `cudapool tune TRACE [--conf BASE] [--budget N] [--bound X] [--device-memory SIZE]
+//  [--free-as recorded|async|sync] [--fence-latency-us X] [--top N]`
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
+#include "config/policy.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
+#include "tools/fidelity.h"
+#include "tools/policies.h"
 #include "tools/table.h"
 #include "tools/trace_input.h"
 #include "tools/tune.h"
@@ -17,7 +21,8 @@ namespace {
 
 struct TuneCliOptions {
   std::string trace;
-  int budget = 40;
+  std::optional<std::string> conf;
+  int budget = 60;
   double bound = 1.5;
   std::string device_memory;
   FreeReplayOptions frees;
@@ -29,23 +34,62 @@ int tune_main(const TuneCliOptions& o) {
   cfg.budget = o.budget;
   cfg.call_bound = o.bound;
   if (!device_memory_option(o.device_memory, &cfg.replay.device_memory, "cudapool tune")) return kExitUsage;
-  // As for replay: a program that frees with cudaFree (PyTorch without its cache, legacy code) is
-  // tuned against the wrong baseline unless its frees replay as cudaFree.
+  if (o.conf) {
+    Policy p;
+    std::string err;
+    if (!policy_from_conf(*o.conf, &p, &err)) {
+      std::fprintf(stderr, "cudapool tune: invalid --conf '%s': %s\n", o.conf->c_str(), err.c_str());
+      return kPolicyErrorExitStatus;
+    }
+  }
+  // Frees replay as the trace records them unless --free-as says otherwise: a program that frees
+  // with cudaFree (PyTorch without its cache, legacy code) is tuned against the wrong baseline
+  // if its frees replay as cudaFreeAsync.
   o.frees.apply(&cfg.replay);
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune"); rc != 0) return rc;
+  const TraceFacts& facts = loaded.prepared.facts;
   print_trace_facts(o.trace, loaded);
+  const BasePolicy base = choose_base_policy(facts, o.conf);
+  {
+    Policy p;
+    std::string err;
+    if (!policy_from_conf(base.conf, &p, &err)) {
+      std::fprintf(stderr, "cudapool tune: invalid base policy '%s' (%s; give another with --conf): %s\n",
+                   base.conf.c_str(), base.origin.c_str(), err.c_str());
+      return kPolicyErrorExitStatus;
+    }
+  }
+  cfg.base = base.conf;
+  std::printf("base policy: %s (%s)\n", base.conf.empty() ? "the defaults" : base.conf.c_str(), base.origin.c_str());
+  std::printf("%s\n", describe_frees(facts, o.frees.mode()).c_str());
+  const FreeMode mode = o.frees.mode();
+  const bool sync_frees = mode == FreeMode::sync || (mode == FreeMode::recorded && facts.sync_frees > 0);
+  if (!sync_frees) std::printf("free_sync not searched: no free replays as cudaFree, so it changes nothing\n");
 
   TuneResult result;
   std::string error;
-  if (!tune(loaded.prepared, default_search_space(loaded.prepared.facts), cfg, &result, &error)) {
+  if (!tune(loaded.prepared, default_search_space(facts, sync_frees), cfg, &result, &error)) {
     std::fprintf(stderr, "cudapool tune: %s\n", error.c_str());
-    return 70;  // EX_SOFTWARE: the search space produced a string config/ rejects
+    return kPolicyErrorExitStatus;
   }
   const Candidate& def = result.ranked[result.default_index];
+  // Fidelity: against the base's replay when the base is the recorded policy, else one more.
+  {
+    BasePolicy under = facts.recorded_policy ? BasePolicy{*facts.recorded_policy, "", true} : base;
+    if (under.recorded && !base.recorded) {
+      ReplayConfig rc = cfg.replay;
+      std::string err;
+      if (pool_options_from_conf(under.conf, &rc.pool, &err))
+        std::printf("%s\n", check_fidelity(facts, under, replay_trace(loaded.prepared, rc), mode,
+                                           o.frees.fence_latency_us).line.c_str());
+    } else {
+      std::printf("%s\n", check_fidelity(facts, under, def.result, mode, o.frees.fence_latency_us).line.c_str());
+    }
+  }
   double def_peak = static_cast<double>(def.result.stats.reserved_bytes[kAll].peak);
   Table t;
-  t.header = {"rank", "policy", "peak reserved", "vs default", "upstream calls", "fragmentation", "OOMs", "within bound"};
+  t.header = {"rank", "change from the base", "peak reserved", "vs base", "upstream calls", "fragmentation", "OOMs", "within bound"};
   for (std::size_t i = 0; i < result.ranked.size() && static_cast<int>(i) < o.top; ++i) {
     const Candidate& c = result.ranked[i];
     const Stats& s = c.result.stats;
@@ -54,18 +98,21 @@ int tune_main(const TuneCliOptions& o) {
     char vs[32], frag[32];
     std::snprintf(vs, sizeof vs, "%+.1f %%", def_peak > 0 ? (peak / def_peak - 1.0) * 100.0 : 0.0);
     std::snprintf(frag, sizeof frag, "%.1f %%", peak > 0 ? (1.0 - alloc / peak) * 100.0 : 0.0);
-    t.add({std::to_string(i + 1), c.conf.empty() ? "(defaults)" : c.conf, format_bytes(peak), vs,
+    t.add({std::to_string(i + 1), c.changes.empty() ? "(base)" : c.changes, format_bytes(peak), vs,
            std::to_string(c.result.upstream_calls), frag, std::to_string(s.num_ooms),
            c.feasible ? "yes" : "no"});
   }
-  std::printf("%zu policies replayed (frees as %s, fence latency %g us); bound: upstream calls <= %.1f x the "
-              "defaults' (%.0f), OOMs <= the defaults'\n",
-              result.ranked.size(), o.frees.free_call(), o.frees.fence_latency_us, o.bound,
-              result.call_limit);
+  std::printf("%zu policies replayed (frees %s, fence latency %g us); bound: upstream calls + fence waits <= "
+              "%.1f x the base's (%.0f), OOMs <= the base's\n",
+              result.ranked.size(),
+              mode == FreeMode::recorded ? "as recorded" : (std::string("as ") + o.frees.free_call()).c_str(),
+              o.frees.fence_latency_us, o.bound, result.call_limit);
   std::printf("%s", t.to_text().c_str());
+  for (const auto& line : explain_pick(result)) std::printf("%s\n", line.c_str());
   const Candidate& best = result.ranked.front();
-  if (best.conf.empty())
-    std::printf("recommended: the defaults (no searched policy lowers peak reserved within the bound)\n");
+  if (best.changes.empty())
+    std::printf("recommended: the base policy%s (no searched policy lowers peak reserved within the bound)\n",
+                best.conf.empty() ? " (the defaults)" : (": CUDAPOOL_CONF=\"" + best.conf + "\"").c_str());
   else
     std::printf("recommended: CUDAPOOL_CONF=\"%s\"\n", best.conf.c_str());
   return 0;
@@ -77,10 +124,13 @@ void add_tune_command(CLI::App& root, int* exit_status) {
   auto o = std::make_shared<TuneCliOptions>();
   CLI::App* sub = root.add_subcommand("tune", "search policies on a trace; recommend a CUDAPOOL_CONF");
   sub->add_option("trace", o->trace, "cudapool trace CSV or plain RMM log")->required();
+  sub->add_option("--conf", o->conf,
+                  "base policy the search starts from and compares against (default: $CUDAPOOL_CONF if set, "
+                  "else the trace's recorded policy, else the defaults)");
   sub->add_option("--budget", o->budget, "replays at most")->check(CLI::Range(1, 100000));
-  sub->add_option("--bound", o->bound, "upstream calls allowed, as a multiple of the defaults'")
+  sub->add_option("--bound", o->bound, "upstream calls + fence waits allowed, as a multiple of the base's")
       ->check(CLI::Range(1.0, 1000.0));
-  sub->add_option("--device-memory", o->device_memory, "simulated device size (default: recorded)");
+  sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   o->frees.add_to(sub);
   sub->add_option("--top", o->top, "rows of the ranked table")->check(CLI::Range(1, 100000));
   sub->callback([o, exit_status] { *exit_status = tune_main(*o); });

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "config/policy.h"
 #include "config/version.h"
 #include "tools/cli_io.h"
 #include "tools/policies.h"
@@ -29,12 +30,13 @@ int main(int argc, char** argv) {
   app.add_option("--device-memory", device_memory, "simulated device size");
   CLI11_PARSE(app, argc, argv);
 
-  PoolOptions options;
+  Policy policy;
   std::string err;
-  if (!pool_options_from_conf(conf, &options, &err)) {
+  if (!policy_from_conf(conf, &policy, &err)) {
     std::fprintf(stderr, "cudapool-gen-trace: %s\n", err.c_str());
     return 2;
   }
+  const PoolOptions& options = policy.pool;
   std::optional<std::size_t> total;
   if (!device_memory_option(device_memory, &total, "cudapool-gen-trace") || !total) return 2;
   o.device_memory = *total;
@@ -45,6 +47,13 @@ int main(int argc, char** argv) {
   }
   std::ofstream f(out, std::ios::binary);
   f << trace_header() << "\n";
+  // The policy row, as the library writes it: a replay of this file defaults to that policy.
+  TraceRow policy_row;
+  policy_row.thread = 1;
+  policy_row.time_ns = r.rows.empty() ? 0 : r.rows.front().time_ns;
+  policy_row.action = TraceAction::policy;
+  policy_row.detail = TraceDetail::policy;
+  f << format_trace_row(policy_row, to_conf_string(policy)) << "\n";
   for (const auto& row : r.rows) f << format_trace_row(row) << "\n";
   f.close();
   if (!f) {

@@ -27,6 +27,32 @@ std::string join_conf(const std::string& base, const std::string& extra) {
   return base + "," + extra;
 }
 
+std::string with_conf_key(const std::string& conf, const std::string& key, const std::string& value) {
+  std::string out, cur;
+  int depth = 0;
+  bool replaced = false;
+  auto flush = [&] {
+    if (cur.empty()) return;
+    const std::string k = cur.substr(0, cur.find_first_of(":="));
+    if (k == key) {
+      replaced = true;
+      if (!value.empty()) out = join_conf(out, key + ":" + value);
+    } else {
+      out = join_conf(out, cur);
+    }
+    cur.clear();
+  };
+  for (char c : conf) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) flush();
+    else cur += c;
+  }
+  flush();
+  if (!replaced && !value.empty()) out = join_conf(out, key + ":" + value);
+  return out;
+}
+
 bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out,
                   std::string* error) {
   auto eq = sweep.find('=');

@@ -25,6 +25,11 @@ bool pool_options_from_conf(const std::string& conf, PoolOptions* out, std::stri
 // "a,b" + "c" -> "a,c"-style join that skips empty parts.
 std::string join_conf(const std::string& base, const std::string& extra);
 
+// `conf` with `key` set to `value` (replacing the key's entry if `conf` has one; "" removes it).
+// `conf` is split at commas outside brackets; keys are compared as written, so give it config/'s
+// canonical spelling (to_conf_string).
+std::string with_conf_key(const std::string& conf, const std::string& key, const std::string& value);
+
 // --sweep "key=v1,v2,…" over `base`: one NamedConf per value ("key:v" appended to base).
 // Values may be lists in brackets ("roundup_power2_divisions=[256:1,>:4],8"): commas inside
 // brackets do not split. false with *error on a malformed sweep.

@@ -20,7 +20,9 @@ std::string render_html(const TraceReport& report, const ReportContext& context)
 
 // {"traceEvents":[…],"displayTimeUnit":"ms"}: counter events "allocated"/"reserved" (bytes) on
 // the device's process track (at most 200 000 points, see downsample()), instant events for OOMs,
-// failed allocations, GC and empty_cache; ts in microseconds from the trace start.
+// failed allocations, GC and empty_cache, and one async slice per allocation (category
+// "allocation", begin at its allocate row, end at its free row or the trace's end; at most
+// 200 000); ts in microseconds from the trace start.
 std::string render_perfetto(const TraceReport& report, const std::vector<TraceRow>& rows);
 
 // The terminal summary: peaks, fragmentation at the peak, segments, the largest sizes.

@@ -1,4 +1,6 @@
 #include <cstdio>
+#include <unordered_map>
+#include <utility>
 
 #include "tools/json_text.h"
 #include "tools/render.h"
@@ -35,6 +37,43 @@ std::string render_perfetto(const TraceReport& r, const std::vector<TraceRow>& r
     o += buf;
     o += "\"args\":{\"bytes\":" + std::to_string(row.size) + "}}";
   }
+  // One slice per allocation, from its allocate row to its free row (or the trace's end), as
+  // async events: overlapping allocations get lanes of their own. Capped like the counters.
+  constexpr std::size_t kMaxSlices = 200000;
+  std::unordered_map<std::uintptr_t, std::pair<std::uint64_t, std::size_t>> open;  // ptr -> (id, requested)
+  std::uint64_t next_id = 1;
+  std::size_t slices = 0;
+  std::int64_t last = start;
+  auto slice_end = [&](std::uint64_t id, std::size_t bytes, std::int64_t t) {
+    std::snprintf(buf, sizeof buf,
+                  ",\n{\"name\":\"%zu B\",\"cat\":\"allocation\",\"ph\":\"e\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f}",
+                  bytes, static_cast<unsigned long long>(id), pid.c_str(), static_cast<double>(t - start) / 1000.0);
+    o += buf;
+  };
+  for (const auto& row : rows) {
+    if (row.device != r.device) continue;
+    last = row.time_ns;
+    if (row.action == TraceAction::allocate && slices < kMaxSlices) {
+      const std::uint64_t id = next_id++;
+      ++slices;
+      open[row.ptr] = {id, row.requested};
+      std::snprintf(buf, sizeof buf,
+                    ",\n{\"name\":\"%zu B\",\"cat\":\"allocation\",\"ph\":\"b\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f,",
+                    row.requested, static_cast<unsigned long long>(id), pid.c_str(),
+                    static_cast<double>(row.time_ns - start) / 1000.0);
+      o += buf;
+      std::snprintf(buf, sizeof buf, "\"args\":{\"address\":\"0x%llx\",\"size\":%zu,\"requested\":%zu,\"stream\":\"0x%llx\"}}",
+                    static_cast<unsigned long long>(row.ptr), row.size, row.requested,
+                    static_cast<unsigned long long>(row.stream));
+      o += buf;
+    } else if (row.action == TraceAction::free) {
+      auto it = open.find(row.ptr);
+      if (it == open.end()) continue;
+      slice_end(it->second.first, it->second.second, row.time_ns);
+      open.erase(it);
+    }
+  }
+  for (const auto& [ptr, v] : open) slice_end(v.first, v.second, last);  // still live at the end
   o += "\n]}\n";
   return o;
 }

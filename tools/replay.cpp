@@ -34,17 +34,28 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   std::unordered_map<std::uintptr_t, LiveAlloc> live;  // trace pointer -> its allocation
   live.reserve(1024);
   std::unordered_set<std::uintptr_t> streams;
+  std::unordered_set<std::uint64_t> threads;
   std::unordered_set<int> others;
   bool saw_segments = false;
   std::int64_t reserved = 0, peak_reserved = 0;
   std::size_t allocated = 0;
   bool first = true;
   for (const auto& r : rows) {
+    // Process-wide rows, whatever their device column says.
+    if (r.action == TraceAction::policy) continue;  // its text comes through TraceMeta
+    if (r.action == TraceAction::stream) {
+      if (r.detail == TraceDetail::stream_non_blocking) ++f.non_blocking_streams;
+      else ++f.blocking_streams;
+      continue;
+    }
     if (r.device != device) {
       others.insert(r.device);
       continue;
     }
     if (first) f.start_ns = r.time_ns, first = false;
+    if (r.action == TraceAction::allocate || r.action == TraceAction::free) threads.insert(r.thread);
+    if (r.duration_ns > 0 && (r.action == TraceAction::segment_alloc || r.action == TraceAction::segment_map))
+      f.upstream_durations = true;
     f.end_ns = std::max(f.end_ns, r.time_ns);
     switch (r.action) {
       case TraceAction::allocate: {
@@ -67,7 +78,10 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
           break;
         }
         allocated -= it->second.size;
-        out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns});
+        out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns, r.detail});
+        if (r.detail == TraceDetail::free_sync) ++f.sync_frees;
+        else if (r.detail == TraceDetail::free_async) ++f.async_frees;
+        else ++f.unknown_frees;
         live.erase(it);
         ++f.frees;
         break;
@@ -101,9 +115,13 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
       case TraceAction::gpu_wait:
         saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
         break;
+      case TraceAction::policy:
+      case TraceAction::stream:
+        break;  // handled above
     }
   }
   f.streams = streams.size();
+  f.threads = threads.size();
   f.other_devices.assign(others.begin(), others.end());
   std::sort(f.other_devices.begin(), f.other_devices.end());
   f.rmm_only = !saw_segments;
@@ -111,6 +129,44 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   return out;
 }
 
+
+namespace {
+
+// Counts reserved and allocated bytes from the pool's events (forwarding them to the row sink,
+// when rows are kept), so the replay can find its peak without asking the pool for its stats
+// after every op.
+class CountingSink : public EventSink {
+ public:
+  explicit CountingSink(EventSink* next) : next_(next) {}
+  void on_event(const Event& e) override {
+    if (next_ != nullptr && !stopped_) next_->on_event(e);
+    const auto n = static_cast<std::int64_t>(e.size);
+    switch (e.kind) {
+      case EventKind::segment_alloc:
+      case EventKind::segment_map: reserved += n; break;
+      case EventKind::segment_free:
+      case EventKind::segment_unmap: reserved -= n; break;
+      case EventKind::allocate: allocated += n; break;
+      case EventKind::free: allocated -= n; break;
+      default: break;
+    }
+  }
+  void stop_forwarding() { stopped_ = true; }
+  std::int64_t reserved = 0, allocated = 0;
+
+ private:
+  EventSink* next_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+std::size_t op_at_time(const PreparedTrace& trace, std::int64_t ns_since_start) {
+  const std::int64_t t = trace.facts.start_ns + ns_since_start;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < trace.ops.size() && trace.ops[i].time_ns <= t; ++i) at = i;
+  return at;
+}
 
 ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config) {
   ReplayResult res;
@@ -123,9 +179,12 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   TraceClock clock(&now);
   std::vector<void*> slots(trace.slots, nullptr);
   auto start = std::chrono::steady_clock::now();
+  const bool counting = config.track_peak || config.snapshot_after_op;
+  CountingSink counter(config.collect_rows ? &collector : nullptr);
+  EventSink* sink = counting ? &counter : config.collect_rows ? static_cast<EventSink*>(&collector) : nullptr;
+  std::int64_t best_reserved = -1, best_allocated = -1;
   {
-    DevicePool pool(trace.facts.device, config.pool, upstream, fences,
-                    config.collect_rows ? &collector : nullptr);
+    DevicePool pool(trace.facts.device, config.pool, upstream, fences, sink);
     std::uint64_t index = 0;
     for (const ReplayOp& op : trace.ops) {
       fences.advance(++index, op.time_ns);
@@ -140,7 +199,9 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
         case ReplayOp::free: {
           void* p = slots[op.slot];
           if (!p) break;  // its allocation failed in this replay
-          FreeStatus s = config.free_mode == FreeMode::async ? pool.free_on_stream(p, op.stream) : pool.free(p);
+          const bool sync = config.free_mode == FreeMode::sync ||
+                            (config.free_mode == FreeMode::recorded && op.detail == TraceDetail::free_sync);
+          FreeStatus s = sync ? pool.free(p) : pool.free_on_stream(p, op.stream);
           if (s != FreeStatus::ok) ++res.bad_frees;
           slots[op.slot] = nullptr;
           break;
@@ -157,6 +218,17 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
         case ReplayOp::empty_cache:
           pool.empty_cache();
           break;
+      }
+      const std::size_t done = static_cast<std::size_t>(index - 1);
+      if (config.track_peak && (counter.reserved > best_reserved ||
+                                (counter.reserved == best_reserved && counter.allocated > best_allocated))) {
+        best_reserved = counter.reserved;
+        best_allocated = counter.allocated;
+        res.peak_op = done;
+      }
+      if (config.snapshot_after_op && *config.snapshot_after_op == done) {
+        res.snapshot = pool.snapshot();
+        counter.stop_forwarding();  // the rows end where the snapshot is taken
       }
     }
     res.stats = pool.stats();

@@ -22,6 +22,7 @@ struct ReplayOp {
   std::size_t size;         // allocate: the caller's requested size
   std::uintptr_t stream;
   std::int64_t time_ns;
+  TraceDetail detail = TraceDetail::none;  // free: the recorded call (free_sync / free_async / none)
 };
 
 // What the trace itself says, before any replay.
@@ -38,6 +39,14 @@ struct TraceFacts {
   std::size_t recorded_peak_allocated = 0;       // sum of live (rounded) allocation sizes
   std::int64_t start_ns = 0, end_ns = 0;
   std::size_t largest_allocation = 0;
+  // Frees by the call the program made (traces with the detail column), and those the trace does
+  // not say (older traces, RMM logs).
+  std::size_t sync_frees = 0, async_frees = 0, unknown_frees = 0;
+  // Streams the program created, by kind ("stream" rows).
+  std::size_t blocking_streams = 0, non_blocking_streams = 0;
+  std::optional<std::string> recorded_policy;  // the trace's policy row (set by load_trace)
+  std::size_t threads = 0;            // distinct Thread values on the replayed device's rows
+  bool upstream_durations = false;    // segment rows carry driver times: recorded on a real GPU
 };
 
 struct PreparedTrace {
@@ -49,18 +58,24 @@ struct PreparedTrace {
 // Chooses the device (`device` < 0: the one with the most allocations) and builds the ops.
 PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device = -1);
 
-// How a recorded free is replayed. The trace does not say whether the program called cudaFree
-// or cudaFreeAsync; `async` (the default) replays free_on_stream on the recorded stream, which is
-// what RMM logs mean and what the project's generator records; `sync` replays cudaFree, so
-// free_sync (fenced/device/immediate) takes effect.
-enum class FreeMode : std::uint8_t { async, sync };
+// How a recorded free is replayed. `recorded` (the default) replays each free as the call the
+// trace says the program made: cudaFree as DevicePool::free (so free_sync takes effect),
+// cudaFreeAsync as free_on_stream on the recorded stream; a free whose kind the trace does not
+// say (a trace written before the detail column, an RMM log) replays as free_on_stream, which is
+// what an RMM log means. `async` and `sync` replay every free one way, whatever the trace says.
+enum class FreeMode : std::uint8_t { recorded, async, sync };
 
 struct ReplayConfig {
   PoolOptions pool;
   std::optional<std::size_t> device_memory;  // default: the trace's, else kUnknownDeviceMemory
   std::int64_t fence_latency_ns = 0;
-  FreeMode free_mode = FreeMode::async;
+  FreeMode free_mode = FreeMode::recorded;
   bool collect_rows = false;  // keep the pool's own events as trace rows (for report)
+  // After this op (0-based index into PreparedTrace::ops) the pool's segments and blocks are
+  // copied into ReplayResult::snapshot, and collected rows stop there.
+  std::optional<std::size_t> snapshot_after_op;
+  // Find the op after which reserved was highest (then allocated): ReplayResult::peak_op.
+  bool track_peak = false;
 };
 
 // The device size assumed when neither the trace nor the user gives one: large enough that no
@@ -81,7 +96,12 @@ struct ReplayResult {
   // (the pool's num_device_alloc/free count only the first two).
   std::uint64_t upstream_calls = 0;
   std::vector<TraceRow> rows;             // when collect_rows
+  std::optional<Snapshot> snapshot;       // when snapshot_after_op
+  std::size_t peak_op = 0;                // when track_peak
 };
+
+// The index of the last op at or before `ns_since_start` of trace time (0 when none is).
+std::size_t op_at_time(const PreparedTrace& trace, std::int64_t ns_since_start);
 
 ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config);
 

@@ -23,6 +23,7 @@ class RowSink : public EventSink {
     r.stream = e.stream;
     r.device = e.device;
     r.duration_ns = e.duration_ns;
+    if (e.kind == EventKind::free) r.detail = e.on_stream ? TraceDetail::free_async : TraceDetail::free_sync;
     rows_->push_back(r);
   }
 

@@ -18,13 +18,16 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
   }
   auto start = std::chrono::steady_clock::now();
   std::string error;
-  if (!read_trace_file(path, &out->rows, &error)) {
+  TraceMeta meta;
+  if (!read_trace_file(path, &out->rows, &error, &meta)) {
     std::fprintf(stderr, "%s: %s\n", who, error.c_str());
     return kExitBadInput;
   }
   auto parsed = std::chrono::steady_clock::now();
   out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
   out->prepared = prepare_trace(out->rows, device);
+  out->prepared.facts.recorded_policy = meta.policy;
+  out->columns = meta.columns;
   out->prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - parsed).count();
   if (out->prepared.facts.allocations == 0) {
     std::fprintf(stderr, "%s: %s: no allocation to replay%s\n", who, path.c_str(),
@@ -47,6 +50,9 @@ void print_trace_facts(const std::string& path, const LoadedTrace& t) {
   if (!f.other_devices.empty())
     std::printf("note: the trace has rows for %zu other device(s); replaying device %d (choose with --device)\n",
                 f.other_devices.size(), f.device);
+  if (f.blocking_streams + f.non_blocking_streams > 0)
+    std::printf("streams the program created: %zu blocking, %zu non-blocking\n", f.blocking_streams,
+                f.non_blocking_streams);
   if (f.unmatched_frees)
     std::printf("note: %zu frees of pointers the trace never allocated were skipped\n", f.unmatched_frees);
 }

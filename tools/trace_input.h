@@ -13,6 +13,7 @@ struct LoadedTrace {
   PreparedTrace prepared;
   double parse_seconds = 0;    // reading the CSV
   double prepare_seconds = 0;  // matching pointers, building the ops
+  int columns = 0;             // 6 (RMM log), 10 (older cudapool trace), 11
 };
 
 // 0 on success; else prints "<who>: <path>:<line>: <what>" and returns kExitNoInput (cannot

@@ -1,23 +1,35 @@
 #include "tools/tune.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 
+#include "config/policy.h"
 #include "tools/policies.h"
+#include "tools/units.h"
 
 namespace cudapool::tools {
 
-std::vector<TuneKey> default_search_space(const TraceFacts& facts) {
+std::vector<TuneKey> default_search_space(const TraceFacts& facts, bool sync_frees) {
   std::vector<TuneKey> space;
   // max_split_size_mb: only values below the largest allocation can change anything.
-  TuneKey split{"max_split_size_mb", {""}};
+  TuneKey split{"max_split_size_mb", {"", kUnsetValue}};
   for (std::size_t mb : {32, 64, 128, 256, 512, 1024})
     if (mb * 1024 * 1024 < std::max<std::size_t>(facts.largest_allocation, 64u << 20))
       split.values.push_back(std::to_string(mb));
   space.push_back(split);
-  space.push_back({"roundup_power2_divisions", {"", "2", "4", "8", "16"}});
-  space.push_back({"garbage_collection_threshold", {"", "0.6", "0.8"}});
-  space.push_back({"expandable_segments", {"", "False"}});  // the default is True
+  space.push_back({"roundup_power2_divisions", {"", kUnsetValue, "2", "4", "8", "16"}});
+  space.push_back({"garbage_collection_threshold", {"", kUnsetValue, "0.6", "0.8"}});
+  // free_sync decides when memory freed with cudaFree comes back; with none, nothing to try.
+  // immediate is left out: it changes what the program may observe (memory reused while other
+  // streams still read it), which no trace shows; compare it by hand with replay --sweep.
+  if (sync_frees) space.push_back({"free_sync", {"", "gpu_wait", "fenced", "device"}});
+  space.push_back({"expandable_segments", {"", "False", "True"}});
+  space.push_back({"expandable_page_mb", {"", "0", "20"}, true});
+  space.push_back({"expandable_unit_mb", {"", "0", "16", "64"}, true});
+  space.push_back({"expandable_headroom", {"", "0", "0.03", "0.1"}, true});
+  space.push_back({"expandable_wait", {"", "True", "False"}, true});
   return space;
 }
 
@@ -25,19 +37,67 @@ namespace {
 
 using Assignment = std::vector<std::string>;  // one value per key of the space
 
-std::string conf_of(const std::vector<TuneKey>& space, const Assignment& a, int* changed) {
-  std::string conf;
-  *changed = 0;
+// key -> value of a canonical conf string (split at commas outside brackets).
+std::map<std::string, std::string> entries(const std::string& conf) {
+  std::map<std::string, std::string> out;
+  std::string cur;
+  int depth = 0;
+  auto flush = [&] {
+    if (cur.empty()) return;
+    auto colon = cur.find(':');
+    out[cur.substr(0, colon)] = colon == std::string::npos ? "" : cur.substr(colon + 1);
+    cur.clear();
+  };
+  for (char c : conf) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) flush();
+    else cur += c;
+  }
+  flush();
+  return out;
+}
+
+// The candidate's conf over the base, canonical (so equal policies are one candidate).
+bool conf_of(const std::string& base, const std::vector<TuneKey>& space, const Assignment& a, std::string* conf,
+             Policy* policy, std::string* error) {
+  std::string c = base;
   for (std::size_t k = 0; k < space.size(); ++k) {
     if (a[k].empty()) continue;
-    conf = join_conf(conf, space[k].key + ":" + a[k]);
-    ++*changed;
+    c = with_conf_key(c, space[k].key, a[k] == kUnsetValue ? "" : a[k]);
   }
-  return conf;
+  if (!policy_from_conf(c, policy, error)) {
+    *error = "candidate '" + c + "': " + *error;
+    return false;
+  }
+  *conf = to_conf_string(*policy);
+  return true;
+}
+
+std::string changes_of(const std::map<std::string, std::string>& base, const std::string& conf, int* changed) {
+  auto mine = entries(conf);
+  std::string out;
+  *changed = 0;
+  for (const auto& [k, v] : mine) {
+    auto it = base.find(k);
+    if (it == base.end() || it->second != v) {
+      out = join_conf(out, k + ":" + v);
+      ++*changed;
+    }
+  }
+  for (const auto& [k, v] : base)
+    if (!mine.count(k)) {
+      out = join_conf(out, k + ":" + kUnsetValue);
+      ++*changed;
+    }
+  return out;
 }
 
 std::int64_t peak_reserved(const Candidate& c) { return c.result.stats.reserved_bytes[kAll].peak; }
 std::int64_t calls(const Candidate& c) { return static_cast<std::int64_t>(c.result.upstream_calls); }
+// What the bound limits: calls to the device (each a synchronizing cudaMalloc/cudaFree or a
+// map/unmap on a real GPU) and host waits on fences (each a stall of the program).
+std::int64_t costly(const Candidate& c) { return calls(c) + c.result.stats.fence_waits; }
 
 // Strict "a ranks before b".
 bool better(const Candidate& a, const Candidate& b) {
@@ -54,25 +114,48 @@ bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const T
           TuneResult* out, std::string* error) {
   std::map<std::string, Candidate> seen;
   int budget = std::max(1, config.budget);
-  std::int64_t default_calls = 0, default_ooms = 0;
+  std::int64_t base_cost = 0, base_ooms = 0;
+  std::string base_conf;
+  {
+    Policy p;
+    if (!policy_from_conf(config.base, &p, error)) {
+      *error = "base policy '" + config.base + "': " + *error;
+      return false;
+    }
+    base_conf = to_conf_string(p);
+  }
+  const auto base_entries = entries(base_conf);
   auto evaluate = [&](const Assignment& a) -> const Candidate* {
-    int changed;
-    std::string conf = conf_of(space, a, &changed);
+    std::string conf;
+    Policy policy;
+    if (!conf_of(base_conf, space, a, &conf, &policy, error)) return nullptr;
     if (auto it = seen.find(conf); it != seen.end()) return &it->second;
     if (static_cast<int>(seen.size()) >= budget) return nullptr;
     ReplayConfig rc = config.replay;
-    if (!pool_options_from_conf(conf, &rc.pool, error)) {
-      *error = "candidate '" + conf + "': " + *error;
-      return nullptr;
+    rc.pool = policy.pool;
+    Candidate c;
+    c.conf = conf;
+    c.changes = changes_of(base_entries, conf, &c.changed_keys);
+    c.result = replay_trace(trace, rc);
+    if (seen.empty()) {  // the base comes first and sets the bound
+      base_cost = costly(c);
+      base_ooms = c.result.stats.num_ooms;
     }
-    Candidate c{conf, changed, replay_trace(trace, rc), false};
-    if (seen.empty()) {  // the defaults come first and set the bound
-      default_calls = calls(c);
-      default_ooms = c.result.stats.num_ooms;
-    }
-    c.feasible = static_cast<double>(calls(c)) <= config.call_bound * static_cast<double>(default_calls) &&
-                 c.result.stats.num_ooms <= default_ooms;
+    c.feasible = static_cast<double>(costly(c)) <= config.call_bound * static_cast<double>(base_cost) &&
+                 c.result.stats.num_ooms <= base_ooms;
     return &seen.emplace(conf, std::move(c)).first->second;
+  };
+  std::size_t expandable_key = space.size();
+  for (std::size_t k = 0; k < space.size(); ++k)
+    if (space[k].key == "expandable_segments") expandable_key = k;
+  const bool base_expandable = [&] {
+    Policy p;
+    std::string e;
+    return policy_from_conf(base_conf, &p, &e) && p.pool.expandable_segments;
+  }();
+  auto expandable_on = [&](const Assignment& a) {
+    if (expandable_key == space.size() || a[expandable_key].empty()) return base_expandable;
+    return a[expandable_key] == "True";
   };
 
   Assignment best(space.size(), "");
@@ -82,6 +165,7 @@ bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const T
   while (improved && static_cast<int>(seen.size()) < budget) {
     improved = false;
     for (std::size_t k = 0; k < space.size(); ++k) {
+      if (space[k].expandable_only && !expandable_on(best)) continue;  // would change nothing
       for (const auto& v : space[k].values) {
         if (v == best[k]) continue;
         Assignment trial = best;
@@ -104,9 +188,101 @@ bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const T
   for (auto& [conf, c] : seen) out->ranked.push_back(std::move(c));
   std::sort(out->ranked.begin(), out->ranked.end(), better);
   for (std::size_t i = 0; i < out->ranked.size(); ++i)
-    if (out->ranked[i].conf.empty()) out->default_index = i;
-  out->call_limit = config.call_bound * static_cast<double>(default_calls);
+    if (out->ranked[i].changes.empty()) out->default_index = i;
+  out->call_limit = config.call_bound * static_cast<double>(base_cost);
   return true;
+}
+
+std::vector<std::string> explain_pick(const TuneResult& r) {
+  std::vector<std::string> lines;
+  if (r.ranked.empty()) return lines;
+  const Candidate& pick = r.ranked.front();
+  const Candidate& base = r.ranked[r.default_index];
+  auto peak = [](const Candidate& c) { return static_cast<double>(c.result.stats.reserved_bytes[kAll].peak); };
+  auto pct = [](double a, double b) { return b > 0 ? (a / b - 1.0) * 100.0 : 0.0; };
+  char buf[700];
+  auto numbers = [&](const Candidate& c) {
+    char b[300];
+    std::snprintf(b, sizeof b, "peak reserved %s, %llu upstream calls, %lld fence waits, %llu VMM handle ops, %lld OOMs",
+                  format_bytes(peak(c)).c_str(), static_cast<unsigned long long>(c.result.upstream_calls),
+                  static_cast<long long>(c.result.stats.fence_waits),
+                  static_cast<unsigned long long>(c.result.unit_ops), static_cast<long long>(c.result.stats.num_ooms));
+    return std::string(b);
+  };
+  const std::string name = pick.changes.empty() ? "the base policy" : pick.changes;
+  if (pick.changes.empty()) {
+    lines.push_back("why: nothing searched lowers peak reserved within the bound; the base: " + numbers(base));
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "why: %s saves %s of peak reserved (%+.1f %%) against the base, for %+lld upstream calls and "
+                  "%+lld fence waits (bound: %.0f of the two together)",
+                  name.c_str(), format_bytes(peak(base) - peak(pick)).c_str(), pct(peak(pick), peak(base)),
+                  static_cast<long long>(pick.result.upstream_calls) - static_cast<long long>(base.result.upstream_calls),
+                  static_cast<long long>(pick.result.stats.fence_waits) - static_cast<long long>(base.result.stats.fence_waits),
+                  r.call_limit);
+    lines.push_back(buf);
+    lines.push_back("  pick: " + numbers(pick));
+    lines.push_back("  base: " + numbers(base));
+  }
+  // The runner-up: the best candidate that is a different policy.
+  if (r.ranked.size() > 1) {
+    const Candidate& ru = r.ranked[1];
+    std::string why;
+    if (!ru.feasible && pick.feasible) {
+      why = ru.result.stats.num_ooms > base.result.stats.num_ooms ? "more OOMs than the base"
+                                                                  : "over the bound on upstream calls";
+    } else if (peak(ru) != peak(pick)) {
+      std::snprintf(buf, sizeof buf, "%s more peak reserved", format_bytes(peak(ru) - peak(pick)).c_str());
+      why = buf;
+    } else if (ru.result.upstream_calls != pick.result.upstream_calls) {
+      why = "the same peak with more upstream calls";
+    } else if (ru.changed_keys != pick.changed_keys) {
+      why = "the same peak and calls with more changed keys";
+    } else {
+      why = "a tie with the pick (taken by name)";
+    }
+    lines.push_back("runner-up: " + (ru.changes.empty() ? std::string("the base policy") : ru.changes) + ": " +
+                    numbers(ru) + "; ranks lower: " + why);
+  }
+  // The lowest peak found, when the bound is what kept it out.
+  const Candidate* lowest = nullptr;
+  for (const Candidate& c : r.ranked)
+    if (!c.feasible && c.result.stats.num_ooms <= base.result.stats.num_ooms && peak(c) < peak(pick) &&
+        (!lowest || peak(c) < peak(*lowest)))
+      lowest = &c;
+  if (lowest) {
+    const double cost = static_cast<double>(lowest->result.upstream_calls + lowest->result.stats.fence_waits);
+    const double base_cost = static_cast<double>(base.result.upstream_calls + base.result.stats.fence_waits);
+    std::snprintf(buf, sizeof buf,
+                  "outside the bound: %s would peak at %s (%+.1f %% against the pick) but costs %.0f upstream calls "
+                  "+ fence waits, over the bound of %.0f (--bound %.1f would admit it)",
+                  lowest->changes.c_str(), format_bytes(peak(*lowest)).c_str(), pct(peak(*lowest), peak(pick)), cost,
+                  r.call_limit, base_cost > 0 ? std::ceil(cost / base_cost * 10.0) / 10.0 : 1000.0);
+    lines.push_back(buf);
+  }
+  // What each changed key of the pick is worth: the pick without that key, where replayed.
+  if (pick.changed_keys > 1) {
+    auto pick_entries = entries(pick.changes);
+    for (const auto& [k, v] : pick_entries) {
+      for (const Candidate& c : r.ranked) {
+        auto ce = entries(c.changes);
+        if (c.changed_keys != pick.changed_keys - 1 || ce.count(k)) continue;
+        bool rest_same = true;
+        for (const auto& [k2, v2] : pick_entries)
+          if (k2 != k && (!ce.count(k2) || ce[k2] != v2)) rest_same = false;
+        if (!rest_same) continue;
+        std::snprintf(buf, sizeof buf, "  without %s:%s: peak reserved %s (%+.1f %%), %llu upstream calls", k.c_str(),
+                      v.c_str(), format_bytes(peak(c)).c_str(), pct(peak(c), peak(pick)),
+                      static_cast<unsigned long long>(c.result.upstream_calls));
+        lines.push_back(buf);
+        break;
+      }
+    }
+  }
+  if (pick.conf.find("free_sync:immediate") != std::string::npos)
+    lines.push_back("caution: free_sync:immediate reuses cudaFree'd memory at once on its stream; right only for "
+                    "programs that order every reuse themselves (README, \"Choosing free_sync\")");
+  return lines;
 }
 
 }  // namespace cudapool::tools

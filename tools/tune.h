@@ -1,6 +1,6 @@
 // Policy search on a trace. The objective, documented in docs/tools.md: the lowest peak reserved
-// among policies whose upstream calls stay within `call_bound` × the defaults' and that have no
-// more OOMs than the defaults. Ties go to fewer upstream calls, then to fewer changed keys.
+// among policies whose upstream calls stay within `call_bound` × the base policy's and that have
+// no more OOMs than it. Ties go to fewer upstream calls, then to fewer changed keys.
 #pragma once
 #include <string>
 #include <vector>
@@ -9,17 +9,26 @@
 
 namespace cudapool::tools {
 
+// The value that removes a key from the base (back to the built-in default).
+inline constexpr const char* kUnsetValue = "(unset)";
+
 struct TuneKey {
   std::string key;
-  std::vector<std::string> values;  // "" = leave the key out (the default)
+  std::vector<std::string> values;  // "" = the base's value; kUnsetValue = the built-in default
+  bool expandable_only = false;     // matters only with expandable_segments:True
 };
 
-// The searched space: max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
-// expandable_segments (values chosen for the trace's largest allocation).
-std::vector<TuneKey> default_search_space(const TraceFacts& facts);
+// The searched space: max_split_size_mb (values below the trace's largest allocation),
+// roundup_power2_divisions, garbage_collection_threshold, expandable_segments, free_sync (when
+// `sync_frees`: some frees replay as cudaFree, else the key changes nothing; gpu_wait, fenced,
+// device: immediate changes what a program may observe, which a trace cannot show), and with
+// expandable segments expandable_page_mb, expandable_unit_mb, expandable_headroom and
+// expandable_wait.
+std::vector<TuneKey> default_search_space(const TraceFacts& facts, bool sync_frees = false);
 
 struct Candidate {
-  std::string conf;  // "" = defaults
+  std::string conf;     // the whole policy (config/'s canonical string); "" = the defaults
+  std::string changes;  // the keys that differ from the base, as a conf string; "" = the base
   int changed_keys = 0;
   ReplayResult result;
   bool feasible = false;
@@ -27,20 +36,27 @@ struct Candidate {
 
 struct TuneResult {
   std::vector<Candidate> ranked;  // best first; ranked[0] is the recommendation when feasible
-  std::size_t default_index = 0;  // where the defaults landed in `ranked`
+  std::size_t default_index = 0;  // where the base policy landed in `ranked`
   double call_limit = 0;          // the bound in upstream calls
 };
 
 struct TuneConfig {
   ReplayConfig replay;     // device memory etc.; pool options are set per candidate
-  int budget = 40;         // replays at most
+  std::string base;        // the policy the search starts from and is measured against
+  int budget = 60;         // replays at most
   double call_bound = 1.5;
 };
 
-// Coordinate descent from the defaults: try each value of each key with the others at the best
-// so far, keep improvements, repeat until a round improves nothing or the budget is spent.
-// false with *error when a candidate string is rejected by config/ (a bug in the space).
+// Coordinate descent from the base: try each value of each key with the others at the best so
+// far, keep improvements, repeat until a round improves nothing or the budget is spent. Keys
+// marked expandable_only are tried only while expandable_segments is on.
+// false with *error when a candidate string is rejected by config/ (the base, or a bug in the space).
 bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const TuneConfig& config,
           TuneResult* out, std::string* error);
+
+// The reasons for the pick, in numbers: its trade-off against the base, the runner-up and why it
+// ranks lower, and what each changed key of the pick is worth (from replays already made). Lines
+// without a trailing newline.
+std::vector<std::string> explain_pick(const TuneResult& result);
 
 }  // namespace cudapool::tools

@@ -528,6 +528,16 @@ void c_api_calls() {
                   "\"state\": \"active_allocated\"") != std::string::npos);
   char tiny[8];
   CHECK(snapshot(tiny, sizeof tiny) == n && std::strlen(tiny) == 7);  // truncated, terminated
+  // Every counter under torch.cuda.memory_stats()'s names, summed over the device's pools.
+  auto stats_json = c_api<size_t (*)(int, char*, size_t)>("cudapool_memory_stats_json");
+  std::string sj(stats_json(0, nullptr, 0) + 1, '\0');
+  sj.resize(stats_json(0, sj.data(), sj.size()));
+  CHECK(sj.front() == '{' && sj.back() == '}');
+  CHECK(sj.find("\"allocated_bytes.all.current\": " + std::to_string(1024 + (30 << 20)) + ",") != std::string::npos);
+  CHECK(sj.find("\"allocation.all.current\": 2,") != std::string::npos);
+  CHECK(sj.find("\"num_ooms\": 0") != std::string::npos);
+  std::string none_json(8, '\0');
+  CHECK(stats_json(1, none_json.data(), none_json.size()) == 2 && none_json.rfind("{}", 0) == 0);  // no pool on 1
   CHECK_OK(api.cuMemFree(b));
   const std::int64_t reserved = stats().reserved_bytes;
   const size_t released = c_api<size_t (*)()>("cudapool_empty_cache")();

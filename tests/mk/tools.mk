@@ -17,7 +17,9 @@ $(TOOLS_FAKE_PRELOAD): tests/tools/fake_preload.cpp
 
 # The CLI test is a script; this wrapper hands it the build directory (release or sanitizer).
 TOOLS_CLI_TEST := $(BUILD)/tests/tools_cli_test.sh
-$(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TOOLS_FAKE_PRELOAD)
+# It also records traces with the shim under the fake driver (tests/mk/shim.mk).
+$(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TOOLS_FAKE_PRELOAD) $(SHIM_SO) \
+    $(FAKECUDA_SO) $(SHIM_APP_CUDART)
 	@mkdir -p $(@D)
 	printf '#!/usr/bin/env bash\nexec bash tests/tools/cli_test.sh %s\n' "$(BUILD)" > $@
 	chmod +x $@

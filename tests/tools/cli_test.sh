@@ -107,6 +107,53 @@ near_recorded $traces/train.csv --conf expandable_segments:False
 near_recorded $traces/serve.csv --conf expandable_segments:False
 near_recorded $traces/gpu_legacy.csv --conf expandable_segments:False
 near_recorded $traces/gpu_torch.csv --free-as sync --conf expandable_segments:False
+# Faithful replay: a trace recorded now by the library itself (the fake driver stands in for the
+# GPU) records each free's call and the policy; replay defaults to both and checks the peak.
+fake_dir=$build/tests/fakecuda
+record_fake() {  # record_fake SCENARIO CONF OUT: run the fake-driver program under the shim
+  CUDAPOOL_CONF="$2,trace_file:$3" LD_PRELOAD=$(readlink -f "$build/libcudapool.so") LD_LIBRARY_PATH=$fake_dir \
+    CUDAPOOL_LIBRARY= "$fake_dir/app_cudart" "$1" >/dev/null 2>&1
+}
+if record_fake gpu_wait_reuse "max_split_size_mb:64" "$tmp/rec.csv"; then
+  ok
+  expect_rc 0 "replay of a trace the library recorded" -- "$cp" replay "$tmp/rec.csv"
+  expect_out "^policy: max_split_size_mb:64 \(from the trace's policy row\)" "replay defaults to the recorded policy"
+  expect_out "^frees: as recorded: 12 cudaFree, 0 cudaFreeAsync" "replay follows the recorded free calls"
+  expect_out "^fidelity: under the recorded policy .*\(\+0\.0 %\): within 3 %" "replay says the recorded peak is reproduced"
+  expect_out "^metric +max_split_size_mb:64" "the column is the recorded policy"
+  expect_rc 0 "replay of a recorded trace under another policy" -- "$cp" replay "$tmp/rec.csv" --conf ""
+  expect_out "^fidelity: under the recorded policy .*within 3 %" "the check still uses the recorded policy"
+  CUDAPOOL_CONF=max_split_size_mb:128 expect_rc 0 "replay with CUDAPOOL_CONF set" -- "$cp" replay "$tmp/rec.csv"
+  expect_out "^policy: max_split_size_mb:128 \(from \\\$CUDAPOOL_CONF\)" "the environment overrides the recorded policy"
+  expect_rc 0 "tune of a recorded trace" -- "$cp" tune "$tmp/rec.csv" --budget 8
+  expect_out "^base policy: max_split_size_mb:64 \(from the trace's policy row\)" "tune starts from the recorded policy"
+  expect_out "^8 policies replayed \(frees as recorded" "tune replays frees as recorded"
+  expect_out "^runner-up: " "tune names the runner-up"
+  expect_rc 0 "tune with --conf as the base" -- "$cp" tune "$tmp/rec.csv" --conf "garbage_collection_threshold:0.8" --budget 4
+  expect_out "^base policy: garbage_collection_threshold:0.8 \(from --conf\)" "tune takes --conf as its base"
+  expect_rc 78 "tune with a bad base" -- "$cp" tune "$tmp/rec.csv" --conf "max_split_size_mb:3"
+else
+  fail "recording gpu_wait_reuse under the shim and the fake driver"
+fi
+# A multi-threaded cudaFree program: replayed as recorded it is exact, as cudaFreeAsync (what
+# replay did before traces recorded the call) it is far off, and replay says why.
+if record_fake threads "" "$tmp/threads.csv"; then
+  expect_rc 0 "replay a threaded cudaFree trace as cudaFreeAsync" -- "$cp" replay "$tmp/threads.csv" --free-as async
+  expect_out "^fidelity: .*NOT within 3 %" "the wrong free kind shows in the check"
+  expect_out "why it may differ: .*--free-as overrides the recorded free calls" "and the check says why"
+else
+  fail "recording threads under the shim and the fake driver"
+fi
+# Old traces keep working and say what they lack.
+expect_rc 0 "replay of a trace without the detail column" -- "$cp" replay $traces/train.csv
+expect_out "^frees: the trace does not say which call freed" "an old trace's frees are named unknown"
+# It was recorded under classic segments (the default of the time): the defaults miss its peak and
+# say why; under classic segments it replays to it.
+expect_out "^fidelity: under the defaults .*NOT within 3 %" "an old trace under today's defaults misses its peak"
+expect_out "why it may differ: the trace records no policy" "and replay says the policy is unknown"
+expect_rc 0 "replay of an old trace under its policy" -- "$cp" replay $traces/train.csv --conf expandable_segments:False
+expect_out "^fidelity: under 'expandable_segments:False' .*within 3 %" "an old generated trace replays to its peak under its policy"
+expect_rc 2 "replay refuses an unknown --free-as" -- "$cp" replay $traces/train.csv --free-as maybe
 expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf "" --conf "max_split_size_mb:64"
 expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
@@ -198,9 +245,9 @@ expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
 expect_rc 0 "tune with frees as cudaFree and fence latency" -- "$cp" tune $traces/gpu_torch.csv --budget 4 \
   --free-as sync --fence-latency-us 1000
 expect_out "frees as cudaFree, fence latency 1000 us" "tune says how frees were replayed"
-expect_out "\(defaults\) +832\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
+expect_out "\(base\) +832\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
 expect_rc 0 "tune with the default free kind" -- "$cp" tune $traces/gpu_torch.csv --budget 4
-expect_out "\(defaults\) +776\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
+expect_out "\(base\) +776\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
 expect_rc 2 "tune refuses an unknown free kind" -- "$cp" tune $traces/gpu_torch.csv --free-as sometimes
 
 # ---- report ----------------------------------------------------------------------------------
@@ -237,6 +284,56 @@ expect_rc 0 "report of a plain RMM log replays it" -- "$cp" report $traces/serve
 expect_out "replay under the default policy" "report says where segments came from"
 expect_rc 66 "report to an unwritable place" -- "$cp" report $traces/train.csv -o /nonexistent/dir/r.html
 expect_rc 65 "report of a malformed trace" -- "$cp" report "$tmp/bad.csv"
+
+# ---- report --snapshot: a PyTorch memory snapshot, checked by a standard-library script -------
+check_snap() {  # check_snap DESCRIPTION REPORT-ARGS…: write a snapshot, check it against report's figures
+  local what=$1; shift
+  "$cp" report "$@" --snapshot "$tmp/snap.pickle" >"$tmp/rep.txt" 2>&1 || { fail "$what: report"; cat "$tmp/rep.txt"; return; }
+  python3 tests/tools/check_snapshot.py "$tmp/snap.pickle" "$tmp/rep.txt" >"$tmp/out" 2>&1 && ok || { fail "$what"; cat "$tmp/out"; }
+}
+check_snap "snapshot of the training trace at its peak" $traces/train.csv
+check_snap "snapshot of the serving trace at 0.2 s" $traces/serve.csv --at 0.2
+check_snap "snapshot of a plain RMM log" $traces/serve_rmm.csv
+check_snap "snapshot with expandable segments" $traces/gpu_torch_d2048.csv --conf expandable_segments:True
+[ -s "$tmp/rec.csv" ] && check_snap "snapshot of a trace the library recorded" "$tmp/rec.csv"
+# train.csv was recorded under classic segments: its snapshot under them has the recorded 88.
+expect_rc 0 "snapshot at the peak" -- "$cp" report $traces/train.csv --snapshot "$tmp/snap.pickle" --conf expandable_segments:False
+expect_out "^snapshot at [0-9.]+ s \(the moment of peak reserved\): 88 segments" "the snapshot is taken at the peak"
+# The checks can fail: a block cut short, a report figure that disagrees, a lost trace event.
+corrupt() {  # corrupt PYTHON-STATEMENT: apply it to the snapshot `d`, then run the checker
+  python3 - "$tmp/snap.pickle" "$tmp/bad.pickle" "$1" <<'PY'
+import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+exec(sys.argv[3])
+pickle.dump(d, open(sys.argv[2], "wb"))
+PY
+  python3 tests/tools/check_snapshot.py "$tmp/bad.pickle" "$tmp/rep.txt" >"$tmp/out" 2>&1
+}
+"$cp" report $traces/train.csv --snapshot "$tmp/snap.pickle" --conf expandable_segments:False >"$tmp/rep.txt" 2>&1
+corrupt "d['segments'][0]['blocks'][0]['size'] -= 512" && fail "a block cut short passes the check" || ok
+corrupt "d['segments'].pop()" && fail "a missing segment passes the check" || ok
+corrupt "d['device_traces'][0] = [e for e in d['device_traces'][0] if e['action'] != 'segment_alloc'][1:]" && \
+  fail "a trace that lost events passes the check" || ok
+corrupt "d['segments'][0]['segment_type'] = 'medium'" && fail "a bad segment_type passes the check" || ok
+corrupt "pass" && ok || fail "the unchanged snapshot fails the check"
+sed -i 's/ 88 segments,/ 87 segments,/' "$tmp/rep.txt"
+python3 tests/tools/check_snapshot.py "$tmp/snap.pickle" "$tmp/rep.txt" >/dev/null 2>&1 && \
+  fail "a report figure that disagrees passes the check" || ok
+expect_rc 2 "--at without --snapshot" -- "$cp" report $traces/train.csv --at 0.1
+expect_out "give --snapshot" "--at says what it needs"
+expect_rc 2 "--at past the trace's end" -- "$cp" report $traces/train.csv --snapshot "$tmp/x.pickle" --at 50
+expect_out "outside the trace, which lasts 0.76" "--at names the trace's length"
+expect_rc 66 "snapshot to an unwritable place" -- "$cp" report $traces/train.csv --snapshot /nonexistent/dir/s.pickle
+# Perfetto: one slice per allocation besides the counters.
+"$cp" report $traces/train.csv --perfetto "$tmp/p.json" >/dev/null 2>&1
+python3 - "$tmp/p.json" <<'PY' && ok || fail "Perfetto slices: one begin and one end per allocation"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+b = [e for e in ev if e["ph"] == "b"]
+e = {x["id"]: x["ts"] for x in ev if x["ph"] == "e"}
+assert len(b) == 1306, len(b)  # the trace's allocations
+assert len(e) == len(b) and all(e[x["id"]] >= x["ts"] for x in b)
+PY
 
 echo "cli tests: $passes passed, $fails failed"
 if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi

@@ -22,13 +22,14 @@ using testing::split;
 using testing::TempPath;
 
 Event ev(EventKind k, std::uintptr_t ptr, std::size_t size, std::size_t requested,
-         StreamId stream, int device = 0, std::int64_t dur = 0) {
-  return Event{k, device, ptr, size, requested, stream, dur};
+         StreamId stream, int device = 0, std::int64_t dur = 0, bool on_stream = false) {
+  return Event{k, device, ptr, size, requested, stream, dur, on_stream};
 }
 
 TEST(TelemetryTrace, HeaderStartsWithRmmColumns) {
   auto cols = split(trace_header(), ',');
-  ASSERT_EQ(cols.size(), 10u);
+  ASSERT_EQ(cols.size(), 11u);
+  EXPECT_EQ(cols[10], "detail");
   const char* rmm[] = {"Thread", "Time", "Action", "Pointer", "Size", "Stream"};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(cols[i], rmm[i]);
 }
@@ -43,14 +44,16 @@ TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
   w->on_event(ev(EventKind::allocate, 0x7f0000000000, 1024, 1000, 0, 1));
   w->on_event(ev(EventKind::allocate, 0x7f0000000400, 512, 3, 0x2, 1));
   w->on_event(ev(EventKind::free, 0x7f0000000000, 1024, 1000, 0, 1));
+  w->on_event(ev(EventKind::free, 0x7f0000000400, 512, 3, 0x2, 1, 0, true));
   w->on_event(ev(EventKind::allocate_failure, 0, 100 * GiB, 100 * GiB, 0xdeadbeef, 1));
   w->on_event(ev(EventKind::segment_free, 0x7f0000000000, 2 * MiB, 2 * MiB, 0, 1, 700));
   w->on_event(ev(EventKind::empty_cache, 0, 2 * MiB, 0, 0, 1));
-  EXPECT_EQ(w->rows(), 8u);
+  w->note_stream(0x5000, true);
+  EXPECT_EQ(w->rows(), 10u);
   w->flush();
 
   auto lines = read_lines(path.str());
-  ASSERT_EQ(lines.size(), 9u);
+  ASSERT_EQ(lines.size(), 11u);
   EXPECT_EQ(lines[0], trace_header());
   // Everything but Thread, Time and time_ns is determined by the events.
   const char* expect[] = {
@@ -59,17 +62,22 @@ TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
       "allocate,0x7f0000000000,1024,0x0,1,1000",
       "allocate,0x7f0000000400,512,0x2,1,3",
       "free,0x7f0000000000,1024,0x0,1,1000",
+      "free,0x7f0000000400,512,0x2,1,3",
       "allocate failure,0x0,107374182400,0xdeadbeef,1,107374182400",
       "segment_free,0x7f0000000000,2097152,0x0,1,2097152",
       "empty_cache,0x0,2097152,0x0,1,0",
+      "stream,0x0,0,0x5000,0,0",
   };
-  const std::int64_t durations[] = {0, 1500, 0, 0, 0, 0, 700, 0};
+  // The detail column: the free call's kind (cudaFree = sync, cudaFreeAsync = async), the stream's.
+  const char* details[] = {"", "", "", "", "sync", "async", "", "", "", "non_blocking"};
+  const std::int64_t durations[] = {0, 1500, 0, 0, 0, 0, 0, 700, 0, 0};
   std::int64_t prev_time = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 10; ++i) {
     auto c = split(lines[i + 1], ',');
-    ASSERT_EQ(c.size(), 10u) << lines[i + 1];
+    ASSERT_EQ(c.size(), 11u) << lines[i + 1];
     std::string middle = c[2] + "," + c[3] + "," + c[4] + "," + c[5] + "," + c[6] + "," + c[7];
     EXPECT_EQ(middle, expect[i]);
+    EXPECT_EQ(c[10], details[i]) << lines[i + 1];
     EXPECT_EQ(c[0].find_first_not_of("0123456789"), std::string::npos) << c[0];
     EXPECT_GT(std::stoull(c[0]), 0u);  // a real thread id
     EXPECT_EQ(std::stoll(c[9]), durations[i]);
@@ -107,6 +115,76 @@ TEST(TelemetryTrace, FormatRowRoundTripsThroughReader) {
   EXPECT_EQ(back.duration_ns, r.duration_ns);
   EXPECT_FALSE(reader.next(&back));
   EXPECT_EQ(reader.error(), "");
+}
+
+TEST(TelemetryTrace, PolicyAndFreeKindsRoundTripThroughReader) {
+  // A policy with commas, brackets and a quote survives the quoted detail field.
+  const std::string conf = "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],log_file:/a\"b";
+  TraceRow policy;
+  policy.action = TraceAction::policy;
+  policy.detail = TraceDetail::policy;
+  TraceRow f1;
+  f1.action = TraceAction::free;
+  f1.detail = TraceDetail::free_sync;
+  TraceRow f2 = f1;
+  f2.detail = TraceDetail::free_async;
+  TraceRow st;
+  st.action = TraceAction::stream;
+  st.detail = TraceDetail::stream_blocking;
+  std::istringstream in(std::string(trace_header()) + "\n" + format_trace_row(policy, conf) + "\n" +
+                        format_trace_row(f1) + "\n" + format_trace_row(f2) + "\n" + format_trace_row(st) + "\n");
+  TraceReader reader(in);
+  TraceRow back;
+  ASSERT_TRUE(reader.next(&back)) << reader.error();
+  EXPECT_EQ(back.action, TraceAction::policy);
+  ASSERT_TRUE(reader.policy().has_value());
+  EXPECT_EQ(*reader.policy(), conf);
+  ASSERT_TRUE(reader.next(&back)) << reader.error();
+  EXPECT_EQ(back.detail, TraceDetail::free_sync);
+  ASSERT_TRUE(reader.next(&back)) << reader.error();
+  EXPECT_EQ(back.detail, TraceDetail::free_async);
+  ASSERT_TRUE(reader.next(&back)) << reader.error();
+  EXPECT_EQ(back.action, TraceAction::stream);
+  EXPECT_EQ(back.detail, TraceDetail::stream_blocking);
+  EXPECT_FALSE(reader.next(&back));
+  EXPECT_EQ(reader.error(), "");
+  EXPECT_EQ(reader.columns(), 11);
+}
+
+TEST(TelemetryTrace, ReadsTracesWrittenBeforeTheDetailColumn) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns\n"
+      "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n"
+      "1,00:00:00.000002,free,0x10,512,0x0,0,500,2,0\n");
+  TraceReader reader(in);
+  TraceRow r;
+  ASSERT_TRUE(reader.next(&r)) << reader.error();
+  ASSERT_TRUE(reader.next(&r)) << reader.error();
+  EXPECT_EQ(r.action, TraceAction::free);
+  EXPECT_EQ(r.detail, TraceDetail::none);  // unknown: the old format does not say
+  EXPECT_FALSE(reader.next(&r));
+  EXPECT_EQ(reader.error(), "");
+  EXPECT_EQ(reader.columns(), 10);
+  EXPECT_FALSE(reader.policy().has_value());
+}
+
+TEST(TelemetryTrace, WriterPutsThePolicyRowFirst) {
+  TempPath path;
+  std::string err;
+  auto w = TraceWriter::open(path.str(), &err);
+  ASSERT_TRUE(w) << err;
+  w->note_policy("max_split_size_mb:128,garbage_collection_threshold:0.8");
+  w->on_event(ev(EventKind::allocate, 0x1000, 512, 500, 0));
+  w->flush();
+  std::vector<TraceRow> rows;
+  TraceMeta meta;
+  ASSERT_TRUE(read_trace_file(path.str(), &rows, &err, &meta)) << err;
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].action, TraceAction::policy);
+  ASSERT_TRUE(meta.policy.has_value());
+  EXPECT_EQ(*meta.policy, "max_split_size_mb:128,garbage_collection_threshold:0.8");
+  EXPECT_EQ(meta.columns, 11);
+  EXPECT_LE(rows[0].time_ns, rows[1].time_ns);
 }
 
 TEST(TelemetryTrace, TimeColumnAgreesWithTimeNs) {
@@ -150,7 +228,8 @@ struct BadCase {
 TEST(TelemetryTrace, ReaderRejectsMalformedInputWithLineNumber) {
   const std::string good_rmm = "Thread,Time,Action,Pointer,Size,Stream\n";
   const std::string good = std::string(trace_header()) + "\n";
-  const std::string row = "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n";
+  const std::string row = "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n";
+  const std::string old_header = "Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns\n";
   const BadCase cases[] = {
       {"", "line 1: empty file"},
       {"Thread,Time,Action\n", "line 1: header is"},
@@ -167,10 +246,17 @@ TEST(TelemetryTrace, ReaderRejectsMalformedInputWithLineNumber) {
       {(good_rmm + "1,00:00:00.000001,allocate,0x10,99999999999999999999999,0x0\n"), "column 5 (Size)"},
       {(good_rmm + "1,00:00:00.000001,allocate,0x10,512,0xq\n"), "line 2: column 6 (Stream)"},
       {(good + row + row + "\n" + row), "line 4: empty line"},
-      {(good + row + "1,00:00:00.000001,allocate,0x10,512,0x0,-1,500,1,0\n"), "line 3: column 7 (device)"},
-      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,,1,0\n"), "line 2: column 8 (requested)"},
-      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1.5,0\n"), "line 2: column 9 (time_ns)"},
-      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,-3\n"), "line 2: column 10 (duration_ns)"},
+      {(good + row + "1,00:00:00.000001,allocate,0x10,512,0x0,-1,500,1,0,\n"), "line 3: column 7 (device)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,,1,0,\n"), "line 2: column 8 (requested)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1.5,0,\n"), "line 2: column 9 (time_ns)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,-3,\n"), "line 2: column 10 (duration_ns)"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n"), "line 2: has 10 columns, expected 11"},
+      {(old_header + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n"), "line 2: more than 10 columns"},
+      {(good + "1,00:00:00.000001,free,0x10,512,0x0,0,500,1,0,later\n"), "column 11 (detail): 'later' is not a free kind"},
+      {(good + "1,00:00:00.000001,stream,0x0,0,0x10,0,0,1,0,async\n"), "is not a stream kind"},
+      {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,sync\n"), "must be empty for this action"},
+      {(good + "1,00:00:00.000001,policy,0x0,0,0x0,0,0,1,0,max_split_size_mb:64\n"), "is not a quoted policy string"},
+      {(good + "1,00:00:00.000001,policy,0x0,0,0x0,0,0,1,0,\"a\"b\"\n"), "lone '\"'"},
   };
   for (const BadCase& c : cases) {
     std::istringstream in(c.text);
@@ -222,7 +308,7 @@ TEST(TelemetryTrace, ReadTraceFileNamesPathAndLine) {
   TempPath path;
   {
     std::ofstream out(path.str());
-    out << trace_header() << "\n1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\nbroken\n";
+    out << trace_header() << "\n1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\nbroken\n";
   }
   std::vector<TraceRow> rows;
   std::string err;
@@ -236,7 +322,7 @@ TEST(TelemetryTrace, GarbageNeverCrashesTheReader) {
   std::mt19937 rng(12345);
   const std::string alphabet = "0123456789abcdefx,:.\n\r -allocatefreeQ\xff";
   const std::string valid = std::string(trace_header()) + "\n" +
-                            "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n";
+                            "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n1,00:00:00.000002,policy,0x0,0,0x0,0,0,2,0,\"a:1,b\"\"c\"\n";
   int errors = 0;
   for (int iter = 0; iter < 3000; ++iter) {
     std::string text = valid;

@@ -212,6 +212,33 @@ void round_trip(const std::string& pattern, const std::string& conf) {
   EXPECT_EQ(r.failed_allocations, 0u);
 }
 
+// A cudaFree'd block asked for at once by another stream: under the default free_sync:gpu_wait
+// the pool hands it over (the GPU waits for the fence), while a cudaFreeAsync'd one stays with
+// its stream until its fence completes (here never: 1 s of latency). Replaying as recorded must
+// follow each row's call.
+TEST(ToolsReplay, FreesReplayAsTheTraceRecordsThem) {
+  TraceBuilder b;
+  b.alloc(0x1, 10 * MiB, 7).free_as(0x1, 10 * MiB, 7, true).alloc(0x2, 10 * MiB, 9).free_as(0x2, 10 * MiB, 9, false);
+  b.alloc(0x3, 10 * MiB, 7);
+  PreparedTrace p = prepare_trace(b.rows());
+  EXPECT_EQ(p.facts.sync_frees, 1u);
+  EXPECT_EQ(p.facts.async_frees, 1u);
+  EXPECT_EQ(p.facts.unknown_frees, 0u);
+  const std::int64_t lag = 1'000'000'000;
+  ReplayResult recorded = run(b, "", {}, lag, FreeMode::recorded);
+  ReplayResult as_sync = run(b, "", {}, lag, FreeMode::sync);
+  ReplayResult as_async = run(b, "", {}, lag, FreeMode::async);
+  // As recorded: 0x2 reuses 0x1's block (sync free); 0x3 on stream 7 cannot take 0x2's (async
+  // free on stream 9, fence pending): two segments.
+  EXPECT_EQ(peak_reserved(recorded), static_cast<std::int64_t>(20 * MiB));
+  // All async: 0x2 cannot take 0x1's block; 0x3 takes 0x1's again (its own stream): two too, but
+  // all sync: every block is handed on: one segment.
+  EXPECT_EQ(peak_reserved(as_sync), static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(peak_reserved(as_async), static_cast<std::int64_t>(20 * MiB));
+  EXPECT_GT(recorded.stats.gpu_waits, 0);  // the sync free was handed over with a GPU wait
+  EXPECT_EQ(as_async.stats.gpu_waits, 0);
+}
+
 TEST(ToolsReplay, RoundTripReproducesRecordedPeakReserved) {
   round_trip("train", "");
   round_trip("serve", "");

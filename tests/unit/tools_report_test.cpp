@@ -1,6 +1,7 @@
 // report: the analysis of a hand-built trace, the HTML page's content and the Perfetto JSON.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
 
 #include "telemetry/json.h"
@@ -122,6 +123,42 @@ TEST(ToolsRender, PerfettoJsonHasCounterTracks) {
   }
   EXPECT_EQ(counters, r.timeline.size());
   EXPECT_EQ(instants, 1u);
+}
+
+// One slice per allocation: begins at its allocate row, ends at its free row, or at the last
+// row when it is never freed (rows are 1 us apart; the trace starts at the device row).
+TEST(ToolsRender, PerfettoJsonHasOneSlicePerAllocation) {
+  TraceBuilder b = sample();
+  TraceReport r = analyze_rows(b.rows(), 0);
+  json::Value doc;
+  std::string err;
+  ASSERT_TRUE(json::parse(render_perfetto(r, b.rows()), &doc, &err)) << err;
+  std::map<std::int64_t, double> begin, end;
+  std::map<std::int64_t, std::int64_t> size;
+  for (const auto& e : doc.find("traceEvents")->items) {
+    const std::string ph = e.find("ph")->s;
+    if (ph != "b" && ph != "e") continue;
+    EXPECT_EQ(e.find("cat")->s, "allocation");
+    const std::int64_t id = e.find("id")->i;
+    if (ph == "b") {
+      EXPECT_FALSE(begin.count(id)) << "two begins for one id";
+      begin[id] = e.find("ts")->as_double();
+      size[id] = e.find("args")->find("requested")->i;
+    } else {
+      end[id] = e.find("ts")->as_double();
+    }
+  }
+  ASSERT_EQ(begin.size(), 4u);
+  ASSERT_EQ(end.size(), 4u);
+  const std::pair<double, double> want[] = {{2, 4}, {3, 9}, {6, 8}, {7, 9}};
+  const std::int64_t sizes[] = {5 * MiB, 5 * MiB, 30 * MiB, 2 * MiB};
+  int i = 0;
+  for (const auto& [id, t] : begin) {
+    EXPECT_DOUBLE_EQ(t, want[i].first) << id;
+    EXPECT_DOUBLE_EQ(end[id], want[i].second) << id;
+    EXPECT_EQ(size[id], sizes[i]) << id;
+    ++i;
+  }
 }
 
 }  // namespace

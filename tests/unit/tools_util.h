@@ -19,6 +19,12 @@ class TraceBuilder {
   TraceBuilder& free(std::uintptr_t ptr, std::size_t size, std::uintptr_t stream = 0, int dev = 0) {
     return add(TraceAction::free, ptr, size, stream, dev);
   }
+  // A free whose row says which call the program made (cudaFree = sync, cudaFreeAsync = async).
+  TraceBuilder& free_as(std::uintptr_t ptr, std::size_t size, std::uintptr_t stream, bool sync) {
+    add(TraceAction::free, ptr, size, stream);
+    rows_.back().detail = sync ? TraceDetail::free_sync : TraceDetail::free_async;
+    return *this;
+  }
   TraceBuilder& segment(std::uintptr_t ptr, std::size_t size) { return add(TraceAction::segment_alloc, ptr, size, 0); }
   TraceBuilder& segment_free(std::uintptr_t ptr, std::size_t size) {
     return add(TraceAction::segment_free, ptr, size, 0);

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Tests of the Python module (python/cudapool) against the shim and the fake driver.
+
+Run by tests/python/run.sh BUILD_DIR, which starts this file with libcudapool.so preloaded, the
+fake libcuda.so.1 on the library path and python/ on PYTHONPATH. Allocations go through ctypes
+calls to the driver API, which the shim serves from its pool.
+"""
+import ctypes
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import cudapool
+
+MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+class Driver:
+    """Just enough of the driver API, called the way a -lcuda program calls it."""
+
+    def __init__(self):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc_v2", "cuMemFree_v2"):
+            getattr(self.cu, name).restype = ctypes.c_int
+        self.check(self.cu.cuInit(0), "cuInit")
+        ctx = ctypes.c_void_p()
+        self.check(self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain")
+        self.check(self.cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+    @staticmethod
+    def check(rc, what):
+        if rc != 0:
+            raise AssertionError(f"{what} returned {rc}")
+
+    def alloc(self, n):
+        p = ctypes.c_uint64()
+        self.check(self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)), "cuMemAlloc_v2")
+        return p.value
+
+    def free(self, p):
+        self.check(self.cu.cuMemFree_v2(ctypes.c_uint64(p)), "cuMemFree_v2")
+
+
+class NotPreloaded(unittest.TestCase):
+    def test_clear_behaviour_without_the_library(self):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        code = (
+            "import cudapool\n"
+            "assert cudapool.is_loaded() is False and cudapool.is_active() is False\n"
+            "for f in (cudapool.memory_stats, cudapool.memory_summary, cudapool.empty_cache, cudapool.snapshot):\n"
+            "    try:\n"
+            "        f()\n"
+            "    except cudapool.NotLoadedError as e:\n"
+            "        assert 'LD_PRELOAD' in str(e), e\n"
+            "    else:\n"
+            "        raise AssertionError(f.__name__ + ' did not raise')\n"
+            "print('not-preloaded ok')\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("not-preloaded ok", r.stdout)
+
+
+class Preloaded(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        assert cudapool.is_loaded(), "run through tests/python/run.sh (the shim must be preloaded)"
+        cls.before_cuda_active = cudapool.is_active()
+        cls.before_cuda_stats = cudapool.memory_stats()
+        cls.drv = Driver()
+
+    def test_1_before_cuda(self):
+        self.assertFalse(self.before_cuda_active)  # no pool until CUDA is used
+        self.assertEqual(self.before_cuda_stats, {})
+        self.assertIn("no pool on this device", cudapool.memory_summary(3))
+
+    def test_2_stats_follow_allocations(self):
+        d = self.drv
+        base = cudapool.memory_stats()
+        small = d.alloc(1000)
+        self.assertTrue(cudapool.is_active())
+        st = cudapool.memory_stats()
+        for key in ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "num_alloc_retries", "num_ooms",
+                    "allocation.small_pool.current", "segment.all.current", "active_bytes.all.peak",
+                    "requested_bytes.all.current", "inactive_split_bytes.all.current", "num_device_alloc"):
+            self.assertIn(key, st)
+        b0 = base.get("allocated_bytes.all.current", 0)
+        self.assertEqual(st["allocated_bytes.all.current"] - b0, 1024)  # 1000 rounded to 512 B steps
+        self.assertEqual(st["requested_bytes.all.current"] - base.get("requested_bytes.all.current", 0), 1000)
+        self.assertEqual(st["allocation.small_pool.current"] - base.get("allocation.small_pool.current", 0), 1)
+        big = d.alloc(30 * MiB)
+        st2 = cudapool.memory_stats()
+        self.assertEqual(st2["allocated_bytes.large_pool.current"] - st["allocated_bytes.large_pool.current"], 30 * MiB)
+        self.assertGreaterEqual(st2["reserved_bytes.large_pool.current"], 30 * MiB)
+        self.assertEqual(st2["num_ooms"], 0)
+        # The summary shows those numbers.
+        text = cudapool.memory_summary()
+        self.assertIn("Allocated memory", text)
+        self.assertIn("30.00 MiB", text)
+
+        # Snapshot: both blocks where the pool put them, in PyTorch's shape.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "live.pickle")
+            snap = cudapool.snapshot(path)
+            with open(path, "rb") as f:
+                self.assertEqual(pickle.load(f), snap)
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "tests/tools/check_snapshot.py"), path],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
+        self.assertEqual(blocks[small]["size"], 1024)
+        self.assertEqual(blocks[small]["requested_size"], 1000)
+        self.assertEqual(blocks[small]["state"], "active_allocated")
+        self.assertEqual(blocks[big]["size"], 30 * MiB)
+        self.assertEqual(sum(s["total_size"] for s in snap["segments"]), st2["reserved_bytes.all.current"])
+        types = {s["segment_type"] for s in snap["segments"]}
+        self.assertEqual(types, {"small", "large"})
+
+        # Free the big block: allocated drops, reserved stays (cached); empty_cache gives it back.
+        d.free(big)
+        st3 = cudapool.memory_stats()
+        self.assertEqual(st3["allocated_bytes.all.current"], st["allocated_bytes.all.current"])
+        self.assertEqual(st3["reserved_bytes.all.current"], st2["reserved_bytes.all.current"])
+        released = cudapool.empty_cache()
+        self.assertGreaterEqual(released, 30 * MiB)
+        st4 = cudapool.memory_stats()
+        self.assertEqual(st4["reserved_bytes.all.current"], st3["reserved_bytes.all.current"] - released)
+        self.assertEqual(st4["reserved_bytes.all.peak"], st2["reserved_bytes.all.peak"])  # peaks stay
+        d.free(small)
+        self.assertEqual(cudapool.memory_stats()["allocation.all.current"], base.get("allocation.all.current", 0))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

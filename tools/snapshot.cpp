@@ -1,0 +1,206 @@
+#include "tools/snapshot.h"
+
+#include <algorithm>
+
+#include "tools/pickle.h"
+
+namespace cudapool::tools {
+namespace {
+
+const char* state_name(BlockState s) {
+  switch (s) {
+    case BlockState::active_allocated: return "active_allocated";
+    case BlockState::active_pending_free: return "active_pending_free";
+    case BlockState::inactive: return "inactive";
+  }
+  return "inactive";
+}
+
+// One device_traces entry. PyTorch's fields: action, addr, size, stream, time_us, frames.
+void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
+                 std::int64_t time_ns, const std::int64_t* device_free = nullptr) {
+  w.begin_dict();
+  w.key("action");
+  w.str(action);
+  w.key("addr");
+  w.uinteger(addr);
+  w.key("size");
+  w.uinteger(size);
+  w.key("stream");
+  w.uinteger(stream);
+  w.key("time_us");
+  w.integer(time_ns / 1000);
+  w.key("frames");
+  w.begin_list();
+  w.end();
+  if (device_free != nullptr) {
+    w.key("device_free");
+    w.integer(*device_free);
+  }
+  w.end();
+}
+
+}  // namespace
+
+std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& rows, int device,
+                            std::size_t device_memory, const std::string& conf, const PoolOptions& options,
+                            SnapshotFigures* figures) {
+  SnapshotFigures fig = figures ? *figures : SnapshotFigures{};
+  fig.segments = snap.segments.size();
+  fig.reserved = fig.allocated = fig.requested = 0;
+  fig.blocks = fig.active_blocks = fig.events = 0;
+  PickleWriter w;
+  w.begin_dict();
+  w.key("segments");
+  w.begin_list();
+  for (const SegmentInfo& s : snap.segments) {
+    fig.reserved += s.total_size;
+    fig.allocated += s.allocated_size;
+    fig.requested += s.requested_size;
+    w.begin_dict();
+    w.key("device");
+    w.integer(s.device);
+    w.key("address");
+    w.uinteger(s.address);
+    w.key("total_size");
+    w.uinteger(s.total_size);
+    w.key("allocated_size");
+    w.uinteger(s.allocated_size);
+    w.key("active_size");
+    w.uinteger(s.active_size);
+    w.key("requested_size");
+    w.uinteger(s.requested_size);
+    w.key("stream");
+    w.uinteger(s.stream);
+    w.key("segment_type");
+    w.str(s.is_small ? "small" : "large");
+    w.key("segment_pool_id");  // (0, 0): the default pool, no CUDA graph pool
+    w.begin_tuple();
+    w.integer(0);
+    w.integer(0);
+    w.end();
+    w.key("is_expandable");
+    w.boolean(s.is_expandable);
+    w.key("frames");
+    w.begin_list();
+    w.end();
+    w.key("blocks");
+    w.begin_list();
+    for (const BlockInfo& b : s.blocks) {
+      ++fig.blocks;
+      if (b.state == BlockState::active_allocated) ++fig.active_blocks;
+      w.begin_dict();
+      w.key("address");
+      w.uinteger(b.address);
+      w.key("size");
+      w.uinteger(b.size);
+      w.key("requested_size");
+      w.uinteger(b.requested_size);
+      w.key("state");
+      w.str(state_name(b.state));
+      w.key("frames");
+      w.begin_list();
+      w.end();
+      w.end();
+    }
+    w.end();
+    w.end();
+  }
+  w.end();
+
+  // device_traces: one list per device up to the replayed one (the others stay empty).
+  w.key("device_traces");
+  w.begin_list();
+  for (int d = 0; d < device; ++d) {
+    w.begin_list();
+    w.end();
+  }
+  w.begin_list();
+  std::int64_t reserved = 0;
+  for (const TraceRow& r : rows) {
+    if (r.device != device) continue;
+    switch (r.action) {
+      case TraceAction::allocate:
+        trace_entry(w, "alloc", r.ptr, r.requested, r.stream, r.time_ns);
+        ++fig.events;
+        break;
+      case TraceAction::free:
+        // The pool has no later moment at which a free "completes" for the program: both at once.
+        trace_entry(w, "free_requested", r.ptr, r.requested, r.stream, r.time_ns);
+        trace_entry(w, "free_completed", r.ptr, r.requested, r.stream, r.time_ns);
+        fig.events += 2;
+        break;
+      case TraceAction::segment_alloc:
+      case TraceAction::segment_map:
+        reserved += static_cast<std::int64_t>(r.size);
+        trace_entry(w, r.action == TraceAction::segment_alloc ? "segment_alloc" : "segment_map", r.ptr, r.size,
+                    r.stream, r.time_ns);
+        ++fig.events;
+        break;
+      case TraceAction::segment_free:
+      case TraceAction::segment_unmap:
+        reserved -= static_cast<std::int64_t>(r.size);
+        trace_entry(w, r.action == TraceAction::segment_free ? "segment_free" : "segment_unmap", r.ptr, r.size,
+                    r.stream, r.time_ns);
+        ++fig.events;
+        break;
+      case TraceAction::allocate_failure: {
+        // What the program saw: out of memory for this request (PyTorch's 'oom').
+        const std::int64_t device_free = std::max<std::int64_t>(0, static_cast<std::int64_t>(device_memory) - reserved);
+        trace_entry(w, "oom", 0, r.requested ? r.requested : r.size, r.stream, r.time_ns, &device_free);
+        ++fig.events;
+        break;
+      }
+      default:
+        break;  // the pool's own bookkeeping (driver refusals, gc, waits) has no PyTorch action
+    }
+  }
+  w.end();
+  w.end();
+
+  w.key("allocator_settings");
+  w.begin_dict();
+  w.key("PYTORCH_CUDA_ALLOC_CONF");
+  w.str(conf);
+  w.key("max_split_size");
+  w.integer(options.max_split_size == kNoLimit ? -1 : static_cast<std::int64_t>(options.max_split_size));
+  w.key("garbage_collection_threshold");
+  w.real(options.garbage_collection_threshold);
+  w.key("expandable_segments");
+  w.boolean(options.expandable_segments);
+  w.key("release_lock_on_cudamalloc");
+  w.boolean(options.release_lock_on_cudamalloc);
+  w.key("roundup_power2_divisions");
+  w.begin_list();
+  for (auto d : options.roundup_power2_divisions) w.integer(d);
+  w.end();
+  w.end();
+  w.end();
+  if (figures) *figures = fig;
+  return w.finish();
+}
+
+std::string snapshot_from_replay(const PreparedTrace& trace, const ReplayConfig& config, std::optional<std::int64_t> at_ns,
+                                 const std::string& conf, SnapshotFigures* figures) {
+  SnapshotFigures fig;
+  if (at_ns) {
+    fig.op = op_at_time(trace, *at_ns);
+  } else {
+    ReplayConfig find = config;
+    find.collect_rows = false;
+    find.track_peak = true;
+    fig.op = replay_trace(trace, find).peak_op;
+    fig.at_peak = true;
+  }
+  fig.t_ns = trace.ops.empty() ? 0 : trace.ops[fig.op].time_ns - trace.facts.start_ns;
+  ReplayConfig take = config;
+  take.collect_rows = true;
+  take.snapshot_after_op = fig.op;
+  ReplayResult r = replay_trace(trace, take);
+  std::string out = snapshot_pickle(r.snapshot.value_or(Snapshot{}), r.rows, trace.facts.device, r.device_memory, conf,
+                                    config.pool, &fig);
+  if (figures) *figures = fig;
+  return out;
+}
+
+}  // namespace cudapool::tools
