@@ -202,6 +202,12 @@ fi
 if want legacy; then
   run legacy_ref 90 -- "$BIN/legacy_app"
   run legacy_shim 90 $(shim_env legacy_shim) -- "$BIN/legacy_app"
+  # Against the floor (the same program with its buffers allocated once, no shim): LEGACY_REPS
+  # interleaved processes each (default 5), medians.
+  for rep in $(seq 1 "${LEGACY_REPS:-5}"); do
+    run legacy_once_r$rep 90 -- "$BIN/legacy_app" --once
+    run legacy_shim_r$rep 90 $(shim_env legacy_shim_r$rep) -- "$BIN/legacy_app"
+  done
   "${REPORT[@]}" legacy "$OUT"
 fi
 

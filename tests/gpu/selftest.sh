@@ -44,6 +44,7 @@ expect "$r" "correctness, classic segments" PASS
 expect "$r" "cudaDeviceReset mid-run" PASS
 expect "$r" "cudaMalloc during global capture" FAIL   # the mock pool answers 0 where CUDA says 900
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" PASS
+expect "$r" "legacy app: wall vs buffers allocated once" PASS
 expect "$r" "alloc+free pair, tight, immediate" PASS
 expect "$r" "pair vs same-run floor, tight, immediate" INFO
 expect "$r" "pair vs same-run floor, bursts, default" INFO
@@ -64,6 +65,7 @@ expect "$r" "reuse race, free_sync:fenced" FAIL
 expect "$r" "cudaFree host wait, free_host_sync:True" FAIL
 expect "$r" "cudaDeviceReset mid-run" FAIL
 expect "$r" "legacy app: time in cudaMalloc/cudaFree" FAIL
+expect "$r" "legacy app: wall vs buffers allocated once" FAIL
 expect "$r" "alloc+free pair, tight, default" FAIL
 expect "$r" "16 threads vs 1 thread" FAIL
 
