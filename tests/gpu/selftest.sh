@@ -69,6 +69,20 @@ expect "$r" "legacy app: wall vs buffers allocated once" FAIL
 expect "$r" "alloc+free pair, tight, default" FAIL
 expect "$r" "16 threads vs 1 thread" FAIL
 
+# Rows that measured nothing must not pass: a program that made no allocation calls (pooled),
+# legacy times of 0 (no infinite ratio).
+mkdir -p "$work/zero/logs"
+printf '0\n' >"$work/zero/logs/p.rc"; printf 'alloc_calls=0\n' >"$work/zero/logs/p.err"
+echo '{"device": {"cache_misses": 0}}' >"$work/zero/logs/p.stats.json"
+for n in legacy_ref legacy_shim; do
+  printf '0\n' >"$work/zero/logs/$n.rc"; echo "legacy: iterations=3000 result=42" >"$work/zero/logs/$n.out"
+done
+printf 'wall_s=0.9 alloc_s=0.6\n' >"$work/zero/logs/legacy_ref.err"; printf 'wall_s=0.3 alloc_s=0.000000\n' >"$work/zero/logs/legacy_shim.err"
+python3 tests/gpu/report.py pooled "$work/zero" "pooled with no calls" p >/dev/null
+python3 tests/gpu/report.py legacy "$work/zero" >/dev/null
+expect "$work/zero/results.tsv" "pooled with no calls" FAIL
+expect "$work/zero/results.tsv" "legacy app: time in cudaMalloc/cudaFree" FAIL
+
 # The budget: with none left, runs are skipped and reported as MISS, not as PASS.
 OUT=$work/late GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race GPU_SUITE_BUDGET_S=5 \
   bash tests/gpu/run.sh >"$work/late.txt" 2>&1
