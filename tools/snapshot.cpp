@@ -16,7 +16,8 @@ const char* state_name(BlockState s) {
   return "inactive";
 }
 
-// One device_traces entry. PyTorch's fields: action, addr, size, stream, time_us, frames.
+// One device_traces entry. PyTorch's fields: action, addr, size, stream, time_us, frames,
+// compile_context and user_metadata (the last two empty here: a trace has neither).
 void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
                  std::int64_t time_ns, const std::int64_t* device_free = nullptr) {
   w.begin_dict();
@@ -33,6 +34,10 @@ void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::
   w.key("frames");
   w.begin_list();
   w.end();
+  w.key("compile_context");
+  w.str("N/A");
+  w.key("user_metadata");
+  w.str("");
   if (device_free != nullptr) {
     w.key("device_free");
     w.integer(*device_free);
@@ -156,6 +161,10 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
     }
   }
   w.end();
+  w.end();
+
+  w.key("external_annotations");  // PyTorch's record_annotations(); none in a trace
+  w.begin_list();
   w.end();
 
   w.key("allocator_settings");

@@ -97,7 +97,7 @@ def snapshot(path=None):
         for b in s["blocks"]:
             b["frames"] = []
     devices = 1 + max((s["device"] for s in segments), default=0)
-    snap = {"segments": segments, "device_traces": [[] for _ in range(devices)]}
+    snap = {"segments": segments, "device_traces": [[] for _ in range(devices)], "external_annotations": []}
     if path is not None:
         with open(path, "wb") as f:
             pickle.dump(snap, f, protocol=2)

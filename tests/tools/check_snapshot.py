@@ -36,7 +36,7 @@ def fields(d, spec, where):
 
 
 def check(snap):
-    fields(snap, {"segments": list, "device_traces": list}, "snapshot")
+    fields(snap, {"segments": list, "device_traces": list, "external_annotations": list}, "snapshot")
     figures = {"segments": 0, "reserved": 0, "allocated": 0, "requested": 0, "blocks": 0, "active": 0}
     live_blocks = set()
     for i, s in enumerate(snap["segments"]):
@@ -78,7 +78,8 @@ def check(snap):
         live, reserved, last = {}, 0, None
         for k, e in enumerate(trace):
             ew = f"device_traces[{d}][{k}]"
-            fields(e, {"action": str, "addr": int, "size": int, "stream": int, "time_us": int, "frames": list}, ew)
+            fields(e, {"action": str, "addr": int, "size": int, "stream": int, "time_us": int, "frames": list,
+                       "compile_context": str, "user_metadata": str}, ew)
             need(e["action"] in ACTIONS, f"{ew} action {e['action']!r}")
             need(last is None or e["time_us"] >= last, f"{ew} goes back in time")
             last = e["time_us"]
