@@ -22,6 +22,7 @@ struct ReportOptions {
   std::string trace, html, perfetto, conf, snapshot;
   std::optional<double> at_s;
   bool replay = false;
+  FreeReplayOptions frees;  // how a replay (--conf, --replay, --snapshot) plays the frees
 };
 
 int report_main(const ReportOptions& o) {
@@ -56,6 +57,7 @@ int report_main(const ReportOptions& o) {
       std::fprintf(stderr, "cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
+    o.frees.apply(&cfg);
     cfg.collect_rows = true;
     replayed = replay_trace(loaded.prepared, cfg);
     rows = &replayed.rows;
@@ -105,6 +107,7 @@ void add_report_command(CLI::App& root, int* exit_status) {
   sub->add_option("--snapshot", o->snapshot,
                   "write a PyTorch memory snapshot (pickle) of a replay under the trace's policy (or --conf)");
   sub->add_option("--at", o->at_s, "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");
+  o->frees.add_to(sub);
   sub->callback([o, exit_status] { *exit_status = report_main(*o); });
 }
 
