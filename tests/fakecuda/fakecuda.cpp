@@ -176,6 +176,7 @@ struct MachineCounts {
   std::atomic<std::uint64_t> live;
   std::atomic<std::uint64_t> peak;
 };
+bool machine_gone = false;  // machine_exit ran: this process holds nothing any more
 MachineCounts* machine() {
   static MachineCounts* m = [] () -> MachineCounts* {
     const char* path = std::getenv("FAKECUDA_MACHINE_FILE");
@@ -189,7 +190,7 @@ MachineCounts* machine() {
   return m;
 }
 void machine_add(std::size_t bytes) {
-  if (MachineCounts* m = machine()) {
+  if (MachineCounts* m = machine(); m != nullptr && !machine_gone) {
     const std::uint64_t now = m->live.fetch_add(bytes) + bytes;
     std::uint64_t p = m->peak.load();
     while (now > p && !m->peak.compare_exchange_weak(p, now)) {
@@ -197,8 +198,12 @@ void machine_add(std::size_t bytes) {
   }
 }
 void machine_sub(std::size_t bytes) {
+  if (machine_gone) return;
   if (MachineCounts* m = machine()) m->live.fetch_sub(bytes);
 }
+
+// At process exit the driver frees what the process still holds (the machine's count drops).
+void machine_exit();
 
 std::size_t vmm_used_on(int dev);  // physical VMM handles (below)
 std::size_t used_on(int dev) {
@@ -718,6 +723,18 @@ std::size_t vmm_used_on(int dev) {
     if (v.device == dev && !v.imported) u += v.size;
   return u;
 }
+
+void machine_exit() {
+  if (machine() == nullptr || machine_gone) return;
+  std::lock_guard<std::mutex> lock(mu);
+  std::size_t held = 0;
+  for (auto& [p, a] : allocs)
+    if (!a.imported) held += a.size;
+  for (int d = 0; d < kDevices; ++d) held += vmm_used_on(d);
+  machine_sub(held);
+  machine_gone = true;
+}
+__attribute__((destructor)) void on_unload() { machine_exit(); }
 }  // namespace
 
 // Work in the fake completes when the test releases it; a context-wide sync only counts.
