@@ -239,13 +239,16 @@ class Member final : public ReserveGate {
  public:
   // Under the lock: frees the slots of processes that are gone (pid and start time). Returns how
   // many. Public for join().
+  // A slot with this process's own pid that is not ours was left by the program this process
+  // was before an exec (its memory went with its CUDA context): gone too.
   int reclaim_dead() noexcept {
     int n = 0;
+    const int self = static_cast<int>(::getpid());
     for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
       share::LedgerSlot& s = l_->slot[i];
       if (i == slot_ || s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
       const int pid = s.pid.load(std::memory_order_relaxed);
-      if (share::process_alive(pid, s.start_time.load(std::memory_order_relaxed))) continue;
+      if (pid != self && share::process_alive(pid, s.start_time.load(std::memory_order_relaxed))) continue;
       const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
       l_->total -= std::min<std::uint64_t>(r, l_->total);
       s.reserved.store(0, std::memory_order_relaxed);
