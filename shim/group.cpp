@@ -125,13 +125,16 @@ class Member final : public ReserveGate {
     unlock();
   }
 
-  // Asks every other live member to give back idle cached memory, then waits for a release, for
-  // every asked member to have answered, or for the deadline. true: something was released.
+  // One round: asks every other live member to give back idle cached memory, then waits for a
+  // release, or for every asked member to have answered and then up to 10 ms more (memory that
+  // becomes idle meanwhile is asked for in the next round). true: try the allocation again (a
+  // release happened, or time is left); false: the deadline passed, or nobody could give.
   bool ask_release(std::int64_t deadline) noexcept {
     if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
     if (share::monotonic_ns() >= deadline) return false;
     const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
-    std::vector<std::pair<int, std::uint32_t>> asked;
+    std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
+    int n = 0;
     for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
       if (i == slot_) continue;
       share::LedgerSlot& s = l_->slot[i];
@@ -139,26 +142,33 @@ class Member final : public ReserveGate {
         continue;
       const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
       futex_wake(&s.release_req, 1);
-      asked.emplace_back(i, req);
+      asked[n++] = {i, req};
     }
-    requests_.fetch_add(1, std::memory_order_relaxed);
-    if (asked.empty()) return false;
-    log_info("group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
-             "other member(s) for idle cached memory",
-             group_, device_, mib(l_->total), mib(l_->budget), asked.size());
+    if (n == 0) return false;  // alone in the group: nobody to ask
+    if (requests_.fetch_add(1, std::memory_order_relaxed) == 0 || share::monotonic_ns() - last_log_ > 1'000'000'000) {
+      last_log_ = share::monotonic_ns();
+      log_info("group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
+               "other member(s) for idle cached memory",
+               group_, device_, mib(l_->total), mib(l_->budget), n);
+    }
+    std::int64_t answered_at = 0;
     for (;;) {
-      const std::int64_t left = deadline - share::monotonic_ns();
       if (l_->released.load(std::memory_order_acquire) != seen) return true;
-      bool all = true;
-      for (const auto& [i, req] : asked) {
-        share::LedgerSlot& s = l_->slot[i];
-        if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
-            !seq_after_or_equal(s.release_ack.load(std::memory_order_acquire), req))
-          all = false;
+      const std::int64_t now = share::monotonic_ns();
+      if (now >= deadline) return false;
+      if (answered_at == 0) {
+        bool all = true;
+        for (int k = 0; k < n && all; ++k) {
+          share::LedgerSlot& s = l_->slot[asked[k].first];
+          if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
+              !seq_after_or_equal(s.release_ack.load(std::memory_order_acquire), asked[k].second))
+            all = false;
+        }
+        if (all) answered_at = now;
+      } else if (now - answered_at >= 10'000'000) {
+        return true;  // another round: ask again
       }
-      if (all) return l_->released.load(std::memory_order_acquire) != seen;
-      if (left <= 0) return false;
-      futex_wait(&l_->released, seen, std::min<std::int64_t>(left, 5'000'000));
+      futex_wait(&l_->released, seen, std::min<std::int64_t>(deadline - now, 2'000'000));
     }
   }
 
@@ -262,6 +272,7 @@ class Member final : public ReserveGate {
     return n;
   }
   std::atomic<std::uint64_t> requests_{0};
+  std::int64_t last_log_ = 0;  // rounds are logged at most once a second
 
  private:
   share::Mapping map_;
@@ -401,14 +412,26 @@ DeviceFigures figures(Runtime& rt, int device) {
 void responder(Runtime* rt, Member* m) {
   // Requests made before this thread started are answered at once.
   std::uint32_t last = m->acked();
+  // empty_cache waits for the pool's fences under its lock: a request that finds no more idle
+  // memory than the last answer left (a waiter asks again every 10 ms) is answered without it.
+  std::size_t left_idle = 0;
   for (;;) {
     const std::uint32_t req = m->wait_request(last, 1'000'000'000);
     if (Runtime::exiting() || m->broken()) return;
     if (req == last) continue;
-    std::size_t freed = 0;
+    std::size_t idle = 0, freed = 0;
     rt->for_each_pool([&](ContextPool& cp) {
-      if (cp.device == m->device()) freed += cp.pool.empty_cache();
+      if (cp.device == m->device()) idle += cp.pool.cached_bytes();
     });
+    if (idle > left_idle) {
+      idle = 0;
+      rt->for_each_pool([&](ContextPool& cp) {
+        if (cp.device != m->device()) return;
+        freed += cp.pool.empty_cache();
+        idle += cp.pool.cached_bytes();
+      });
+    }
+    left_idle = idle;
     last = req;
     m->answered(req, freed);
     if (freed != 0) log_info("group {}: gave back {} of idle cached memory on request", m->name(), mib(freed));
