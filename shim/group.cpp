@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -98,9 +99,9 @@ class Member final : public ReserveGate {
     share::LedgerSlot& me = l_->slot[slot_];
     bool ok = false;
     for (int pass = 0; pass < 2 && !ok; ++pass) {
-      const std::uint64_t budget = l_->budget, total = l_->total;
+      const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
       if (bytes <= budget && total <= budget - bytes) {
-        l_->total = total + bytes;
+        l_->total.store(total + bytes, std::memory_order_relaxed);
         me.reserved.store(me.reserved.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
         ok = true;
       } else if (pass == 0) {
@@ -121,7 +122,7 @@ class Member final : public ReserveGate {
     const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
     const std::uint64_t n = std::min<std::uint64_t>(bytes, held);
     me.reserved.store(held - n, std::memory_order_relaxed);
-    l_->total -= std::min<std::uint64_t>(n, l_->total);
+    sub_total(n);
     unlock();
   }
 
@@ -149,7 +150,7 @@ class Member final : public ReserveGate {
       last_log_ = share::monotonic_ns();
       log_info("group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
                "other member(s) for idle cached memory",
-               group_, device_, mib(l_->total), mib(l_->budget), n);
+               group_, device_, mib(l_->total.load()), mib(l_->budget), n);
     }
     std::int64_t answered_at = 0;
     for (;;) {
@@ -204,7 +205,7 @@ class Member final : public ReserveGate {
                       std::uint64_t budget, int wait_ms) noexcept;
 
   std::uint64_t budget() const noexcept { return l_->budget; }
-  std::uint64_t total() const noexcept { return l_->total; }
+  std::uint64_t total() const noexcept { return l_->total.load(std::memory_order_relaxed); }
   int device() const noexcept { return device_; }
   const std::string& name() const noexcept { return group_; }
   bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
@@ -240,10 +241,16 @@ class Member final : public ReserveGate {
       const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
       sum = sum + r < sum ? UINT64_MAX : sum + r;
     }
-    if (sum != l_->total) {
-      log_warn("group {}: the ledger's total ({}) did not match its members' ({}); corrected", group_, mib(l_->total), mib(sum));
-      l_->total = sum;
+    const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+    if (sum != total) {
+      log_warn("group {}: the ledger's total ({}) did not match its members' ({}); corrected", group_, mib(total), mib(sum));
+      l_->total.store(sum, std::memory_order_relaxed);
     }
+  }
+  // Under the lock: the total never goes below zero, whatever the file said.
+  void sub_total(std::uint64_t n) noexcept {
+    const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+    l_->total.store(total - std::min(n, total), std::memory_order_relaxed);
   }
 
  public:
@@ -260,7 +267,7 @@ class Member final : public ReserveGate {
       const int pid = s.pid.load(std::memory_order_relaxed);
       if (pid != self && share::process_alive(pid, s.start_time.load(std::memory_order_relaxed))) continue;
       const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
-      l_->total -= std::min<std::uint64_t>(r, l_->total);
+      sub_total(r);
       s.reserved.store(0, std::memory_order_relaxed);
       s.cached.store(0, std::memory_order_relaxed);
       s.allocated.store(0, std::memory_order_relaxed);
@@ -333,7 +340,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   // Nobody else is in the group: the ledger outlived its members, and this policy sets the budget.
   if (live == 0 && l->budget != budget) {
     l->budget = budget;
-    l->total = 0;
+    l->total.store(0, std::memory_order_relaxed);
   }
   if (l->budget != budget)
     log_warn("group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
@@ -485,6 +492,8 @@ bool open_record(Runtime& rt, State& st) {
     return false;
   }
   ::unlink(path.c_str());  // a record left by a dead process that had this pid
+  // Records of this user's processes that are gone (killed, or ended by _exit) go too.
+  share::read_records(::geteuid(), true, nullptr);
   share::Mapping m = share::map_file(path, sizeof(share::ProcRecord), true);
   if (!m || !m.created) {
     log_warn("publish_stats: the stats record {} {}; `cudapool top` will not list this process", path,

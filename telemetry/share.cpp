@@ -208,7 +208,7 @@ bool init_ledger(Ledger& l, unsigned uid, std::string_view gpu, std::string_view
             pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) == 0 && pthread_mutex_init(&l.mu, &a) == 0;
   pthread_mutexattr_destroy(&a);
   if (!ok) return false;
-  l.total = 0;
+  l.total.store(0, std::memory_order_relaxed);
   l.magic.store(kLedgerMagic, std::memory_order_release);
   return true;
 }

@@ -100,7 +100,7 @@ struct Ledger {
   char group[kNameBytes];            // NUL-terminated
   char gpu[kNameBytes];              // the GPU's UUID, NUL-terminated
   pthread_mutex_t mu;                // process-shared, robust
-  std::uint64_t total;               // sum of the live slots' reserved (under mu)
+  std::atomic<std::uint64_t> total;  // sum of the live slots' reserved (written under mu)
   std::atomic<std::uint32_t> released;  // futex word: incremented after every cooperative release
   std::uint32_t pad;
   LedgerSlot slot[kLedgerSlots];

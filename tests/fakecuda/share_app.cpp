@@ -68,7 +68,7 @@ std::uint64_t budget_bytes() { return std::strtoull(std::getenv("SHARE_BUDGET_MB
 void check_budget() {
   const std::uint64_t budget = budget_bytes();
   if (const cudapool::share::Ledger* l = find_ledger()) {
-    const std::uint64_t total = __atomic_load_n(&l->total, __ATOMIC_RELAXED);
+    const std::uint64_t total = l->total.load(std::memory_order_relaxed);
     if (total > budget) std::printf("ledger total %llu > budget %llu\n", (unsigned long long)total, (unsigned long long)budget);
     CHECK(total <= budget);
   }
