@@ -139,7 +139,7 @@ Mapping map_file(const std::string& path, std::size_t size, bool create, int wai
     // A size of 0: its creator has not truncated it yet. Anything else is another layout.
     if (st.st_size != 0 || waited >= wait_ms) {
       m.error = "has " + std::to_string(st.st_size) + " bytes, not the " + std::to_string(size) +
-                " of this version's layout";
+                " bytes of this version's layout";
       ::close(fd);
       return m;
     }
