@@ -6,6 +6,10 @@
 //   hold-live MIB       allocate MIB in 20 MiB blocks and keep them; on SIGTERM check that every
 //                       one is still live in the driver
 //   need MIB            allocate MIB in 20 MiB blocks; exit 3 at the first out-of-memory
+//   lock-and-exit       take the group ledger's lock and exit holding it (a member that died
+//                       inside the ledger's critical section); no CUDA
+//   lock-and-wait       take the ledger's lock, print "ready" and hold it until SIGTERM (a
+//                       member stopped inside it); no CUDA
 // The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
 #define CUDAPOOL_TEST_APP_LCUDA
 #include <dirent.h>
@@ -153,6 +157,16 @@ int need(std::size_t mib) {
   return 0;
 }
 
+int lock_ledger(bool wait) {
+  auto* l = const_cast<cudapool::share::Ledger*>(find_ledger());
+  CHECK(l != nullptr);
+  CHECK(pthread_mutex_lock(&l->mu) == 0);
+  std::printf("ready: holding the ledger's lock\n");
+  std::fflush(stdout);
+  if (wait) wait_for_term();
+  _exit(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,6 +177,8 @@ int main(int argc, char** argv) {
   if (what == "hold" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false);
   if (what == "hold-live" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), true);
   if (what == "need" && argc == 3) return need(std::strtoull(argv[2], nullptr, 10));
-  std::printf("usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB\n");
+  if (what == "lock-and-exit") return lock_ledger(false);
+  if (what == "lock-and-wait") return lock_ledger(true);
+  std::printf("usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | lock-and-exit | lock-and-wait\n");
   return 2;
 }

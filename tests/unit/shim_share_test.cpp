@@ -248,6 +248,36 @@ TEST_F(Share, ForeignLedgerIsRefused) {
   EXPECT_EQ(content, "x") << "the link's target is never written";
 }
 
+// A member that died holding the ledger's lock wedges nothing: the next one gets EOWNERDEAD,
+// recounts the total from the slots and goes on under the budget.
+TEST_F(Share, MemberThatDiedHoldingTheLockWedgesNothing) {
+  ChildResult make = test::run_under_shim({kApp, "need", "40"}, env(group_conf(100), 100));
+  ASSERT_EQ(make.exit_status, 0) << make.output;
+  ChildResult die = test::run_under_shim({kApp, "lock-and-exit"}, env(group_conf(100), 100), false);
+  ASSERT_EQ(die.exit_status, 0) << die.output;
+  ASSERT_NE(die.output.find("holding the ledger's lock"), std::string::npos) << die.output;
+  ChildResult a = test::run_under_shim({kApp, "need", "100"}, env(group_conf(100), 100));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("a member died holding the ledger's lock"), std::string::npos) << a.output;
+  ChildResult over = test::run_under_shim({kApp, "need", "120"}, env(group_conf(100), 100));
+  EXPECT_EQ(over.exit_status, 3) << "the budget still holds after the recovery\n" << over.output;
+}
+
+// A member stopped while holding the lock: the others give up on the ledger after 2 s with a
+// warning and run on their own caps instead of hanging.
+TEST_F(Share, LockHeldByAStoppedMemberTimesOut) {
+  ChildResult make = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
+  ASSERT_EQ(make.exit_status, 0) << make.output;
+  RunningChild& holder = start_ready({kApp, "lock-and-wait"}, env(group_conf(40), 40));
+  const auto t0 = std::chrono::steady_clock::now();
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
+  const auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("could not be locked (held for more than 2 s)"), std::string::npos) << a.output;
+  EXPECT_LT(s, 10);
+  stop(holder);
+}
+
 // `cudapool top --once --json` lists the live processes with their reserved bytes, drops a
 // killed one and removes its record.
 TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
