@@ -146,8 +146,10 @@ class Member final : public ReserveGate {
       asked[n++] = {i, req};
     }
     if (n == 0) return false;  // alone in the group: nobody to ask
-    if (requests_.fetch_add(1, std::memory_order_relaxed) == 0 || share::monotonic_ns() - last_log_ > 1'000'000'000) {
-      last_log_ = share::monotonic_ns();
+    const std::int64_t t = share::monotonic_ns();
+    std::int64_t logged = last_log_.load(std::memory_order_relaxed);
+    if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
+        last_log_.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
       log_info("group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
                "other member(s) for idle cached memory",
                group_, device_, mib(l_->total.load()), mib(l_->budget), n);
@@ -279,7 +281,7 @@ class Member final : public ReserveGate {
     return n;
   }
   std::atomic<std::uint64_t> requests_{0};
-  std::int64_t last_log_ = 0;  // rounds are logged at most once a second
+  std::atomic<std::int64_t> last_log_{0};  // rounds are logged at most once a second
 
  private:
   share::Mapping map_;

@@ -2,6 +2,7 @@
 // machine, from the stats records the shim publishes (telemetry/share.h), refreshed like top.
 #include <CLI/CLI.hpp>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,8 +73,15 @@ std::string to_table(const std::vector<share::ProcInfo>& procs) {
   std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU", "RESERVED",
                 "ALLOCATED", "CACHED", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS", "FWAITS", "COMMAND");
   o += line;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
   for (const share::ProcInfo& p : procs) {
     std::string cmd = p.command.size() > 60 ? p.command.substr(0, 57) + "..." : p.command;
+    // Records are refreshed every 250 ms; an older one belongs to a process that is stopped or
+    // stuck (its figures are that old).
+    if (const std::int64_t age = now_ns - p.updated_unix_ns; p.updated_unix_ns != 0 && age > 2'000'000'000LL)
+      cmd = "[not updated for " + std::to_string(age / 1'000'000'000LL) + " s] " + cmd;
     if (p.devices.empty()) {
       std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-", "-", "-",
                     "-", p.group.empty() ? "-" : p.group.c_str(), "-", "-", "-", cmd.c_str());
