@@ -479,7 +479,7 @@ void write_record(Runtime& rt, State& st) {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   r->seq.fetch_add(1, std::memory_order_acq_rel);  // odd: writing
-  std::atomic_thread_fence(std::memory_order_release);
+  share::seqlock_fence(std::memory_order_release);
   std::memcpy(r->dev, dev, sizeof dev);
   r->devices = static_cast<std::uint32_t>(n);
   r->updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
@@ -511,7 +511,7 @@ bool open_record(Runtime& rt, State& st) {
   const std::string cmd = own_command();
   std::snprintf(r->command, sizeof r->command, "%s", cmd.c_str());
   std::snprintf(r->group, sizeof r->group, "%s", rt.policy().group.c_str());
-  std::atomic_thread_fence(std::memory_order_release);
+  share::seqlock_fence(std::memory_order_release);
   r->magic = share::kRecordMagic;
   st.record = m;
   st.record_path = path;
@@ -522,7 +522,11 @@ bool open_record(Runtime& rt, State& st) {
 // Every 250 ms: the stats record (publish_stats) and each member's cached/allocated figures.
 void publisher(Runtime* rt) {
   State& st = state();
-  const bool record = rt->policy().publish_stats && open_record(*rt, st);
+  bool record = false;
+  if (rt->policy().publish_stats) {
+    std::lock_guard<std::mutex> lock(st.mu);  // on_exit reads the record's path
+    record = open_record(*rt, st);
+  }
   for (;;) {
     if (Runtime::exiting()) return;
     if (record) write_record(*rt, st);
@@ -602,6 +606,10 @@ void on_pool_created(Runtime& rt, ContextPool& cp) noexcept {
 
 void on_exit() noexcept {
   State& st = state();
+  // Never wait at exit: a record left behind is removed by the next process that publishes one,
+  // or by `cudapool top`.
+  std::unique_lock<std::mutex> lock(st.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
   if (!st.record_path.empty() && st.record_pid == static_cast<int>(::getpid())) ::unlink(st.record_path.c_str());
 }
 

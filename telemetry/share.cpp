@@ -222,7 +222,7 @@ bool copy_record(const ProcRecord* src, ProcRecord* out) {
     const std::uint32_t s1 = src->seq.load(std::memory_order_acquire);
     if ((s1 & 1) == 0) {
       std::memcpy(static_cast<void*>(out), static_cast<const void*>(src), sizeof *out);
-      std::atomic_thread_fence(std::memory_order_acquire);
+      seqlock_fence(std::memory_order_acquire);
       if (src->seq.load(std::memory_order_relaxed) == s1) return true;
     }
     ::usleep(200);

@@ -147,6 +147,17 @@ struct ProcRecord {
   RecordDevice dev[kRecordDevices];
 };
 
+// The fence of a seqlock between the counter and the data (the record's writer and readers are
+// in different processes). ThreadSanitizer does not model fences; there the counter's own
+// acquire/release orders stand alone.
+inline void seqlock_fence(std::memory_order order) {
+#if defined(__SANITIZE_THREAD__)
+  (void)order;
+#else
+  std::atomic_thread_fence(order);
+#endif
+}
+
 struct ProcInfo {
   int pid = 0;
   std::string command;

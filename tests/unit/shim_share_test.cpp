@@ -251,6 +251,10 @@ TEST_F(Share, ForeignLedgerIsRefused) {
 // A member that died holding the ledger's lock wedges nothing: the next one gets EOWNERDEAD,
 // recounts the total from the slots and goes on under the budget.
 TEST_F(Share, MemberThatDiedHoldingTheLockWedgesNothing) {
+  // ThreadSanitizer does not follow a robust mutex recovered with EOWNERDEAD from another
+  // process (it reports the unlock as one of a mutex this thread never locked).
+  if (std::string(CUDAPOOL_SAN_PRELOAD).find("tsan") != std::string::npos)
+    GTEST_SKIP() << "robust mutexes across processes are outside ThreadSanitizer's model";
   ChildResult make = test::run_under_shim({kApp, "need", "40"}, env(group_conf(100), 100));
   ASSERT_EQ(make.exit_status, 0) << make.output;
   ChildResult die = test::run_under_shim({kApp, "lock-and-exit"}, env(group_conf(100), 100), false);
