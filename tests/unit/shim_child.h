@@ -50,6 +50,9 @@ inline RunningChild start_under_shim(std::vector<std::string> argv, const std::m
       // The shim leaks its pools on purpose (no teardown at exit); any report fails the run.
       vars["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1";
       vars["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1";
+      // A pooled process starts its stats thread with its first pool, also in the child of a
+      // fork whose parent had threads: allowed by glibc, refused by ThreadSanitizer by default.
+      if (vars.count("TSAN_OPTIONS") == 0) vars["TSAN_OPTIONS"] = "die_after_fork=0";
     }
   }
   vars["LD_LIBRARY_PATH"] = CUDAPOOL_FAKECUDA_DIR;
