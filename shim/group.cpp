@@ -255,11 +255,9 @@ class Member final : public ReserveGate {
     l_->total.store(total - std::min(n, total), std::memory_order_relaxed);
   }
 
- public:
-  // Under the lock: frees the slots of processes that are gone (pid and start time). Returns how
-  // many. Public for join().
-  // A slot with this process's own pid that is not ours was left by the program this process
-  // was before an exec (its memory went with its CUDA context): gone too.
+  // Under the lock: frees the slots of processes that are gone (pid and start time) and returns
+  // how many. A slot with this process's own pid that is not ours was left by the program this
+  // process was before an exec (its memory went with its CUDA context): gone too.
   int reclaim_dead() noexcept {
     int n = 0;
     const int self = static_cast<int>(::getpid());
@@ -280,10 +278,7 @@ class Member final : public ReserveGate {
     }
     return n;
   }
-  std::atomic<std::uint64_t> requests_{0};
-  std::atomic<std::int64_t> last_log_{0};  // rounds are logged at most once a second
 
- private:
   share::Mapping map_;
   share::Ledger* l_;
   int slot_;
@@ -292,6 +287,8 @@ class Member final : public ReserveGate {
   std::string group_;
   int wait_ms_;
   std::atomic<bool> broken_{false};
+  std::atomic<std::uint64_t> requests_{0};  // release rounds asked for
+  std::atomic<std::int64_t> last_log_{0};   // rounds are logged at most once a second
 };
 
 Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
