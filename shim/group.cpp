@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -109,6 +110,9 @@ class Member final : public ReserveGate {
         // could have left anything there), and give back the shares of members that are gone.
         recount_if_wrong();
         reclaim_dead();
+      } else {
+        shortfall_.store(total > budget - std::min(bytes, budget) ? total + bytes - budget : bytes,
+                         std::memory_order_relaxed);
       }
     }
     unlock();
@@ -130,22 +134,36 @@ class Member final : public ReserveGate {
   // release, or for every asked member to have answered and then up to 10 ms more (memory that
   // becomes idle meanwhile is asked for in the next round). true: try the allocation again (a
   // release happened, or time is left); false: the deadline passed, or nobody could give.
-  bool ask_release(std::int64_t deadline) noexcept {
+  // The first round asks only the members with the most idle memory (as last published) that
+  // together cover the shortfall, so one allocation does not empty every cache of the group;
+  // later rounds ask everyone (the published figures may be up to 250 ms old).
+  bool ask_release(std::int64_t deadline, int round) noexcept {
     if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
     if (share::monotonic_ns() >= deadline) return false;
     const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
+    std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
+    int nc = 0;
+    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+      share::LedgerSlot& s = l_->slot[i];
+      if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive ||
+          s.pid.load(std::memory_order_relaxed) <= 0)
+        continue;
+      cand[nc++] = {i, s.cached.load(std::memory_order_relaxed)};
+    }
+    if (nc == 0) return false;  // alone in the group: nobody to ask
+    std::sort(cand, cand + nc, [](const auto& a, const auto& b) { return a.second > b.second; });
+    const std::uint64_t need = shortfall_.load(std::memory_order_relaxed);
     std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
     int n = 0;
-    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
-      if (i == slot_) continue;
-      share::LedgerSlot& s = l_->slot[i];
-      if (s.state.load(std::memory_order_acquire) != share::kSlotLive || s.pid.load(std::memory_order_relaxed) <= 0)
-        continue;
+    std::uint64_t covered = 0;
+    for (int k = 0; k < nc; ++k) {
+      if (round == 0 && k > 0 && (covered >= need || cand[k].second == 0)) break;
+      share::LedgerSlot& s = l_->slot[cand[k].first];
       const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
       futex_wake(&s.release_req, 1);
-      asked[n++] = {i, req};
+      asked[n++] = {cand[k].first, req};
+      covered += cand[k].second;
     }
-    if (n == 0) return false;  // alone in the group: nobody to ask
     const std::int64_t t = share::monotonic_ns();
     std::int64_t logged = last_log_.load(std::memory_order_relaxed);
     if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
@@ -288,6 +306,7 @@ class Member final : public ReserveGate {
   int wait_ms_;
   std::atomic<bool> broken_{false};
   std::atomic<std::uint64_t> requests_{0};  // release rounds asked for
+  std::atomic<std::uint64_t> shortfall_{0};  // bytes over the budget at the last refusal
   std::atomic<std::int64_t> last_log_{0};   // rounds are logged at most once a second
 };
 
@@ -569,11 +588,11 @@ Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept {
 
 ReserveGate* gate_of(Member* m) noexcept { return m; }
 
-bool ask_release(Member& m, std::int64_t start_ns) noexcept {
+bool ask_release(Member& m, std::int64_t start_ns, int round) noexcept {
   try {
     const Runtime* rt = Runtime::peek();
     const int wait_ms = rt != nullptr ? rt->policy().group_release_wait_ms : 0;
-    return m.ask_release(start_ns + static_cast<std::int64_t>(wait_ms) * 1'000'000);
+    return m.ask_release(start_ns + static_cast<std::int64_t>(wait_ms) * 1'000'000, round);
   } catch (...) {
     return false;
   }

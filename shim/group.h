@@ -30,11 +30,12 @@ Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept;
 // The member as its upstreams' gate.
 ReserveGate* gate_of(Member* m) noexcept;
 
-// An allocation of `bytes` on cp's device was refused by the budget: ask the other members for
-// idle cached memory and wait until they answered, something was released, or the policy's
-// group_release_wait_ms passed since `start_ns` (share::monotonic_ns). true: memory was given
-// back, try again.
-bool ask_release(Member& m, std::int64_t start_ns) noexcept;
+// An allocation on the member's device was refused by the budget: one round of asking the
+// other members for idle cached memory (round 0: the fewest that cover the shortfall, by the
+// idle bytes they last published; later rounds: everyone) and waiting until they answered,
+// something was released, or the policy's group_release_wait_ms passed since `start_ns`
+// (share::monotonic_ns). true: try the allocation again.
+bool ask_release(Member& m, std::int64_t start_ns, int round) noexcept;
 
 // An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
 void note_oom(int device) noexcept;

@@ -161,6 +161,21 @@ TEST_F(Share, IdleCacheIsReleasedOnDemand) {
   EXPECT_NE(br.output.find("gave back 80.0 MiB of idle cached memory on request"), std::string::npos) << br.output;
 }
 
+// The first round asks only as many members as cover the shortfall, the largest idle cache
+// first: C's small cache is left alone when B's covers the need.
+TEST_F(Share, FirstRoundAsksTheLargestIdleCacheOnly) {
+  RunningChild& b = start_ready({kApp, "hold", "60"}, env(group_conf(120), 120));
+  RunningChild& c = start_ready({kApp, "hold", "20"}, env(group_conf(120), 120));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // both published their idle bytes
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(120), 120));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("asked 1 other member"), std::string::npos) << a.output;
+  EXPECT_EQ(slot_reserved(b.pid), 0) << "B, the largest idle cache, gave it back";
+  EXPECT_EQ(slot_reserved(c.pid), static_cast<long long>(20 * kMiB)) << "C was not asked";
+  stop(b);
+  stop(c);
+}
+
 // B's 80 MiB are live: A asks, B has nothing idle to give, A runs out within the wait, and every
 // one of B's blocks is still live in the driver.
 TEST_F(Share, LiveMemoryIsNeverReleased) {
