@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 
 #include "config/roundup.h"
 #include "config/values.h"
@@ -226,6 +227,53 @@ bool default_log_file(const Policy& p) { return p.log_file.empty(); }
 bool default_trace_file(const Policy& p) { return p.trace_file.empty(); }
 bool default_stats_file(const Policy& p) { return p.stats_file.empty(); }
 
+// ---- groups ------------------------------------------------------------------------------------
+// A group name is part of a shared-memory file name: letters, digits, '_', '-', '.', at most 48.
+std::string apply_group(Policy& p, std::string_view v, Warnings&) {
+  if (v.size() > 48) return "longer than 48 characters";
+  for (char c : v)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
+      return "contains a character other than letters, digits, '_', '-' and '.'";
+  if (v == "." || v == "..") return "not a name";
+  p.group = v;
+  return {};
+}
+std::string format_group(const Policy& p) { return p.group; }
+bool default_group(const Policy& p) { return p.group.empty(); }
+
+std::string apply_group_budget(Policy& p, std::string_view v, Warnings&) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  p.group_budget = static_cast<std::size_t>(std::min(n, kMaxMiB)) * MiB;
+  return {};
+}
+std::string format_group_budget(const Policy& p) { return std::to_string(p.group_budget / MiB); }
+bool default_group_budget(const Policy& p) { return p.group_budget == 0; }
+
+std::string apply_group_fraction(Policy& p, std::string_view v, Warnings&) {
+  double x = 0;
+  if (std::string why = parse_number(v, x); !why.empty()) return why;
+  if (!(x >= 0.0 && x <= 1.0)) return "outside [0, 1]";
+  p.group_budget_fraction = x;
+  return {};
+}
+std::string format_group_fraction(const Policy& p) { return format_number(p.group_budget_fraction); }
+bool default_group_fraction(const Policy& p) { return p.group_budget_fraction == 0.0; }
+
+std::string apply_group_wait(Policy& p, std::string_view v, Warnings&) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  if (n > 10000) return "above the maximum 10000";
+  p.group_release_wait_ms = static_cast<int>(n);
+  return {};
+}
+std::string format_group_wait(const Policy& p) { return std::to_string(p.group_release_wait_ms); }
+bool default_group_wait(const Policy& p) { return p.group_release_wait_ms == Policy{}.group_release_wait_ms; }
+
+std::string apply_publish_stats(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.publish_stats); }
+std::string format_publish_stats(const Policy& p) { return p.publish_stats ? "True" : "False"; }
+bool default_publish_stats(const Policy& p) { return p.publish_stats; }
+
 // ---- the dump signal ---------------------------------------------------------------------------
 // By name (SIGUSR1/USR1, SIGUSR2/USR2, any case) or number. Signals whose default action or
 // meaning the program relies on for errors and job control are refused: catching them to dump
@@ -288,7 +336,7 @@ std::string refuse(Policy&, std::string_view, Warnings&) {
 constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
 
 using K = ValueKind;
-const std::array<KeySpec, 31> kKeys{{
+const std::array<KeySpec, 36> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
@@ -370,6 +418,25 @@ const std::array<KeySpec, 31> kKeys{{
      "SIGUSR1", "on this signal, log the pool's stats table and a snapshot of every device and flush the "
      "trace; the program keeps running (see docs/shim.md)",
      {}, apply_dump_signal, format_dump_signal, default_dump_signal},
+    {"group", K::text, "a name of letters, digits, '_', '-' or '.' (at most 48; empty = no group)", "serving",
+     "processes of this user on one GPU with the same group share one budget of reserved memory "
+     "(needs group_budget_mb or group_budget_fraction)",
+     {}, apply_group, format_group, default_group},
+    {"group_budget_mb", K::integer, "a whole number of MiB (0 = not set)", "40960",
+     "with group: the reserved memory of all the group's processes on one GPU together stays under this",
+     {}, apply_group_budget, format_group_budget, default_group_budget},
+    {"group_budget_fraction", K::number, "a number in [0, 1] (0 = not set)", "0.8",
+     "with group: the group's budget as a fraction of the device's total memory (with group_budget_mb too, "
+     "the tighter applies)",
+     {}, apply_group_fraction, format_group_fraction, default_group_fraction},
+    {"group_release_wait_ms", K::integer, "a whole number of milliseconds <= 10000 (0 = do not ask)", "250",
+     "with group: an allocation the budget refuses asks the other processes of the group to give back "
+     "idle cached memory and waits up to this long before returning out-of-memory",
+     {}, apply_group_wait, format_group_wait, default_group_wait},
+    {"publish_stats", K::boolean, "True or False (any case)", "False",
+     "publish this process's pool figures every 250 ms for `cudapool top` (a small file in /dev/shm, "
+     "readable by this user only)",
+     {}, apply_publish_stats, format_publish_stats, default_publish_stats},
     // PyTorch keys accepted for compatibility with no effect here.
     {"pinned_use_cuda_host_register", K::boolean, "True or False (any case)", "False",
      "PyTorch: pin host memory with cudaHostRegister", kPinned, ignore_bool, nullptr, nullptr},

@@ -75,11 +75,30 @@ void add_combination_warnings(Policy& p) {
       }
   // expandable_page_mb, expandable_unit_mb, ... tune the expandable ranges only: set without
   // them (a profile that dropped expandable_segments, a typo in an A/B) they silently do nothing.
+  if (p.group.empty())
+    for (const char* key : {"group_release_wait_ms"})
+      if (p.origin.count(key) != 0 && p.origin.at(key) != "default")
+        config::warn_once(p.warnings, std::string(key) + " has no effect without group");
   if (!p.pool.expandable_segments)
     for (const auto& [key, origin] : p.origin)
       if (key.rfind("expandable_", 0) == 0 && key != "expandable_segments" && origin != "default") {
         config::warn_once(p.warnings, key + " has no effect without expandable_segments:True");
       }
+}
+
+// A group needs a budget and a budget needs a group: either alone would silently do nothing.
+std::string check_group(const Policy& p) {
+  const bool budget = p.group_budget != 0 || p.group_budget_fraction > 0.0;
+  if (!p.group.empty() && !budget)
+    return "group:" + p.group + " (" + p.origin.at("group") +
+           ") has no budget; add group_budget_mb:N (MiB) or group_budget_fraction:F (of the device), "
+           "or remove group";
+  if (p.group.empty() && budget) {
+    const std::string key = p.group_budget != 0 ? "group_budget_mb" : "group_budget_fraction";
+    return key + " (" + p.origin.at(key) + ") is set but group is not; add group:NAME (the processes "
+           "that share the budget use the same name) or remove " + key;
+  }
+  return {};
 }
 
 PolicyResult load(const PolicySources& src) {
@@ -127,6 +146,10 @@ PolicyResult load(const PolicySources& src) {
   if (!src.stats_file.empty()) {
     p.stats_file = src.stats_file;
     p.origin["stats_file"] = "CUDAPOOL_STATS";
+  }
+  if (std::string e = check_group(p); !e.empty()) {
+    r.error = std::move(e);
+    return r;
   }
   add_combination_warnings(p);
   r.policy = std::move(p);

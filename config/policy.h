@@ -32,6 +32,17 @@ struct Policy {
   // issued before it, as CUDA's own does (a context synchronize after the pool's free).
   bool free_host_sync = false;
   OnError on_error = OnError::stop;
+  // A group of processes of this user on one GPU that share one budget of reserved memory
+  // (docs/design.md, "The group ledger"). Empty = no group.
+  std::string group;
+  std::size_t group_budget = 0;         // bytes; 0 = not set
+  double group_budget_fraction = 0.0;   // of the device's total memory; 0 = not set
+  // How long an allocation that the group's budget refuses waits for other members to give
+  // back idle cached memory before it returns out-of-memory.
+  int group_release_wait_ms = 100;
+  // Publish a small per-process stats record for `cudapool top` (every 250 ms, from a helper
+  // thread started with the first pool).
+  bool publish_stats = true;
   // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
   std::map<std::string, std::string> origin;
   std::vector<std::string> warnings;  // accepted-but-ignored keys etc.

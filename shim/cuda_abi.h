@@ -136,6 +136,10 @@ using PFN_cuDeviceGetDefaultMemPool = CUresult (*)(CUmemoryPool*, CUdevice);
 using PFN_cuCtxGetCurrent = CUresult (*)(CUcontext*);
 using PFN_cuCtxGetDevice = CUresult (*)(CUdevice*);
 using PFN_cuDeviceGetCount = CUresult (*)(int*);
+struct CUuuid {
+  char bytes[16];
+};
+using PFN_cuDeviceGetUuid = CUresult (*)(CUuuid*, CUdevice);
 using PFN_cuDeviceCanAccessPeer = CUresult (*)(int*, CUdevice, CUdevice);
 using PFN_cuCtxPushCurrent_v2 = CUresult (*)(CUcontext);
 using PFN_cuCtxPopCurrent_v2 = CUresult (*)(CUcontext*);

@@ -1,11 +1,44 @@
 #include "shim/cuda_upstream.h"
 
+#include <algorithm>
+
 #include "shim/log.h"
 
 namespace cudapool::shim {
 
 namespace {
 thread_local CUresult tl_last_error = CUDA_SUCCESS;
+thread_local bool tl_budget_refused = false;
+}
+
+bool CudaUpstream::budget_refused() noexcept { return tl_budget_refused; }
+void CudaUpstream::clear_budget_refused() noexcept { tl_budget_refused = false; }
+
+bool CudaUpstream::charge(std::size_t bytes) noexcept {
+  if (gate_ == nullptr) return true;
+  if (!gate_->acquire(bytes)) {
+    tl_budget_refused = true;
+    tl_last_error = CUDA_ERROR_OUT_OF_MEMORY;
+    return false;
+  }
+  gated_.fetch_add(bytes, std::memory_order_relaxed);
+  return true;
+}
+
+void CudaUpstream::credit(std::size_t bytes) noexcept {
+  if (gate_ == nullptr) return;
+  // Never more than was taken: a context's share may already have gone back whole (drop_gated).
+  std::size_t cur = gated_.load(std::memory_order_relaxed), n = 0;
+  do {
+    n = std::min(cur, bytes);
+  } while (!gated_.compare_exchange_weak(cur, cur - n, std::memory_order_relaxed));
+  if (n != 0) gate_->release(n);
+}
+
+void CudaUpstream::drop_gated() noexcept {
+  if (gate_ == nullptr) return;
+  const std::size_t n = gated_.exchange(0, std::memory_order_relaxed);
+  if (n != 0) gate_->release(n);
 }
 
 ScopedContext::ScopedContext(const RealDriver& d, CUcontext ctx) noexcept : d_(d) {
@@ -22,6 +55,7 @@ ScopedContext::~ScopedContext() {
 }
 
 UpstreamStatus CudaUpstream::allocate(std::size_t bytes, void** out) {
+  if (!charge(bytes)) return UpstreamStatus::out_of_memory;
   ScopedContext scope(d_, ctx_);
   CUdeviceptr p = 0;
   CUresult r = d_.cuMemAlloc_v2(&p, bytes);
@@ -29,6 +63,7 @@ UpstreamStatus CudaUpstream::allocate(std::size_t bytes, void** out) {
     *out = reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
     return UpstreamStatus::ok;
   }
+  credit(bytes);
   tl_last_error = r;
   return r == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
 }
@@ -36,6 +71,7 @@ UpstreamStatus CudaUpstream::allocate(std::size_t bytes, void** out) {
 void CudaUpstream::release(void* base, std::size_t bytes) {
   ScopedContext scope(d_, ctx_);
   CUresult r = d_.cuMemFree_v2(reinterpret_cast<CUdeviceptr>(base));
+  credit(bytes);  // a failed free leaves nothing the pool could use again either
   if (r != CUDA_SUCCESS) {
     log_warn("cuMemFree of segment {} ({} bytes) failed: CUDA error {}", base, bytes, r);
   }

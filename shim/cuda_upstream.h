@@ -27,10 +27,32 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
+// Asked before the upstream takes physical memory from the device, told when it gives memory
+// back: the group budget (shim/group.cpp) sits here because physical allocations are exactly
+// what the budget counts (a move of expandable pages costs nothing; a cuMemCreate does).
+// Thread-safe; never calls CUDA.
+class ReserveGate {
+ public:
+  virtual ~ReserveGate() = default;
+  // true: `bytes` more are now counted for this process; false: over the budget, allocate nothing.
+  virtual bool acquire(std::size_t bytes) noexcept = 0;
+  virtual void release(std::size_t bytes) noexcept = 0;
+};
+
 class CudaUpstream final : public Upstream {
  public:
   CudaUpstream(const RealDriver& d, CUcontext ctx) : d_(d), ctx_(ctx) {}
   const RealDriver& driver() const noexcept { return d_; }
+  // Set before the pool's first allocation (nullptr = no gate).
+  void set_gate(ReserveGate* gate) noexcept { gate_ = gate; }
+  // Physical bytes taken through the gate and not given back (the context's share of the budget).
+  std::size_t gated_bytes() const noexcept { return gated_.load(std::memory_order_relaxed); }
+  // The context is gone: its memory went with it, so its share of the budget goes back too.
+  void drop_gated() noexcept;
+  // The gate refused an allocation on this thread since the last clear (the hook then asks the
+  // group for memory instead of returning out-of-memory at once).
+  static bool budget_refused() noexcept;
+  static void clear_budget_refused() noexcept;
   UpstreamStatus allocate(std::size_t bytes, void** out) override;
   void release(void* base, std::size_t bytes) override;
   void mem_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
@@ -89,8 +111,13 @@ class CudaUpstream final : public Upstream {
   void release_units(std::uintptr_t lo, std::uintptr_t hi);
   CUresult set_access(int dev, std::uintptr_t lo, std::size_t bytes);
 
+  bool charge(std::size_t bytes) noexcept;  // false: the gate refused
+  void credit(std::size_t bytes) noexcept;
+
   const RealDriver& d_;
   CUcontext ctx_;
+  ReserveGate* gate_ = nullptr;
+  std::atomic<std::size_t> gated_{0};
   // VMM state, behind its own lock (the pool calls under its lock, the C API from any thread).
   std::mutex vmm_mu_;
   int device_ = -1;          // -1: not looked up yet, -2: VMM unusable (or released for good)

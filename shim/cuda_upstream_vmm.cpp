@@ -171,6 +171,7 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
   if (page_at(lo, bytes) == 0) return UpstreamStatus::error;  // not whole pages of one of our ranges
   ScopedContext scope(d_, ctx_);
   CUmemAllocationProp prop = pinned_on(dev);
+  if (!charge(bytes)) return UpstreamStatus::out_of_memory;
   CUmemGenericAllocationHandle h = 0;
   const bool want_fd = fd_handles_ && d_.cuMemExportToShareableHandle != nullptr;
   if (want_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -188,12 +189,15 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
     r = d_.cuMemMap(static_cast<CUdeviceptr>(lo), bytes, 0, h, 0);
     if (r != CUDA_SUCCESS) {
       d_.cuMemRelease(h);
+      credit(bytes);
     } else {
       units_[lo] = Unit{h, bytes, want_fd && fd_handles_};
       r = set_access(dev, lo, bytes);
       if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
-      release_units(lo, lo + bytes);  // all or nothing
+      release_units(lo, lo + bytes);  // all or nothing (credits the unit)
     }
+  } else {
+    credit(bytes);
   }
   log_debug("expandable segments: mapping {} bytes at {:#x} failed: CUDA error {}", bytes, lo, r);
   return status_of(r);
@@ -244,6 +248,7 @@ UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
     r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), u.bytes, 0, u.handle, 0);
     if (r != CUDA_SUCCESS) {
       d_.cuMemRelease(u.handle);
+      credit(u.bytes);
       break;
     }
     units_[dst + off] = u;
@@ -286,6 +291,7 @@ void CudaUpstream::release_units(std::uintptr_t lo, std::uintptr_t hi) {
     if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) failed: CUDA error {}", p, u.bytes, r);
     r = d_.cuMemRelease(u.handle);
     if (r != CUDA_SUCCESS) log_warn("cuMemRelease of the unit at {:#x} failed: CUDA error {}", p, r);
+    credit(u.bytes);
     it = units_.erase(it);
   }
 }

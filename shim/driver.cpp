@@ -58,6 +58,9 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuCtxGetDevice);
   CUDAPOOL_BIND(cuDeviceGetCount);
   CUDAPOOL_BIND(cuDeviceCanAccessPeer);
+  // The _v2 form (CUDA 11.4+) reports MIG instances' own UUIDs; the first form the GPU's.
+  CUDAPOOL_BIND(cuDeviceGetUuid);
+  if (void* v2 = sym(h, "cuDeviceGetUuid_v2")) d.cuDeviceGetUuid = reinterpret_cast<PFN_cuDeviceGetUuid>(v2);
   CUDAPOOL_BIND(cuCtxPushCurrent_v2);
   CUDAPOOL_BIND(cuCtxPopCurrent_v2);
   CUDAPOOL_BIND(cuCtxDestroy_v2);

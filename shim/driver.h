@@ -34,6 +34,7 @@ struct RealDriver {
   PFN_cuCtxGetDevice cuCtxGetDevice = nullptr;
   PFN_cuDeviceGetCount cuDeviceGetCount = nullptr;            // expandable_peer_access
   PFN_cuDeviceCanAccessPeer cuDeviceCanAccessPeer = nullptr;
+  PFN_cuDeviceGetUuid cuDeviceGetUuid = nullptr;  // names the group ledger's GPU; absent: the ordinal
   PFN_cuCtxPushCurrent_v2 cuCtxPushCurrent_v2 = nullptr;
   PFN_cuCtxPopCurrent_v2 cuCtxPopCurrent_v2 = nullptr;
   PFN_cuCtxDestroy_v2 cuCtxDestroy_v2 = nullptr;

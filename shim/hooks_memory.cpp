@@ -5,10 +5,12 @@
 #include "shim/hooks.h"
 
 #include "shim/export.h"
+#include "shim/group.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/streams.h"
 #include "telemetry/oom.h"
+#include "telemetry/share.h"
 
 namespace cudapool::shim {
 
@@ -44,14 +46,28 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   }
   // The context is current (current_pool just read it): fence recording skips its own check.
   CudaFences::ContextGuard known(cp->ctx);
+  if (cp->member != nullptr) CudaUpstream::clear_budget_refused();
   AllocResult r = cp->pool.allocate(bytes, stream);
+  // The group's budget said no (not the device): the other members may hold idle cached memory.
+  // Ask them, and try again after each release until group_release_wait_ms has passed. No lock
+  // is held while waiting.
+  if (r.status == AllocStatus::out_of_memory && cp->member != nullptr && CudaUpstream::budget_refused()) {
+    const std::int64_t start = share::monotonic_ns();
+    for (int round = 0; group::ask_release(*cp->member, start, round); ++round) {
+      CudaUpstream::clear_budget_refused();
+      r = cp->pool.allocate(bytes, stream);
+      if (r.status != AllocStatus::out_of_memory || !CudaUpstream::budget_refused()) break;
+    }
+  }
   switch (r.status) {
     case AllocStatus::ok:
       *dptr = reinterpret_cast<CUdeviceptr>(r.ptr);
       return CUDA_SUCCESS;
     case AllocStatus::out_of_memory:
+      group::note_oom(cp->device);
       return report_oom(*cp, bytes, true);
     case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
+      group::note_oom(cp->device);
       return report_oom(*cp, bytes, false);
     case AllocStatus::upstream_error:
       return CudaUpstream::last_error();

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "shim/export.h"
+#include "shim/group.h"
 #include "shim/hooks.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
@@ -95,9 +96,19 @@ CUDAPOOL_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* t
         const auto by_fraction = static_cast<std::size_t>(po.per_process_memory_fraction * static_cast<double>(t));
         cap = std::min(cap, by_fraction);
       }
+      // A group budget: the program may have what the group has not reserved, plus its own cache.
+      std::size_t group_room = SIZE_MAX;
+      rt->for_each_pool([&](ContextPool& cp) {
+        if (cp.device != dev || cp.member == nullptr || group_room != SIZE_MAX) return;
+        const std::size_t b = group::budget(*cp.member);
+        if (b == 0) return;  // left the group
+        const std::size_t used = group::group_reserved(*cp.member);
+        cap = std::min(cap, b);
+        group_room = used < b ? b - used : 0;
+      });
       if (cap < t) {
         t = cap;
-        const std::size_t room = reserved < cap ? cap - reserved : 0;
+        const std::size_t room = std::min(reserved < cap ? cap - reserved : 0, group_room);
         f = std::min(f, room + cached);
       }
       if (f > t) f = t;

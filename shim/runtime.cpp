@@ -11,6 +11,7 @@
 #include <new>
 
 #include "config/version.h"
+#include "shim/group.h"
 #include "shim/log_audit.h"
 #include "shim/log.h"
 #include "shim/streams.h"
@@ -155,6 +156,7 @@ Runtime* Runtime::start() noexcept {
 void Runtime::on_exit() noexcept {
   // From here on no hook calls CUDA for pool memory: libcuda may already be tearing down.
   exiting_.store(true, std::memory_order_relaxed);
+  group::on_exit();
   if (Runtime* rt = instance_.load(std::memory_order_acquire)) rt->write_exit_summary();
   flush_logs();
 }
@@ -201,6 +203,7 @@ void Runtime::on_fork_child() noexcept {
   // starts fresh pools if it initialises CUDA itself.
   Runtime* rt = instance_.load(std::memory_order_relaxed);
   reset_captures_in_child();
+  group::on_fork_child();
   if (rt == nullptr) return;
   rt->count_.store(0, std::memory_order_relaxed);
   rt->generation_.fetch_add(1, std::memory_order_relaxed);
@@ -283,8 +286,14 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     std::size_t free_bytes = 0;
     cp->upstream.mem_info(&free_bytes, &cp->driver_total);
     if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total);
+    // The group budget gates every physical allocation of the pool, from the first one on.
+    if (group::Member* m = group::member_for(*this, dev, cp->driver_total)) {
+      cp->member = m;
+      cp->upstream.set_gate(group::gate_of(m));
+    }
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
+    group::on_pool_created(*this, *cp);
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));
     return cp;
   } catch (const std::bad_alloc&) {
@@ -346,6 +355,7 @@ ContextPool* Runtime::owner_of(const void* p) noexcept {
 void Runtime::retire(ContextPool* cp) noexcept {
   cp->pool.abandon();
   cp->fences.abandon();
+  cp->upstream.drop_gated();  // the context's memory went with it
   cp->retired.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);  // every thread's cached lookups miss
   log_info("context {} of device {} is gone: its pool was dropped", static_cast<void*>(cp->ctx), cp->device);

@@ -16,12 +16,17 @@
 
 namespace cudapool::shim {
 
+namespace group {
+class Member;
+}
+
 struct ContextPool {
   ContextPool(const RealDriver& d, CUcontext c, int dev, const PoolOptions& o, EventSink* sink)
       : ctx(c), device(dev), upstream(d, c), fences(d, c), pool(dev, o, upstream, fences, sink) {}
   const CUcontext ctx;
   const int device;
   std::size_t driver_total = 0;  // taken at creation, for the exit summary (no CUDA at exit)
+  group::Member* member = nullptr;  // the device's group ledger slot (shim/group.h), or none
   CudaUpstream upstream;
   CudaFences fences;
   DevicePool pool;

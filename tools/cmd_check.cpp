@@ -25,6 +25,18 @@ int check_main(const LaunchSettings& s) {
     return kPolicyErrorExitStatus;
   }
   std::printf("%s", describe(*r.policy).c_str());
+  if (const Policy& p = *r.policy; !p.group.empty()) {
+    std::string budget;
+    if (p.group_budget != 0) budget = std::to_string(p.group_budget / MiB) + " MiB";
+    if (p.group_budget_fraction > 0.0) {
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%g%% of the device", p.group_budget_fraction * 100.0);
+      budget = budget.empty() ? std::string(pct) : budget + " or " + pct + ", whichever is smaller";
+    }
+    std::printf("group %s: a budget of %s on each GPU for this user's processes of the group together; "
+                "an allocation over it waits up to %d ms for the others' idle cache\n",
+                p.group.c_str(), budget.c_str(), p.group_release_wait_ms);
+  }
   for (const auto& w : r.policy->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::printf("CUDAPOOL_CONF=%s\n", to_conf_string(*r.policy).c_str());
   return 0;

@@ -27,6 +27,7 @@ void add_replay_command(CLI::App& root, int* exit_status);
 void add_tune_command(CLI::App& root, int* exit_status);
 void add_report_command(CLI::App& root, int* exit_status);
 void add_check_command(CLI::App& root, int* exit_status);
+void add_top_command(CLI::App& root, int* exit_status);
 
 // Exit statuses shared by the subcommands (the child's own status passes through `run`).
 inline constexpr int kExitUsage = 2;       // bad arguments (CLI11 uses 105-109 internally; we map)

@@ -1,4 +1,5 @@
-// `cudapool`: run a program under the pool, compare policies, replay and tune on traces, report.
+// `cudapool`: run a program under the pool, compare policies, replay and tune on traces, report,
+// watch the pooled processes (top).
 #include <CLI/CLI.hpp>
 #include <cstring>
 
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   add_tune_command(app, &exit_status);
   add_report_command(app, &exit_status);
   add_check_command(app, &exit_status);
+  add_top_command(app, &exit_status);
   try {
     app.parse(parsed_argc, argv);
   } catch (const CLI::ParseError& e) {

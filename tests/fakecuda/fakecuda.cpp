@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +172,41 @@ std::size_t total_bytes() {
   return e != nullptr ? std::strtoull(e, nullptr, 10) << 20 : kDefaultTotal;
 }
 
+// FAKECUDA_MACHINE_FILE=path: device memory of every process using the fake, together, in a
+// shared file (live bytes and their peak), as one GPU shared by several processes would see it.
+struct MachineCounts {
+  std::atomic<std::uint64_t> live;
+  std::atomic<std::uint64_t> peak;
+};
+bool machine_gone = false;  // machine_exit ran: this process holds nothing any more
+MachineCounts* machine() {
+  static MachineCounts* m = [] () -> MachineCounts* {
+    const char* path = std::getenv("FAKECUDA_MACHINE_FILE");
+    if (path == nullptr || *path == '\0') return nullptr;
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, sizeof(MachineCounts)) != 0) return nullptr;
+    void* a = mmap(nullptr, sizeof(MachineCounts), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return a == MAP_FAILED ? nullptr : static_cast<MachineCounts*>(a);
+  }();
+  return m;
+}
+void machine_add(std::size_t bytes) {
+  if (MachineCounts* m = machine(); m != nullptr && !machine_gone) {
+    const std::uint64_t now = m->live.fetch_add(bytes) + bytes;
+    std::uint64_t p = m->peak.load();
+    while (now > p && !m->peak.compare_exchange_weak(p, now)) {
+    }
+  }
+}
+void machine_sub(std::size_t bytes) {
+  if (machine_gone) return;
+  if (MachineCounts* m = machine()) m->live.fetch_sub(bytes);
+}
+
+// At process exit the driver frees what the process still holds (the machine's count drops).
+void machine_exit();
+
 std::size_t vmm_used_on(int dev);  // physical VMM handles (below)
 std::size_t used_on(int dev) {
   std::size_t u = vmm_used_on(dev);
@@ -212,6 +248,7 @@ CUresult do_alloc(CUdeviceptr* dptr, std::size_t size) {
   allocs[reinterpret_cast<std::uintptr_t>(p)] = {size, tl_current};
   *dptr = reinterpret_cast<CUdeviceptr>(p);
   ++n_alloc;
+  machine_add(size);
   return CUDA_SUCCESS;
 }
 
@@ -219,6 +256,7 @@ CUresult do_free(CUdeviceptr p) {
   auto it = allocs.find(static_cast<std::uintptr_t>(p));
   if (it == allocs.end() || it->second.imported) return CUDA_ERROR_INVALID_VALUE;
   arena_free(it->first, it->second.size);
+  machine_sub(it->second.size);
   allocs.erase(it);
   ++n_free;
   return CUDA_SUCCESS;
@@ -237,7 +275,10 @@ void destroy_context(Context* c) {
   for (auto it = allocs.begin(); it != allocs.end();) {
     if (it->second.ctx == c) {
       if (it->second.imported) munmap(reinterpret_cast<void*>(it->first), it->second.size);
-      else arena_free(it->first, it->second.size);
+      else {
+        arena_free(it->first, it->second.size);
+        machine_sub(it->second.size);
+      }
       it = allocs.erase(it);
     } else {
       ++it;
@@ -344,6 +385,17 @@ FAKE_API CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
   *can = dev != peer ? 1 : 0;
   return CUDA_SUCCESS;
 }
+// Device d's UUID: 16 fixed bytes ending in the ordinal (FAKECUDA_UUID_SEED changes the rest, so
+// tests can stand for different machines).
+FAKE_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  if (uuid == nullptr || dev < 0 || dev >= kDevices) return CUDA_ERROR_INVALID_VALUE;
+  const char* seed = std::getenv("FAKECUDA_UUID_SEED");
+  const unsigned char base = seed != nullptr ? static_cast<unsigned char>(std::atoi(seed)) : 0xa5;
+  for (int i = 0; i < 16; ++i) uuid->bytes[i] = static_cast<char>(base + i);
+  uuid->bytes[15] = static_cast<char>(dev);
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 FAKE_API CUresult cuDeviceGet(CUdevice* d, int ordinal) {
   if (ordinal < 0 || ordinal >= kDevices) return CUDA_ERROR_INVALID_VALUE;
   *d = ordinal;
@@ -691,6 +743,18 @@ std::size_t vmm_used_on(int dev) {
     if (v.device == dev && !v.imported) u += v.size;
   return u;
 }
+
+void machine_exit() {
+  if (machine() == nullptr || machine_gone) return;
+  std::lock_guard<std::mutex> lock(mu);
+  std::size_t held = 0;
+  for (auto& [p, a] : allocs)
+    if (!a.imported) held += a.size;
+  for (int d = 0; d < kDevices; ++d) held += vmm_used_on(d);
+  machine_sub(held);
+  machine_gone = true;
+}
+__attribute__((destructor)) void on_unload() { machine_exit(); }
 }  // namespace
 
 // Work in the fake completes when the test releases it; a context-wide sync only counts.
@@ -754,6 +818,7 @@ FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, cons
   *handle = vmm_next_handle++;
   ++vmm_create_calls;
   vmm_handles[*handle] = VmmHandle{size, prop->location.id, 0, fd, false};
+  machine_add(size);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemRelease(unsigned long long handle) {
@@ -763,6 +828,7 @@ FAKE_API CUresult cuMemRelease(unsigned long long handle) {
   auto it = vmm_handles.find(handle);
   if (it == vmm_handles.end()) return vmm_bad_call();
   if (it->second.fd >= 0) close(it->second.fd);  // mappings keep the file's pages
+  if (!it->second.imported) machine_sub(it->second.size);
   vmm_handles.erase(it);
   return CUDA_SUCCESS;
 }
@@ -1111,6 +1177,8 @@ const ProcEntry kProcs[] = {
     {"cuInit", 2000, P(cuInit), nullptr},
     {"cuDriverGetVersion", 2020, P(cuDriverGetVersion), nullptr},
     {"cuDeviceGet", 2000, P(cuDeviceGet), nullptr},
+    {"cuDeviceGetUuid", 9020, P(cuDeviceGetUuid), nullptr},
+    {"cuDeviceGetUuid", 11040, P(cuDeviceGetUuid_v2), nullptr},
     {"cuDeviceGetCount", 2000, P(cuDeviceGetCount), nullptr},
     {"cuDeviceCanAccessPeer", 4000, P(cuDeviceCanAccessPeer), nullptr},
     {"cuDevicePrimaryCtxRetain", 7000, P(cuDevicePrimaryCtxRetain), nullptr},

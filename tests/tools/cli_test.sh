@@ -67,6 +67,25 @@ expect_out "garbage_collection_threshold" "check names the bad key"
 printf '[policy]\nmax_split_size_mb = 256\n[profiles.infer]\nroundup_power2_divisions = 4\n' > "$tmp/p.toml"
 expect_rc 0 "check a TOML profile" -- "$cp" check --config "$tmp/p.toml" --profile infer
 expect_out "roundup_power2_divisions += 4 " "profile value shown"
+expect_rc 0 "check a group" -- "$cp" check --conf "group:serve,group_budget_mb:4096"
+expect_out "group serve: a budget of 4096 MiB on each GPU" "check shows the group and its budget"
+expect_rc 78 "check a group without a budget" -- "$cp" check --conf "group:serve"
+expect_out "has no budget; add group_budget_mb" "check says what the group lacks"
+
+# ---- top -------------------------------------------------------------------------------------
+mkdir -m 700 "$tmp/shm"
+expect_rc 0 "top --once on no processes" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once
+expect_out "PID +GPU +RESERVED" "top prints the header"
+expect_rc 0 "top --once --json on no processes" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json
+expect_out '^\{"processes":\[\]\}' "top --json prints an empty list"
+printf 'junk' > "$tmp/shm/cudapool-$(id -u)-p-1"
+chmod 600 "$tmp/shm/cudapool-$(id -u)-p-1"
+expect_rc 0 "top skips a file that is not a record" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json
+expect_out "not the .* bytes of this version's layout; skipped" "top names the bad record"
+mkdir -m 777 "$tmp/open"
+expect_rc 66 "top refuses a directory others can write" -- env CUDAPOOL_SHM_DIR="$tmp/open" "$cp" top --once
+expect_out "writable by other users" "top says why"
+expect_rc 2 "top --interval out of range" -- "$cp" top --interval 0
 
 # ---- replay ----------------------------------------------------------------------------------
 expect_rc 0 "replay the training trace" -- "$cp" replay $traces/train.csv

@@ -48,6 +48,11 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.log_file, b.log_file);
   EXPECT_EQ(a.trace_file, b.trace_file);
   EXPECT_EQ(a.stats_file, b.stats_file);
+  EXPECT_EQ(a.group, b.group);
+  EXPECT_EQ(a.group_budget, b.group_budget);
+  EXPECT_EQ(a.group_budget_fraction, b.group_budget_fraction);
+  EXPECT_EQ(a.group_release_wait_ms, b.group_release_wait_ms);
+  EXPECT_EQ(a.publish_stats, b.publish_stats);
 }
 
 // A file under $TMPDIR (or /tmp) removed when the test ends.

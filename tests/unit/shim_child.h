@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,9 +22,16 @@ struct ChildResult {
   std::string output;    // stdout and stderr together
 };
 
+// A child started by start_under_shim: its pid and the read end of its output.
+struct RunningChild {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string output;  // read so far
+};
+
 // `env` is applied last; an empty value unsets the variable.
-inline ChildResult run_under_shim(std::vector<std::string> argv, const std::map<std::string, std::string>& env = {},
-                                  bool preload = true) {
+inline RunningChild start_under_shim(std::vector<std::string> argv, const std::map<std::string, std::string>& env = {},
+                                     bool preload = true) {
   std::map<std::string, std::string> vars;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -42,6 +50,9 @@ inline ChildResult run_under_shim(std::vector<std::string> argv, const std::map<
       // The shim leaks its pools on purpose (no teardown at exit); any report fails the run.
       vars["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1";
       vars["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1";
+      // A pooled process starts its stats thread with its first pool, also in the child of a
+      // fork whose parent had threads: allowed by glibc, refused by ThreadSanitizer by default.
+      if (vars.count("TSAN_OPTIONS") == 0) vars["TSAN_OPTIONS"] = "die_after_fork=0";
     }
   }
   vars["LD_LIBRARY_PATH"] = CUDAPOOL_FAKECUDA_DIR;
@@ -59,6 +70,7 @@ inline ChildResult run_under_shim(std::vector<std::string> argv, const std::map<
 
   int fds[2];
   if (pipe(fds) != 0) return {};
+  fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(fds[1], 1);
@@ -70,16 +82,29 @@ inline ChildResult run_under_shim(std::vector<std::string> argv, const std::map<
     _exit(127);
   }
   close(fds[1]);
+  return RunningChild{pid, fds[0], {}};
+}
+
+// Reads the child's output until it ends, then reaps the child.
+inline ChildResult finish(RunningChild& c) {
   ChildResult r;
   char buf[4096];
   ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
+  while ((n = read(c.fd, buf, sizeof buf)) > 0) c.output.append(buf, static_cast<std::size_t>(n));
+  close(c.fd);
+  r.output = c.output;
   int status = 0;
-  waitpid(pid, &status, 0);
+  waitpid(c.pid, &status, 0);
   if (WIFEXITED(status)) r.exit_status = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
   return r;
+}
+
+inline ChildResult run_under_shim(std::vector<std::string> argv, const std::map<std::string, std::string>& env = {},
+                                  bool preload = true) {
+  RunningChild c = start_under_shim(std::move(argv), env, preload);
+  if (c.pid < 0) return {};
+  return finish(c);
 }
 
 }  // namespace cudapool::test

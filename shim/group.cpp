@@ -1,0 +1,649 @@
+// The group ledger, cooperative release and the stats record (shim/group.h; docs/design.md,
+// "The group ledger").
+//
+// Locking: the ledger's robust, process-shared mutex guards `total` and every slot's `reserved`
+// and `state`; it is held for a few loads and stores (plus, only when the budget refuses, a
+// liveness check of the other members). A member that dies holding it hands the next locker
+// EOWNERDEAD: the total is recounted from the slots, which are only written under the lock.
+// A lock that cannot be had within 2 s (a member stopped while holding it) makes this process
+// leave the group and keep its own caps: nothing wedges the group for good.
+// Lock order: pool lock -> ledger mutex (the upstream calls the gate under the pool lock). No
+// one waits for another process while holding either: the cooperative wait runs in the hook,
+// after the pool returned.
+#include "shim/group.h"
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "shim/log.h"
+#include "shim/runtime.h"
+#include "telemetry/share.h"
+
+namespace cudapool::shim::group {
+
+namespace {
+
+constexpr int kMaxDevices = static_cast<int>(share::kRecordDevices);
+constexpr std::int64_t kPublishNs = 250'000'000;  // stats record and slot figures
+
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  // Not FUTEX_PRIVATE: the word lives in a mapping shared with other processes.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake(std::atomic<std::uint32_t>* word, int n) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
+
+std::string mib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// The GPU's UUID as the driver prints it (GPU-xxxxxxxx-xxxx-...), or "dev<N>" without the entry
+// point.
+std::string gpu_name(const RealDriver& d, int device) {
+  CUuuid u{};
+  if (d.cuDeviceGetUuid == nullptr || d.cuDeviceGetUuid(&u, device) != CUDA_SUCCESS) return "dev" + std::to_string(device);
+  std::string s = "GPU-";
+  static const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    const auto b = static_cast<unsigned char>(u.bytes[i]);
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
+std::string own_command() {
+  std::string out;
+  if (FILE* f = std::fopen("/proc/self/cmdline", "r")) {
+    int c;
+    while ((c = std::fgetc(f)) != EOF && out.size() < 1024) out += c == '\0' ? ' ' : static_cast<char>(c);
+    std::fclose(f);
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+bool seq_after_or_equal(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }
+
+}  // namespace
+
+class Member final : public ReserveGate {
+ public:
+  Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms)
+      : map_(map), l_(static_cast<share::Ledger*>(map.addr)), slot_(slot), device_(device), path_(std::move(path)),
+        group_(std::move(name)), wait_ms_(wait_ms) {}
+
+  bool acquire(std::size_t bytes) noexcept override {
+    if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
+    if (!lock()) return true;
+    share::LedgerSlot& me = l_->slot[slot_];
+    bool ok = false;
+    for (int pass = 0; pass < 2 && !ok; ++pass) {
+      const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
+      if (bytes <= budget && total <= budget - bytes) {
+        l_->total.store(total + bytes, std::memory_order_relaxed);
+        me.reserved.store(me.reserved.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+        ok = true;
+      } else if (pass == 0) {
+        // Refused: first make sure the total is what the slots say (a hostile or broken writer
+        // could have left anything there), and give back the shares of members that are gone.
+        recount_if_wrong();
+        reclaim_dead();
+      } else {
+        shortfall_.store(total > budget - std::min(bytes, budget) ? total + bytes - budget : bytes,
+                         std::memory_order_relaxed);
+      }
+    }
+    unlock();
+    return ok;
+  }
+
+  void release(std::size_t bytes) noexcept override {
+    if (broken_.load(std::memory_order_relaxed)) return;
+    if (!lock()) return;
+    share::LedgerSlot& me = l_->slot[slot_];
+    const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
+    const std::uint64_t n = std::min<std::uint64_t>(bytes, held);
+    me.reserved.store(held - n, std::memory_order_relaxed);
+    sub_total(n);
+    unlock();
+  }
+
+  // One round: asks every other live member to give back idle cached memory, then waits for a
+  // release, or for every asked member to have answered and then up to 10 ms more (memory that
+  // becomes idle meanwhile is asked for in the next round). true: try the allocation again (a
+  // release happened, or time is left); false: the deadline passed, or nobody could give.
+  // The first round asks only the members with the most idle memory (as last published) that
+  // together cover the shortfall, so one allocation does not empty every cache of the group;
+  // later rounds ask everyone (the published figures may be up to 250 ms old).
+  bool ask_release(std::int64_t deadline, int round) noexcept {
+    if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
+    if (share::monotonic_ns() >= deadline) return false;
+    const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
+    std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
+    int nc = 0;
+    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+      share::LedgerSlot& s = l_->slot[i];
+      if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive ||
+          s.pid.load(std::memory_order_relaxed) <= 0)
+        continue;
+      cand[nc++] = {i, s.cached.load(std::memory_order_relaxed)};
+    }
+    if (nc == 0) return false;  // alone in the group: nobody to ask
+    std::sort(cand, cand + nc, [](const auto& a, const auto& b) { return a.second > b.second; });
+    const std::uint64_t need = shortfall_.load(std::memory_order_relaxed);
+    std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
+    int n = 0;
+    std::uint64_t covered = 0;
+    for (int k = 0; k < nc; ++k) {
+      if (round == 0 && k > 0 && (covered >= need || cand[k].second == 0)) break;
+      share::LedgerSlot& s = l_->slot[cand[k].first];
+      const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
+      futex_wake(&s.release_req, 1);
+      asked[n++] = {cand[k].first, req};
+      covered += cand[k].second;
+    }
+    const std::int64_t t = share::monotonic_ns();
+    std::int64_t logged = last_log_.load(std::memory_order_relaxed);
+    if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
+        last_log_.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
+      log_info("group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
+               "other member(s) for idle cached memory",
+               group_, device_, mib(l_->total.load()), mib(l_->budget), n);
+    }
+    std::int64_t answered_at = 0;
+    for (;;) {
+      if (l_->released.load(std::memory_order_acquire) != seen) return true;
+      const std::int64_t now = share::monotonic_ns();
+      if (now >= deadline) return false;
+      if (answered_at == 0) {
+        bool all = true;
+        for (int k = 0; k < n && all; ++k) {
+          share::LedgerSlot& s = l_->slot[asked[k].first];
+          if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
+              !seq_after_or_equal(s.release_ack.load(std::memory_order_acquire), asked[k].second))
+            all = false;
+        }
+        if (all) answered_at = now;
+      } else if (now - answered_at >= 10'000'000) {
+        return true;  // another round: ask again
+      }
+      futex_wait(&l_->released, seen, std::min<std::int64_t>(deadline - now, 2'000'000));
+    }
+  }
+
+  // The helper thread: waits for a release request up to `timeout_ns`; returns the request to
+  // answer, or `last` when none came.
+  std::uint32_t wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept {
+    share::LedgerSlot& me = l_->slot[slot_];
+    futex_wait(&me.release_req, last, timeout_ns);
+    return me.release_req.load(std::memory_order_acquire);
+  }
+
+  void answered(std::uint32_t req, std::size_t freed) noexcept {
+    share::LedgerSlot& me = l_->slot[slot_];
+    if (freed != 0) {
+      me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
+      l_->released.fetch_add(1, std::memory_order_acq_rel);
+    }
+    me.release_ack.store(req, std::memory_order_release);
+    futex_wake(&l_->released, INT_MAX);
+  }
+
+  std::uint32_t acked() const noexcept { return l_->slot[slot_].release_ack.load(std::memory_order_acquire); }
+
+  void publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.cached.store(cached, std::memory_order_relaxed);
+    me.allocated.store(allocated, std::memory_order_relaxed);
+    me.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_release);
+  }
+
+  // Joins the ledger (creating it) as a new slot. nullptr (after a warning) when it cannot.
+  static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
+                      std::uint64_t budget, int wait_ms) noexcept;
+
+  std::uint64_t budget() const noexcept { return l_->budget; }
+  std::uint64_t total() const noexcept { return l_->total.load(std::memory_order_relaxed); }
+  int device() const noexcept { return device_; }
+  const std::string& name() const noexcept { return group_; }
+  bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
+
+ private:
+  bool lock() noexcept {
+    timespec abs{};
+    clock_gettime(CLOCK_REALTIME, &abs);
+    abs.tv_sec += 2;
+    const int r = pthread_mutex_timedlock(&l_->mu, &abs);
+    if (r == 0) return true;
+    if (r == EOWNERDEAD) {
+      // The owner died inside a critical section: the slots are the truth.
+      recount_if_wrong();
+      pthread_mutex_consistent(&l_->mu);
+      log_warn("group {}: a member died holding the ledger's lock ({}); its figures were recounted", group_, path_);
+      return true;
+    }
+    broken_.store(true, std::memory_order_relaxed);
+    log_warn("group {}: the ledger {} could not be locked ({}); this process leaves the group and keeps only its "
+             "own caps. If a member is stopped (SIGSTOP, a debugger), resume or kill it; if no member runs, "
+             "remove the file",
+             group_, path_, r == ETIMEDOUT ? std::string("held for more than 2 s") : std::string(std::strerror(r)));
+    return false;
+  }
+  void unlock() noexcept { pthread_mutex_unlock(&l_->mu); }
+
+  // Under the lock.
+  void recount_if_wrong() noexcept {
+    std::uint64_t sum = 0;
+    for (share::LedgerSlot& s : l_->slot) {
+      if (s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
+      const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
+      sum = sum + r < sum ? UINT64_MAX : sum + r;
+    }
+    const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+    if (sum != total) {
+      log_warn("group {}: the ledger's total ({}) did not match its members' ({}); corrected", group_, mib(total), mib(sum));
+      l_->total.store(sum, std::memory_order_relaxed);
+    }
+  }
+  // Under the lock: the total never goes below zero, whatever the file said.
+  void sub_total(std::uint64_t n) noexcept {
+    const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+    l_->total.store(total - std::min(n, total), std::memory_order_relaxed);
+  }
+
+  // Under the lock: frees the slots of processes that are gone (pid and start time) and returns
+  // how many. A slot with this process's own pid that is not ours was left by the program this
+  // process was before an exec (its memory went with its CUDA context): gone too.
+  int reclaim_dead() noexcept {
+    int n = 0;
+    const int self = static_cast<int>(::getpid());
+    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+      share::LedgerSlot& s = l_->slot[i];
+      if (i == slot_ || s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
+      const int pid = s.pid.load(std::memory_order_relaxed);
+      if (pid != self && share::process_alive(pid, s.start_time.load(std::memory_order_relaxed))) continue;
+      const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
+      sub_total(r);
+      s.reserved.store(0, std::memory_order_relaxed);
+      s.cached.store(0, std::memory_order_relaxed);
+      s.allocated.store(0, std::memory_order_relaxed);
+      s.pid.store(0, std::memory_order_relaxed);
+      s.state.store(share::kSlotFree, std::memory_order_release);
+      log_info("group {}: reclaimed the slot of pid {} (gone), {} reserved", group_, pid, mib(r));
+      ++n;
+    }
+    return n;
+  }
+
+  share::Mapping map_;
+  share::Ledger* l_;
+  int slot_;
+  int device_;
+  std::string path_;
+  std::string group_;
+  int wait_ms_;
+  std::atomic<bool> broken_{false};
+  std::atomic<std::uint64_t> requests_{0};  // release rounds asked for
+  std::atomic<std::uint64_t> shortfall_{0};  // bytes over the budget at the last refusal
+  std::atomic<std::int64_t> last_log_{0};   // rounds are logged at most once a second
+};
+
+Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
+                     std::uint64_t budget, int wait_ms) noexcept {
+  const unsigned uid = ::geteuid();
+  auto refuse = [&](const std::string& why) -> Member* {
+    log_warn("group {}: the ledger {} {}; this process keeps only its own caps (max_reserved_mb, "
+             "per_process_memory_fraction). Fix: stop the group's processes and remove the file, or use "
+             "another group name",
+             name, path, why);
+    return nullptr;
+  };
+  if (std::string why = share::check_dir(share::shm_dir()); !why.empty())
+    return refuse("cannot be used: its directory " + share::shm_dir() + " " + why);
+  share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
+  if (!m) return refuse(m.error);
+  auto* l = static_cast<share::Ledger*>(m.addr);
+  if (m.created) {
+    if (!share::init_ledger(*l, uid, gpu, name, budget)) {
+      share::unmap(m);
+      ::unlink(path.c_str());
+      return refuse("could not be set up (robust process-shared mutexes unavailable)");
+    }
+  } else {
+    // Its creator may still be initialising it: a moment for the magic to appear.
+    for (int i = 0; i < 1000 && l->magic.load(std::memory_order_acquire) == 0; ++i) ::usleep(1000);
+  }
+  if (std::string why = share::validate_ledger(*l, uid, gpu, name); !why.empty()) {
+    share::unmap(m);
+    return refuse("is not usable: " + why);
+  }
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms);
+  if (mem == nullptr) return nullptr;
+  if (!mem->lock()) return nullptr;  // warned; the member is leaked with its mapping (rare)
+  mem->reclaim_dead();
+  const int pid = static_cast<int>(::getpid());
+  const std::uint64_t start = share::process_start_time(pid);
+  int live = 0, slot = -1;
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    const bool free = l->slot[i].state.load(std::memory_order_relaxed) != share::kSlotLive;
+    if (free && slot < 0) slot = i;
+    if (!free) ++live;
+  }
+  if (slot < 0) {
+    mem->unlock();
+    return refuse("has no free slot (" + std::to_string(share::kLedgerSlots) + " live members)");
+  }
+  // Nobody else is in the group: the ledger outlived its members, and this policy sets the budget.
+  if (live == 0 && l->budget != budget) {
+    l->budget = budget;
+    l->total.store(0, std::memory_order_relaxed);
+  }
+  if (l->budget != budget)
+    log_warn("group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
+             "the group's holds",
+             name, mib(l->budget), mib(budget));
+  share::LedgerSlot& s = l->slot[slot];
+  s.pid.store(pid, std::memory_order_relaxed);
+  s.start_time.store(start, std::memory_order_relaxed);
+  s.reserved.store(0, std::memory_order_relaxed);
+  s.cached.store(0, std::memory_order_relaxed);
+  s.allocated.store(0, std::memory_order_relaxed);
+  s.released_bytes.store(0, std::memory_order_relaxed);
+  s.release_ack.store(s.release_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
+  s.state.store(share::kSlotLive, std::memory_order_release);
+  mem->slot_ = slot;
+  mem->unlock();
+  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s))", name, path, slot, mib(l->budget), live);
+  return mem;
+}
+
+namespace {
+
+struct State {
+  std::mutex mu;
+  std::atomic<Member*> members[kMaxDevices] = {};
+  bool tried[kMaxDevices] = {};
+  bool responders[kMaxDevices] = {};
+  std::atomic<std::uint64_t> ooms[kMaxDevices] = {};
+  bool publisher = false;
+  share::Mapping record;
+  std::string record_path;
+  int record_pid = 0;
+};
+
+// Never destroyed: helper threads may run while the process exits.
+State& state() {
+  static State* s = new State;
+  return *s;
+}
+
+// Helper threads take no signal of the program's: its handlers run on its own threads.
+template <typename Fn>
+void start_thread(Fn&& fn) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  try {
+    std::thread(std::forward<Fn>(fn)).detach();
+  } catch (...) {
+    log_warn("could not start a helper thread; group release requests and `cudapool top` figures are off");
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+struct DeviceFigures {
+  std::uint64_t reserved = 0, allocated = 0, inactive_split = 0, peak = 0, fence_waits = 0;
+};
+
+DeviceFigures figures(Runtime& rt, int device) {
+  DeviceFigures f;
+  rt.for_each_pool([&](ContextPool& cp) {
+    if (cp.device != device) return;
+    const Stats s = cp.pool.stats();
+    f.reserved += static_cast<std::uint64_t>(s.reserved_bytes[kAll].current);
+    f.allocated += static_cast<std::uint64_t>(s.allocated_bytes[kAll].current);
+    f.inactive_split += static_cast<std::uint64_t>(s.inactive_split_bytes[kAll].current);
+    f.peak += static_cast<std::uint64_t>(s.reserved_bytes[kAll].peak);
+    f.fence_waits += static_cast<std::uint64_t>(s.fence_waits);
+  });
+  return f;
+}
+
+// Answers release requests of one member: its device's pools empty their caches (whole free
+// segments and free pages, after their own fences; never a live block).
+void responder(Runtime* rt, Member* m) {
+  // Requests made before this thread started are answered at once.
+  std::uint32_t last = m->acked();
+  // empty_cache waits for the pool's fences under its lock: a request that finds no more idle
+  // memory than the last answer left (a waiter asks again every 10 ms) is answered without it.
+  std::size_t left_idle = 0;
+  for (;;) {
+    const std::uint32_t req = m->wait_request(last, 1'000'000'000);
+    if (Runtime::exiting() || m->broken()) return;
+    if (req == last) continue;
+    std::size_t idle = 0, freed = 0;
+    rt->for_each_pool([&](ContextPool& cp) {
+      if (cp.device == m->device()) idle += cp.pool.cached_bytes();
+    });
+    if (idle > left_idle) {
+      idle = 0;
+      rt->for_each_pool([&](ContextPool& cp) {
+        if (cp.device != m->device()) return;
+        freed += cp.pool.empty_cache();
+        idle += cp.pool.cached_bytes();
+      });
+    }
+    left_idle = idle;
+    last = req;
+    m->answered(req, freed);
+    if (freed != 0) log_info("group {}: gave back {} of idle cached memory on request", m->name(), mib(freed));
+  }
+}
+
+void write_record(Runtime& rt, State& st) {
+  auto* r = static_cast<share::ProcRecord*>(st.record.addr);
+  int devices[kMaxDevices];
+  int n = 0;
+  rt.for_each_pool([&](ContextPool& cp) {
+    for (int i = 0; i < n; ++i)
+      if (devices[i] == cp.device) return;
+    if (n < kMaxDevices) devices[n++] = cp.device;
+  });
+  share::RecordDevice dev[kMaxDevices] = {};
+  for (int i = 0; i < n; ++i) {
+    const DeviceFigures f = figures(rt, devices[i]);
+    share::RecordDevice& d = dev[i];
+    d.device = devices[i];
+    d.reserved = f.reserved;
+    d.allocated = f.allocated;
+    d.cached = f.reserved > f.allocated ? f.reserved - f.allocated : 0;
+    d.inactive_split = f.inactive_split;
+    d.peak_reserved = f.peak;
+    d.fence_waits = f.fence_waits;
+    const int slot = devices[i] >= 0 && devices[i] < kMaxDevices ? devices[i] : -1;
+    if (slot >= 0) {
+      d.ooms = st.ooms[slot].load(std::memory_order_relaxed);
+      if (Member* m = st.members[slot].load(); m != nullptr && !m->broken()) {
+        d.group_budget = m->budget();
+        d.group_reserved = m->total();
+      }
+    }
+  }
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  r->seq.fetch_add(1, std::memory_order_acq_rel);  // odd: writing
+  share::seqlock_fence(std::memory_order_release);
+  std::memcpy(r->dev, dev, sizeof dev);
+  r->devices = static_cast<std::uint32_t>(n);
+  r->updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+  r->seq.fetch_add(1, std::memory_order_release);  // even: done
+}
+
+bool open_record(Runtime& rt, State& st) {
+  const int pid = static_cast<int>(::getpid());
+  const std::string path = share::record_path(::geteuid(), pid);
+  if (std::string why = share::check_dir(share::shm_dir()); !why.empty()) {
+    log_warn("publish_stats: {} {}; `cudapool top` will not list this process", share::shm_dir(), why);
+    return false;
+  }
+  ::unlink(path.c_str());  // a record left by a dead process that had this pid
+  // Records of this user's processes that are gone (killed, or ended by _exit) go too.
+  share::read_records(::geteuid(), true, nullptr);
+  share::Mapping m = share::map_file(path, sizeof(share::ProcRecord), true);
+  if (!m || !m.created) {
+    log_warn("publish_stats: the stats record {} {}; `cudapool top` will not list this process", path,
+             m ? std::string("appeared while it was being created") : m.error);
+    share::unmap(m);
+    return false;
+  }
+  auto* r = static_cast<share::ProcRecord*>(m.addr);
+  r->version = share::kRecordVersion;
+  r->size = sizeof(share::ProcRecord);
+  r->pid = pid;
+  r->start_time = share::process_start_time(pid);
+  const std::string cmd = own_command();
+  std::snprintf(r->command, sizeof r->command, "%s", cmd.c_str());
+  std::snprintf(r->group, sizeof r->group, "%s", rt.policy().group.c_str());
+  share::seqlock_fence(std::memory_order_release);
+  r->magic = share::kRecordMagic;
+  st.record = m;
+  st.record_path = path;
+  st.record_pid = pid;
+  return true;
+}
+
+// Every 250 ms: the stats record (publish_stats) and each member's cached/allocated figures.
+void publisher(Runtime* rt) {
+  State& st = state();
+  bool record = false;
+  if (rt->policy().publish_stats) {
+    std::lock_guard<std::mutex> lock(st.mu);  // on_exit reads the record's path
+    record = open_record(*rt, st);
+  }
+  for (;;) {
+    if (Runtime::exiting()) return;
+    if (record) write_record(*rt, st);
+    for (int d = 0; d < kMaxDevices; ++d) {
+      Member* m = st.members[d].load();
+      if (m == nullptr || m->broken()) continue;
+      const DeviceFigures f = figures(*rt, d);
+      m->publish(f.reserved > f.allocated ? f.reserved - f.allocated : 0, f.allocated);
+    }
+    timespec ts{0, kPublishNs};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+}
+
+}  // namespace
+
+Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept {
+  const Policy& p = rt.policy();
+  if (p.group.empty() || device < 0 || device >= kMaxDevices) return nullptr;
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.tried[device]) return st.members[device].load();
+  st.tried[device] = true;
+  std::uint64_t budget = p.group_budget != 0 ? p.group_budget : UINT64_MAX;
+  if (p.group_budget_fraction > 0.0)
+    budget = std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(p.group_budget_fraction * static_cast<double>(device_total)));
+  if (budget == 0 || budget == UINT64_MAX) {
+    log_warn("group {}: the budget is 0 bytes on device {} (device memory unknown?); not joining", p.group, device);
+    return nullptr;
+  }
+  const std::string gpu = gpu_name(rt.driver(), device);
+  const std::string path = share::ledger_path(::geteuid(), gpu, p.group);
+  Member* m = nullptr;
+  try {
+    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms);
+  } catch (...) {
+    m = nullptr;
+  }
+  st.members[device].store(m);
+  return m;
+}
+
+ReserveGate* gate_of(Member* m) noexcept { return m; }
+
+bool ask_release(Member& m, std::int64_t start_ns, int round) noexcept {
+  try {
+    const Runtime* rt = Runtime::peek();
+    const int wait_ms = rt != nullptr ? rt->policy().group_release_wait_ms : 0;
+    return m.ask_release(start_ns + static_cast<std::int64_t>(wait_ms) * 1'000'000, round);
+  } catch (...) {
+    return false;
+  }
+}
+
+std::size_t budget(const Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
+std::size_t group_reserved(const Member& m) noexcept { return m.total(); }
+
+void note_oom(int device) noexcept {
+  if (device >= 0 && device < kMaxDevices) state().ooms[device].fetch_add(1, std::memory_order_relaxed);
+}
+
+void on_pool_created(Runtime& rt, ContextPool& cp) noexcept {
+  State& st = state();
+  bool start_publisher = false, start_responder = false;
+  Member* m = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (cp.device >= 0 && cp.device < kMaxDevices) m = st.members[cp.device].load();
+    if (!st.publisher && (rt.policy().publish_stats || m != nullptr)) st.publisher = start_publisher = true;
+    // One responder per member: the first pool of its device starts it.
+    if (m != nullptr && !st.responders[cp.device]) st.responders[cp.device] = start_responder = true;
+  }
+  if (start_publisher) start_thread([r = &rt] { publisher(r); });
+  if (start_responder) start_thread([r = &rt, m] { responder(r, m); });
+}
+
+void on_exit() noexcept {
+  State& st = state();
+  // Never wait at exit: a record left behind is removed by the next process that publishes one,
+  // or by `cudapool top`.
+  std::unique_lock<std::mutex> lock(st.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  if (!st.record_path.empty() && st.record_pid == static_cast<int>(::getpid())) ::unlink(st.record_path.c_str());
+}
+
+void on_fork_child() noexcept {
+  // The parent's slots and record stay the parent's; its helper threads do not exist here. The
+  // state is rebuilt in place (the parent may have held its mutex at fork).
+  State& st = state();
+  new (&st.mu) std::mutex;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    st.members[d].store(nullptr);
+    st.tried[d] = false;
+    st.responders[d] = false;
+    st.ooms[d].store(0, std::memory_order_relaxed);
+  }
+  st.publisher = false;
+  st.record = share::Mapping{};
+  st.record_path.clear();
+  st.record_pid = 0;
+}
+
+}  // namespace cudapool::shim::group

@@ -1,0 +1,57 @@
+// Sharing one GPU between processes (docs/design.md, "The group ledger"):
+//  * a group budget: the processes of one user on one GPU with the same `group` keep their
+//    reserved bytes in a ledger in shared memory, and the sum stays under the budget
+//    (group::Member, the ReserveGate of every upstream of that device);
+//  * cooperative release: an allocation the budget refuses asks the other members to give back
+//    idle cached memory and waits a bounded time (ask_release), each member answering from its
+//    helper thread with its pool's own empty_cache;
+//  * the per-process stats record that `cudapool top` reads (publish_stats).
+// Nothing here runs before the first pool of the process is created.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "shim/cuda_upstream.h"
+
+namespace cudapool::shim {
+
+struct ContextPool;
+class Runtime;
+
+namespace group {
+
+class Member;
+
+// The member for `device` in the policy's group, joining the ledger on first use; nullptr when
+// the policy has no group or the ledger cannot be used (a warning says why; the pool then keeps
+// only its own caps). `device_total`: the device's memory, for group_budget_fraction.
+Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept;
+// The member as its upstreams' gate.
+ReserveGate* gate_of(Member* m) noexcept;
+
+// An allocation on the member's device was refused by the budget: one round of asking the
+// other members for idle cached memory (round 0: the fewest that cover the shortfall, by the
+// idle bytes they last published; later rounds: everyone) and waiting until they answered,
+// something was released, or the policy's group_release_wait_ms passed since `start_ns`
+// (share::monotonic_ns). true: try the allocation again.
+bool ask_release(Member& m, std::int64_t start_ns, int round) noexcept;
+
+// An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
+void note_oom(int device) noexcept;
+// What cuMemGetInfo reports for a member: the group's budget (0 once it left the group) and
+// the bytes all members reserve together.
+std::size_t budget(const Member& m) noexcept;
+std::size_t group_reserved(const Member& m) noexcept;
+
+// Starts the helper threads with the first pool (stats record; one per group member to answer
+// release requests). Called by Runtime::create_pool after the pool is registered.
+void on_pool_created(Runtime& rt, ContextPool& cp) noexcept;
+
+// At exit (no CUDA): the stats record goes away. After fork in the child: forget everything
+// the parent had (its slots, its threads), without touching the shared files.
+void on_exit() noexcept;
+void on_fork_child() noexcept;
+
+}  // namespace group
+}  // namespace cudapool::shim

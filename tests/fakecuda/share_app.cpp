@@ -1,0 +1,184 @@
+// Several processes in one group on one (fake) GPU: run by tests/unit/shim_share_test.cpp, one
+// scenario per process:
+//   random SEED ITERS   random allocations and frees; after every call the group ledger's total
+//                       and the fake driver's machine-wide live bytes must stay under the budget
+//   hold MIB            allocate MIB in 20 MiB blocks, free them (idle cache), print "ready", wait
+//   hold-live MIB       allocate MIB in 20 MiB blocks and keep them; on SIGTERM check that every
+//                       one is still live in the driver
+//   need MIB            allocate MIB in 20 MiB blocks; exit 3 at the first out-of-memory
+//   lock-and-exit       take the group ledger's lock and exit holding it (a member that died
+//                       inside the ledger's critical section); no CUDA
+//   lock-and-wait       take the ledger's lock, print "ready" and hold it until SIGTERM (a
+//                       member stopped inside it); no CUDA
+// The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
+#define CUDAPOOL_TEST_APP_LCUDA
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "telemetry/share.h"
+#include "tests/fakecuda/fakecuda.h"
+#include "tests/fakecuda/test_app.h"
+
+namespace {
+
+constexpr std::size_t kMiB = 1 << 20;
+volatile sig_atomic_t g_term = 0;
+void on_term(int) { g_term = 1; }
+
+// The group's ledger in CUDAPOOL_SHM_DIR (there is one in the tests' private directory).
+const cudapool::share::Ledger* find_ledger() {
+  static const cudapool::share::Ledger* l = [] () -> const cudapool::share::Ledger* {
+    const std::string dir = cudapool::share::shm_dir();
+    const std::string prefix = "cudapool-" + std::to_string(geteuid()) + "-g-";
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return nullptr;
+    std::string path;
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) path = dir + "/" + e->d_name;
+    closedir(d);
+    if (path.empty()) return nullptr;
+    cudapool::share::Mapping m = cudapool::share::map_file(path, sizeof(cudapool::share::Ledger), false);
+    return static_cast<const cudapool::share::Ledger*>(m.addr);
+  }();
+  return l;
+}
+
+const std::uint64_t* machine_live() {
+  static const std::uint64_t* p = [] () -> const std::uint64_t* {
+    const char* path = std::getenv("FAKECUDA_MACHINE_FILE");
+    if (path == nullptr) return nullptr;
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    void* a = mmap(nullptr, 16, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    return a == MAP_FAILED ? nullptr : static_cast<const std::uint64_t*>(a);
+  }();
+  return p;
+}
+
+std::uint64_t budget_bytes() { return std::strtoull(std::getenv("SHARE_BUDGET_MB"), nullptr, 10) * kMiB; }
+
+void check_budget() {
+  const std::uint64_t budget = budget_bytes();
+  if (const cudapool::share::Ledger* l = find_ledger()) {
+    const std::uint64_t total = l->total.load(std::memory_order_relaxed);
+    if (total > budget) std::printf("ledger total %llu > budget %llu\n", (unsigned long long)total, (unsigned long long)budget);
+    CHECK(total <= budget);
+  }
+  if (const std::uint64_t* live = machine_live()) {
+    const std::uint64_t n = __atomic_load_n(live, __ATOMIC_RELAXED);
+    if (n > budget) std::printf("machine live %llu > budget %llu\n", (unsigned long long)n, (unsigned long long)budget);
+    CHECK(n <= budget);
+  }
+}
+
+int random_run(unsigned seed, int iters) {
+  start_primary(0);
+  std::mt19937 rng(seed);
+  std::vector<CUdeviceptr> live;
+  int ooms = 0, oks = 0;
+  for (int i = 0; i < iters; ++i) {
+    if (!live.empty() && (live.size() >= 10 || rng() % 3 == 0)) {
+      const std::size_t k = rng() % live.size();
+      CHECK_OK(cuMemFree_v2(live[k]));
+      live[k] = live.back();
+      live.pop_back();
+    } else {
+      const std::size_t bytes = (1 + rng() % 48) * (kMiB / 2);
+      CUdeviceptr p = 0;
+      const CUresult r = cuMemAlloc_v2(&p, bytes);
+      if (r == CUDA_SUCCESS) {
+        ++oks;
+        live.push_back(p);
+      } else {
+        CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
+        ++ooms;
+        for (std::size_t k = 0; k < live.size() / 2; ++k) CHECK_OK(cuMemFree_v2(live[k]));
+        live.erase(live.begin(), live.begin() + static_cast<long>(live.size() / 2));
+      }
+    }
+    check_budget();
+  }
+  for (CUdeviceptr p : live) CHECK_OK(cuMemFree_v2(p));
+  std::printf("random done oks=%d ooms=%d\n", oks, ooms);
+  return 0;
+}
+
+void wait_for_term() {
+  while (!g_term) usleep(2000);
+}
+
+int hold(std::size_t mib, bool keep_live) {
+  start_primary(0);
+  std::vector<CUdeviceptr> blocks;
+  for (std::size_t got = 0; got < mib; got += 20) {
+    CUdeviceptr p = 0;
+    CHECK_OK(cuMemAlloc_v2(&p, 20 * kMiB));
+    blocks.push_back(p);
+  }
+  if (!keep_live)
+    for (CUdeviceptr p : blocks) CHECK_OK(cuMemFree_v2(p));
+  std::size_t f = 0, t = 0;
+  CHECK_OK(cuMemGetInfo_v2(&f, &t));
+  std::printf("ready pid=%d total=%zu free=%zu\n", getpid(), t, f);
+  std::fflush(stdout);
+  wait_for_term();
+  if (keep_live) {
+    for (CUdeviceptr p : blocks) CHECK(fakecuda_is_live(p) == 1);
+    std::printf("live blocks intact\n");
+  }
+  return 0;
+}
+
+int need(std::size_t mib) {
+  start_primary(0);
+  std::size_t got = 0;
+  for (; got < mib; got += 20) {
+    CUdeviceptr p = 0;
+    const CUresult r = cuMemAlloc_v2(&p, 20 * kMiB);
+    if (r != CUDA_SUCCESS) {
+      CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
+      std::printf("need: out of memory after %zu MiB\n", got);
+      return 3;
+    }
+  }
+  std::printf("need: got %zu MiB\n", got);
+  return 0;
+}
+
+int lock_ledger(bool wait) {
+  auto* l = const_cast<cudapool::share::Ledger*>(find_ledger());
+  CHECK(l != nullptr);
+  CHECK(pthread_mutex_lock(&l->mu) == 0);
+  std::printf("ready: holding the ledger's lock\n");
+  std::fflush(stdout);
+  if (wait) wait_for_term();
+  _exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGTERM, on_term);
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "random" && argc == 4) return random_run(static_cast<unsigned>(std::atoi(argv[2])), std::atoi(argv[3]));
+  if (what == "hold" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false);
+  if (what == "hold-live" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), true);
+  if (what == "need" && argc == 3) return need(std::strtoull(argv[2], nullptr, 10));
+  if (what == "lock-and-exit") return lock_ledger(false);
+  if (what == "lock-and-wait") return lock_ledger(true);
+  std::printf("usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | lock-and-exit | lock-and-wait\n");
+  return 2;
+}

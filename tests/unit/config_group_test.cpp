@@ -1,0 +1,93 @@
+// The group keys: their forms and bounds, the check that a group has a budget (and a budget a
+// group), TOML profiles setting them, and round trips through to_conf_string.
+#include <gtest/gtest.h>
+
+#include "config/keys.h"
+#include "config/policy.h"
+#include "tests/unit/config_test_util.h"
+
+namespace cudapool {
+namespace {
+
+using testing::must_fail;
+using testing::must_parse;
+using testing::TempFile;
+
+bool has(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+
+PolicyResult load_conf(const std::string& conf) {
+  PolicySources s;
+  s.conf = conf;
+  return load_policy(s);
+}
+
+TEST(GroupKeys, ParseAndRoundTrip) {
+  Policy p = must_parse("group:serve-1.a_b,group_budget_mb:4096,group_budget_fraction:0.5,group_release_wait_ms:250,"
+                        "publish_stats:False");
+  EXPECT_EQ(p.group, "serve-1.a_b");
+  EXPECT_EQ(p.group_budget, 4096 * MiB);
+  EXPECT_EQ(p.group_budget_fraction, 0.5);
+  EXPECT_EQ(p.group_release_wait_ms, 250);
+  EXPECT_FALSE(p.publish_stats);
+  testing::expect_same_policy(must_parse(to_conf_string(p)), p);
+  EXPECT_TRUE(has(describe(p), "group                        = serve-1.a_b")) << describe(p);
+  EXPECT_TRUE(has(describe(p), "group_budget_mb              = 4096")) << describe(p);
+}
+
+TEST(GroupKeys, BadValuesSayWhatIsAllowed) {
+  std::string e = must_fail("group:a/b");
+  EXPECT_TRUE(has(e, "bad value 'a/b' for group")) << e;
+  EXPECT_TRUE(has(e, "letters, digits")) << e;
+  EXPECT_TRUE(has(must_fail("group:" + std::string(49, 'x')), "longer than 48")) ;
+  EXPECT_TRUE(has(must_fail("group:.."), "not a name"));
+  EXPECT_TRUE(has(must_fail("group_budget_fraction:1.5"), "outside [0, 1]"));
+  EXPECT_TRUE(has(must_fail("group_budget_mb:-1"), "group_budget_mb"));
+  EXPECT_TRUE(has(must_fail("group_release_wait_ms:20000"), "above the maximum 10000"));
+}
+
+TEST(GroupKeys, GroupNeedsABudgetAndABudgetAGroup) {
+  PolicyResult r = load_conf("group:serve");
+  ASSERT_FALSE(r.policy);
+  EXPECT_TRUE(has(r.error, "group:serve (CUDAPOOL_CONF col 1) has no budget")) << r.error;
+  EXPECT_TRUE(has(r.error, "group_budget_mb:N")) << r.error;
+  r = load_conf("group_budget_fraction:0.4");
+  ASSERT_FALSE(r.policy);
+  EXPECT_TRUE(has(r.error, "group_budget_fraction (CUDAPOOL_CONF col 1) is set but group is not")) << r.error;
+  r = load_conf("group:serve,group_budget_fraction:0.4");
+  ASSERT_TRUE(r.policy) << r.error;
+  EXPECT_TRUE(r.policy->warnings.empty());
+  r = load_conf("group_release_wait_ms:50");
+  ASSERT_TRUE(r.policy) << r.error;
+  EXPECT_TRUE(has(r.policy->warnings.empty() ? "" : r.policy->warnings[0], "has no effect without group"));
+}
+
+TEST(GroupKeys, ProfilesSetThem) {
+  TempFile f(R"([policy]
+max_split_size_mb = 128
+
+[profiles.serve]
+group = "serving"
+group_budget_mb = 40960
+group_release_wait_ms = 250
+publish_stats = false
+)");
+  PolicySources s;
+  s.config_path = f.path();
+  s.profile = "serve";
+  PolicyResult r = load_policy(s);
+  ASSERT_TRUE(r.policy) << r.error;
+  EXPECT_EQ(r.policy->group, "serving");
+  EXPECT_EQ(r.policy->group_budget, 40960 * MiB);
+  EXPECT_EQ(r.policy->group_release_wait_ms, 250);
+  EXPECT_FALSE(r.policy->publish_stats);
+  EXPECT_EQ(r.policy->origin.at("group"), "profile serve (" + f.path() + ":5)");
+  // The profile's group without its budget is refused like the env string's.
+  TempFile g("[profiles.serve]\ngroup = \"serving\"\n");
+  s.config_path = g.path();
+  r = load_policy(s);
+  ASSERT_FALSE(r.policy);
+  EXPECT_TRUE(has(r.error, "has no budget")) << r.error;
+}
+
+}  // namespace
+}  // namespace cudapool

@@ -1,0 +1,348 @@
+// Processes sharing one GPU under the shim, on the fake driver (tests/fakecuda/share_app.cpp):
+// the group budget holds under random allocation from four processes, idle cache is given back
+// on demand (and only idle cache), a killed member's share is reclaimed, corrupt and foreign
+// ledgers are refused with a warning, and `cudapool top` lists the processes with their figures.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "telemetry/share.h"
+#include "tests/unit/shim_child.h"
+
+namespace cudapool {
+namespace {
+
+using test::ChildResult;
+using test::RunningChild;
+
+constexpr std::size_t kMiB = 1 << 20;
+const std::string kApp = std::string(CUDAPOOL_FAKECUDA_DIR) + "/share_app";
+// The fake driver's device 0 (cuDeviceGetUuid in tests/fakecuda/fakecuda.cpp).
+const std::string kGpu0 = "GPU-a5a6a7a8-a9aa-abac-adae-afb0b1b2b300";
+
+// Each test gets its own directory for the shared files, so parallel runs never meet.
+class Share : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/cudapool-share-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    for (RunningChild& c : running_)
+      if (c.pid > 0) kill(c.pid, SIGKILL), test::finish(c);
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::map<std::string, std::string> env(const std::string& conf, int budget_mb) {
+    return {{"CUDAPOOL_SHM_DIR", dir_}, {"CUDAPOOL_CONF", conf}, {"SHARE_BUDGET_MB", std::to_string(budget_mb)}};
+  }
+  static std::string group_conf(int budget_mb, const std::string& extra = "") {
+    return "group:share_test,group_budget_mb:" + std::to_string(budget_mb) + ",log_level:info" +
+           (extra.empty() ? "" : "," + extra);
+  }
+  std::string ledger() const { return dir_ + "/cudapool-" + std::to_string(geteuid()) + "-g-" + kGpu0 + "-share_test"; }
+
+  // Starts a waiting scenario and reads its output until it says "ready".
+  RunningChild& start_ready(const std::vector<std::string>& argv, const std::map<std::string, std::string>& e) {
+    running_.push_back(test::start_under_shim(argv, e));
+    RunningChild& c = running_.back();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    char buf[4096];
+    while (c.output.find("ready") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{c.fd, POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) {
+        const ssize_t n = read(c.fd, buf, sizeof buf);
+        if (n <= 0) break;
+        c.output.append(buf, static_cast<std::size_t>(n));
+      }
+    }
+    EXPECT_NE(c.output.find("ready"), std::string::npos) << c.output;
+    return c;
+  }
+  static ChildResult stop(RunningChild& c) {
+    kill(c.pid, SIGTERM);
+    ChildResult r = test::finish(c);
+    c.pid = -1;
+    return r;
+  }
+
+  // The reserved bytes of `pid`'s slot in the ledger (-1: no live slot).
+  long long slot_reserved(int pid) const {
+    share::Mapping m = share::map_file(ledger(), sizeof(share::Ledger), false, 0);
+    if (!m) return -2;
+    const auto* l = static_cast<const share::Ledger*>(m.addr);
+    long long r = -1;
+    for (const share::LedgerSlot& s : l->slot)
+      if (s.state.load() == share::kSlotLive && s.pid.load() == pid) r = static_cast<long long>(s.reserved.load());
+    share::unmap(m);
+    return r;
+  }
+
+  std::string dir_;
+  std::list<RunningChild> running_;  // stable references
+};
+
+// Four processes allocate and free at random; together they want about three times the budget.
+// After every call each one checks the ledger's total and the fake driver's machine-wide live
+// bytes against the budget; the fake's peak is checked at the end. Without the group the same
+// run goes over (so the check can fail).
+TEST_F(Share, BudgetHoldsUnderRandomAllocationFromFourProcesses) {
+  constexpr int kBudget = 160;
+  auto run4 = [&](const std::string& conf, bool check_inside) {
+    const std::string machine = dir_ + "/machine";
+    { std::ofstream(machine, std::ios::binary) << std::string(16, '\0'); }
+    std::vector<RunningChild> kids;
+    for (int i = 0; i < 4; ++i) {
+      auto e = env(conf, check_inside ? kBudget : 1 << 20);
+      e["FAKECUDA_MACHINE_FILE"] = machine;
+      kids.push_back(test::start_under_shim({kApp, "random", std::to_string(17 + i), "250"}, e));
+    }
+    int ooms = 0;
+    for (RunningChild& k : kids) {
+      ChildResult r = test::finish(k);
+      EXPECT_EQ(r.exit_status, 0) << r.output;
+      if (const auto at = r.output.find("ooms="); at != std::string::npos) ooms += std::atoi(r.output.c_str() + at + 5);
+    }
+    std::uint64_t counts[2] = {};
+    std::ifstream(machine, std::ios::binary).read(reinterpret_cast<char*>(counts), sizeof counts);
+    return std::make_pair(counts[1], ooms);  // the fake's machine-wide peak, the OOMs the programs saw
+  };
+  const auto [free_peak, free_ooms] = run4("log_level:warn", false);
+  EXPECT_GT(free_peak, kBudget * kMiB) << "without a group the four processes should need more than the budget";
+  EXPECT_EQ(free_ooms, 0);
+  const auto [peak, ooms] = run4(group_conf(kBudget, "group_release_wait_ms:20,log_level:warn"), true);
+  EXPECT_LE(peak, kBudget * kMiB);
+  EXPECT_GT(peak, kBudget * kMiB / 2) << "the processes should have used much of the budget";
+  EXPECT_GT(ooms, 0) << "the budget should have refused some allocations";
+  // Everyone is gone: the next process reclaims every slot and the group starts empty again.
+  ChildResult last = test::run_under_shim({kApp, "need", std::to_string(kBudget)}, env(group_conf(kBudget), kBudget));
+  EXPECT_EQ(last.exit_status, 0) << last.output;
+}
+
+// B holds 80 MiB of idle cache; A needs 60 MiB under a 100 MiB budget. Without asking (wait 0)
+// A runs out; with cooperative release B gives its cache back and A gets everything.
+TEST_F(Share, IdleCacheIsReleasedOnDemand) {
+  RunningChild& b = start_ready({kApp, "hold", "80"}, env(group_conf(100), 100));
+  const int bpid = b.pid;
+  EXPECT_NE(b.output.find("total=104857600"), std::string::npos) << "cuMemGetInfo reports the budget as total\n" << b.output;
+  EXPECT_EQ(slot_reserved(bpid), static_cast<long long>(80 * kMiB));
+
+  ChildResult no_ask = test::run_under_shim({kApp, "need", "60"}, env(group_conf(100, "group_release_wait_ms:0"), 100));
+  EXPECT_EQ(no_ask.exit_status, 3) << no_ask.output;
+  EXPECT_NE(no_ask.output.find("out of memory after 20 MiB"), std::string::npos) << no_ask.output;
+  EXPECT_EQ(slot_reserved(bpid), static_cast<long long>(80 * kMiB)) << "nobody asked B";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(100), 100));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("need: got 60 MiB"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("asked 1 other member"), std::string::npos) << a.output;
+  EXPECT_LT(ms, 5000);
+  EXPECT_EQ(slot_reserved(bpid), 0) << "B gave its whole idle cache back";
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+  EXPECT_NE(br.output.find("gave back 80.0 MiB of idle cached memory on request"), std::string::npos) << br.output;
+}
+
+// The first round asks only as many members as cover the shortfall, the largest idle cache
+// first: C's small cache is left alone when B's covers the need.
+TEST_F(Share, FirstRoundAsksTheLargestIdleCacheOnly) {
+  RunningChild& b = start_ready({kApp, "hold", "60"}, env(group_conf(120), 120));
+  RunningChild& c = start_ready({kApp, "hold", "20"}, env(group_conf(120), 120));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // both published their idle bytes
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(120), 120));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("asked 1 other member"), std::string::npos) << a.output;
+  EXPECT_EQ(slot_reserved(b.pid), 0) << "B, the largest idle cache, gave it back";
+  EXPECT_EQ(slot_reserved(c.pid), static_cast<long long>(20 * kMiB)) << "C was not asked";
+  stop(b);
+  stop(c);
+}
+
+// B's 80 MiB are live: A asks, B has nothing idle to give, A runs out within the wait, and every
+// one of B's blocks is still live in the driver.
+TEST_F(Share, LiveMemoryIsNeverReleased) {
+  RunningChild& b = start_ready({kApp, "hold-live", "80"}, env(group_conf(100), 100));
+  const auto t0 = std::chrono::steady_clock::now();
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(100, "group_release_wait_ms:300"), 100));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(a.exit_status, 3) << a.output;
+  EXPECT_NE(a.output.find("asked 1 other member"), std::string::npos) << a.output;
+  EXPECT_LT(ms, 3000) << "the wait is bounded";
+  EXPECT_EQ(slot_reserved(b.pid), static_cast<long long>(80 * kMiB));
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+  EXPECT_NE(br.output.find("live blocks intact"), std::string::npos) << br.output;
+}
+
+// A member killed with SIGKILL leaves its slot behind; the next process that needs the budget
+// finds it dead (pid and start time) and takes its share back.
+TEST_F(Share, KilledMembersShareIsReclaimed) {
+  RunningChild& b = start_ready({kApp, "hold-live", "80"}, env(group_conf(100), 100));
+  const int bpid = b.pid;
+  EXPECT_EQ(slot_reserved(bpid), static_cast<long long>(80 * kMiB));
+  kill(bpid, SIGKILL);
+  ChildResult br = test::finish(b);
+  b.pid = -1;
+  EXPECT_EQ(br.signal, SIGKILL);
+  EXPECT_EQ(slot_reserved(bpid), static_cast<long long>(80 * kMiB)) << "the dead slot stays until someone needs it";
+  ChildResult a = test::run_under_shim({kApp, "need", "100"}, env(group_conf(100), 100));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("reclaimed the slot of pid " + std::to_string(bpid)), std::string::npos) << a.output;
+  EXPECT_EQ(slot_reserved(bpid), -1);
+}
+
+// A file at the ledger's name that is not a ledger: the process warns, naming the file and what
+// to do, and runs with its own caps only (here none, so it gets more than the group's budget).
+TEST_F(Share, CorruptLedgerIsIgnoredWithAWarning) {
+  for (const std::size_t size : {sizeof(share::Ledger), std::size_t{100}}) {
+    {
+      std::ofstream f(ledger(), std::ios::binary | std::ios::trunc);
+      f << std::string(size, 'x');
+    }
+    ASSERT_EQ(chmod(ledger().c_str(), 0600), 0);
+    ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
+    EXPECT_EQ(a.exit_status, 0) << a.output;
+    EXPECT_NE(a.output.find("the ledger " + ledger()), std::string::npos) << a.output;
+    EXPECT_NE(a.output.find(size == 100 ? "has 100 bytes" : "bad magic"), std::string::npos) << a.output;
+    EXPECT_NE(a.output.find("remove the file"), std::string::npos) << a.output;
+    EXPECT_NE(a.output.find("need: got 60 MiB"), std::string::npos) << a.output;
+    std::filesystem::remove(ledger());
+  }
+}
+
+// A ledger another user could have written (wrong mode, wrong owner) or a symbolic link at its
+// name is refused the same way; the file is left untouched.
+TEST_F(Share, ForeignLedgerIsRefused) {
+  // A valid ledger but readable by others.
+  {
+    ChildResult make = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
+    ASSERT_EQ(make.exit_status, 0) << make.output;
+  }
+  ASSERT_EQ(chmod(ledger().c_str(), 0644), 0);
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("has mode 0644, not 0600"), std::string::npos) << a.output;
+  struct stat st {};
+  ASSERT_EQ(stat(ledger().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u) << "refused, not repaired";
+  ASSERT_EQ(chmod(ledger().c_str(), 0600), 0);
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(ledger().c_str(), 4321, 4321), 0);
+    ChildResult o = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
+    EXPECT_EQ(o.exit_status, 0) << o.output;
+    EXPECT_NE(o.output.find("belongs to uid 4321"), std::string::npos) << o.output;
+  }
+  std::filesystem::remove(ledger());
+  const std::string target = dir_ + "/elsewhere";
+  { std::ofstream(target) << "x"; }
+  ASSERT_EQ(symlink(target.c_str(), ledger().c_str()), 0);
+  ChildResult l = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
+  EXPECT_EQ(l.exit_status, 0) << l.output;
+  EXPECT_NE(l.output.find("is a symbolic link"), std::string::npos) << l.output;
+  std::ifstream in(target);
+  std::string content;
+  in >> content;
+  EXPECT_EQ(content, "x") << "the link's target is never written";
+}
+
+// A member that died holding the ledger's lock wedges nothing: the next one gets EOWNERDEAD,
+// recounts the total from the slots and goes on under the budget.
+TEST_F(Share, MemberThatDiedHoldingTheLockWedgesNothing) {
+  // ThreadSanitizer does not follow a robust mutex recovered with EOWNERDEAD from another
+  // process (it reports the unlock as one of a mutex this thread never locked).
+  if (std::string(CUDAPOOL_SAN_PRELOAD).find("tsan") != std::string::npos)
+    GTEST_SKIP() << "robust mutexes across processes are outside ThreadSanitizer's model";
+  ChildResult make = test::run_under_shim({kApp, "need", "40"}, env(group_conf(100), 100));
+  ASSERT_EQ(make.exit_status, 0) << make.output;
+  ChildResult die = test::run_under_shim({kApp, "lock-and-exit"}, env(group_conf(100), 100), false);
+  ASSERT_EQ(die.exit_status, 0) << die.output;
+  ASSERT_NE(die.output.find("holding the ledger's lock"), std::string::npos) << die.output;
+  ChildResult a = test::run_under_shim({kApp, "need", "100"}, env(group_conf(100), 100));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("a member died holding the ledger's lock"), std::string::npos) << a.output;
+  ChildResult over = test::run_under_shim({kApp, "need", "120"}, env(group_conf(100), 100));
+  EXPECT_EQ(over.exit_status, 3) << "the budget still holds after the recovery\n" << over.output;
+}
+
+// A member stopped while holding the lock: the others give up on the ledger after 2 s with a
+// warning and run on their own caps instead of hanging.
+TEST_F(Share, LockHeldByAStoppedMemberTimesOut) {
+  ChildResult make = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
+  ASSERT_EQ(make.exit_status, 0) << make.output;
+  RunningChild& holder = start_ready({kApp, "lock-and-wait"}, env(group_conf(40), 40));
+  const auto t0 = std::chrono::steady_clock::now();
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
+  const auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("could not be locked (held for more than 2 s)"), std::string::npos) << a.output;
+  EXPECT_LT(s, 10);
+  stop(holder);
+}
+
+// `cudapool top --once --json` lists the live processes with their reserved bytes, drops a
+// killed one and removes its record.
+TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
+  RunningChild& b = start_ready({kApp, "hold", "40"}, env(group_conf(200), 200));
+  RunningChild& c = start_ready({kApp, "hold-live", "60"}, env("log_level:warn", 200));
+  const int bpid = b.pid, cpid = c.pid;
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // two publications
+  auto top = [&] {
+    return test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}}, false);
+  };
+  ChildResult t = top();
+  ASSERT_EQ(t.exit_status, 0) << t.output;
+  auto entry = [&](int pid) {
+    const auto at = t.output.find("{\"pid\":" + std::to_string(pid) + ",");
+    if (at == std::string::npos) return std::string();
+    return t.output.substr(at, t.output.find("]}", at) - at);
+  };
+  const std::string be = entry(bpid), ce = entry(cpid);
+  EXPECT_NE(be.find("\"reserved_bytes\":41943040,\"allocated_bytes\":0,\"cached_bytes\":41943040"), std::string::npos) << t.output;
+  EXPECT_NE(be.find("\"group\":\"share_test\""), std::string::npos) << t.output;
+  EXPECT_NE(be.find("\"group_budget_bytes\":209715200,\"group_reserved_bytes\":41943040"), std::string::npos) << t.output;
+  EXPECT_NE(ce.find("\"reserved_bytes\":62914560,\"allocated_bytes\":62914560,\"cached_bytes\":0"), std::string::npos) << t.output;
+  EXPECT_NE(ce.find("\"group\":\"\""), std::string::npos) << t.output;
+  EXPECT_NE(ce.find("share_app hold-live 60"), std::string::npos) << t.output;
+
+  kill(cpid, SIGKILL);
+  test::finish(c);
+  c.pid = -1;
+  const std::string record = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(cpid);
+  EXPECT_TRUE(std::filesystem::exists(record));
+  t = top();
+  EXPECT_EQ(t.output.find("\"pid\":" + std::to_string(cpid) + ","), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("\"pid\":" + std::to_string(bpid) + ","), std::string::npos) << t.output;
+  EXPECT_FALSE(std::filesystem::exists(record)) << "top removes the records of processes that are gone";
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0);
+  const std::string brecord = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(bpid);
+  EXPECT_FALSE(std::filesystem::exists(brecord)) << "a process removes its own record at exit";
+}
+
+// A program that never touches CUDA starts nothing: no thread, no file.
+TEST_F(Share, ProcessWithoutCudaIsUndisturbed) {
+  ChildResult r = test::run_under_shim({"/bin/sh", "-c", "ls /proc/self/task | wc -l"}, env(group_conf(100), 100));
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "no ledger and no stats record";
+}
+
+}  // namespace
+}  // namespace cudapool

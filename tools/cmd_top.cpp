@@ -1,0 +1,143 @@
+// `cudapool top [--once] [--json] [--interval S]`: every pooled process of this user on this
+// machine, from the stats records the shim publishes (telemetry/share.h), refreshed like top.
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "telemetry/share.h"
+#include "tools/commands.h"
+#include "tools/json_text.h"
+
+namespace cudapool::tools {
+
+namespace {
+
+struct TopSettings {
+  bool once = false;
+  bool json = false;
+  double interval = 1.0;
+};
+
+volatile sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+std::string mib(std::uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string fragmentation(const share::RecordDevice& d) {
+  if (d.reserved == 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved));
+  return buf;
+}
+
+std::string json_u(std::uint64_t v) { return std::to_string(v); }
+
+std::string to_json(const std::vector<share::ProcInfo>& procs) {
+  std::string o = "{\"processes\":[";
+  for (std::size_t i = 0; i < procs.size(); ++i) {
+    const share::ProcInfo& p = procs[i];
+    if (i != 0) o += ",";
+    o += "{\"pid\":" + std::to_string(p.pid) + ",\"command\":" + json_string(p.command) +
+         ",\"group\":" + json_string(p.group) + ",\"updated_unix_ns\":" + std::to_string(p.updated_unix_ns) +
+         ",\"devices\":[";
+    for (std::size_t k = 0; k < p.devices.size(); ++k) {
+      const share::RecordDevice& d = p.devices[k];
+      if (k != 0) o += ",";
+      o += "{\"device\":" + std::to_string(d.device) + ",\"reserved_bytes\":" + json_u(d.reserved) +
+           ",\"allocated_bytes\":" + json_u(d.allocated) + ",\"cached_bytes\":" + json_u(d.cached) +
+           ",\"inactive_split_bytes\":" + json_u(d.inactive_split) +
+           ",\"fragmentation\":" + json_number(d.reserved == 0 ? 0.0 : static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved)) +
+           ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) + ",\"ooms\":" + json_u(d.ooms) +
+           ",\"fence_waits\":" + json_u(d.fence_waits) + ",\"group_budget_bytes\":" + json_u(d.group_budget) +
+           ",\"group_reserved_bytes\":" + json_u(d.group_reserved) + "}";
+    }
+    o += "]}";
+  }
+  o += "]}\n";
+  return o;
+}
+
+std::string to_table(const std::vector<share::ProcInfo>& procs) {
+  char line[512];
+  std::string o;
+  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU", "RESERVED",
+                "ALLOCATED", "CACHED", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS", "FWAITS", "COMMAND");
+  o += line;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+  for (const share::ProcInfo& p : procs) {
+    std::string cmd = p.command.size() > 60 ? p.command.substr(0, 57) + "..." : p.command;
+    // Records are refreshed every 250 ms; an older one belongs to a process that is stopped or
+    // stuck (its figures are that old).
+    if (const std::int64_t age = now_ns - p.updated_unix_ns; p.updated_unix_ns != 0 && age > 2'000'000'000LL)
+      cmd = "[not updated for " + std::to_string(age / 1'000'000'000LL) + " s] " + cmd;
+    if (p.devices.empty()) {
+      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-", "-", "-",
+                    "-", p.group.empty() ? "-" : p.group.c_str(), "-", "-", "-", cmd.c_str());
+      o += line;
+    }
+    for (const share::RecordDevice& d : p.devices) {
+      const std::string budget = d.group_budget != 0 ? mib(d.group_reserved) + "/" + mib(d.group_budget) : "-";
+      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid, d.device,
+                    mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(), fragmentation(d).c_str(),
+                    p.group.empty() ? "-" : p.group.c_str(), budget.c_str(), static_cast<unsigned long long>(d.ooms),
+                    static_cast<unsigned long long>(d.fence_waits), cmd.c_str());
+      o += line;
+    }
+  }
+  return o;
+}
+
+int top_main(const TopSettings& s) {
+  if (!(s.interval >= 0.1 && s.interval <= 3600)) {
+    std::fprintf(stderr, "cudapool top: --interval %g is outside [0.1, 3600] seconds\n", s.interval);
+    return kExitUsage;
+  }
+  const std::string dir = share::shm_dir();
+  if (std::string why = share::check_dir(dir); !why.empty()) {
+    std::fprintf(stderr, "cudapool top: %s %s; set CUDAPOOL_SHM_DIR to the directory the processes use\n", dir.c_str(),
+                 why.c_str());
+    return kExitNoInput;
+  }
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  const bool tty = !s.once && !s.json && isatty(1) != 0;
+  for (;;) {
+    std::vector<std::string> warnings;
+    std::vector<share::ProcInfo> procs = share::read_records(::geteuid(), true, &warnings);
+    std::sort(procs.begin(), procs.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
+    std::string out = s.json ? to_json(procs) : to_table(procs);
+    if (tty) out = "\x1b[H\x1b[2J" + out + "(" + std::to_string(procs.size()) + " pooled process(es); Ctrl-C ends)\n";
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (s.once || g_stop) return 0;
+    const auto us = static_cast<useconds_t>(s.interval * 1e6);
+    for (useconds_t slept = 0; slept < us && !g_stop; slept += 50000) usleep(std::min<useconds_t>(50000, us - slept));
+    if (g_stop) return 0;
+  }
+}
+
+}  // namespace
+
+void add_top_command(CLI::App& root, int* exit_status) {
+  auto s = std::make_shared<TopSettings>();
+  CLI::App* sub = root.add_subcommand("top", "live table of this user's pooled processes (reserved, cached, group budget)");
+  sub->add_flag("--once", s->once, "print one table (or JSON object) and exit");
+  sub->add_flag("--json", s->json, "JSON instead of the table (one object per refresh)");
+  sub->add_option("--interval", s->interval, "seconds between refreshes");
+  sub->callback([s, exit_status] { *exit_status = top_main(*s); });
+}
+
+}  // namespace cudapool::tools
