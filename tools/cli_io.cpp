@@ -1,10 +1,12 @@
-#include "tools/cli_io.h"
-
+// CLI11 first: it comes precompiled (tools/module.mk), which only works before any other code.
 #include <CLI/CLI.hpp>
+
+#include "tools/cli_io.h"
 
 #include <cstdio>
 #include <fstream>
 
+#include "config/policy.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
@@ -15,6 +17,14 @@ bool write_text_file(const std::string& path, const std::string& text, const cha
   f.close();
   if (!f) std::fprintf(stderr, "%s: cannot write %s\n", who, path.c_str());
   return static_cast<bool>(f);
+}
+
+bool output_option_ok(const std::string& path, const char* flag, const char* who) {
+  if (path.empty() || path == "-") return true;
+  std::string e = check_output_file(path, flag, "");
+  if (e.empty()) return true;
+  std::fprintf(stderr, "%s: %s\n", who, e.c_str());
+  return false;
 }
 
 bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who) {
