@@ -3,6 +3,8 @@
 
 #include "tools/cli_io.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -17,6 +19,19 @@ bool write_text_file(const std::string& path, const std::string& text, const cha
   f.close();
   if (!f) std::fprintf(stderr, "%s: cannot write %s\n", who, path.c_str());
   return static_cast<bool>(f);
+}
+
+Progress::Progress(const char* who, std::size_t total, const char* unit)
+    : who_(who), unit_(unit), total_(total), on_(total > 0 && ::isatty(2) == 1) {}
+
+void Progress::step() {
+  ++n_;
+  if (on_) std::fprintf(stderr, "\r%s: %zu/%zu %s", who_, n_, total_, unit_);
+}
+
+void Progress::done() {
+  if (on_ && n_ > 0) std::fprintf(stderr, "\r\033[K");
+  on_ = false;
 }
 
 bool output_option_ok(const std::string& path, const char* flag, const char* who) {
