@@ -58,7 +58,7 @@ programs: $(PROGRAMS)
 DEMO_BUILD_NOTE ?= about 2 minutes on 2 cores
 demo:
 	@echo "cudapool demo: building the programs first ($(DEMO_BUILD_NOTE) the first time; V=1 shows each command)"
-	@$(MAKE) --no-print-directory programs
+	@$(MAKE) -s --no-print-directory programs
 	@$(MAKE) --no-print-directory tools-demo
 
 $(BUILD)/%.o: %.cpp
