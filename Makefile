@@ -16,10 +16,22 @@ endif
 
 CXX ?= g++
 PREFIX ?= /usr/local
-CPPFLAGS := -I. -DSPDLOG_HEADER_ONLY -DFMT_HEADER_ONLY
+# spdlog and fmt as declarations only: their compiled parts are built once, in
+# telemetry/spdlog_fmt_impl.cpp, not again in every file that logs (see that file for why not
+# Debian's shared libraries).
+CPPFLAGS := -I. -DSPDLOG_COMPILED_LIB
 CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -fPIC -pthread
 LDFLAGS := -pthread $(if $(SAN),-fsanitize=$(SAN))
 DEPFLAGS = -MMD -MP
+# Quiet by default: one short line per step; `make V=1` shows every command.
+V ?= 0
+ifeq ($(V),0)
+  Q := @
+  say = @printf '  %-6s %s\n' $(1) $(2);
+else
+  Q :=
+  say =
+endif
 
 # Filled in by the module.mk files.
 PROGRAMS :=       # built by `make`
@@ -30,7 +42,7 @@ INSTALL_LIBS :=   # installed into $(PREFIX)/lib
 INSTALL_BINS :=   # installed into $(PREFIX)/bin
 INSTALL_HEADERS := # installed into $(PREFIX)/include
 
-.PHONY: all test bench fuzz install uninstall clean deps
+.PHONY: all programs test bench fuzz install uninstall clean deps demo
 all: programs
 
 include allocator/module.mk
@@ -42,9 +54,16 @@ include tests/module.mk
 
 programs: $(PROGRAMS)
 
+# The demo: says up front what the first build costs, builds quietly, then runs tools-demo.
+DEMO_BUILD_NOTE ?= about 2 minutes on 2 cores
+demo:
+	@echo "cudapool demo: building the programs first ($(DEMO_BUILD_NOTE) the first time; V=1 shows each command)"
+	@$(MAKE) -s --no-print-directory programs
+	@$(MAKE) --no-print-directory tools-demo
+
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(DEPFLAGS) -c $< -o $@
+	$(call say,CXX,$<)$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
 test: $(PROGRAMS) $(TEST_BINS)
 	@bash tests/run_tests.sh $(TEST_BINS)

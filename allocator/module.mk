@@ -7,4 +7,4 @@ ALLOCATOR_LIB := $(BUILD)/libcudapool_core.a
 $(ALLOCATOR_SRCS:%.cpp=$(BUILD)/%.o): CXXFLAGS += -ftls-model=initial-exec
 $(ALLOCATOR_LIB): $(ALLOCATOR_SRCS:%.cpp=$(BUILD)/%.o)
 	@mkdir -p $(@D)
-	rm -f $@ && ar rcs $@ $^  # rm: a deleted source must not linger as a stale member
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^  # rm: a deleted source must not linger as a stale member

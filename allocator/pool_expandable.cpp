@@ -335,6 +335,8 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         n += spare[j].size;
       const std::int64_t t0 = now_ns();
       us = up.move(reinterpret_cast<void*>(from), reinterpret_cast<void*>(at + done), n);
+      ++st.num_device_map;
+      ++st.num_device_unmap;
       emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
       for (std::size_t k = i; k < j; ++k) {
         spare[k].used = true;
@@ -355,6 +357,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     while (us == UpstreamStatus::ok && done < amount) {
       const std::size_t n = std::min(amount - done, unit_cap);
       us = up.map(reinterpret_cast<void*>(at + done), n);
+      ++st.num_device_map;
       if (us == UpstreamStatus::ok) {
         seg->units.emplace(at + done, n);
         done += n;
@@ -365,6 +368,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
       if (!ordered.empty()) settle_ordered();
       up.unmap(reinterpret_cast<void*>(at), done);
+      ++st.num_device_unmap;
       seg->units.erase(seg->units.lower_bound(at), seg->units.lower_bound(at + done));
     }
     if (us == UpstreamStatus::ok) placed += amount;
@@ -521,6 +525,7 @@ void DevicePool::Impl::destroy_expandable(Segment* seg) {
       b = b->next;
     }
     up.unmap(reinterpret_cast<void*>(start), end - start);
+    ++st.num_device_unmap;
   }
   seg->units.clear();
   up.unreserve(reinterpret_cast<void*>(seg->base), seg->size);

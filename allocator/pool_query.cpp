@@ -134,6 +134,7 @@ void DevicePool::reset_accumulated_stats() {
   Stats& s = impl_->st;
   for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
+  s.num_device_map = s.num_device_unmap = 0;
   s.cache_hits = s.cache_misses = s.upstream_ns = s.fences_recorded = s.fence_waits = s.gpu_waits = 0;
   s.gc_passes = s.gc_freed_bytes = s.empty_cache_calls = s.bad_frees = 0;
 }

@@ -248,6 +248,7 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   for (std::size_t i = 0; i < list.size(); ++i) {
     st.upstream_ns += ns[i];
     if (list[i].unmap) {
+      ++st.num_device_unmap;
       emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     } else {
       ++st.num_device_free;

@@ -37,6 +37,10 @@ struct Stats {
   std::int64_t cache_hits = 0;        // allocations served without the upstream
   std::int64_t cache_misses = 0;      // allocations that asked the upstream for a segment
   std::int64_t upstream_ns = 0;       // time spent inside Upstream::allocate/release/map/unmap
+  // Expandable segments: pages mapped into / unmapped from a range (a move counts as both).
+  // With num_device_alloc/free they make the tools' "upstream calls" (docs/tools.md, Metrics).
+  std::int64_t num_device_map = 0;
+  std::int64_t num_device_unmap = 0;
   std::int64_t fences_recorded = 0;
   std::int64_t fence_waits = 0;       // host blocked on a fence
   std::int64_t gpu_waits = 0;         // pending memory reused with the GPU made to wait (order_after)

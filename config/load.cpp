@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "config/keys.h"
+#include "config/path_pattern.h"
 #include "config/policy.h"
 #include "config/toml_loader.h"
 #include "config/values.h"
@@ -20,19 +21,19 @@ namespace {
 
 constexpr std::size_t kMaxPolicyFileBytes = 1 << 20;  // a policy is a few lines; more is a wrong path
 
-std::string read_policy_file(const std::string& path, std::string& out) {
-  const std::string who = "CUDAPOOL_CONFIG=" + path + ": ";
+std::string read_policy_file(const std::string& path, const std::string& name, std::string& out) {
+  const std::string who = (name.rfind("--", 0) == 0 ? name + " " : name + "=") + path + ": ";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    if (err == ENOENT) return who + "no such file; create it or point CUDAPOOL_CONFIG at an existing TOML file";
-    if (err == EACCES) return who + "permission denied; make it readable or point CUDAPOOL_CONFIG elsewhere";
+    if (err == ENOENT) return who + "no such file; create it or point " + name + " at an existing TOML file";
+    if (err == EACCES) return who + "permission denied; make it readable or point " + name + " elsewhere";
     return who + "cannot open: " + std::strerror(err);
   }
   struct stat st {};
   if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     ::close(fd);
-    return who + "is a directory; CUDAPOOL_CONFIG must name a TOML file";
+    return who + "is a directory; " + name + " must name a TOML file";
   }
   out.clear();
   char buf[8192];
@@ -115,22 +116,26 @@ PolicyResult load(const PolicySources& src) {
 
   if (!src.config_path.empty()) {
     std::string text;
-    if (std::string e = read_policy_file(src.config_path, text); !e.empty()) {
+    if (std::string e = read_policy_file(src.config_path, src.config_name, text); !e.empty()) {
       r.error = std::move(e);
       return r;
     }
-    if (std::string e = config::apply_toml(text, src.config_path, src.profile, src.command_line, p); !e.empty()) {
+    if (std::string e = config::apply_toml(text, src.config_path, src.profile, src.command_line, p,
+                                           src.profile_name, src.config_name);
+        !e.empty()) {
       r.error = std::move(e);
       return r;
     }
   } else if (!src.profile.empty()) {
-    r.error = "CUDAPOOL_PROFILE=" + src.profile +
-              " is set but CUDAPOOL_CONFIG is not; profiles live in a TOML file: set "
-              "CUDAPOOL_CONFIG=/path/policy.toml or unset CUDAPOOL_PROFILE";
+    const bool flag = src.profile_name.rfind("--", 0) == 0;
+    r.error = (flag ? src.profile_name + " " : src.profile_name + "=") + src.profile + " is given but " +
+              src.config_name + " is not; profiles live in a TOML file: " +
+              (flag ? "add --config /path/policy.toml or drop --profile"
+                    : "set " + src.config_name + "=/path/policy.toml or unset " + src.profile_name);
     return r;
   }
   if (!src.conf.empty()) {
-    PolicyResult c = parse_conf(src.conf, p, "CUDAPOOL_CONF");
+    PolicyResult c = parse_conf(src.conf, p, src.conf_name);
     if (!c.policy) {
       r.error = std::move(c.error);
       return r;
@@ -141,22 +146,54 @@ PolicyResult load(const PolicySources& src) {
   // flag would: `CUDAPOOL_TRACE=/tmp/t.csv ./app` must trace whatever the policy file says.
   if (!src.trace_file.empty()) {
     p.trace_file = src.trace_file;
-    p.origin["trace_file"] = "CUDAPOOL_TRACE";
+    p.origin["trace_file"] = src.trace_name;
   }
   if (!src.stats_file.empty()) {
     p.stats_file = src.stats_file;
-    p.origin["stats_file"] = "CUDAPOOL_STATS";
+    p.origin["stats_file"] = src.stats_name;
   }
   if (std::string e = check_group(p); !e.empty()) {
     r.error = std::move(e);
     return r;
   }
+  // Files written at exit (the summary) or all along (the trace): a path that cannot be written
+  // is found now, while the message can still stop the run, not after hours of work.
+  if (src.check_outputs)
+    for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"trace_file", &p.trace_file},
+                                    {"stats_file", &p.stats_file}})
+      if (!path->empty())
+        if (std::string e = check_output_file(*path, key, p.origin[key]); !e.empty()) {
+          r.error = std::move(e);
+          return r;
+        }
   add_combination_warnings(p);
   r.policy = std::move(p);
   return r;
 }
 
 }  // namespace
+
+std::string check_output_file(const std::string& pattern, const std::string& key, const std::string& origin) {
+  const std::string path = expand_path_pattern(pattern);
+  const std::string who = key + " '" + pattern + "'" + (origin.empty() || origin == "default" ? "" : " (" + origin + ")");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return who + " is a directory; name a file in it instead";
+    if (::access(path.c_str(), W_OK) != 0)
+      return who + " exists and cannot be written (" + std::strerror(errno) +
+             "); fix its permissions or choose another path";
+  }
+  // The summary is written beside its path and renamed over it, so the directory must be
+  // writable even when the file already is.
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return who + ": directory '" + dir + "' does not exist; create it or choose another path";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return who + ": cannot create a file in '" + dir + "' (" + std::strerror(errno) +
+           "); choose a writable directory";
+  return {};
+}
 
 PolicyResult load_policy(const PolicySources& sources) {
   try {

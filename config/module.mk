@@ -3,4 +3,4 @@ CONFIG_SRCS := $(wildcard config/*.cpp)
 CONFIG_LIB := $(BUILD)/libcudapool_config.a
 $(CONFIG_LIB): $(CONFIG_SRCS:%.cpp=$(BUILD)/%.o)
 	@mkdir -p $(@D)
-	ar rcs $@ $^
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^

@@ -46,6 +46,9 @@ struct Policy {
   // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
   std::map<std::string, std::string> origin;
   std::vector<std::string> warnings;  // accepted-but-ignored keys etc.
+  // The TOML profile applied ("" = none) and why ("CUDAPOOL_PROFILE", "match glob '*train*'").
+  std::string profile;
+  std::string profile_reason;
 };
 
 // Where the policy comes from. Empty strings mean "not set".
@@ -57,6 +60,15 @@ struct PolicySources {
   std::string on_error;      // CUDAPOOL_ON_ERROR: "stop" (default) or "passthrough"
   std::string trace_file;    // CUDAPOOL_TRACE: shortcut for trace_file, above CUDAPOOL_CONF
   std::string stats_file;    // CUDAPOOL_STATS: shortcut for stats_file, above CUDAPOOL_CONF
+  // How messages name each source: what the user set (a variable, or a flag of `cudapool`).
+  std::string conf_name = "CUDAPOOL_CONF";
+  std::string config_name = "CUDAPOOL_CONFIG";
+  std::string profile_name = "CUDAPOOL_PROFILE";
+  std::string trace_name = "CUDAPOOL_TRACE";
+  std::string stats_name = "CUDAPOOL_STATS";
+  // Check that trace_file and stats_file can be written (see check_output_file). On for every
+  // caller: a process that would lose its trace or summary at exit should hear so at start.
+  bool check_outputs = true;
 };
 
 struct PolicyResult {
@@ -79,6 +91,11 @@ PolicyResult load_policy_from_environment();
 std::string describe(const Policy& policy);
 // The effective policy as a CUDAPOOL_CONF string that parse_conf accepts back.
 std::string to_conf_string(const Policy& policy);
+
+// "" when `path` can be created or overwritten by this process (its directory exists and is
+// writable, and it is not a directory itself), else what is wrong and how to fix it. `key` and
+// `origin` name the setting in the message ("stats_file", "CUDAPOOL_CONF col 5").
+std::string check_output_file(const std::string& path, const std::string& key, const std::string& origin);
 
 // Exit status of a CUDA process stopped because its policy is invalid.
 inline constexpr int kPolicyErrorExitStatus = 78;  // EX_CONFIG from sysexits.h

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <vector>
 
 #include <stdexcept>
@@ -69,8 +70,9 @@ std::string_view type_name(const toml::node& n) {
 
 class Loader {
  public:
-  Loader(const std::string& path, std::string_view command_line)
-      : path_(path), command_line_(command_line) {}
+  Loader(const std::string& path, std::string_view command_line, std::string_view profile_name,
+         std::string_view config_name)
+      : path_(path), command_line_(command_line), profile_name_(profile_name), config_name_(config_name) {}
 
   std::string run(std::string_view text, std::string_view profile, Policy& p) {
     toml::table doc;
@@ -79,7 +81,9 @@ class Loader {
     } catch (const toml::parse_error& e) {
       const auto& b = e.source().begin;
       return path_ + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
-             ": TOML syntax error: " + std::string(e.description()) + "; fix the file or unset CUDAPOOL_CONFIG";
+             ": TOML syntax error: " + std::string(e.description()) + "; fix the file or " +
+             (config_name_.rfind("--", 0) == 0 ? "give another " + std::string(config_name_)
+                                               : "unset " + std::string(config_name_));
     } catch (const TomlCheckFailed& e) {
       return path_ + ": TOML syntax error the parser could not place (its check '" + std::string(e.what()) +
              "' failed); look for a malformed table header such as [[[name]]] or [=]";
@@ -98,6 +102,9 @@ class Loader {
       return where(node) + ": unknown table '" + std::string(name) +
              "'; a policy file has [policy], [log] and [profiles.NAME]";
     }
+    std::map<std::string, std::string> base_seen;
+    seen_ = &base_seen;
+    scope_ = "the file's [policy] and [log]";
     if (const toml::table* t = doc["policy"].as_table())
       if (std::string e = section(*t, "[policy]", [&](const toml::node& n) { return "file " + where(n); }, p); !e.empty())
         return e;
@@ -147,8 +154,19 @@ class Loader {
     std::string value;
     if (std::string e = text_of(key, n, value); !e.empty()) return e;
     if (std::string e = apply_setting(p, key, value, origin(n), true); !e.empty()) return where(n) + ": " + e;
+    // TOML itself refuses a key written twice in one table; the same setting reached twice
+    // ([policy] and [log], a key and its alias) is legal TOML but usually a slip.
+    const std::string name(key.alias_of.empty() ? key.name : key.alias_of);
+    const std::string here = where(n);
+    if (auto [it, fresh] = seen_->emplace(name, here); !fresh && key.ignored_because.empty()) {
+      warn_once(p.warnings, name + " is set twice in " + path_ + " (line " + line_of(it->second) + " and line " +
+                                line_of(here) + ", " + scope_ + "); the later value wins");
+      it->second = here;
+    }
     return {};
   }
+
+  static std::string line_of(const std::string& where) { return where.substr(where.find_last_of(':') + 1); }
 
   // A [policy] or [profiles.NAME] table; `match` (profiles only) has been read by the caller.
   template <class Origin>
@@ -203,15 +221,16 @@ class Loader {
            std::string(type_name(*m));
   }
 
-  bool matches(const std::vector<std::string>& gs) const {
+  // The first glob of `gs` that matches the command line, or nullptr.
+  const std::string* matching(const std::vector<std::string>& gs) const {
     const std::string cmd(command_line_);
     for (const std::string& g : gs)
-      if (fnmatch(g.c_str(), cmd.c_str(), 0) == 0) return true;
-    return false;
+      if (fnmatch(g.c_str(), cmd.c_str(), 0) == 0) return &g;
+    return nullptr;
   }
 
   std::string profiles(const toml::table* all, std::string_view chosen, Policy& p) const {
-    std::vector<std::string> names, matched;
+    std::vector<std::string> names, matched, matched_glob;
     if (all != nullptr) {
       for (auto&& [k, node] : *all) {
         const std::string name(k.str());
@@ -224,32 +243,49 @@ class Loader {
         if (std::string e = globs(*t, gs); !e.empty()) return e;
         // Check every profile, chosen or not: a typo should fail `cudapool check`, not a later job.
         Policy scratch = p;
+        std::map<std::string, std::string> profile_seen;
+        seen_ = &profile_seen;
+        scope_ = label;
         if (std::string e = section(*t, label, [](const toml::node&) { return std::string(); }, scratch, true); !e.empty())
           return e;
         names.push_back(name);
-        if (!gs.empty() && matches(gs)) matched.push_back(name);
+        if (const std::string* g = matching(gs)) {
+          matched.push_back(name);
+          matched_glob.push_back(*g);
+        }
       }
     }
     std::string pick;
     if (!chosen.empty()) {
       if (std::find(names.begin(), names.end(), chosen) == names.end()) {
-        std::string msg = "profile '" + std::string(chosen) + "' (CUDAPOOL_PROFILE) is not in " + path_ + "; ";
-        if (names.empty()) return msg + "it has no [profiles.NAME] tables; add one or unset CUDAPOOL_PROFILE";
+        std::string msg = "profile '" + std::string(chosen) + "' (" + std::string(profile_name_) + ") is not in " +
+                          path_ + "; ";
+        if (names.empty())
+          return msg + "it has no [profiles.NAME] tables; add one or " +
+                 (profile_name_.rfind("--", 0) == 0 ? "drop " : "unset ") + std::string(profile_name_);
         msg += "profiles there: ";
         for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", " : "") + names[i];
         return msg;
       }
       pick = chosen;
+      p.profile_reason = std::string(profile_name_);
     } else if (matched.size() > 1) {
       std::string msg = "profiles ";
       for (std::size_t i = 0; i < matched.size(); ++i)
         msg += (i == 0 ? "'" : i + 1 == matched.size() ? "' and '" : "', '") + matched[i];
       return msg + "' in " + path_ + " all match the command line '" + std::string(command_line_) +
-             "'; choose one with CUDAPOOL_PROFILE=NAME or make their match globs narrower";
+             "'; choose one with " +
+             (profile_name_.rfind("--", 0) == 0 ? std::string(profile_name_) + " NAME" : std::string(profile_name_) + "=NAME") +
+             " or make their match globs narrower";
     } else if (matched.size() == 1) {
       pick = matched.front();
+      p.profile_reason = "match glob '" + matched_glob.front() + "'";
     }
     if (pick.empty()) return {};
+    p.profile = pick;
+    std::map<std::string, std::string> chosen_seen;
+    seen_ = &chosen_seen;
+    scope_ = "[profiles." + pick + "]";
     const toml::table& t = *(*all)[pick].as_table();
     const std::string label = "[profiles." + pick + "]";
     return section(t, label, [&](const toml::node& n) { return "profile " + pick + " (" + where(n) + ")"; }, p, true);
@@ -257,14 +293,19 @@ class Loader {
 
   const std::string& path_;
   std::string_view command_line_;
+  std::string_view profile_name_, config_name_;
+  // Where each setting of the table being read was last set ("path:line"), for the warning.
+  mutable std::map<std::string, std::string>* seen_ = nullptr;
+  mutable std::string scope_;
 };
 
 }  // namespace
 
 std::string apply_toml(std::string_view text, const std::string& path, std::string_view profile,
-                       std::string_view command_line, Policy& p) {
+                       std::string_view command_line, Policy& p, std::string_view profile_name,
+                       std::string_view config_name) {
   try {
-    return Loader(path, command_line).run(text, profile, p);
+    return Loader(path, command_line, profile_name, config_name).run(text, profile, p);
   } catch (const std::exception& e) {  // allocation failure; toml++'s own errors are caught above
     return path + ": internal error while reading the policy file: " + e.what();
   }

@@ -2,6 +2,8 @@
 // logging. See log_audit.h.
 #include "shim/log_audit.h"
 
+#include "config/version.h"
+
 #include <time.h>
 
 #include <atomic>
@@ -105,7 +107,7 @@ const char* hooked_entry_points() noexcept {
 }
 
 std::string start_report(const Policy& policy, bool native) {
-  std::string s = "cudapool " + std::string(kLibraryVersion) + " (C API " + std::to_string(CUDAPOOL_API_VERSION) +
+  std::string s = "cudapool " + std::string(kVersion) + " (C API " + std::to_string(CUDAPOOL_API_VERSION) +
                   ") started, backend " + (native ? "native" : "passthrough") + "\n";
   s += "hooked entry points: " + std::string(hooked_entry_points()) + "\n";
   s += "effective policy (key = value   (origin)):\n";

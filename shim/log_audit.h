@@ -15,9 +15,6 @@ class TraceWriter;
 
 namespace cudapool::shim {
 
-// The library version logged at start (the C API version is CUDAPOOL_API_VERSION).
-inline constexpr const char* kLibraryVersion = "0.1.0";
-
 // Logs the start report, starts the dump-signal handler when the policy names one, and returns
 // the sink the pools should use: `trace` itself (possibly nullptr) unless the logger is at info or
 // below when the process starts, then a fan-out that also logs segment/GC/empty-cache events.

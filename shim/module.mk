@@ -9,7 +9,7 @@ SHIM_SO := $(BUILD)/libcudapool.so
 $(SHIM_OBJS): CXXFLAGS += -fvisibility=hidden -fvisibility-inlines-hidden -ftls-model=initial-exec
 $(SHIM_SO): $(SHIM_OBJS) $(ALLOCATOR_LIB) $(CONFIG_LIB) $(TELEMETRY_LIB) shim/exports.map
 	@mkdir -p $(@D)
-	$(CXX) -shared $(CXXFLAGS) -o $@ $(SHIM_OBJS) \
+	$(call say,LINK,$@)$(CXX) -shared $(CXXFLAGS) -o $@ $(SHIM_OBJS) \
 	  -Wl,--start-group $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB) -Wl,--end-group \
 	  -Wl,--version-script=shim/exports.map -Wl,--exclude-libs,ALL -Wl,-z,now -Wl,-z,defs \
 	  -static-libstdc++ -static-libgcc $(LDFLAGS) -ldl

@@ -118,10 +118,11 @@ Runtime* Runtime::start() noexcept {
   if (const char* pt = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); native && pt != nullptr && *pt != '\0') {
     const char* own = std::getenv("CUDAPOOL_CONF");
     log_warn("PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
-             "cudapool's policy comes from CUDAPOOL_CONF{}",
+             "cudapool reads only CUDAPOOL_CONF{}: to carry the keys over, set CUDAPOOL_CONF=\"{}\" "
+             "(`cudapool check --conf '{}'` shows what cudapool accepts)",
              pt, std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
                                                                         : "which sits in front of it",
-             own != nullptr && *own != '\0' ? "" : " (unset: the defaults; most keys are spelled the same there)");
+             own != nullptr && *own != '\0' ? "" : " (unset here: the defaults)", pt, pt);
   }
   auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit
   rt->start_unix_ns_ = now_ns(CLOCK_REALTIME);

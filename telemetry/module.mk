@@ -3,4 +3,4 @@ TELEMETRY_SRCS := $(wildcard telemetry/*.cpp)
 TELEMETRY_LIB := $(BUILD)/libcudapool_telemetry.a
 $(TELEMETRY_LIB): $(TELEMETRY_SRCS:%.cpp=$(BUILD)/%.o)
 	@mkdir -p $(@D)
-	ar rcs $@ $^
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^

@@ -61,6 +61,8 @@ constexpr Scalar kScalars[] = {
     {"num_sync_all_streams", &Stats::num_sync_all_streams},
     {"num_device_alloc", &Stats::num_device_alloc},
     {"num_device_free", &Stats::num_device_free},
+    {"num_device_map", &Stats::num_device_map},
+    {"num_device_unmap", &Stats::num_device_unmap},
     {"max_split_size", &Stats::max_split_size},
     {"cache_hits", &Stats::cache_hits},
     {"cache_misses", &Stats::cache_misses},

@@ -1,10 +1,14 @@
+// CLI11 first: it comes precompiled (tools/module.mk), which only works before any other code.
+#include <CLI/CLI.hpp>
+
 #include "tools/cli_io.h"
 
-#include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 
+#include "config/policy.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
@@ -15,6 +19,27 @@ bool write_text_file(const std::string& path, const std::string& text, const cha
   f.close();
   if (!f) std::fprintf(stderr, "%s: cannot write %s\n", who, path.c_str());
   return static_cast<bool>(f);
+}
+
+Progress::Progress(const char* who, std::size_t total, const char* unit)
+    : who_(who), unit_(unit), total_(total), on_(total > 0 && ::isatty(2) == 1) {}
+
+void Progress::step() {
+  ++n_;
+  if (on_) std::fprintf(stderr, "\r%s: %zu/%zu %s", who_, n_, total_, unit_);
+}
+
+void Progress::done() {
+  if (on_ && n_ > 0) std::fprintf(stderr, "\r\033[K");
+  on_ = false;
+}
+
+bool output_option_ok(const std::string& path, const char* flag, const char* who) {
+  if (path.empty() || path == "-") return true;
+  std::string e = check_output_file(path, flag, "");
+  if (e.empty()) return true;
+  std::fprintf(stderr, "%s: %s\n", who, e.c_str());
+  return false;
 }
 
 bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who) {

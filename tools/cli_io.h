@@ -16,6 +16,27 @@ namespace cudapool::tools {
 // Writes `text` to `path`; false (after printing "<who>: cannot write PATH") on failure.
 bool write_text_file(const std::string& path, const std::string& text, const char* who);
 
+// An output file given by `flag` ("--json", "-o"), checked before any work: "" and "-" (stdout)
+// pass; else false, after printing "<who>: FLAG 'PATH': what is wrong; how to fix it", when it
+// could not be written (its directory is missing or read-only, it is a directory).
+bool output_option_ok(const std::string& path, const char* flag, const char* who);
+
+// "what: 12/60 replays" on stderr, rewritten in place, only when stderr is a terminal (a log or
+// a pipe gets nothing). total 0: no progress shown.
+class Progress {
+ public:
+  Progress(const char* who, std::size_t total, const char* unit);
+  ~Progress() { done(); }
+  void step();
+  void done();  // clears the line
+
+ private:
+  const char* who_;
+  const char* unit_;
+  std::size_t total_, n_ = 0;
+  bool on_ = false;
+};
+
 // --device-memory: "" leaves *out unset; else a positive size ("80GiB"). false (after printing
 // why) when it is not one.
 bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who);

@@ -61,6 +61,8 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
     std::fprintf(stderr, "cudapool ab: --baseline takes only 'passthrough'\n");
     return kExitUsage;
   }
+  if (!output_option_ok(o.json, "--json", "cudapool ab") || !output_option_ok(o.markdown, "--markdown", "cudapool ab"))
+    return kExitNoInput;
   std::vector<std::string> searched;
   auto library = o.no_preload ? std::optional<std::string>("") : find_library(&searched);
   if (!library) {
@@ -76,6 +78,7 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
   for (const auto& v : variants) {
     LaunchSettings s = o.launch;
     s.conf = v.conf;
+    s.conf_flag = v.label == "A" ? "--a" : v.label == "B" ? "--b" : "--baseline";
     if (std::string err = validate_launch_policy(s, command); !err.empty()) {
       std::fprintf(stderr, "cudapool ab: policy %s (%s) is invalid: %s\n", v.label.c_str(), v.conf.c_str(),
                    err.c_str());
@@ -124,11 +127,15 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
   }
 
   std::size_t a = variants.size() - 2, b = variants.size() - 1;
-  std::printf("A: %s\nB: %s\n", o.a.empty() ? "(defaults)" : o.a.c_str(), o.b.empty() ? "(defaults)" : o.b.c_str());
   Table table = ab_table(variants, a, b);
-  std::printf("%s", table.to_text().c_str());
   bool wrote = true;
-  if (!o.json.empty()) wrote &= write_text_file(o.json, ab_json(command, variants, a, b), "cudapool ab");
+  if (o.json == "-") {  // the JSON alone on stdout, for scripts
+    std::fputs(ab_json(command, variants, a, b).c_str(), stdout);
+  } else {
+    std::printf("A: %s\nB: %s\n", o.a.empty() ? "(defaults)" : o.a.c_str(), o.b.empty() ? "(defaults)" : o.b.c_str());
+    std::printf("%s", table.to_text().c_str());
+  }
+  if (!o.json.empty() && o.json != "-") wrote &= write_text_file(o.json, ab_json(command, variants, a, b), "cudapool ab");
   if (!o.markdown.empty()) wrote &= write_text_file(o.markdown, table.to_markdown(), "cudapool ab");
   int failed = 0;
   for (const auto& v : variants) failed += v.failed;
@@ -145,7 +152,7 @@ void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status) {
   sub->add_option("--b", o->b, "policy B")->required();
   sub->add_option("-n", o->n, "runs per policy")->check(CLI::Range(1, 1000));
   sub->add_option("--baseline", o->baseline, "also run with the pool off: 'passthrough'");
-  sub->add_option("--json", o->json, "write the comparison as JSON");
+  sub->add_option("--json", o->json, "write the comparison as JSON here ('-': print only the JSON)");
   sub->add_option("--markdown", o->markdown, "write the table as Markdown");
   sub->add_flag("--no-preload", o->no_preload,
                  "do not preload libcudapool.so (CMD loads it itself, or is `cudapool replay`)");

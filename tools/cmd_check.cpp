@@ -1,31 +1,87 @@
-// `cudapool check [--conf S] [--config F] [--profile P]`: validate a policy the way the library
-// will see it and print the effective value and origin of every key.
+// `cudapool check [--conf S] [--config F] [--profile P] [--json F] [-- CMD ARGS…]`: validate a
+// policy the way the library will see it and print the effective value and origin of every key;
+// with a command, which TOML profile that command line gets.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 
+#include "config/keys.h"
 #include "config/policy.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
+#include "tools/json_text.h"
 #include "tools/launch.h"
 
 namespace cudapool::tools {
 
 namespace {
 
-int check_main(const LaunchSettings& s) {
+struct CheckOptions {
+  LaunchSettings launch;
+  std::string json;
+};
+
+std::string check_json(const Policy& p, const std::string& command, bool has_command) {
+  std::string o = "{\n  \"valid\": true,\n  \"keys\": {";
+  bool first = true;
+  auto key = [&](std::string_view name, const std::string& value) {
+    auto it = p.origin.find(std::string(name));
+    o += std::string(first ? "\n" : ",\n") + "    " + json_string(name) + ": {\"value\": " + json_string(value) +
+         ", \"origin\": " + json_string(it == p.origin.end() ? "default" : it->second) + "}";
+    first = false;
+  };
+  for (const config::KeySpec& k : config::keys())
+    if (k.format != nullptr) key(k.name, k.format(p));
+  key("on_error", p.on_error == OnError::passthrough ? "passthrough" : "stop");
+  o += "\n  },\n  \"warnings\": [";
+  for (std::size_t i = 0; i < p.warnings.size(); ++i) o += (i ? ", " : "") + json_string(p.warnings[i]);
+  o += "],\n  \"command\": " + (has_command ? json_string(command) : std::string("null"));
+  o += ",\n  \"profile\": " + (p.profile.empty() ? std::string("null") : json_string(p.profile));
+  o += ",\n  \"profile_reason\": " + (p.profile.empty() ? std::string("null") : json_string(p.profile_reason));
+  o += ",\n  \"conf\": " + json_string(to_conf_string(p)) + "\n}\n";
+  return o;
+}
+
+int check_main(const CheckOptions& o, const CommandTail& tail) {
+  const LaunchSettings& s = o.launch;
+  if (!output_option_ok(o.json, "--json", "cudapool check")) return kExitNoInput;
   // The environment is the base, as it would be for a program started from this shell; the
-  // command-line flags override it.
+  // command-line flags override it, and messages name the flag where one was given.
   PolicySources sources = sources_from_environment();
-  if (!s.conf.empty()) sources.conf = s.conf;
-  if (!s.config.empty()) sources.config_path = s.config;
-  if (!s.profile.empty()) sources.profile = s.profile;
+  if (!s.conf.empty()) {
+    sources.conf = s.conf;
+    sources.conf_name = "--conf";
+  }
+  if (!s.config.empty()) {
+    sources.config_path = s.config;
+    sources.config_name = "--config";
+  }
+  if (!s.profile.empty()) {
+    sources.profile = s.profile;
+    sources.profile_name = "--profile";
+  }
+  // Profiles chosen by `match` globs are matched against the program's command line: the one
+  // after "--", never this command's own.
+  std::string command;
+  for (const auto& w : tail.words) command += (command.empty() ? "" : " ") + w;
+  sources.command_line = command;
   PolicyResult r = load_policy(sources);
   if (!r.policy) {
     std::fprintf(stderr, "cudapool check: invalid policy: %s\n", r.error.c_str());
     return kPolicyErrorExitStatus;
   }
-  std::printf("%s", describe(*r.policy).c_str());
-  if (const Policy& p = *r.policy; !p.group.empty()) {
+  const Policy& p = *r.policy;
+  for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (!o.json.empty()) {
+    const std::string text = check_json(p, command, tail.present);
+    if (o.json == "-") {
+      std::fputs(text.c_str(), stdout);
+      return 0;
+    }
+    if (!write_text_file(o.json, text, "cudapool check")) return kExitNoInput;
+  }
+  std::printf("%s", describe(p).c_str());
+  if (!p.group.empty()) {
     std::string budget;
     if (p.group_budget != 0) budget = std::to_string(p.group_budget / MiB) + " MiB";
     if (p.group_budget_fraction > 0.0) {
@@ -37,18 +93,36 @@ int check_main(const LaunchSettings& s) {
                 "an allocation over it waits up to %d ms for the others' idle cache\n",
                 p.group.c_str(), budget.c_str(), p.group_release_wait_ms);
   }
-  for (const auto& w : r.policy->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  std::printf("CUDAPOOL_CONF=%s\n", to_conf_string(*r.policy).c_str());
+  if (tail.present) {
+    if (!p.profile.empty())
+      std::printf("profile: %s (chosen by %s; command line '%s')\n", p.profile.c_str(), p.profile_reason.c_str(),
+                  command.c_str());
+    else if (sources.config_path.empty())
+      std::printf("profile: none (no policy file: set CUDAPOOL_CONFIG or give --config)\n");
+    else
+      std::printf("profile: none (no match glob in %s matches '%s'; [policy] alone applies)\n",
+                  sources.config_path.c_str(), command.c_str());
+  } else if (!p.profile.empty()) {
+    std::printf("profile: %s (chosen by %s)\n", p.profile.c_str(), p.profile_reason.c_str());
+  } else if (!sources.config_path.empty()) {
+    std::printf("profile: none chosen; profiles picked by match globs depend on the program: preview with "
+                "`cudapool check -- CMD ARGS...`\n");
+  }
+  std::printf("CUDAPOOL_CONF=%s\n", to_conf_string(p).c_str());
   return 0;
 }
 
 }  // namespace
 
-void add_check_command(CLI::App& root, int* exit_status) {
-  auto s = std::make_shared<LaunchSettings>();
+void add_check_command(CLI::App& root, const CommandTail& tail, int* exit_status) {
+  auto o = std::make_shared<CheckOptions>();
   CLI::App* sub = root.add_subcommand("check", "validate a policy and print each key's value and origin");
-  add_launch_options(sub, s.get(), true);
-  sub->callback([s, exit_status] { *exit_status = check_main(*s); });
+  add_launch_options(sub, &o->launch, true);
+  sub->add_option("--json", o->json, "also write the keys, origins, warnings and profile as JSON here ('-': "
+                                     "print only the JSON)");
+  sub->footer("With -- CMD ARGS...: which [profiles.NAME] that command line gets (match globs).\n"
+              "Example: cudapool check --config job.toml -- python train.py --epochs 3");
+  sub->callback([o, &tail, exit_status] { *exit_status = check_main(*o, tail); });
 }
 
 }  // namespace cudapool::tools

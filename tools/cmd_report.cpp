@@ -8,6 +8,8 @@
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/fidelity.h"
+#include "tools/json_text.h"
+#include "tools/metrics.h"
 #include "tools/snapshot.h"
 #include <optional>
 #include "tools/policies.h"
@@ -19,13 +21,33 @@ namespace cudapool::tools {
 namespace {
 
 struct ReportOptions {
-  std::string trace, html, perfetto, conf, snapshot;
+  std::string trace, html, perfetto, conf, snapshot, json;
   std::optional<double> at_s;
   bool replay = false;
   FreeReplayOptions frees;  // how a replay (--conf, --replay, --snapshot) plays the frees
 };
 
+std::string report_json(const TraceReport& r, const std::string& trace, const std::string& note) {
+  const double unused =
+      r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
+  auto n = [](double v) { return json_number(v); };
+  std::string o = "{\n  \"trace\": " + json_string(trace) + ",\n  \"source\": " + json_string(note.empty() ? "the trace" : note);
+  o += ",\n  \"device\": " + std::to_string(r.device) + ",\n  \"duration_s\": " + n(r.duration_ns * 1e-9);
+  o += ",\n  \"allocations\": " + std::to_string(r.allocations) + ",\n  \"frees\": " + std::to_string(r.frees);
+  o += ",\n  \"peak_allocated_bytes\": " + std::to_string(r.peak_allocated);
+  o += ",\n  \"peak_reserved_bytes\": " + std::to_string(r.peak_reserved);
+  o += ",\n  \"fragmentation\": " + n(fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved)));
+  o += ",\n  \"unused_at_peak\": " + n(unused) + ",\n  \"segments_at_peak\": " + std::to_string(r.segments_at_peak.size());
+  o += ",\n  \"upstream_calls\": " + std::to_string(r.segment_allocs + r.segment_frees);
+  o += ",\n  \"ooms\": " + std::to_string(r.ooms) + ",\n  \"failed_allocations\": " + std::to_string(r.failed_allocations);
+  o += ",\n  \"gc_passes\": " + std::to_string(r.gc_passes) + "\n}\n";
+  return o;
+}
+
 int report_main(const ReportOptions& o) {
+  for (const auto& [path, flag] : {std::pair<const std::string*, const char*>{&o.html, "-o"}, {&o.perfetto, "--perfetto"},
+                                   {&o.snapshot, "--snapshot"}, {&o.json, "--json"}})
+    if (!output_option_ok(*path, flag, "cudapool report")) return kExitNoInput;
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool report"); rc != 0) return rc;
   const TraceFacts& f = loaded.prepared.facts;
@@ -86,8 +108,14 @@ int report_main(const ReportOptions& o) {
     ctx.device_memory = f.device_memory.value_or(0);
   }
   TraceReport rep = analyze_rows(*rows, f.device);
-  std::printf("%s", render_text_summary(rep, ctx).c_str());
+  if (o.json == "-") {  // the JSON alone on stdout
+    std::fputs(report_json(rep, o.trace, ctx.source_note).c_str(), stdout);
+  } else {
+    std::printf("%s", render_text_summary(rep, ctx).c_str());
+  }
   bool ok = true;
+  if (!o.json.empty() && o.json != "-")
+    ok &= write_text_file(o.json, report_json(rep, o.trace, ctx.source_note), "cudapool report");
   if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report"))) std::printf("wrote %s\n", o.html.c_str());
   if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());
@@ -106,6 +134,7 @@ void add_report_command(CLI::App& root, int* exit_status) {
   sub->add_flag("--replay", o->replay, "report a replay under the defaults instead of the recorded pool");
   sub->add_option("--snapshot", o->snapshot,
                   "write a PyTorch memory snapshot (pickle) of a replay under the trace's policy (or --conf)");
+  sub->add_option("--json", o->json, "also write the summary's figures as JSON here ('-': print only the JSON)");
   sub->add_option("--at", o->at_s, "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");
   o->frees.add_to(sub);
   sub->callback([o, exit_status] { *exit_status = report_main(*o); });

@@ -9,6 +9,8 @@
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/fidelity.h"
+#include "tools/json_text.h"
+#include "tools/metrics.h"
 #include "tools/policies.h"
 #include "tools/table.h"
 #include "tools/trace_input.h"
@@ -27,9 +29,16 @@ struct TuneCliOptions {
   std::string device_memory;
   FreeReplayOptions frees;
   int top = 15;
+  std::string json;
 };
 
 int tune_main(const TuneCliOptions& o) {
+  if (!output_option_ok(o.json, "--json", "cudapool tune")) return kExitNoInput;
+  // With --json - the JSON is all of stdout: the text goes nowhere.
+  const bool text = o.json != "-";
+  auto say = [text](const std::string& line) {
+    if (text) std::printf("%s\n", line.c_str());
+  };
   TuneConfig cfg;
   cfg.budget = o.budget;
   cfg.call_bound = o.bound;
@@ -49,7 +58,7 @@ int tune_main(const TuneCliOptions& o) {
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune"); rc != 0) return rc;
   const TraceFacts& facts = loaded.prepared.facts;
-  print_trace_facts(o.trace, loaded);
+  if (text) print_trace_facts(o.trace, loaded);
   const BasePolicy base = choose_base_policy(facts, o.conf);
   {
     Policy p;
@@ -61,15 +70,19 @@ int tune_main(const TuneCliOptions& o) {
     }
   }
   cfg.base = base.conf;
-  std::printf("base policy: %s (%s)\n", base.conf.empty() ? "the defaults" : base.conf.c_str(), base.origin.c_str());
-  std::printf("%s\n", describe_frees(facts, o.frees.mode()).c_str());
+  say("base policy: " + (base.conf.empty() ? std::string("the defaults") : base.conf) + " (" + base.origin + ")");
+  say(describe_frees(facts, o.frees.mode()));
   const FreeMode mode = o.frees.mode();
   const bool sync_frees = mode == FreeMode::sync || (mode == FreeMode::recorded && facts.sync_frees > 0);
-  if (!sync_frees) std::printf("free_sync not searched: no free replays as cudaFree, so it changes nothing\n");
+  if (!sync_frees) say("free_sync not searched: no free replays as cudaFree, so it changes nothing");
 
   TuneResult result;
   std::string error;
-  if (!tune(loaded.prepared, default_search_space(facts, sync_frees), cfg, &result, &error)) {
+  Progress progress("cudapool tune", static_cast<std::size_t>(o.budget), "replays (at most)");
+  cfg.on_replay = [&progress] { progress.step(); };
+  const bool tuned = tune(loaded.prepared, default_search_space(facts, sync_frees), cfg, &result, &error);
+  progress.done();
+  if (!tuned) {
     std::fprintf(stderr, "cudapool tune: %s\n", error.c_str());
     return kPolicyErrorExitStatus;
   }
@@ -81,10 +94,9 @@ int tune_main(const TuneCliOptions& o) {
       ReplayConfig rc = cfg.replay;
       std::string err;
       if (pool_options_from_conf(under.conf, &rc.pool, &err))
-        std::printf("%s\n", check_fidelity(facts, under, replay_trace(loaded.prepared, rc), mode,
-                                           o.frees.fence_latency_us).line.c_str());
+        say(check_fidelity(facts, under, replay_trace(loaded.prepared, rc), mode, o.frees.fence_latency_us).line);
     } else {
-      std::printf("%s\n", check_fidelity(facts, under, def.result, mode, o.frees.fence_latency_us).line.c_str());
+      say(check_fidelity(facts, under, def.result, mode, o.frees.fence_latency_us).line);
     }
   }
   double def_peak = static_cast<double>(def.result.stats.reserved_bytes[kAll].peak);
@@ -97,24 +109,34 @@ int tune_main(const TuneCliOptions& o) {
     double alloc = static_cast<double>(s.allocated_bytes[kAll].peak);
     char vs[32], frag[32];
     std::snprintf(vs, sizeof vs, "%+.1f %%", def_peak > 0 ? (peak / def_peak - 1.0) * 100.0 : 0.0);
-    std::snprintf(frag, sizeof frag, "%.1f %%", peak > 0 ? (1.0 - alloc / peak) * 100.0 : 0.0);
+    std::snprintf(frag, sizeof frag, "%.1f %%", fragmentation(alloc, peak) * 100.0);
     t.add({std::to_string(i + 1), c.changes.empty() ? "(base)" : c.changes, format_bytes(peak), vs,
-           std::to_string(c.result.upstream_calls), frag, std::to_string(s.num_ooms),
+           std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms),
            c.feasible ? "yes" : "no"});
   }
-  std::printf("%zu policies replayed (frees %s, fence latency %g us); bound: upstream calls + fence waits <= "
+  if (text) std::printf("%zu policies replayed (frees %s, fence latency %g us); bound: upstream calls + fence waits <= "
               "%.1f x the base's (%.0f), OOMs <= the base's\n",
               result.ranked.size(),
               mode == FreeMode::recorded ? "as recorded" : (std::string("as ") + o.frees.free_call()).c_str(),
               o.frees.fence_latency_us, o.bound, result.call_limit);
-  std::printf("%s", t.to_text().c_str());
-  for (const auto& line : explain_pick(result)) std::printf("%s\n", line.c_str());
+  if (text) std::printf("%s", t.to_text().c_str());
+  const std::vector<std::string> why = explain_pick(result);
+  for (const auto& line : why) say(line);
   const Candidate& best = result.ranked.front();
   if (best.changes.empty())
-    std::printf("recommended: the base policy%s (no searched policy lowers peak reserved within the bound)\n",
-                best.conf.empty() ? " (the defaults)" : (": CUDAPOOL_CONF=\"" + best.conf + "\"").c_str());
+    say(std::string("recommended: the base policy") +
+        (best.conf.empty() ? " (the defaults)" : ": CUDAPOOL_CONF=\"" + best.conf + "\"") +
+        " (no searched policy lowers peak reserved within the bound)");
   else
-    std::printf("recommended: CUDAPOOL_CONF=\"%s\"\n", best.conf.c_str());
+    say("recommended: CUDAPOOL_CONF=\"" + best.conf + "\"");
+  if (!o.json.empty()) {
+    std::string j = "{\n  \"base\": " + json_string(base.conf) + ",\n  \"recommended\": " + json_string(best.conf) +
+                    ",\n  \"changes\": " + json_string(best.changes) + ",\n  \"why\": [";
+    for (std::size_t i = 0; i < why.size(); ++i) j += (i ? ", " : "") + json_string(why[i]);
+    j += "],\n  \"table\": " + t.to_json() + "}\n";
+    if (o.json == "-") std::fputs(j.c_str(), stdout);
+    else if (!write_text_file(o.json, j, "cudapool tune")) return kExitNoInput;
+  }
   return 0;
 }
 
@@ -133,6 +155,7 @@ void add_tune_command(CLI::App& root, int* exit_status) {
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   o->frees.add_to(sub);
   sub->add_option("--top", o->top, "rows of the ranked table")->check(CLI::Range(1, 100000));
+  sub->add_option("--json", o->json, "also write the pick, the why and the table as JSON here ('-': print only the JSON)");
   sub->callback([o, exit_status] { *exit_status = tune_main(*o); });
 }
 

@@ -14,7 +14,7 @@ struct LaunchSettings;
 // --config and --profile (and --conf when with_conf) bound to *settings; shared by run, ab, check.
 void add_launch_options(CLI::App* sub, LaunchSettings* settings, bool with_conf);
 
-// The words after the first "--" of `run` and `ab`, split off before CLI11 parses the rest so that
+// The words after the first "--" of `run`, `ab` and `check`, split off before CLI11 parses the rest so that
 // the child's own options ("-n", "--conf") never reach our parser.
 struct CommandTail {
   std::vector<std::string> words;
@@ -26,7 +26,7 @@ void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status);
 void add_replay_command(CLI::App& root, int* exit_status);
 void add_tune_command(CLI::App& root, int* exit_status);
 void add_report_command(CLI::App& root, int* exit_status);
-void add_check_command(CLI::App& root, int* exit_status);
+void add_check_command(CLI::App& root, const CommandTail& tail, int* exit_status);
 void add_top_command(CLI::App& root, int* exit_status);
 
 // Exit statuses shared by the subcommands (the child's own status passes through `run`).

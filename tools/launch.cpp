@@ -96,10 +96,28 @@ EnvChanges launch_environment(const std::string& library, const LaunchSettings& 
 }
 
 std::string validate_launch_policy(const LaunchSettings& s, const std::vector<std::string>& command) {
+  // As the program will load it, but naming the flags where the user gave them.
   PolicySources sources = sources_from_environment();
-  sources.conf = launch_conf(s);
-  if (!s.config.empty()) sources.config_path = s.config;
-  if (!s.profile.empty()) sources.profile = s.profile;
+  if (!s.conf.empty()) {
+    sources.conf = s.conf;
+    sources.conf_name = s.conf_flag;
+  }
+  if (!s.config.empty()) {
+    sources.config_path = s.config;
+    sources.config_name = "--config";
+  }
+  if (!s.profile.empty()) {
+    sources.profile = s.profile;
+    sources.profile_name = "--profile";
+  }
+  if (!s.trace.empty()) {
+    sources.trace_file = s.trace;
+    sources.trace_name = "--trace";
+  }
+  if (!s.stats.empty()) {
+    sources.stats_file = s.stats;
+    sources.stats_name = "--stats";
+  }
   sources.command_line.clear();
   for (const auto& a : command) sources.command_line += (sources.command_line.empty() ? "" : " ") + a;
   PolicyResult r = load_policy(sources);

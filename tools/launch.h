@@ -17,6 +17,7 @@ struct LaunchSettings {
   std::string profile;  // CUDAPOOL_PROFILE
   std::string trace;    // appended to the conf as trace_file:PATH
   std::string stats;    // appended to the conf as stats_file:PATH
+  std::string conf_flag = "--conf";  // how messages name `conf` when it is set
 };
 
 // The CUDAPOOL_CONF the program gets: `conf` (or the caller's) plus the output-file keys.

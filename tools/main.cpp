@@ -9,10 +9,11 @@
 using namespace cudapool::tools;
 
 int main(int argc, char** argv) {
-  // Split "CMD…" off `run`/`ab` at the first "--" (see CommandTail).
+  // Split "CMD…" off `run`, `ab` and `check` at the first "--" (see CommandTail).
   CommandTail tail;
   int parsed_argc = argc;
-  if (argc > 1 && (std::strcmp(argv[1], "run") == 0 || std::strcmp(argv[1], "ab") == 0)) {
+  if (argc > 1 && (std::strcmp(argv[1], "run") == 0 || std::strcmp(argv[1], "ab") == 0 ||
+                   std::strcmp(argv[1], "check") == 0)) {
     for (int i = 2; i < argc; ++i) {
       if (std::strcmp(argv[i], "--") == 0) {
         tail.present = true;
@@ -24,7 +25,8 @@ int main(int argc, char** argv) {
   }
 
   CLI::App app{"cudapool: run CUDA programs on a caching pool, compare policies, replay and tune on traces"};
-  app.set_version_flag("-V,--version", std::string("cudapool ") + cudapool::kVersion);
+  const std::string version = std::string("cudapool ") + cudapool::kVersion;
+  app.set_version_flag("-V,--version", version);
   app.require_subcommand(1);
   // Defaults in every command's --help; an error is one line and a pointer to --help.
   app.option_defaults()->always_capture_default();
@@ -35,8 +37,10 @@ int main(int argc, char** argv) {
   add_replay_command(app, &exit_status);
   add_tune_command(app, &exit_status);
   add_report_command(app, &exit_status);
-  add_check_command(app, &exit_status);
+  add_check_command(app, tail, &exit_status);
   add_top_command(app, &exit_status);
+  // `cudapool replay --version` answers as `cudapool --version` does.
+  for (CLI::App* sub : app.get_subcommands({})) sub->set_version_flag("-V,--version", version);
   try {
     app.parse(parsed_argc, argv);
   } catch (const CLI::ParseError& e) {

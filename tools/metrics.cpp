@@ -20,6 +20,14 @@ const std::vector<MetricDef>& metric_defs() {
   return defs;
 }
 
+double fragmentation(double peak_allocated, double peak_reserved) {
+  return peak_reserved > 0 ? 1.0 - peak_allocated / peak_reserved : 0.0;
+}
+
+std::int64_t upstream_calls(const Stats& s) {
+  return s.num_device_alloc + s.num_device_free + s.num_device_map + s.num_device_unmap;
+}
+
 Metrics metrics_from_stats(const Stats& s, std::optional<double> wall_seconds) {
   double reserved = static_cast<double>(s.reserved_bytes[kAll].peak);
   double allocated = static_cast<double>(s.allocated_bytes[kAll].peak);
@@ -29,8 +37,8 @@ Metrics metrics_from_stats(const Stats& s, std::optional<double> wall_seconds) {
       wall_seconds,
       reserved,
       allocated,
-      reserved > 0 ? 1.0 - allocated / reserved : 0.0,
-      static_cast<double>(s.num_device_alloc + s.num_device_free),
+      fragmentation(allocated, reserved),
+      static_cast<double>(upstream_calls(s)),
       static_cast<double>(s.upstream_ns) * 1e-9,
       lookups > 0 ? std::optional<double>(static_cast<double>(s.cache_hits) / lookups) : std::nullopt,
       static_cast<double>(s.num_ooms),

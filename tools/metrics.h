@@ -1,6 +1,7 @@
 // The figures ab, replay and tune compare, derived from the pool's Stats in one place so every
 // table means the same thing by the same word.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,9 +27,13 @@ struct Metrics {
   std::vector<std::optional<double>> values;
 };
 
-// fragmentation = 1 - peak allocated / peak reserved (0 when nothing was reserved);
-// upstream calls = segment allocations + releases; hit rate = hits / (hits + misses), unset
-// when the pool served nothing.
+// The one definition of each metric every command prints (docs/tools.md, "Metrics"):
+// fragmentation = 1 - peak allocated / peak reserved, both peaks over the whole run (0 when
+// nothing was reserved); upstream calls = the pool's calls to the device for memory: segment
+// allocations and releases, and with expandable segments every map and unmap (a move is both);
+// hit rate = hits / (hits + misses), unset when the pool served nothing.
+double fragmentation(double peak_allocated, double peak_reserved);
+std::int64_t upstream_calls(const Stats& stats);
 Metrics metrics_from_stats(const Stats& stats, std::optional<double> wall_seconds);
 
 std::string format_metric(MetricUnit unit, double value);

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "tools/render.h"
+
+#include "tools/metrics.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
@@ -170,9 +172,11 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
                   esc(c.title) + "</title>\n<style>" + kStyle + "</style></head><body>\n";
   h += "<h1>cudapool report: " + esc(c.title) + "</h1>\n";
   if (!c.source_note.empty()) h += "<p class=\"note\">" + esc(c.source_note) + "</p>\n";
-  double frag = r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
-  char fr[32];
+  const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
+  const double unused = r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
+  char fr[32], un[32];
   std::snprintf(fr, sizeof fr, "%.1f %%", frag * 100);
+  std::snprintf(un, sizeof un, "%.1f %%", unused * 100);
   h += "<table id=\"summary\">\n";
   auto row = [&](const std::string& k, const std::string& v) {
     h += "<tr><td>" + esc(k) + "</td><td>" + esc(v) + "</td></tr>\n";
@@ -184,8 +188,10 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   row("peak allocated", fbytes(r.peak_allocated));
   row("peak reserved", fbytes(r.peak_reserved));
   row("segments at the peak", std::to_string(r.segments_at_peak.size()));
-  row("fragmentation at the peak", fr);
-  row("upstream segment allocs / frees", std::to_string(r.segment_allocs) + " / " + std::to_string(r.segment_frees));
+  row("fragmentation", fr);
+  row("unused at the peak", un);
+  row("upstream calls (allocs or maps / frees or unmaps)", std::to_string(r.segment_allocs + r.segment_frees) + " (" +
+      std::to_string(r.segment_allocs) + " / " + std::to_string(r.segment_frees) + ")");
   row("OOMs / failed allocations", std::to_string(r.ooms) + " / " + std::to_string(r.failed_allocations));
   h += "</table>\n";
   h += "<h2>Allocated vs reserved over time</h2>\n<div class=\"legend\"><span style=\"background:#2a6fdb\"></span>"
@@ -209,13 +215,18 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
                 format_seconds(r.duration_ns * 1e-9).c_str(), r.allocations, r.frees);
   s += buf;
   if (!c.source_note.empty()) s += "(" + c.source_note + ")\n";
-  double frag = r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
-  std::snprintf(buf, sizeof buf, "peak allocated %s, peak reserved %s; at the peak %zu segments, %.1f %% of reserved unused\n",
-                fbytes(r.peak_allocated).c_str(), fbytes(r.peak_reserved).c_str(), r.segments_at_peak.size(),
-                frag * 100);
+  // fragmentation and upstream calls as every command defines them (tools/metrics.h).
+  const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
+  const double unused = r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
+  std::snprintf(buf, sizeof buf, "peak allocated %s, peak reserved %s, fragmentation %.1f %%; at the peak %zu segments, "
+                "%.1f %% of reserved unused at that moment\n",
+                fbytes(r.peak_allocated).c_str(), fbytes(r.peak_reserved).c_str(), frag * 100, r.segments_at_peak.size(),
+                unused * 100);
   s += buf;
-  std::snprintf(buf, sizeof buf, "upstream: %zu segment allocs, %zu frees; %zu OOMs, %zu failed allocations, %zu GC passes\n",
-                r.segment_allocs, r.segment_frees, r.ooms, r.failed_allocations, r.gc_passes);
+  std::snprintf(buf, sizeof buf, "upstream calls %zu (%zu segment allocs or maps, %zu frees or unmaps); %zu OOMs, %zu failed "
+                "allocations, %zu GC passes\n",
+                r.segment_allocs + r.segment_frees, r.segment_allocs, r.segment_frees, r.ooms, r.failed_allocations,
+                r.gc_passes);
   s += buf;
   s += "largest sizes:";
   for (std::size_t i = 0; i < r.largest_sizes.size() && i < 5; ++i)

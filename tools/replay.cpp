@@ -1,5 +1,7 @@
 #include "tools/replay.h"
 
+#include "tools/metrics.h"
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -232,7 +234,10 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
       }
     }
     res.stats = pool.stats();
-    res.upstream_calls = upstream.calls();
+    // The pool's own count (tools/metrics.h), the same a run under the library reports; the
+    // simulated device's count of the calls it received must agree with it.
+    res.upstream_calls = static_cast<std::uint64_t>(upstream_calls(res.stats));
+    res.device_calls = upstream.calls();
     res.unit_ops = upstream.unit_ops();
     pool.set_event_sink(nullptr);  // the destructor's releases are not part of the program's run
   }

@@ -92,9 +92,10 @@ struct ReplayResult {
   std::size_t bad_frees = 0;              // the pool refused a free (should be 0)
   std::uint64_t fences = 0, fence_waits = 0;
   std::uint64_t unit_ops = 0;  // expandable: physical allocations created, moved, released
-  // Every call to the simulated device: segment allocate/release and expandable map/unmap
-  // (the pool's num_device_alloc/free count only the first two).
+  // "upstream calls" as tools/metrics.h defines it: segment allocate/release and expandable
+  // map/unmap (a move counts as both).
   std::uint64_t upstream_calls = 0;
+  std::uint64_t device_calls = 0;  // as the simulated device counted them (equal to the above)
   std::vector<TraceRow> rows;             // when collect_rows
   std::optional<Snapshot> snapshot;       // when snapshot_after_op
   std::size_t peak_op = 0;                // when track_peak

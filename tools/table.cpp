@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tools/json_text.h"
+
 namespace cudapool::tools {
 
 namespace {
@@ -64,6 +66,17 @@ std::string Table::to_markdown() const {
     out += "\n";
   }
   return out;
+}
+
+std::string Table::to_json() const {
+  auto list = [](const std::vector<std::string>& row, std::size_t n) {
+    std::string o = "[";
+    for (std::size_t i = 0; i < n; ++i) o += (i ? ", " : "") + json_string(cell(row, i));
+    return o + "]";
+  };
+  std::string o = "{\n  \"header\": " + list(header, header.size()) + ",\n  \"rows\": [";
+  for (std::size_t i = 0; i < rows.size(); ++i) o += std::string(i ? ",\n    " : "\n    ") + list(rows[i], header.size());
+  return o + "\n  ]\n}\n";
 }
 
 }  // namespace cudapool::tools

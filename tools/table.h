@@ -13,6 +13,8 @@ struct Table {
   // First column left-aligned, the others right-aligned (they hold numbers).
   std::string to_text() const;
   std::string to_markdown() const;
+  // {"header": [...], "rows": [[...], ...]}: the same cells as the text, for scripts.
+  std::string to_json() const;
 };
 
 }  // namespace cudapool::tools

@@ -137,6 +137,7 @@ bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const T
     c.conf = conf;
     c.changes = changes_of(base_entries, conf, &c.changed_keys);
     c.result = replay_trace(trace, rc);
+    if (config.on_replay) config.on_replay();
     if (seen.empty()) {  // the base comes first and sets the bound
       base_cost = costly(c);
       base_ooms = c.result.stats.num_ooms;

@@ -2,6 +2,7 @@
 // among policies whose upstream calls stay within `call_bound` × the base policy's and that have
 // no more OOMs than it. Ties go to fewer upstream calls, then to fewer changed keys.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct TuneConfig {
   std::string base;        // the policy the search starts from and is measured against
   int budget = 60;         // replays at most
   double call_bound = 1.5;
+  std::function<void()> on_replay;  // after each replay (progress), if set
 };
 
 // Coordinate descent from the base: try each value of each key with the others at the best so

@@ -8,7 +8,7 @@ import json
 import pickle
 
 __all__ = ["NotLoadedError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache", "snapshot"]
-__version__ = "0.1.0"
+__version__ = "0.7.0"
 
 _HINT = ("libcudapool.so is not preloaded in this process: start Python with "
          "LD_PRELOAD=/path/to/libcudapool.so (for example build/release/libcudapool.so), "

@@ -26,6 +26,6 @@ $(BUILD)/fuzz/telemetry_trace: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/tel
     telemetry/trace_reader.o telemetry/trace_format.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
 $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
-    telemetry/summary.o telemetry/json.o telemetry/logging.o)
+    telemetry/summary.o telemetry/json.o telemetry/logging.o telemetry/spdlog_fmt_impl.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary

@@ -116,7 +116,7 @@ def check_report(figures, text):
     for k, v in said.items():
         need(figures[k] == v, f"report says {v} for {k}, the snapshot has {figures[k]}")
     if m[1] == "the moment of peak reserved":
-        p = re.search(r"peak reserved ([0-9.]+) (\w+); at the peak (\d+) segments", text)
+        p = re.search(r"peak reserved ([0-9.]+) (\w+), fragmentation [0-9.]+ %; at the peak (\d+) segments", text)
         need(p, "the report output has no peak line")
         peak = float(p[1]) * UNITS[p[2]]
         need(abs(peak - figures["reserved"]) <= 0.006 * UNITS[p[2]],

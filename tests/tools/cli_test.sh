@@ -61,7 +61,7 @@ expect_rc 0 "--device-memory with a unit" -- "$cp" replay $traces/train.csv --de
 
 # ---- check -----------------------------------------------------------------------------------
 expect_rc 0 "check a valid policy" -- "$cp" check --conf "max_split_size_mb:128,garbage_collection_threshold:0.8"
-expect_out "max_split_size_mb += 128 +\(CUDAPOOL_CONF" "check shows value and origin"
+expect_out "max_split_size_mb += 128 +\(--conf col 1\)" "check shows value and origin (the flag it came from)"
 expect_rc 78 "check an invalid policy" -- "$cp" check --conf "garbage_collection_threshold:1.5"
 expect_out "garbage_collection_threshold" "check names the bad key"
 printf '[policy]\nmax_split_size_mb = 256\n[profiles.infer]\nroundup_power2_divisions = 4\n' > "$tmp/p.toml"
@@ -353,6 +353,67 @@ e = {x["id"]: x["ts"] for x in ev if x["ph"] == "e"}
 assert len(b) == 1306, len(b)  # the trace's allocations
 assert len(e) == len(b) and all(e[x["id"]] >= x["ts"] for x in b)
 PY
+
+# ---- habits: versions, JSON, output files, messages, profile preview -------------------------
+# One version: the Python module and its package say the same as config/version.h.
+grep -qx "__version__ = \"$version\"" python/cudapool/__init__.py && grep -qx "version = \"$version\"" python/pyproject.toml \
+  && ok || fail "python/ does not carry version $version"
+for sub in run ab replay tune report check; do
+  expect_rc 0 "$sub --version" -- "$cp" $sub --version
+  expect_out "^cudapool $version\$" "$sub --version prints the one version"
+done
+printf '[policy]\nmax_split_size_mb = 128\ntrace_file = "%s/a.csv"\n[log]\ntrace_file = "%s/b.csv"\n[profiles.train]\nmatch = ["*train.py*"]\ngarbage_collection_threshold = 0.8\n[profiles.serve]\nmatch = "*serve*"\nroundup_power2_divisions = 4\n' "$tmp" "$tmp" > "$tmp/m.toml"
+expect_rc 0 "check -- CMD previews the profile" -- "$cp" check --config "$tmp/m.toml" -- python train.py --epochs 3
+expect_out "^profile: train \(chosen by match glob '\*train.py\*'; command line 'python train.py --epochs 3'\)" "check names the profile and the glob"
+expect_out "garbage_collection_threshold += 0.8 +\(profile train" "the profile's keys apply"
+expect_rc 0 "check -- CMD with no matching profile" -- "$cp" check --config "$tmp/m.toml" -- ./eval
+expect_out "^profile: none \(no match glob" "check says no profile matches"
+expect_out "trace_file is set twice in $tmp/m.toml \(line 3 and line 5" "a TOML setting made twice warns with both lines"
+expect_rc 0 "check --json -" -- "$cp" check --config "$tmp/m.toml" --json - -- ./serve --port 1
+"$cp" check --config "$tmp/m.toml" --json - -- ./serve --port 1 >"$tmp/check.json" 2>/dev/null  # warnings go to stderr
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["profile"]=="serve", d; assert d["keys"]["roundup_power2_divisions"]["value"]=="4", d; assert d["command"]=="./serve --port 1"; assert "set twice" in d["warnings"][0]' "$tmp/check.json" && ok || { fail "check --json content"; cat "$tmp/check.json"; }
+expect_rc 78 "check: a profile without a file names the flag" -- "$cp" check --profile train
+expect_out "^cudapool check: invalid policy: --profile train is given but" "the message names --profile, not the variable"
+expect_rc 78 "check: a bad --conf is named as the flag" -- "$cp" check --conf "max_split_size_mb:abc"
+expect_out "--conf col 1" "the message names --conf"
+CUDAPOOL_CONF=max_split_size_mb:abc expect_rc 78 "check: a bad CUDAPOOL_CONF is named as the variable" -- "$cp" check
+expect_out "CUDAPOOL_CONF col 1" "the message names CUDAPOOL_CONF"
+expect_rc 78 "check refuses an unwritable stats_file" -- "$cp" check --conf "stats_file:/nonexistent/dir/s.json"
+expect_out "stats_file '/nonexistent/dir/s.json' \(--conf col 1\): directory '/nonexistent/dir' does not exist" "the output-file error says what and where"
+expect_rc 78 "run refuses an unwritable --stats before starting" -- "$cp" run --stats /nonexistent/dir/s.json -- sh -c 'echo STARTED'
+expect_out "\(--stats\): directory" "run names --stats"
+if grep -q STARTED "$tmp/out"; then fail "run started the program despite an unwritable --stats"; else ok; fi
+expect_rc 66 "replay --json to a missing directory" -- "$cp" replay $traces/train.csv --json /nonexistent/dir/r.json
+expect_out "^cudapool replay: --json '/nonexistent/dir/r.json': directory" "replay names --json"
+expect_rc 66 "report -o to a missing directory, before any work" -- "$cp" report $traces/train.csv -o /nonexistent/dir/r.html
+expect_rc 66 "ab --markdown to a missing directory" -- "$cp" ab --no-preload --a "" --b "" -n 1 --markdown /nonexistent/d/x.md -- true
+for c in "replay $traces/serve.csv --sweep roundup_power2_divisions=2,4" "tune $traces/serve.csv --budget 6" "report $traces/train.csv"; do
+  expect_rc 0 "$c --json -" -- "$cp" $c --json -
+  python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/out" 2>/dev/null && ok || { fail "$c --json - is not JSON alone"; head -5 "$tmp/out"; }
+done
+"$cp" tune $traces/serve.csv --budget 6 --json "$tmp/t.json" >"$tmp/out" 2>&1
+python3 - "$tmp/t.json" "$tmp/out" <<'PY' && ok || fail "tune --json: the recommendation the text prints"
+import json, sys
+d = json.load(open(sys.argv[1])); text = open(sys.argv[2]).read()
+assert ('recommended: CUDAPOOL_CONF="%s"' % d["recommended"]) in text or d["changes"] == "", (d["recommended"], text[-300:])
+assert d["table"]["header"][0] == "rank" and len(d["table"]["rows"]) >= 1 and d["why"]
+PY
+# Progress goes to a terminal only: none in this captured stderr.
+"$cp" tune $traces/serve.csv --budget 6 >/dev/null 2>"$tmp/err"
+if grep -q "replays (at most)" "$tmp/err"; then fail "tune printed progress to a non-terminal"; else ok; fi
+# One definition of fragmentation: report's figure is 1 - peak allocated / peak reserved.
+"$cp" report $traces/gpu_torch.csv --json "$tmp/r.json" >"$tmp/out" 2>&1
+python3 - "$tmp/r.json" "$tmp/out" <<'PY' && ok || fail "report: fragmentation as defined"
+import json, sys
+d = json.load(open(sys.argv[1])); text = open(sys.argv[2]).read()
+f = 1 - d["peak_allocated_bytes"] / d["peak_reserved_bytes"]
+assert abs(d["fragmentation"] - f) < 1e-9, (d["fragmentation"], f)
+assert ("fragmentation %.1f %%" % (f * 100)) in text, text
+PY
+# ... and replay's and tune's base column agree on the same replay.
+rf=$("$cp" replay $traces/serve.csv --quiet | sed -n 's/^fragmentation *\([0-9.]* %\).*/\1/p')
+tf=$("$cp" tune $traces/serve.csv --budget 3 | awk '/\(base\)/ {for (i=1;i<=NF;i++) if ($i=="%" && ++n==2) print $(i-1) " %"}')
+[ -n "$rf" ] && [ "$rf" = "$tf" ] && ok || fail "replay ($rf) and tune ($tf) disagree on the base's fragmentation"
 
 echo "cli tests: $passes passed, $fails failed"
 if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi

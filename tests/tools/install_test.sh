@@ -9,6 +9,7 @@ trap 'rm -rf "$tmp"' EXIT
 unset MAKEFLAGS MFLAGS MAKELEVEL
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+mkdir -p "$tmp/opt/cudapool/bin" && echo keep >"$tmp/opt/cudapool/bin/someone-elses-tool"
 make -s --no-print-directory install SAN="$san" DESTDIR="$tmp" PREFIX=/opt/cudapool >"$tmp/log" 2>&1 ||
   { cat "$tmp/log"; echo "FAIL: make install"; exit 1; }
 root=$tmp/opt/cudapool
@@ -25,7 +26,11 @@ out=$("$root/bin/cudapool" --version 2>&1) || fail "installed cudapool --version
 [ "$out" = "cudapool $version" ] || fail "cudapool --version printed '$out', wanted 'cudapool $version'"
 grep -qx "Version: $version" "$root/lib/pkgconfig/cudapool.pc" || fail "pkg-config file lacks Version: $version"
 grep -qx "prefix=/opt/cudapool" "$root/lib/pkgconfig/cudapool.pc" || fail "pkg-config prefix is not the PREFIX"
+# Stripped: a small installed program, the build tree keeps the debug info.
+size=$(stat -c %s "$root/bin/cudapool" 2>/dev/null || echo 0)
+[ "$size" -gt 0 ] && [ "$size" -lt $((8 * 1024 * 1024)) ] || fail "installed cudapool is $size bytes"
 make -s --no-print-directory uninstall SAN="$san" DESTDIR="$tmp" PREFIX=/opt/cudapool >"$tmp/log" 2>&1 || fail "make uninstall"
-left=$(find "$tmp/opt" -type f 2>/dev/null)
+left=$(find "$tmp/opt" -type f ! -name someone-elses-tool 2>/dev/null)
 [ -z "$left" ] || fail "uninstall left: $left"
+[ -f "$tmp/opt/cudapool/bin/someone-elses-tool" ] || fail "uninstall removed a file install did not put there"
 [ "$fails" -eq 0 ] && echo "PASS install" || { echo "FAIL install ($fails)"; exit 1; }

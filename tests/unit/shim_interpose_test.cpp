@@ -132,6 +132,25 @@ TEST(Shim, InvalidPolicyWithOnErrorPassthroughRunsWithoutThePool) {
   EXPECT_NE(r.output.find("active=0"), std::string::npos) << r.output;
 }
 
+// An output file that cannot be written is a policy error at load, not a lost summary at exit;
+// a process that never touches CUDA is not disturbed by it.
+TEST(Shim, UnwritableStatsFileIsAPolicyError) {
+  const std::map<std::string, std::string> env = {{"CUDAPOOL_CONF", "stats_file:/nonexistent-dir/s.json"}};
+  RunResult r = run({app(false), "alloc_once"}, env);
+  EXPECT_EQ(r.exit_status, 78) << r.output;
+  EXPECT_NE(r.output.find("stats_file '/nonexistent-dir/s.json' (CUDAPOOL_CONF col 1): directory '/nonexistent-dir' "
+                          "does not exist"),
+            std::string::npos) << r.output;
+  RunResult pass = run({app(true), "alloc_once"}, {{"CUDAPOOL_CONF", "trace_file:/nonexistent-dir/t.csv"},
+                                                   {"CUDAPOOL_ON_ERROR", "passthrough"}});
+  EXPECT_EQ(pass.exit_status, 0) << pass.output;
+  EXPECT_NE(pass.output.find("trace_file '/nonexistent-dir/t.csv'"), std::string::npos) << pass.output;
+  EXPECT_NE(pass.output.find("active=0"), std::string::npos) << pass.output;
+  RunResult quiet = run({app(false), "no_cuda"}, env);
+  EXPECT_EQ(quiet.exit_status, 0) << quiet.output;
+  EXPECT_EQ(quiet.output, "hello without CUDA\nPASS no_cuda\n");
+}
+
 TEST(Shim, PytorchAllocConfGetsAHint) {
   RunResult r = run({app(true), "alloc_once"}, {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"},
                                                 {"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"}});
@@ -139,6 +158,8 @@ TEST(Shim, PytorchAllocConfGetsAHint) {
   EXPECT_NE(r.output.find("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True configures PyTorch's own"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("CUDAPOOL_CONF (unset"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("to carry the keys over, set CUDAPOOL_CONF=\"expandable_segments:True\""), std::string::npos)
+      << r.output;
   RunResult quiet = run({app(true), "alloc_once"});
   EXPECT_EQ(quiet.output.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos) << quiet.output;
 }

@@ -59,6 +59,23 @@ TEST(ToolsReplay, DefaultsAreExpandableSegments) {
   EXPECT_GE(def, static_cast<std::int64_t>(18 * MiB));  // at least what is live
 }
 
+// "upstream calls" is the pool's own count (tools/metrics.h), what a run under the library
+// reports too; the simulated device, which sees every call, must count the same.
+TEST(ToolsReplay, UpstreamCallsAreThePoolsOwnCount) {
+  TraceBuilder b;
+  b.device(256 * MiB);
+  for (int round = 0; round < 3; ++round) {
+    b.alloc(0x100, 60 * MiB).alloc(0x200, 5 * MiB).free(0x100, 60 * MiB).alloc(0x300, 90 * MiB);
+    b.free(0x200, 5 * MiB).free(0x300, 90 * MiB).add(TraceAction::empty_cache, 0, 0, 0);
+  }
+  for (const char* conf : {"", "expandable_segments:False", "expandable_unit_mb:0,expandable_page_mb:20"}) {
+    ReplayResult r = replay_with(b, conf, {}, 0, FreeMode::async);
+    EXPECT_GT(r.upstream_calls, 0u) << conf;
+    EXPECT_EQ(r.upstream_calls, r.device_calls) << conf;
+    if (*conf == '\0') EXPECT_GT(r.stats.num_device_map, 0) << "the defaults map expandable pages";
+  }
+}
+
 TEST(ToolsReplay, SweepOfMaxSplitSizeChangesWhatItMust) {
   // A 100 MiB block is cached, then a 30 MiB request comes: by default it splits the cached
   // block; with max_split_size_mb:64 the block is oversize and the request needs a new segment.
