@@ -1,5 +1,5 @@
 // What tracing costs on the pool's hit path. Same DevicePool, same alloc+free pair, with no sink
-// and with a TraceWriter attached. Target (issue 5): traced ≤ 2 × untraced on the hit path
+// and with a TraceWriter attached. Target: traced ≤ 2 × untraced on the hit path
 // (BM_PoolPair_Traced vs BM_PoolPair_NoSink, CPU column). The sustained benchmarks show the
 // all-in cost when events arrive faster than CSV can be written.
 //

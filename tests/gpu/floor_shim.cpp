@@ -1,5 +1,5 @@
-// The latency floor of issue 3, measured in the same run as libcudapool.so: "a trivial one-size
-// free list behind the same hooks". Preloaded in front of alloc_bench (run.sh, label `floor`), it
+// The latency floor, measured in the same run as libcudapool.so: a trivial one-size
+// free list behind the same hooks. Preloaded in front of alloc_bench (run.sh, label `floor`), it
 // takes the path libcudapool.so takes — cudart's dlsym(libcuda, "cuGetProcAddress_v2"), then
 // cuGetProcAddress_v2("cuMemAlloc" / "cuMemFree") — and answers from one free list of one size
 // under one mutex. It does nothing a real allocator must (no stream safety, no contexts, no

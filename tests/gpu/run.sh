@@ -11,7 +11,7 @@
 # Knobs: GPU_SUITE_BUDGET_S (default 540: a run's time limit shrinks to what is left of it, and
 # runs with under 10 s left are skipped and reported as MISS), LAT_REPS / TORCH_REPS (default 3:
 # processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
-# TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: docs/benchmarks.md),
+# TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: CHANGELOG.md),
 # TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
@@ -142,7 +142,7 @@ if want correctness; then
     "${REPORT[@]}" compare "$OUT" "correctness ($kind cudart): output" "correct_${kind}_ref" "correct_${kind}_shim"
     "${REPORT[@]}" pooled "$OUT" "correctness ($kind cudart): served by the pool" "correct_${kind}_shim"
   done
-  # Issue 7: the same program with the pool growing by mapped pages instead of segments.
+  # The same program with the pool growing by mapped pages instead of segments.
   run correct_static_classic 60 $(shim_env correct_static_classic expandable_segments:False) -- "$BIN/correctness"
   "${REPORT[@]}" compare "$OUT" "correctness, classic segments: output" correct_static_ref correct_static_classic
   run driver_ref 60 -- "$BIN/driver_api"

@@ -33,7 +33,7 @@ $(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_S
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(SHIM_TEST_BIN)
 
-# Expandable segments (issue 7): a -lcuda program checking the fake driver's VMM accounting,
+# Expandable segments: a -lcuda program checking the fake driver's VMM accounting,
 # run by tests/unit/shim_vmm_test.cpp (part of SHIM_TEST_BIN via the shim_*.cpp wildcard).
 SHIM_APP_VMM := $(FAKECUDA_DIR)/vmm_app
 $(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)

@@ -1,4 +1,4 @@
-// expandable_segments, growth by recycling (issue 7): before the mapped total would pass its
+// expandable_segments, growth by recycling: before the mapped total would pass its
 // high-water mark, whole free pages elsewhere in the ranges are unmapped first (only from shared
 // blocks, i.e. after their fence), the growth goes where the fewest new pages are needed, and
 // (expandable_wait) the pool waits for the oldest fence of freed memory that covers the growth
