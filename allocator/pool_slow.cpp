@@ -10,7 +10,7 @@
 //      high-water mark: pool_expandable.cpp); else / when full, a new segment from the upstream
 //      (unless a limit says no: then no upstream call);
 //   5. on refusal: release oversize blocks (max_split_size) and retry; then wait for every
-//      fence, search the pool AGAIN (PyTorch misses this, its issue #189504), release every
+//      fence, search the pool AGAIN (PyTorch skips this), release every
 //      unsplit free segment and retry; then out_of_memory.
 // Any upstream error other than out-of-memory is returned at once.
 #include <algorithm>

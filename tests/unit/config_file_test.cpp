@@ -312,7 +312,7 @@ TEST(OnError, FromSourcesEvenWhenThePolicyIsInvalid) {
 }
 
 TEST(Warnings, GarbageCollectionWithoutALimitIsNotInert) {
-  // PyTorch ignores the threshold without a memory fraction (issue #106660); cudapool applies it
+  // PyTorch ignores the threshold without a memory fraction; cudapool applies it
   // to the device's total memory instead, so there is nothing to warn about.
   PolicySources s;
   s.conf = "garbage_collection_threshold:0.7";
