@@ -62,6 +62,11 @@ class DevicePool {
 
   // Wait for pending fences, then release every segment with no live block. Returns bytes released.
   std::size_t empty_cache();
+  // Give back at least `want` bytes of idle cached memory if the pool has them, and not much more:
+  // whole free segments and whole free pages, the longest-cached first. Memory whose fence has
+  // passed goes first; only when that is not enough does it wait for pending fences (as
+  // empty_cache does) and go on. Never a live block. Returns bytes released (0 for want = 0).
+  std::size_t release_idle(std::size_t want);
   // A stream is about to be destroyed: blocks that only it could reuse become pending on a
   // fence recorded on it now (call before the real destroy).
   void retire_stream(StreamId stream);

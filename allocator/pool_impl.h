@@ -481,6 +481,8 @@ struct DevicePool::Impl {
   bool release_oversize(Lock& lk, std::size_t rounded);
   std::size_t release_cached(Lock& lk);
   void garbage_collect(Lock& lk);
+  // release_idle's one pass over the free sets (no fence waits); bytes released.
+  std::size_t release_idle_now(Lock& lk, std::size_t want);
 
   // ---- expandable segments (pool_expandable.cpp) ----
   // true: mapping what `rounded` needs stays within the slack above the live peak, where fresh

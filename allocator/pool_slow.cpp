@@ -309,6 +309,51 @@ std::size_t DevicePool::Impl::release_cached(Lock& lk) {
 
 // PyTorch's garbage_collect_cached_blocks with its age rule. Where PyTorch is inert because no
 // memory fraction is set, the threshold applies to the device's total memory instead.
+std::size_t DevicePool::release_idle(std::size_t want) {
+  Impl& I = *impl_;
+  if (want == 0) return 0;
+  Impl::Lock lk(I.mu);
+  I.tc_flush_all();     // blocks parked in threads' caches count as idle too
+  I.service_fences();   // fences that have passed, without waiting
+  std::size_t got = I.release_idle_now(lk, want);
+  if (got < want) {
+    I.wait_all();
+    got += I.release_idle_now(lk, want - got);
+  }
+  I.emit(EventKind::empty_cache, 0, got, 0, 0);
+  return got;
+}
+
+std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
+  // Candidates: unsplit free segments, and free expandable blocks holding whole units; oldest
+  // (longest since cached, in its pool kind's searches) first.
+  std::vector<std::pair<std::uint64_t, Block*>> cands;
+  for (int k = 0; k < 2; ++k)
+    for (Block* b : shared[k])
+      if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split())
+        cands.emplace_back(searches[k] - b->gc_base, b);
+  std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<Detached> out;
+  std::size_t planned = 0;
+  for (const auto& [age, b] : cands) {
+    if (planned >= want) break;
+    if (!b->seg->expandable) {
+      planned += b->size;
+      detach_segment(b, out);
+      continue;
+    }
+    // Whole units from the block's first one, until the rest of `want` is covered.
+    const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+    std::uintptr_t end = lo;
+    for (auto it = b->seg->units.lower_bound(lo);
+         it != b->seg->units.end() && it->first < hi && planned + (end - lo) < want; ++it)
+      end = it->first + it->second;
+    planned += end - lo;
+    release_page_range(b, lo, end, out);
+  }
+  return release_segments(lk, out);
+}
+
 void DevicePool::Impl::garbage_collect(Lock& lk) {
   ensure_limits();
   const std::size_t allowed = limit != kNoLimit ? limit : device_total;

@@ -134,9 +134,10 @@ class Member final : public ReserveGate {
   // release, or for every asked member to have answered and then up to 10 ms more (memory that
   // becomes idle meanwhile is asked for in the next round). true: try the allocation again (a
   // release happened, or time is left); false: the deadline passed, or nobody could give.
-  // The first round asks only the members with the most idle memory (as last published) that
-  // together cover the shortfall, so one allocation does not empty every cache of the group;
-  // later rounds ask everyone (the published figures may be up to 250 ms old).
+  // The first two rounds ask only the members with the most idle memory (as last published) that
+  // together cover the shortfall, each for its share, so one allocation does not empty every
+  // cache of the group; later rounds ask everyone for all of it (the published figures may be up
+  // to 250 ms old).
   bool ask_release(std::int64_t deadline, int round) noexcept {
     if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
     if (share::monotonic_ns() >= deadline) return false;
@@ -157,8 +158,15 @@ class Member final : public ReserveGate {
     int n = 0;
     std::uint64_t covered = 0;
     for (int k = 0; k < nc; ++k) {
-      if (round == 0 && k > 0 && (covered >= need || cand[k].second == 0)) break;
+      const bool covering = round <= 1;
+      if (covering && k > 0 && (covered >= need || cand[k].second == 0)) break;
       share::LedgerSlot& s = l_->slot[cand[k].first];
+      // What this member is asked to give: in a covering round its share of the shortfall (what
+      // the members before it do not cover, at most its idle bytes as published; the whole rest
+      // if it published none), later the whole shortfall (the figures may be stale).
+      const std::uint64_t rest = need > covered ? need - covered : 0;
+      const std::uint64_t portion = covering && cand[k].second != 0 ? std::min(rest, cand[k].second) : need;
+      s.release_want.fetch_add(std::max<std::uint64_t>(portion, 1), std::memory_order_relaxed);
       const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
       futex_wake(&s.release_req, 1);
       asked[n++] = {cand[k].first, req};
@@ -212,6 +220,10 @@ class Member final : public ReserveGate {
   }
 
   std::uint32_t acked() const noexcept { return l_->slot[slot_].release_ack.load(std::memory_order_acquire); }
+  // The bytes the askers want back since the last call (0: asked by a member that names none).
+  std::uint64_t take_want() noexcept {
+    return l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel);
+  }
 
   void publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
     share::LedgerSlot& me = l_->slot[slot_];
@@ -371,6 +383,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   s.cached.store(0, std::memory_order_relaxed);
   s.allocated.store(0, std::memory_order_relaxed);
   s.released_bytes.store(0, std::memory_order_relaxed);
+  s.release_want.store(0, std::memory_order_relaxed);
   s.release_ack.store(s.release_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
   s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
   s.state.store(share::kSlotLive, std::memory_order_release);
@@ -432,14 +445,17 @@ DeviceFigures figures(Runtime& rt, int device) {
   return f;
 }
 
-// Answers release requests of one member: its device's pools empty their caches (whole free
-// segments and free pages, after their own fences; never a live block).
+// Answers release requests of one member: its device's pools give back about what was asked of
+// idle cached memory, the longest-cached first (DevicePool::release_idle: whole free segments
+// and units, pending memory only after its fence; never a live block).
 void responder(Runtime* rt, Member* m) {
   // Requests made before this thread started are answered at once.
   std::uint32_t last = m->acked();
-  // empty_cache waits for the pool's fences under its lock: a request that finds no more idle
-  // memory than the last answer left (a waiter asks again every 10 ms) is answered without it.
+  // Giving back waits for the pool's fences under its lock when idle memory is not enough: a
+  // request that finds no more idle memory than an answer that gave nothing left (a waiter asks
+  // again every 10 ms) is answered without it.
   std::size_t left_idle = 0;
+  bool gave_nothing = false;
   for (;;) {
     const std::uint32_t req = m->wait_request(last, 1'000'000'000);
     if (Runtime::exiting() || m->broken()) return;
@@ -448,15 +464,20 @@ void responder(Runtime* rt, Member* m) {
     rt->for_each_pool([&](ContextPool& cp) {
       if (cp.device == m->device()) idle += cp.pool.cached_bytes();
     });
-    if (idle > left_idle) {
+    const std::uint64_t want = m->take_want();
+    if (idle != 0 && (!gave_nothing || idle > left_idle)) {
       idle = 0;
       rt->for_each_pool([&](ContextPool& cp) {
         if (cp.device != m->device()) return;
-        freed += cp.pool.empty_cache();
+        if (want == 0)
+          freed += cp.pool.empty_cache();
+        else if (freed < want)
+          freed += cp.pool.release_idle(want - freed);
         idle += cp.pool.cached_bytes();
       });
     }
     left_idle = idle;
+    gave_nothing = freed == 0;
     last = req;
     m->answered(req, freed);
     if (freed != 0) log_info("group {}: gave back {} of idle cached memory on request", m->name(), mib(freed));

@@ -66,7 +66,7 @@ void unmap(Mapping& m);
 // ---- the group ledger --------------------------------------------------------------------------
 
 inline constexpr std::uint64_t kLedgerMagic = 0x3152474c4c4f4f50ULL;  // "POOLLGR1"
-inline constexpr std::uint32_t kLedgerVersion = 1;
+inline constexpr std::uint32_t kLedgerVersion = 2;
 inline constexpr std::uint32_t kLedgerSlots = 64;
 inline constexpr std::size_t kNameBytes = 64;
 
@@ -82,11 +82,14 @@ struct alignas(64) LedgerSlot {
   std::atomic<std::uint64_t> cached;      // of which idle in its pool (published every ~250 ms)
   std::atomic<std::uint64_t> allocated;   // live bytes (published with cached)
   std::atomic<std::uint64_t> heartbeat_ns;  // monotonic_ns() of the last publication
-  // Cooperative release: another member that needs memory increments release_req and wakes the
-  // word (futex); this member's helper thread gives back idle cached memory and stores the
-  // request it answered in release_ack.
+  // Cooperative release: another member that needs memory adds the bytes it wants from this one
+  // to release_want, increments release_req and wakes the word (futex); this member's helper
+  // thread takes release_want (back to 0), gives back about that much idle cached memory, the
+  // longest-cached first (all of it when release_want was 0), and stores the request it
+  // answered in release_ack.
   std::atomic<std::uint32_t> release_req;
   std::atomic<std::uint32_t> release_ack;
+  std::atomic<std::uint64_t> release_want;
   std::atomic<std::uint64_t> released_bytes;  // given back on request, in total
 };
 

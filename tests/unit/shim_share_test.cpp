@@ -155,10 +155,13 @@ TEST_F(Share, IdleCacheIsReleasedOnDemand) {
   EXPECT_NE(a.output.find("need: got 60 MiB"), std::string::npos) << a.output;
   EXPECT_NE(a.output.find("asked 1 other member"), std::string::npos) << a.output;
   EXPECT_LT(ms, 5000);
-  EXPECT_EQ(slot_reserved(bpid), 0) << "B gave its whole idle cache back";
+  // A was short of 40 MiB: B gave back at least that, the longest-cached first, and kept the rest.
+  const long long kept = slot_reserved(bpid);
+  EXPECT_GT(kept, 0) << "B kept what A did not need";
+  EXPECT_LE(kept, static_cast<long long>(40 * kMiB)) << "B gave back at least A's shortfall";
   ChildResult br = stop(b);
   EXPECT_EQ(br.exit_status, 0) << br.output;
-  EXPECT_NE(br.output.find("gave back 80.0 MiB of idle cached memory on request"), std::string::npos) << br.output;
+  EXPECT_NE(br.output.find("of idle cached memory on request"), std::string::npos) << br.output;
 }
 
 // The first round asks only as many members as cover the shortfall, the largest idle cache
@@ -170,7 +173,10 @@ TEST_F(Share, FirstRoundAsksTheLargestIdleCacheOnly) {
   ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(120), 120));
   EXPECT_EQ(a.exit_status, 0) << a.output;
   EXPECT_NE(a.output.find("asked 1 other member"), std::string::npos) << a.output;
-  EXPECT_EQ(slot_reserved(b.pid), 0) << "B, the largest idle cache, gave it back";
+  // A was short of 20 MiB: B, the largest idle cache, gave back that much (whole units) and kept
+  // the rest; C was not asked.
+  EXPECT_LE(slot_reserved(b.pid), static_cast<long long>(40 * kMiB)) << "B gave back at least the shortfall";
+  EXPECT_GT(slot_reserved(b.pid), 0) << "B kept what A did not need";
   EXPECT_EQ(slot_reserved(c.pid), static_cast<long long>(20 * kMiB)) << "C was not asked";
   stop(b);
   stop(c);
