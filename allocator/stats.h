@@ -52,6 +52,8 @@ struct Stats {
 };
 
 enum class BlockState : std::uint8_t { active_allocated, active_pending_free, inactive };
+// PyTorch's snapshot names of the states ("active_allocated", ...).
+const char* to_string(BlockState s) noexcept;
 
 struct BlockInfo {
   std::uintptr_t address = 0;

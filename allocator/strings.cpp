@@ -1,5 +1,6 @@
 // Names of the pool's enums, for logs, traces and error messages.
 #include "allocator/events.h"
+#include "allocator/stats.h"
 #include "allocator/types.h"
 
 namespace cudapool {
@@ -12,6 +13,15 @@ const char* to_string(AllocStatus s) noexcept {
     case AllocStatus::invalid_size: return "invalid_size";
   }
   return "unknown";
+}
+
+const char* to_string(BlockState s) noexcept {
+  switch (s) {
+    case BlockState::active_allocated: return "active_allocated";
+    case BlockState::active_pending_free: return "active_pending_free";
+    case BlockState::inactive: return "inactive";
+  }
+  return "inactive";
 }
 
 const char* to_string(FreeStatus s) noexcept {

@@ -18,15 +18,6 @@ using namespace cudapool::shim;
 
 namespace {
 
-const char* state_name(BlockState s) {
-  switch (s) {
-    case BlockState::active_allocated: return "active_allocated";
-    case BlockState::active_pending_free: return "active_pending_free";
-    case BlockState::inactive: return "inactive";
-  }
-  return "inactive";
-}
-
 void append_snapshot(std::string& out, const Snapshot& snap, bool& first_segment) {
   for (const SegmentInfo& s : snap.segments) {
     out += first_segment ? "\n" : ",\n";
@@ -41,7 +32,7 @@ void append_snapshot(std::string& out, const Snapshot& snap, bool& first_segment
     for (const BlockInfo& b : s.blocks) {
       fmt::format_to(std::back_inserter(out),
                      "{}{{\"address\": {}, \"size\": {}, \"requested_size\": {}, \"state\": \"{}\"}}",
-                     first_block ? "" : ", ", b.address, b.size, b.requested_size, state_name(b.state));
+                     first_block ? "" : ", ", b.address, b.size, b.requested_size, to_string(b.state));
       first_block = false;
     }
     out += "]}";

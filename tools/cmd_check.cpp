@@ -47,19 +47,7 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
   if (!output_option_ok(o.json, "--json", "cudapool check")) return kExitNoInput;
   // The environment is the base, as it would be for a program started from this shell; the
   // command-line flags override it, and messages name the flag where one was given.
-  PolicySources sources = sources_from_environment();
-  if (!s.conf.empty()) {
-    sources.conf = s.conf;
-    sources.conf_name = "--conf";
-  }
-  if (!s.config.empty()) {
-    sources.config_path = s.config;
-    sources.config_name = "--config";
-  }
-  if (!s.profile.empty()) {
-    sources.profile = s.profile;
-    sources.profile_name = "--profile";
-  }
+  PolicySources sources = launch_policy_sources(s);
   // Profiles chosen by `match` globs are matched against the program's command line: the one
   // after "--", never this command's own.
   std::string command;

@@ -95,8 +95,7 @@ EnvChanges launch_environment(const std::string& library, const LaunchSettings& 
   return env;
 }
 
-std::string validate_launch_policy(const LaunchSettings& s, const std::vector<std::string>& command) {
-  // As the program will load it, but naming the flags where the user gave them.
+PolicySources launch_policy_sources(const LaunchSettings& s) {
   PolicySources sources = sources_from_environment();
   if (!s.conf.empty()) {
     sources.conf = s.conf;
@@ -118,6 +117,12 @@ std::string validate_launch_policy(const LaunchSettings& s, const std::vector<st
     sources.stats_file = s.stats;
     sources.stats_name = "--stats";
   }
+  return sources;
+}
+
+std::string validate_launch_policy(const LaunchSettings& s, const std::vector<std::string>& command) {
+  // As the program will load it, but naming the flags where the user gave them.
+  PolicySources sources = launch_policy_sources(s);
   sources.command_line.clear();
   for (const auto& a : command) sources.command_line += (sources.command_line.empty() ? "" : " ") + a;
   PolicyResult r = load_policy(sources);

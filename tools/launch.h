@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "config/policy.h"
 #include "tools/process.h"
 
 namespace cudapool::tools {
@@ -34,6 +35,10 @@ std::string preload_value(const std::string& library, const char* existing_ld_pr
 // The environment changes for a launch: LD_PRELOAD, CUDAPOOL_CONF = launch_conf(), and the
 // non-empty --config/--profile.
 EnvChanges launch_environment(const std::string& library, const LaunchSettings& settings);
+
+// The policy sources a program started from this shell would see (sources_from_environment()),
+// with the settings' flags over them, named as flags in messages.
+PolicySources launch_policy_sources(const LaunchSettings& settings);
 
 // The policy the program would run with (validated by config/), so `run` and `ab` stop with the
 // config error before starting anything. "" when valid, else the message.

@@ -27,28 +27,36 @@ std::string join_conf(const std::string& base, const std::string& extra) {
   return base + "," + extra;
 }
 
-std::string with_conf_key(const std::string& conf, const std::string& key, const std::string& value) {
-  std::string out, cur;
+std::vector<std::string> split_conf(const std::string& text) {
+  std::vector<std::string> parts;
+  std::string cur;
   int depth = 0;
+  for (char c : text) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  parts.push_back(cur);
+  return parts;
+}
+
+std::string with_conf_key(const std::string& conf, const std::string& key, const std::string& value) {
+  std::string out;
   bool replaced = false;
-  auto flush = [&] {
-    if (cur.empty()) return;
-    const std::string k = cur.substr(0, cur.find_first_of(":="));
-    if (k == key) {
+  for (const std::string& part : split_conf(conf)) {
+    if (part.empty()) continue;
+    if (part.substr(0, part.find_first_of(":=")) == key) {
       replaced = true;
       if (!value.empty()) out = join_conf(out, key + ":" + value);
     } else {
-      out = join_conf(out, cur);
+      out = join_conf(out, part);
     }
-    cur.clear();
-  };
-  for (char c : conf) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) flush();
-    else cur += c;
   }
-  flush();
   if (!replaced && !value.empty()) out = join_conf(out, key + ":" + value);
   return out;
 }
@@ -61,22 +69,7 @@ bool expand_sweep(const std::string& base, const std::string& sweep, std::vector
     return false;
   }
   std::string key = sweep.substr(0, eq);
-  std::string values = sweep.substr(eq + 1);
-  std::vector<std::string> parts;
-  std::string cur;
-  int depth = 0;
-  for (char c : values) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) {
-      parts.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  parts.push_back(cur);
-  for (const auto& v : parts) {
+  for (const auto& v : split_conf(sweep.substr(eq + 1))) {
     if (v.empty()) {
       *error = "--sweep '" + sweep + "' has an empty value";
       return false;

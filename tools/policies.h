@@ -25,6 +25,10 @@ bool pool_options_from_conf(const std::string& conf, PoolOptions* out, std::stri
 // "a,b" + "c" -> "a,c"-style join that skips empty parts.
 std::string join_conf(const std::string& base, const std::string& extra);
 
+// `text` split at commas outside brackets ("a:1,b:[2:1,>:4]" -> "a:1", "b:[2:1,>:4]"); empty
+// parts are kept (callers decide whether one is an error).
+std::vector<std::string> split_conf(const std::string& text);
+
 // `conf` with `key` set to `value` (replacing the key's entry if `conf` has one; "" removes it).
 // `conf` is split at commas outside brackets; keys are compared as written, so give it config/'s
 // canonical spelling (to_conf_string).

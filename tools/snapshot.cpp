@@ -7,15 +7,6 @@
 namespace cudapool::tools {
 namespace {
 
-const char* state_name(BlockState s) {
-  switch (s) {
-    case BlockState::active_allocated: return "active_allocated";
-    case BlockState::active_pending_free: return "active_pending_free";
-    case BlockState::inactive: return "inactive";
-  }
-  return "inactive";
-}
-
 // One device_traces entry. PyTorch's fields: action, addr, size, stream, time_us, frames,
 // compile_context and user_metadata (the last two empty here: a trace has neither).
 void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
@@ -102,7 +93,7 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
       w.key("requested_size");
       w.uinteger(b.requested_size);
       w.key("state");
-      w.str(state_name(b.state));
+      w.str(to_string(b.state));
       w.key("frames");
       w.begin_list();
       w.end();

@@ -40,21 +40,11 @@ using Assignment = std::vector<std::string>;  // one value per key of the space
 // key -> value of a canonical conf string (split at commas outside brackets).
 std::map<std::string, std::string> entries(const std::string& conf) {
   std::map<std::string, std::string> out;
-  std::string cur;
-  int depth = 0;
-  auto flush = [&] {
-    if (cur.empty()) return;
-    auto colon = cur.find(':');
-    out[cur.substr(0, colon)] = colon == std::string::npos ? "" : cur.substr(colon + 1);
-    cur.clear();
-  };
-  for (char c : conf) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) flush();
-    else cur += c;
+  for (const std::string& part : split_conf(conf)) {
+    if (part.empty()) continue;
+    const auto colon = part.find(':');
+    out[part.substr(0, colon)] = colon == std::string::npos ? "" : part.substr(colon + 1);
   }
-  flush();
   return out;
 }
 

@@ -72,7 +72,9 @@ TEST(ToolsReplay, UpstreamCallsAreThePoolsOwnCount) {
     ReplayResult r = replay_with(b, conf, {}, 0, FreeMode::async);
     EXPECT_GT(r.upstream_calls, 0u) << conf;
     EXPECT_EQ(r.upstream_calls, r.device_calls) << conf;
-    if (*conf == '\0') EXPECT_GT(r.stats.num_device_map, 0) << "the defaults map expandable pages";
+    if (*conf == '\0') {
+      EXPECT_GT(r.stats.num_device_map, 0) << "the defaults map expandable pages";
+    }
   }
 }
 
