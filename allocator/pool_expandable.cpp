@@ -14,6 +14,12 @@
 // allocation, not per byte, so growth maps few large units; recycling and release take whole
 // units only (a unit half in use stays mapped), which is what keeps the driver's rule that a
 // mapping is unmapped whole.
+//
+// Aliasing: free pages that a GPU-side wait handed out (Block::hot) may still be touched by old
+// work at their address, so they cannot be unmapped or moved until that wait completed. Growth
+// that needs them elsewhere maps them a second time at the growth (Upstream::alias): new work,
+// which the GPU-side wait already orders after the old, uses the new address; the old address
+// becomes a draining block and loses its mapping when the wait completed (drop_aliases).
 #include <algorithm>
 
 #include "allocator/pool_impl.h"
@@ -111,10 +117,11 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
 }
 
 std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan,
-                                                 std::vector<Block*>& out, std::size_t* hot_bytes) const {
+                                                 std::vector<Block*>& out, std::size_t* hot_bytes,
+                                                 std::vector<Block*>* hot_out) const {
   std::size_t total = 0;
   *hot_bytes = 0;
-  std::vector<std::pair<std::size_t, Block*>> ranked;  // (releasable bytes, block): computed once
+  std::vector<std::pair<std::size_t, Block*>> ranked, hot_ranked;  // (releasable bytes, block): computed once
   for (int k = 0; k < 2; ++k) {
     // Pages move between the two ranges only when they have the same page size: a page is one
     // physical allocation upstream, which cannot be split, and merging small ones into a large
@@ -127,8 +134,9 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
       const std::size_t r = releasable_pages(b);
-      if (is_hot(b)) {  // old work may still use it: reusable in place, not movable
+      if (is_hot(b)) {  // old work may still use it: reusable in place, not movable (only aliased)
         *hot_bytes += r;
+        if (hot_out != nullptr && r != 0) hot_ranked.emplace_back(r, b);
         continue;
       }
       if (r == 0) continue;
@@ -138,11 +146,54 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
   }
   // Fewest whole units' bytes first: small free islands between live blocks are the least
   // useful mapped memory; large free runs serve later large requests without any driver call.
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+  auto fewest_first = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first < b.first : a.second->ptr < b.second->ptr;
-  });
+  };
+  std::sort(ranked.begin(), ranked.end(), fewest_first);
   for (const auto& [r, b] : ranked) out.push_back(b);
+  if (hot_out != nullptr) {
+    std::sort(hot_ranked.begin(), hot_ranked.end(), fewest_first);
+    for (const auto& [r, b] : hot_ranked) hot_out->push_back(b);
+  }
   return total;
+}
+
+void DevicePool::Impl::pick_hot_units(const std::vector<Block*>& cands, std::size_t want,
+                                      std::vector<detail::HotUnit>& out) const {
+  std::size_t got = 0;
+  for (Block* b : cands) {
+    const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+    for (auto it = b->seg->units.lower_bound(lo); it != b->seg->units.end() && it->first < hi && got < want; ++it) {
+      out.push_back(detail::HotUnit{b->seg, it->first, it->second});
+      got += it->second;
+    }
+    if (got >= want) return;
+  }
+}
+
+void DevicePool::Impl::drop_aliases() {
+  for (Drain& d : draining) {
+    if (d.dropped || d.b->hot > order_done) continue;
+    const std::int64_t t0 = now_ns();
+    up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
+    st.upstream_ns += now_ns() - t0;
+    ++st.num_device_unmap;
+    d.dropped = true;
+  }
+}
+
+void DevicePool::Impl::reclaim_drained() {
+  std::size_t keep = 0;
+  for (const Drain& d : draining) {
+    if (!d.dropped) {
+      draining[keep++] = d;
+      continue;
+    }
+    // Later entries are still draining while this one merges: merging never takes them.
+    d.b->state = BState::unmapped;
+    merge_unmapped(d.b);
+  }
+  draining.resize(keep);
 }
 
 std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
@@ -229,6 +280,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     seg->head = b;
     segments.emplace(seg->base, seg);
     xseg[k] = seg;
+    alias_ok = up.can_alias();
   }
   Segment* seg = xseg[k];
   note_reserved();
@@ -236,10 +288,12 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // Plan; if the plan would take the mapped total above its high-water mark (or the limit),
   // first make memory that fences hold back reusable (once), then recycle whole free pages.
   GrowPlan plan;
-  std::vector<Block*> cands;
+  std::vector<Block*> cands, hot_cands;
   std::vector<detail::Unit> spare;  // recycled units, already unmapped in the pool's structures
+  std::vector<detail::HotUnit> hot_units;  // units of hot blocks to alias, still in place
   bool fences_tried = false;
   for (;;) {
+    if (!draining.empty()) reclaim_drained();  // before planning: it merges holes
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
     const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
@@ -249,9 +303,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       over = std::max(over, reserved + inflight + plan.to_map - limit);
     if (over == 0) break;
     cands.clear();
+    hot_cands.clear();
     if (!ordered.empty()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0;
-    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot);
+    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, alias_ok ? &hot_cands : nullptr);
     if (avail < over && !fences_tried && !growth_within_slack(rounded, small)) {
       fences_tried = true;
       // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
@@ -265,8 +320,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       if (!changed && opt.free_sync == FreeSync::gpu_wait) changed = order_device_batches(over - avail, small, true);
       if (!changed && wait) changed = wait_device_batches_for(over - avail);
       // Free pages reused under a GPU-side wait cannot move until its fences complete: past the
-      // high-water mark, expandable_wait prefers waiting for them to mapping new memory.
-      if (!changed && wait && avail + hot >= over && hot != 0) {
+      // high-water mark, expandable_wait prefers waiting for them to mapping new memory, unless
+      // the upstream can alias them (below), which needs no wait at all.
+      if (!changed && wait && !alias_ok && avail + hot >= over && hot != 0) {
         settle_ordered();
         changed = true;
       }
@@ -280,6 +336,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       }
     }
     if (avail != 0) recycle_pages(cands, std::min(over, avail), spare);
+    if (avail < over) pick_hot_units(hot_cands, over - avail, hot_units);
     break;
   }
   // Units recycled and not moved into the growth (a failure, more than needed, or too large
@@ -321,8 +378,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // Recycled units that fit are moved there first (Upstream::move: the same physical memory at a
   // new address; a contiguous run of them in one call), fresh units mapped for the rest; all or
   // nothing per piece.
+  std::uint64_t alias_hot = 0;  // the newest order whose pages fill() aliased into the piece
   auto fill = [&](std::uintptr_t at, std::size_t amount) -> UpstreamStatus {
     std::size_t done = 0;
+    alias_hot = 0;
     UpstreamStatus us = UpstreamStatus::ok;
     for (std::size_t i = 0; i < spare.size() && done < amount && us == UpstreamStatus::ok;) {
       if (spare[i].used || spare[i].size > amount - done) {
@@ -343,6 +402,38 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         if (us == UpstreamStatus::ok) seg->units.emplace(at + done + (spare[k].base - from), spare[k].size);
       }
       if (us == UpstreamStatus::ok) done += n;
+      i = j;
+    }
+    // Then the pages of hot free blocks, aliased: a contiguous run of one block per call.
+    std::vector<Detached> none;  // a draining range detaches nothing now
+    for (std::size_t i = 0; i < hot_units.size() && done < amount && us == UpstreamStatus::ok;) {
+      detail::HotUnit& h = hot_units[i];
+      if (h.used || h.size > amount - done) {
+        ++i;
+        continue;
+      }
+      std::size_t n = 0, j = i;
+      for (; j < hot_units.size() && !hot_units[j].used && hot_units[j].seg == h.seg &&
+             hot_units[j].base == h.base + n && n + hot_units[j].size <= amount - done;
+           ++j)
+        n += hot_units[j].size;
+      Block* src = detail::block_at(h.seg, h.base);
+      const bool intact = src != nullptr && src->state == BState::shared && src->ptr + src->size >= h.base + n;
+      const std::int64_t t0 = now_ns();
+      const UpstreamStatus ua = intact ? up.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + done), n)
+                                       : UpstreamStatus::error;
+      for (std::size_t k = i; k < j; ++k) hot_units[k].used = true;
+      if (ua == UpstreamStatus::ok) {
+        ++st.num_device_map;
+        ++st.num_device_alias;
+        Block* old = release_page_range(src, h.base, h.base + n, none, nullptr, /*drain=*/true);
+        draining.push_back(Drain{old});
+        alias_hot = std::max(alias_hot, old->hot);
+        emit(EventKind::segment_unmap, h.base, n, n, 0, now_ns() - t0);  // gone from the pool's view
+        for (std::size_t k = i; k < j; ++k)
+          seg->units.emplace(at + done + (hot_units[k].base - h.base), hot_units[k].size);
+        done += n;
+      }  // else the pages stay where they are, and fresh ones are mapped for the rest
       i = j;
     }
     // Spare units larger than all the growth still to place can never be used: they go back
@@ -414,6 +505,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     note_reserved();
     emit(EventKind::segment_map, u->ptr, amount, amount, stream, dt);
     u->epoch = 0;
+    // Aliased pages keep their order: until it completed, old work may use them at their old
+    // address, so they must not be given back or moved (a further alias is fine).
+    u->hot = std::max(u->hot, alias_hot);
     // Fresh (or recycled: cold) memory no stream has pending work on is shared at once, as a
     // classic segment is, so other streams split what this request leaves of it. Next to a free
     // block local to this stream it joins that block instead (local absorbs shared), so growth
@@ -467,9 +561,10 @@ void DevicePool::Impl::release_pages(Block* b, std::vector<Detached>& out) {
   if (hi > lo) release_page_range(b, lo, hi, out);
 }
 
-void DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi,
-                                          std::vector<Detached>& out, std::vector<detail::Unit>* units_out) {
-  if (hi <= lo) return;
+DevicePool::Impl::Block* DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi,
+                                                             std::vector<Detached>& out,
+                                                             std::vector<detail::Unit>* units_out, bool drain) {
+  if (hi <= lo) return nullptr;
   const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;
   const int k = detail::kind_index(seg->small);
@@ -481,6 +576,7 @@ void DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uint
     r->size = x->ptr + x->size - at;
     r->seg = seg;
     r->state = x->state;
+    r->hot = x->hot;  // both halves of a hot block stay hot
     r->prev = x;
     r->next = x->next;
     if (x->next != nullptr) x->next->prev = r;
@@ -499,15 +595,16 @@ void DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uint
     if (units_out != nullptr) units_out->push_back(detail::Unit{it->first, it->second});
     it = seg->units.erase(it);
   }
-  mid->state = BState::unmapped;
-  mid->requested = 0;
   count_runs_change(mid, -1);
+  mid->state = drain ? BState::draining : BState::unmapped;
+  mid->requested = 0;
   seg->mapped -= bytes;
   detail::bump(st.reserved_bytes, detail::stat_pool(seg->small), -static_cast<std::int64_t>(bytes));
-  merge_unmapped(mid);
+  if (!drain) merge_unmapped(mid);
   if (head != nullptr) insert_free(head, BState::shared, 0, shared[k]);
   if (tail != nullptr) insert_free(tail, BState::shared, 0, shared[k]);
-  out.push_back(Detached{lo, bytes, true});
+  if (!drain) out.push_back(Detached{lo, bytes, true});
+  return mid;
 }
 
 // Teardown: every mapped run is unmapped, then the reservation is returned.

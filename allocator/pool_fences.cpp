@@ -118,6 +118,7 @@ void DevicePool::Impl::service_fences() {
     poll_ordered();
     running |= !ordered.empty();
   }
+  if (!draining.empty()) reclaim_drained();
   fence_query_after = running ? now + kFenceQueryGapNs : INT64_MIN;
 }
 
@@ -223,6 +224,7 @@ void DevicePool::Impl::poll_ordered() {
   while (done < ordered.size() && fences.query(ordered[done].first)) fences.release(ordered[done++].first);
   ordered.erase(ordered.begin(), ordered.begin() + static_cast<std::ptrdiff_t>(done));
   order_done = ordered.empty() ? order_seq : ordered.front().second - 1;
+  if (!draining.empty()) drop_aliases();
 }
 
 void DevicePool::Impl::settle_ordered() {
@@ -234,6 +236,7 @@ void DevicePool::Impl::settle_ordered() {
   }
   ordered.clear();
   order_done = order_seq;
+  if (!draining.empty()) drop_aliases();
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`

@@ -45,8 +45,11 @@ inline std::int64_t now_ns() {
 }
 
 // unmapped: address space of an expandable segment with no pages behind it (in no set).
+// draining: address space whose pages were aliased to another place (Upstream::alias) while old
+//   work may still use them here; in no set, not reusable, unmapped once that work completed
+//   (Impl::draining).
 // tcache: checked out to a thread cache (thread_cache.h): in no set, not in `live`.
-enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped, tcache };
+enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped, draining, tcache };
 
 struct Segment;
 
@@ -67,7 +70,7 @@ struct Block {
   std::uint64_t hot = 0;
   BState state = BState::shared;
   bool is_split() const { return prev != nullptr || next != nullptr; }
-  bool mapped() const { return state != BState::unmapped; }
+  bool mapped() const { return state != BState::unmapped && state != BState::draining; }
 };
 
 struct Segment {
@@ -92,6 +95,22 @@ struct Unit {
   std::size_t size;
   bool used = false;  // moved into the growth already
 };
+
+// A physical allocation of a hot free block (Block::hot) chosen to be aliased into a growth:
+// still mapped and still part of its block until the alias is made (pool_expandable.cpp).
+struct HotUnit {
+  Segment* seg;
+  std::uintptr_t base;
+  std::size_t size;
+  bool used = false;  // aliased, or given up
+};
+
+// The block containing p (p must lie in seg): a walk, for the slow paths only.
+inline Block* block_at(Segment* seg, std::uintptr_t p) {
+  for (Block* b = seg->head; b != nullptr; b = b->next)
+    if (p < b->ptr + b->size) return b;
+  return nullptr;
+}
 
 struct BySizeAddr {
   using is_transparent = void;
@@ -285,7 +304,7 @@ struct DevicePool::Impl {
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const {
     return open->count != 0 || dev_head != nullptr || retire_head != nullptr || !promo_list.empty() ||
-           !ordered.empty();
+           !ordered.empty() || !draining.empty();
   }
 
   StreamFree* stream_find(StreamId s) {
@@ -510,9 +529,11 @@ struct DevicePool::Impl {
   std::size_t releasable_pages(const Block* b) const;
   void release_pages(Block* b, std::vector<Detached>& out);
   // Unmap the whole units [lo, hi) of shared free block b (lo, hi unit boundaries inside b);
-  // the units taken out are appended to `units_out` when given, in address order.
-  void release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
-                          std::vector<detail::Unit>* units_out = nullptr);
+  // the units taken out are appended to `units_out` when given, in address order. With `drain`
+  // the pages were aliased elsewhere: the range becomes a draining block (nothing is appended to
+  // `out`: its old mapping goes later, through drop_aliases). Returns the block of [lo, hi).
+  Block* release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
+                            std::vector<detail::Unit>* units_out = nullptr, bool drain = false);
   // The whole units inside [lo, hi) of a mapped run: [first unit's base, last unit's end), or
   // an empty span (first == second) when no unit fits.
   std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const;
@@ -523,9 +544,12 @@ struct DevicePool::Impl {
   }
   // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
   // fewest whole pages first; returns their total releasable bytes. Hot blocks (Block::hot) are
-  // left out; *hot_bytes = what they would have added.
+  // left out; *hot_bytes = what they would have added, and they go to `hot_out` (same order)
+  // when it is given.
   std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
-                                 std::size_t* hot_bytes) const;
+                                 std::size_t* hot_bytes, std::vector<Block*>* hot_out = nullptr) const;
+  // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
+  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const;
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
   // units are appended to `out`, to be moved into the growth.
   std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out);
@@ -539,6 +563,24 @@ struct DevicePool::Impl {
   void merge_unmapped(Block* b);
   void count_runs_change(Block* piece, int sign);
   void destroy_expandable(Segment* seg);
+
+  // ---- aliased pages (pool_expandable.cpp; docs/design.md, "Moving pages still in use") ----
+  // A growth past the high-water mark may take the pages of hot free blocks: the upstream maps
+  // them a second time at the growth (Upstream::alias), the old range becomes a draining block,
+  // and its old mapping is removed once the GPU-side wait that made it hot completed. Memory
+  // then moves where a larger request needs it without a host wait and without new pages.
+  struct Drain {
+    Block* b;              // the draining block (never merged or split while it drains)
+    bool dropped = false;  // its old mapping is gone (Upstream::unalias): it may become a hole
+  };
+  std::vector<Drain> draining;
+  bool alias_ok = false;  // the upstream can alias (asked when the first range is reserved)
+  // Under mu, after order_done advanced: unalias every draining range whose order completed.
+  // Touches no block structure, so it may run anywhere.
+  void drop_aliases();
+  // Dropped draining blocks become unmapped holes, merged with their neighbours: only where no
+  // caller holds a pointer to an unmapped block (the start of growth, fence service).
+  void reclaim_drained();
 
   // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
   // Caches engage only once a second thread has used the pool: a single-threaded program (and a
@@ -626,6 +668,7 @@ struct DevicePool::Impl {
   std::uint64_t order_seq = 0;   // orders made so far
   std::uint64_t order_done = 0;  // every order up to this one has completed
   bool is_hot(const Block* b) const { return b->hot > order_done; }
+  // Both also unalias the draining ranges whose order completed (drop_aliases).
   void poll_ordered();    // release the completed ones (oldest first, stop at a running one)
   void settle_ordered();  // host-wait for every one of them (before memory goes back)
   std::vector<FenceHandle> order_scratch;  // order_device_batches' handle list (no allocation per call)

@@ -22,6 +22,8 @@ DevicePool::Impl::~Impl() {
   drop_list(retire_head);
   for (StreamFree* sf : promo_list) fences.release(sf->promo_fence);
   for (const auto& [f, seq] : ordered) fences.release(f);
+  for (const Drain& d : draining)
+    if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
   for (auto& [base, seg] : segments) {
     if (seg->expandable)
       destroy_expandable(seg);
@@ -29,15 +31,6 @@ DevicePool::Impl::~Impl() {
       up.release(reinterpret_cast<void*>(base), seg->size);
   }
 }
-
-namespace {
-// The block containing p in seg (p must lie in seg).
-detail::Block* block_at(detail::Segment* seg, std::uintptr_t p) {
-  for (detail::Block* b = seg->head; b != nullptr; b = b->next)
-    if (p >= b->ptr && p < b->ptr + b->size) return b;
-  return nullptr;
-}
-}  // namespace
 
 DevicePool::Impl::Segment* DevicePool::Impl::segment_containing(std::uintptr_t p) const {
   auto it = segments.upper_bound(p);
@@ -51,7 +44,7 @@ DevicePool::Impl::Segment* DevicePool::Impl::segment_containing(std::uintptr_t p
 FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
   Segment* seg = segment_containing(p);
   if (seg == nullptr) return FreeStatus::not_owned;
-  if (seg->expandable && !block_at(seg, p)->mapped()) return FreeStatus::not_owned;
+  if (seg->expandable && !detail::block_at(seg, p)->mapped()) return FreeStatus::not_owned;
   ++st.bad_frees;
   for (Block* b = seg->head; b != nullptr; b = b->next)
     if (b->ptr == p) return FreeStatus::double_free;  // starts a block that is not allocated
@@ -94,7 +87,7 @@ bool DevicePool::owns(const void* ptr) const {
   Impl::Guard lock(impl_->mu);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   Impl::Segment* seg = impl_->segment_containing(p);
-  return seg != nullptr && (!seg->expandable || block_at(seg, p)->mapped());
+  return seg != nullptr && (!seg->expandable || detail::block_at(seg, p)->mapped());
 }
 
 // Every view below first flushes the threads' caches (pool_tcache.cpp): what it shows is then
@@ -134,7 +127,7 @@ void DevicePool::reset_accumulated_stats() {
   Stats& s = impl_->st;
   for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
-  s.num_device_map = s.num_device_unmap = 0;
+  s.num_device_map = s.num_device_unmap = s.num_device_alias = 0;
   s.cache_hits = s.cache_misses = s.upstream_ns = s.fences_recorded = s.fence_waits = s.gpu_waits = 0;
   s.gc_passes = s.gc_freed_bytes = s.empty_cache_calls = s.bad_frees = 0;
 }
@@ -211,6 +204,7 @@ void DevicePool::Impl::forget_all() {
   promo_list.clear();
   ordered.clear();
   order_done = order_seq;
+  draining.clear();
   for (Batch* b = dev_head; b != nullptr;) {
     Batch* next = b->next;
     batch_pool.put(b);
@@ -252,7 +246,7 @@ std::string DevicePool::Impl::check() const {
     return err.str();
   };
   Stats recount;
-  std::size_t free_blocks = 0, pending_blocks = 0, retiring_blocks = 0;
+  std::size_t free_blocks = 0, pending_blocks = 0, retiring_blocks = 0, draining_blocks = 0;
   std::int64_t pending_bytes = 0;
   for (auto& [base, seg] : segments) {
     if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr) return fail("bad segment head", seg->head);
@@ -318,6 +312,13 @@ std::string DevicePool::Impl::check() const {
           if (b->next != nullptr && b->next->state == BState::unmapped) return fail("unmerged unmapped blocks", b);
           if (b->requested != 0) return fail("unmapped block keeps a requested size", b);
           break;
+        case BState::draining:
+          if (!seg->expandable) return fail("draining block in a classic segment", b);
+          if (b->requested != 0) return fail("draining block keeps a requested size", b);
+          if (std::none_of(draining.begin(), draining.end(), [&](const Drain& d) { return d.b == b; }))
+            return fail("draining block missing from the draining list", b);
+          ++draining_blocks;
+          break;
         case BState::local:
         case BState::shared:
         case BState::retiring: {
@@ -358,6 +359,7 @@ std::string DevicePool::Impl::check() const {
   for (const Batch* b = retire_head; b != nullptr; b = b->next) retire_batched += b->count;
   if (batched != pending_blocks) return fail("pending blocks and batches disagree", nullptr);
   if (retire_batched != retiring_blocks) return fail("retiring blocks and batches disagree", nullptr);
+  if (draining.size() != draining_blocks) return fail("draining list and draining blocks disagree", nullptr);
   if (pending_bytes != st.pending_bytes) return fail("pending_bytes stat", nullptr);
   auto same = [&](const StatArray& a, const StatArray& b, const char* name) {
     for (std::size_t i = 0; i < kNumStatPools; ++i)

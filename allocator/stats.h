@@ -41,6 +41,9 @@ struct Stats {
   // With num_device_alloc/free they make the tools' "upstream calls" (docs/tools.md, Metrics).
   std::int64_t num_device_map = 0;
   std::int64_t num_device_unmap = 0;
+  // Of the maps, those that mapped hot pages a second time instead of fresh memory (Upstream::alias;
+  // the old mapping's removal later counts as an unmap).
+  std::int64_t num_device_alias = 0;
   std::int64_t fences_recorded = 0;
   std::int64_t fence_waits = 0;       // host blocked on a fence
   std::int64_t gpu_waits = 0;         // pending memory reused with the GPU made to wait (order_after)

@@ -47,6 +47,18 @@ class Upstream {
     unmap(from, bytes);
     return map(to, bytes);
   }
+
+  // Aliasing (optional; can_alias() false means unsupported): map the units behind
+  // [from, from+bytes) a second time at [to, to+bytes) (whole units, `to` unmapped) and leave
+  // them mapped at `from` too, so that work still running on the old address keeps its pages while
+  // new work, ordered after it on the GPU, uses them at the new one. From then on the units belong
+  // to `to` (unmap, move and export name them there); the old address only waits for unalias().
+  // On failure nothing changed: `from` still owns its units and `to` is unmapped.
+  virtual bool can_alias() { return false; }
+  virtual UpstreamStatus alias(void* /*from*/, void* /*to*/, std::size_t /*bytes*/) { return UpstreamStatus::error; }
+  // Remove the old mappings alias() left at [addr, addr+bytes): the address becomes unmapped, the
+  // physical memory stays where it was aliased to.
+  virtual void unalias(void* /*addr*/, std::size_t /*bytes*/) {}
 };
 
 }  // namespace cudapool

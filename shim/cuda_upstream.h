@@ -74,6 +74,11 @@ class CudaUpstream final : public Upstream {
   // Recycling: each page's physical handle is unmapped at `from` and mapped again at `to`
   // (cuMemUnmap + cuMemMap + one cuMemSetAccess), without cuMemRelease / cuMemCreate.
   UpstreamStatus move(void* from, void* to, std::size_t bytes) override;
+  // Aliasing: each unit's handle is mapped a second time at `to` (cuMemMap + one cuMemSetAccess)
+  // and stays mapped at `from` until unalias() (cuMemUnmap only: the handle lives on at `to`).
+  bool can_alias() override;
+  UpstreamStatus alias(void* from, void* to, std::size_t bytes) override;
+  void unalias(void* addr, std::size_t bytes) override;
   // Device `device` (an ordinal) also gets read/write access to every page: those mapped from
   // now on and those mapped already. Empty by default: only the pool's own device can touch its
   // pages. The first failing cuMemSetAccess's error, else CUDA_SUCCESS.
@@ -109,6 +114,8 @@ class CudaUpstream final : public Upstream {
   std::size_t page_at(std::uintptr_t lo, std::size_t bytes) const;
   // Unmaps and releases every unit lying wholly inside [lo, hi).
   void release_units(std::uintptr_t lo, std::uintptr_t hi);
+  // Unmaps every old mapping alias() left inside [lo, hi).
+  void drop_aliases(std::uintptr_t lo, std::uintptr_t hi);
   CUresult set_access(int dev, std::uintptr_t lo, std::size_t bytes);
 
   bool charge(std::size_t bytes) noexcept;  // false: the gate refused
@@ -133,6 +140,8 @@ class CudaUpstream final : public Upstream {
     bool exportable = false;
   };
   std::map<std::uintptr_t, Unit> units_;    // physical allocations by mapped address (one per map())
+  // Old mappings left by alias(), address -> bytes: the handles belong to units_ elsewhere.
+  std::map<std::uintptr_t, std::size_t> aliases_;
   std::map<std::uintptr_t, Range> ranges_;  // reservations by base
 };
 

@@ -144,6 +144,7 @@ void CudaUpstream::unreserve(void* base, std::size_t bytes) {
   }
   // The pool unmaps everything first; anything still mapped here would leak its handle.
   const std::size_t size = it->second.bytes;
+  drop_aliases(b, b + size);
   release_units(b, b + size);
   ScopedContext scope(d_, ctx_);
   const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(b), size);
@@ -265,6 +266,68 @@ UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
   return status_of(r);
 }
 
+bool CudaUpstream::can_alias() { return granularity() != 0; }
+
+// The new mappings are made first; only when all of them and their access are in place does
+// the unit change hands, so a failure leaves everything as it was.
+UpstreamStatus CudaUpstream::alias(void* from, void* to, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  int dev = 0;
+  const auto src = reinterpret_cast<std::uintptr_t>(from);
+  const auto dst = reinterpret_cast<std::uintptr_t>(to);
+  const std::size_t page = page_at(src, bytes);
+  if (!vmm_device(&dev) || page == 0 || page_at(dst, bytes) != page) return UpstreamStatus::error;
+  ScopedContext scope(d_, ctx_);
+  CUresult r = CUDA_SUCCESS;
+  std::size_t off = 0;
+  while (off < bytes) {
+    auto it = units_.find(src + off);
+    if (it == units_.end() || it->second.bytes > bytes - off) {  // not whole units of ours
+      r = CUDA_ERROR_INVALID_VALUE;
+      break;
+    }
+    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), it->second.bytes, 0, it->second.handle, 0);
+    if (r != CUDA_SUCCESS) break;
+    off += it->second.bytes;
+  }
+  if (r == CUDA_SUCCESS) r = set_access(dev, dst, bytes);
+  if (r != CUDA_SUCCESS) {
+    for (std::size_t o = 0; o < off;) {  // the second mappings made so far go again
+      const std::size_t n = units_.at(src + o).bytes;
+      d_.cuMemUnmap(static_cast<CUdeviceptr>(dst + o), n);
+      o += n;
+    }
+    log_debug("expandable segments: aliasing {} bytes from {:#x} at {:#x} failed: CUDA error {}", bytes, src, dst, r);
+    return status_of(r);
+  }
+  for (std::size_t o = 0; o < bytes;) {
+    auto node = units_.extract(src + o);
+    const std::size_t n = node.mapped().bytes;
+    node.key() = dst + o;
+    units_.insert(std::move(node));
+    aliases_[src + o] = n;
+    o += n;
+  }
+  return UpstreamStatus::ok;
+}
+
+void CudaUpstream::unalias(void* addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  drop_aliases(lo, lo + bytes);
+}
+
+// Called with vmm_mu_ held.
+void CudaUpstream::drop_aliases(std::uintptr_t lo, std::uintptr_t hi) {
+  if (aliases_.empty()) return;
+  ScopedContext scope(d_, ctx_);
+  for (auto it = aliases_.lower_bound(lo); it != aliases_.end() && it->first < hi;) {
+    const CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(it->first), it->second);
+    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) of an old mapping failed: CUDA error {}", it->first, it->second, r);
+    it = aliases_.erase(it);
+  }
+}
+
 void CudaUpstream::unmap(void* addr, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(vmm_mu_);
   if (gran_ == 0) return;
@@ -308,6 +371,7 @@ void CudaUpstream::release_all_vmm() {
     if (d_.cuCtxSynchronize != nullptr) d_.cuCtxSynchronize();  // work on the pages ends first
     std::size_t units = units_.size();
     for (auto& [base, range] : ranges_) {
+      drop_aliases(base, base + range.bytes);
       release_units(base, base + range.bytes);
       const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(base), range.bytes);
       if (r != CUDA_SUCCESS)

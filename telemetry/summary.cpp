@@ -63,6 +63,7 @@ constexpr Scalar kScalars[] = {
     {"num_device_free", &Stats::num_device_free},
     {"num_device_map", &Stats::num_device_map},
     {"num_device_unmap", &Stats::num_device_unmap},
+    {"num_device_alias", &Stats::num_device_alias},
     {"max_split_size", &Stats::max_split_size},
     {"cache_hits", &Stats::cache_hits},
     {"cache_misses", &Stats::cache_misses},

@@ -76,6 +76,18 @@ UpstreamStatus SimUpstream::move(void* from, void* to, std::size_t bytes) {
   return UpstreamStatus::ok;
 }
 
+// A second mapping of the same physical memory (the old one goes with unalias): nothing charged.
+UpstreamStatus SimUpstream::alias(void* from, void* to, std::size_t bytes) {
+  ++calls_;
+  const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
+  const auto moved = take_units(src, src + bytes);
+  for (const auto& [at, size] : moved) units_[dst + (at - src)] = size;
+  unit_ops_ += moved.size();
+  return UpstreamStatus::ok;
+}
+
+void SimUpstream::unalias(void*, std::size_t) { ++calls_; }
+
 std::vector<std::pair<std::uintptr_t, std::size_t>> SimUpstream::take_units(std::uintptr_t lo, std::uintptr_t hi) {
   const auto first = units_.lower_bound(lo), last = units_.lower_bound(hi);
   std::vector<std::pair<std::uintptr_t, std::size_t>> out(first, last);

@@ -27,6 +27,9 @@ class SimUpstream : public Upstream {
   UpstreamStatus map(void* addr, std::size_t bytes) override;
   void unmap(void* addr, std::size_t bytes) override;
   UpstreamStatus move(void* from, void* to, std::size_t bytes) override;
+  bool can_alias() override { return granularity_ != 0; }
+  UpstreamStatus alias(void* from, void* to, std::size_t bytes) override;
+  void unalias(void* addr, std::size_t bytes) override;
 
   std::size_t used() const { return used_; }
   std::size_t peak_used() const { return peak_used_; }

@@ -7,6 +7,7 @@
 // empty-cache / trim, leaks nothing, keeps reservations bounded and refuses IPC.
 // `vmm_app <scenario>` prints "FAIL file:line: expr" and exits 1 on the first failed check.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -348,6 +349,55 @@ void scenario_recycle() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
+// Pages freed while the GPU still works on them, handed out again under a GPU-side wait, then
+// needed elsewhere by a growth: the same handles are mapped a second time at the growth (no new
+// handle, no host wait), and the old mapping stays until the work that could use it has finished.
+void scenario_alias() {
+  start(0);
+  const std::size_t g = large_page();
+  const std::size_t k = std::max<std::size_t>(2, 8 * kMiB / g + 1);  // past the 16 MiB growth slack
+  std::vector<CUdeviceptr> p(4);
+  for (int i = 0; i < 4; ++i) CHECK_OK(cuMemAlloc_v2(&p[i], k * g));
+  const std::size_t mapped = fakecuda_vmm_mapped_bytes();
+  CHECK(mapped == 4 * k * g);
+  check_accounting(0);
+  fakecuda_hold_stream(nullptr);  // the legacy stream is busy: the frees' fences stay pending
+  CHECK_OK(cuMemFree_v2(p[0]));
+  CHECK_OK(cuMemFree_v2(p[2]));
+  const long creates = fakecuda_vmm_create_calls();
+  const long handles = fakecuda_vmm_live_handles();
+  const long syncs = fakecuda_event_syncs();
+  CUdeviceptr e = 0;
+  // Fits neither hole: the GPU is made to wait for the frees, and their pages are aliased into place.
+  CHECK_OK(cuMemAlloc_v2(&e, 2 * k * g));
+  CHECK(fakecuda_vmm_create_calls() == creates);  // no new physical memory
+  CHECK(fakecuda_vmm_live_handles() == handles);
+  CHECK(fakecuda_event_syncs() == syncs);         // and no host wait
+  CHECK(fakecuda_vmm_handle_bytes() == mapped);
+  CHECK(fakecuda_vmm_mapped_bytes() > mapped);    // the old addresses are still mapped…
+  CHECK(fakecuda_vmm_mapped_bytes() == mapped + 2 * k * g);
+  for (CUdeviceptr x : {p[0], p[2]})  // …for the held work
+    CHECK(fakecuda_vmm_is_mapped(x) && fakecuda_vmm_is_mapped(x + k * g - 1));
+  CHECK(fakecuda_vmm_is_mapped(e) && fakecuda_vmm_is_mapped(e + 2 * k * g - 1));
+  CHECK(static_cast<std::size_t>(stats(0).reserved_bytes) == mapped);  // physical memory counted once
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+  fakecuda_release_stream(nullptr);  // the work finishes; the next fence service drops the old mappings
+  auto old_mapped = [&] { return fakecuda_vmm_is_mapped(p[0]) || fakecuda_vmm_is_mapped(p[2]); };
+  for (int i = 0; i < 50 && old_mapped(); ++i) {
+    usleep(200);
+    CUdeviceptr t = 0;
+    CHECK_OK(cuMemAlloc_v2(&t, 4096));  // small pool: maps its own page once, serves the rest
+    CHECK_OK(cuMemFree_v2(t));
+  }
+  CHECK(!old_mapped());
+  CHECK(fakecuda_vmm_create_calls() == creates + 1);  // the small pool's page, nothing else
+  check_accounting(0);  // every mapping is a live handle's again
+  for (CUdeviceptr x : {p[1], p[3], e}) CHECK_OK(cuMemFree_v2(x));
+  empty_cache();
+  CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 // expandable_peer_access:True (set by the test): every mapping also names the other device, which
 // cuDeviceCanAccessPeer says can reach this one; pages stay on the owning device.
 void scenario_peers() {
@@ -459,7 +509,7 @@ int main(int argc, char** argv) {
                    {"classic", scenario_classic}, {"cap", scenario_cap},
                    {"reset", scenario_reset}, {"recycle", scenario_recycle}, {"peers", scenario_peers},
                    {"enable_peer", scenario_enable_peer},
-                   {"units", scenario_units}};
+                   {"units", scenario_units}, {"alias", scenario_alias}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -313,6 +313,51 @@ def fhs_text(c):
     return ", ".join(f"{p} {c[p][0]}/{c[p][1]}" for p in FHS_PARTS)
 
 
+def cmd_alias(out):
+    """Pages in use moved into a growth (alias_race.cu): nothing corrupted and no fault without the
+    shim and under the default, which must also have aliased (or the mechanism never ran);
+    free_sync:immediate, which reuses and moves the pages with no wait, must corrupt or fault."""
+    def total(run):
+        m = re.search(r"^alias_corrupted=(\d+)", run.stdout, re.M)
+        return int(m.group(1)) if run.ok and m else None
+
+    def aliases(run):
+        m = re.search(r"^aliases=(-?\d+)", run.stderr, re.M)
+        return int(m.group(1)) if m else None
+
+    ref_run = Run(out, "alias_ref")
+    ref = total(ref_run)
+    run = Run(out, "alias_default")
+    got = total(run)
+    check = "pages in use moved by aliasing, default: corrupted bytes"
+    if got is None:
+        add_row(out, check, status=FAIL if run.ran else MISS,
+                note=run.why_failed() if not run.ok else "alias_default printed no alias_corrupted line")
+    else:
+        n = aliases(run)
+        ok = got == 0 and ref == 0 and n is not None and n > 0
+        note = f"{n} aliases made" if n is not None else "no aliases= line"
+        if ref is None:
+            note = "baseline run missing: " + ref_run.why_failed() + "; " + note
+        elif ref != 0:
+            note = "the real driver itself showed corruption: the test is broken; " + note
+        elif not n:
+            note += ": the alias path was not exercised"
+        add_row(out, check, value=got, baseline="n/a" if ref is None else str(ref), target="0, aliases > 0",
+                status=PASS if ok else FAIL, note=note)
+    neg = Run(out, "alias_immediate")
+    got = total(neg)
+    if not neg.ran:
+        add_row(out, "pages in use moved, free_sync:immediate shows it", status=MISS, note="not run")
+    else:
+        failed = got is None or got > 0
+        what = (f"{got} bytes corrupted" if got is not None else
+                f"the program failed (exit {neg.rc}): {neg.stderr.strip()[-160:]}")
+        add_row(out, "pages in use moved, free_sync:immediate shows it", value=what,
+                target="corrupted or faulted", status=PASS if failed else FAIL,
+                note="proves the test can fail" if failed else "no corruption even without waits: the test cannot fail")
+
+
 def cmd_free_host_sync(out):
     """Rows: whether the kernel's late write to host memory is visible right after cudaFree
     returned. Without the shim it must be (seen = N in both parts), else the test cannot tell
@@ -949,7 +994,7 @@ def cmd_table(out, command="bash tests/gpu/run.sh"):
 
 
 COMMANDS = {
-    "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "race": cmd_race,
+    "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "race": cmd_race, "alias": cmd_alias,
     "free_host_sync": cmd_free_host_sync, "ipc": cmd_ipc,
     "latency": cmd_latency, "legacy": cmd_legacy, "torch": cmd_torch, "torch_side_stream": cmd_torch_side_stream,
     "cupy": cmd_cupy, "jax": cmd_jax,

@@ -106,7 +106,7 @@ if [ "$BUILD" = 1 ]; then
   cp "$BIN"/build-*.log "$OUT/logs/" 2>/dev/null
 fi
 missing=()
-for p in correctness correctness_shared driver_api race free_host_sync ipc stream_ordered graph_capture device_reset \
+for p in correctness correctness_shared driver_api race alias_race free_host_sync ipc stream_ordered graph_capture device_reset \
          legacy_app alloc_bench nvml_peak; do
   [ -x "$BIN/$p" ] || missing+=("$p")
 done
@@ -163,6 +163,10 @@ if want race; then
   run race_immediate 60 $(shim_env race_immediate free_sync:immediate) -- "$BIN/race"
   run race_classic 60 $(shim_env race_classic expandable_segments:False) -- "$BIN/race"
   "${REPORT[@]}" race "$OUT"
+  run alias_ref 60 -- "$BIN/alias_race"
+  run alias_default 60 $(shim_env alias_default) -- "$BIN/alias_race"
+  run alias_immediate 60 $(shim_env alias_immediate free_sync:immediate) -- "$BIN/alias_race"
+  "${REPORT[@]}" alias "$OUT"
   run free_host_sync_ref 30 -- "$BIN/free_host_sync"
   run free_host_sync_default 30 $(shim_env free_host_sync_default) -- "$BIN/free_host_sync"
   run free_host_sync_on 30 $(shim_env free_host_sync_on free_host_sync:True) -- "$BIN/free_host_sync"

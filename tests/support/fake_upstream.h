@@ -9,7 +9,9 @@
 //   made readable/writable by map() and dropped by unmap().
 // Segments are separated by an unused gap, so a pool that merged across segments would be caught.
 // Like the driver, every map() is one physical unit: an unmap or move must cover whole units
-// (anything else is a bad call), and a move keeps each unit's size at its new address.
+// (anything else is a bad call), and a move keeps each unit's size at its new address. An alias
+// maps units a second time and leaves the old mapping until unalias(): until then nothing may be
+// mapped over the old address (a bad call), which is how a pool that reused it early is caught.
 // Failures are injectable (fail_next, capacity); every call is counted. Thread-safe.
 #pragma once
 #include <sys/mman.h>
@@ -124,7 +126,8 @@ class FakeUpstream : public Upstream {
   void unreserve(void* base, std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = reservations_.find(reinterpret_cast<std::uintptr_t>(base));
-    if (it == reservations_.end() || it->second.size != bytes || !it->second.units.empty()) {
+    if (it == reservations_.end() || it->second.size != bytes || !it->second.units.empty() ||
+        !it->second.aliases.empty()) {
       ++bad_calls_;  // unknown range, wrong size, or pages still mapped
       return;
     }
@@ -147,7 +150,7 @@ class FakeUpstream : public Upstream {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
-    if (overlaps_unit(*r, a, bytes)) {
+    if (overlaps_unit(*r, a, bytes) || overlaps_alias(*r, a, bytes)) {
       ++bad_calls_;  // mapping a page twice
       return UpstreamStatus::error;
     }
@@ -194,7 +197,7 @@ class FakeUpstream : public Upstream {
     Reservation* rs = find_reservation(src, bytes);
     Reservation* rd = find_reservation(dst, bytes);
     if (rs == nullptr || rd == nullptr || !whole_pages(*rs, src, bytes) || !whole_pages(*rd, dst, bytes) ||
-        !whole_units(*rs, src, bytes) || overlaps_unit(*rd, dst, bytes)) {
+        !whole_units(*rs, src, bytes) || overlaps_unit(*rd, dst, bytes) || overlaps_alias(*rd, dst, bytes)) {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
@@ -210,7 +213,73 @@ class FakeUpstream : public Upstream {
     return UpstreamStatus::ok;
   }
 
+  bool can_alias() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return granularity_ != 0 && alias_on_;
+  }
+  UpstreamStatus alias(void* from, void* to, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++alias_calls_;
+    ++map_calls_;
+    if (!alias_on_) {
+      ++bad_calls_;  // the pool asked can_alias() first
+      return UpstreamStatus::error;
+    }
+    if (alias_fail_next_ > 0) {
+      --alias_fail_next_;
+      ++failed_calls_;
+      return UpstreamStatus::error;
+    }
+    const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
+    Reservation* rs = find_reservation(src, bytes);
+    Reservation* rd = find_reservation(dst, bytes);
+    if (rs == nullptr || rd == nullptr || rs->page != rd->page || !whole_pages(*rs, src, bytes) ||
+        !whole_pages(*rd, dst, bytes) || !whole_units(*rs, src, bytes) || overlaps_unit(*rd, dst, bytes) ||
+        overlaps_alias(*rd, dst, bytes)) {
+      ++bad_calls_;
+      return UpstreamStatus::error;
+    }
+    std::vector<std::pair<std::uintptr_t, std::size_t>> moved(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
+    rs->units.erase(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
+    for (const auto& [at, size] : moved) {
+      rd->units[dst + (at - src)] = size;
+      rs->aliases[at] = size;
+    }
+    if (backed_) ::mprotect(to, bytes, PROT_READ | PROT_WRITE);  // the old address stays accessible
+    return UpstreamStatus::ok;
+  }
+  void unalias(void* addr, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++unalias_calls_;
+    ++unmap_calls_;
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    Reservation* r = find_reservation(a, bytes);
+    std::uintptr_t at = a;
+    if (r != nullptr)
+      for (auto it = r->aliases.find(a); it != r->aliases.end() && it->first == at && at < a + bytes; ++it)
+        at += it->second;
+    if (r == nullptr || at != a + bytes) {
+      ++bad_calls_;  // not exactly old mappings left by alias()
+      return;
+    }
+    r->aliases.erase(r->aliases.lower_bound(a), r->aliases.lower_bound(a + bytes));
+    if (backed_) {
+      ::madvise(addr, bytes, MADV_DONTNEED);
+      ::mprotect(addr, bytes, PROT_NONE);
+    }
+  }
+
   // ---- Control -----------------------------------------------------------------------------
+  // An upstream without aliasing (can_alias() false), like one whose driver cannot map a handle
+  // twice; and the next n alias() calls failing.
+  void set_alias(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    alias_on_ = on;
+  }
+  void fail_next_alias(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    alias_fail_next_ = n;
+  }
   // The next n allocate()/map() calls fail with `status` (before any capacity check).
   void fail_next(int n, UpstreamStatus status = UpstreamStatus::out_of_memory) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -238,6 +307,24 @@ class FakeUpstream : public Upstream {
   std::size_t map_calls() const { return locked(map_calls_); }
   std::size_t unmap_calls() const { return locked(unmap_calls_); }
   std::size_t move_calls() const { return locked(move_calls_); }
+  std::size_t alias_calls() const { return locked(alias_calls_); }
+  std::size_t unalias_calls() const { return locked(unalias_calls_); }
+  // Old mappings alias() left and unalias() has not removed yet, in bytes.
+  std::size_t aliased_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t n = 0;
+    for (const auto& [base, r] : reservations_)
+      for (const auto& [at, size] : r.aliases) n += size;
+    return n;
+  }
+  // Whether [p, p+bytes) is still mapped as an old mapping left by alias().
+  bool alias_at(const void* p) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const auto& [base, r] : reservations_)
+      if (r.aliases.count(a) != 0) return true;
+    return false;
+  }
   // Pages mapped by map() so far, each counted in its range's page.
   std::size_t pages_mapped() const { return locked(pages_mapped_); }
   // Physical units moved so far (each one driver unmap + map), and the sizes of the units mapped
@@ -280,6 +367,7 @@ class FakeUpstream : public Upstream {
     std::size_t page = 0;                  // the unit promised at reserve()
     std::map<std::uintptr_t, std::size_t> units;  // physical allocations: base -> bytes
     std::uintptr_t base = 0;
+    std::map<std::uintptr_t, std::size_t> aliases;  // old mappings left by alias(): base -> bytes
   };
   // The pool's promise at reserve(): whole pages of the range, at page offsets from its base.
   bool whole_pages(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
@@ -290,6 +378,11 @@ class FakeUpstream : public Upstream {
     auto it = r.units.lower_bound(a);
     if (it != r.units.end() && it->first < a + bytes) return true;
     return it != r.units.begin() && std::prev(it)->first + std::prev(it)->second > a;
+  }
+  bool overlaps_alias(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
+    auto it = r.aliases.lower_bound(a);
+    if (it != r.aliases.end() && it->first < a + bytes) return true;
+    return it != r.aliases.begin() && std::prev(it)->first + std::prev(it)->second > a;
   }
   // [a, a+bytes) is exactly a run of whole, adjacent units.
   bool whole_units(const Reservation& r, std::uintptr_t a, std::size_t bytes) const {
@@ -330,6 +423,9 @@ class FakeUpstream : public Upstream {
   std::size_t held_ = 0, mapped_ = 0, peak_held_ = 0;
   std::size_t allocate_calls_ = 0, release_calls_ = 0, failed_calls_ = 0, bad_calls_ = 0;
   std::size_t mem_info_calls_ = 0, reserve_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0, move_calls_ = 0;
+  std::size_t alias_calls_ = 0, unalias_calls_ = 0;
+  bool alias_on_ = true;
+  int alias_fail_next_ = 0;
 };
 
 }  // namespace cudapool::testing

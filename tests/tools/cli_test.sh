@@ -260,11 +260,11 @@ expect_rc 0 "tune with a budget of 3" -- "$cp" tune $traces/serve.csv --budget 3
 expect_out "^3 policies replayed" "tune stops at the budget"
 expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
 # --free-as / --fence-latency-us reach every candidate's replay: the PyTorch trace's defaults hold
-# 776.00 MiB as cudaFreeAsync, 832.00 MiB as cudaFree with 1 ms of fence latency (as replay says).
+# 776.00 MiB as cudaFreeAsync, 808.00 MiB as cudaFree with 1 ms of fence latency (as replay says).
 expect_rc 0 "tune with frees as cudaFree and fence latency" -- "$cp" tune $traces/gpu_torch.csv --budget 4 \
   --free-as sync --fence-latency-us 1000
 expect_out "frees as cudaFree, fence latency 1000 us" "tune says how frees were replayed"
-expect_out "\(base\) +832\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
+expect_out "\(base\) +808\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
 expect_rc 0 "tune with the default free kind" -- "$cp" tune $traces/gpu_torch.csv --budget 4
 expect_out "\(base\) +776\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
 expect_rc 2 "tune refuses an unknown free kind" -- "$cp" tune $traces/gpu_torch.csv --free-as sometimes

@@ -148,43 +148,134 @@ TEST(PoolGpuWait, ExpandableReusesPendingPagesInPlace) {
 }
 
 // Past the high-water mark, free pages reused under a still-running GPU-side wait cannot be
-// recycled until it completes: expandable_wait (default) waits for it and recycles them, False
-// maps new pages instead.
-TEST(PoolGpuWait, ExpandableWaitSettlesHotPagesBeforeRecycling) {
-  for (bool wait : {true, false}) {
-    SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
+// unmapped or moved until it completes. An upstream that can alias maps them a second time where
+// the growth needs them, with no host wait and no new memory, and keeps the old mapping until the
+// wait completed. Without aliasing, expandable_wait (default) waits and recycles them, False maps
+// new pages instead.
+namespace {
+struct HotGrowth {
+  PoolRig rig;
+  void* b = nullptr;
+  void* c = nullptr;
+  void* d = nullptr;
+  void* hot_start = nullptr;  // where the 14 free hot MiB begin
+  std::size_t waits = 0;
+  HotGrowth(bool alias, bool wait) : rig(options(wait)) {
+    rig.up.set_granularity(2 * MiB);
+    rig.up.set_alias(alias);
+    void* big = rig.alloc(34 * MiB);  // the high-water mark: 34 MiB
+    EXPECT_EQ(rig.pool->free(big), FreeStatus::ok);
+    rig.fence.complete_all();
+    rig.advance_clock();
+    EXPECT_EQ(rig.pool->empty_cache(), 34 * MiB);
+    void* a = rig.alloc(16 * MiB);
+    b = rig.alloc(16 * MiB);
+    EXPECT_EQ(rig.pool->free(a), FreeStatus::ok);
+    c = rig.alloc(2 * MiB);  // a's pages reused under a GPU-side wait; 14 MiB stay free, hot
+    EXPECT_EQ(c, a);
+    hot_start = static_cast<char*>(a) + 2 * MiB;
+    EXPECT_EQ(rig.fence.ordered_incomplete(), 1u);
+    waits = rig.fence.waits();
+    d = rig.alloc(16 * MiB);  // fits nowhere: growth 14 MiB past the mark
+    EXPECT_NE(d, nullptr);
+  }
+  static PoolOptions options(bool wait) {
     PoolOptions o = gpu_wait();
     o.expandable_segments = true;
     o.expandable_large_page = 0;
     o.expandable_max_unit = 0;  // one unit per 2 MiB page: any run of pages can move
     o.expandable_wait = wait;
     o.expandable_slack = 0;  // exact page arithmetic: no growth slack
-    PoolRig rig(o);
-    rig.up.set_granularity(2 * MiB);
-    void* big = rig.alloc(34 * MiB);  // the high-water mark: 34 MiB
-    ASSERT_EQ(rig.pool->free(big), FreeStatus::ok);
+    return o;
+  }
+  void free_all() {
+    for (void* p : {b, c, d}) EXPECT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+};
+}  // namespace
+
+TEST(PoolGpuWait, HotPagesAreAliasedIntoGrowthWithoutWaiting) {
+  for (bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
+    HotGrowth g(/*alias=*/true, wait);
+    PoolRig& rig = g.rig;
+    EXPECT_EQ(rig.fence.waits(), g.waits);         // no host wait…
+    EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);    // …and no new memory: the hot pages moved
+    EXPECT_EQ(rig.up.alias_calls(), 1u);           // one run, one call
+    EXPECT_EQ(rig.up.aliased_bytes(), 14 * MiB);   // the old mapping stays while old work may run
+    EXPECT_TRUE(rig.up.alias_at(g.hot_start));
+    EXPECT_EQ(rig.pool->stats().num_device_alias, 1);
+    EXPECT_EQ(rig.pool->stats().reserved_bytes[kAll].current, static_cast<std::int64_t>(34 * MiB));
+    rig.expect_intact();
+    // More traffic while the fence runs: the old range is neither dropped nor grown into.
+    for (int i = 0; i < 4; ++i) {
+      rig.advance_clock();
+      void* e = rig.alloc(8 * MiB);
+      EXPECT_EQ(rig.pool->free(e), FreeStatus::ok);
+    }
+    EXPECT_EQ(rig.up.aliased_bytes(), 14 * MiB);
+    EXPECT_EQ(rig.up.unalias_calls(), 0u);
+    // The GPU-side wait completes: the old mapping goes at the next fence service, and its
+    // address space becomes a hole again.
     rig.fence.complete_all();
     rig.advance_clock();
-    EXPECT_EQ(rig.pool->empty_cache(), 34 * MiB);
-    void* a = rig.alloc(16 * MiB);
-    void* b = rig.alloc(16 * MiB);
-    ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
-    void* c = rig.alloc(2 * MiB);  // a's pages reused under a GPU-side wait; 14 MiB stay free, hot
-    EXPECT_EQ(c, a);
-    ASSERT_EQ(rig.fence.ordered_incomplete(), 1u);
-    const std::size_t waits = rig.fence.waits();
-    void* d = rig.alloc(16 * MiB);  // fits nowhere: growth 14 MiB past the mark
-    ASSERT_NE(d, nullptr);
+    (void)rig.pool->free(rig.alloc(4 * KiB));
+    EXPECT_EQ(rig.up.aliased_bytes(), 0u);
+    EXPECT_EQ(rig.up.unalias_calls(), 1u);
+    rig.expect_intact();
+    g.free_all();
+    rig.fence.complete_all();
+    rig.advance_clock();
+    const std::size_t mapped = rig.up.bytes_mapped();  // 34 MiB and what the 8 MiB requests grew
+    EXPECT_EQ(rig.pool->empty_cache(), mapped);
+    EXPECT_EQ(rig.up.bytes_mapped(), 0u);
+    EXPECT_EQ(rig.up.bad_calls(), 0u);  // nothing was mapped over the old mapping, nothing cut
+    rig.expect_intact();
+  }
+}
+
+TEST(PoolGpuWait, WithoutAliasingExpandableWaitSettlesHotPages) {
+  for (bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
+    HotGrowth g(/*alias=*/false, wait);
+    PoolRig& rig = g.rig;
+    EXPECT_EQ(rig.up.alias_calls(), 0u);
     if (wait) {
-      EXPECT_GT(rig.fence.waits(), waits);          // waited for the GPU-side wait's fence…
+      EXPECT_GT(rig.fence.waits(), g.waits);         // waited for the GPU-side wait's fence…
       EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);   // …and recycled the hot pages
     } else {
-      EXPECT_EQ(rig.fence.waits(), waits);          // never blocks…
+      EXPECT_EQ(rig.fence.waits(), g.waits);         // never blocks…
       EXPECT_EQ(rig.up.bytes_mapped(), 48 * MiB);   // …maps new memory instead
       EXPECT_EQ(rig.fence.ordered_incomplete(), 1u);
     }
     EXPECT_EQ(rig.up.bad_calls(), 0u);
     rig.expect_intact();
-    for (void* p : {b, c, d}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+    g.free_all();
   }
+}
+
+// An alias the upstream refuses changes nothing: the hot pages stay where they are, fresh pages
+// serve the growth, and no old mapping is left behind.
+TEST(PoolGpuWait, RefusedAliasMapsFreshPages) {
+  PoolRig rig(HotGrowth::options(false));
+  rig.up.set_granularity(2 * MiB);
+  rig.up.fail_next_alias(1);
+  void* big = rig.alloc(34 * MiB);
+  ASSERT_EQ(rig.pool->free(big), FreeStatus::ok);
+  rig.fence.complete_all();
+  rig.advance_clock();
+  ASSERT_EQ(rig.pool->empty_cache(), 34 * MiB);
+  void* a = rig.alloc(16 * MiB);
+  void* b = rig.alloc(16 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  void* c = rig.alloc(2 * MiB);
+  void* d = rig.alloc(16 * MiB);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(rig.up.alias_calls(), 1u);
+  EXPECT_EQ(rig.up.aliased_bytes(), 0u);
+  EXPECT_EQ(rig.up.bytes_mapped(), 48 * MiB);
+  EXPECT_EQ(rig.pool->stats().num_device_alias, 0);
+  EXPECT_EQ(rig.up.bad_calls(), 0u);
+  rig.expect_intact();
+  for (void* p : {b, c, d}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
 }

@@ -8,7 +8,8 @@
 //    the union of every worker's live blocks has no overlap and each is an allocated block of
 //    the snapshot;
 //  * memory handed out under a GPU-side wait (FreeSync::gpu_wait) counts as safe to reuse, but
-//    nothing may go back to the upstream (release, unmap, move) while such a fence still runs;
+//    nothing may go back to the upstream (release, unmap, move, dropping an alias's old mapping)
+//    at its address while such a fence still runs;
 //  * at the end, after freeing everything and empty_cache(), the upstream holds nothing and no
 //    fence is left.
 #include <gtest/gtest.h>
@@ -84,6 +85,11 @@ struct OrderCheckingUpstream : FakeUpstream {
   UpstreamStatus move(void* from, void* to, std::size_t bytes) override {
     check(from, bytes);
     return FakeUpstream::move(from, to, bytes);
+  }
+  // Aliasing hot pages is what lets them move; dropping the old mapping is giving them back there.
+  void unalias(void* addr, std::size_t bytes) override {
+    check(addr, bytes);
+    FakeUpstream::unalias(addr, bytes);
   }
 };
 
@@ -280,8 +286,8 @@ class Stress {
     const Stats st = pool_->stats();
     EXPECT_EQ(st.allocated_bytes[kAll].current, 0);
     EXPECT_GT(st.cache_hits, 0);
-    std::printf("  stress: %ld ops, %d checkpoints, maps %zu unmaps %zu, hits %lld misses %lld ooms %ld retries %lld fences %lld waits %lld\n",
-                ops_, checkpoints_, up_.map_calls(), up_.unmap_calls(), static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses),
+    std::printf("  stress: %ld ops, %d checkpoints, maps %zu unmaps %zu aliases %zu, hits %lld misses %lld ooms %ld retries %lld fences %lld waits %lld\n",
+                ops_, checkpoints_, up_.map_calls(), up_.unmap_calls(), up_.alias_calls(), static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses),
                 static_cast<long>(ooms_.load()), static_cast<long long>(st.num_alloc_retries),
                 static_cast<long long>(st.fences_recorded), static_cast<long long>(st.fence_waits));
   }

@@ -87,6 +87,13 @@ TEST(ShimVmm, RecyclingMovesPagesWithoutNewHandles) {
 
 TEST(ShimVmm, TrimOfDefaultPoolReleasesPages) { expect_pass("trim"); }
 
+// Pages still in use by held work move into a growth by a second mapping of the same handles;
+// the old mapping goes only after the work finished.
+TEST(ShimVmm, HotPagesAreAliasedAndUnmappedAfterTheirWork) {
+  expect_pass("alias");
+  expect_pass("alias", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
+}
+
 // expandable_peer_access: the peer that can reach the device is named in every mapping (without
 // the key, check_accounting in the other scenarios asserts no peer descriptor at all).
 TEST(ShimVmm, PeerAccessWhenAsked) {

@@ -52,7 +52,7 @@ Summary sample() {
 TEST(TelemetrySummary, FlatNamesArePyTorchsAndComplete) {
   Stats s;
   auto flat = flatten_stats(s);
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 19);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 2 * 4 + 20);
   std::set<std::string> names;
   for (auto& [n, v] : flat) names.insert(n);
   EXPECT_EQ(names.size(), flat.size());

@@ -1,0 +1,113 @@
+// Pages still in use, moved. Four 32 MiB buffers; kernels on a non-blocking stream keep using A0
+// and A2 for 20 ms (one reads them late and counts bytes that are not A's pattern, one writes
+// them late); the host frees A0 and A2 at once and asks for B of 64 MiB, which fits in neither
+// hole. Real CUDA waits in cudaFree. The pool's default hands the holes' pages out at once with
+// the GPU made to wait, and, because B needs them in one run, maps the same physical pages a
+// second time at B's address (an alias) and keeps the old mapping until the kernels are done.
+// B is then written on the legacy stream and read back.
+//   A pool that unmapped the old address under the kernels makes them fault (an error, exit 2);
+//   one that skipped the GPU-side wait lets B's writes meet the kernels (corrupted bytes).
+// stdout: `alias_corrupted=N` (bytes the late reader saw changed + bytes of B not B's pattern),
+// stable across runs. stderr: `aliases=K` (the pool's num_device_alias, -1 without the shim) and
+// B's address relative to A0 (run-dependent). report.py: 0 corrupted everywhere with no error;
+// under the default also aliases > 0 (the mechanism ran); free_sync:immediate must corrupt or fault.
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+constexpr std::uint64_t kDelayNs = 20'000'000;
+constexpr std::uint64_t kMiB = 1ull << 20;
+constexpr std::uint64_t kSize = 32 * kMiB;
+constexpr std::uint8_t kA = 0xAB, kB = 0x11, kLate = 0xCD;
+
+__global__ void late_reader(const std::uint8_t* a, std::uint64_t n, unsigned long long* mismatches) {
+  gpu_delay_ns(kDelayNs);
+  unsigned long long mine = 0;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    mine += a[i] != kA;
+  if (mine) atomicAdd(mismatches, mine);
+}
+
+__global__ void late_writer(std::uint8_t* a, std::uint64_t n) {
+  gpu_delay_ns(kDelayNs);
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    a[i] = kLate;
+}
+
+__global__ void count_not(const std::uint8_t* p, std::uint64_t n, std::uint8_t v, unsigned long long* bad) {
+  unsigned long long mine = 0;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    mine += p[i] != v;
+  if (mine) atomicAdd(bad, mine);
+}
+
+// The pool's num_device_alias from its JSON stats; -1 without the shim.
+long long aliases() {
+  using Fn = std::size_t (*)(int, char*, std::size_t);
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudapool_memory_stats_json"));
+  if (fn == nullptr) return -1;
+  std::vector<char> buf(1 << 16);
+  if (fn(0, buf.data(), buf.size()) == 0) return -1;
+  const char* k = std::strstr(buf.data(), "\"num_device_alias\"");
+  if (k == nullptr) return -1;
+  k = std::strchr(k, ':');
+  return k == nullptr ? -1 : std::atoll(k + 1);
+}
+
+}  // namespace
+
+int main() {
+  CK(cudaSetDevice(0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned long long* counters = nullptr;  // [0] late reader, [1] B check
+  CK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
+  unsigned long long total = 0;
+  for (int round = 0; round < 4; ++round) {
+    const bool write_variant = round % 2 == 1;
+    std::uint8_t* a[4];
+    for (auto& p : a) {
+      CK(cudaMalloc(&p, kSize));
+      CK(cudaMemset(p, kA, kSize));
+    }
+    CK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
+    CK(cudaDeviceSynchronize());
+    for (int i : {0, 2}) {
+      if (write_variant)
+        late_writer<<<8, 256, 0, s>>>(a[i], kSize);
+      else
+        late_reader<<<8, 256, 0, s>>>(a[i], kSize, counters);
+    }
+    CK(cudaGetLastError());
+    CK(cudaFree(a[0]));
+    CK(cudaFree(a[2]));
+    std::uint8_t* b = nullptr;
+    CK(cudaMalloc(&b, 2 * kSize));
+    CK(cudaMemsetAsync(b, kB, 2 * kSize, 0));
+    count_not<<<128, 256, 0, 0>>>(b, 2 * kSize, kB, counters + 1);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    unsigned long long got[2];
+    CK(cudaMemcpy(got, counters, sizeof got, cudaMemcpyDeviceToHost));
+    std::printf("round=%d variant=%s reader_mismatches=%llu b_mismatches=%llu\n", round,
+                write_variant ? "write" : "read", got[0], got[1]);
+    std::fprintf(stderr, "round %d: B at A0%+lld bytes\n", round,
+                 static_cast<long long>(reinterpret_cast<std::intptr_t>(b) - reinterpret_cast<std::intptr_t>(a[0])));
+    total += got[0] + got[1];
+    for (std::uint8_t* p : {a[1], a[3], b}) CK(cudaFree(p));
+  }
+  CK(cudaFree(counters));
+  CK(cudaStreamDestroy(s));
+  std::printf("alias_corrupted=%llu\n", total);
+  std::fprintf(stderr, "aliases=%lld\n", aliases());
+  return 0;
+}
