@@ -138,7 +138,7 @@ class Member final : public ReserveGate {
   // together cover the shortfall, each for its share, so one allocation does not empty every
   // cache of the group; later rounds ask everyone for all of it (the published figures may be up
   // to 250 ms old).
-  bool ask_release(std::int64_t deadline, int round) noexcept {
+  bool ask_release(std::int64_t deadline, int round, std::size_t request) noexcept {
     if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
     if (share::monotonic_ns() >= deadline) return false;
     const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
@@ -153,7 +153,12 @@ class Member final : public ReserveGate {
     }
     if (nc == 0) return false;  // alone in the group: nobody to ask
     std::sort(cand, cand + nc, [](const auto& a, const auto& b) { return a.second > b.second; });
-    const std::uint64_t need = shortfall_.load(std::memory_order_relaxed);
+    // The gate sees one physical unit at a time (expandable growth maps 16 MiB units), so its
+    // shortfall can be a unit where the allocation needs gigabytes: ask for the whole request's
+    // excess over the budget, or members give back one unit per round until the wait runs out.
+    const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
+    const std::uint64_t over = total + request > budget ? total + request - budget : 0;
+    const std::uint64_t need = std::max<std::uint64_t>(shortfall_.load(std::memory_order_relaxed), over);
     std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
     int n = 0;
     std::uint64_t covered = 0;
@@ -609,11 +614,11 @@ Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept {
 
 ReserveGate* gate_of(Member* m) noexcept { return m; }
 
-bool ask_release(Member& m, std::int64_t start_ns, int round) noexcept {
+bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept {
   try {
     const Runtime* rt = Runtime::peek();
     const int wait_ms = rt != nullptr ? rt->policy().group_release_wait_ms : 0;
-    return m.ask_release(start_ns + static_cast<std::int64_t>(wait_ms) * 1'000'000, round);
+    return m.ask_release(start_ns + static_cast<std::int64_t>(wait_ms) * 1'000'000, round, request);
   } catch (...) {
     return false;
   }

@@ -34,8 +34,9 @@ ReserveGate* gate_of(Member* m) noexcept;
 // other members for idle cached memory (round 0: the fewest that cover the shortfall, by the
 // idle bytes they last published; later rounds: everyone) and waiting until they answered,
 // something was released, or the policy's group_release_wait_ms passed since `start_ns`
-// (share::monotonic_ns). true: try the allocation again.
-bool ask_release(Member& m, std::int64_t start_ns, int round) noexcept;
+// (share::monotonic_ns). `request`: the bytes of the allocation refused, so the members are
+// asked for all of its excess over the budget at once. true: try the allocation again.
+bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept;
 
 // An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
 void note_oom(int device) noexcept;

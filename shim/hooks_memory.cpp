@@ -53,7 +53,7 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   // is held while waiting.
   if (r.status == AllocStatus::out_of_memory && cp->member != nullptr && CudaUpstream::budget_refused()) {
     const std::int64_t start = share::monotonic_ns();
-    for (int round = 0; group::ask_release(*cp->member, start, round); ++round) {
+    for (int round = 0; group::ask_release(*cp->member, start, round, bytes); ++round) {
       CudaUpstream::clear_budget_refused();
       r = cp->pool.allocate(bytes, stream);
       if (r.status != AllocStatus::out_of_memory || !CudaUpstream::budget_refused()) break;

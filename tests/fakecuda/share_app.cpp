@@ -157,6 +157,21 @@ int need(std::size_t mib) {
   return 0;
 }
 
+// One block of MIB: with expandable segments the pool maps it unit by unit, so the budget refuses
+// a unit, not the whole block.
+int need_one(std::size_t mib) {
+  start_primary(0);
+  CUdeviceptr p = 0;
+  const CUresult r = cuMemAlloc_v2(&p, mib * kMiB);
+  if (r != CUDA_SUCCESS) {
+    CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
+    std::printf("need-one: out of memory\n");
+    return 3;
+  }
+  std::printf("need-one: got %zu MiB\n", mib);
+  return 0;
+}
+
 int lock_ledger(bool wait) {
   auto* l = const_cast<cudapool::share::Ledger*>(find_ledger());
   CHECK(l != nullptr);
@@ -177,8 +192,9 @@ int main(int argc, char** argv) {
   if (what == "hold" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false);
   if (what == "hold-live" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), true);
   if (what == "need" && argc == 3) return need(std::strtoull(argv[2], nullptr, 10));
+  if (what == "need-one" && argc == 3) return need_one(std::strtoull(argv[2], nullptr, 10));
   if (what == "lock-and-exit") return lock_ledger(false);
   if (what == "lock-and-wait") return lock_ledger(true);
-  std::printf("usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | lock-and-exit | lock-and-wait\n");
+  std::printf("usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | need-one MIB | lock-and-exit | lock-and-wait\n");
   return 2;
 }

@@ -164,6 +164,24 @@ TEST_F(Share, IdleCacheIsReleasedOnDemand) {
   EXPECT_NE(br.output.find("of idle cached memory on request"), std::string::npos) << br.output;
 }
 
+// One block of many physical units: the budget refuses a unit at a time, yet the holder is asked
+// for the block's whole excess at once and answers in one or two rounds, not one unit per round.
+TEST_F(Share, OneLargeBlockAsksForItsWholeExcess) {
+  RunningChild& b = start_ready({kApp, "hold", "200"}, env(group_conf(240), 240));
+  const int bpid = b.pid;
+  ChildResult a = test::run_under_shim({kApp, "need-one", "160"}, env(group_conf(240), 240));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("need-one: got 160 MiB"), std::string::npos) << a.output;
+  EXPECT_GT(slot_reserved(bpid), 0) << "B kept what A did not need";
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+  std::size_t answers = 0;
+  for (std::size_t at = 0; (at = br.output.find("of idle cached memory on request", at)) != std::string::npos; ++at)
+    ++answers;
+  EXPECT_GE(answers, 1u) << br.output;
+  EXPECT_LE(answers, 2u) << "B gave back a unit per request instead of what A needed\n" << br.output;
+}
+
 // The first round asks only as many members as cover the shortfall, the largest idle cache
 // first: C's small cache is left alone when B's covers the need.
 TEST_F(Share, FirstRoundAsksTheLargestIdleCacheOnly) {
