@@ -396,6 +396,19 @@ TEST(ShimLibrary, ExportsOnlyHooksAndTheCApi) {
   EXPECT_EQ(version_script_globals(shell("cat " CUDAPOOL_SHIM_EXPORTS)), expected_script);
 }
 
+// The shim writes JSON (the summary file, the C API's answers) and never reads any: the parser
+// and the summary reader are the tools' (telemetry/json_reader.h, telemetry/summary_reader.h).
+TEST(ShimLibrary, CarriesNoJsonReader) {
+  const std::string syms = shell("nm -C " + kShim);
+  // The writer is there: nm reads the library's own symbols, so the absences below mean something.
+  ASSERT_NE(syms.find("cudapool::to_json"), std::string::npos) << "no symbols from nm -C " << kShim;
+  ASSERT_NE(syms.find("cudapool::json::append_string("), std::string::npos);
+  for (const char* reader : {"cudapool::json::parse(", "cudapool::json::Value", "cudapool::json::(anonymous namespace)::Parser",
+                             "cudapool::from_json(", "cudapool::read_summary_file("}) {
+    EXPECT_EQ(syms.find(reader), std::string::npos) << reader << " is linked into " << kShim;
+  }
+}
+
 TEST(ShimLibrary, NeedsOnlyTheCLibraries) {
   if (!kSanPreload.empty()) GTEST_SKIP() << "sanitizer build: the shim needs the sanitizer runtimes";
   std::istringstream lines(shell("readelf -d " + kShim));
