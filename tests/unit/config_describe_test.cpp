@@ -99,21 +99,38 @@ TEST(Describe, EveryKeyWithValueAndOrigin) {
   EXPECT_TRUE(has(d, "on_error                     = stop   (default)")) << d;
 }
 
-// docs/policy.md carries the table key_table_markdown() makes from the key table; if this fails,
-// paste the printed table between the markers.
-TEST(Docs, KeyTableMatchesTheCode) {
-  std::ifstream in("docs/policy.md");
-  ASSERT_TRUE(in) << "run from the repository root";
+std::string read_doc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string doc = ss.str();
-  const std::string table = config::key_table_markdown();
-  const std::string begin = "<!-- keys:begin -->\n", end = "<!-- keys:end -->";
-  const auto b = doc.find(begin), e = doc.find(end);
-  ASSERT_NE(b, std::string::npos);
-  ASSERT_NE(e, std::string::npos);
-  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), table) << "expected:\n" << table;
-  for (const config::KeySpec& k : config::keys()) EXPECT_TRUE(has(table, "`" + std::string(k.name) + "`"));
+  return ss.str();
+}
+
+// docs/policy.md and README.md carry the tables made from the key table, as `make docs` writes
+// them (run it when this fails).
+TEST(Docs, KeyTablesMatchTheCode) {
+  const std::string full = config::key_table_markdown(), brief = config::key_table_markdown_brief();
+  for (const auto& [path, table] : {std::pair<std::string, std::string>{"docs/policy.md", full}, {"README.md", brief}}) {
+    const std::string doc = read_doc(path);
+    ASSERT_FALSE(doc.empty()) << path << ": run from the repository root";
+    const auto current = config::with_key_table(doc, table);
+    ASSERT_TRUE(current.has_value()) << path << " lacks the <!-- keys:begin --> / <!-- keys:end --> lines";
+    EXPECT_TRUE(*current == doc) << path << " is not current: run `make docs`; its table should be:\n" << table;
+  }
+  for (const config::KeySpec& k : config::keys()) {
+    const std::string name = "`" + std::string(k.name) + "`";
+    EXPECT_TRUE(has(full, name)) << name;
+    // The short table leaves out only what sets nothing: ignored and refused keys, second spellings.
+    EXPECT_EQ(has(brief, name), k.format != nullptr) << name;
+  }
+}
+
+TEST(Docs, KeyTableSplicedBetweenTheMarkers) {
+  const std::string doc = "intro\n<!-- keys:begin -->\nold\n<!-- keys:end -->\nafter\n";
+  EXPECT_EQ(config::with_key_table(doc, "| new |\n"), "intro\n<!-- keys:begin -->\n| new |\n<!-- keys:end -->\nafter\n");
+  EXPECT_FALSE(config::with_key_table("no markers", "x").has_value());
+  EXPECT_FALSE(config::with_key_table("<!-- keys:end -->\n<!-- keys:begin -->\n", "x").has_value());
+  EXPECT_FALSE(config::with_key_table(doc + doc, "x").has_value());
 }
 
 TEST(PathPattern, Expands) {
