@@ -31,16 +31,33 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.pool.max_non_split_rounding = 64 * MiB;
   p.pool.roundup_power2_divisions = {1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4, 4, 4, 4, 4};
   p.pool.garbage_collection_threshold = 0.1 + 0.2;  // not a short decimal: must still read back exactly
-  p.pool.expandable_segments = true;
+  p.pool.expandable_segments = false;
   p.pool.release_lock_on_cudamalloc = true;
   p.pool.per_process_memory_fraction = 0.95;
   p.pool.max_reserved = 8 * GiB;
   p.pool.free_sync = FreeSync::device;
+  p.pool.expandable_wait = false;
+  p.pool.expandable_large_page = 4 * MiB;
+  p.pool.expandable_max_unit = 64 * MiB;
+  p.pool.expandable_headroom = 0.25;
+  p.expandable_peer_access = true;
+  p.free_host_sync = true;
   p.backend = Backend::passthrough;
   p.log_level = "trace";
   p.log_file = "/tmp/log, with \"quotes\" and \\ and spaces-%p.log";
   p.trace_file = "/tmp/a:b=c.csv";
   p.stats_file = "[weird";
+  p.dump_signal = 12;  // SIGUSR2
+  p.group = "train-a";
+  p.group_budget = 4 * GiB;
+  p.group_budget_fraction = 0.5;
+  p.group_release_wait_ms = 250;
+  p.publish_stats = false;
+  // Every key is set away from its default, so each one has to survive the round trip (a key
+  // added to the key table without a line above fails here).
+  for (const config::KeySpec& k : config::keys()) {
+    if (k.format != nullptr) EXPECT_FALSE(k.is_default(p)) << k.name << " keeps its default in this test";
+  }
   const std::string s = to_conf_string(p);
   EXPECT_TRUE(has(s, "roundup_power2_divisions:[256:1,512:2,>:4]")) << s;
   EXPECT_TRUE(has(s, "max_split_size_mb:300")) << s;
