@@ -558,20 +558,53 @@ std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view v
   return {};
 }
 
+namespace {
+
+// A key's default as the tables print it: `value`, (empty), or — for an ignored key.
+std::string default_cell(const KeySpec& k, const Policy& defaults) {
+  if (k.format == nullptr) return "—";
+  const std::string def = k.format(defaults);
+  return def.empty() ? "(empty)" : "`" + def + "`";
+}
+
+}  // namespace
+
 std::string key_table_markdown() {
   const Policy defaults;
   std::string s =
       "| key | type | allowed | default | what it does |\n"
       "| --- | --- | --- | --- | --- |\n";
   for (const KeySpec& k : kKeys) {
-    std::string def = k.format ? k.format(defaults) : "";
-    def = k.format == nullptr ? "—" : def.empty() ? "(empty)" : "`" + def + "`";
     std::string help(k.help);
     if (!k.ignored_because.empty()) help += "; **ignored**: " + std::string(k.ignored_because);
     s += "| `" + std::string(k.name) + "` | " + std::string(kind_name(k.kind)) + " | " +
-         std::string(k.allowed) + " | " + def + " | " + help + " |\n";
+         std::string(k.allowed) + " | " + default_cell(k, defaults) + " | " + help + " |\n";
   }
   return s;
+}
+
+std::string key_table_markdown_brief() {
+  const Policy defaults;
+  std::string s =
+      "| key | default | what it does |\n"
+      "| --- | --- | --- |\n";
+  for (const KeySpec& k : kKeys) {
+    if (k.format == nullptr) continue;  // ignored, refused or a second spelling: sets nothing itself
+    s += "| `" + std::string(k.name) + "` | " + default_cell(k, defaults) + " | " + std::string(k.help) + " |\n";
+  }
+  return s;
+}
+
+std::optional<std::string> with_key_table(std::string_view doc, std::string_view table) {
+  constexpr std::string_view kBegin = "<!-- keys:begin -->\n", kEnd = "<!-- keys:end -->";
+  const auto b = doc.find(kBegin);
+  if (b == std::string_view::npos) return std::nullopt;
+  const auto e = doc.find(kEnd, b + kBegin.size());
+  if (e == std::string_view::npos || doc.find(kBegin, e) != std::string_view::npos) return std::nullopt;
+  std::string out(doc.substr(0, b + kBegin.size()));
+  out += table;
+  out += doc.substr(e);
+  return out;
 }
 
 }  // namespace cudapool::config

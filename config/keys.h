@@ -1,8 +1,10 @@
 // The one table of policy keys. The env grammar, the TOML loader, the error messages, describe(),
-// to_conf_string() and docs/policy.md (via key_table_markdown(), checked by a test) all read it,
+// to_conf_string() and the tables of docs/policy.md and README.md (key_table_markdown() and
+// key_table_markdown_brief(), written by `make docs`, checked by a test) all read it,
 // so a key's name, form and bounds are written down exactly once.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,5 +51,12 @@ std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view v
                           std::string origin, bool toml);
 // The Markdown table of every key (docs/policy.md embeds it verbatim; a test keeps them equal).
 std::string key_table_markdown();
+// The short table README.md embeds: key, default, what it does, for the keys that set something
+// (not the ignored or refused PyTorch keys, not second spellings: those without `format`).
+std::string key_table_markdown_brief();
+// `doc` with the text between its "<!-- keys:begin -->" line and "<!-- keys:end -->" replaced by
+// `table`; nullopt when the markers are missing, out of order or there twice. `make docs` writes
+// the docs with it; a test checks that it changes nothing.
+std::optional<std::string> with_key_table(std::string_view doc, std::string_view table);
 
 }  // namespace cudapool::config

@@ -17,8 +17,13 @@ struct Policy {
   // The shim's default differs from the bare pool's in one key: expandable segments are on (the
   // pool then maps pages into one growing range per pool kind; docs/policy.md says why). A
   // driver without virtual memory management still gets classic segments.
-  Policy() { pool.expandable_segments = true; }
-  PoolOptions pool;
+  // (A default member initializer rather than a constructor: Policy stays an aggregate, so the
+  // config tests can count its fields and notice one their comparison does not cover.)
+  PoolOptions pool = [] {
+    PoolOptions o;
+    o.expandable_segments = true;
+    return o;
+  }();
   Backend backend = Backend::native;
   std::string log_level = "warn";   // spdlog names: trace debug info warn error critical off
   std::string log_file;             // empty = stderr; %p = pid (see docs/policy.md)

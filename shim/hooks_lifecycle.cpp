@@ -1,6 +1,6 @@
 // Context teardown, stream lifetime and graph capture: the events the pool must hear about
 // before the driver acts on them.
-#include "shim/export.h"
+#include "shim/hooked.h"
 #include "shim/hooks.h"
 #include "shim/ipc.h"
 #include "shim/log.h"

@@ -4,7 +4,7 @@
 // the shim itself (hints and counters are per thread / sharded). Everything unusual goes to the real driver untouched.
 #include "shim/hooks.h"
 
-#include "shim/export.h"
+#include "shim/hooked.h"
 #include "shim/group.h"
 #include "shim/ipc.h"
 #include "shim/log.h"

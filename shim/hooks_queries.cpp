@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "shim/export.h"
+#include "shim/hooked.h"
 #include "shim/group.h"
 #include "shim/hooks.h"
 #include "shim/ipc.h"

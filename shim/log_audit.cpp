@@ -94,16 +94,14 @@ const char* pass_reason(PassKind k) {
 }  // namespace
 
 const char* hooked_entry_points() noexcept {
-  // Keep in step with shim/exports.map (tests/unit/shim_signal_test.cpp compares them).
-  return "dlsym cuGetProcAddress cuGetProcAddress_v2 cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemFree_v2 "
-         "cuMemAllocAsync cuMemAllocAsync_ptsz cuMemFreeAsync cuMemFreeAsync_ptsz cuMemGetInfo_v2 "
-         "cuMemGetAddressRange_v2 cuPointerGetAttribute cuPointerGetAttributes cuIpcGetMemHandle "
-         "cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle "
-         "cuMemPoolTrimTo cuCtxDestroy cuCtxDestroy_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 "
-         "cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRetain cuCtxEnablePeerAccess cuStreamCreate cuStreamCreateWithPriority "
-         "cuStreamDestroy cuStreamDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_ptsz "
-         "cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph "
-         "cuStreamBeginCaptureToGraph_ptsz cuStreamEndCapture cuStreamEndCapture_ptsz";
+  // Every exported name of shim/hooked.def, in its order, each after one space (the first space
+  // is skipped).
+  static constexpr char kList[] =
+#define CUDAPOOL_INTERPOSED(abi) " " #abi
+#define CUDAPOOL_HOOK(base, min_version, max_version, flavour, abi, params) " " #abi
+#include "shim/hooked.def"
+      ;
+  return kList + 1;
 }
 
 std::string start_report(const Policy& policy, bool native) {

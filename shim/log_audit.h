@@ -25,8 +25,8 @@ EventSink* start_audit(const Policy& policy, bool native, EventSink* trace) noex
 // The trace writer start_audit() was given (nullptr when tracing is off), whatever sink wraps it.
 TraceWriter* trace_writer_of(EventSink* sink) noexcept;
 
-// The hooked CUDA entry points, as the start line lists them (the names exported in
-// shim/exports.map, a test keeps them equal).
+// The hooked entry points, as the start line lists them: every name of shim/hooked.def, which
+// are also the names libcudapool.so exports besides the C API.
 const char* hooked_entry_points() noexcept;
 
 // Seconds since start_audit() ran (the runtime's start), for reports made while running.

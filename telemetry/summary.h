@@ -1,6 +1,6 @@
-// The run summary: what CUDAPOOL_STATS=path.json writes at exit and what `cudapool ab` reads.
-// JSON written and read by our own small codec (json.h); the format is documented in
-// docs/trace-format.md ("JSON summary").
+// The run summary: what CUDAPOOL_STATS=path.json writes at exit and what `cudapool ab` reads
+// (with telemetry/summary_reader.h). JSON written with our own small codec (json.h); the format
+// is documented in docs/trace-format.md ("JSON summary").
 #pragma once
 #include <cstdint>
 #include <map>
@@ -40,14 +40,9 @@ struct Summary {
 
 // Serializes as one JSON object (pretty-printed, stable key order).
 std::string to_json(const Summary& s);
-// Parses what to_json wrote (unknown keys are ignored, so newer writers stay readable).
-// false with *error (what is wrong, with the byte offset) on malformed input.
-bool from_json(std::string_view text, Summary* out, std::string* error);
-
 // Writes the summary to `path` (patterns of expand_path_pattern expanded) with plain
 // open/write/close: safe at exit. Returns "" or why it failed.
 std::string write_summary_file(const std::string& path, const Summary& s);
-bool read_summary_file(const std::string& path, Summary* out, std::string* error);
 
 // Flat PyTorch-style stat names ("allocated_bytes.all.peak", "num_ooms", "cache_hits", …) and
 // values, in a fixed order. The JSON uses these names; tools can use them for tables.

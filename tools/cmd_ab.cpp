@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "config/policy.h"
-#include "telemetry/summary.h"
+#include "telemetry/summary_reader.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/compare.h"

@@ -1,13 +1,14 @@
 # tools/: the `cudapool` command (run, ab, replay, tune, report, check) and the sample-trace
 # generator. Everything but main.cpp goes into a library so tests/unit/tools_* can link it.
-TOOLS_MAINS := tools/main.cpp tools/gen_trace_main.cpp
+TOOLS_MAINS := tools/main.cpp tools/gen_trace_main.cpp tools/gen_docs_main.cpp
 TOOLS_SRCS := $(filter-out $(TOOLS_MAINS),$(wildcard tools/*.cpp))
 TOOLS_LIB := $(BUILD)/libcudapool_tools.a
-# Link order: tools use telemetry and config, which use the pool core.
-TOOLS_LINK := $(TOOLS_LIB) $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB)
+# Link order: tools use telemetry (its readers too) and config, which use the pool core.
+TOOLS_LINK := $(TOOLS_LIB) $(TELEMETRY_READER_LIB) $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB)
 TOOLS_LDLIBS := -ltomlplusplus
 CUDAPOOL_BIN := $(BUILD)/cudapool
 GEN_TRACE_BIN := $(BUILD)/cudapool-gen-trace
+GEN_DOCS_BIN := $(BUILD)/cudapool-gen-docs
 
 $(TOOLS_LIB): $(TOOLS_SRCS:%.cpp=$(BUILD)/%.o)
 	@mkdir -p $(@D)
@@ -18,6 +19,14 @@ $(CUDAPOOL_BIN): $(BUILD)/tools/main.o $(TOOLS_LINK)
 
 $(GEN_TRACE_BIN): $(BUILD)/tools/gen_trace_main.o $(TOOLS_LINK)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS) $< $(TOOLS_LINK) $(TOOLS_LDLIBS) -o $@
+
+# `make docs`: the policy-key tables of README.md and docs/policy.md, from config/keys.cpp
+# (built with the programs, so it always compiles; not installed).
+$(GEN_DOCS_BIN): $(BUILD)/tools/gen_docs_main.o $(CONFIG_LIB) $(ALLOCATOR_LIB)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS) $< $(CONFIG_LIB) $(ALLOCATOR_LIB) $(TOOLS_LDLIBS) -o $@
+.PHONY: docs
+docs: $(GEN_DOCS_BIN)
+	$(GEN_DOCS_BIN) .
 
 # CLI11 is header-only and costs ~6 s per file that includes it; the files that do include it
 # first, so they all read one precompiled copy (GCC finds CLI/CLI.hpp.gch before CLI/CLI.hpp in
@@ -30,7 +39,7 @@ $(TOOLS_PCH): tools/cli11_pch.h
 $(TOOLS_CLI_OBJS): $(TOOLS_PCH)
 $(TOOLS_CLI_OBJS): CPPFLAGS += -I$(BUILD)/pch
 
-PROGRAMS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)
+PROGRAMS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(GEN_DOCS_BIN)
 INSTALL_BINS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)
 
 # The demo on the sample traces (no GPU needed): `make demo` builds the programs, then runs this.

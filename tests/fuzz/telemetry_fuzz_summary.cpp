@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "telemetry/summary.h"
+#include "telemetry/summary_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {
   using namespace cudapool;

@@ -96,6 +96,13 @@ printf 'reuse race, default (gpu_wait): corrupted bytes\t\t\t\t0\tMISS\tbudget s
 if python3 tests/gpu/report.py table "$work/allmiss" >/dev/null 2>&1; then
   echo "FAIL a table of MISS and INFO rows exits 0"; failures=$((failures + 1))
 else echo "PASS a table of MISS and INFO rows exits 1"; fi
+# No row measured at all (an empty results.tsv, or none: run.sh died first) is no pass either.
+mkdir -p "$work/norows" "$work/emptyrows"; : >"$work/emptyrows/results.tsv"
+for d in norows emptyrows; do
+  if python3 tests/gpu/report.py table "$work/$d" >/dev/null 2>&1; then
+    echo "FAIL a table without rows ($d) exits 0"; failures=$((failures + 1))
+  else echo "PASS a table without rows ($d) exits 1"; fi
+done
 
 # gpu_wait must be seen at work: no corruption but no reuse either is not a PASS for the default.
 OUT=$work/noreuse GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so GPU_ONLY=race MOCK_RACE_NO_REUSE=1 \

@@ -26,7 +26,8 @@ SHIM_TEST_SRCS := $(wildcard tests/unit/shim_*.cpp)
 san_runtime = $(if $(filter address,$(1)),asan,$(if $(filter thread,$(1)),tsan,$(if $(filter undefined,$(1)),ubsan)))
 SHIM_SAN_PRELOAD := $(if $(SAN),$(foreach s,$(subst $(comma), ,$(SAN)),$(if $(call san_runtime,$(s)),$(shell $(CXX) -print-file-name=lib$(call san_runtime,$(s)).so))))
 $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o): CPPFLAGS += -DCUDAPOOL_SHIM_SO='"$(abspath $(SHIM_SO))"' \
-  -DCUDAPOOL_FAKECUDA_DIR='"$(abspath $(FAKECUDA_DIR))"' -DCUDAPOOL_SHIM_EXPORTS='"$(abspath shim/exports.map)"' \
+  -DCUDAPOOL_FAKECUDA_DIR='"$(abspath $(FAKECUDA_DIR))"' -DCUDAPOOL_SHIM_EXPORTS='"$(abspath $(SHIM_EXPORTS))"' \
+  -DCUDAPOOL_SHIM_HEADER='"$(abspath shim/cudapool.h)"' \
   -DCUDAPOOL_SAN_PRELOAD='"$(strip $(SHIM_SAN_PRELOAD))"'
 $(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_SO) $(SHIM_APP_CUDART) $(SHIM_APP_LINKED)
 	@mkdir -p $(@D)

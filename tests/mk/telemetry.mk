@@ -1,7 +1,7 @@
 # telemetry/ tests (logging, trace writer/reader, JSON summary, OOM text) and the trace-cost bench.
 TELEMETRY_TEST_SRCS := $(wildcard tests/unit/telemetry_*.cpp)
 TELEMETRY_TEST_BIN := $(BUILD)/tests/telemetry_tests
-$(TELEMETRY_TEST_BIN): $(TELEMETRY_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_LIB) $(ALLOCATOR_LIB)
+$(TELEMETRY_TEST_BIN): $(TELEMETRY_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_READER_LIB) $(TELEMETRY_LIB) $(ALLOCATOR_LIB)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(if $(TELEMETRY_TEST_SRCS),$(TELEMETRY_TEST_BIN))
@@ -26,6 +26,7 @@ $(BUILD)/fuzz/telemetry_trace: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/tel
     telemetry/trace_reader.o telemetry/trace_format.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
 $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
-    telemetry/summary.o telemetry/json.o telemetry/logging.o telemetry/spdlog_fmt_impl.o)
+    telemetry/summary_reader.o telemetry/json_reader.o telemetry/summary.o telemetry/json.o telemetry/logging.o \
+    telemetry/spdlog_fmt_impl.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary

@@ -31,16 +31,33 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.pool.max_non_split_rounding = 64 * MiB;
   p.pool.roundup_power2_divisions = {1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4, 4, 4, 4, 4};
   p.pool.garbage_collection_threshold = 0.1 + 0.2;  // not a short decimal: must still read back exactly
-  p.pool.expandable_segments = true;
+  p.pool.expandable_segments = false;
   p.pool.release_lock_on_cudamalloc = true;
   p.pool.per_process_memory_fraction = 0.95;
   p.pool.max_reserved = 8 * GiB;
   p.pool.free_sync = FreeSync::device;
+  p.pool.expandable_wait = false;
+  p.pool.expandable_large_page = 4 * MiB;
+  p.pool.expandable_max_unit = 64 * MiB;
+  p.pool.expandable_headroom = 0.25;
+  p.expandable_peer_access = true;
+  p.free_host_sync = true;
   p.backend = Backend::passthrough;
   p.log_level = "trace";
   p.log_file = "/tmp/log, with \"quotes\" and \\ and spaces-%p.log";
   p.trace_file = "/tmp/a:b=c.csv";
   p.stats_file = "[weird";
+  p.dump_signal = 12;  // SIGUSR2
+  p.group = "train-a";
+  p.group_budget = 4 * GiB;
+  p.group_budget_fraction = 0.5;
+  p.group_release_wait_ms = 250;
+  p.publish_stats = false;
+  // Every key is set away from its default, so each one has to survive the round trip (a key
+  // added to the key table without a line above fails here).
+  for (const config::KeySpec& k : config::keys()) {
+    if (k.format != nullptr) EXPECT_FALSE(k.is_default(p)) << k.name << " keeps its default in this test";
+  }
   const std::string s = to_conf_string(p);
   EXPECT_TRUE(has(s, "roundup_power2_divisions:[256:1,512:2,>:4]")) << s;
   EXPECT_TRUE(has(s, "max_split_size_mb:300")) << s;
@@ -99,21 +116,38 @@ TEST(Describe, EveryKeyWithValueAndOrigin) {
   EXPECT_TRUE(has(d, "on_error                     = stop   (default)")) << d;
 }
 
-// docs/policy.md carries the table key_table_markdown() makes from the key table; if this fails,
-// paste the printed table between the markers.
-TEST(Docs, KeyTableMatchesTheCode) {
-  std::ifstream in("docs/policy.md");
-  ASSERT_TRUE(in) << "run from the repository root";
+std::string read_doc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string doc = ss.str();
-  const std::string table = config::key_table_markdown();
-  const std::string begin = "<!-- keys:begin -->\n", end = "<!-- keys:end -->";
-  const auto b = doc.find(begin), e = doc.find(end);
-  ASSERT_NE(b, std::string::npos);
-  ASSERT_NE(e, std::string::npos);
-  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), table) << "expected:\n" << table;
-  for (const config::KeySpec& k : config::keys()) EXPECT_TRUE(has(table, "`" + std::string(k.name) + "`"));
+  return ss.str();
+}
+
+// docs/policy.md and README.md carry the tables made from the key table, as `make docs` writes
+// them (run it when this fails).
+TEST(Docs, KeyTablesMatchTheCode) {
+  const std::string full = config::key_table_markdown(), brief = config::key_table_markdown_brief();
+  for (const auto& [path, table] : {std::pair<std::string, std::string>{"docs/policy.md", full}, {"README.md", brief}}) {
+    const std::string doc = read_doc(path);
+    ASSERT_FALSE(doc.empty()) << path << ": run from the repository root";
+    const auto current = config::with_key_table(doc, table);
+    ASSERT_TRUE(current.has_value()) << path << " lacks the <!-- keys:begin --> / <!-- keys:end --> lines";
+    EXPECT_TRUE(*current == doc) << path << " is not current: run `make docs`; its table should be:\n" << table;
+  }
+  for (const config::KeySpec& k : config::keys()) {
+    const std::string name = "`" + std::string(k.name) + "`";
+    EXPECT_TRUE(has(full, name)) << name;
+    // The short table leaves out only what sets nothing: ignored and refused keys, second spellings.
+    EXPECT_EQ(has(brief, name), k.format != nullptr) << name;
+  }
+}
+
+TEST(Docs, KeyTableSplicedBetweenTheMarkers) {
+  const std::string doc = "intro\n<!-- keys:begin -->\nold\n<!-- keys:end -->\nafter\n";
+  EXPECT_EQ(config::with_key_table(doc, "| new |\n"), "intro\n<!-- keys:begin -->\n| new |\n<!-- keys:end -->\nafter\n");
+  EXPECT_FALSE(config::with_key_table("no markers", "x").has_value());
+  EXPECT_FALSE(config::with_key_table("<!-- keys:end -->\n<!-- keys:begin -->\n", "x").has_value());
+  EXPECT_FALSE(config::with_key_table(doc + doc, "x").has_value());
 }
 
 TEST(PathPattern, Expands) {

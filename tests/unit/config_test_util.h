@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -25,8 +26,24 @@ inline std::string must_fail(std::string_view conf) {
   return r.error;
 }
 
-// Every field that decides behaviour (origin and warnings are bookkeeping).
+// The number of fields of the aggregate T (each initialized from one AnyField, the largest count
+// that compiles), so that a field added to PoolOptions or Policy fails the build below until
+// expect_same_policy compares it too.
+struct AnyField {
+  template <typename T>
+  operator T() const;
+};
+template <typename T, typename... Fields>
+constexpr std::size_t count_fields(Fields... f) {
+  if constexpr (requires { T{f..., AnyField{}}; }) return count_fields<T>(f..., AnyField{});
+  else return sizeof...(Fields);
+}
+
+// Every field of Policy and its PoolOptions, except origin and warnings (bookkeeping: where each
+// value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
+  static_assert(count_fields<PoolOptions>() == 15, "a PoolOptions field is not compared below");
+  static_assert(count_fields<Policy>() == 19, "a Policy field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
   EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);
   EXPECT_EQ(a.pool.roundup_power2_divisions, b.pool.roundup_power2_divisions);
@@ -37,22 +54,27 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.pool.max_reserved, b.pool.max_reserved);
   EXPECT_EQ(a.pool.free_sync, b.pool.free_sync);
   EXPECT_EQ(a.pool.expandable_wait, b.pool.expandable_wait);
+  EXPECT_EQ(a.pool.expandable_slack, b.pool.expandable_slack);
   EXPECT_EQ(a.pool.expandable_large_page, b.pool.expandable_large_page);
   EXPECT_EQ(a.pool.expandable_max_unit, b.pool.expandable_max_unit);
   EXPECT_EQ(a.pool.expandable_headroom, b.pool.expandable_headroom);
-  EXPECT_EQ(a.expandable_peer_access, b.expandable_peer_access);
-  EXPECT_EQ(a.free_host_sync, b.free_host_sync);
-  EXPECT_EQ(a.dump_signal, b.dump_signal);
+  EXPECT_EQ(a.pool.cache_from_first_thread, b.pool.cache_from_first_thread);
   EXPECT_EQ(a.backend, b.backend);
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.log_file, b.log_file);
   EXPECT_EQ(a.trace_file, b.trace_file);
   EXPECT_EQ(a.stats_file, b.stats_file);
+  EXPECT_EQ(a.dump_signal, b.dump_signal);
+  EXPECT_EQ(a.expandable_peer_access, b.expandable_peer_access);
+  EXPECT_EQ(a.free_host_sync, b.free_host_sync);
+  EXPECT_EQ(a.on_error, b.on_error);
   EXPECT_EQ(a.group, b.group);
   EXPECT_EQ(a.group_budget, b.group_budget);
   EXPECT_EQ(a.group_budget_fraction, b.group_budget_fraction);
   EXPECT_EQ(a.group_release_wait_ms, b.group_release_wait_ms);
   EXPECT_EQ(a.publish_stats, b.publish_stats);
+  EXPECT_EQ(a.profile, b.profile);
+  EXPECT_EQ(a.profile_reason, b.profile_reason);
 }
 
 // A file under $TMPDIR (or /tmp) removed when the test ends.

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/unit/shim_child.h"
+#include "tests/unit/shim_hooked_names.h"
 
 extern char** environ;
 
@@ -345,35 +346,67 @@ std::string shell(const std::string& cmd) {
   return out;
 }
 
-TEST(ShimLibrary, ExportsOnlyHooksAndTheCApi) {
-  // The hooked names, as listed in the version script.
-  std::string map = shell("cat " CUDAPOOL_SHIM_EXPORTS);
-  std::set<std::string> listed;
-  // Every "name;" inside the global: section.
+// The names between "global:" and "local:" of a version script, without their ';'.
+std::set<std::string> version_script_globals(const std::string& map) {
+  std::set<std::string> out;
   const auto from = map.find("global:"), to = map.find("local:");
-  ASSERT_TRUE(from != std::string::npos && to != std::string::npos);
+  if (from == std::string::npos || to == std::string::npos) return out;
   std::istringstream words(map.substr(from + 7, to - from - 7));
   for (std::string w; words >> w;) {
-    if (w.back() != ';') continue;
-    w.pop_back();
-    if (w.rfind("cu", 0) == 0 && w.find('*') == std::string::npos) listed.insert(w);
-    if (w == "dlsym") listed.insert(w);
+    if (w.back() == ';') w.pop_back();
+    out.insert(w);
   }
-  ASSERT_GE(listed.size(), 20u);
-  std::istringstream syms(shell("nm -D --defined-only " + kShim + " | awk '{print $3}'"));
+  return out;
+}
+
+// The C API: every cudapool_* function shim/cudapool.h declares.
+std::set<std::string> c_api_names() {
+  std::istringstream words(shell("grep -o 'cudapool_[a-z_0-9]*(' " CUDAPOOL_SHIM_HEADER " | tr -d '('"));
+  std::set<std::string> out;
+  for (std::string w; words >> w;) out.insert(w);
+  return out;
+}
+
+std::string joined(const std::set<std::string>& names) {
   std::string s;
-  int count = 0, capi = 0;
-  while (std::getline(syms, s)) {
+  for (const auto& n : names) s += " " + n;
+  return s;
+}
+
+// Exactly the names of shim/hooked.def and the functions of shim/cudapool.h, nothing else.
+TEST(ShimLibrary, ExportsOnlyHooksAndTheCApi) {
+  const std::vector<std::string> list = cudapool::test::hooked_names();
+  const std::set<std::string> hooked(list.begin(), list.end());
+  ASSERT_EQ(hooked.size(), list.size()) << "a name is listed twice in shim/hooked.def";
+  ASSERT_GE(hooked.size(), 20u);
+  ASSERT_TRUE(hooked.count("dlsym"));
+  const std::set<std::string> c_api = c_api_names();
+  ASSERT_GE(c_api.size(), 7u);
+  std::set<std::string> exported_hooks, exported_c_api;
+  std::istringstream syms(shell("nm -D --defined-only " + kShim + " | awk '{print $3}'"));
+  for (std::string s; std::getline(syms, s);) {
     if (s.empty()) continue;
-    ++count;
-    if (s.rfind("cudapool_", 0) == 0) {
-      ++capi;
-      continue;
-    }
-    EXPECT_TRUE(listed.count(s)) << "unexpected export " << s;
+    (s.rfind("cudapool_", 0) == 0 ? exported_c_api : exported_hooks).insert(s);
   }
-  EXPECT_EQ(count - capi, static_cast<int>(listed.size()));  // every hook is exported
-  EXPECT_GE(capi, 7);
+  EXPECT_EQ(exported_hooks, hooked) << "exported:" << joined(exported_hooks) << "\nlisted:" << joined(hooked);
+  EXPECT_EQ(exported_c_api, c_api) << "exported:" << joined(exported_c_api) << "\ndeclared:" << joined(c_api);
+  // The version script the build made from the list names the list and the C API's pattern.
+  std::set<std::string> expected_script = hooked;
+  expected_script.insert("cudapool_*");
+  EXPECT_EQ(version_script_globals(shell("cat " CUDAPOOL_SHIM_EXPORTS)), expected_script);
+}
+
+// The shim writes JSON (the summary file, the C API's answers) and never reads any: the parser
+// and the summary reader are the tools' (telemetry/json_reader.h, telemetry/summary_reader.h).
+TEST(ShimLibrary, CarriesNoJsonReader) {
+  const std::string syms = shell("nm -C " + kShim);
+  // The writer is there: nm reads the library's own symbols, so the absences below mean something.
+  ASSERT_NE(syms.find("cudapool::to_json"), std::string::npos) << "no symbols from nm -C " << kShim;
+  ASSERT_NE(syms.find("cudapool::json::append_string("), std::string::npos);
+  for (const char* reader : {"cudapool::json::parse(", "cudapool::json::Value", "cudapool::json::(anonymous namespace)::Parser",
+                             "cudapool::from_json(", "cudapool::read_summary_file("}) {
+    EXPECT_EQ(syms.find(reader), std::string::npos) << reader << " is linked into " << kShim;
+  }
 }
 
 TEST(ShimLibrary, NeedsOnlyTheCLibraries) {

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "allocator/pool.h"
-#include "telemetry/summary.h"
+#include "telemetry/summary_reader.h"
 #include "telemetry/trace.h"
 #include "telemetry_util.h"
 #include "tests/support/fake_fence.h"

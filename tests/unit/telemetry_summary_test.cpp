@@ -4,8 +4,8 @@
 
 #include <set>
 
-#include "telemetry/json.h"
-#include "telemetry/summary.h"
+#include "telemetry/json_reader.h"
+#include "telemetry/summary_reader.h"
 #include "telemetry_util.h"
 
 namespace cudapool {

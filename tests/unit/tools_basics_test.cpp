@@ -1,7 +1,7 @@
 // Sizes, tables, comparison statistics and the ab JSON.
 #include <gtest/gtest.h>
 
-#include "telemetry/json.h"
+#include "telemetry/json_reader.h"
 #include "tools/compare.h"
 #include "tools/units.h"
 

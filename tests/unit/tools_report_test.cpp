@@ -4,7 +4,7 @@
 #include <map>
 #include <regex>
 
-#include "telemetry/json.h"
+#include "telemetry/json_reader.h"
 #include "tools/analysis.h"
 #include "tools/render.h"
 #include "tools_util.h"
