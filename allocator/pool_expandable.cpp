@@ -39,7 +39,7 @@ void DevicePool::Impl::count_runs_change(Block* piece, int sign) {
   int delta = 1;
   if (piece->prev != nullptr && piece->prev->mapped()) --delta;
   if (piece->next != nullptr && piece->next->mapped()) --delta;
-  detail::bump(st.segment, detail::stat_pool(piece->seg->small), sign * delta);
+  ledger.runs_changed(piece->seg->small, sign * delta);
 }
 
 void DevicePool::Impl::merge_unmapped(Block* b) {
@@ -176,8 +176,8 @@ void DevicePool::Impl::drop_aliases() {
     if (d.dropped || d.b->hot > order_done) continue;
     const std::int64_t t0 = now_ns();
     up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
-    st.upstream_ns += now_ns() - t0;
-    ++st.num_device_unmap;
+    ledger.upstream_time(now_ns() - t0);
+    ledger.device_unmap();
     d.dropped = true;
   }
 }
@@ -236,7 +236,7 @@ std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, st
 // Mapping is free below the high-water mark, and below the live peak plus the headroom (a bound
 // that does not move with the pool's own mapping, so growth into it cannot ratchet).
 std::size_t DevicePool::Impl::growth_cap() const {
-  const auto live_peak = static_cast<double>(st.allocated_bytes[kAll].peak);
+  const auto live_peak = static_cast<double>(ledger.allocated_peak());
   return std::max(reserved_hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
 }
 
@@ -245,9 +245,9 @@ std::size_t DevicePool::Impl::growth_cap() const {
 // slack sits on the live peak, not on the high-water mark, so growth into it cannot ratchet.
 bool DevicePool::Impl::growth_within_slack(std::size_t rounded, bool small) const {
   if (granularity == 0 || opt.expandable_slack == 0) return false;
-  const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+  const std::size_t reserved = ledger.reserved_bytes();
   const std::size_t need = round_up(rounded, page_bytes(small));
-  const auto live_peak = static_cast<double>(st.allocated_bytes[kAll].peak);
+  const auto live_peak = static_cast<double>(ledger.allocated_peak());
   const auto bound = static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)) + opt.expandable_slack;
   return reserved + need <= bound &&
          (limit == kNoLimit || reserved + inflight + need <= limit);
@@ -296,7 +296,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (!draining.empty()) reclaim_drained();  // before planning: it merges holes
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
-    const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+    const std::size_t reserved = ledger.reserved_bytes();
     const std::size_t cap = growth_cap();
     std::size_t over = reserved + plan.to_map > cap ? reserved + plan.to_map - cap : 0;
     if (limit != kNoLimit && reserved + inflight + plan.to_map > limit)
@@ -361,7 +361,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
 
   // The limit, checked before any upstream call.
   const std::size_t to_map = plan.to_map;
-  const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+  const std::size_t reserved = ledger.reserved_bytes();
   if (limit != kNoLimit && (to_map > limit || reserved + inflight > limit - to_map)) {
     emit(EventKind::oom, 0, to_map, to_map, stream);
     return UpstreamStatus::out_of_memory;
@@ -394,8 +394,8 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         n += spare[j].size;
       const std::int64_t t0 = now_ns();
       us = up.move(reinterpret_cast<void*>(from), reinterpret_cast<void*>(at + done), n);
-      ++st.num_device_map;
-      ++st.num_device_unmap;
+      ledger.device_map();
+      ledger.device_unmap();
       emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
       for (std::size_t k = i; k < j; ++k) {
         spare[k].used = true;
@@ -424,8 +424,8 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
                                        : UpstreamStatus::error;
       for (std::size_t k = i; k < j; ++k) hot_units[k].used = true;
       if (ua == UpstreamStatus::ok) {
-        ++st.num_device_map;
-        ++st.num_device_alias;
+        ledger.device_map();
+        ledger.device_alias();
         Block* old = release_page_range(src, h.base, h.base + n, none, nullptr, /*drain=*/true);
         draining.push_back(Drain{old});
         alias_hot = std::max(alias_hot, old->hot);
@@ -448,7 +448,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     while (us == UpstreamStatus::ok && done < amount) {
       const std::size_t n = std::min(amount - done, unit_cap);
       us = up.map(reinterpret_cast<void*>(at + done), n);
-      ++st.num_device_map;
+      ledger.device_map();
       if (us == UpstreamStatus::ok) {
         seg->units.emplace(at + done, n);
         done += n;
@@ -459,7 +459,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
       if (!ordered.empty()) settle_ordered();
       up.unmap(reinterpret_cast<void*>(at), done);
-      ++st.num_device_unmap;
+      ledger.device_unmap();
       seg->units.erase(seg->units.lower_bound(at), seg->units.lower_bound(at + done));
     }
     if (us == UpstreamStatus::ok) placed += amount;
@@ -470,7 +470,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     const std::int64_t t0 = now_ns();
     UpstreamStatus us = fill(at, amount);
     const std::int64_t dt = now_ns() - t0;
-    st.upstream_ns += dt;
+    ledger.upstream_time(dt);
     if (us != UpstreamStatus::ok) {
       if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, at, amount, amount, stream, dt);
       failed = us;
@@ -501,7 +501,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     u->state = BState::local;  // mapped now; insert_free below gives it its real place
     count_runs_change(u, +1);
     seg->mapped += amount;
-    detail::bump(st.reserved_bytes, detail::stat_pool(small), static_cast<std::int64_t>(amount));
+    ledger.pages_mapped(small, amount);
     note_reserved();
     emit(EventKind::segment_map, u->ptr, amount, amount, stream, dt);
     u->epoch = 0;
@@ -599,7 +599,7 @@ DevicePool::Impl::Block* DevicePool::Impl::release_page_range(Block* b, std::uin
   mid->state = drain ? BState::draining : BState::unmapped;
   mid->requested = 0;
   seg->mapped -= bytes;
-  detail::bump(st.reserved_bytes, detail::stat_pool(seg->small), -static_cast<std::int64_t>(bytes));
+  ledger.pages_unmapped(seg->small, bytes);
   if (!drain) merge_unmapped(mid);
   if (head != nullptr) insert_free(head, BState::shared, 0, shared[k]);
   if (tail != nullptr) insert_free(tail, BState::shared, 0, shared[k]);
@@ -622,7 +622,7 @@ void DevicePool::Impl::destroy_expandable(Segment* seg) {
       b = b->next;
     }
     up.unmap(reinterpret_cast<void*>(start), end - start);
-    ++st.num_device_unmap;
+    ledger.device_unmap();
   }
   seg->units.clear();
   up.unreserve(reinterpret_cast<void*>(seg->base), seg->size);

@@ -20,7 +20,6 @@ DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, 
              FreeSet(detail::BySizeAddr{}, detail::ArenaAllocator<Block*>(&arena))} {
   open = batch_pool.get();
   promo_list.reserve(16);
-  st.max_split_size = opt.max_split_size == kNoLimit ? 0 : static_cast<std::int64_t>(opt.max_split_size);
 }
 
 DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences,
@@ -34,40 +33,30 @@ namespace {
 using detail::TcEntry;
 using detail::ThreadCache;
 
-void count_lent(detail::TcDelta& d, const TcEntry& e, std::int64_t sign) {
-  const StatPool p = detail::stat_pool(e.small);
-  const auto sz = sign * static_cast<std::int64_t>(e.size);
-  detail::bump(d.allocation, p, sign);
-  detail::bump(d.allocated_bytes, p, sz);
-  detail::bump(d.active, p, sign);
-  detail::bump(d.active_bytes, p, sz);
-  detail::bump(d.requested_bytes, p, sign * static_cast<std::int64_t>(e.requested));
-  if (e.split) {
-    detail::bump(d.inactive_split, p, -sign);
-    detail::bump(d.inactive_split_bytes, p, -sz);
+// A free cached entry is lent (+1): the pool's take() of it, or a lent entry is freed
+// stream-locally (-1): the pool's unallocate() and make_local(), in the ledger's terms.
+void count_lent(detail::StatsDelta& d, const TcEntry& e, int sign) {
+  if (sign > 0) {
+    if (e.split) d.inactive_split_changed(e.small, e.size, -1);
+    d.block_allocated(e.small, e.size, e.requested);
+  } else {
+    d.block_unallocated(e.small, e.size);
+    d.block_deactivated(e.small, e.size, e.requested);
+    if (e.split) d.inactive_split_changed(e.small, e.size, +1);
   }
 }
 
 // A fenced free of a lent entry: no longer allocated, still active (its fence is pending).
-void count_pend(detail::TcDelta& d, const TcEntry& e) {
-  const StatPool p = detail::stat_pool(e.small);
-  detail::bump(d.allocation, p, -1);
-  detail::bump(d.allocated_bytes, p, -static_cast<std::int64_t>(e.size));
-  d.pending_bytes += static_cast<std::int64_t>(e.size);
+void count_pend(detail::StatsDelta& d, const TcEntry& e) {
+  d.block_unallocated(e.small, e.size);
+  d.pending_added(e.size);
 }
 
 // A fenced entry's fence completed: inactive now (the rest of count_lent(-1)).
-void count_fence_done(detail::TcDelta& d, const TcEntry& e) {
-  const StatPool p = detail::stat_pool(e.small);
-  const auto sz = static_cast<std::int64_t>(e.size);
-  detail::bump(d.active, p, -1);
-  detail::bump(d.active_bytes, p, -sz);
-  detail::bump(d.requested_bytes, p, -static_cast<std::int64_t>(e.requested));
-  if (e.split) {
-    detail::bump(d.inactive_split, p, 1);
-    detail::bump(d.inactive_split_bytes, p, sz);
-  }
-  d.pending_bytes -= sz;
+void count_fence_done(detail::StatsDelta& d, const TcEntry& e) {
+  d.block_deactivated(e.small, e.size, e.requested);
+  if (e.split) d.inactive_split_changed(e.small, e.size, +1);
+  d.pending_removed(e.size);
 }
 
 // Under tc.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
@@ -90,7 +79,7 @@ std::uintptr_t tc_take(ThreadCache& tc, std::size_t rounded, std::size_t request
     e.any_stream = false;
     tc.lent_insert(e);
     count_lent(tc.delta, e, +1);
-    ++tc.delta.cache_hits;
+    tc.delta.cache_hit();
     tc.dirty.store(true, std::memory_order_relaxed);
     tc.credit = std::min(tc.credit + ThreadCache::kHitCredit, ThreadCache::kMaxCredit);
     return e.ptr;
@@ -160,7 +149,7 @@ bool DevicePool::Impl::tc_service(ThreadCache& tc) {
   }
   if (tc.fence == 0 && tc.npend > 0 && (tc.npend == ThreadCache::kMaxPend || now - tc.pend_since >= kBatchWindowNs)) {
     tc.fence = fences.record_device();
-    ++tc.delta.fences_recorded;
+    tc.delta.fence_recorded();
     tc.dirty.store(true, std::memory_order_relaxed);
     for (int i = 0; i < tc.npend; ++i) tc.closed[i] = tc.pend[i];
     tc.nclosed = tc.npend;
@@ -211,7 +200,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   Impl::Block* b;
   if (fit) {
     b = I.take(fit, rounded, size, stream);
-    ++I.st.cache_hits;
+    I.ledger.cache_hit();
     I.emit(EventKind::allocate, b->ptr, b->size, size, stream);
     r = {reinterpret_cast<void*>(b->ptr), AllocStatus::ok};
   } else {

@@ -34,7 +34,7 @@ std::int64_t DevicePool::Impl::clock_ns() { return g_clock.load(std::memory_orde
 void DevicePool::Impl::close_open() {
   if (open->count == 0) return;
   open->fence = fences.record_device();
-  ++st.fences_recorded;
+  ledger.fence_recorded();
   if (dev_tail != nullptr) dev_tail->next = open; else dev_head = open;
   dev_tail = open;
   open = batch_pool.get();
@@ -46,7 +46,7 @@ void DevicePool::Impl::complete_batch(Batch* batch) {
     Block* next = b->link;
     b->link = nullptr;
     if (b->state == BState::pending) {
-      st.pending_bytes -= static_cast<std::int64_t>(b->size);
+      ledger.pending_removed(b->size);
       deactivate(b);
       // Its own fence covers whatever an older GPU-side wait covered. (order_device_batches sets
       // hot again after this for the batches it orders.)
@@ -149,7 +149,7 @@ void DevicePool::Impl::record_promo(StreamFree* sf, StreamId stream) {
   sf->promo_fence = fences.record_stream(stream);
   sf->promo_miss = slow_calls;
   sf->promo_epoch = epoch;
-  ++st.fences_recorded;
+  ledger.fence_recorded();
   promo_list.push_back(sf);
 }
 
@@ -204,7 +204,7 @@ bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool e
   // Too little to serve the request: the wait would cost the GPU overlap and gain nothing.
   if (bytes < need || bytes == 0) return false;
   if (!fences.order_after(order_scratch.data(), order_scratch.size())) return false;
-  ++st.gpu_waits;
+  ledger.gpu_wait();
   emit(EventKind::gpu_wait, 0, bytes, 0, 0);
   const std::uint64_t seq = ++order_seq;
   while (dev_head != nullptr) {
@@ -322,7 +322,7 @@ bool DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
 
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
 void DevicePool::Impl::wait_all() {
-  ++st.num_sync_all_streams;
+  ledger.sync_all_streams();
   tc_flush_all();  // blocks parked in threads' caches are reclaimable too
   wait_device_batches();
   while (retire_head != nullptr && wait_fence(retire_head->fence, 0)) {
@@ -345,7 +345,7 @@ std::size_t DevicePool::empty_cache() {
   Impl::Lock lk(I.mu);
   I.wait_all();
   const std::size_t bytes = I.release_cached(lk);
-  ++I.st.empty_cache_calls;
+  I.ledger.empty_cache_call();
   I.emit(EventKind::empty_cache, 0, bytes, 0, 0);
   return bytes;
 }
@@ -363,7 +363,7 @@ void DevicePool::retire_stream(StreamId stream) {
     Impl::Batch* batch = I.batch_pool.get();
     batch->stream = stream;
     batch->fence = I.fences.record_stream(stream);
-    ++I.st.fences_recorded;
+    I.ledger.fence_recorded();
     for (Impl::FreeSet& set : sf->sets) {
       for (Impl::Block* b : set) {
         b->state = BState::retiring;  // stays inactive (and counted so) but in no set

@@ -32,6 +32,7 @@
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
 #include "allocator/spin_lock.h"
+#include "allocator/stats_ledger.h"
 #include "allocator/thread_cache.h"
 
 namespace cudapool {
@@ -147,7 +148,6 @@ struct Batch {
 
 // Index of a pool kind into the per-kind arrays: 0 small, 1 large.
 inline int kind_index(bool small) { return small ? 0 : 1; }
-inline StatPool stat_pool(bool small) { return small ? kSmallPool : kLargePool; }
 
 struct StreamFree {
   StreamId id;
@@ -175,20 +175,6 @@ struct Detached {
   std::size_t size;
   bool unmap = false;  // pages of an expandable segment (Upstream::unmap), else a whole segment
 };
-
-inline void add_stat(StatCounter& c, std::int64_t d) {
-  c.current += d;
-  if (d >= 0) {
-    c.allocated += d;
-    if (c.current > c.peak) c.peak = c.current;
-  } else {
-    c.freed -= d;
-  }
-}
-inline void bump(StatArray& a, StatPool pool, std::int64_t d) {
-  add_stat(a[kAll], d);
-  add_stat(a[pool], d);
-}
 
 }  // namespace detail
 
@@ -248,7 +234,7 @@ struct DevicePool::Impl {
   std::uint64_t epoch = 0;        // bumped by every stream-local free
   std::uint64_t slow_calls = 0;   // allocate_slow() calls so far (promote_own: "recorded just now")
   std::uint64_t searches[2] = {0, 0};
-  Stats st;
+  detail::StatsLedger ledger{opt.max_split_size};  // every stats counter (stats_ledger.h)
 
   // Limits, computed on first need (mem_info may be slow).
   bool limits_ready = false;
@@ -282,14 +268,13 @@ struct DevicePool::Impl {
   static constexpr std::size_t kBatchMaxBlocks = 256;
   static constexpr std::size_t kBatchMinMaxBytes = 64 * MiB;
   std::size_t batch_max_bytes() const {
-    const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
-    return std::max(kBatchMinMaxBytes, reserved / 4);
+    return std::max(kBatchMinMaxBytes, ledger.reserved_bytes() / 4);
   }
   static std::int64_t clock_ns();  // the (injectable) monotonic clock
 
   // free(): block b (already pending) joins the open batch; closes it at the size bounds.
   void add_pending(Block* b) {
-    st.pending_bytes += static_cast<std::int64_t>(b->size);
+    ledger.pending_added(b->size);
     add_pending_counted(b);
   }
   // The same for a block already counted in pending_bytes (a thread cache's fenced frees).
@@ -354,9 +339,7 @@ struct DevicePool::Impl {
   }
 
   void count_inactive_split(Block* b, int sign) {
-    const StatPool p = detail::stat_pool(b->seg->small);
-    detail::bump(st.inactive_split, p, sign);
-    detail::bump(st.inactive_split_bytes, p, sign * static_cast<std::int64_t>(b->size));
+    ledger.inactive_split_changed(b->seg->small, b->size, sign);
   }
 
   // Turn the free block at `fit` into an allocated block of `rounded` bytes for `stream`,
@@ -364,7 +347,6 @@ struct DevicePool::Impl {
   Block* take(Fit fit, std::size_t rounded, std::size_t requested, StreamId stream) {
     Block* b = *fit.it;
     const bool small = b->seg->small;
-    const StatPool p = detail::stat_pool(small);
     if (b->is_split()) count_inactive_split(b, -1);
     const std::size_t rest = b->size - rounded;
     const bool split = small ? rest >= kMinBlockSize : (rounded < opt.max_split_size && rest > kSmallSize);
@@ -393,30 +375,18 @@ struct DevicePool::Impl {
     b->state = BState::allocated;
     b->owner = stream;
     b->requested = requested;
-    const auto sz = static_cast<std::int64_t>(b->size);
-    detail::bump(st.allocation, p, 1);
-    detail::bump(st.allocated_bytes, p, sz);
-    detail::bump(st.active, p, 1);
-    detail::bump(st.active_bytes, p, sz);
-    detail::bump(st.requested_bytes, p, static_cast<std::int64_t>(requested));
-    if (b->size >= opt.max_split_size) detail::add_stat(st.oversize_allocations, 1);
+    ledger.block_allocated(small, b->size, requested);
     live.insert(b->ptr, b);
     return b;
   }
 
   // Allocated -> no longer allocated (still active until it becomes free).
   void unallocate(Block* b) {
-    const StatPool p = detail::stat_pool(b->seg->small);
-    detail::bump(st.allocation, p, -1);
-    detail::bump(st.allocated_bytes, p, -static_cast<std::int64_t>(b->size));
-    if (b->size >= opt.max_split_size) detail::add_stat(st.oversize_allocations, -1);
+    ledger.block_unallocated(b->seg->small, b->size);
   }
   // Active (allocated or pending) -> inactive.
   void deactivate(Block* b) {
-    const StatPool p = detail::stat_pool(b->seg->small);
-    detail::bump(st.active, p, -1);
-    detail::bump(st.active_bytes, p, -static_cast<std::int64_t>(b->size));
-    detail::bump(st.requested_bytes, p, -static_cast<std::int64_t>(b->requested));
+    ledger.block_deactivated(b->seg->small, b->size, b->requested);
     b->requested = 0;
   }
 
@@ -485,7 +455,7 @@ struct DevicePool::Impl {
     if (!fences.can_wait(f)) return false;
     const std::int64_t t0 = sink != nullptr ? detail::now_ns() : 0;
     fences.wait(f);
-    ++st.fence_waits;
+    ledger.fence_wait();
     if (sink != nullptr) emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
     return true;
   }
@@ -557,7 +527,7 @@ struct DevicePool::Impl {
   // beyond it is what recycling and the wait avoid.
   std::size_t reserved_hwm = 0;
   void note_reserved() {
-    const auto r = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+    const std::size_t r = ledger.reserved_bytes();
     if (r > reserved_hwm) reserved_hwm = r;
   }
   void merge_unmapped(Block* b);

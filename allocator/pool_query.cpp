@@ -45,7 +45,7 @@ FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
   Segment* seg = segment_containing(p);
   if (seg == nullptr) return FreeStatus::not_owned;
   if (seg->expandable && !detail::block_at(seg, p)->mapped()) return FreeStatus::not_owned;
-  ++st.bad_frees;
+  ledger.bad_free();
   for (Block* b = seg->head; b != nullptr; b = b->next)
     if (b->ptr == p) return FreeStatus::double_free;  // starts a block that is not allocated
   return FreeStatus::interior_pointer;
@@ -95,41 +95,25 @@ bool DevicePool::owns(const void* ptr) const {
 std::size_t DevicePool::cached_bytes() const {
   Impl::Guard lock(impl_->mu);
   impl_->tc_flush_all();
-  return static_cast<std::size_t>(impl_->st.reserved_bytes[kAll].current - impl_->st.allocated_bytes[kAll].current);
+  return impl_->ledger.reserved_bytes() - impl_->ledger.allocated_bytes();
 }
 
 Stats DevicePool::stats() const {
   Impl::Guard lock(impl_->mu);
   impl_->tc_flush_all();
-  return impl_->st;
+  return impl_->ledger.view();
 }
-
-namespace {
-template <class F>
-void for_each_counter(Stats& s, F f) {
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes})
-    for (StatCounter& c : *a) f(c);
-  f(s.oversize_allocations);
-  f(s.oversize_segments);
-}
-}  // namespace
 
 void DevicePool::reset_peak_stats() {
   Impl::Guard lock(impl_->mu);
   impl_->tc_flush_all();
-  for_each_counter(impl_->st, [](StatCounter& c) { c.peak = c.current; });
+  impl_->ledger.reset_peaks();
 }
 
 void DevicePool::reset_accumulated_stats() {
   Impl::Guard lock(impl_->mu);
   impl_->tc_flush_all();
-  Stats& s = impl_->st;
-  for_each_counter(s, [](StatCounter& c) { c.allocated = c.freed = 0; });
-  s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
-  s.num_device_map = s.num_device_unmap = s.num_device_alias = 0;
-  s.cache_hits = s.cache_misses = s.upstream_ns = s.fences_recorded = s.fence_waits = s.gpu_waits = 0;
-  s.gc_passes = s.gc_freed_bytes = s.empty_cache_calls = s.bad_frees = 0;
+  impl_->ledger.reset_accumulated();
 }
 
 Snapshot DevicePool::snapshot() const {
@@ -217,13 +201,7 @@ void DevicePool::Impl::forget_all() {
   }
   dev_head = dev_tail = retire_head = nullptr;
   *open = Batch{};
-  for_each_counter(st, [](StatCounter& c) {
-    if (c.current > 0) {
-      c.freed += c.current;
-      c.current = 0;
-    }
-  });
-  st.pending_bytes = 0;
+  ledger.forget_all();
 }
 
 void DevicePool::abandon() {
@@ -245,16 +223,13 @@ std::string DevicePool::Impl::check() const {
     err << what << " (block 0x" << std::hex << (b ? b->ptr : 0) << std::dec << " size " << (b ? b->size : 0) << ")";
     return err.str();
   };
-  Stats recount;
+  // The counters as the blocks' states say they should be, counted by the ledger's own rules.
+  detail::StatsLedger recount_ledger(opt.max_split_size);
   std::size_t free_blocks = 0, pending_blocks = 0, retiring_blocks = 0, draining_blocks = 0;
   std::int64_t pending_bytes = 0;
   for (auto& [base, seg] : segments) {
     if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr) return fail("bad segment head", seg->head);
-    const StatPool p = detail::stat_pool(seg->small);
-    if (!seg->expandable) {
-      detail::bump(recount.segment, p, 1);
-      detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(seg->size));
-    }
+    if (!seg->expandable) recount_ledger.segment_added(seg->small, seg->size);
     if (seg->expandable) {  // the physical units tile every mapped run, and nothing else
       auto u = seg->units.begin();
       for (const Block* b = seg->head; b != nullptr;) {
@@ -277,9 +252,9 @@ std::string DevicePool::Impl::check() const {
     for (const Block* b = seg->head; b != nullptr; b = b->next) {
       if (seg->expandable && b->mapped()) {
         mapped += b->size;
-        detail::bump(recount.reserved_bytes, p, static_cast<std::int64_t>(b->size));
+        recount_ledger.pages_mapped(seg->small, b->size);
         if (b->prev == nullptr || !b->prev->mapped()) {  // a run starts: page aligned
-          detail::bump(recount.segment, p, 1);
+          recount_ledger.runs_changed(seg->small, 1);
           if ((b->ptr - base) % seg->page != 0) return fail("mapped run not page aligned", b);
         }
         if ((b->next == nullptr || !b->next->mapped()) && (b->ptr + b->size - base) % seg->page != 0)
@@ -293,17 +268,13 @@ std::string DevicePool::Impl::check() const {
       switch (b->state) {
         case BState::allocated:
           if (live.find(b->ptr) != b) return fail("allocated block missing from the pointer map", b);
-          detail::bump(recount.allocation, p, 1);
-          detail::bump(recount.allocated_bytes, p, sz);
-          [[fallthrough]];
-        case BState::pending:
-          detail::bump(recount.active, p, 1);
-          detail::bump(recount.active_bytes, p, sz);
-          detail::bump(recount.requested_bytes, p, static_cast<std::int64_t>(b->requested));
-          if (b->state == BState::pending) {
-            ++pending_blocks;
-            pending_bytes += sz;
-          }
+          recount_ledger.block_allocated(seg->small, b->size, b->requested);
+          break;
+        case BState::pending:  // allocated, then unallocated: still active
+          recount_ledger.block_allocated(seg->small, b->size, b->requested);
+          recount_ledger.block_unallocated(seg->small, b->size);
+          ++pending_blocks;
+          pending_bytes += sz;
           break;
         case BState::tcache:  // check_consistency() flushed every thread cache first
           return fail("block still checked out to a thread cache", b);
@@ -338,10 +309,7 @@ std::string DevicePool::Impl::check() const {
             ++free_blocks;
             if (b->next != nullptr && same_class(b, b->next)) return fail("unmerged free neighbours", b);
           }
-          if (b->is_split()) {
-            detail::bump(recount.inactive_split, p, 1);
-            detail::bump(recount.inactive_split_bytes, p, sz);
-          }
+          if (b->is_split()) recount_ledger.inactive_split_changed(seg->small, b->size, +1);
           break;
         }
       }
@@ -349,6 +317,8 @@ std::string DevicePool::Impl::check() const {
     if (at != base + seg->size) return fail("blocks do not cover the segment", seg->head);
     if (seg->expandable && mapped != seg->mapped) return fail("expandable mapped bytes", seg->head);
   }
+  const Stats& recount = recount_ledger.view();
+  const Stats& st = ledger.view();
   std::size_t in_sets = shared[0].size() + shared[1].size();
   for (auto& [sid, sf] : streams) in_sets += sf->sets[0].size() + sf->sets[1].size();
   if (in_sets != free_blocks) return fail("free sets hold blocks that are not free", nullptr);

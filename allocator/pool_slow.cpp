@@ -37,7 +37,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // A miss closes the open batch at once: its blocks may be what this request needs.
   if (service_miss()) {
     if (Fit fit = find_fit(rounded, stream)) {
-      ++st.cache_hits;
+      ledger.cache_hit();
       return ok(serve(fit, rounded, size, stream));
     }
   }
@@ -45,13 +45,13 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // become shared (and their pages recyclable) soon after they were freed.
   if (granularity != 0 && promote_own(stream, 0, false)) {
     if (Fit fit = find_fit(rounded, stream)) {
-      ++st.cache_hits;
+      ledger.cache_hit();
       return ok(serve(fit, rounded, size, stream));
     }
   }
   if (try_promote_for(rounded, stream)) {
     if (Fit fit = find_fit(rounded, stream)) {
-      ++st.cache_hits;
+      ledger.cache_hit();
       return ok(serve(fit, rounded, size, stream));
     }
   }
@@ -60,13 +60,13 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   if (opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, small) &&
       order_device_batches(rounded, small, false)) {
     if (Fit fit = find_fit(rounded, stream)) {
-      ++st.cache_hits;
+      ledger.cache_hit();
       return ok(serve(fit, rounded, size, stream));
     }
   }
   if (opt.free_sync == FreeSync::device && wait_device_batches()) {
     if (Fit fit = find_fit(rounded, stream)) {
-      ++st.cache_hits;
+      ledger.cache_hit();
       return ok(serve(fit, rounded, size, stream));
     }
   }
@@ -77,13 +77,13 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
       (service_miss() || (opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, small) &&
                           order_device_batches(rounded, small, false)))) {
     if (Fit fit = find_fit(rounded, stream)) {
-      ++st.cache_hits;
+      ledger.cache_hit();
       return ok(serve(fit, rounded, size, stream));
     }
   }
   if (opt.garbage_collection_threshold > 0.0) garbage_collect(lk);
 
-  ++st.cache_misses;
+  ledger.cache_miss();
   const std::size_t seg_size = segment_size_for(rounded);
   Block* fresh = nullptr;
   // Expandable segments first (map pages into the range); a classic segment when off or full.
@@ -121,12 +121,12 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   wait_all();
   if (Fit fit = find_fit(rounded, stream)) return ok(serve(fit, rounded, size, stream));
   release_cached(lk);
-  ++st.num_alloc_retries;
+  ledger.alloc_retry();
   us = grow();
   if (us == UpstreamStatus::ok) return finish();
   if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
   // Step 3: give up.
-  ++st.num_ooms;
+  ledger.oom();
   emit(EventKind::allocate_failure, 0, size, size, stream);
   return AllocResult{nullptr, AllocStatus::out_of_memory};
 }
@@ -150,7 +150,7 @@ void DevicePool::Impl::ensure_limits() {
 
 UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) {
   ensure_limits();
-  const auto reserved = static_cast<std::size_t>(st.reserved_bytes[kAll].current);
+  const std::size_t reserved = ledger.reserved_bytes();
   if (limit != kNoLimit && (seg_size > limit || reserved + inflight > limit - seg_size)) {
     // Over the cap: refuse without asking the upstream, like PyTorch's memory fraction.
     emit(EventKind::oom, 0, seg_size, seg_size, stream);
@@ -171,7 +171,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
     us = up.allocate(seg_size, &base);
   }
   const std::int64_t dt = now_ns() - t0;
-  st.upstream_ns += dt;
+  ledger.upstream_time(dt);
   if (us != UpstreamStatus::ok) {
     if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
     return us;
@@ -187,12 +187,9 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
   b->seg = seg;
   seg->head = b;
   segments.emplace(seg->base, seg);
-  const StatPool p = detail::stat_pool(small);
-  detail::bump(st.segment, p, 1);
-  detail::bump(st.reserved_bytes, p, static_cast<std::int64_t>(seg_size));
+  ledger.segment_added(small, seg_size);
   note_reserved();
-  if (seg_size >= opt.max_split_size) detail::add_stat(st.oversize_segments, 1);
-  ++st.num_device_alloc;
+  ledger.device_alloc();
   emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
   // Fresh memory has never been used by any stream: shared at once.
   insert_free(b, BState::shared, 0, shared[detail::kind_index(small)]);
@@ -205,10 +202,7 @@ void DevicePool::Impl::detach_segment(Block* b, std::vector<Detached>& out) {
   Segment* seg = b->seg;
   shared[detail::kind_index(seg->small)].erase(b);
   segments.erase(seg->base);
-  const StatPool p = detail::stat_pool(seg->small);
-  detail::bump(st.segment, p, -1);
-  detail::bump(st.reserved_bytes, p, -static_cast<std::int64_t>(seg->size));
-  if (seg->size >= opt.max_split_size) detail::add_stat(st.oversize_segments, -1);
+  ledger.segment_removed(seg->small, seg->size);
   out.push_back(Detached{seg->base, seg->size});
   block_pool.put(b);
   segment_pool.put(seg);
@@ -246,12 +240,12 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
     run();
   }
   for (std::size_t i = 0; i < list.size(); ++i) {
-    st.upstream_ns += ns[i];
+    ledger.upstream_time(ns[i]);
     if (list[i].unmap) {
-      ++st.num_device_unmap;
+      ledger.device_unmap();
       emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     } else {
-      ++st.num_device_free;
+      ledger.device_free();
       emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     }
   }
@@ -358,7 +352,7 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
   ensure_limits();
   const std::size_t allowed = limit != kNoLimit ? limit : device_total;
   const double threshold = opt.garbage_collection_threshold * static_cast<double>(allowed);
-  const auto reserved = static_cast<double>(st.reserved_bytes[kAll].current);
+  const auto reserved = static_cast<double>(ledger.reserved_bytes());
   if (reserved <= threshold) return;
   const double target = reserved - threshold;
 
@@ -397,8 +391,7 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
     }
   }
   const std::size_t bytes = release_segments(lk, out);
-  ++st.gc_passes;
-  st.gc_freed_bytes += static_cast<std::int64_t>(bytes);
+  ledger.gc_pass(bytes);
   emit(EventKind::gc, 0, bytes, 0, 0);
 }
 

@@ -41,18 +41,6 @@ struct ThreadCaches {
 
 thread_local ThreadCaches t_caches;
 
-void merge_array(StatArray& global, StatArray& delta) {
-  for (std::size_t i = 0; i < global.size(); ++i) {
-    StatCounter& g = global[i];
-    StatCounter& t = delta[i];
-    g.peak = std::max(g.peak, g.current + t.peak);
-    g.current += t.current;
-    g.allocated += t.allocated;
-    g.freed += t.freed;
-    t = StatCounter{};
-  }
-}
-
 }  // namespace
 
 std::uint64_t new_pool_uid() { return next_uid.fetch_add(1, std::memory_order_relaxed); }
@@ -129,19 +117,8 @@ void DevicePool::Impl::tc_return_lent(ThreadCache& tc, int i) {
 }
 
 void DevicePool::Impl::tc_merge(ThreadCache& tc) {
-  detail::TcDelta& d = tc.delta;
   if (!tc.dirty.load(std::memory_order_relaxed)) return;
-  merge_array(st.allocation, d.allocation);
-  merge_array(st.allocated_bytes, d.allocated_bytes);
-  merge_array(st.active, d.active);
-  merge_array(st.active_bytes, d.active_bytes);
-  merge_array(st.requested_bytes, d.requested_bytes);
-  merge_array(st.inactive_split, d.inactive_split);
-  merge_array(st.inactive_split_bytes, d.inactive_split_bytes);
-  st.cache_hits += d.cache_hits;
-  st.pending_bytes += d.pending_bytes;
-  st.fences_recorded += d.fences_recorded;
-  d.cache_hits = d.pending_bytes = d.fences_recorded = 0;
+  ledger.merge(tc.delta);
   tc.dirty.store(false, std::memory_order_relaxed);
 }
 
@@ -267,7 +244,7 @@ void DevicePool::Impl::tc_detach_all() {
     tc->fence = 0;
     tc->nfree = tc->nlent = tc->npend = tc->nclosed = 0;
     tc->free_bytes = 0;
-    tc->delta = detail::TcDelta{};
+    tc->delta = detail::StatsDelta{};
     tc->dirty.store(false, std::memory_order_relaxed);
     tc->pool.store(nullptr, std::memory_order_release);
   }

@@ -26,7 +26,7 @@
 #include <cstdint>
 
 #include "allocator/spin_lock.h"
-#include "allocator/stats.h"
+#include "allocator/stats_ledger.h"
 #include "allocator/types.h"
 
 namespace cudapool {
@@ -47,15 +47,6 @@ struct TcEntry {
   bool small = false;
   bool split = false;         // counted in inactive_split while free (never changes while cached)
   bool any_stream = false;    // free: its device fence completed, so it serves any stream
-};
-
-// The stat families a cached operation touches.
-struct TcDelta {
-  StatArray allocation{}, allocated_bytes{}, active{}, active_bytes{}, requested_bytes{};
-  StatArray inactive_split{}, inactive_split_bytes{};
-  std::int64_t cache_hits = 0;
-  std::int64_t pending_bytes = 0;    // fenced frees waiting in the cache's batch
-  std::int64_t fences_recorded = 0;  // the cache's batch fences
 };
 
 struct ThreadCache {
@@ -106,7 +97,7 @@ struct ThreadCache {
   int nlent = 0;
   int credit = kProbeEvery;
   unsigned probe = 0;
-  TcDelta delta;
+  StatsDelta delta;  // the same operations the pool's StatsLedger applies
   // delta holds unmerged operations. Set by the owner under mu, cleared by merges under mu; the
   // owner may read it without mu (it only skips a merge when its own last write was a merge).
   std::atomic<bool> dirty{false};
