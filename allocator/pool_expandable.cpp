@@ -244,24 +244,24 @@ std::size_t DevicePool::Impl::growth_cap() const {
 // free pages whose fences have passed, but asks no fence: no GPU-side wait, no host wait. The
 // slack sits on the live peak, not on the high-water mark, so growth into it cannot ratchet.
 bool DevicePool::Impl::growth_within_slack(std::size_t rounded, bool small) const {
-  if (granularity == 0 || opt.expandable_slack == 0) return false;
+  if (limits.granularity() == 0 || opt.expandable_slack == 0) return false;
   const std::size_t reserved = ledger.reserved_bytes();
-  const std::size_t need = round_up(rounded, page_bytes(small));
+  const std::size_t need = round_up(rounded, limits.page_bytes(small, opt));
   const auto live_peak = static_cast<double>(ledger.allocated_peak());
   const auto bound = static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)) + opt.expandable_slack;
-  return reserved + need <= bound &&
-         (limit == kNoLimit || reserved + inflight + need <= limit);
+  return reserved + need <= bound && limits.admits(reserved, need);
 }
 
 UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream,
                                                  Block** out, bool may_wait) {
   *out = nullptr;
   const int k = detail::kind_index(small);
-  const std::size_t g = page_bytes(small);
+  const std::size_t g = limits.page_bytes(small, opt);
   if (xseg[k] == nullptr) {
     // About 9/8 of the device, like PyTorch: the mapped part can never fill the range, and one
     // range per pool kind keeps address space use bounded however many streams there are.
-    const std::size_t bytes = round_up(device_total + device_total / 8 + g, g);
+    const std::size_t total = limits.device_total();
+    const std::size_t bytes = round_up(total + total / 8 + g, g);
     void* base = nullptr;
     UpstreamStatus us = up.reserve(bytes, g, &base);
     if (us != UpstreamStatus::ok) return UpstreamStatus::ok;  // no range: classic segments instead
@@ -299,8 +299,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     const std::size_t reserved = ledger.reserved_bytes();
     const std::size_t cap = growth_cap();
     std::size_t over = reserved + plan.to_map > cap ? reserved + plan.to_map - cap : 0;
-    if (limit != kNoLimit && reserved + inflight + plan.to_map > limit)
-      over = std::max(over, reserved + inflight + plan.to_map - limit);
+    over = std::max(over, limits.excess(reserved, plan.to_map));
     if (over == 0) break;
     cands.clear();
     hot_cands.clear();
@@ -362,7 +361,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // The limit, checked before any upstream call.
   const std::size_t to_map = plan.to_map;
   const std::size_t reserved = ledger.reserved_bytes();
-  if (limit != kNoLimit && (to_map > limit || reserved + inflight > limit - to_map)) {
+  if (limits.refuses(reserved, to_map)) {
     emit(EventKind::oom, 0, to_map, to_map, stream);
     return UpstreamStatus::out_of_memory;
   }

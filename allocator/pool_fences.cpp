@@ -6,7 +6,8 @@
 //  * Blocks freed on a stream are local to it; a miss on another stream records one fence on that
 //    stream (at most one outstanding per stream) and promotes the blocks it covers once complete.
 //  * retire_stream() turns a stream's local blocks into a batch on a fence on that stream.
-//  * Under memory pressure (OOM path, empty_cache) every fence is waited for.
+//  * Under memory pressure (OOM path, empty_cache, release_idle) every fence is waited for
+//    (wait_all); what is then released is pool_release.cpp's.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -338,16 +339,6 @@ void DevicePool::Impl::wait_all() {
     }
     promote_all_now(sf, sid);
   }
-}
-
-std::size_t DevicePool::empty_cache() {
-  Impl& I = *impl_;
-  Impl::Lock lk(I.mu);
-  I.wait_all();
-  const std::size_t bytes = I.release_cached(lk);
-  I.ledger.empty_cache_call();
-  I.emit(EventKind::empty_cache, 0, bytes, 0, 0);
-  return bytes;
 }
 
 void DevicePool::retire_stream(StreamId stream) {

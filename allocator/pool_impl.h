@@ -1,5 +1,6 @@
 // Internal: the pool's data structures and the primitives both the fast path (pool_fast.cpp)
-// and the slow paths (pool_slow.cpp, pool_fences.cpp) use. Not installed, not for other modules.
+// and the slow paths (pool_miss.cpp, pool_release.cpp, pool_fences.cpp, ...) use. Not
+// installed, not for other modules.
 //
 // Picture (docs/design.md has the why):
 //   Segment  = one upstream allocation; its Blocks tile it in address order (prev/next).
@@ -28,6 +29,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "allocator/limits.h"
 #include "allocator/node_pool.h"
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
@@ -82,7 +84,7 @@ struct Segment {
   bool small = false;
   bool expandable = false;   // a reserved range grown by mapping pages (pool_expandable.cpp)
   std::size_t mapped = 0;    // expandable: bytes with pages behind them
-  std::size_t page = 0;      // expandable: the unit of mapping (Impl::page_bytes)
+  std::size_t page = 0;      // expandable: the unit of mapping (Limits::page_bytes)
   // expandable: the physical allocations behind the mapped bytes, base -> size. Each is one
   // Upstream::map() (whole pages, up to PoolOptions::expandable_max_unit) and can only be
   // unmapped or moved whole: the driver cannot split a physical allocation. They tile every
@@ -236,17 +238,7 @@ struct DevicePool::Impl {
   std::uint64_t searches[2] = {0, 0};
   detail::StatsLedger ledger{opt.max_split_size};  // every stats counter (stats_ledger.h)
 
-  // Limits, computed on first need (mem_info may be slow).
-  bool limits_ready = false;
-  std::size_t device_total = 0;
-  std::size_t limit = kNoLimit;   // reserved may not exceed this (fraction / max_reserved)
-  std::size_t inflight = 0;       // segment bytes being allocated/released with the lock dropped
-  std::size_t granularity = 0;    // expandable segments: the driver's page size; 0 = off
-  // Expandable segments: the page of a pool kind's range (PoolOptions::expandable_large_page).
-  std::size_t page_bytes(bool small) const {
-    const std::size_t want = small || granularity == 0 ? 0 : opt.expandable_large_page;
-    return want <= granularity ? granularity : (want + granularity - 1) / granularity * granularity;
-  }
+  detail::Limits limits;  // the reserve limit and the device facts it needs (limits.h)
   Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind
 
   // ---- the fence batch window (pool_fences.cpp; docs/design.md, "The batch window") ----
@@ -460,11 +452,12 @@ struct DevicePool::Impl {
     return true;
   }
 
-  // ---- slow paths (pool_slow.cpp) ----
+  // ---- the miss path (pool_miss.cpp) ----
   AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream);
   Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream);
   UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out);
-  void ensure_limits();
+
+  // ---- giving memory back: GC, release_idle, empty_cache, the OOM path (pool_release.cpp) ----
   void detach_segment(Block* b, std::vector<Detached>& out);
   std::size_t release_segments(Lock& lk, std::vector<Detached>& list);
   bool release_oversize(Lock& lk, std::size_t rounded);
