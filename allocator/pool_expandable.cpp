@@ -173,7 +173,7 @@ void DevicePool::Impl::pick_hot_units(const std::vector<Block*>& cands, std::siz
 
 void DevicePool::Impl::drop_aliases() {
   for (Drain& d : draining) {
-    if (d.dropped || d.b->hot > order_done) continue;
+    if (d.dropped || d.b->hot > batches.order_done()) continue;
     const std::int64_t t0 = now_ns();
     up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
     ledger.upstream_time(now_ns() - t0);
@@ -303,7 +303,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (over == 0) break;
     cands.clear();
     hot_cands.clear();
-    if (!ordered.empty()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
+    if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0;
     const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, alias_ok ? &hot_cands : nullptr);
     if (avail < over && !fences_tried && !growth_within_slack(rounded, small)) {
@@ -456,7 +456,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (us != UpstreamStatus::ok && done != 0) {
       // Fresh and recycled units only, but the rule stays simple: nothing goes back to the
       // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
-      if (!ordered.empty()) settle_ordered();
+      if (batches.has_ordered()) settle_ordered();
       up.unmap(reinterpret_cast<void*>(at), done);
       ledger.device_unmap();
       seg->units.erase(seg->units.lower_bound(at), seg->units.lower_bound(at + done));

@@ -17,10 +17,7 @@ DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, 
       fences(fence_provider),
       sink(event_sink),
       shared{FreeSet(detail::BySizeAddr{}, detail::ArenaAllocator<Block*>(&arena)),
-             FreeSet(detail::BySizeAddr{}, detail::ArenaAllocator<Block*>(&arena))} {
-  open = batch_pool.get();
-  promo_list.reserve(16);
-}
+             FreeSet(detail::BySizeAddr{}, detail::ArenaAllocator<Block*>(&arena))} {}
 
 DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences,
                        EventSink* sink)
@@ -147,7 +144,7 @@ bool DevicePool::Impl::tc_service(ThreadCache& tc) {
       tc.dirty.store(true, std::memory_order_relaxed);
     }
   }
-  if (tc.fence == 0 && tc.npend > 0 && (tc.npend == ThreadCache::kMaxPend || now - tc.pend_since >= kBatchWindowNs)) {
+  if (tc.fence == 0 && tc.npend > 0 && (tc.npend == ThreadCache::kMaxPend || now - tc.pend_since >= detail::FenceBatches::kBatchWindowNs)) {
     tc.fence = fences.record_device();
     tc.delta.fence_recorded();
     tc.dirty.store(true, std::memory_order_relaxed);

@@ -8,9 +8,9 @@
 //  * retire_stream() turns a stream's local blocks into a batch on a fence on that stream.
 //  * Under memory pressure (OOM path, empty_cache, release_idle) every fence is waited for
 //    (wait_all); what is then released is pool_release.cpp's.
+// The lists themselves (open, device, retire batches, promotion list, GPU-side waits) are
+// detail::FenceBatches' (fence_batches.h); this file holds the rules that use them.
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 
 #include "allocator/pool_impl.h"
 
@@ -18,27 +18,11 @@ namespace cudapool {
 
 using detail::BState;
 
-namespace {
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-std::atomic<PoolClockFn> g_clock{&steady_ns};
-}  // namespace
-
-void set_pool_clock_for_testing(PoolClockFn clock) {
-  g_clock.store(clock != nullptr ? clock : &steady_ns, std::memory_order_relaxed);
-}
-
-std::int64_t DevicePool::Impl::clock_ns() { return g_clock.load(std::memory_order_relaxed)(); }
-
 void DevicePool::Impl::close_open() {
-  if (open->count == 0) return;
-  open->fence = fences.record_device();
+  if (batches.open().count == 0) return;
+  const FenceHandle f = fences.record_device();
   ledger.fence_recorded();
-  if (dev_tail != nullptr) dev_tail->next = open; else dev_head = open;
-  dev_tail = open;
-  open = batch_pool.get();
+  batches.seal_open(f);
 }
 
 // Blocks of a completed batch (pending or retiring) become shared free blocks.
@@ -59,7 +43,7 @@ void DevicePool::Impl::complete_batch(Batch* batch) {
     b = next;
   }
   if (batch->fence != 0) fences.release(batch->fence);
-  batch_pool.put(batch);
+  batches.recycle(batch);
 }
 
 // The stream's promotion fence completed: its local blocks freed before it became shared.
@@ -81,7 +65,7 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
   if (sf->promo_fence == 0) return;
   fences.release(sf->promo_fence);
   sf->promo_fence = 0;
-  promo_list.erase(std::find(promo_list.begin(), promo_list.end(), sf));
+  batches.promo_remove(sf);
 }
 
 // Called by allocate() only when some fence work exists. The open batch stays open (no fence
@@ -92,41 +76,33 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
 // against 0.25 us for immediate frees on an H200). A miss (service_miss) always asks at once.
 void DevicePool::Impl::service_fences() {
   const std::int64_t now = clock_ns();
-  if (open->count != 0 && now - open_since >= kBatchWindowNs) close_open();
-  if (now < fence_query_after) return;
+  if (batches.window_passed(now)) close_open();
+  if (!batches.query_due(now)) return;
   drain_device_batches();
-  bool running = dev_head != nullptr;
-  for (Batch** pp = &retire_head; *pp != nullptr;) {
-    Batch* b = *pp;
-    if (fences.query(b->fence)) {
-      *pp = b->next;
-      complete_batch(b);
-    } else {
-      pp = &b->next;
-      running = true;
-    }
-  }
-  for (std::size_t i = 0; i < promo_list.size();) {
-    StreamFree* sf = promo_list[i];
+  bool running = batches.device_head() != nullptr;
+  if (batches.sweep_retire(fences, [&](Batch* b) { complete_batch(b); })) running = true;
+  const std::vector<StreamFree*>& promos = batches.promos();
+  for (std::size_t i = 0; i < promos.size();) {
+    StreamFree* sf = promos[i];
     if (fences.query(sf->promo_fence)) {
-      complete_promo(sf);  // removes promo_list[i]
+      complete_promo(sf);  // removes promos[i]
     } else {
       ++i;
       running = true;
     }
   }
-  if (!ordered.empty()) {
+  if (batches.has_ordered()) {
     poll_ordered();
-    running |= !ordered.empty();
+    running |= batches.has_ordered();
   }
   if (!draining.empty()) reclaim_drained();
-  fence_query_after = running ? now + kFenceQueryGapNs : INT64_MIN;
+  batches.queried(now, running);
 }
 
 // allocate() missed: close the open batch now (record its fence) and query the device fences.
 // Returns true if some batch completed (the caller searches again).
 bool DevicePool::Impl::service_miss() {
-  if (open->count == 0) return false;
+  if (batches.open().count == 0) return false;
   close_open();
   return drain_device_batches();
 }
@@ -135,11 +111,8 @@ bool DevicePool::Impl::service_miss() {
 // first one still running. Returns true if any batch completed.
 bool DevicePool::Impl::drain_device_batches() {
   bool completed = false;
-  while (dev_head != nullptr && fences.query(dev_head->fence)) {
-    Batch* b = dev_head;
-    dev_head = b->next;
-    if (dev_head == nullptr) dev_tail = nullptr;
-    complete_batch(b);
+  while (batches.device_head() != nullptr && fences.query(batches.device_head()->fence)) {
+    complete_batch(batches.pop_device());
     completed = true;
   }
   return completed;
@@ -151,7 +124,7 @@ void DevicePool::Impl::record_promo(StreamFree* sf, StreamId stream) {
   sf->promo_miss = slow_calls;
   sf->promo_epoch = epoch;
   ledger.fence_recorded();
-  promo_list.push_back(sf);
+  batches.promo_add(sf);
 }
 
 // A miss on `stream`: other streams' local blocks that could serve `rounded` get a fence on
@@ -175,15 +148,13 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
 // FreeSync::device: block on the fences of free()d memory. Returns true if there was any.
 bool DevicePool::Impl::wait_device_batches() {
   close_open();
-  if (dev_head == nullptr) return false;
+  if (batches.device_head() == nullptr) return false;
   bool any = false;
-  while (dev_head != nullptr && wait_fence(dev_head->fence, 0)) {  // oldest first: stop at one that cannot be waited for
-    Batch* b = dev_head;
-    dev_head = b->next;
-    complete_batch(b);
+  // Oldest first: stop at one that cannot be waited for.
+  while (batches.device_head() != nullptr && wait_fence(batches.device_head()->fence, 0)) {
+    complete_batch(batches.pop_device());
     any = true;
   }
-  if (dev_head == nullptr) dev_tail = nullptr;
   return any;
 }
 
@@ -194,10 +165,11 @@ bool DevicePool::Impl::wait_device_batches() {
 bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool expandable_only) {
   close_open();
   drain_device_batches();  // batches already complete need no wait
-  if (dev_head == nullptr) return false;
+  if (batches.device_head() == nullptr) return false;
   std::size_t bytes = 0;
+  std::vector<FenceHandle>& order_scratch = batches.order_scratch();
   order_scratch.clear();
-  for (Batch* b = dev_head; b != nullptr; b = b->next) {
+  for (Batch* b = batches.device_head(); b != nullptr; b = b->next) {
     order_scratch.push_back(b->fence);
     for (Block* x = b->head; x != nullptr; x = x->link)
       if (x->seg->small == small && (!expandable_only || x->seg->expandable)) bytes += x->size;
@@ -207,36 +179,24 @@ bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool e
   if (!fences.order_after(order_scratch.data(), order_scratch.size())) return false;
   ledger.gpu_wait();
   emit(EventKind::gpu_wait, 0, bytes, 0, 0);
-  const std::uint64_t seq = ++order_seq;
-  while (dev_head != nullptr) {
-    Batch* b = dev_head;
-    dev_head = b->next;
-    ordered.emplace_back(b->fence, seq);
-    b->fence = 0;  // kept in `ordered`, not released with the batch
+  const std::uint64_t seq = batches.new_order();
+  while (batches.device_head() != nullptr) {
+    Batch* b = batches.pop_device();
+    batches.add_ordered(b->fence, seq);
+    b->fence = 0;  // kept in the ordered list, not released with the batch
     for (Block* x = b->head; x != nullptr; x = x->link) x->hot = seq;
     complete_batch(b);
   }
-  dev_tail = nullptr;
   return true;
 }
 
 void DevicePool::Impl::poll_ordered() {
-  std::size_t done = 0;
-  while (done < ordered.size() && fences.query(ordered[done].first)) fences.release(ordered[done++].first);
-  ordered.erase(ordered.begin(), ordered.begin() + static_cast<std::ptrdiff_t>(done));
-  order_done = ordered.empty() ? order_seq : ordered.front().second - 1;
+  batches.poll_ordered(fences);
   if (!draining.empty()) drop_aliases();
 }
 
 void DevicePool::Impl::settle_ordered() {
-  for (const auto& [f, seq] : ordered) {
-    // order_after recorded every one of them (it refuses while a capture is open), so each can be
-    // waited for; what follows gives memory back, so a provider that refuses is waited on anyway.
-    if (!fences.query(f) && !wait_fence(f, 0)) fences.wait(f);
-    fences.release(f);
-  }
-  ordered.clear();
-  order_done = order_seq;
+  batches.settle_ordered(fences, [&](FenceHandle f) { return wait_fence(f, 0); });
   if (!draining.empty()) drop_aliases();
 }
 
@@ -245,7 +205,7 @@ void DevicePool::Impl::settle_ordered() {
 std::size_t DevicePool::Impl::pending_expandable_bytes(std::size_t need, Batch** last) const {
   *last = nullptr;
   std::size_t bytes = 0;
-  for (Batch* b = dev_head; b != nullptr; b = b->next) {
+  for (Batch* b = batches.device_head(); b != nullptr; b = b->next) {
     for (Block* x = b->head; x != nullptr; x = x->link)
       if (x->seg->expandable) bytes += x->size;
     if (bytes >= need) {
@@ -265,12 +225,10 @@ bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
   pending_expandable_bytes(need, &last);
   if (last == nullptr || !wait_fence(last->fence, 0)) return false;
   for (;;) {
-    Batch* b = dev_head;
-    dev_head = b->next;
-    complete_batch(b);
+    Batch* b = batches.pop_device();
+    complete_batch(b);  // b goes back to the Batch objects: compared by address only below
     if (b == last) break;
   }
-  if (dev_head == nullptr) dev_tail = nullptr;
   return true;
 }
 
@@ -326,11 +284,8 @@ void DevicePool::Impl::wait_all() {
   ledger.sync_all_streams();
   tc_flush_all();  // blocks parked in threads' caches are reclaimable too
   wait_device_batches();
-  while (retire_head != nullptr && wait_fence(retire_head->fence, 0)) {
-    Batch* b = retire_head;
-    retire_head = b->next;
-    complete_batch(b);
-  }
+  while (batches.retire_head() != nullptr && wait_fence(batches.retire_head()->fence, 0))
+    complete_batch(batches.pop_retire());
   for (auto& [sid, owned] : streams) {
     StreamFree* sf = owned.get();
     if (sf->empty()) {
@@ -351,7 +306,7 @@ void DevicePool::retire_stream(StreamId stream) {
   if (it == I.streams.end()) return;
   Impl::StreamFree* sf = it->second.get();
   if (!sf->empty()) {
-    Impl::Batch* batch = I.batch_pool.get();
+    Impl::Batch* batch = I.batches.new_batch();
     batch->stream = stream;
     batch->fence = I.fences.record_stream(stream);
     I.ledger.fence_recorded();
@@ -362,8 +317,7 @@ void DevicePool::retire_stream(StreamId stream) {
       }
       set.clear();
     }
-    batch->next = I.retire_head;
-    I.retire_head = batch;
+    I.batches.add_retire(batch);
   }
   I.drop_promo(sf);
   if (I.last_sf == sf) I.last_sf = nullptr;

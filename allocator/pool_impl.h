@@ -12,8 +12,12 @@
 //              stream t = the smaller of lower_bound() in t's local set and in the shared set.
 //   live     = PtrMap from the start of each allocated block to the block (the free path).
 //   Batches  = blocks waiting on one fence: the open batch (free()s since the last allocate),
-//              recorded device batches (FIFO), retire batches. Local blocks are promoted to
-//              shared through one outstanding stream fence per stream (StreamFree::promo_*).
+//              recorded device batches (FIFO), retire batches (fence_batches.h). Local blocks
+//              are promoted to shared through one outstanding stream fence per stream
+//              (StreamFree::promo_*).
+// The pieces with their own state live in their own types: blocks.h (blocks, segments, free
+// sets), fence_batches.h (what waits on which fence), stats_ledger.h (every counter),
+// limits.h (the reserve limit), thread_cache.h (per-thread caches); Impl composes them.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -29,6 +33,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "allocator/blocks.h"
+#include "allocator/fence_batches.h"
 #include "allocator/limits.h"
 #include "allocator/node_pool.h"
 #include "allocator/pool.h"
@@ -46,137 +52,6 @@ inline std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-
-// unmapped: address space of an expandable segment with no pages behind it (in no set).
-// draining: address space whose pages were aliased to another place (Upstream::alias) while old
-//   work may still use them here; in no set, not reusable, unmapped once that work completed
-//   (Impl::draining).
-// tcache: checked out to a thread cache (thread_cache.h): in no set, not in `live`.
-enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped, draining, tcache };
-
-struct Segment;
-
-struct Block {
-  std::uintptr_t ptr = 0;
-  std::size_t size = 0;
-  std::size_t requested = 0;  // allocated/pending: what the caller asked for; else 0
-  Segment* seg = nullptr;
-  Block* prev = nullptr;  // address neighbours inside the segment
-  Block* next = nullptr;
-  Block* link = nullptr;  // next block of the same batch (pending / retiring)
-  StreamId owner = 0;     // allocated/pending: allocation stream; local: the stream it is local to
-  std::uint64_t epoch = 0;    // local: free stamp; promoted by a stream fence recorded at >= epoch
-  std::uint64_t gc_base = 0;  // pool searches counter when the block was last cached (GC age)
-  // Free memory handed out under a GPU-side wait (Impl::order_device_batches) whose fence may
-  // still run: the order's sequence number (0 = none). While Impl::order_done is below it, old
-  // work may still touch the block: it may be reused, but its pages may not be unmapped or moved.
-  std::uint64_t hot = 0;
-  BState state = BState::shared;
-  bool is_split() const { return prev != nullptr || next != nullptr; }
-  bool mapped() const { return state != BState::unmapped && state != BState::draining; }
-};
-
-struct Segment {
-  std::uintptr_t base = 0;
-  std::size_t size = 0;
-  Block* head = nullptr;
-  StreamId stream = 0;  // stream of the allocation that created it (snapshot only)
-  bool small = false;
-  bool expandable = false;   // a reserved range grown by mapping pages (pool_expandable.cpp)
-  std::size_t mapped = 0;    // expandable: bytes with pages behind them
-  std::size_t page = 0;      // expandable: the unit of mapping (Limits::page_bytes)
-  // expandable: the physical allocations behind the mapped bytes, base -> size. Each is one
-  // Upstream::map() (whole pages, up to PoolOptions::expandable_max_unit) and can only be
-  // unmapped or moved whole: the driver cannot split a physical allocation. They tile every
-  // mapped run exactly (check() verifies it).
-  std::map<std::uintptr_t, std::size_t> units;
-};
-
-// A physical allocation taken out of a range for recycling (pool_expandable.cpp).
-struct Unit {
-  std::uintptr_t base;
-  std::size_t size;
-  bool used = false;  // moved into the growth already
-};
-
-// A physical allocation of a hot free block (Block::hot) chosen to be aliased into a growth:
-// still mapped and still part of its block until the alias is made (pool_expandable.cpp).
-struct HotUnit {
-  Segment* seg;
-  std::uintptr_t base;
-  std::size_t size;
-  bool used = false;  // aliased, or given up
-};
-
-// The block containing p (p must lie in seg): a walk, for the slow paths only.
-inline Block* block_at(Segment* seg, std::uintptr_t p) {
-  for (Block* b = seg->head; b != nullptr; b = b->next)
-    if (p < b->ptr + b->size) return b;
-  return nullptr;
-}
-
-struct BySizeAddr {
-  using is_transparent = void;
-  struct Key {
-    std::size_t size;
-    std::uintptr_t ptr;
-  };
-  bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-  }
-  bool operator()(const Block* a, const Key& k) const {
-    return a->size != k.size ? a->size < k.size : a->ptr < k.ptr;
-  }
-  bool operator()(const Key& k, const Block* b) const {
-    return k.size != b->size ? k.size < b->size : k.ptr < b->ptr;
-  }
-};
-using FreeSet = std::set<Block*, BySizeAddr, ArenaAllocator<Block*>>;
-
-struct Batch {
-  FenceHandle fence = 0;
-  StreamId stream = 0;  // retire batches: the stream the fence was recorded on
-  Block* head = nullptr;
-  std::size_t count = 0;
-  std::size_t bytes = 0;
-  Batch* next = nullptr;
-  void push(Block* b) {
-    b->link = head;
-    head = b;
-    ++count;
-    bytes += b->size;
-  }
-};
-
-// Index of a pool kind into the per-kind arrays: 0 small, 1 large.
-inline int kind_index(bool small) { return small ? 0 : 1; }
-
-struct StreamFree {
-  StreamId id;
-  FreeSet sets[2];
-  FenceHandle promo_fence = 0;  // outstanding fence on this stream, 0 = none
-  std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
-  std::uint64_t promo_miss = 0;   // Impl::slow_calls when promo_fence was recorded
-  StreamFree(StreamId s, NodeArena* arena)
-      : id(s),
-        sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),
-             FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena))} {}
-  bool empty() const { return sets[0].empty() && sets[1].empty(); }
-};
-
-struct Fit {
-  FreeSet* set = nullptr;
-  FreeSet::iterator it{};
-  explicit operator bool() const { return set != nullptr; }
-};
-
-// A segment taken out of the pool's structures, to be handed back to the upstream (possibly
-// with the lock dropped).
-struct Detached {
-  std::uintptr_t base;
-  std::size_t size;
-  bool unmap = false;  // pages of an expandable segment (Upstream::unmap), else a whole segment
-};
 
 }  // namespace detail
 
@@ -211,7 +86,6 @@ struct DevicePool::Impl {
   alignas(64) detail::NodeArena arena;
   detail::ObjectPool<Block> block_pool;
   detail::ObjectPool<Segment> segment_pool;
-  detail::ObjectPool<Batch> batch_pool;
 
   detail::PtrMap<Block*> live;                     // allocated blocks by start address
   std::map<std::uintptr_t, Segment*> segments;     // by base; slow paths and queries only
@@ -220,13 +94,7 @@ struct DevicePool::Impl {
   StreamFree* last_sf = nullptr;  // one-entry cache in front of `streams`
   StreamId last_sid = 0;
 
-  Batch* open = nullptr;                     // free()d blocks since the last fence record
-  std::int64_t open_since = 0;               // clock when `open` got its first block (ns)
-  std::int64_t fence_query_after = INT64_MIN;  // service_fences() asks no fence before this (ns)
-  Batch* dev_head = nullptr;                 // recorded device batches, oldest first
-  Batch* dev_tail = nullptr;
-  Batch* retire_head = nullptr;              // retire batches (unordered)
-  std::vector<StreamFree*> promo_list;       // streams with an outstanding promotion fence
+  detail::FenceBatches batches;  // what waits on which fence (fence_batches.h)
   // Streams retired and not seen since: a block allocated there and freed with free() under
   // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
   // on it), so it takes the device-fenced path instead. A later use of the same handle value
@@ -241,29 +109,8 @@ struct DevicePool::Impl {
   detail::Limits limits;  // the reserve limit and the device facts it needs (limits.h)
   Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind
 
-  // ---- the fence batch window (pool_fences.cpp; docs/design.md, "The batch window") ----
-  // The open batch gets its device fence once it has been open this long, or holds this many
-  // blocks / bytes, or on a miss, or before anything waits for pending memory. 20 us: about 25x
-  // the cost of one record+query pair on an H200 (~0.8 us), so a tight alloc/free loop pays
-  // the fence at most ~4% of the time, yet short enough that freed memory comes back to the
-  // shared pool after a few tens of microseconds (well under a typical kernel's run time, so it
-  // is not what keeps memory pending).
-  static constexpr std::int64_t kBatchWindowNs = 20'000;
-  // After a query found a fence still running, service_fences() waits this long to ask again.
-  static constexpr std::int64_t kFenceQueryGapNs = 4'000;
-  // Bounds on what one open batch may hold, so the memory that waits for a late fence stays a
-  // small part of the pool: 256 blocks, and 64 MiB or a quarter of the reserved bytes, whichever
-  // is larger. The byte bound scales with the pool because a flat one made every free of a block
-  // >= 64 MiB record its own fence (~0.5 us each on an H200: bursts of 100 frees of 128 MiB
-  // blocks cost 0.6 us per pair); with a quarter, a burst needs at most ~4 fences whatever the
-  // block size. A miss closes the batch anyway, so the bound never keeps memory from a request.
-  static constexpr std::size_t kBatchMaxBlocks = 256;
-  static constexpr std::size_t kBatchMinMaxBytes = 64 * MiB;
-  std::size_t batch_max_bytes() const {
-    return std::max(kBatchMinMaxBytes, ledger.reserved_bytes() / 4);
-  }
-  static std::int64_t clock_ns();  // the (injectable) monotonic clock
-
+  // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
+  static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
   // free(): block b (already pending) joins the open batch; closes it at the size bounds.
   void add_pending(Block* b) {
     ledger.pending_added(b->size);
@@ -271,18 +118,11 @@ struct DevicePool::Impl {
   }
   // The same for a block already counted in pending_bytes (a thread cache's fenced frees).
   void add_pending_counted(Block* b) {
-    open->push(b);
-    if (open->count >= kBatchMaxBlocks || open->bytes >= batch_max_bytes())
-      close_open();
-    else if (open->count == 1)
-      open_since = clock_ns();  // the batch opens: its window starts (no clock read otherwise)
+    if (batches.add_open(b, ledger.reserved_bytes())) close_open();
   }
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const {
-    return open->count != 0 || dev_head != nullptr || retire_head != nullptr || !promo_list.empty() ||
-           !ordered.empty() || !draining.empty();
-  }
+  bool has_fence_work() const { return batches.has_work() || !draining.empty(); }
 
   StreamFree* stream_find(StreamId s) {
     if (last_sf != nullptr && last_sid == s) return last_sf;
@@ -619,22 +459,14 @@ struct DevicePool::Impl {
   // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
   // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when
   // `expandable_only`), the GPU is made to wait for all their fences (FenceProvider::order_after)
-  // and every batch becomes shared free memory at once. Their fences move to `ordered`. Returns
+  // and every batch becomes shared free memory at once. Their fences move to the ordered list
+  // (FenceBatches::add_ordered). Returns
   // true if anything became free.
   bool order_device_batches(std::size_t need, bool small, bool expandable_only);
-  // Fences of memory handed out under a GPU-side wait that may still be running, with the order's
-  // sequence number (Block::hot). Memory they covered is only given back to the upstream
-  // (released, unmapped, moved) after they completed: the driver's unmap does not wait for
-  // kernels that still use the pages. Recycling skips such blocks; the rare release paths (GC,
-  // empty_cache, out of memory) wait for all of them first.
-  std::vector<std::pair<FenceHandle, std::uint64_t>> ordered;
-  std::uint64_t order_seq = 0;   // orders made so far
-  std::uint64_t order_done = 0;  // every order up to this one has completed
-  bool is_hot(const Block* b) const { return b->hot > order_done; }
+  bool is_hot(const Block* b) const { return batches.is_hot(b); }
   // Both also unalias the draining ranges whose order completed (drop_aliases).
   void poll_ordered();    // release the completed ones (oldest first, stop at a running one)
   void settle_ordered();  // host-wait for every one of them (before memory goes back)
-  std::vector<FenceHandle> order_scratch;  // order_device_batches' handle list (no allocation per call)
 
   // ---- queries (pool_query.cpp) ----
   FreeStatus diagnose_bad_free(std::uintptr_t p);

@@ -11,17 +11,7 @@ using detail::BState;
 DevicePool::Impl::~Impl() {
   tc_detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
-  auto drop_list = [&](Batch* b) {
-    while (b != nullptr) {
-      Batch* next = b->next;
-      fences.release(b->fence);
-      b = next;
-    }
-  };
-  drop_list(dev_head);
-  drop_list(retire_head);
-  for (StreamFree* sf : promo_list) fences.release(sf->promo_fence);
-  for (const auto& [f, seq] : ordered) fences.release(f);
+  batches.release_all(fences);
   for (const Drain& d : draining)
     if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
   for (auto& [base, seg] : segments) {
@@ -185,22 +175,8 @@ void DevicePool::Impl::forget_all() {
   last_sf = nullptr;
   streams.clear();
   retired.clear();
-  promo_list.clear();
-  ordered.clear();
-  order_done = order_seq;
+  batches.forget_all();
   draining.clear();
-  for (Batch* b = dev_head; b != nullptr;) {
-    Batch* next = b->next;
-    batch_pool.put(b);
-    b = next;
-  }
-  for (Batch* b = retire_head; b != nullptr;) {
-    Batch* next = b->next;
-    batch_pool.put(b);
-    b = next;
-  }
-  dev_head = dev_tail = retire_head = nullptr;
-  *open = Batch{};
   ledger.forget_all();
 }
 
@@ -323,10 +299,8 @@ std::string DevicePool::Impl::check() const {
   for (auto& [sid, sf] : streams) in_sets += sf->sets[0].size() + sf->sets[1].size();
   if (in_sets != free_blocks) return fail("free sets hold blocks that are not free", nullptr);
   if (live.size() != static_cast<std::size_t>(recount.allocation[kAll].current)) return fail("pointer map size", nullptr);
-  std::size_t batched = open->count;
-  for (const Batch* b = dev_head; b != nullptr; b = b->next) batched += b->count;
-  std::size_t retire_batched = 0;
-  for (const Batch* b = retire_head; b != nullptr; b = b->next) retire_batched += b->count;
+  const std::size_t batched = batches.pending_count();
+  const std::size_t retire_batched = batches.retiring_count();
   if (batched != pending_blocks) return fail("pending blocks and batches disagree", nullptr);
   if (retire_batched != retiring_blocks) return fail("retiring blocks and batches disagree", nullptr);
   if (draining.size() != draining_blocks) return fail("draining list and draining blocks disagree", nullptr);

@@ -31,7 +31,7 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   if (list.empty()) return 0;
   // Memory handed out under a GPU-side wait may belong to a block whose old work still runs;
   // the driver's unmap would pull the pages from under it. Rare: releases are the cold path.
-  if (!ordered.empty()) settle_ordered();
+  if (batches.has_ordered()) settle_ordered();
   std::vector<std::int64_t> ns(list.size());
   bool unmaps = false;
   for (const Detached& d : list) unmaps |= d.unmap;

@@ -1,0 +1,84 @@
+// The fence lists' own operations (fence_batches.h), and the pool's injectable clock.
+#include "allocator/fence_batches.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+
+#include "allocator/pool.h"
+
+namespace cudapool {
+
+namespace {
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::atomic<PoolClockFn> g_clock{&steady_ns};
+}  // namespace
+
+void set_pool_clock_for_testing(PoolClockFn clock) {
+  g_clock.store(clock != nullptr ? clock : &steady_ns, std::memory_order_relaxed);
+}
+
+namespace detail {
+
+std::int64_t FenceBatches::clock_ns() { return g_clock.load(std::memory_order_relaxed)(); }
+
+FenceBatches::FenceBatches() {
+  open_ = batches_.get();
+  promo_.reserve(16);
+}
+
+void FenceBatches::promo_remove(StreamFree* sf) { promo_.erase(std::find(promo_.begin(), promo_.end(), sf)); }
+
+void FenceBatches::poll_ordered(FenceProvider& fences) {
+  std::size_t done = 0;
+  while (done < ordered_.size() && fences.query(ordered_[done].first)) fences.release(ordered_[done++].first);
+  ordered_.erase(ordered_.begin(), ordered_.begin() + static_cast<std::ptrdiff_t>(done));
+  order_done_ = ordered_.empty() ? order_seq_ : ordered_.front().second - 1;
+}
+
+std::size_t FenceBatches::pending_count() const {
+  std::size_t n = open_->count;
+  for (const Batch* b = dev_head_; b != nullptr; b = b->next) n += b->count;
+  return n;
+}
+
+std::size_t FenceBatches::retiring_count() const {
+  std::size_t n = 0;
+  for (const Batch* b = retire_head_; b != nullptr; b = b->next) n += b->count;
+  return n;
+}
+
+void FenceBatches::release_all(FenceProvider& fences) {
+  auto drop_list = [&](Batch* b) {
+    while (b != nullptr) {
+      Batch* next = b->next;
+      fences.release(b->fence);
+      b = next;
+    }
+  };
+  drop_list(dev_head_);
+  drop_list(retire_head_);
+  for (StreamFree* sf : promo_) fences.release(sf->promo_fence);
+  for (const auto& [f, seq] : ordered_) fences.release(f);
+}
+
+void FenceBatches::forget_all() {
+  promo_.clear();
+  ordered_.clear();
+  order_done_ = order_seq_;
+  for (Batch* list : {dev_head_, retire_head_}) {
+    for (Batch* b = list; b != nullptr;) {
+      Batch* next = b->next;
+      batches_.put(b);
+      b = next;
+    }
+  }
+  dev_head_ = dev_tail_ = retire_head_ = nullptr;
+  *open_ = Batch{};
+}
+
+}  // namespace detail
+}  // namespace cudapool
