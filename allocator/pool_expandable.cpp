@@ -378,7 +378,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // new address; a contiguous run of them in one call), fresh units mapped for the rest; all or
   // nothing per piece.
   std::uint64_t alias_hot = 0;  // the newest order whose pages fill() aliased into the piece
-  auto fill = [&](std::uintptr_t at, std::size_t amount) -> UpstreamStatus {
+  auto fill = [&](std::uintptr_t at, std::size_t amount) REQUIRES(mu) -> UpstreamStatus {
     std::size_t done = 0;
     alias_hot = 0;
     UpstreamStatus us = UpstreamStatus::ok;
@@ -464,7 +464,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (us == UpstreamStatus::ok) placed += amount;
     return us;
   };
-  auto map_piece = [&](Block* u, std::size_t amount, bool back) -> Block* {
+  auto map_piece = [&](Block* u, std::size_t amount, bool back) REQUIRES(mu) -> Block* {
     const std::uintptr_t at = back ? u->ptr + u->size - amount : u->ptr;
     const std::int64_t t0 = now_ns();
     UpstreamStatus us = fill(at, amount);
@@ -569,7 +569,7 @@ DevicePool::Impl::Block* DevicePool::Impl::release_page_range(Block* b, std::uin
   const int k = detail::kind_index(seg->small);
   shared[k].erase(b);
   if (b->is_split()) count_inactive_split(b, -1);
-  auto cut_after = [&](Block* x, std::uintptr_t at) {  // split x at address `at`, return the back
+  auto cut_after = [&](Block* x, std::uintptr_t at) REQUIRES(mu) {  // split x at address `at`, return the back
     Block* r = block_pool.get();
     r->ptr = at;
     r->size = x->ptr + x->size - at;

@@ -179,7 +179,8 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
     Impl::Guard g(tc->mu);
     I.tc_merge(*tc);  // this thread's cached operations come first (program order)
     if (slot_busy) {  // a cached block fits but its lent slot is taken: make room now
-      auto evict = [&](std::uintptr_t near) {
+      // Runs inside tc_take, which knows nothing of the pool lock: both locks are held here.
+      auto evict = [&](std::uintptr_t near) NO_THREAD_SAFETY_ANALYSIS {
         I.tc_return_lent(*tc, tc->lent_any(near));
         return true;
       };

@@ -66,8 +66,8 @@ struct DevicePool::Impl {
   using Fit = detail::Fit;
   using Detached = detail::Detached;
   using BState = detail::BState;
-  using Lock = std::unique_lock<detail::SpinLock>;
-  using Guard = std::lock_guard<detail::SpinLock>;
+  using Lock = detail::SpinUniqueLock;
+  using Guard = detail::SpinGuard;
 
   Impl(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences, EventSink* sink);
   ~Impl();
@@ -77,54 +77,54 @@ struct DevicePool::Impl {
   const PoolOptions opt;
   Upstream& up;
   FenceProvider& fences;
-  EventSink* sink;
+  EventSink* sink GUARDED_BY(mu);
 
   // On its own cache line: waiters spin on it without disturbing the data the owner works on.
   alignas(64) mutable detail::SpinLock mu;
 
   // ---- storage (arena first: the sets below allocate from it and must die before it) ----
-  alignas(64) detail::NodeArena arena;
-  detail::ObjectPool<Block> block_pool;
-  detail::ObjectPool<Segment> segment_pool;
+  alignas(64) detail::NodeArena arena GUARDED_BY(mu);
+  detail::ObjectPool<Block> block_pool GUARDED_BY(mu);
+  detail::ObjectPool<Segment> segment_pool GUARDED_BY(mu);
 
-  detail::PtrMap<Block*> live;                     // allocated blocks by start address
-  std::map<std::uintptr_t, Segment*> segments;     // by base; slow paths and queries only
-  FreeSet shared[2];
-  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams;
-  StreamFree* last_sf = nullptr;  // one-entry cache in front of `streams`
-  StreamId last_sid = 0;
+  detail::PtrMap<Block*> live GUARDED_BY(mu);  // allocated blocks by start address
+  std::map<std::uintptr_t, Segment*> segments GUARDED_BY(mu);  // by base; slow paths and queries only
+  FreeSet shared[2] GUARDED_BY(mu);
+  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams GUARDED_BY(mu);
+  StreamFree* last_sf GUARDED_BY(mu) = nullptr;  // one-entry cache in front of `streams`
+  StreamId last_sid GUARDED_BY(mu) = 0;
 
-  detail::FenceBatches batches;  // what waits on which fence (fence_batches.h)
+  detail::FenceBatches batches GUARDED_BY(mu);  // what waits on which fence (fence_batches.h)
   // Streams retired and not seen since: a block allocated there and freed with free() under
   // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
   // on it), so it takes the device-fenced path instead. A later use of the same handle value
   // means CUDA reused it for a new stream: it leaves the set.
-  std::unordered_set<StreamId> retired;
+  std::unordered_set<StreamId> retired GUARDED_BY(mu);
 
-  std::uint64_t epoch = 0;        // bumped by every stream-local free
-  std::uint64_t slow_calls = 0;   // allocate_slow() calls so far (promote_own: "recorded just now")
-  std::uint64_t searches[2] = {0, 0};
-  detail::StatsLedger ledger{opt.max_split_size};  // every stats counter (stats_ledger.h)
+  std::uint64_t epoch GUARDED_BY(mu) = 0;  // bumped by every stream-local free
+  std::uint64_t slow_calls GUARDED_BY(mu) = 0;  // allocate_slow() calls so far (promote_own: "recorded just now")
+  std::uint64_t searches[2] GUARDED_BY(mu) = {0, 0};
+  detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
 
-  detail::Limits limits;  // the reserve limit and the device facts it needs (limits.h)
-  Segment* xseg[2] = {nullptr, nullptr};  // the expandable range of each pool kind
+  detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
+  Segment* xseg[2] GUARDED_BY(mu) = {nullptr, nullptr};  // the expandable range of each pool kind
 
   // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
   static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
   // free(): block b (already pending) joins the open batch; closes it at the size bounds.
-  void add_pending(Block* b) {
+  void add_pending(Block* b) REQUIRES(mu) {
     ledger.pending_added(b->size);
     add_pending_counted(b);
   }
   // The same for a block already counted in pending_bytes (a thread cache's fenced frees).
-  void add_pending_counted(Block* b) {
+  void add_pending_counted(Block* b) REQUIRES(mu) {
     if (batches.add_open(b, ledger.reserved_bytes())) close_open();
   }
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const { return batches.has_work() || !draining.empty(); }
+  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !draining.empty(); }
 
-  StreamFree* stream_find(StreamId s) {
+  StreamFree* stream_find(StreamId s) REQUIRES(mu) {
     if (last_sf != nullptr && last_sid == s) return last_sf;
     auto it = streams.find(s);
     if (it == streams.end()) return nullptr;
@@ -132,7 +132,7 @@ struct DevicePool::Impl {
     last_sid = s;
     return last_sf;
   }
-  StreamFree* stream_get(StreamId s) {
+  StreamFree* stream_get(StreamId s) REQUIRES(mu) {
     if (StreamFree* sf = stream_find(s)) return sf;
     auto& slot = streams[s];
     slot = std::make_unique<StreamFree>(s, &arena);
@@ -149,7 +149,7 @@ struct DevicePool::Impl {
   }
 
   // Best fit for `rounded` on `stream`: the smaller of t's local candidate and the shared one.
-  Fit find_fit(std::size_t rounded, StreamId stream) {
+  Fit find_fit(std::size_t rounded, StreamId stream) REQUIRES(mu) {
     const int k = detail::kind_index(is_small(rounded));
     ++searches[k];
     const detail::BySizeAddr::Key key{rounded, 0};
@@ -170,13 +170,13 @@ struct DevicePool::Impl {
     return best;
   }
 
-  void count_inactive_split(Block* b, int sign) {
+  void count_inactive_split(Block* b, int sign) REQUIRES(mu) {
     ledger.inactive_split_changed(b->seg->small, b->size, sign);
   }
 
   // Turn the free block at `fit` into an allocated block of `rounded` bytes for `stream`,
   // splitting off the rest when PyTorch's rules say so.
-  Block* take(Fit fit, std::size_t rounded, std::size_t requested, StreamId stream) {
+  Block* take(Fit fit, std::size_t rounded, std::size_t requested, StreamId stream) REQUIRES(mu) {
     Block* b = *fit.it;
     const bool small = b->seg->small;
     if (b->is_split()) count_inactive_split(b, -1);
@@ -213,11 +213,11 @@ struct DevicePool::Impl {
   }
 
   // Allocated -> no longer allocated (still active until it becomes free).
-  void unallocate(Block* b) {
+  void unallocate(Block* b) REQUIRES(mu) {
     ledger.block_unallocated(b->seg->small, b->size);
   }
   // Active (allocated or pending) -> inactive.
-  void deactivate(Block* b) {
+  void deactivate(Block* b) REQUIRES(mu) {
     ledger.block_deactivated(b->seg->small, b->size, b->requested);
     b->requested = 0;
   }
@@ -230,14 +230,14 @@ struct DevicePool::Impl {
   static bool can_absorb(const Block* b, const Block* n) {
     return same_class(b, n) || (b->state == BState::local && n->state == BState::shared);
   }
-  FreeSet& set_of(Block* n) {
+  FreeSet& set_of(Block* n) REQUIRES(mu) {
     const int k = detail::kind_index(n->seg->small);
     return n->state == BState::shared ? shared[k] : stream_find(n->owner)->sets[k];
   }
 
   // Put an inactive block that is in no set and not counted in inactive_split into `set` as
   // `state`, merging with free neighbours of the same class first.
-  void insert_free(Block* b, BState state, StreamId owner, FreeSet& set) {
+  void insert_free(Block* b, BState state, StreamId owner, FreeSet& set) REQUIRES(mu) {
     b->state = state;
     b->owner = owner;
     // Loops: a local block that swallows a shared neighbour may then touch a local one.
@@ -269,7 +269,7 @@ struct DevicePool::Impl {
   }
 
   // An active block becomes free and local to `stream` (cudaFreeAsync meaning).
-  void make_local(Block* b, StreamId stream) {
+  void make_local(Block* b, StreamId stream) REQUIRES(mu) {
     StreamFree* sf = stream_get(stream);
     deactivate(b);
     b->epoch = ++epoch;
@@ -277,13 +277,13 @@ struct DevicePool::Impl {
   }
 
   void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
-            std::int64_t ns = 0, bool on_stream = false) {
+            std::int64_t ns = 0, bool on_stream = false) REQUIRES(mu) {
     if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns, on_stream});
   }
   // Every host wait on a fence goes through here: counted, and traced with its duration, since
   // a wait is where the pool can cost a program its CPU/GPU overlap. False, without waiting,
   // when the fence cannot be waited for now (FenceProvider::can_wait): its memory stays pending.
-  [[nodiscard]] bool wait_fence(FenceHandle f, StreamId stream) {
+  [[nodiscard]] bool wait_fence(FenceHandle f, StreamId stream) REQUIRES(mu) {
     if (!fences.can_wait(f)) return false;
     const std::int64_t t0 = sink != nullptr ? detail::now_ns() : 0;
     fences.wait(f);
@@ -293,24 +293,24 @@ struct DevicePool::Impl {
   }
 
   // ---- the miss path (pool_miss.cpp) ----
-  AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream);
-  Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream);
-  UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out);
+  AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) REQUIRES(mu);
+  Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) REQUIRES(mu);
+  UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) REQUIRES(mu);
 
   // ---- giving memory back: GC, release_idle, empty_cache, the OOM path (pool_release.cpp) ----
-  void detach_segment(Block* b, std::vector<Detached>& out);
-  std::size_t release_segments(Lock& lk, std::vector<Detached>& list);
-  bool release_oversize(Lock& lk, std::size_t rounded);
-  std::size_t release_cached(Lock& lk);
-  void garbage_collect(Lock& lk);
+  void detach_segment(Block* b, std::vector<Detached>& out) REQUIRES(mu);
+  std::size_t release_segments(Lock& lk, std::vector<Detached>& list) REQUIRES(mu);
+  bool release_oversize(Lock& lk, std::size_t rounded) REQUIRES(mu);
+  std::size_t release_cached(Lock& lk) REQUIRES(mu);
+  void garbage_collect(Lock& lk) REQUIRES(mu);
   // release_idle's one pass over the free sets (no fence waits); bytes released.
-  std::size_t release_idle_now(Lock& lk, std::size_t want);
+  std::size_t release_idle_now(Lock& lk, std::size_t want) REQUIRES(mu);
 
   // ---- expandable segments (pool_expandable.cpp) ----
   // true: mapping what `rounded` needs stays within the slack above the live peak, where fresh
   // pages are cheaper than a GPU-side wait (PoolOptions::expandable_slack).
-  bool growth_within_slack(std::size_t rounded, bool small) const;
-  std::size_t growth_cap() const;  // the mapped total growth may reach without fence work
+  bool growth_within_slack(std::size_t rounded, bool small) const REQUIRES(mu);
+  std::size_t growth_cap() const REQUIRES(mu);  // the mapped total growth may reach without fence work
   // Map pages so that a free block usable by `stream` of >= rounded bytes exists; *out = it.
   // Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with ok when
   // the range has no room (the caller then falls back to a classic segment).
@@ -318,7 +318,7 @@ struct DevicePool::Impl {
   // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
   // frees instead; *out may then be a free block that became usable (no pages mapped).
   UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out,
-                                 bool may_wait);
+                                 bool may_wait) REQUIRES(mu);
   // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
   struct GrowPlan {
     Block* start = nullptr;      // forward: the first block of the run that grows (hole or free)
@@ -328,18 +328,18 @@ struct DevicePool::Impl {
     std::uintptr_t keep_hi = 0;  // which recycling must not touch
     explicit operator bool() const { return start != nullptr || hole != nullptr; }
   };
-  GrowPlan plan_expandable(Segment* seg, std::size_t rounded, StreamId stream);
-  std::size_t releasable_pages(const Block* b) const;
-  void release_pages(Block* b, std::vector<Detached>& out);
+  GrowPlan plan_expandable(Segment* seg, std::size_t rounded, StreamId stream) REQUIRES(mu);
+  std::size_t releasable_pages(const Block* b) const REQUIRES(mu);
+  void release_pages(Block* b, std::vector<Detached>& out) REQUIRES(mu);
   // Unmap the whole units [lo, hi) of shared free block b (lo, hi unit boundaries inside b);
   // the units taken out are appended to `units_out` when given, in address order. With `drain`
   // the pages were aliased elsewhere: the range becomes a draining block (nothing is appended to
   // `out`: its old mapping goes later, through drop_aliases). Returns the block of [lo, hi).
   Block* release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
-                            std::vector<detail::Unit>* units_out = nullptr, bool drain = false);
+                            std::vector<detail::Unit>* units_out = nullptr, bool drain = false) REQUIRES(mu);
   // The whole units inside [lo, hi) of a mapped run: [first unit's base, last unit's end), or
   // an empty span (first == second) when no unit fits.
-  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const;
+  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const REQUIRES(mu);
   // The largest physical allocation growth may map in `seg` (a multiple of its page).
   std::size_t max_unit(const Segment* seg) const {
     const std::size_t want = opt.expandable_max_unit;
@@ -350,22 +350,22 @@ struct DevicePool::Impl {
   // left out; *hot_bytes = what they would have added, and they go to `hot_out` (same order)
   // when it is given.
   std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
-                                 std::size_t* hot_bytes, std::vector<Block*>* hot_out = nullptr) const;
+                                 std::size_t* hot_bytes, std::vector<Block*>* hot_out = nullptr) const REQUIRES(mu);
   // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
-  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const;
+  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const REQUIRES(mu);
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
   // units are appended to `out`, to be moved into the growth.
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out);
+  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out) REQUIRES(mu);
   // Expandable ranges: the most bytes ever reserved (not reset by reset_peak_stats). Growth
   // beyond it is what recycling and the wait avoid.
-  std::size_t reserved_hwm = 0;
-  void note_reserved() {
+  std::size_t reserved_hwm GUARDED_BY(mu) = 0;
+  void note_reserved() REQUIRES(mu) {
     const std::size_t r = ledger.reserved_bytes();
     if (r > reserved_hwm) reserved_hwm = r;
   }
-  void merge_unmapped(Block* b);
-  void count_runs_change(Block* piece, int sign);
-  void destroy_expandable(Segment* seg);
+  void merge_unmapped(Block* b) REQUIRES(mu);
+  void count_runs_change(Block* piece, int sign) REQUIRES(mu);
+  void destroy_expandable(Segment* seg) REQUIRES(mu);
 
   // ---- aliased pages (pool_expandable.cpp; docs/design.md, "Moving pages still in use") ----
   // A growth past the high-water mark may take the pages of hot free blocks: the upstream maps
@@ -376,21 +376,21 @@ struct DevicePool::Impl {
     Block* b;              // the draining block (never merged or split while it drains)
     bool dropped = false;  // its old mapping is gone (Upstream::unalias): it may become a hole
   };
-  std::vector<Drain> draining;
-  bool alias_ok = false;  // the upstream can alias (asked when the first range is reserved)
+  std::vector<Drain> draining GUARDED_BY(mu);
+  bool alias_ok GUARDED_BY(mu) = false;  // the upstream can alias (asked when the first range is reserved)
   // Under mu, after order_done advanced: unalias every draining range whose order completed.
   // Touches no block structure, so it may run anywhere.
-  void drop_aliases();
+  void drop_aliases() REQUIRES(mu);
   // Dropped draining blocks become unmapped holes, merged with their neighbours: only where no
   // caller holds a pointer to an unmapped block (the start of growth, fence service).
-  void reclaim_drained();
+  void reclaim_drained() REQUIRES(mu);
 
   // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
   // Caches engage only once a second thread has used the pool: a single-threaded program (and a
   // trace replay) keeps exactly the block placement it had without them. Under mu.
-  std::thread::id first_thread{};
-  bool multi_threaded = false;
-  void note_thread() {
+  std::thread::id first_thread GUARDED_BY(mu){};
+  bool multi_threaded GUARDED_BY(mu) = false;
+  void note_thread() REQUIRES(mu) {
     const std::thread::id me = std::this_thread::get_id();
     if (first_thread == std::thread::id{})
       first_thread = me;
@@ -398,81 +398,81 @@ struct DevicePool::Impl {
       multi_threaded = true;
   }
   const std::uint64_t uid = new_pool_uid();  // this pool's key in every thread's cache list (never reused)
-  std::vector<std::shared_ptr<detail::ThreadCache>> tcaches;  // registered caches, under mu
+  std::vector<std::shared_ptr<detail::ThreadCache>> tcaches GUARDED_BY(mu);  // registered caches, under mu
   // This thread's cache for this pool, or null (no lock needed: thread-local list).
   detail::ThreadCache* tc_find() const;
   // Under mu: this thread's cache, created and registered on first use.
-  detail::ThreadCache* tc_create();
-  bool caches_on() const { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
-  bool tc_may_cache(const Block* b) const {
+  detail::ThreadCache* tc_create() REQUIRES(mu);
+  bool caches_on() const REQUIRES(mu) { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
+  bool tc_may_cache(const Block* b) const REQUIRES(mu) {
     return caches_on() && b->size <= detail::ThreadCache::kMaxBlock &&
            b->size < opt.max_split_size;
   }
   // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.
-  void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded);
+  void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded) REQUIRES(mu, tc.mu);
   // Under mu and tc.mu: a lent entry becomes an ordinary allocated block again.
-  void tc_return_lent(detail::ThreadCache& tc, int i);
-  void tc_unlend(const detail::TcEntry& e);  // under mu: e's block is an allocated block again
-  void tc_merge(detail::ThreadCache& tc);  // under mu and tc.mu: apply the stat deltas
+  void tc_return_lent(detail::ThreadCache& tc, int i) REQUIRES(mu, tc.mu);
+  void tc_unlend(const detail::TcEntry& e) REQUIRES(mu);  // under mu: e's block is an allocated block again
+  void tc_merge(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: apply the stat deltas
   // Under tc.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
   // the open batch. True if blocks became free. Fence calls are made without the pool lock.
-  bool tc_service(detail::ThreadCache& tc);
+  bool tc_service(detail::ThreadCache& tc) REQUIRES(tc.mu);
   static constexpr std::int64_t kTcQueryGapNs = 2'000;
   static constexpr std::int64_t kTcStaleNs = 1'000'000;  // a cache's batch untouched this long: its owner is idle
-  void tc_flush(detail::ThreadCache& tc);  // under mu and tc.mu: merge, then return every block
-  void tc_flush_all();                     // under mu: every thread's cache
-  void tc_flush_fenced(detail::ThreadCache& tc);  // under mu and tc.mu: its fenced batches only
+  void tc_flush(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: merge, then return every block
+  void tc_flush_all() REQUIRES(mu);                     // under mu: every thread's cache
+  void tc_flush_fenced(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: its fenced batches only
   // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
   // into the pool's open batch (a miss: only their owner would close them otherwise). True if
   // any moved.
-  bool tc_collect_fenced();
-  void tc_merge_own();                     // under mu: this thread's cache's deltas (program order)
+  bool tc_collect_fenced() REQUIRES(mu);
+  void tc_merge_own() REQUIRES(mu);                     // under mu: this thread's cache's deltas (program order)
   // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
   // allocated block; true if found.
-  bool tc_reclaim_lent(std::uintptr_t p);
-  void tc_detach_all();                    // pool teardown
+  bool tc_reclaim_lent(std::uintptr_t p) REQUIRES(mu);
+  void tc_detach_all() EXCLUDES(mu);                    // pool teardown
   static void tc_exit_flush(detail::ThreadCache& tc);  // thread exit (registry mutex held)
 
   // ---- fences (pool_fences.cpp) ----
-  void service_fences();
-  bool service_miss();
-  bool drain_device_batches();
-  void close_open();
-  void complete_batch(Batch* b);
-  void complete_promo(StreamFree* sf);
-  void drop_promo(StreamFree* sf);
-  bool try_promote_for(std::size_t rounded, StreamId stream);
-  bool wait_device_batches();
+  void service_fences() REQUIRES(mu);
+  bool service_miss() REQUIRES(mu);
+  bool drain_device_batches() REQUIRES(mu);
+  void close_open() REQUIRES(mu);
+  void complete_batch(Batch* b) REQUIRES(mu);
+  void complete_promo(StreamFree* sf) REQUIRES(mu);
+  void drop_promo(StreamFree* sf) REQUIRES(mu);
+  bool try_promote_for(std::size_t rounded, StreamId stream) REQUIRES(mu);
+  bool wait_device_batches() REQUIRES(mu);
   // Expandable growth: the bytes of expandable-range blocks in recorded device batches, and the
   // wait for the oldest batch that (with all before it) frees at least `need` of them.
-  std::size_t pending_expandable_bytes(std::size_t need, Batch** last) const;
-  bool wait_device_batches_for(std::size_t need);
+  std::size_t pending_expandable_bytes(std::size_t need, Batch** last) const REQUIRES(mu);
+  bool wait_device_batches_for(std::size_t need) REQUIRES(mu);
   // Stream `stream`'s own local blocks (freed with cudaFreeAsync or under immediate) become
   // shared once a fence on that stream completes: query (or record) its promotion fence, and
   // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
   // it. Returns true if blocks were promoted.
-  bool promote_own(StreamId stream, std::size_t need, bool may_wait);
-  bool sync_own(StreamId stream, std::size_t need);
-  bool promote_all_now(StreamFree* sf, StreamId stream);
-  void record_promo(StreamFree* sf, StreamId stream);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
-  void wait_all();
+  bool promote_own(StreamId stream, std::size_t need, bool may_wait) REQUIRES(mu);
+  bool sync_own(StreamId stream, std::size_t need) REQUIRES(mu);
+  bool promote_all_now(StreamFree* sf, StreamId stream) REQUIRES(mu);
+  void record_promo(StreamFree* sf, StreamId stream) REQUIRES(mu);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
+  void wait_all() REQUIRES(mu);
   // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
   // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when
   // `expandable_only`), the GPU is made to wait for all their fences (FenceProvider::order_after)
   // and every batch becomes shared free memory at once. Their fences move to the ordered list
   // (FenceBatches::add_ordered). Returns
   // true if anything became free.
-  bool order_device_batches(std::size_t need, bool small, bool expandable_only);
-  bool is_hot(const Block* b) const { return batches.is_hot(b); }
+  bool order_device_batches(std::size_t need, bool small, bool expandable_only) REQUIRES(mu);
+  bool is_hot(const Block* b) const REQUIRES(mu) { return batches.is_hot(b); }
   // Both also unalias the draining ranges whose order completed (drop_aliases).
-  void poll_ordered();    // release the completed ones (oldest first, stop at a running one)
-  void settle_ordered();  // host-wait for every one of them (before memory goes back)
+  void poll_ordered() REQUIRES(mu);    // release the completed ones (oldest first, stop at a running one)
+  void settle_ordered() REQUIRES(mu);  // host-wait for every one of them (before memory goes back)
 
   // ---- queries (pool_query.cpp) ----
-  FreeStatus diagnose_bad_free(std::uintptr_t p);
-  Segment* segment_containing(std::uintptr_t p) const;
-  std::string check() const;
-  void forget_all();
+  FreeStatus diagnose_bad_free(std::uintptr_t p) REQUIRES(mu);
+  Segment* segment_containing(std::uintptr_t p) const REQUIRES(mu);
+  std::string check() const REQUIRES(mu);
+  void forget_all() REQUIRES(mu);
 };
 
 }  // namespace cudapool

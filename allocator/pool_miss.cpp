@@ -89,7 +89,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // Expandable segments first (map pages into the range); a classic segment when off or full.
   // Only the first attempt may wait for fences before growing (the OOM path below waits for all).
   bool first = true;
-  auto grow = [&]() {
+  auto grow = [&]() REQUIRES(mu) {
     limits.ensure(up, opt);
     const bool may_wait = first;
     first = false;
@@ -104,7 +104,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // The fresh segment's block is taken directly, as PyTorch's alloc_block does: the oversize
   // rules are for reusing cached blocks (a 5 MiB request gets its 20 MiB segment even when
   // max_split_size is 20 MiB). We hold the lock again here, so nobody else has taken it.
-  auto finish = [&]() -> AllocResult {
+  auto finish = [&]() REQUIRES(mu) -> AllocResult {
     FreeSet& set = set_of(fresh);
     return ok(serve(Fit{&set, set.find(fresh)}, rounded, size, stream));
   };
@@ -145,9 +145,10 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
     // The bytes stay counted against the limit while the lock is dropped, so two threads
     // cannot both squeeze under it.
     limits.hold(seg_size);
-    lk.unlock();
-    us = up.allocate(seg_size, &base);
-    lk.lock();
+    {
+      detail::SpinUnlock unlocked(mu, lk);
+      us = up.allocate(seg_size, &base);
+    }
     limits.unhold(seg_size);
   } else {
     us = up.allocate(seg_size, &base);

@@ -49,9 +49,10 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   // again before our unmap ran, so page releases keep the lock.
   if (opt.release_lock_on_cudamalloc && !unmaps) {
     limits.hold(total);  // still "reserved" for the limit until the upstream has it back
-    lk.unlock();
-    run();
-    lk.lock();
+    {
+      detail::SpinUnlock unlocked(mu, lk);
+      run();
+    }
     limits.unhold(total);
   } else {
     run();
@@ -175,7 +176,7 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
 
   // Whole free segments, and free blocks of the expandable range that hold whole pages.
   std::vector<Block*> candidates;
-  auto gain = [&](const Block* b) { return b->seg->expandable ? releasable_pages(b) : b->size; };
+  auto gain = [&](const Block* b) REQUIRES(mu) { return b->seg->expandable ? releasable_pages(b) : b->size; };
   for (Block* b : shared[1])
     if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
   if (candidates.empty()) return;

@@ -157,7 +157,7 @@ void DevicePool::Impl::tc_flush(ThreadCache& tc) {
 void DevicePool::Impl::tc_flush_fenced(ThreadCache& tc) {
   if ((tc.npend | tc.nclosed) == 0) return;
   tc_merge(tc);
-  auto to_pool_batch = [&](const TcEntry& e) {
+  auto to_pool_batch = [&](const TcEntry& e) REQUIRES(mu) {
     Block* b = e.block;
     b->state = BState::pending;
     b->requested = e.requested;
@@ -210,7 +210,7 @@ void DevicePool::Impl::tc_merge_own() {
 }
 
 bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
-  auto reclaim_from = [&](ThreadCache& tc) {
+  auto reclaim_from = [&](ThreadCache& tc) REQUIRES(mu) {
     Guard g(tc.mu);
     if (tc.nlent == 0) return false;
     const int home = ThreadCache::slot_of(p);

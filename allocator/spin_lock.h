@@ -11,10 +11,14 @@
 //    oversubscribed machine (more threads than cores, or a preempted owner) does not burn CPU.
 //  * unlock(): one exchange; a wake-up only when someone may be asleep.
 // Everything is std::atomic with acquire/release ordering, so ThreadSanitizer sees the
-// happens-before edges it needs. Meets Lockable: std::unique_lock / std::lock_guard work.
+// happens-before edges it needs. Meets Lockable: std::unique_lock / std::lock_guard work, but
+// the pool uses SpinGuard / SpinUniqueLock / SpinUnlock below, which Clang's thread-safety
+// analysis understands (thread_annotations.h).
 #pragma once
 #include <atomic>
 #include <cstdint>
+
+#include "allocator/thread_annotations.h"
 
 namespace cudapool::detail {
 
@@ -26,21 +30,22 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-class SpinLock {
+class CAPABILITY("mutex") SpinLock {
  public:
   SpinLock() = default;
   SpinLock(const SpinLock&) = delete;
   SpinLock& operator=(const SpinLock&) = delete;
 
-  bool try_lock() noexcept {
+  bool try_lock() noexcept TRY_ACQUIRE(true) {
     int expected = kFree;
     return state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire, std::memory_order_relaxed);
   }
-  void lock() noexcept {
+  // The lock's own implementation is not analysed: it is what the annotations describe.
+  void lock() noexcept ACQUIRE() NO_THREAD_SAFETY_ANALYSIS {
     if (try_lock()) return;
     lock_contended();
   }
-  void unlock() noexcept {
+  void unlock() noexcept RELEASE() {
     if (state_.exchange(kFree, std::memory_order_release) == kSleepers) state_.notify_one();
   }
 
@@ -50,7 +55,7 @@ class SpinLock {
   // than a scheduler time slice.
   static constexpr int kSpinRounds = 64;
 
-  void lock_contended() noexcept {
+  void lock_contended() noexcept ACQUIRE() NO_THREAD_SAFETY_ANALYSIS {
     int pauses = 1;
     for (int round = 0; round < kSpinRounds; ++round) {
       // Barging is allowed: a spinner may take the lock ahead of sleepers (throughput over
@@ -67,6 +72,57 @@ class SpinLock {
   }
 
   std::atomic<int> state_{kFree};
+};
+
+// Holds a SpinLock for its scope (std::lock_guard, annotated).
+class SCOPED_CAPABILITY SpinGuard {
+ public:
+  explicit SpinGuard(SpinLock& mu) ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  ~SpinGuard() RELEASE() { mu_.unlock(); }
+  SpinGuard(const SpinGuard&) = delete;
+  SpinGuard& operator=(const SpinGuard&) = delete;
+
+ private:
+  SpinLock& mu_;
+};
+
+// Holds a SpinLock for its scope; may be dropped and taken again in between (std::unique_lock's
+// subset the pool uses, annotated). Functions that drop the lock of a caller's SpinUniqueLock
+// do it through SpinUnlock.
+class SCOPED_CAPABILITY SpinUniqueLock {
+ public:
+  explicit SpinUniqueLock(SpinLock& mu) ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  ~SpinUniqueLock() RELEASE() NO_THREAD_SAFETY_ANALYSIS {
+    if (owns_) mu_.unlock();
+  }
+  SpinUniqueLock(const SpinUniqueLock&) = delete;
+  SpinUniqueLock& operator=(const SpinUniqueLock&) = delete;
+  void lock() ACQUIRE() {
+    mu_.lock();
+    owns_ = true;
+  }
+  void unlock() RELEASE() {
+    mu_.unlock();
+    owns_ = false;
+  }
+
+ private:
+  SpinLock& mu_;
+  bool owns_ = true;
+};
+
+// Drops a held lock for its scope (an upstream call that may be slow), through the
+// SpinUniqueLock that holds it, and takes it again at the end of the scope.
+class SCOPED_CAPABILITY SpinUnlock {
+ public:
+  SpinUnlock([[maybe_unused]] SpinLock& mu, SpinUniqueLock& lk) RELEASE(mu) NO_THREAD_SAFETY_ANALYSIS : lk_(lk) { lk_.unlock(); }
+  // The analysis takes `mu` as held again here (a scoped capability's destructor restores it).
+  ~SpinUnlock() RELEASE() NO_THREAD_SAFETY_ANALYSIS { lk_.lock(); }
+  SpinUnlock(const SpinUnlock&) = delete;
+  SpinUnlock& operator=(const SpinUnlock&) = delete;
+
+ private:
+  SpinUniqueLock& lk_;
 };
 
 }  // namespace cudapool::detail
