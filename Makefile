@@ -2,6 +2,7 @@
 # `make bench` runs the CPU benchmarks, `make fuzz` runs the policy fuzzers (clang),
 # `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
 # variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
+# `make format` / `make format-check` / `make editorconfig-check`: source style (.clang-format).
 # Each directory describes its own targets in module.mk; this file holds the shared rules.
 
 comma := ,
@@ -42,7 +43,7 @@ INSTALL_LIBS :=   # installed into $(PREFIX)/lib
 INSTALL_BINS :=   # installed into $(PREFIX)/bin
 INSTALL_HEADERS := # installed into $(PREFIX)/include
 
-.PHONY: all programs test bench fuzz install uninstall clean deps demo
+.PHONY: all programs test bench fuzz install uninstall clean deps demo format format-check editorconfig-check
 all: programs
 
 include allocator/module.mk
@@ -100,6 +101,17 @@ uninstall:
 
 clean:
 	rm -rf build
+
+# Source style (.clang-format, .editorconfig): `make format` rewrites the C++/CUDA sources in
+# place; `make format-check` lists the files clang-format would change and fails if any;
+# `make editorconfig-check` checks final newlines, trailing whitespace and tabs in C++.
+CLANG_FORMAT ?= clang-format
+format:
+	$(call say,FORMAT,.clang-format)git ls-files -z '*.cpp' '*.h' '*.cu' | xargs -0 $(CLANG_FORMAT) -i --style=file
+format-check:
+	@CLANG_FORMAT=$(CLANG_FORMAT) bash scripts/check_format.sh
+editorconfig-check:
+	@bash scripts/check_editorconfig.sh
 
 deps:
 	bash scripts/setup.sh
