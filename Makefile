@@ -2,6 +2,7 @@
 # `make bench` runs the CPU benchmarks, `make fuzz` runs the policy fuzzers (clang),
 # `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
 # variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
+# `make WERROR=1` turns warnings into errors.
 # `make format` / `make format-check` / `make editorconfig-check`: source style (.clang-format).
 # Each directory describes its own targets in module.mk; this file holds the shared rules.
 
@@ -21,7 +22,11 @@ PREFIX ?= /usr/local
 # telemetry/spdlog_fmt_impl.cpp, not again in every file that logs (see that file for why not
 # Debian's shared libraries).
 CPPFLAGS := -I. -DSPDLOG_COMPILED_LIB
-CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -fPIC -pthread
+# Warnings: shadowing and implicit narrowing or sign changes too; `make WERROR=1` makes every
+# warning an error (the programs built with fixed flags in tests/mk/ use WARNFLAGS as well).
+WERROR ?=
+WARNFLAGS := -Wall -Wextra -Wshadow -Wconversion -Wsign-conversion $(if $(filter 1,$(WERROR)),-Werror)
+CXXFLAGS := -std=c++20 $(OPT) -g $(WARNFLAGS) -fPIC -pthread
 LDFLAGS := -pthread $(if $(SAN),-fsanitize=$(SAN))
 DEPFLAGS = -MMD -MP
 # Quiet by default: one short line per step; `make V=1` shows every command.
