@@ -2,7 +2,7 @@
 # `make bench` runs the CPU benchmarks, `make fuzz` runs the policy fuzzers (clang),
 # `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
 # variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
-# `make WERROR=1` turns warnings into errors.
+# `make ci-sanitize` runs both. `make WERROR=1` turns warnings into errors.
 # `make format` / `make format-check` / `make editorconfig-check`: source style (.clang-format).
 # Each directory describes its own targets in module.mk; this file holds the shared rules.
 
@@ -48,7 +48,8 @@ INSTALL_LIBS :=   # installed into $(PREFIX)/lib
 INSTALL_BINS :=   # installed into $(PREFIX)/bin
 INSTALL_HEADERS := # installed into $(PREFIX)/include
 
-.PHONY: all programs test bench fuzz install uninstall clean deps demo format format-check editorconfig-check
+.PHONY: all programs test bench fuzz install uninstall clean deps demo format format-check editorconfig-check \
+        ci-sanitize
 all: programs
 
 include allocator/module.mk
@@ -73,6 +74,12 @@ $(BUILD)/%.o: %.cpp
 
 test: $(PROGRAMS) $(TEST_BINS)
 	@bash tests/run_tests.sh $(TEST_BINS)
+
+# Both sanitizer builds' tests, one after the other, each in its own tree (build/san-*): what CI
+# runs after `make test` (`make -j2 ci-sanitize`).
+ci-sanitize:
+	@$(MAKE) --no-print-directory test SAN=address,undefined
+	@$(MAKE) --no-print-directory test SAN=thread
 
 bench: $(BENCH_BINS)
 	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; $$b; done

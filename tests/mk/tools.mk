@@ -21,7 +21,8 @@ TOOLS_CLI_TEST := $(BUILD)/tests/tools_cli_test.sh
 $(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TOOLS_FAKE_PRELOAD) $(SHIM_SO) \
     $(FAKECUDA_SO) $(SHIM_APP_CUDART)
 	@mkdir -p $(@D)
-	printf '#!/usr/bin/env bash\nexec bash tests/tools/cli_test.sh %s\n' "$(BUILD)" > $@
+	printf '#!/usr/bin/env bash\nCUDAPOOL_SAN_PRELOAD="%s" exec bash tests/tools/cli_test.sh %s\n' \
+	  "$(strip $(SHIM_SAN_PRELOAD))" "$(BUILD)" > $@
 	chmod +x $@
 TEST_BINS += $(TOOLS_CLI_TEST)
 
