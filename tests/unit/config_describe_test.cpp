@@ -84,7 +84,7 @@ TEST(Roundup, FormatParsesBackForRandomBuckets) {
   for (int n = 0; n < 20000; ++n) {
     config::RoundupBuckets b{};
     const int runs = 1 + static_cast<int>(rng() % 5);
-    for (std::size_t i = 0; i < b.size(); ++i) b[i] = values[rng() % (runs + 1) % 6];
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = values[rng() % static_cast<unsigned>(runs + 1) % 6];
     config::RoundupBuckets back{};
     const std::string text = config::format_roundup(b);
     ASSERT_EQ(config::parse_roundup(text, back), "") << text;
