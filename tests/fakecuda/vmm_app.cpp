@@ -360,7 +360,7 @@ void scenario_alias() {
   const std::size_t g = large_page();
   const std::size_t k = std::max<std::size_t>(2, 8 * kMiB / g + 1);  // past the 16 MiB growth slack
   std::vector<CUdeviceptr> p(4);
-  for (int i = 0; i < 4; ++i) CHECK_OK(cuMemAlloc_v2(&p[i], k * g));
+  for (std::size_t i = 0; i < 4; ++i) CHECK_OK(cuMemAlloc_v2(&p[i], k * g));
   const std::size_t mapped = fakecuda_vmm_mapped_bytes();
   CHECK(mapped == 4 * k * g);
   check_accounting(0);

@@ -56,7 +56,9 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   // Every key is set away from its default, so each one has to survive the round trip (a key
   // added to the key table without a line above fails here).
   for (const config::KeySpec& k : config::keys()) {
-    if (k.format != nullptr) EXPECT_FALSE(k.is_default(p)) << k.name << " keeps its default in this test";
+    if (k.format != nullptr) {
+      EXPECT_FALSE(k.is_default(p)) << k.name << " keeps its default in this test";
+    }
   }
   const std::string s = to_conf_string(p);
   EXPECT_TRUE(has(s, "roundup_power2_divisions:[256:1,512:2,>:4]")) << s;

@@ -451,7 +451,9 @@ TEST(TelemetryTrace, TimeNsIsWallClockTime) {
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_GE(rows[i].time_ns, windows[i].first - slack) << i << " (slack " << slack << " ns)";
     EXPECT_LE(rows[i].time_ns, windows[i].second + slack) << i << " (slack " << slack << " ns)";
-    if (i > 0) EXPECT_GE(rows[i].time_ns, rows[i - 1].time_ns) << i;
+    if (i > 0) {
+      EXPECT_GE(rows[i].time_ns, rows[i - 1].time_ns) << i;
+    }
   }
 }
 
