@@ -3,6 +3,8 @@
 # writes the policy-key tables of README.md and docs/policy.md from config/keys.cpp,
 # `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
 # variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
+# `make ci-sanitize` runs both. `make WERROR=1` turns warnings into errors.
+# `make format` / `make format-check` / `make editorconfig-check`: source style (.clang-format).
 # Each directory describes its own targets in module.mk; this file holds the shared rules.
 
 comma := ,
@@ -21,7 +23,11 @@ PREFIX ?= /usr/local
 # telemetry/spdlog_fmt_impl.cpp, not again in every file that logs (see that file for why not
 # Debian's shared libraries).
 CPPFLAGS := -I. -DSPDLOG_COMPILED_LIB
-CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -fPIC -pthread
+# Warnings: shadowing and implicit narrowing or sign changes too; `make WERROR=1` makes every
+# warning an error (the programs built with fixed flags in tests/mk/ use WARNFLAGS as well).
+WERROR ?=
+WARNFLAGS := -Wall -Wextra -Wshadow -Wconversion -Wsign-conversion $(if $(filter 1,$(WERROR)),-Werror)
+CXXFLAGS := -std=c++20 $(OPT) -g $(WARNFLAGS) -fPIC -pthread
 LDFLAGS := -pthread $(if $(SAN),-fsanitize=$(SAN))
 DEPFLAGS = -MMD -MP
 # Quiet by default: one short line per step; `make V=1` shows every command.
@@ -43,7 +49,8 @@ INSTALL_LIBS :=   # installed into $(PREFIX)/lib
 INSTALL_BINS :=   # installed into $(PREFIX)/bin
 INSTALL_HEADERS := # installed into $(PREFIX)/include
 
-.PHONY: all programs test bench fuzz install uninstall clean deps demo
+.PHONY: all programs test bench fuzz install uninstall clean deps demo format format-check editorconfig-check \
+        ci-sanitize
 all: programs
 
 include allocator/module.mk
@@ -68,6 +75,12 @@ $(BUILD)/%.o: %.cpp
 
 test: $(PROGRAMS) $(TEST_BINS)
 	@bash tests/run_tests.sh $(TEST_BINS)
+
+# Both sanitizer builds' tests, one after the other, each in its own tree (build/san-*): what CI
+# runs after `make test` (`make -j2 ci-sanitize`).
+ci-sanitize:
+	@$(MAKE) --no-print-directory test SAN=address,undefined
+	@$(MAKE) --no-print-directory test SAN=thread
 
 bench: $(BENCH_BINS)
 	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; $$b; done
@@ -101,6 +114,17 @@ uninstall:
 
 clean:
 	rm -rf build
+
+# Source style (.clang-format, .editorconfig): `make format` rewrites the C++/CUDA sources in
+# place; `make format-check` lists the files clang-format would change and fails if any;
+# `make editorconfig-check` checks final newlines, trailing whitespace and tabs in C++.
+CLANG_FORMAT ?= clang-format
+format:
+	$(call say,FORMAT,.clang-format)git ls-files -z '*.cpp' '*.h' '*.cu' | xargs -0 $(CLANG_FORMAT) -i --style=file
+format-check:
+	@CLANG_FORMAT=$(CLANG_FORMAT) bash scripts/check_format.sh
+editorconfig-check:
+	@bash scripts/check_editorconfig.sh
 
 deps:
 	bash scripts/setup.sh

@@ -396,9 +396,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       ledger.device_map();
       ledger.device_unmap();
       emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
-      for (std::size_t k = i; k < j; ++k) {
-        spare[k].used = true;
-        if (us == UpstreamStatus::ok) seg->units.emplace(at + done + (spare[k].base - from), spare[k].size);
+      for (std::size_t q = i; q < j; ++q) {
+        spare[q].used = true;
+        if (us == UpstreamStatus::ok) seg->units.emplace(at + done + (spare[q].base - from), spare[q].size);
       }
       if (us == UpstreamStatus::ok) done += n;
       i = j;
@@ -421,7 +421,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       const std::int64_t t0 = now_ns();
       const UpstreamStatus ua = intact ? up.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + done), n)
                                        : UpstreamStatus::error;
-      for (std::size_t k = i; k < j; ++k) hot_units[k].used = true;
+      for (std::size_t q = i; q < j; ++q) hot_units[q].used = true;
       if (ua == UpstreamStatus::ok) {
         ledger.device_map();
         ledger.device_alias();
@@ -429,8 +429,8 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         draining.push_back(Drain{old});
         alias_hot = std::max(alias_hot, old->hot);
         emit(EventKind::segment_unmap, h.base, n, n, 0, now_ns() - t0);  // gone from the pool's view
-        for (std::size_t k = i; k < j; ++k)
-          seg->units.emplace(at + done + (hot_units[k].base - h.base), hot_units[k].size);
+        for (std::size_t q = i; q < j; ++q)
+          seg->units.emplace(at + done + (hot_units[q].base - h.base), hot_units[q].size);
         done += n;
       }  // else the pages stay where they are, and fresh ones are mapped for the rest
       i = j;

@@ -11,7 +11,7 @@ namespace {
 // Which roundup_power2_divisions bucket a size falls in: bucket i covers [2^(20+i), 2^(21+i)),
 // bucket 0 also everything smaller, the last one everything larger.
 std::size_t division_bucket(std::size_t size) {
-  const int log_size = std::bit_width(size) - 1;
+  const int log_size = static_cast<int>(std::bit_width(size)) - 1;
   const int start = 20;  // 1 MiB
   std::size_t index = log_size > start ? static_cast<std::size_t>(log_size - start) : 0;
   return index < kRoundupIntervals ? index : kRoundupIntervals - 1;

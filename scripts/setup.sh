@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages cudapool builds and tests with, if any is missing.
 set -euo pipefail
-pkgs=(make g++ clang libclang-rt-dev libgtest-dev libbenchmark-dev libspdlog-dev libfmt-dev
+pkgs=(make g++ clang clang-format libclang-rt-dev libgtest-dev libbenchmark-dev libspdlog-dev libfmt-dev
       libtomlplusplus-dev libcli11-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -232,7 +232,7 @@ bool copy_record(const ProcRecord* src, ProcRecord* out) {
 
 std::string bounded_string(const char* field, std::size_t n) {
   const void* nul = std::memchr(field, '\0', n);
-  return std::string(field, nul != nullptr ? static_cast<const char*>(nul) - field : n);
+  return std::string(field, nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - field) : n);
 }
 
 }  // namespace

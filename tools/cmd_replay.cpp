@@ -153,12 +153,13 @@ int replay_main(const ReplayCliOptions& in) {
   else std::printf("%s", t.to_text().c_str());
   if (!o.json.empty() && o.json != "-" && !write_text_file(o.json, t.to_json(), "cudapool replay")) return kExitNoInput;
   if (!o.quiet)
-    std::printf("replayed %zu events x %zu policies in %s (%.2f M events/s); reading the trace took %s "
-                "(%.2f M rows/s), preparing it %s\n",
-                loaded.prepared.ops.size(), policies.size(), format_seconds(seconds).c_str(),
-                seconds > 0 ? ops / seconds / 1e6 : 0.0, format_seconds(loaded.parse_seconds).c_str(),
-                loaded.parse_seconds > 0 ? loaded.rows.size() / loaded.parse_seconds / 1e6 : 0.0,
-                format_seconds(loaded.prepare_seconds).c_str());
+    std::printf(
+        "replayed %zu events x %zu policies in %s (%.2f M events/s); reading the trace took %s "
+        "(%.2f M rows/s), preparing it %s\n",
+        loaded.prepared.ops.size(), policies.size(), format_seconds(seconds).c_str(),
+        seconds > 0 ? static_cast<double>(ops) / seconds / 1e6 : 0.0, format_seconds(loaded.parse_seconds).c_str(),
+        loaded.parse_seconds > 0 ? static_cast<double>(loaded.rows.size()) / loaded.parse_seconds / 1e6 : 0.0,
+        format_seconds(loaded.prepare_seconds).c_str());
   for (const auto& r : raw)
     if (r.bad_frees)
       std::fprintf(stderr, "cudapool replay: warning: the pool refused %zu frees\n", r.bad_frees);

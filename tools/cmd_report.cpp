@@ -28,11 +28,13 @@ struct ReportOptions {
 };
 
 std::string report_json(const TraceReport& r, const std::string& trace, const std::string& note) {
-  const double unused =
-      r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
+  const double unused = r.snapshot_reserved > 0
+                            ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
+                            : 0;
   auto n = [](double v) { return json_number(v); };
   std::string o = "{\n  \"trace\": " + json_string(trace) + ",\n  \"source\": " + json_string(note.empty() ? "the trace" : note);
-  o += ",\n  \"device\": " + std::to_string(r.device) + ",\n  \"duration_s\": " + n(r.duration_ns * 1e-9);
+  o += ",\n  \"device\": " + std::to_string(r.device) +
+       ",\n  \"duration_s\": " + n(static_cast<double>(r.duration_ns) * 1e-9);
   o += ",\n  \"allocations\": " + std::to_string(r.allocations) + ",\n  \"frees\": " + std::to_string(r.frees);
   o += ",\n  \"peak_allocated_bytes\": " + std::to_string(r.peak_allocated);
   o += ",\n  \"peak_reserved_bytes\": " + std::to_string(r.peak_reserved);

@@ -111,14 +111,14 @@ std::string segments_svg(const TraceReport& r) {
   const auto& segs = r.segments_at_peak;
   const double W = 1000, L = 150, R = 10, row = 16, gap = 4;
   std::size_t shown = std::min<std::size_t>(segs.size(), 300);
-  double H = 10 + shown * (row + gap);
+  double H = 10 + static_cast<double>(shown) * (row + gap);
   std::size_t maxsize = 1;
   for (const auto& sg : segs) maxsize = std::max(maxsize, sg.size);
   std::string s = "<svg id=\"segments\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" +
                   num(H) + "\" data-segments=\"" + std::to_string(segs.size()) + "\">\n";
   for (std::size_t i = 0; i < shown; ++i) {
     const auto& sg = segs[i];
-    double y = 5 + i * (row + gap);
+    double y = 5 + static_cast<double>(i) * (row + gap);
     double w = (W - L - R) * static_cast<double>(sg.size) / static_cast<double>(maxsize);
     std::size_t used = 0;
     for (const auto& b : sg.blocks) used += b.size;
@@ -145,14 +145,14 @@ std::string segments_svg(const TraceReport& r) {
 
 std::string sizes_svg(const TraceReport& r) {
   const double W = 1000, L = 110, R = 120, row = 16, gap = 4;
-  double H = 10 + r.largest_sizes.size() * (row + gap);
+  double H = 10 + static_cast<double>(r.largest_sizes.size()) * (row + gap);
   std::size_t maxsize = 1;
   for (const auto& sc : r.largest_sizes) maxsize = std::max(maxsize, sc.size);
   std::string s = "<svg id=\"sizes\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" +
                   num(H) + "\">\n";
   for (std::size_t i = 0; i < r.largest_sizes.size(); ++i) {
     const auto& sc = r.largest_sizes[i];
-    double y = 5 + i * (row + gap);
+    double y = 5 + static_cast<double>(i) * (row + gap);
     double w = std::max(1.0, (W - L - R) * static_cast<double>(sc.size) / static_cast<double>(maxsize));
     s += "<text x=\"" + num(L - 6) + "\" y=\"" + num(y + row - 4) + "\" text-anchor=\"end\">" +
          format_bytes(static_cast<double>(sc.size)) + "</text>";
@@ -173,7 +173,9 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   h += "<h1>cudapool report: " + esc(c.title) + "</h1>\n";
   if (!c.source_note.empty()) h += "<p class=\"note\">" + esc(c.source_note) + "</p>\n";
   const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
-  const double unused = r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
+  const double unused = r.snapshot_reserved > 0
+                            ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
+                            : 0;
   char fr[32], un[32];
   std::snprintf(fr, sizeof fr, "%.1f %%", frag * 100);
   std::snprintf(un, sizeof un, "%.1f %%", unused * 100);
@@ -183,7 +185,7 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   };
   row("device", std::to_string(r.device));
   if (c.device_memory) row("device memory", format_bytes(static_cast<double>(c.device_memory)));
-  row("duration", format_seconds(r.duration_ns * 1e-9));
+  row("duration", format_seconds(static_cast<double>(r.duration_ns) * 1e-9));
   row("allocations / frees", std::to_string(r.allocations) + " / " + std::to_string(r.frees));
   row("peak allocated", fbytes(r.peak_allocated));
   row("peak reserved", fbytes(r.peak_reserved));
@@ -197,7 +199,7 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   h += "<h2>Allocated vs reserved over time</h2>\n<div class=\"legend\"><span style=\"background:#2a6fdb\"></span>"
        "allocated<span style=\"background:#e08a1e\"></span>reserved</div>\n";
   h += timeline_svg(r);
-  h += "<h2>Segment map at the peak (" + format_seconds(r.snapshot_t_ns * 1e-9) + ": " +
+  h += "<h2>Segment map at the peak (" + format_seconds(static_cast<double>(r.snapshot_t_ns) * 1e-9) + ": " +
        fbytes(r.snapshot_allocated) + " allocated of " + fbytes(r.snapshot_reserved) + " reserved)</h2>\n";
   h += "<div class=\"legend\"><span style=\"background:#2a6fdb\"></span>live block<span style=\"background:#e6e6e6;"
        "border:1px solid #999\"></span>cached / free</div>\n";
@@ -212,12 +214,14 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   std::string s;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s: device %d, %s, %zu allocations, %zu frees\n", c.title.c_str(), r.device,
-                format_seconds(r.duration_ns * 1e-9).c_str(), r.allocations, r.frees);
+                format_seconds(static_cast<double>(r.duration_ns) * 1e-9).c_str(), r.allocations, r.frees);
   s += buf;
   if (!c.source_note.empty()) s += "(" + c.source_note + ")\n";
   // fragmentation and upstream calls as every command defines them (tools/metrics.h).
   const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
-  const double unused = r.snapshot_reserved > 0 ? 1.0 - static_cast<double>(r.snapshot_allocated) / r.snapshot_reserved : 0;
+  const double unused = r.snapshot_reserved > 0
+                            ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
+                            : 0;
   std::snprintf(buf, sizeof buf, "peak allocated %s, peak reserved %s, fragmentation %.1f %%; at the peak %zu segments, "
                 "%.1f %% of reserved unused at that moment\n",
                 fbytes(r.peak_allocated).c_str(), fbytes(r.peak_reserved).c_str(), frag * 100, r.segments_at_peak.size(),

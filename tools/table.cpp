@@ -11,7 +11,7 @@ namespace {
 // Display width: count UTF-8 code points, not bytes ("–" and "×" are one column each).
 std::size_t width(const std::string& s) {
   std::size_t w = 0;
-  for (unsigned char c : s) w += (c & 0xC0) != 0x80;
+  for (const char c : s) w += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   return w;
 }
 

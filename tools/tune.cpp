@@ -15,7 +15,7 @@ std::vector<TuneKey> default_search_space(const TraceFacts& facts, bool sync_fre
   std::vector<TuneKey> space;
   // max_split_size_mb: only values below the largest allocation can change anything.
   TuneKey split{"max_split_size_mb", {"", kUnsetValue}};
-  for (std::size_t mb : {32, 64, 128, 256, 512, 1024})
+  for (const std::size_t mb : std::initializer_list<std::size_t>{32, 64, 128, 256, 512, 1024})
     if (mb * 1024 * 1024 < std::max<std::size_t>(facts.largest_allocation, 64u << 20))
       split.values.push_back(std::to_string(mb));
   space.push_back(split);
@@ -242,8 +242,10 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
         (!lowest || peak(c) < peak(*lowest)))
       lowest = &c;
   if (lowest) {
-    const double cost = static_cast<double>(lowest->result.upstream_calls + lowest->result.stats.fence_waits);
-    const double base_cost = static_cast<double>(base.result.upstream_calls + base.result.stats.fence_waits);
+    const double cost = static_cast<double>(lowest->result.upstream_calls +
+                                            static_cast<std::uint64_t>(lowest->result.stats.fence_waits));
+    const double base_cost = static_cast<double>(base.result.upstream_calls +
+                                                 static_cast<std::uint64_t>(base.result.stats.fence_waits));
     std::snprintf(buf, sizeof buf,
                   "outside the bound: %s would peak at %s (%+.1f %% against the pick) but costs %.0f upstream calls "
                   "+ fence waits, over the bound of %.0f (--bound %.1f would admit it)",

@@ -118,7 +118,7 @@ const std::vector<TraceOp>& trace() {
     for (int i = 0; i < 200000; ++i) {
       const std::size_t slot = rng() % used.size();
       if (!used[slot]) {
-        const unsigned c = rng() % 100;
+        const std::uint64_t c = rng() % 100;
         std::size_t size = c < 80 ? 512 + rng() % (64 * KiB) : c < 98 ? 1 * MiB + rng() % (3 * MiB) : 4 * MiB + rng() % (4 * MiB);
         v.push_back({true, size, slot});
         used[slot] = true;
@@ -149,7 +149,7 @@ void BM_Baseline_MallocTrace(benchmark::State& state) {
       }
     }
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * ops.size()));
+  state.SetItemsProcessed(static_cast<std::int64_t>(static_cast<std::size_t>(state.iterations()) * ops.size()));
 }
 BENCHMARK(BM_Baseline_MallocTrace)->Unit(benchmark::kMillisecond);
 
@@ -171,7 +171,7 @@ void BM_Pool_Trace(benchmark::State& state) {
       }
     }
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * ops.size()));
+  state.SetItemsProcessed(static_cast<std::int64_t>(static_cast<std::size_t>(state.iterations()) * ops.size()));
   state.counters["segments"] = static_cast<double>(rig.pool.stats().segment[kAll].peak);
   state.counters["peak_reserved_MiB"] = static_cast<double>(rig.pool.stats().reserved_bytes[kAll].peak) / MiB;
   state.counters["peak_allocated_MiB"] = static_cast<double>(rig.pool.stats().allocated_bytes[kAll].peak) / MiB;

@@ -220,7 +220,7 @@ void pooling() {
   const long before = driver_allocs(), before_segments = fakecuda_alloc_calls();
   for (int i = 0; i < 1000; ++i) {
     CUdeviceptr p = 0;
-    CHECK_OK(api.cuMemAlloc(&p, 1000 + (i % 7) * 4096));
+    CHECK_OK(api.cuMemAlloc(&p, static_cast<std::size_t>(1000 + (i % 7) * 4096)));
     CHECK_OK(api.cuMemFree(p));
   }
   const long real = driver_allocs() - before;
@@ -652,7 +652,7 @@ void threads() {
   std::vector<std::thread> ts;
   for (int t = 0; t < 8; ++t) {
     ts.emplace_back([&, t] {
-      std::mt19937 rng(t);
+      std::mt19937 rng(static_cast<std::mt19937::result_type>(t));
       if (api.cuCtxSetCurrent(ctx) != CUDA_SUCCESS) ++failures;
       std::vector<std::pair<CUdeviceptr, std::size_t>> live;
       for (int i = 0; i < 2000; ++i) {
@@ -988,7 +988,7 @@ void hot_calls_fenced() {
 }
 
 double ns_per(std::chrono::steady_clock::time_point t0, long n) {
-  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(n);
 }
 
 void bench() {

@@ -79,8 +79,11 @@ void check_accounting(int dev) {
   CHECK(fakecuda_vmm_peer_descs() == 0);  // owner device only
 }
 
-void fill(CUdeviceptr p, std::size_t n, int v) { std::memset(reinterpret_cast<void*>(p), v, n); }
-bool holds(CUdeviceptr p, std::size_t n, int v) {
+// v: the byte pattern (its low 8 bits, as memset uses it).
+void fill(CUdeviceptr p, std::size_t n, std::size_t v) {
+  std::memset(reinterpret_cast<void*>(p), static_cast<unsigned char>(v), n);
+}
+bool holds(CUdeviceptr p, std::size_t n, std::size_t v) {
   const auto* b = reinterpret_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; i += 4096)
     if (b[i] != static_cast<unsigned char>(v)) return false;
@@ -94,18 +97,18 @@ void scenario_release() {
   const std::size_t g = fakecuda_vmm_granularity();
   const std::size_t lp = large_page();
   CHECK(g >= kMiB);
-  constexpr int kN = 48;
+  constexpr std::size_t kN = 48;
   // Not a multiple of any granularity the tests use; the remainder of a page (> 1 MiB) is split
   // off and serves the next request (PyTorch's rule: large blocks split when > 1 MiB remains).
   const std::size_t sz = 5 * kMiB / 2;
   std::vector<CUdeviceptr> p(kN);
-  for (int i = 0; i < kN; ++i) {
+  for (std::size_t i = 0; i < kN; ++i) {
     CHECK_OK(cuMemAlloc_v2(&p[i], sz));
     fill(p[i], sz, i + 1);
   }
   CHECK(fakecuda_alloc_calls() == 0);  // no classic segment: everything from the VMM range
   CHECK(fakecuda_vmm_ranges() == 1);
-  for (int i = 1; i < kN; ++i) CHECK(p[i] > p[0] && p[i] - p[0] < fakecuda_vmm_reserved_bytes());
+  for (std::size_t i = 1; i < kN; ++i) CHECK(p[i] > p[0] && p[i] - p[0] < fakecuda_vmm_reserved_bytes());
   const std::size_t mapped_full = fakecuda_vmm_mapped_bytes();
   CHECK(mapped_full >= kN * sz);
   // Grown page by page: at most the split rule's 1 MiB of slack per block, plus one page.
@@ -122,8 +125,8 @@ void scenario_release() {
   CHECK(base == p[5] && size == sz);
 
   // Free the middle half: whole pages inside it become releasable.
-  constexpr int kLo = kN / 4, kHi = 3 * kN / 4;
-  for (int i = kLo; i < kHi; ++i) CHECK_OK(cuMemFree_v2(p[i]));
+  constexpr std::size_t kLo = kN / 4, kHi = 3 * kN / 4;
+  for (std::size_t i = kLo; i < kHi; ++i) CHECK_OK(cuMemFree_v2(p[i]));
   CHECK(fakecuda_vmm_mapped_bytes() == mapped_full);  // cached, not released yet
   const std::size_t released = empty_cache();
   const std::size_t mapped_after = fakecuda_vmm_mapped_bytes();
@@ -133,7 +136,7 @@ void scenario_release() {
   CHECK(released >= (kHi - kLo) * sz - 2 * lp);  // all whole pages of the freed run
   CHECK(!fakecuda_vmm_is_mapped(p[kN / 2]));
   check_accounting(0);
-  for (int i = 0; i < kN; ++i)
+  for (std::size_t i = 0; i < kN; ++i)
     if (i < kLo || i >= kHi) CHECK(holds(p[i], sz, i + 1));
 
   // The hole serves a different size later (pages mapped again where needed).
@@ -145,7 +148,7 @@ void scenario_release() {
   CHECK_OK(cuMemFree_v2(big));
 
   // Everything freed and emptied: no page, no handle left; the range itself stays reserved.
-  for (int i = 0; i < kN; ++i)
+  for (std::size_t i = 0; i < kN; ++i)
     if (i < kLo || i >= kHi) CHECK_OK(cuMemFree_v2(p[i]));
   empty_cache();
   CHECK(fakecuda_vmm_mapped_bytes() == 0);
@@ -320,7 +323,7 @@ void scenario_recycle() {
   // 16 MiB growth slack above the live peak, which would map fresh pages instead of moving.
   const std::size_t k = std::max<std::size_t>(2, 8 * kMiB / g + 1);
   std::vector<CUdeviceptr> p(4);
-  for (int i = 0; i < 4; ++i) {
+  for (std::size_t i = 0; i < 4; ++i) {
     CHECK_OK(cuMemAlloc_v2(&p[i], k * g));  // whole pages: no split remainders
     fill(p[i], k * g, i + 1);
   }
@@ -357,7 +360,7 @@ void scenario_alias() {
   const std::size_t g = large_page();
   const std::size_t k = std::max<std::size_t>(2, 8 * kMiB / g + 1);  // past the 16 MiB growth slack
   std::vector<CUdeviceptr> p(4);
-  for (int i = 0; i < 4; ++i) CHECK_OK(cuMemAlloc_v2(&p[i], k * g));
+  for (std::size_t i = 0; i < 4; ++i) CHECK_OK(cuMemAlloc_v2(&p[i], k * g));
   const std::size_t mapped = fakecuda_vmm_mapped_bytes();
   CHECK(mapped == 4 * k * g);
   check_accounting(0);

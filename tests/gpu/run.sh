@@ -15,7 +15,7 @@
 # TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ipc ordered legacy latency torch cupy jax ddp; race also runs free_host_sync,
+# load correctness race ipc ordered legacy latency torch cupy jax ddp; race also runs alias_race and free_host_sync,
 # ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
 # build/gpu-scratch).

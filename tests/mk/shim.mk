@@ -8,15 +8,15 @@ SHIM_APP_LINKED := $(FAKECUDA_DIR)/app_linked
 
 $(FAKECUDA_SO): tests/fakecuda/fakecuda.cpp tests/fakecuda/fakecuda.h shim/cuda_abi.h
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra -fPIC -shared -Wl,-soname,libcuda.so.1 $< -o $@ -pthread
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 $< -o $@ -pthread
 
 $(SHIM_APP_CUDART): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -pthread -ldl
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) $< -o $@ -pthread -ldl
 
 $(SHIM_APP_LINKED): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra -DCUDAPOOL_APP_LINKED $< -o $@ \
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -DCUDAPOOL_APP_LINKED $< -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 
 SHIM_TEST_BIN := $(BUILD)/tests/shim_tests
@@ -39,7 +39,7 @@ TEST_BINS += $(SHIM_TEST_BIN)
 SHIM_APP_VMM := $(FAKECUDA_DIR)/vmm_app
 $(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_VMM)
 
 # CUDA IPC between processes: a -lcuda program that exports pooled blocks and runs itself as the
@@ -48,7 +48,7 @@ $(SHIM_TEST_BIN): | $(SHIM_APP_VMM)
 SHIM_APP_IPC := $(FAKECUDA_DIR)/ipc_app
 $(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp shim/ipc_wire.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp -o $@ \
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_IPC)
 
@@ -58,7 +58,7 @@ $(SHIM_TEST_BIN): | $(SHIM_APP_IPC)
 SHIM_APP_SHARE := $(FAKECUDA_DIR)/share_app
 $(SHIM_APP_SHARE): tests/fakecuda/share_app.cpp telemetry/share.cpp telemetry/share.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g -Wall -Wextra tests/fakecuda/share_app.cpp telemetry/share.cpp -o $@ \
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/share_app.cpp telemetry/share.cpp -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): $(BUILD)/telemetry/share.o | $(SHIM_APP_SHARE) $(CUDAPOOL_BIN)
 $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o): CPPFLAGS += -DCUDAPOOL_BIN_PATH='"$(abspath $(CUDAPOOL_BIN))"'

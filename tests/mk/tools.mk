@@ -13,7 +13,7 @@ TEST_BINS += $(if $(TOOLS_TEST_SRCS),$(TOOLS_TEST_BIN))
 TOOLS_FAKE_PRELOAD := $(BUILD)/tests/tools/libfake_preload.so
 $(TOOLS_FAKE_PRELOAD): tests/tools/fake_preload.cpp
 	@mkdir -p $(@D)
-	$(CXX) -std=c++20 -O2 -Wall -Wextra -fPIC -shared $< -o $@
+	$(CXX) -std=c++20 -O2 $(WARNFLAGS) -fPIC -shared $< -o $@
 
 # The CLI test is a script; this wrapper hands it the build directory (release or sanitizer).
 TOOLS_CLI_TEST := $(BUILD)/tests/tools_cli_test.sh
@@ -21,7 +21,8 @@ TOOLS_CLI_TEST := $(BUILD)/tests/tools_cli_test.sh
 $(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TOOLS_FAKE_PRELOAD) $(SHIM_SO) \
     $(FAKECUDA_SO) $(SHIM_APP_CUDART)
 	@mkdir -p $(@D)
-	printf '#!/usr/bin/env bash\nexec bash tests/tools/cli_test.sh %s\n' "$(BUILD)" > $@
+	printf '#!/usr/bin/env bash\nCUDAPOOL_SAN_PRELOAD="%s" exec bash tests/tools/cli_test.sh %s\n' \
+	  "$(strip $(SHIM_SAN_PRELOAD))" "$(BUILD)" > $@
 	chmod +x $@
 TEST_BINS += $(TOOLS_CLI_TEST)
 

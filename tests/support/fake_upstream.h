@@ -118,7 +118,7 @@ class FakeUpstream : public Upstream {
     } else {
       base = take_address(bytes);
     }
-    reservations_[base] = Reservation{bytes, page, {}, base};
+    reservations_[base] = Reservation{bytes, page, {}, base, {}};
     *out = reinterpret_cast<void*>(base);
     return UpstreamStatus::ok;
   }

@@ -129,8 +129,13 @@ near_recorded $traces/gpu_torch.csv --free-as sync --conf expandable_segments:Fa
 # Faithful replay: a trace recorded now by the library itself (the fake driver stands in for the
 # GPU) records each free's call and the policy; replay defaults to both and checks the peak.
 fake_dir=$build/tests/fakecuda
+# In a sanitizer build the instrumented shim needs the sanitizer runtimes loaded before it
+# (CUDAPOOL_SAN_PRELOAD, set by the wrapper); it leaks its pools on purpose (no teardown at exit).
+san_preload=${CUDAPOOL_SAN_PRELOAD:-}
 record_fake() {  # record_fake SCENARIO CONF OUT: run the fake-driver program under the shim
-  CUDAPOOL_CONF="$2,trace_file:$3" LD_PRELOAD=$(readlink -f "$build/libcudapool.so") LD_LIBRARY_PATH=$fake_dir \
+  CUDAPOOL_CONF="$2,trace_file:$3" LD_PRELOAD="${san_preload:+$san_preload }$(readlink -f "$build/libcudapool.so")" \
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+    TSAN_OPTIONS=${TSAN_OPTIONS:-die_after_fork=0} LD_LIBRARY_PATH=$fake_dir \
     CUDAPOOL_LIBRARY= "$fake_dir/app_cudart" "$1" >/dev/null 2>&1
 }
 if record_fake gpu_wait_reuse "max_split_size_mb:64" "$tmp/rec.csv"; then

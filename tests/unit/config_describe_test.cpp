@@ -56,7 +56,9 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   // Every key is set away from its default, so each one has to survive the round trip (a key
   // added to the key table without a line above fails here).
   for (const config::KeySpec& k : config::keys()) {
-    if (k.format != nullptr) EXPECT_FALSE(k.is_default(p)) << k.name << " keeps its default in this test";
+    if (k.format != nullptr) {
+      EXPECT_FALSE(k.is_default(p)) << k.name << " keeps its default in this test";
+    }
   }
   const std::string s = to_conf_string(p);
   EXPECT_TRUE(has(s, "roundup_power2_divisions:[256:1,512:2,>:4]")) << s;
@@ -84,7 +86,7 @@ TEST(Roundup, FormatParsesBackForRandomBuckets) {
   for (int n = 0; n < 20000; ++n) {
     config::RoundupBuckets b{};
     const int runs = 1 + static_cast<int>(rng() % 5);
-    for (std::size_t i = 0; i < b.size(); ++i) b[i] = values[rng() % (runs + 1) % 6];
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = values[rng() % static_cast<unsigned>(runs + 1) % 6];
     config::RoundupBuckets back{};
     const std::string text = config::format_roundup(b);
     ASSERT_EQ(config::parse_roundup(text, back), "") << text;

@@ -64,7 +64,7 @@ TEST(PoolReleaseIdle, ExpandableWholeUnitsAsFewAsCoverTheRequest) {
   EXPECT_EQ(rig.pool->release_idle(20 * MiB), 32 * MiB);
   EXPECT_EQ(reserved(rig), static_cast<std::int64_t>(64 * MiB));
   EXPECT_EQ(rig.up.bad_calls(), 0u);
-  const std::size_t maps = rig.pool->stats().num_device_map;
+  const std::int64_t maps = rig.pool->stats().num_device_map;
   (void)rig.alloc(60 * MiB);
   EXPECT_EQ(rig.pool->stats().num_device_map, maps) << "what was kept serves 60 MiB as it is";
   EXPECT_EQ(reserved(rig), static_cast<std::int64_t>(64 * MiB)) << "the kept units, and no more";

@@ -105,7 +105,7 @@ class Stress {
  public:
   Stress(PoolOptions opt, int workers, long ops, std::size_t granularity = 0)
       : opt_(opt), up_(384 * MiB, /*backed=*/true), fence_(false), workers_(workers), ops_(ops),
-        barrier_(workers + 1), live_(workers) {
+        barrier_(workers + 1), live_(static_cast<std::size_t>(workers)) {
     up_.set_granularity(granularity);
     up_.fence = &fence_;
     up_.mu = &reg_mu_;
@@ -140,14 +140,14 @@ class Stress {
   static constexpr long kOpsPerRound = 20'000;
 
   void worker(int w) {
-    std::mt19937_64 rng(1000 + w);
-    std::vector<Live>& mine = live_[w];
+    std::mt19937_64 rng(static_cast<std::uint64_t>(1000 + w));
+    std::vector<Live>& mine = live_[static_cast<std::size_t>(w)];
     StreamId streams[2] = {static_cast<StreamId>(100 * (w + 1) + 1), static_cast<StreamId>(100 * (w + 1) + 2)};
-    StreamId next_stream = 1'000'000 * (w + 1);
+    StreamId next_stream = static_cast<StreamId>(1'000'000 * (w + 1));
     const long rounds = ops_ / workers_ / kOpsPerRound;
     for (long r = 0; r < rounds; ++r) {
       for (long i = 0; i < kOpsPerRound; ++i) {
-        const unsigned roll = rng() % 10000;
+        const std::uint64_t roll = rng() % 10000;
         if (roll < 10) {
           pool_->empty_cache();
         } else if (roll < 15) {
@@ -172,7 +172,7 @@ class Stress {
   }
 
   std::size_t pick_size(std::mt19937_64& rng) {
-    const unsigned c = rng() % 100;
+    const std::uint64_t c = rng() % 100;
     if (c < 70) return 16 + rng() % (64 * KiB);
     if (c < 96) return 1 * MiB + rng() % (5 * MiB);
     return 10 * MiB + rng() % (14 * MiB);

@@ -246,7 +246,7 @@ TEST(PoolTcache, FencedCacheBatchesAreBoundedAndReclaimed) {
   std::vector<void*> held;
   for (int i = 0; i < 2 * kMax + 5; ++i) held.push_back(rig.alloc(4 * KiB, kS1));
   const std::size_t records0 = rig.fence.device_records();
-  for (int i = 0; i < kMax; ++i) ASSERT_EQ(rig.pool->free(held[i]), FreeStatus::ok);
+  for (std::size_t i = 0; i < kMax; ++i) ASSERT_EQ(rig.pool->free(held[i]), FreeStatus::ok);
   EXPECT_EQ(rig.fence.device_records(), records0 + 1);  // full: recorded by the free itself
   for (std::size_t i = kMax; i < held.size(); ++i) ASSERT_EQ(rig.pool->free(held[i]), FreeStatus::ok);
   EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(held.size() * 4 * KiB));

@@ -132,7 +132,7 @@ TEST(PoolUnits, RandomWorkKeepsUnitsWhole) {
       std::mt19937 rng(seed);
       std::vector<void*> live;
       for (int i = 0; i < 3000; ++i) {
-        const unsigned op = rng() % 10;
+        const auto op = rng() % 10;
         if (op < 5 || live.empty()) {
           const std::size_t mib = 1 + rng() % (rng() % 4 == 0 ? 96 : 12);
           const std::size_t bytes = mib * MiB - (rng() % 2) * 300 * 1024;

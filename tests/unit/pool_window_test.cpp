@@ -103,7 +103,7 @@ TEST(PoolWindow, SizeBoundsCloseTheBatch) {
     PoolRig rig;
     std::vector<void*> ps;
     for (int i = 0; i < 256; ++i) ps.push_back(rig.alloc(4 * KiB));
-    for (int i = 0; i < 255; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);
+    for (std::size_t i = 0; i < 255; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);
     EXPECT_EQ(rig.fence.device_records(), 0u);
     ASSERT_EQ(rig.pool->free(ps[255]), FreeStatus::ok);  // the 256th block
     EXPECT_EQ(rig.fence.device_records(), 1u);
@@ -113,7 +113,7 @@ TEST(PoolWindow, SizeBoundsCloseTheBatch) {
     PoolRig rig;
     std::vector<void*> ps;
     for (int i = 0; i < 4; ++i) ps.push_back(rig.alloc(20 * MiB));
-    for (int i = 0; i < 3; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);  // 60 MiB
+    for (std::size_t i = 0; i < 3; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);  // 60 MiB
     EXPECT_EQ(rig.fence.device_records(), 0u);
     ASSERT_EQ(rig.pool->free(ps[3]), FreeStatus::ok);  // 80 MiB >= 64 MiB
     EXPECT_EQ(rig.fence.device_records(), 1u);
@@ -131,7 +131,7 @@ TEST(PoolWindow, ByteBoundScalesWithThePool) {
   EXPECT_EQ(rig.fence.device_records(), 0u);  // 512 MiB: under a flat 64 MiB bound this recorded
   ASSERT_EQ(rig.pool->free(ps[1]), FreeStatus::ok);  // 1 GiB: the bound
   EXPECT_EQ(rig.fence.device_records(), 1u);
-  for (int i = 2; i < 8; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);
+  for (std::size_t i = 2; i < 8; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);
   EXPECT_EQ(rig.fence.device_records(), 4u);  // 8 frees, 4 fences
   EXPECT_EQ(rig.pool->stats().pending_bytes, static_cast<std::int64_t>(4 * GiB));
   rig.expect_intact();

@@ -58,8 +58,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          "foreign_pointers", "capture", "bad_frees", "queries", "reset",
                                          "fork_child", "threads", "c_api_calls"),
                        ::testing::Bool()),
-    [](const auto& info) {
-      return std::get<0>(info.param) + (std::get<1>(info.param) ? "_lcuda" : "_cudart");
+    [](const auto& test_info) {
+      return std::get<0>(test_info.param) + (std::get<1>(test_info.param) ? "_lcuda" : "_cudart");
     });
 
 TEST(Shim, PoolingNeedsTheShim) {

@@ -67,7 +67,9 @@ TEST_P(ShimIpc, OtherUsersAreRefusedByBothEnds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, ShimIpc, ::testing::Values("expandable_segments:False", ""),
-                         [](const auto& info) { return std::string(info.param[0] != '\0' ? "classic" : "expandable_default"); });
+                         [](const auto& test_info) {
+                           return std::string(test_info.param[0] != '\0' ? "classic" : "expandable_default");
+                         });
 
 // A driver that refuses exportable pages: expandable segments still work, and an export of their
 // blocks says why it cannot be.

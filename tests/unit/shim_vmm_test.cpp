@@ -119,6 +119,11 @@ TEST(ShimVmm, TwoBoundedRangesPerDeviceHoweverManyStreams) { expect_pass("bounde
 
 // The process-wide address-space cap (16 TiB): on an 8 TiB device the second range is refused.
 TEST(ShimVmm, ReservationsCappedPerProcess) {
+  // The fake driver reserves each range as host address space (mmap): an 8 TiB range does not
+  // fit in the application part of ThreadSanitizer's address-space layout, so the first
+  // reservation fails there for a reason that has nothing to do with the cap.
+  if (std::string(CUDAPOOL_SAN_PRELOAD).find("tsan") != std::string::npos)
+    GTEST_SKIP() << "8 TiB of host address space is more than ThreadSanitizer leaves a program";
   const auto o = run_app("cap", {{"FAKECUDA_TOTAL_MB", "8388608"}});
   EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS cap"), std::string::npos) << o.output;

@@ -74,7 +74,7 @@ TEST(TelemetryExit, TraceAndLogCompleteAfterExit) {
     // Never destroyed, as in the shim: only the exit handler can flush it.
     TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
     if (w == nullptr) ::_exit(4);
-    for (int i = 0; i < kEvents; ++i) w->on_event(alloc_event(i));
+    for (std::uint64_t i = 0; i < kEvents; ++i) w->on_event(alloc_event(i));
     for (int i = 0; i < 50; ++i) log().info("line {}", i);
     std::exit(0);
   }
@@ -93,7 +93,7 @@ TEST(TelemetryExit, EventsAfterTheExitFlushStillReachTheFile) {
     std::string err;
     TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
     if (w == nullptr) ::_exit(4);
-    for (int i = 0; i < 100; ++i) w->on_event(alloc_event(i));
+    for (std::uint64_t i = 0; i < 100; ++i) w->on_event(alloc_event(i));
     g_late_freer.first = 100;
     g_late_freer.count = 25;  // emitted during static destruction, after the exit flush
     std::exit(0);
@@ -165,7 +165,7 @@ TEST(TelemetryExit, TraceCompleteAfterSignalPathFlush) {
     std::string err;
     TraceWriter* w = g_telemetry_test_child_writer = TraceWriter::open(trace.str(), &err).release();
     if (w == nullptr) ::_exit(4);
-    for (int i = 0; i < 777; ++i) w->on_event(alloc_event(i));
+    for (std::uint64_t i = 0; i < 777; ++i) w->on_event(alloc_event(i));
     struct sigaction sa {};
     sa.sa_handler = shim_style_handler;
     sigemptyset(&sa.sa_mask);
@@ -188,7 +188,7 @@ TEST(TelemetryExit, ForkedChildDoesNotDuplicateParentRows) {
   std::string err;
   auto w = TraceWriter::open(trace.str(), &err);
   ASSERT_TRUE(w) << err;
-  for (int i = 0; i < 10; ++i) w->on_event(alloc_event(i));
+  for (std::uint64_t i = 0; i < 10; ++i) w->on_event(alloc_event(i));
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -196,7 +196,7 @@ TEST(TelemetryExit, ForkedChildDoesNotDuplicateParentRows) {
     std::exit(0);                  // the exit flush must skip the disowned writer
   }
   ASSERT_EQ(wait_child(pid), 0);
-  for (int i = 10; i < 20; ++i) w->on_event(alloc_event(i));
+  for (std::uint64_t i = 10; i < 20; ++i) w->on_event(alloc_event(i));
   w.reset();
   EXPECT_EQ(check_trace_rows(trace.str()), 20u);
 }

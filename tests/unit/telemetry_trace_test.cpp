@@ -31,7 +31,7 @@ TEST(TelemetryTrace, HeaderStartsWithRmmColumns) {
   ASSERT_EQ(cols.size(), 11u);
   EXPECT_EQ(cols[10], "detail");
   const char* rmm[] = {"Thread", "Time", "Action", "Pointer", "Size", "Stream"};
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(cols[i], rmm[i]);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(cols[i], rmm[i]);
 }
 
 TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
@@ -72,7 +72,7 @@ TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
   const char* details[] = {"", "", "", "", "sync", "async", "", "", "", "non_blocking"};
   const std::int64_t durations[] = {0, 1500, 0, 0, 0, 0, 0, 700, 0, 0};
   std::int64_t prev_time = 0;
-  for (int i = 0; i < 10; ++i) {
+  for (std::size_t i = 0; i < 10; ++i) {
     auto c = split(lines[i + 1], ',');
     ASSERT_EQ(c.size(), 11u) << lines[i + 1];
     std::string middle = c[2] + "," + c[3] + "," + c[4] + "," + c[5] + "," + c[6] + "," + c[7];
@@ -364,7 +364,7 @@ TEST(TelemetryTrace, ConcurrentWritersLoseNothingAndFlushBySize) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i)
-        w->on_event(ev(EventKind::allocate, 0x1000u * (t * kPerThread + i + 1), 512, 512,
+        w->on_event(ev(EventKind::allocate, 0x1000u * static_cast<unsigned>(t * kPerThread + i + 1), 512, 512,
                        static_cast<StreamId>(t)));
     });
   }
@@ -405,7 +405,7 @@ TEST(TelemetryTrace, RowsReachTheFileWithoutAnExplicitFlush) {
   std::string err;
   auto w = TraceWriter::open(path.str(), &err);
   ASSERT_TRUE(w) << err;
-  for (int i = 0; i < 10; ++i) w->on_event(ev(EventKind::allocate, 0x1000 + i, 512, 512, 0));
+  for (std::uintptr_t i = 0; i < 10; ++i) w->on_event(ev(EventKind::allocate, 0x1000 + i, 512, 512, 0));
   std::size_t lines = 0;
   for (int tries = 0; tries < 100 && lines < 11; ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -434,7 +434,7 @@ TEST(TelemetryTrace, TimeNsIsWallClockTime) {
   for (int i = 0; i < 5; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3 + 7 * i));
     const std::int64_t before = realtime_ns();
-    w->on_event(ev(EventKind::allocate, 0x1000 + i, 512, 512, 0));
+    w->on_event(ev(EventKind::allocate, 0x1000 + static_cast<std::uintptr_t>(i), 512, 512, 0));
     windows.emplace_back(before, realtime_ns());
   }
   const std::int64_t flush_before = realtime_ns();
@@ -451,7 +451,9 @@ TEST(TelemetryTrace, TimeNsIsWallClockTime) {
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_GE(rows[i].time_ns, windows[i].first - slack) << i << " (slack " << slack << " ns)";
     EXPECT_LE(rows[i].time_ns, windows[i].second + slack) << i << " (slack " << slack << " ns)";
-    if (i > 0) EXPECT_GE(rows[i].time_ns, rows[i - 1].time_ns) << i;
+    if (i > 0) {
+      EXPECT_GE(rows[i].time_ns, rows[i - 1].time_ns) << i;
+    }
   }
 }
 
