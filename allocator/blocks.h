@@ -31,8 +31,8 @@ struct Block {
   Segment* seg = nullptr;
   Block* prev = nullptr;  // address neighbours inside the segment
   Block* next = nullptr;
-  Block* link = nullptr;  // next block of the same batch (pending / retiring)
-  StreamId owner = 0;     // allocated/pending: allocation stream; local: the stream it is local to
+  Block* link = nullptr;      // next block of the same batch (pending / retiring)
+  StreamId owner = 0;         // allocated/pending: allocation stream; local: the stream it is local to
   std::uint64_t epoch = 0;    // local: free stamp; promoted by a stream fence recorded at >= epoch
   std::uint64_t gc_base = 0;  // pool searches counter when the block was last cached (GC age)
   // Free memory handed out under a GPU-side wait (Impl::order_device_batches) whose fence may
@@ -50,9 +50,9 @@ struct Segment {
   Block* head = nullptr;
   StreamId stream = 0;  // stream of the allocation that created it (snapshot only)
   bool small = false;
-  bool expandable = false;   // a reserved range grown by mapping pages (pool_expandable.cpp)
-  std::size_t mapped = 0;    // expandable: bytes with pages behind them
-  std::size_t page = 0;      // expandable: the unit of mapping (Limits::page_bytes)
+  bool expandable = false;  // a reserved range grown by mapping pages (pool_expandable.cpp)
+  std::size_t mapped = 0;   // expandable: bytes with pages behind them
+  std::size_t page = 0;     // expandable: the unit of mapping (Limits::page_bytes)
   // expandable: the physical allocations behind the mapped bytes, base -> size. Each is one
   // Upstream::map() (whole pages, up to PoolOptions::expandable_max_unit) and can only be
   // unmapped or moved whole: the driver cannot split a physical allocation. They tile every
@@ -92,12 +92,8 @@ struct BySizeAddr {
   bool operator()(const Block* a, const Block* b) const {
     return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
   }
-  bool operator()(const Block* a, const Key& k) const {
-    return a->size != k.size ? a->size < k.size : a->ptr < k.ptr;
-  }
-  bool operator()(const Key& k, const Block* b) const {
-    return k.size != b->size ? k.size < b->size : k.ptr < b->ptr;
-  }
+  bool operator()(const Block* a, const Key& k) const { return a->size != k.size ? a->size < k.size : a->ptr < k.ptr; }
+  bool operator()(const Key& k, const Block* b) const { return k.size != b->size ? k.size < b->size : k.ptr < b->ptr; }
 };
 using FreeSet = std::set<Block*, BySizeAddr, ArenaAllocator<Block*>>;
 
@@ -107,7 +103,7 @@ inline int kind_index(bool small) { return small ? 0 : 1; }
 struct StreamFree {
   StreamId id;
   FreeSet sets[2];
-  FenceHandle promo_fence = 0;  // outstanding fence on this stream, 0 = none
+  FenceHandle promo_fence = 0;    // outstanding fence on this stream, 0 = none
   std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
   std::uint64_t promo_miss = 0;   // Impl::slow_calls when promo_fence was recorded
   StreamFree(StreamId s, NodeArena* arena)

@@ -71,8 +71,7 @@ class FenceBatches {
 
   // Any fence work at all (allocate() services fences only then).
   bool has_work() const {
-    return open_->count != 0 || dev_head_ != nullptr || retire_head_ != nullptr || !promo_.empty() ||
-           !ordered_.empty();
+    return open_->count != 0 || dev_head_ != nullptr || retire_head_ != nullptr || !promo_.empty() || !ordered_.empty();
   }
 
   // ---- the open batch ----
@@ -88,7 +87,10 @@ class FenceBatches {
   // The open batch, fenced by `f` (recorded now), becomes the newest device batch.
   void seal_open(FenceHandle f) {
     open_->fence = f;
-    if (dev_tail_ != nullptr) dev_tail_->next = open_; else dev_head_ = open_;
+    if (dev_tail_ != nullptr)
+      dev_tail_->next = open_;
+    else
+      dev_head_ = open_;
     dev_tail_ = open_;
     open_ = batches_.get();
   }
@@ -174,22 +176,22 @@ class FenceBatches {
   }
 
   // ---- whole-state operations ----
-  std::size_t pending_count() const;   // blocks in the open and the device batches
-  std::size_t retiring_count() const;  // blocks in the retire batches
+  std::size_t pending_count() const;        // blocks in the open and the device batches
+  std::size_t retiring_count() const;       // blocks in the retire batches
   void release_all(FenceProvider& fences);  // teardown: every outstanding fence handed back
-  void forget_all();  // the context is gone: every list emptied, no fence touched
+  void forget_all();                        // the context is gone: every list emptied, no fence touched
 
  private:
   ObjectPool<Batch> batches_;
-  Batch* open_ = nullptr;                // free()d blocks since the last fence record
-  std::int64_t open_since_ = 0;          // clock when the open batch got its first block (ns)
+  Batch* open_ = nullptr;                 // free()d blocks since the last fence record
+  std::int64_t open_since_ = 0;           // clock when the open batch got its first block (ns)
   std::int64_t query_after_ = INT64_MIN;  // service_fences() asks no fence before this (ns)
-  Batch* dev_head_ = nullptr;            // recorded device batches, oldest first
+  Batch* dev_head_ = nullptr;             // recorded device batches, oldest first
   Batch* dev_tail_ = nullptr;
   Batch* retire_head_ = nullptr;
   std::vector<StreamFree*> promo_;
   std::vector<std::pair<FenceHandle, std::uint64_t>> ordered_;
-  std::uint64_t order_seq_ = 0;   // orders made so far
+  std::uint64_t order_seq_ = 0;  // orders made so far
   std::uint64_t order_done_ = 0;
   std::vector<FenceHandle> order_scratch_;
 };

@@ -16,7 +16,8 @@ void Limits::ensure(Upstream& up, const PoolOptions& opt) {
   }
   limit_ = opt.max_reserved;
   if (opt.per_process_memory_fraction > 0.0) {
-    const auto by_fraction = static_cast<std::size_t>(opt.per_process_memory_fraction * static_cast<double>(device_total_));
+    const auto by_fraction = static_cast<std::size_t>(opt.per_process_memory_fraction *
+                                                      static_cast<double>(device_total_));
     limit_ = std::min(limit_, by_fraction);
   }
   ready_ = true;

@@ -123,8 +123,8 @@ std::size_t DevicePool::release_idle(std::size_t want) {
   Impl& I = *impl_;
   if (want == 0) return 0;
   Impl::Lock lk(I.mu);
-  I.tc_flush_all();     // blocks parked in threads' caches count as idle too
-  I.service_fences();   // fences that have passed, without waiting
+  I.tc_flush_all();    // blocks parked in threads' caches count as idle too
+  I.service_fences();  // fences that have passed, without waiting
   std::size_t got = I.release_idle_now(lk, want);
   if (got < want) {
     I.wait_all();
@@ -212,7 +212,6 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
   ledger.gc_pass(bytes);
   emit(EventKind::gc, 0, bytes, 0, 0);
 }
-
 
 std::size_t DevicePool::empty_cache() {
   Impl& I = *impl_;
