@@ -33,11 +33,11 @@ struct AllocResult {
 
 // Where an address lies, for cuMemGetAddressRange / cuPointerGetAttribute / IPC answers.
 struct AddressInfo {
-  std::uintptr_t block_base = 0;    // the live block containing the address
-  std::size_t block_size = 0;       // the size the caller asked for (not the rounded size)
+  std::uintptr_t block_base = 0;  // the live block containing the address
+  std::size_t block_size = 0;     // the size the caller asked for (not the rounded size)
   std::uintptr_t segment_base = 0;
   std::size_t segment_size = 0;
-  bool whole_segment = false;       // the block is the only block of its segment (IPC-safe)
+  bool whole_segment = false;  // the block is the only block of its segment (IPC-safe)
   bool expandable = false;
 };
 

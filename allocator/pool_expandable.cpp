@@ -48,7 +48,10 @@ void DevicePool::Impl::merge_unmapped(Block* b) {
     b->ptr = n->ptr;
     b->size += n->size;
     b->prev = n->prev;
-    if (n->prev != nullptr) n->prev->next = b; else b->seg->head = b;
+    if (n->prev != nullptr)
+      n->prev->next = b;
+    else
+      b->seg->head = b;
     block_pool.put(n);
   }
   while ((n = b->next) != nullptr && n->state == BState::unmapped) {
@@ -88,7 +91,8 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
     Block* last = nullptr;
     for (Block* x = start; x != nullptr && covered < rounded && (x->state == BState::unmapped || usable(x));
          x = x->next) {
-      const std::size_t take = x->state == BState::unmapped ? std::min(x->size, round_up(rounded - covered, g)) : x->size;
+      const std::size_t take = x->state == BState::unmapped ? std::min(x->size, round_up(rounded - covered, g))
+                                                            : x->size;
       if (x->state == BState::unmapped) to_map += take;
       covered += take;
       last = x;
@@ -116,9 +120,8 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
   return best;
 }
 
-std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan,
-                                                 std::vector<Block*>& out, std::size_t* hot_bytes,
-                                                 std::vector<Block*>* hot_out) const {
+std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
+                                                 std::size_t* hot_bytes, std::vector<Block*>* hot_out) const {
   std::size_t total = 0;
   *hot_bytes = 0;
   std::vector<std::pair<std::size_t, Block*>> ranked, hot_ranked;  // (releasable bytes, block): computed once
@@ -289,7 +292,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   // first make memory that fences hold back reusable (once), then recycle whole free pages.
   GrowPlan plan;
   std::vector<Block*> cands, hot_cands;
-  std::vector<detail::Unit> spare;  // recycled units, already unmapped in the pool's structures
+  std::vector<detail::Unit> spare;         // recycled units, already unmapped in the pool's structures
   std::vector<detail::HotUnit> hot_units;  // units of hot blocks to alias, still in place
   bool fences_tried = false;
   for (;;) {
@@ -419,8 +422,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       Block* src = detail::block_at(h.seg, h.base);
       const bool intact = src != nullptr && src->state == BState::shared && src->ptr + src->size >= h.base + n;
       const std::int64_t t0 = now_ns();
-      const UpstreamStatus ua = intact ? up.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + done), n)
-                                       : UpstreamStatus::error;
+      const UpstreamStatus ua = intact
+                                    ? up.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + done), n)
+                                    : UpstreamStatus::error;
       for (std::size_t q = i; q < j; ++q) hot_units[q].used = true;
       if (ua == UpstreamStatus::ok) {
         ledger.device_map();
@@ -484,7 +488,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         rest->size = u->size - amount;
         rest->prev = u->prev;
         rest->next = u;
-        if (u->prev != nullptr) u->prev->next = rest; else seg->head = rest;
+        if (u->prev != nullptr)
+          u->prev->next = rest;
+        else
+          seg->head = rest;
         u->prev = rest;
         u->ptr = at;
       } else {
@@ -512,8 +519,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     // block local to this stream it joins that block instead (local absorbs shared), so growth
     // beside it makes one run.
     auto own = [&](const Block* n) { return n != nullptr && n->state == BState::local && n->owner == stream; };
-    if (own(u->prev) || own(u->next)) insert_free(u, BState::local, stream, sf->sets[k]);
-    else insert_free(u, BState::shared, 0, shared[k]);
+    if (own(u->prev) || own(u->next))
+      insert_free(u, BState::local, stream, sf->sets[k]);
+    else
+      insert_free(u, BState::shared, 0, shared[k]);
     return u;
   };
 
@@ -525,7 +534,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   }
   Block* cur = plan.start;  // the block that grows to cover the request
   while (cur->state == BState::unmapped || cur->size < rounded) {
-    Block* u = cur->state == BState::unmapped ? cur : cur->next;  // the next hole to fill
+    Block* u = cur->state == BState::unmapped ? cur : cur->next;                  // the next hole to fill
     if (u == nullptr || u->state != BState::unmapped) return UpstreamStatus::ok;  // cannot happen
     const std::size_t have = cur->state == BState::unmapped ? 0 : cur->size;
     cur = map_piece(u, std::min(u->size, round_up(rounded - have, g)), /*back=*/false);
@@ -561,8 +570,8 @@ void DevicePool::Impl::release_pages(Block* b, std::vector<Detached>& out) {
 }
 
 DevicePool::Impl::Block* DevicePool::Impl::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi,
-                                                             std::vector<Detached>& out,
-                                                             std::vector<detail::Unit>* units_out, bool drain) {
+                                                              std::vector<Detached>& out,
+                                                              std::vector<detail::Unit>* units_out, bool drain) {
   if (hi <= lo) return nullptr;
   const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;

@@ -144,7 +144,8 @@ bool DevicePool::Impl::tc_service(ThreadCache& tc) {
       tc.dirty.store(true, std::memory_order_relaxed);
     }
   }
-  if (tc.fence == 0 && tc.npend > 0 && (tc.npend == ThreadCache::kMaxPend || now - tc.pend_since >= detail::FenceBatches::kBatchWindowNs)) {
+  if (tc.fence == 0 && tc.npend > 0 &&
+      (tc.npend == ThreadCache::kMaxPend || now - tc.pend_since >= detail::FenceBatches::kBatchWindowNs)) {
     tc.fence = fences.record_device();
     tc.delta.fence_recorded();
     tc.dirty.store(true, std::memory_order_relaxed);

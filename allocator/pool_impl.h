@@ -87,7 +87,7 @@ struct DevicePool::Impl {
   detail::ObjectPool<Block> block_pool GUARDED_BY(mu);
   detail::ObjectPool<Segment> segment_pool GUARDED_BY(mu);
 
-  detail::PtrMap<Block*> live GUARDED_BY(mu);  // allocated blocks by start address
+  detail::PtrMap<Block*> live GUARDED_BY(mu);                  // allocated blocks by start address
   std::map<std::uintptr_t, Segment*> segments GUARDED_BY(mu);  // by base; slow paths and queries only
   FreeSet shared[2] GUARDED_BY(mu);
   std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams GUARDED_BY(mu);
@@ -101,12 +101,12 @@ struct DevicePool::Impl {
   // means CUDA reused it for a new stream: it leaves the set.
   std::unordered_set<StreamId> retired GUARDED_BY(mu);
 
-  std::uint64_t epoch GUARDED_BY(mu) = 0;  // bumped by every stream-local free
+  std::uint64_t epoch GUARDED_BY(mu) = 0;       // bumped by every stream-local free
   std::uint64_t slow_calls GUARDED_BY(mu) = 0;  // allocate_slow() calls so far (promote_own: "recorded just now")
   std::uint64_t searches[2] GUARDED_BY(mu) = {0, 0};
   detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
 
-  detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
+  detail::Limits limits GUARDED_BY(mu);                  // the reserve limit and the device facts it needs (limits.h)
   Segment* xseg[2] GUARDED_BY(mu) = {nullptr, nullptr};  // the expandable range of each pool kind
 
   // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
@@ -213,9 +213,7 @@ struct DevicePool::Impl {
   }
 
   // Allocated -> no longer allocated (still active until it becomes free).
-  void unallocate(Block* b) REQUIRES(mu) {
-    ledger.block_unallocated(b->seg->small, b->size);
-  }
+  void unallocate(Block* b) REQUIRES(mu) { ledger.block_unallocated(b->seg->small, b->size); }
   // Active (allocated or pending) -> inactive.
   void deactivate(Block* b) REQUIRES(mu) {
     ledger.block_deactivated(b->seg->small, b->size, b->requested);
@@ -248,7 +246,10 @@ struct DevicePool::Impl {
       b->ptr = n->ptr;
       b->size += n->size;
       b->prev = n->prev;
-      if (n->prev != nullptr) n->prev->next = b; else b->seg->head = b;
+      if (n->prev != nullptr)
+        n->prev->next = b;
+      else
+        b->seg->head = b;
       if (n->epoch > b->epoch) b->epoch = n->epoch;
       if (n->hot > b->hot) b->hot = n->hot;
       block_pool.put(n);
@@ -317,8 +318,8 @@ struct DevicePool::Impl {
   // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
   // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
   // frees instead; *out may then be a free block that became usable (no pages mapped).
-  UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out,
-                                 bool may_wait) REQUIRES(mu);
+  UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out, bool may_wait)
+      REQUIRES(mu);
   // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
   struct GrowPlan {
     Block* start = nullptr;      // forward: the first block of the run that grows (hole or free)
@@ -339,7 +340,8 @@ struct DevicePool::Impl {
                             std::vector<detail::Unit>* units_out = nullptr, bool drain = false) REQUIRES(mu);
   // The whole units inside [lo, hi) of a mapped run: [first unit's base, last unit's end), or
   // an empty span (first == second) when no unit fits.
-  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const REQUIRES(mu);
+  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const
+      REQUIRES(mu);
   // The largest physical allocation growth may map in `seg` (a multiple of its page).
   std::size_t max_unit(const Segment* seg) const {
     const std::size_t want = opt.expandable_max_unit;
@@ -352,10 +354,12 @@ struct DevicePool::Impl {
   std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
                                  std::size_t* hot_bytes, std::vector<Block*>* hot_out = nullptr) const REQUIRES(mu);
   // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
-  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const REQUIRES(mu);
+  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const
+      REQUIRES(mu);
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
   // units are appended to `out`, to be moved into the growth.
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out) REQUIRES(mu);
+  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out)
+      REQUIRES(mu);
   // Expandable ranges: the most bytes ever reserved (not reset by reset_peak_stats). Growth
   // beyond it is what recycling and the wait avoid.
   std::size_t reserved_hwm GUARDED_BY(mu) = 0;
@@ -405,32 +409,31 @@ struct DevicePool::Impl {
   detail::ThreadCache* tc_create() REQUIRES(mu);
   bool caches_on() const REQUIRES(mu) { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
   bool tc_may_cache(const Block* b) const REQUIRES(mu) {
-    return caches_on() && b->size <= detail::ThreadCache::kMaxBlock &&
-           b->size < opt.max_split_size;
+    return caches_on() && b->size <= detail::ThreadCache::kMaxBlock && b->size < opt.max_split_size;
   }
   // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.
   void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded) REQUIRES(mu, tc.mu);
   // Under mu and tc.mu: a lent entry becomes an ordinary allocated block again.
   void tc_return_lent(detail::ThreadCache& tc, int i) REQUIRES(mu, tc.mu);
-  void tc_unlend(const detail::TcEntry& e) REQUIRES(mu);  // under mu: e's block is an allocated block again
+  void tc_unlend(const detail::TcEntry& e) REQUIRES(mu);       // under mu: e's block is an allocated block again
   void tc_merge(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: apply the stat deltas
   // Under tc.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
   // the open batch. True if blocks became free. Fence calls are made without the pool lock.
   bool tc_service(detail::ThreadCache& tc) REQUIRES(tc.mu);
   static constexpr std::int64_t kTcQueryGapNs = 2'000;
-  static constexpr std::int64_t kTcStaleNs = 1'000'000;  // a cache's batch untouched this long: its owner is idle
+  static constexpr std::int64_t kTcStaleNs = 1'000'000;        // a cache's batch untouched this long: its owner is idle
   void tc_flush(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: merge, then return every block
-  void tc_flush_all() REQUIRES(mu);                     // under mu: every thread's cache
+  void tc_flush_all() REQUIRES(mu);                            // under mu: every thread's cache
   void tc_flush_fenced(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: its fenced batches only
   // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
   // into the pool's open batch (a miss: only their owner would close them otherwise). True if
   // any moved.
   bool tc_collect_fenced() REQUIRES(mu);
-  void tc_merge_own() REQUIRES(mu);                     // under mu: this thread's cache's deltas (program order)
+  void tc_merge_own() REQUIRES(mu);  // under mu: this thread's cache's deltas (program order)
   // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
   // allocated block; true if found.
   bool tc_reclaim_lent(std::uintptr_t p) REQUIRES(mu);
-  void tc_detach_all() EXCLUDES(mu);                    // pool teardown
+  void tc_detach_all() EXCLUDES(mu);                   // pool teardown
   static void tc_exit_flush(detail::ThreadCache& tc);  // thread exit (registry mutex held)
 
   // ---- fences (pool_fences.cpp) ----
@@ -454,7 +457,8 @@ struct DevicePool::Impl {
   bool promote_own(StreamId stream, std::size_t need, bool may_wait) REQUIRES(mu);
   bool sync_own(StreamId stream, std::size_t need) REQUIRES(mu);
   bool promote_all_now(StreamFree* sf, StreamId stream) REQUIRES(mu);
-  void record_promo(StreamFree* sf, StreamId stream) REQUIRES(mu);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
+  void record_promo(StreamFree* sf, StreamId stream)
+      REQUIRES(mu);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
   void wait_all() REQUIRES(mu);
   // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
   // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when

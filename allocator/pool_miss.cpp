@@ -22,7 +22,6 @@ namespace cudapool {
 using detail::BState;
 using detail::now_ns;
 
-
 DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) {
   Block* b = take(fit, rounded, size, stream);
   emit(EventKind::allocate, b->ptr, b->size, size, stream);

@@ -115,35 +115,35 @@ Snapshot DevicePool::snapshot() const {
   for (auto& [base, seg] : I.segments) {
     // A classic segment is one entry; an expandable range one entry per mapped run.
     for (Impl::Block* first = seg->head; first != nullptr;) {
-    if (!first->mapped()) {
-      first = first->next;
-      continue;
-    }
-    SegmentInfo si;
-    si.device = I.device;
-    si.address = first->ptr;
-    si.stream = seg->stream;
-    si.is_small = seg->small;
-    si.is_expandable = seg->expandable;
-    Impl::Block* b = first;
-    for (; b != nullptr && b->mapped(); b = b->next) {
-      si.total_size += b->size;
-      BlockInfo bi;
-      bi.address = b->ptr;
-      bi.size = b->size;
-      bi.requested_size = b->requested;
-      bi.state = b->state == BState::allocated ? BlockState::active_allocated
-                 : b->state == BState::pending ? BlockState::active_pending_free
-                                               : BlockState::inactive;
-      if (b->state == BState::allocated) si.allocated_size += b->size;
-      if (b->state == BState::allocated || b->state == BState::pending) {
-        si.active_size += b->size;
-        si.requested_size += b->requested;
+      if (!first->mapped()) {
+        first = first->next;
+        continue;
       }
-      si.blocks.push_back(bi);
-    }
-    snap.segments.push_back(std::move(si));
-    first = b;
+      SegmentInfo si;
+      si.device = I.device;
+      si.address = first->ptr;
+      si.stream = seg->stream;
+      si.is_small = seg->small;
+      si.is_expandable = seg->expandable;
+      Impl::Block* b = first;
+      for (; b != nullptr && b->mapped(); b = b->next) {
+        si.total_size += b->size;
+        BlockInfo bi;
+        bi.address = b->ptr;
+        bi.size = b->size;
+        bi.requested_size = b->requested;
+        bi.state = b->state == BState::allocated ? BlockState::active_allocated
+                   : b->state == BState::pending ? BlockState::active_pending_free
+                                                 : BlockState::inactive;
+        if (b->state == BState::allocated) si.allocated_size += b->size;
+        if (b->state == BState::allocated || b->state == BState::pending) {
+          si.active_size += b->size;
+          si.requested_size += b->requested;
+        }
+        si.blocks.push_back(bi);
+      }
+      snap.segments.push_back(std::move(si));
+      first = b;
     }
   }
   return snap;
@@ -204,7 +204,8 @@ std::string DevicePool::Impl::check() const {
   std::size_t free_blocks = 0, pending_blocks = 0, retiring_blocks = 0, draining_blocks = 0;
   std::int64_t pending_bytes = 0;
   for (auto& [base, seg] : segments) {
-    if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr) return fail("bad segment head", seg->head);
+    if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr)
+      return fail("bad segment head", seg->head);
     if (!seg->expandable) recount_ledger.segment_added(seg->small, seg->size);
     if (seg->expandable) {  // the physical units tile every mapped run, and nothing else
       auto u = seg->units.begin();
@@ -237,7 +238,8 @@ std::string DevicePool::Impl::check() const {
           return fail("mapped run end not page aligned", b);
       }
       if (b->seg != seg) return fail("block points at the wrong segment", b);
-      if (b->ptr != at || b->size == 0 || b->size % kMinBlockSize != 0) return fail("blocks do not tile the segment", b);
+      if (b->ptr != at || b->size == 0 || b->size % kMinBlockSize != 0)
+        return fail("blocks do not tile the segment", b);
       if (b->next != nullptr && b->next->prev != b) return fail("broken neighbour links", b);
       at += b->size;
       const auto sz = static_cast<std::int64_t>(b->size);
@@ -298,7 +300,8 @@ std::string DevicePool::Impl::check() const {
   std::size_t in_sets = shared[0].size() + shared[1].size();
   for (auto& [sid, sf] : streams) in_sets += sf->sets[0].size() + sf->sets[1].size();
   if (in_sets != free_blocks) return fail("free sets hold blocks that are not free", nullptr);
-  if (live.size() != static_cast<std::size_t>(recount.allocation[kAll].current)) return fail("pointer map size", nullptr);
+  if (live.size() != static_cast<std::size_t>(recount.allocation[kAll].current))
+    return fail("pointer map size", nullptr);
   const std::size_t batched = batches.pending_count();
   const std::size_t retire_batched = batches.retiring_count();
   if (batched != pending_blocks) return fail("pending blocks and batches disagree", nullptr);
@@ -314,7 +317,8 @@ std::string DevicePool::Impl::check() const {
     return true;
   };
   if (!same(st.allocation, recount.allocation, "allocation") || !same(st.segment, recount.segment, "segment") ||
-      !same(st.active, recount.active, "active") || !same(st.inactive_split, recount.inactive_split, "inactive_split") ||
+      !same(st.active, recount.active, "active") ||
+      !same(st.inactive_split, recount.inactive_split, "inactive_split") ||
       !same(st.allocated_bytes, recount.allocated_bytes, "allocated_bytes") ||
       !same(st.reserved_bytes, recount.reserved_bytes, "reserved_bytes") ||
       !same(st.active_bytes, recount.active_bytes, "active_bytes") ||

@@ -115,7 +115,9 @@ class SCOPED_CAPABILITY SpinUniqueLock {
 // SpinUniqueLock that holds it, and takes it again at the end of the scope.
 class SCOPED_CAPABILITY SpinUnlock {
  public:
-  SpinUnlock([[maybe_unused]] SpinLock& mu, SpinUniqueLock& lk) RELEASE(mu) NO_THREAD_SAFETY_ANALYSIS : lk_(lk) { lk_.unlock(); }
+  SpinUnlock([[maybe_unused]] SpinLock& mu, SpinUniqueLock& lk) RELEASE(mu) NO_THREAD_SAFETY_ANALYSIS : lk_(lk) {
+    lk_.unlock();
+  }
   // The analysis takes `mu` as held again here (a scoped capability's destructor restores it).
   ~SpinUnlock() RELEASE() NO_THREAD_SAFETY_ANALYSIS { lk_.lock(); }
   SpinUnlock(const SpinUnlock&) = delete;

@@ -34,9 +34,9 @@ struct Stats {
   std::int64_t max_split_size = 0;  // bytes; 0 when unset
 
   // cudapool's own.
-  std::int64_t cache_hits = 0;        // allocations served without the upstream
-  std::int64_t cache_misses = 0;      // allocations that asked the upstream for a segment
-  std::int64_t upstream_ns = 0;       // time spent inside Upstream::allocate/release/map/unmap
+  std::int64_t cache_hits = 0;    // allocations served without the upstream
+  std::int64_t cache_misses = 0;  // allocations that asked the upstream for a segment
+  std::int64_t upstream_ns = 0;   // time spent inside Upstream::allocate/release/map/unmap
   // Expandable segments: pages mapped into / unmapped from a range (a move counts as both).
   // With num_device_alloc/free they make the tools' "upstream calls" (docs/tools.md, Metrics).
   std::int64_t num_device_map = 0;
@@ -45,13 +45,13 @@ struct Stats {
   // the old mapping's removal later counts as an unmap).
   std::int64_t num_device_alias = 0;
   std::int64_t fences_recorded = 0;
-  std::int64_t fence_waits = 0;       // host blocked on a fence
-  std::int64_t gpu_waits = 0;         // pending memory reused with the GPU made to wait (order_after)
-  std::int64_t pending_bytes = 0;     // freed, waiting for a fence (current)
+  std::int64_t fence_waits = 0;    // host blocked on a fence
+  std::int64_t gpu_waits = 0;      // pending memory reused with the GPU made to wait (order_after)
+  std::int64_t pending_bytes = 0;  // freed, waiting for a fence (current)
   std::int64_t gc_passes = 0;
   std::int64_t gc_freed_bytes = 0;
   std::int64_t empty_cache_calls = 0;
-  std::int64_t bad_frees = 0;         // double / interior frees refused
+  std::int64_t bad_frees = 0;  // double / interior frees refused
 };
 
 enum class BlockState : std::uint8_t { active_allocated, active_pending_free, inactive };
@@ -73,7 +73,7 @@ struct SegmentInfo {
   std::size_t active_size = 0;
   std::size_t requested_size = 0;
   StreamId stream = 0;
-  bool is_small = false;      // segment_type 'small' vs 'large'
+  bool is_small = false;  // segment_type 'small' vs 'large'
   bool is_expandable = false;
   std::vector<BlockInfo> blocks;  // in address order, covering the segment
 };

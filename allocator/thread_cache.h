@@ -45,15 +45,15 @@ struct TcEntry {
   std::size_t requested = 0;  // lent: what the caller asked for
   StreamId stream = 0;        // lent: allocation stream; free: the stream it is local to
   bool small = false;
-  bool split = false;         // counted in inactive_split while free (never changes while cached)
-  bool any_stream = false;    // free: its device fence completed, so it serves any stream
+  bool split = false;       // counted in inactive_split while free (never changes while cached)
+  bool any_stream = false;  // free: its device fence completed, so it serves any stream
 };
 
 struct ThreadCache {
-  static constexpr int kMaxFree = 32;                 // free blocks kept (stream-local puts)
-  static constexpr int kMaxPend = 32;                 // fenced frees per batch
+  static constexpr int kMaxFree = 32;                    // free blocks kept (stream-local puts)
+  static constexpr int kMaxPend = 32;                    // fenced frees per batch
   static constexpr std::size_t kMaxFreeBytes = 8 * MiB;  // ... and their bytes
-  static constexpr std::size_t kMaxBlock = 1 * MiB;   // larger blocks never enter a cache
+  static constexpr std::size_t kMaxBlock = 1 * MiB;      // larger blocks never enter a cache
   // Lent blocks: an open-addressing table by address (linear probing, deletion by backward
   // shift), at most 3/4 full; O(1) expected on the free path. (It was direct-mapped once: 69
   // neighbouring 4 KiB blocks hashed to only 39 distinct slots, and every collision sent a block
@@ -93,7 +93,7 @@ struct ThreadCache {
   std::int64_t closed_since = 0;  // when `fence` was recorded
   std::uint64_t fence = 0;
   std::int64_t last_query = 0;  // when `fence` was last asked (queries are rate-limited)
-  TcEntry lent[kLentSlots];  // ptr == 0: empty slot
+  TcEntry lent[kLentSlots];     // ptr == 0: empty slot
   int nlent = 0;
   int credit = kProbeEvery;
   unsigned probe = 0;

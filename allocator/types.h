@@ -15,13 +15,13 @@ inline constexpr std::size_t MiB = 1024 * KiB;
 inline constexpr std::size_t GiB = 1024 * MiB;
 
 // PyTorch's size classes (shared/reference/pytorch-allocator-rules.md).
-inline constexpr std::size_t kMinBlockSize = 512;          // every request rounds to this
-inline constexpr std::size_t kSmallSize = 1 * MiB;         // <= this: small pool
-inline constexpr std::size_t kSmallBuffer = 2 * MiB;       // small-pool segment size
-inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;    // < this: 20 MiB segment
-inline constexpr std::size_t kLargeBuffer = 20 * MiB;      // large-pool segment for < 10 MiB
-inline constexpr std::size_t kRoundLarge = 2 * MiB;        // larger segments round to this
-inline constexpr std::size_t kRoundupIntervals = 16;       // roundup_power2_divisions buckets
+inline constexpr std::size_t kMinBlockSize = 512;        // every request rounds to this
+inline constexpr std::size_t kSmallSize = 1 * MiB;       // <= this: small pool
+inline constexpr std::size_t kSmallBuffer = 2 * MiB;     // small-pool segment size
+inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;  // < this: 20 MiB segment
+inline constexpr std::size_t kLargeBuffer = 20 * MiB;    // large-pool segment for < 10 MiB
+inline constexpr std::size_t kRoundLarge = 2 * MiB;      // larger segments round to this
+inline constexpr std::size_t kRoundupIntervals = 16;     // roundup_power2_divisions buckets
 
 // Result of asking the pool for memory.
 enum class AllocStatus : std::uint8_t {
@@ -34,9 +34,9 @@ enum class AllocStatus : std::uint8_t {
 // Result of giving memory back.
 enum class FreeStatus : std::uint8_t {
   ok,
-  not_owned,        // pointer is not inside any segment of this pool: caller passes it on
-  double_free,      // pointer is the start of a block that is already free or pending
-  interior_pointer, // pointer lies inside a block of this pool but is not its start
+  not_owned,         // pointer is not inside any segment of this pool: caller passes it on
+  double_free,       // pointer is the start of a block that is already free or pending
+  interior_pointer,  // pointer lies inside a block of this pool but is not its start
 };
 
 const char* to_string(AllocStatus s) noexcept;

@@ -27,7 +27,10 @@ class ConfParser {
     while (true) {
       skip_space();
       if (i_ >= s_.size()) return {};
-      if (s_[i_] == ',') { ++i_; continue; }
+      if (s_[i_] == ',') {
+        ++i_;
+        continue;
+      }
       if (std::string err = item(p); !err.empty()) return err;
       skip_space();
       if (i_ < s_.size()) {
@@ -63,13 +66,12 @@ class ConfParser {
     const std::string key = word(":=,");
     const config::KeySpec* spec = config::find_key(key);
     if (spec == nullptr) {
-      if (key.empty())
-        return at(key_pos, "a value without a key; write key:value (e.g. max_split_size_mb:128)");
+      if (key.empty()) return at(key_pos, "a value without a key; write key:value (e.g. max_split_size_mb:128)");
       return at(key_pos, "unknown key '" + key + "'; " + config::suggest_key(key));
     }
     if (i_ >= s_.size() || s_[i_] == ',')
-      return at(key_pos, "key '" + key + "' has no value; write " + key + ":VALUE (allowed: " +
-                             std::string(spec->allowed) + ")");
+      return at(key_pos, "key '" + key + "' has no value; write " + key +
+                             ":VALUE (allowed: " + std::string(spec->allowed) + ")");
     ++i_;  // ':' or '='
     skip_space();
     const std::size_t value_pos = i_;
@@ -77,8 +79,8 @@ class ConfParser {
     if (i_ < s_.size() && s_[i_] == '[') {
       const std::size_t close = s_.find(']', i_);
       if (close == std::string_view::npos)
-        return at(value_pos, "'[' without a closing ']' in the value of " + key +
-                                 " (e.g. " + key + ":[256:1,512:2,>:4])");
+        return at(value_pos,
+                  "'[' without a closing ']' in the value of " + key + " (e.g. " + key + ":[256:1,512:2,>:4])");
       value = std::string(s_.substr(i_, close + 1 - i_));
       i_ = close + 1;
     } else if (i_ < s_.size() && s_[i_] == '"') {
@@ -86,12 +88,14 @@ class ConfParser {
       bool closed = false;
       while (i_ < s_.size()) {
         char c = s_[i_++];
-        if (c == '"') { closed = true; break; }
+        if (c == '"') {
+          closed = true;
+          break;
+        }
         if (c == '\\' && i_ < s_.size()) c = s_[i_++];
         value += c;
       }
-      if (!closed)
-        return at(value_pos, "unterminated quoted value of " + key + "; close it with '\"'");
+      if (!closed) return at(value_pos, "unterminated quoted value of " + key + "; close it with '\"'");
     } else {
       value = word(",");
     }

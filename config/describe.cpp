@@ -11,11 +11,10 @@ namespace {
 // and ends a value at ',').
 std::string conf_value(const config::KeySpec& k, const std::string& v) {
   if (k.kind != config::ValueKind::text) return v;
-  const bool plain = !v.empty() && v.front() != '[' && v.front() != '"' &&
-                     std::none_of(v.begin(), v.end(), [](char c) {
-                       return c == ',' || c == '"' || c == '\\' || c == ' ' || c == '\t' || c == '\n' ||
-                              c == '\r' || c == '\v' || c == '\f';
-                     });
+  const bool plain = !v.empty() && v.front() != '[' && v.front() != '"' && std::none_of(v.begin(), v.end(), [](char c) {
+    return c == ',' || c == '"' || c == '\\' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' ||
+           c == '\f';
+  });
   if (plain) return v;
   std::string q = "\"";
   for (char c : v) {

@@ -36,7 +36,9 @@ std::string apply_non_split(Policy& p, std::string_view v, Warnings&) {
   return set_mib(p.pool.max_non_split_rounding, v, kLargeBuffer / MiB);
 }
 std::string format_non_split(const Policy& p) { return std::to_string(p.pool.max_non_split_rounding / MiB); }
-bool default_non_split(const Policy& p) { return p.pool.max_non_split_rounding == PoolOptions{}.max_non_split_rounding; }
+bool default_non_split(const Policy& p) {
+  return p.pool.max_non_split_rounding == PoolOptions{}.max_non_split_rounding;
+}
 
 std::string apply_max_reserved(Policy& p, std::string_view v, Warnings&) {
   std::uint64_t n = 0;
@@ -148,13 +150,18 @@ bool default_roundup(const Policy& p) {
 
 std::string apply_backend(Policy& p, std::string_view v, Warnings& w) {
   const std::string l = lower(v);
-  if (l == "native") p.backend = Backend::native;
-  else if (l == "passthrough") p.backend = Backend::passthrough;
+  if (l == "native")
+    p.backend = Backend::native;
+  else if (l == "passthrough")
+    p.backend = Backend::passthrough;
   else if (l == "cudamallocasync")
-    warn_once(w, "backend:cudaMallocAsync is ignored: cudapool serves allocations from its own pool "
-                 "(backend stays " + std::string(p.backend == Backend::native ? "native" : "passthrough") +
-                 "; use backend:passthrough to hand every call to CUDA untouched)");
-  else return "not a backend";
+    warn_once(w,
+              "backend:cudaMallocAsync is ignored: cudapool serves allocations from its own pool "
+              "(backend stays " +
+                  std::string(p.backend == Backend::native ? "native" : "passthrough") +
+                  "; use backend:passthrough to hand every call to CUDA untouched)");
+  else
+    return "not a backend";
   return {};
 }
 std::string format_backend(const Policy& p) { return p.backend == Backend::native ? "native" : "passthrough"; }
@@ -162,11 +169,16 @@ bool default_backend(const Policy& p) { return p.backend == Backend::native; }
 
 std::string apply_free_sync(Policy& p, std::string_view v, Warnings&) {
   const std::string l = lower(v);
-  if (l == "gpu_wait") p.pool.free_sync = FreeSync::gpu_wait;
-  else if (l == "fenced") p.pool.free_sync = FreeSync::fenced;
-  else if (l == "device") p.pool.free_sync = FreeSync::device;
-  else if (l == "immediate") p.pool.free_sync = FreeSync::immediate;
-  else return "not a free_sync mode";
+  if (l == "gpu_wait")
+    p.pool.free_sync = FreeSync::gpu_wait;
+  else if (l == "fenced")
+    p.pool.free_sync = FreeSync::fenced;
+  else if (l == "device")
+    p.pool.free_sync = FreeSync::device;
+  else if (l == "immediate")
+    p.pool.free_sync = FreeSync::immediate;
+  else
+    return "not a free_sync mode";
   return {};
 }
 std::string format_free_sync(const Policy& p) {
@@ -187,12 +199,15 @@ bool default_free_host_sync(const Policy& p) { return !p.free_host_sync; }
 std::string apply_log_level(Policy& p, std::string_view v, Warnings&) {
   // spdlog's names, plus its aliases "warning" and "err", stored in the canonical spelling.
   const std::string l = lower(v);
-  static constexpr std::array<std::string_view, 7> names{"trace", "debug", "info", "warn",
-                                                         "error", "critical", "off"};
-  if (l == "warning") p.log_level = "warn";
-  else if (l == "err") p.log_level = "error";
-  else if (std::find(names.begin(), names.end(), l) != names.end()) p.log_level = l;
-  else return "not a log level";
+  static constexpr std::array<std::string_view, 7> names{"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (l == "warning")
+    p.log_level = "warn";
+  else if (l == "err")
+    p.log_level = "error";
+  else if (std::find(names.begin(), names.end(), l) != names.end())
+    p.log_level = l;
+  else
+    return "not a log level";
   return {};
 }
 std::string format_log_level(const Policy& p) { return p.log_level; }
@@ -283,9 +298,12 @@ constexpr int kSigUsr1 = 10, kSigUsr2 = 12;  // Linux numbering (x86-64, arm64)
 std::string apply_dump_signal(Policy& p, std::string_view v, Warnings&) {
   std::string l = lower(v);
   if (l.starts_with("sig")) l.erase(0, 3);
-  if (l == "off" || l == "none" || l == "0" || l == "false") p.dump_signal = 0;
-  else if (l == "usr1") p.dump_signal = kSigUsr1;
-  else if (l == "usr2") p.dump_signal = kSigUsr2;
+  if (l == "off" || l == "none" || l == "0" || l == "false")
+    p.dump_signal = 0;
+  else if (l == "usr1")
+    p.dump_signal = kSigUsr1;
+  else if (l == "usr2")
+    p.dump_signal = kSigUsr2;
   else {
     std::uint64_t n = 0;
     if (!parse_uint(v, n).empty()) return "not a signal name or number";
@@ -338,105 +356,260 @@ constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory
 using K = ValueKind;
 const std::array<KeySpec, 36> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
-    {"max_split_size_mb", K::integer, "a whole number of MiB >= 20 (unset = no limit)", "128",
+    {"max_split_size_mb",
+     K::integer,
+     "a whole number of MiB >= 20 (unset = no limit)",
+     "128",
      "blocks this large or larger are never split and serve only requests of at least this size",
-     {}, apply_max_split, format_max_split, default_max_split},
-    {"max_non_split_rounding_mb", K::integer, "a whole number of MiB >= 20", "40",
+     {},
+     apply_max_split,
+     format_max_split,
+     default_max_split},
+    {"max_non_split_rounding_mb",
+     K::integer,
+     "a whole number of MiB >= 20",
+     "40",
      "a request >= max_split_size_mb takes a cached oversize block only if it wastes less than this",
-     {}, apply_non_split, format_non_split, default_non_split},
-    {"roundup_power2_divisions", K::roundup,
-     "0 or a power of two <= 2^31, or a list [MiB:N,...,>:N] of power-of-two MiB boundaries", "[256:1,512:2,>:4]",
+     {},
+     apply_non_split,
+     format_non_split,
+     default_non_split},
+    {"roundup_power2_divisions",
+     K::roundup,
+     "0 or a power of two <= 2^31, or a list [MiB:N,...,>:N] of power-of-two MiB boundaries",
+     "[256:1,512:2,>:4]",
      "round request sizes up to one of N equal steps between powers of two (0 = plain 512 B rounding)",
-     {}, apply_roundup, format_roundup_key, default_roundup},
-    {"garbage_collection_threshold", K::number, "a number strictly between 0 and 1", "0.8",
+     {},
+     apply_roundup,
+     format_roundup_key,
+     default_roundup},
+    {"garbage_collection_threshold",
+     K::number,
+     "a number strictly between 0 and 1",
+     "0.8",
      "free old cached blocks when reserved memory exceeds this fraction of the allowed memory "
      "(the limit set by per_process_memory_fraction or max_reserved_mb, else the device's total memory)",
-     {}, apply_gc, format_gc, default_gc},
-    {"expandable_segments", K::boolean, "True or False (any case)", "False",
+     {},
+     apply_gc,
+     format_gc,
+     default_gc},
+    {"expandable_segments",
+     K::boolean,
+     "True or False (any case)",
+     "False",
      "grow one virtual range per pool kind (small, large) by mapping pages instead of allocating separate segments",
-     {}, apply_expandable, format_expandable, default_expandable},
-    {"release_lock_on_cudamalloc", K::boolean, "True or False (any case)", "True",
+     {},
+     apply_expandable,
+     format_expandable,
+     default_expandable},
+    {"release_lock_on_cudamalloc",
+     K::boolean,
+     "True or False (any case)",
+     "True",
      "drop the pool lock while CUDA allocates or frees a segment",
-     {}, apply_release_lock, format_release_lock, default_release_lock},
-    {"per_process_memory_fraction", K::number, "a number in [0, 1] (0 = no limit)", "0.9",
+     {},
+     apply_release_lock,
+     format_release_lock,
+     default_release_lock},
+    {"per_process_memory_fraction",
+     K::number,
+     "a number in [0, 1] (0 = no limit)",
+     "0.9",
      "reserved memory may not exceed this fraction of the device's total memory",
-     {}, apply_fraction, format_fraction, default_fraction},
-    {"backend", K::choice, "native, passthrough (cudaMallocAsync is accepted and ignored)", "native",
+     {},
+     apply_fraction,
+     format_fraction,
+     default_fraction},
+    {"backend",
+     K::choice,
+     "native, passthrough (cudaMallocAsync is accepted and ignored)",
+     "native",
      "native = serve allocations from the pool; passthrough = hand every call to CUDA untouched",
-     {}, apply_backend, format_backend, default_backend},
+     {},
+     apply_backend,
+     format_backend,
+     default_backend},
     // cudapool's own keys.
-    {"free_sync", K::choice, "gpu_wait, fenced, device or immediate", "fenced",
+    {"free_sync",
+     K::choice,
+     "gpu_wait, fenced, device or immediate",
+     "fenced",
      "when memory freed by cudaFree may be reused: gpu_wait = after a device-wide fence completes, "
      "or at once when memory is short, with every stream made to wait on the GPU for that fence; "
      "fenced = only after the fence completes (the pool grows meanwhile); device = the same, the "
      "host waiting on the fence when memory is short; immediate = at once on its allocation stream "
      "(PyTorch's semantics; unsafe for programs that rely on cudaFree's wait)",
-     {}, apply_free_sync, format_free_sync, default_free_sync},
-    {"free_host_sync", K::boolean, "True or False (any case)", "True",
+     {},
+     apply_free_sync,
+     format_free_sync,
+     default_free_sync},
+    {"free_host_sync",
+     K::boolean,
+     "True or False (any case)",
+     "True",
      "cudaFree also returns only after the device has finished all earlier work, as CUDA's own does "
      "(for programs that read results through mapped host memory after a cudaFree); costs what "
      "CUDA's wait costs",
-     {}, apply_free_host_sync, format_free_host_sync, default_free_host_sync},
-    {"expandable_wait", K::boolean, "True or False (any case)", "False",
+     {},
+     apply_free_host_sync,
+     format_free_host_sync,
+     default_free_host_sync},
+    {"expandable_wait",
+     K::boolean,
+     "True or False (any case)",
+     "False",
      "with expandable_segments: before mapping memory beyond the most ever reserved, wait for the "
      "oldest fence of freed memory that would cover the growth instead of mapping new pages",
-     {}, apply_expandable_wait, format_expandable_wait, default_expandable_wait},
-    {"expandable_page_mb", K::integer, "a whole number of MiB <= 1024 (0 = the driver's granularity, 2 MiB on current GPUs)",
+     {},
+     apply_expandable_wait,
+     format_expandable_wait,
+     default_expandable_wait},
+    {"expandable_page_mb",
+     K::integer,
+     "a whole number of MiB <= 1024 (0 = the driver's granularity, 2 MiB on current GPUs)",
      "20",
      "with expandable_segments: the large pool maps memory in pages of this size (rounded up to the "
      "driver's granularity), one physical allocation each; larger pages make growth cheaper (CUDA's "
      "map calls cost per allocation), smaller ones give memory back and recycle it more finely",
-     {}, apply_expandable_page, format_expandable_page, default_expandable_page},
-    {"expandable_unit_mb", K::integer, "a whole number of MiB <= 1024 (0 = one page per physical allocation)",
+     {},
+     apply_expandable_page,
+     format_expandable_page,
+     default_expandable_page},
+    {"expandable_unit_mb",
+     K::integer,
+     "a whole number of MiB <= 1024 (0 = one page per physical allocation)",
      "64",
      "with expandable_segments: growth maps fresh memory in physical allocations of up to this size "
      "(whole pages); CUDA's map calls cost per allocation, so larger units make growth cheaper, while "
      "a unit is recycled or given back only when all of it is free",
-     {}, apply_expandable_unit, format_expandable_unit, default_expandable_unit},
-    {"expandable_headroom", K::number, "a number in [0, 1)", "0.03",
+     {},
+     apply_expandable_unit,
+     format_expandable_unit,
+     default_expandable_unit},
+    {"expandable_headroom",
+     K::number,
+     "a number in [0, 1)",
+     "0.03",
      "with expandable_segments: map fresh pages without recycling or waiting while the mapped total "
      "stays within the peak of allocated bytes times 1 + this (0 = recycle at the memory floor)",
-     {}, apply_expandable_headroom, format_expandable_headroom, default_expandable_headroom},
-    {"expandable_peer_access", K::boolean, "True or False (any case)", "True",
+     {},
+     apply_expandable_headroom,
+     format_expandable_headroom,
+     default_expandable_headroom},
+    {"expandable_peer_access",
+     K::boolean,
+     "True or False (any case)",
+     "True",
      "with expandable_segments: also let every other GPU that can reach this one (peer access) read "
      "and write the pool's pages; off, only the owning GPU can",
-     {}, apply_peer_access, format_peer_access, default_peer_access},
-    {"max_reserved_mb", K::integer, "a whole number of MiB (0 = no limit)", "16384",
+     {},
+     apply_peer_access,
+     format_peer_access,
+     default_peer_access},
+    {"max_reserved_mb",
+     K::integer,
+     "a whole number of MiB (0 = no limit)",
+     "16384",
      "absolute cap on the memory the pool reserves from the device",
-     {}, apply_max_reserved, format_max_reserved, default_max_reserved},
-    {"log_level", K::choice, "trace, debug, info, warn, error, critical or off", "info",
-     "how much cudapool logs", {}, apply_log_level, format_log_level, default_log_level},
-    {"log_file", K::text, "a path; %p = process id, %h = host name, %% = % (empty = stderr)",
-     "/tmp/cudapool-%p.log", "where the log goes", {}, apply_log_file, format_log_file, default_log_file},
-    {"trace_file", K::text, "a path; %p, %h, %% as for log_file (empty = no trace)",
-     "/tmp/cudapool-%p.csv", "write one CSV line per pool event here",
-     {}, apply_trace_file, format_trace_file, default_trace_file},
-    {"stats_file", K::text, "a path; %p, %h, %% as for log_file (empty = none)",
-     "/tmp/cudapool-%p.json", "write a JSON summary of the pool's counters here at exit",
-     {}, apply_stats_file, format_stats_file, default_stats_file},
-    {"dump_signal", K::choice, "off, SIGUSR1, SIGUSR2 or a signal number (not a fault or job-control signal)",
-     "SIGUSR1", "on this signal, log the pool's stats table and a snapshot of every device and flush the "
+     {},
+     apply_max_reserved,
+     format_max_reserved,
+     default_max_reserved},
+    {"log_level",
+     K::choice,
+     "trace, debug, info, warn, error, critical or off",
+     "info",
+     "how much cudapool logs",
+     {},
+     apply_log_level,
+     format_log_level,
+     default_log_level},
+    {"log_file",
+     K::text,
+     "a path; %p = process id, %h = host name, %% = % (empty = stderr)",
+     "/tmp/cudapool-%p.log",
+     "where the log goes",
+     {},
+     apply_log_file,
+     format_log_file,
+     default_log_file},
+    {"trace_file",
+     K::text,
+     "a path; %p, %h, %% as for log_file (empty = no trace)",
+     "/tmp/cudapool-%p.csv",
+     "write one CSV line per pool event here",
+     {},
+     apply_trace_file,
+     format_trace_file,
+     default_trace_file},
+    {"stats_file",
+     K::text,
+     "a path; %p, %h, %% as for log_file (empty = none)",
+     "/tmp/cudapool-%p.json",
+     "write a JSON summary of the pool's counters here at exit",
+     {},
+     apply_stats_file,
+     format_stats_file,
+     default_stats_file},
+    {"dump_signal",
+     K::choice,
+     "off, SIGUSR1, SIGUSR2 or a signal number (not a fault or job-control signal)",
+     "SIGUSR1",
+     "on this signal, log the pool's stats table and a snapshot of every device and flush the "
      "trace; the program keeps running (see docs/shim.md)",
-     {}, apply_dump_signal, format_dump_signal, default_dump_signal},
-    {"group", K::text, "a name of letters, digits, '_', '-' or '.' (at most 48; empty = no group)", "serving",
+     {},
+     apply_dump_signal,
+     format_dump_signal,
+     default_dump_signal},
+    {"group",
+     K::text,
+     "a name of letters, digits, '_', '-' or '.' (at most 48; empty = no group)",
+     "serving",
      "processes of this user on one GPU with the same group share one budget of reserved memory "
      "(needs group_budget_mb or group_budget_fraction)",
-     {}, apply_group, format_group, default_group},
-    {"group_budget_mb", K::integer, "a whole number of MiB (0 = not set)", "40960",
+     {},
+     apply_group,
+     format_group,
+     default_group},
+    {"group_budget_mb",
+     K::integer,
+     "a whole number of MiB (0 = not set)",
+     "40960",
      "with group: the reserved memory of all the group's processes on one GPU together stays under this",
-     {}, apply_group_budget, format_group_budget, default_group_budget},
-    {"group_budget_fraction", K::number, "a number in [0, 1] (0 = not set)", "0.8",
+     {},
+     apply_group_budget,
+     format_group_budget,
+     default_group_budget},
+    {"group_budget_fraction",
+     K::number,
+     "a number in [0, 1] (0 = not set)",
+     "0.8",
      "with group: the group's budget as a fraction of the device's total memory (with group_budget_mb too, "
      "the tighter applies)",
-     {}, apply_group_fraction, format_group_fraction, default_group_fraction},
-    {"group_release_wait_ms", K::integer, "a whole number of milliseconds <= 10000 (0 = do not ask)", "250",
+     {},
+     apply_group_fraction,
+     format_group_fraction,
+     default_group_fraction},
+    {"group_release_wait_ms",
+     K::integer,
+     "a whole number of milliseconds <= 10000 (0 = do not ask)",
+     "250",
      "with group: an allocation the budget refuses asks the other processes of the group to give back "
      "idle cached memory and waits up to this long before returning out-of-memory",
-     {}, apply_group_wait, format_group_wait, default_group_wait},
-    {"publish_stats", K::boolean, "True or False (any case)", "False",
+     {},
+     apply_group_wait,
+     format_group_wait,
+     default_group_wait},
+    {"publish_stats",
+     K::boolean,
+     "True or False (any case)",
+     "False",
      "publish this process's pool figures every 250 ms for `cudapool top` (a small file in /dev/shm, "
      "readable by this user only)",
-     {}, apply_publish_stats, format_publish_stats, default_publish_stats},
+     {},
+     apply_publish_stats,
+     format_publish_stats,
+     default_publish_stats},
     // PyTorch keys accepted for compatibility with no effect here.
     {"pinned_use_cuda_host_register", K::boolean, "True or False (any case)", "False",
      "PyTorch: pin host memory with cudaHostRegister", kPinned, ignore_bool, nullptr, nullptr},
@@ -450,19 +623,32 @@ const std::array<KeySpec, 36> kKeys{{
      "PyTorch: size of the pinned-memory reserve", kPinned, ignore_positive_mib, nullptr, nullptr},
     {"pinned_max_round_threshold_mb", K::integer, "a whole number of MiB", "64",
      "PyTorch: largest pinned request rounded to a power of two", kPinned, ignore_mib, nullptr, nullptr},
-    {"pinned_max_cached_size_mb", K::integer, "a whole number of MiB", "1024",
-     "PyTorch: cap on cached pinned memory", kPinned, ignore_mib, nullptr, nullptr},
+    {"pinned_max_cached_size_mb", K::integer, "a whole number of MiB", "1024", "PyTorch: cap on cached pinned memory",
+     kPinned, ignore_mib, nullptr, nullptr},
     {"graph_capture_record_stream_reuse", K::boolean, "True or False (any case)", "False",
      "PyTorch: reuse of recorded-stream blocks during CUDA graph capture",
      "it tunes PyTorch's CUDA-graph private pools, which cudapool does not have", ignore_bool, nullptr, nullptr},
-    {"release_lock_on_hipmalloc", K::boolean, "True or False (any case)", "True",
+    {"release_lock_on_hipmalloc",
+     K::boolean,
+     "True or False (any case)",
+     "True",
      "the same as release_lock_on_cudamalloc (PyTorch accepts either spelling on every build)",
-     {}, apply_release_lock, nullptr, nullptr, "release_lock_on_cudamalloc"},
+     {},
+     apply_release_lock,
+     nullptr,
+     nullptr,
+     "release_lock_on_cudamalloc"},
     // Changes device segment sizes in newer PyTorch; running without it would not be the policy
     // the user wrote, so it is refused rather than ignored.
-    {"large_segment_size_mb", K::integer, "not supported", "20",
+    {"large_segment_size_mb",
+     K::integer,
+     "not supported",
+     "20",
      "PyTorch: segment size for requests under 10 MiB (not supported by cudapool)",
-     {}, refuse, nullptr, nullptr},
+     {},
+     refuse,
+     nullptr,
+     nullptr},
 }};
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
@@ -530,8 +716,7 @@ std::string suggest_key(std::string_view unknown) {
   return "valid keys: " + list + " (and PyTorch's pinned_* keys, accepted and ignored)";
 }
 
-std::string bad_value_message(const KeySpec& key, std::string_view value, std::string_view reason,
-                              bool toml) {
+std::string bad_value_message(const KeySpec& key, std::string_view value, std::string_view reason, bool toml) {
   std::string example;
   if (toml) {
     const bool quoted = key.kind == K::choice || key.kind == K::text ||
@@ -547,8 +732,7 @@ std::string bad_value_message(const KeySpec& key, std::string_view value, std::s
   return msg + "; allowed: " + std::string(key.allowed) + ", e.g. " + example;
 }
 
-std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view value,
-                          std::string origin, bool toml) {
+std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view value, std::string origin, bool toml) {
   if (std::string why = key.apply(policy, value, policy.warnings); !why.empty())
     return bad_value_message(key, value, why, toml);
   if (!key.ignored_because.empty())
@@ -577,8 +761,8 @@ std::string key_table_markdown() {
   for (const KeySpec& k : kKeys) {
     std::string help(k.help);
     if (!k.ignored_because.empty()) help += "; **ignored**: " + std::string(k.ignored_because);
-    s += "| `" + std::string(k.name) + "` | " + std::string(kind_name(k.kind)) + " | " +
-         std::string(k.allowed) + " | " + default_cell(k, defaults) + " | " + help + " |\n";
+    s += "| `" + std::string(k.name) + "` | " + std::string(kind_name(k.kind)) + " | " + std::string(k.allowed) +
+         " | " + default_cell(k, defaults) + " | " + help + " |\n";
   }
   return s;
 }

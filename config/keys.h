@@ -43,12 +43,10 @@ const KeySpec* find_key(std::string_view name);
 // valid keys.
 std::string suggest_key(std::string_view unknown);
 // "bad value 'X' for KEY (REASON); allowed: FORM, e.g. KEY:EXAMPLE" — `toml` picks the example's syntax.
-std::string bad_value_message(const KeySpec& key, std::string_view value, std::string_view reason,
-                              bool toml);
+std::string bad_value_message(const KeySpec& key, std::string_view value, std::string_view reason, bool toml);
 // Applies `value` to `key` in `policy`: "" on success (origin recorded, or the one "is ignored"
 // warning added), else bad_value_message() without the location (the caller prefixes it).
-std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view value,
-                          std::string origin, bool toml);
+std::string apply_setting(Policy& policy, const KeySpec& key, std::string_view value, std::string origin, bool toml);
 // The Markdown table of every key (docs/policy.md embeds it verbatim; a test keeps them equal).
 std::string key_table_markdown();
 // The short table README.md embeds: key, default, what it does, for the keys that set something

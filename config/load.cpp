@@ -58,8 +58,10 @@ std::string read_policy_file(const std::string& path, const std::string& name, s
 
 std::string parse_on_error(std::string_view text, OnError& out) {
   const std::string l = config::lower(text);
-  if (l.empty() || l == "stop") out = OnError::stop;
-  else if (l == "passthrough") out = OnError::passthrough;
+  if (l.empty() || l == "stop")
+    out = OnError::stop;
+  else if (l == "passthrough")
+    out = OnError::passthrough;
   else
     return "CUDAPOOL_ON_ERROR=" + std::string(text) +
            ": not a choice; use stop (the default: an invalid policy stops a CUDA process with exit status " +
@@ -96,8 +98,10 @@ std::string check_group(const Policy& p) {
            "or remove group";
   if (p.group.empty() && budget) {
     const std::string key = p.group_budget != 0 ? "group_budget_mb" : "group_budget_fraction";
-    return key + " (" + p.origin.at(key) + ") is set but group is not; add group:NAME (the processes "
-           "that share the budget use the same name) or remove " + key;
+    return key + " (" + p.origin.at(key) +
+           ") is set but group is not; add group:NAME (the processes "
+           "that share the budget use the same name) or remove " +
+           key;
   }
   return {};
 }
@@ -120,8 +124,8 @@ PolicyResult load(const PolicySources& src) {
       r.error = std::move(e);
       return r;
     }
-    if (std::string e = config::apply_toml(text, src.config_path, src.profile, src.command_line, p,
-                                           src.profile_name, src.config_name);
+    if (std::string e = config::apply_toml(text, src.config_path, src.profile, src.command_line, p, src.profile_name,
+                                           src.config_name);
         !e.empty()) {
       r.error = std::move(e);
       return r;
@@ -159,8 +163,8 @@ PolicyResult load(const PolicySources& src) {
   // Files written at exit (the summary) or all along (the trace): a path that cannot be written
   // is found now, while the message can still stop the run, not after hours of work.
   if (src.check_outputs)
-    for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"trace_file", &p.trace_file},
-                                    {"stats_file", &p.stats_file}})
+    for (const auto& [key, path] :
+         {std::pair<const char*, const std::string*>{"trace_file", &p.trace_file}, {"stats_file", &p.stats_file}})
       if (!path->empty())
         if (std::string e = check_output_file(*path, key, p.origin[key]); !e.empty()) {
           r.error = std::move(e);
@@ -175,7 +179,8 @@ PolicyResult load(const PolicySources& src) {
 
 std::string check_output_file(const std::string& pattern, const std::string& key, const std::string& origin) {
   const std::string path = expand_path_pattern(pattern);
-  const std::string who = key + " '" + pattern + "'" + (origin.empty() || origin == "default" ? "" : " (" + origin + ")");
+  const std::string who = key + " '" + pattern + "'" +
+                          (origin.empty() || origin == "default" ? "" : " (" + origin + ")");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return who + " is a directory; name a file in it instead";
@@ -190,8 +195,7 @@ std::string check_output_file(const std::string& pattern, const std::string& key
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return who + ": directory '" + dir + "' does not exist; create it or choose another path";
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    return who + ": cannot create a file in '" + dir + "' (" + std::strerror(errno) +
-           "); choose a writable directory";
+    return who + ": cannot create a file in '" + dir + "' (" + std::strerror(errno) + "); choose a writable directory";
   return {};
 }
 

@@ -12,10 +12,16 @@ std::string expand_path_pattern(std::string_view pattern, long pid, std::string_
       continue;
     }
     const char c = pattern[++i];
-    if (c == 'p') out += std::to_string(pid);
-    else if (c == 'h') out += host;
-    else if (c == '%') out += '%';
-    else { out += '%'; out += c; }
+    if (c == 'p')
+      out += std::to_string(pid);
+    else if (c == 'h')
+      out += host;
+    else if (c == '%')
+      out += '%';
+    else {
+      out += '%';
+      out += c;
+    }
   }
   return out;
 }

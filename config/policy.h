@@ -25,11 +25,11 @@ struct Policy {
     return o;
   }();
   Backend backend = Backend::native;
-  std::string log_level = "warn";   // spdlog names: trace debug info warn error critical off
-  std::string log_file;             // empty = stderr; %p = pid (see docs/policy.md)
-  std::string trace_file;           // empty = no trace
-  std::string stats_file;           // empty = no JSON summary
-  int dump_signal = 0;              // 0 = off; else the signal that dumps stats + snapshot to the log
+  std::string log_level = "warn";  // spdlog names: trace debug info warn error critical off
+  std::string log_file;            // empty = stderr; %p = pid (see docs/policy.md)
+  std::string trace_file;          // empty = no trace
+  std::string stats_file;          // empty = no JSON summary
+  int dump_signal = 0;             // 0 = off; else the signal that dumps stats + snapshot to the log
   // expandable_segments: pages are also readable/writable by every other GPU that can reach the
   // owning one (cuDeviceCanAccessPeer); off: the owning device only.
   bool expandable_peer_access = false;
@@ -40,8 +40,8 @@ struct Policy {
   // A group of processes of this user on one GPU that share one budget of reserved memory
   // (docs/design.md, "The group ledger"). Empty = no group.
   std::string group;
-  std::size_t group_budget = 0;         // bytes; 0 = not set
-  double group_budget_fraction = 0.0;   // of the device's total memory; 0 = not set
+  std::size_t group_budget = 0;        // bytes; 0 = not set
+  double group_budget_fraction = 0.0;  // of the device's total memory; 0 = not set
   // How long an allocation that the group's budget refuses waits for other members to give
   // back idle cached memory before it returns out-of-memory.
   int group_release_wait_ms = 100;

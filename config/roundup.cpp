@@ -22,7 +22,10 @@ std::string strip_spaces(std::string_view text) {
 std::string parse_divisions(std::string_view text, bool zero_ok, std::uint32_t& out) {
   std::uint64_t v = 0;
   if (std::string why = parse_uint(text, v); !why.empty()) return "'" + std::string(text) + "' is " + why;
-  if (v == 0 && zero_ok) { out = 0; return {}; }
+  if (v == 0 && zero_ok) {
+    out = 0;
+    return {};
+  }
   if (!is_power_of_two(v) || v > kMaxRoundupDivisions)
     return "divisions '" + std::string(text) + "' is not a power of two in [1, 2^31]";
   out = static_cast<std::uint32_t>(v);
@@ -61,8 +64,7 @@ std::string parse_roundup(std::string_view raw, RoundupBuckets& out) {
       return "entry " + std::to_string(entry_no) + " is empty";
     }
     std::size_t sep = entry.find_first_of(":=");
-    if (sep == std::string_view::npos)
-      return "entry '" + std::string(entry) + "' is not BOUNDARY:DIVISIONS";
+    if (sep == std::string_view::npos) return "entry '" + std::string(entry) + "' is not BOUNDARY:DIVISIONS";
     std::string_view key = entry.substr(0, sep);
     std::uint32_t d = 0;
     if (std::string why = parse_divisions(entry.substr(sep + 1), true, d); !why.empty())

@@ -27,8 +27,7 @@ struct TomlCheckFailed : std::runtime_error {
 #pragma push_macro("NDEBUG")
 #undef NDEBUG
 #undef TOML_ASSERT
-#define TOML_ASSERT(expr) \
-  ((expr) ? static_cast<void>(0) : throw ::cudapool::config::TomlCheckFailed(#expr))
+#define TOML_ASSERT(expr) ((expr) ? static_cast<void>(0) : throw ::cudapool::config::TomlCheckFailed(#expr))
 #include <toml++/impl/preprocessor.h>
 // toml++ 3.3's generated is_non_ascii_horizontal_whitespace() reaches TOML_UNREACHABLE
 // (__builtin_unreachable) for U+00A1..U+0499 and U+FB26..U+FEFE, which are not whitespace: its
@@ -49,8 +48,8 @@ namespace cudapool::config {
 namespace {
 
 // [log] spells four policy keys shorter.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kLogKeys{{
-    {"level", "log_level"}, {"file", "log_file"}, {"trace_file", "trace_file"}, {"stats_file", "stats_file"}}};
+constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kLogKeys{
+    {{"level", "log_level"}, {"file", "log_file"}, {"trace_file", "trace_file"}, {"stats_file", "stats_file"}}};
 
 std::string_view type_name(const toml::node& n) {
   switch (n.type()) {
@@ -92,8 +91,8 @@ class Loader {
       const std::string_view name = k.str();
       if (name == "policy" || name == "log" || name == "profiles") {
         if (!node.is_table())
-          return where(node) + ": '" + std::string(name) + "' must be a table ([" + std::string(name) +
-                 "]), not " + std::string(type_name(node));
+          return where(node) + ": '" + std::string(name) + "' must be a table ([" + std::string(name) + "]), not " +
+                 std::string(type_name(node));
         continue;
       }
       if (find_key(name) != nullptr)
@@ -106,25 +105,39 @@ class Loader {
     seen_ = &base_seen;
     scope_ = "the file's [policy] and [log]";
     if (const toml::table* t = doc["policy"].as_table())
-      if (std::string e = section(*t, "[policy]", [&](const toml::node& n) { return "file " + where(n); }, p); !e.empty())
+      if (std::string e = section(
+              *t, "[policy]", [&](const toml::node& n) { return "file " + where(n); }, p);
+          !e.empty())
         return e;
     if (const toml::table* t = doc["log"].as_table())
-      if (std::string e = log_section(*t, "[log]", [&](const toml::node& n) { return "file " + where(n); }, p); !e.empty())
+      if (std::string e = log_section(
+              *t, "[log]", [&](const toml::node& n) { return "file " + where(n); }, p);
+          !e.empty())
         return e;
     return profiles(doc["profiles"].as_table(), profile, p);
   }
 
  private:
-  std::string where(const toml::node& n) const {
-    return path_ + ":" + std::to_string(n.source().begin.line);
-  }
+  std::string where(const toml::node& n) const { return path_ + ":" + std::to_string(n.source().begin.line); }
 
   // A TOML value as the text the key's parser reads (the same parser the env string uses).
   std::string text_of(const KeySpec& key, const toml::node& n, std::string& value) const {
-    if (const auto* v = n.as_string()) { value = v->get(); return {}; }
-    if (const auto* v = n.as_boolean()) { value = v->get() ? "true" : "false"; return {}; }
-    if (const auto* v = n.as_integer()) { value = std::to_string(v->get()); return {}; }
-    if (const auto* v = n.as_floating_point()) { value = format_number(v->get()); return {}; }
+    if (const auto* v = n.as_string()) {
+      value = v->get();
+      return {};
+    }
+    if (const auto* v = n.as_boolean()) {
+      value = v->get() ? "true" : "false";
+      return {};
+    }
+    if (const auto* v = n.as_integer()) {
+      value = std::to_string(v->get());
+      return {};
+    }
+    if (const auto* v = n.as_floating_point()) {
+      value = format_number(v->get());
+      return {};
+    }
     if (const auto* t = n.as_table(); t != nullptr && key.kind == ValueKind::roundup) {
       // {256 = 1, 512 = 2, ">" = 4}: TOML tables have no order, so entries go by boundary, '>' last.
       std::vector<std::pair<std::string, std::string>> entries;
@@ -176,8 +189,7 @@ class Loader {
       const std::string_view name = k.str();
       if (profile && name == "match") continue;
       if (profile && name == "log" && node.is_table()) {
-        if (std::string e = log_section(*node.as_table(), std::string(label) + ".log", origin, p); !e.empty())
-          return e;
+        if (std::string e = log_section(*node.as_table(), std::string(label) + ".log", origin, p); !e.empty()) return e;
         continue;
       }
       const KeySpec* key = find_key(name);
@@ -206,7 +218,10 @@ class Loader {
   std::string globs(const toml::table& t, std::vector<std::string>& out) const {
     const toml::node* m = t.get("match");
     if (m == nullptr) return {};
-    if (const auto* s = m->as_string()) { out.push_back(s->get()); return {}; }
+    if (const auto* s = m->as_string()) {
+      out.push_back(s->get());
+      return {};
+    }
     if (const auto* a = m->as_array()) {
       for (const toml::node& g : *a) {
         const auto* s = g.as_string();
@@ -246,7 +261,9 @@ class Loader {
         std::map<std::string, std::string> profile_seen;
         seen_ = &profile_seen;
         scope_ = label;
-        if (std::string e = section(*t, label, [](const toml::node&) { return std::string(); }, scratch, true); !e.empty())
+        if (std::string e = section(
+                *t, label, [](const toml::node&) { return std::string(); }, scratch, true);
+            !e.empty())
           return e;
         names.push_back(name);
         if (const std::string* g = matching(gs)) {
@@ -275,7 +292,8 @@ class Loader {
         msg += (i == 0 ? "'" : i + 1 == matched.size() ? "' and '" : "', '") + matched[i];
       return msg + "' in " + path_ + " all match the command line '" + std::string(command_line_) +
              "'; choose one with " +
-             (profile_name_.rfind("--", 0) == 0 ? std::string(profile_name_) + " NAME" : std::string(profile_name_) + "=NAME") +
+             (profile_name_.rfind("--", 0) == 0 ? std::string(profile_name_) + " NAME"
+                                                : std::string(profile_name_) + "=NAME") +
              " or make their match globs narrower";
     } else if (matched.size() == 1) {
       pick = matched.front();
@@ -288,7 +306,8 @@ class Loader {
     scope_ = "[profiles." + pick + "]";
     const toml::table& t = *(*all)[pick].as_table();
     const std::string label = "[profiles." + pick + "]";
-    return section(t, label, [&](const toml::node& n) { return "profile " + pick + " (" + where(n) + ")"; }, p, true);
+    return section(
+        t, label, [&](const toml::node& n) { return "profile " + pick + " (" + where(n) + ")"; }, p, true);
   }
 
   const std::string& path_;

@@ -15,8 +15,7 @@ namespace cudapool::config {
 // or a key and its alias) warns with both lines. `profile_name` and `config_name` are how
 // messages name the two settings (the variables, or `cudapool`'s flags).
 std::string apply_toml(std::string_view text, const std::string& path, std::string_view profile,
-                       std::string_view command_line, Policy& p,
-                       std::string_view profile_name = "CUDAPOOL_PROFILE",
+                       std::string_view command_line, Policy& p, std::string_view profile_name = "CUDAPOOL_PROFILE",
                        std::string_view config_name = "CUDAPOOL_CONFIG");
 
 }  // namespace cudapool::config

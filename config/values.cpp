@@ -8,8 +8,7 @@ namespace cudapool::config {
 
 std::string parse_uint(std::string_view text, std::uint64_t& out) {
   if (text.empty()) return "empty";
-  if (!std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return "not a whole number";
+  if (!std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) return "not a whole number";
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
   if (ec == std::errc::result_out_of_range) return "too large";
   if (ec != std::errc() || end != text.data() + text.size()) return "not a whole number";
@@ -26,15 +25,20 @@ std::string parse_number(std::string_view text, double& out) {
       }))
     return "not a number";
   auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), out);
-  if (ec != std::errc() || end != body.data() + body.size() || !std::isfinite(out))
-    return "not a number";
+  if (ec != std::errc() || end != body.data() + body.size() || !std::isfinite(out)) return "not a number";
   return {};
 }
 
 std::string parse_bool(std::string_view text, bool& out) {
   std::string l = lower(text);
-  if (l == "true") { out = true; return {}; }
-  if (l == "false") { out = false; return {}; }
+  if (l == "true") {
+    out = true;
+    return {};
+  }
+  if (l == "false") {
+    out = false;
+    return {};
+  }
   return "not a boolean";
 }
 
@@ -55,8 +59,7 @@ std::string format_number(double v) {
 }
 
 void warn_once(std::vector<std::string>& warnings, std::string message) {
-  if (std::find(warnings.begin(), warnings.end(), message) == warnings.end())
-    warnings.push_back(std::move(message));
+  if (std::find(warnings.begin(), warnings.end(), message) == warnings.end()) warnings.push_back(std::move(message));
 }
 
 }  // namespace cudapool::config

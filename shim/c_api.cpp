@@ -26,8 +26,8 @@ void append_snapshot(std::string& out, const Snapshot& snap, bool& first_segment
                    "  {{\"device\": {}, \"address\": {}, \"total_size\": {}, \"allocated_size\": {}, "
                    "\"active_size\": {}, \"requested_size\": {}, \"stream\": {}, \"segment_type\": \"{}\", "
                    "\"is_expandable\": {}, \"blocks\": [",
-                   s.device, s.address, s.total_size, s.allocated_size, s.active_size, s.requested_size,
-                   s.stream, s.is_small ? "small" : "large", s.is_expandable ? "true" : "false");
+                   s.device, s.address, s.total_size, s.allocated_size, s.active_size, s.requested_size, s.stream,
+                   s.is_small ? "small" : "large", s.is_expandable ? "true" : "false");
     bool first_block = true;
     for (const BlockInfo& b : s.blocks) {
       fmt::format_to(std::back_inserter(out),
@@ -85,7 +85,8 @@ CUDAPOOL_EXPORT size_t cudapool_memory_stats_json(int device, char* buf, size_t 
     rt->for_each_pool([&](ContextPool& cp) {
       if (cp.device != device) return;
       auto flat = flatten_stats(cp.pool.stats());
-      if (sum.empty()) sum = std::move(flat);
+      if (sum.empty())
+        sum = std::move(flat);
       else
         for (std::size_t i = 0; i < sum.size() && i < flat.size(); ++i) sum[i].second += flat[i].second;
     });

@@ -84,7 +84,6 @@ inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;
 inline constexpr int CU_POINTER_ATTRIBUTE_MAPPED = 13;
 inline constexpr int CU_MEMORYTYPE_DEVICE = 0x2;
 
-
 // Virtual memory management (expandable segments). Layouts are cuda.h's CUmemLocation,
 // CUmemAllocationProp and CUmemAccessDesc (checked field by field in shim_abi_test.cpp).
 using CUmemGenericAllocationHandle = unsigned long long;
@@ -117,12 +116,10 @@ struct CUmemAccessDesc {
 };
 
 // Driver entry points the shim calls or replaces (the _v2 / _ptsz names are the ABI symbols).
-using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64_t,
-                                             CUdriverProcAddressQueryResult*);
+using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
 using PFN_cuGetProcAddress_v1 = CUresult (*)(const char*, void**, int, cuuint64_t);
 using PFN_cuMemAlloc_v2 = CUresult (*)(CUdeviceptr*, std::size_t);
-using PFN_cuMemAllocPitch_v2 = CUresult (*)(CUdeviceptr*, std::size_t*, std::size_t, std::size_t,
-                                            unsigned);
+using PFN_cuMemAllocPitch_v2 = CUresult (*)(CUdeviceptr*, std::size_t*, std::size_t, std::size_t, unsigned);
 using PFN_cuMemFree_v2 = CUresult (*)(CUdeviceptr);
 using PFN_cuMemAllocAsync = CUresult (*)(CUdeviceptr*, std::size_t, CUstream);
 using PFN_cuMemFreeAsync = CUresult (*)(CUdeviceptr, CUstream);
@@ -168,8 +165,7 @@ using PFN_cuEventDestroy_v2 = CUresult (*)(CUevent);
 using PFN_cuCtxSynchronize = CUresult (*)();
 using PFN_cuStreamWaitEvent = CUresult (*)(CUstream, CUevent, unsigned);
 using PFN_cuMemGetAllocationGranularity = CUresult (*)(std::size_t*, const CUmemAllocationProp*, int);
-using PFN_cuMemAddressReserve = CUresult (*)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr,
-                                             unsigned long long);
+using PFN_cuMemAddressReserve = CUresult (*)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr, unsigned long long);
 using PFN_cuMemAddressFree = CUresult (*)(CUdeviceptr, std::size_t);
 using PFN_cuMemCreate = CUresult (*)(CUmemGenericAllocationHandle*, std::size_t, const CUmemAllocationProp*,
                                      unsigned long long);

@@ -14,9 +14,7 @@ FenceHandle handle_of(void* f) { return reinterpret_cast<FenceHandle>(f); }
 thread_local CUcontext tl_known_current = nullptr;
 }  // namespace
 
-CudaFences::ContextGuard::ContextGuard(CUcontext ctx) noexcept : prev_(tl_known_current) {
-  tl_known_current = ctx;
-}
+CudaFences::ContextGuard::ContextGuard(CUcontext ctx) noexcept : prev_(tl_known_current) { tl_known_current = ctx; }
 CudaFences::ContextGuard::~ContextGuard() { tl_known_current = prev_; }
 
 void CudaFences::record_now_locked(Fence* f) {
@@ -74,8 +72,9 @@ void CudaFences::record_locked(Fence* f) {
       f->stream_epoch = streams_epoch_;
       newest_ = f;
     } else {
-      log_warn("could not record a fence on the legacy stream; freed memory is reused only "
-               "after the events on other streams");
+      log_warn(
+          "could not record a fence on the legacy stream; freed memory is reused only "
+          "after the events on other streams");
     }
     for (CUstream s : non_blocking_) record_on_locked(f, s);
   } else {
@@ -221,8 +220,10 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
           legacy_running = true;
         } else {
           others.push_back(f->events[k]);
-          if (only == nullptr) only = f->on[k];
-          else if (only != f->on[k]) several = true;
+          if (only == nullptr)
+            only = f->on[k];
+          else if (only != f->on[k])
+            several = true;
         }
       }
       if (!running) {

@@ -84,15 +84,15 @@ class CudaFences final : public FenceProvider {
     bool deferred = false;
     bool done = false;
     unsigned generation = 0;
-    std::uint64_t seq = 0;  // device fences: recording order (0: not recorded, or legacy record failed)
+    std::uint64_t seq = 0;      // device fences: recording order (0: not recorded, or legacy record failed)
     unsigned stream_epoch = 0;  // streams_epoch_ when recorded
   };
 
   Fence* new_fence_locked();
   CUevent take_event_locked();
   bool record_on_locked(Fence* f, CUstream s);
-  void record_locked(Fence* f);  // the fence's events, now (context made current by the caller)
-  void record_now_locked(Fence* f);  // record_locked with the context made current if needed
+  void record_locked(Fence* f);        // the fence's events, now (context made current by the caller)
+  void record_now_locked(Fence* f);    // record_locked with the context made current if needed
   bool query_events_locked(Fence* f);  // asks the driver; notes completion
   void note_complete_locked(const Fence* f);
 

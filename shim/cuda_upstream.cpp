@@ -9,7 +9,7 @@ namespace cudapool::shim {
 namespace {
 thread_local CUresult tl_last_error = CUDA_SUCCESS;
 thread_local bool tl_budget_refused = false;
-}
+}  // namespace
 
 bool CudaUpstream::budget_refused() noexcept { return tl_budget_refused; }
 void CudaUpstream::clear_budget_refused() noexcept { tl_budget_refused = false; }

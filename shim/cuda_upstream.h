@@ -127,7 +127,7 @@ class CudaUpstream final : public Upstream {
   std::atomic<std::size_t> gated_{0};
   // VMM state, behind its own lock (the pool calls under its lock, the C API from any thread).
   std::mutex vmm_mu_;
-  int device_ = -1;          // -1: not looked up yet, -2: VMM unusable (or released for good)
+  int device_ = -1;  // -1: not looked up yet, -2: VMM unusable (or released for good)
   std::size_t gran_ = 0;
   std::size_t device_total_ = 0;
   std::vector<int> peers_;
@@ -139,7 +139,7 @@ class CudaUpstream final : public Upstream {
     std::size_t bytes = 0;
     bool exportable = false;
   };
-  std::map<std::uintptr_t, Unit> units_;    // physical allocations by mapped address (one per map())
+  std::map<std::uintptr_t, Unit> units_;  // physical allocations by mapped address (one per map())
   // Old mappings left by alias(), address -> bytes: the handles belong to units_ elsewhere.
   std::map<std::uintptr_t, std::size_t> aliases_;
   std::map<std::uintptr_t, Range> ranges_;  // reservations by base

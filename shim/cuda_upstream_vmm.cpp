@@ -64,9 +64,10 @@ bool CudaUpstream::vmm_device(int* device) {
     if (r != CUDA_SUCCESS || g == 0) r = d_.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     // The pool's sizes are multiples of 512: a page must be too.
     if (r != CUDA_SUCCESS || g == 0 || g % 512 != 0) {
-      log_warn("expandable segments: no usable allocation granularity on device {} (CUDA error {}, {} bytes); "
-               "classic segments",
-               dev, r, g);
+      log_warn(
+          "expandable segments: no usable allocation granularity on device {} (CUDA error {}, {} bytes); "
+          "classic segments",
+          dev, r, g);
       return false;
     }
     std::size_t free_bytes = 0, total = 0;
@@ -159,8 +160,7 @@ std::size_t CudaUpstream::page_at(std::uintptr_t lo, std::size_t bytes) const {
   if (it == ranges_.begin()) return 0;
   --it;
   const Range& r = it->second;
-  if (bytes == 0 || lo + bytes > it->first + r.bytes || (lo - it->first) % r.page != 0 || bytes % r.page != 0)
-    return 0;
+  if (bytes == 0 || lo + bytes > it->first + r.bytes || (lo - it->first) % r.page != 0 || bytes % r.page != 0) return 0;
   return r.page;
 }
 
@@ -179,9 +179,10 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
   CUresult r = d_.cuMemCreate(&h, bytes, &prop, 0);
   if (want_fd && r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
     // Some containers refuse exportable memory: expandable segments still work, unshared.
-    log_info("expandable segments: the driver refused exportable pages (CUDA error {}); pages are created "
-             "without a shareable handle from now on, so CUDA IPC of blocks in them is refused",
-             r);
+    log_info(
+        "expandable segments: the driver refused exportable pages (CUDA error {}); pages are created "
+        "without a shareable handle from now on, so CUDA IPC of blocks in them is refused",
+        r);
     fd_handles_ = false;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     r = d_.cuMemCreate(&h, bytes, &prop, 0);
@@ -323,7 +324,8 @@ void CudaUpstream::drop_aliases(std::uintptr_t lo, std::uintptr_t hi) {
   ScopedContext scope(d_, ctx_);
   for (auto it = aliases_.lower_bound(lo); it != aliases_.end() && it->first < hi;) {
     const CUresult r = d_.cuMemUnmap(static_cast<CUdeviceptr>(it->first), it->second);
-    if (r != CUDA_SUCCESS) log_warn("cuMemUnmap({:#x}, {} bytes) of an old mapping failed: CUDA error {}", it->first, it->second, r);
+    if (r != CUDA_SUCCESS)
+      log_warn("cuMemUnmap({:#x}, {} bytes) of an old mapping failed: CUDA error {}", it->first, it->second, r);
     it = aliases_.erase(it);
   }
 }
@@ -374,8 +376,7 @@ void CudaUpstream::release_all_vmm() {
       drop_aliases(base, base + range.bytes);
       release_units(base, base + range.bytes);
       const CUresult r = d_.cuMemAddressFree(static_cast<CUdeviceptr>(base), range.bytes);
-      if (r != CUDA_SUCCESS)
-        log_warn("cuMemAddressFree({:#x}, {} bytes) failed: CUDA error {}", base, range.bytes, r);
+      if (r != CUDA_SUCCESS) log_warn("cuMemAddressFree({:#x}, {} bytes) failed: CUDA error {}", base, range.bytes, r);
       g_reserved_total.fetch_sub(range.bytes, std::memory_order_relaxed);
     }
     log_info("expandable segments: context gone, released {} physical units and {} ranges", units, ranges_.size());
@@ -398,7 +399,8 @@ CUresult CudaUpstream::export_units(std::uintptr_t lo, std::size_t bytes, std::v
     if (it->first != next) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS && !it->second.exportable) r = CUDA_ERROR_NOT_SUPPORTED;
     int fd = -1;
-    if (r == CUDA_SUCCESS) r = d_.cuMemExportToShareableHandle(&fd, it->second.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r == CUDA_SUCCESS)
+      r = d_.cuMemExportToShareableHandle(&fd, it->second.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (r != CUDA_SUCCESS) break;
     out->push_back(ExportedUnit{it->first, it->second.bytes, fd});
     next = it->first + it->second.bytes;

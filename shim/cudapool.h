@@ -16,15 +16,15 @@ extern "C" {
 /* A few headline counters of one device's pool (PyTorch memory_stats names in comments). */
 struct cudapool_stats {
   int device;
-  int64_t allocated_bytes;       /* allocated_bytes.all.current */
-  int64_t allocated_bytes_peak;  /* allocated_bytes.all.peak */
-  int64_t reserved_bytes;        /* reserved_bytes.all.current */
-  int64_t reserved_bytes_peak;   /* reserved_bytes.all.peak */
-  int64_t allocations;           /* allocation.all.current */
-  int64_t segments;              /* segment.all.current */
+  int64_t allocated_bytes;      /* allocated_bytes.all.current */
+  int64_t allocated_bytes_peak; /* allocated_bytes.all.peak */
+  int64_t reserved_bytes;       /* reserved_bytes.all.current */
+  int64_t reserved_bytes_peak;  /* reserved_bytes.all.peak */
+  int64_t allocations;          /* allocation.all.current */
+  int64_t segments;             /* segment.all.current */
   int64_t cache_hits;
   int64_t cache_misses;
-  int64_t pending_bytes;         /* freed, waiting for a fence */
+  int64_t pending_bytes; /* freed, waiting for a fence */
   int64_t num_device_alloc;
   int64_t num_device_free;
   int64_t num_ooms;

@@ -31,8 +31,7 @@ __attribute__((visibility("hidden"))) CUDAPOOL_NO_SANITIZE void* cudapool_resolv
   return p;
 }
 
-__attribute__((visibility("hidden"))) CUDAPOOL_NO_SANITIZE void* cudapool_dlsym_hooked(void* handle,
-                                                                                      const char* name) {
+__attribute__((visibility("hidden"))) CUDAPOOL_NO_SANITIZE void* cudapool_dlsym_hooked(void* handle, const char* name) {
   void* next = __atomic_load_n(&cudapool_next_dlsym, __ATOMIC_ACQUIRE);
   if (next == nullptr) next = cudapool_resolve_next_dlsym();
   if (next == nullptr) return nullptr;

@@ -108,9 +108,8 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuMemImportFromShareableHandle);
 #undef CUDAPOOL_BIND
   // Without these the pool cannot work at all; the hooks then pass everything through.
-  return d.cuMemAlloc_v2 && d.cuMemFree_v2 && d.cuCtxGetCurrent && d.cuCtxGetDevice &&
-         d.cuEventCreate && d.cuEventRecord && d.cuEventQuery && d.cuEventSynchronize &&
-         d.cuMemGetInfo_v2;
+  return d.cuMemAlloc_v2 && d.cuMemFree_v2 && d.cuCtxGetCurrent && d.cuCtxGetDevice && d.cuEventCreate &&
+         d.cuEventRecord && d.cuEventQuery && d.cuEventSynchronize && d.cuMemGetInfo_v2;
 }
 
 }  // namespace

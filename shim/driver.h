@@ -32,7 +32,7 @@ struct RealDriver {
   PFN_cuDeviceGetDefaultMemPool cuDeviceGetDefaultMemPool = nullptr;
   PFN_cuCtxGetCurrent cuCtxGetCurrent = nullptr;
   PFN_cuCtxGetDevice cuCtxGetDevice = nullptr;
-  PFN_cuDeviceGetCount cuDeviceGetCount = nullptr;            // expandable_peer_access
+  PFN_cuDeviceGetCount cuDeviceGetCount = nullptr;  // expandable_peer_access
   PFN_cuDeviceCanAccessPeer cuDeviceCanAccessPeer = nullptr;
   PFN_cuDeviceGetUuid cuDeviceGetUuid = nullptr;  // names the group ledger's GPU; absent: the ordinal
   PFN_cuCtxPushCurrent_v2 cuCtxPushCurrent_v2 = nullptr;
@@ -79,8 +79,8 @@ struct RealDriver {
   PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;  // before pages of a dying context go back
 
   bool has_vmm() const noexcept {
-    return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree && cuMemCreate &&
-           cuMemRelease && cuMemMap && cuMemUnmap && cuMemSetAccess;
+    return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree && cuMemCreate && cuMemRelease &&
+           cuMemMap && cuMemUnmap && cuMemSetAccess;
   }
 };
 

@@ -61,7 +61,8 @@ std::string mib(std::uint64_t bytes) {
 // point.
 std::string gpu_name(const RealDriver& d, int device) {
   CUuuid u{};
-  if (d.cuDeviceGetUuid == nullptr || d.cuDeviceGetUuid(&u, device) != CUDA_SUCCESS) return "dev" + std::to_string(device);
+  if (d.cuDeviceGetUuid == nullptr || d.cuDeviceGetUuid(&u, device) != CUDA_SUCCESS)
+    return "dev" + std::to_string(device);
   std::string s = "GPU-";
   static const char* hex = "0123456789abcdef";
   for (int i = 0; i < 16; ++i) {
@@ -91,8 +92,13 @@ bool seq_after_or_equal(std::uint32_t a, std::uint32_t b) { return static_cast<s
 class Member final : public ReserveGate {
  public:
   Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms)
-      : map_(map), l_(static_cast<share::Ledger*>(map.addr)), slot_(slot), device_(device), path_(std::move(path)),
-        group_(std::move(name)), wait_ms_(wait_ms) {}
+      : map_(map),
+        l_(static_cast<share::Ledger*>(map.addr)),
+        slot_(slot),
+        device_(device),
+        path_(std::move(path)),
+        group_(std::move(name)),
+        wait_ms_(wait_ms) {}
 
   bool acquire(std::size_t bytes) noexcept override {
     if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
@@ -181,9 +187,10 @@ class Member final : public ReserveGate {
     std::int64_t logged = last_log_.load(std::memory_order_relaxed);
     if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
         last_log_.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
-      log_info("group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
-               "other member(s) for idle cached memory",
-               group_, device_, mib(l_->total.load()), mib(l_->budget), n);
+      log_info(
+          "group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
+          "other member(s) for idle cached memory",
+          group_, device_, mib(l_->total.load()), mib(l_->budget), n);
     }
     std::int64_t answered_at = 0;
     for (;;) {
@@ -226,9 +233,7 @@ class Member final : public ReserveGate {
 
   std::uint32_t acked() const noexcept { return l_->slot[slot_].release_ack.load(std::memory_order_acquire); }
   // The bytes the askers want back since the last call (0: asked by a member that names none).
-  std::uint64_t take_want() noexcept {
-    return l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel);
-  }
+  std::uint64_t take_want() noexcept { return l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel); }
 
   void publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
     share::LedgerSlot& me = l_->slot[slot_];
@@ -262,10 +267,11 @@ class Member final : public ReserveGate {
       return true;
     }
     broken_.store(true, std::memory_order_relaxed);
-    log_warn("group {}: the ledger {} could not be locked ({}); this process leaves the group and keeps only its "
-             "own caps. If a member is stopped (SIGSTOP, a debugger), resume or kill it; if no member runs, "
-             "remove the file",
-             group_, path_, r == ETIMEDOUT ? std::string("held for more than 2 s") : std::string(std::strerror(r)));
+    log_warn(
+        "group {}: the ledger {} could not be locked ({}); this process leaves the group and keeps only its "
+        "own caps. If a member is stopped (SIGSTOP, a debugger), resume or kill it; if no member runs, "
+        "remove the file",
+        group_, path_, r == ETIMEDOUT ? std::string("held for more than 2 s") : std::string(std::strerror(r)));
     return false;
   }
   void unlock() noexcept { pthread_mutex_unlock(&l_->mu); }
@@ -280,7 +286,8 @@ class Member final : public ReserveGate {
     }
     const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
     if (sum != total) {
-      log_warn("group {}: the ledger's total ({}) did not match its members' ({}); corrected", group_, mib(total), mib(sum));
+      log_warn("group {}: the ledger's total ({}) did not match its members' ({}); corrected", group_, mib(total),
+               mib(sum));
       l_->total.store(sum, std::memory_order_relaxed);
     }
   }
@@ -322,19 +329,20 @@ class Member final : public ReserveGate {
   std::string group_;
   int wait_ms_;
   std::atomic<bool> broken_{false};
-  std::atomic<std::uint64_t> requests_{0};  // release rounds asked for
+  std::atomic<std::uint64_t> requests_{0};   // release rounds asked for
   std::atomic<std::uint64_t> shortfall_{0};  // bytes over the budget at the last refusal
-  std::atomic<std::int64_t> last_log_{0};   // rounds are logged at most once a second
+  std::atomic<std::int64_t> last_log_{0};    // rounds are logged at most once a second
 };
 
 Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
                      std::uint64_t budget, int wait_ms) noexcept {
   const unsigned uid = ::geteuid();
   auto refuse = [&](const std::string& why) -> Member* {
-    log_warn("group {}: the ledger {} {}; this process keeps only its own caps (max_reserved_mb, "
-             "per_process_memory_fraction). Fix: stop the group's processes and remove the file, or use "
-             "another group name",
-             name, path, why);
+    log_warn(
+        "group {}: the ledger {} {}; this process keeps only its own caps (max_reserved_mb, "
+        "per_process_memory_fraction). Fix: stop the group's processes and remove the file, or use "
+        "another group name",
+        name, path, why);
     return nullptr;
   };
   if (std::string why = share::check_dir(share::shm_dir()); !why.empty())
@@ -378,9 +386,10 @@ Member* Member::join(const std::string& path, const std::string& name, const std
     l->total.store(0, std::memory_order_relaxed);
   }
   if (l->budget != budget)
-    log_warn("group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
-             "the group's holds",
-             name, mib(l->budget), mib(budget));
+    log_warn(
+        "group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
+        "the group's holds",
+        name, mib(l->budget), mib(budget));
   share::LedgerSlot& s = l->slot[slot];
   s.pid.store(pid, std::memory_order_relaxed);
   s.start_time.store(start, std::memory_order_relaxed);
@@ -595,7 +604,8 @@ Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept {
   st.tried[device] = true;
   std::uint64_t budget = p.group_budget != 0 ? p.group_budget : UINT64_MAX;
   if (p.group_budget_fraction > 0.0)
-    budget = std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(p.group_budget_fraction * static_cast<double>(device_total)));
+    budget = std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(p.group_budget_fraction *
+                                                                        static_cast<double>(device_total)));
   if (budget == 0 || budget == UINT64_MAX) {
     log_warn("group {}: the budget is 0 bytes on device {} (device memory unknown?); not joining", p.group, device);
     return nullptr;

@@ -4,8 +4,8 @@
 #include "shim/hooks.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
-#include "shim/streams.h"
 #include "shim/log_audit.h"
+#include "shim/streams.h"
 #include "telemetry/trace.h"
 
 using namespace cudapool::shim;
@@ -25,8 +25,8 @@ void retire_context(Runtime* rt, CUcontext ctx) {
 CUcontext primary_context(const RealDriver& d, CUdevice dev) {
   unsigned flags = 0;
   int active = 0;
-  if (d.cuDevicePrimaryCtxGetState == nullptr ||
-      d.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active) {
+  if (d.cuDevicePrimaryCtxGetState == nullptr || d.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS ||
+      !active) {
     return nullptr;
   }
   CUcontext ctx = nullptr;
@@ -40,7 +40,8 @@ void track_new_stream(CUstream s, unsigned flags) {
   if (rt == nullptr || !rt->native()) return;
   const bool non_blocking = (flags & CU_STREAM_NON_BLOCKING) != 0;
   if (ContextPool* cp = rt->current_pool()) cp->fences.add_stream(s, non_blocking);
-  if (cudapool::TraceWriter* tw = trace_writer_of(nullptr)) tw->note_stream(reinterpret_cast<std::uintptr_t>(s), non_blocking);
+  if (cudapool::TraceWriter* tw = trace_writer_of(nullptr))
+    tw->note_stream(reinterpret_cast<std::uintptr_t>(s), non_blocking);
 }
 
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool ptsz) {
@@ -129,7 +130,9 @@ CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
 
 // Each comes in the versions cudart still resolves: cudart 13.0 asks for
 // cuDevicePrimaryCtxReset/Release with version 7000, i.e. the v1 symbols.
-CUDAPOOL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return destroy_context(ctx, driver_or_empty().cuCtxDestroy_v2); }
+CUDAPOOL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  return destroy_context(ctx, driver_or_empty().cuCtxDestroy_v2);
+}
 CUDAPOOL_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return destroy_context(ctx, driver_or_empty().cuCtxDestroy); }
 CUDAPOOL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return reset_primary(dev, driver_or_empty().cuDevicePrimaryCtxReset_v2);
@@ -182,7 +185,9 @@ CUresult destroy_stream(CUstream s, PFN_cuStreamDestroy_v2 real) {
 }
 }  // namespace
 
-CUDAPOOL_EXPORT CUresult cuStreamDestroy_v2(CUstream s) { return destroy_stream(s, driver_or_empty().cuStreamDestroy_v2); }
+CUDAPOOL_EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+  return destroy_stream(s, driver_or_empty().cuStreamDestroy_v2);
+}
 CUDAPOOL_EXPORT CUresult cuStreamDestroy(CUstream s) { return destroy_stream(s, driver_or_empty().cuStreamDestroy); }
 
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
@@ -210,8 +215,8 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
 }
 // CUDA 12.3: a capture into an existing graph is a capture like any other for the pool
 // (allocations on the stream must become graph nodes; sync allocations follow the mode).
-static CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const void* deps, const void* edges,
-                                       std::size_t n, CUstreamCaptureMode mode, bool ptsz) {
+static CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const void* deps, const void* edges, std::size_t n,
+                                       CUstreamCaptureMode mode, bool ptsz) {
   const RealDriver* d = real_driver();
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   auto real = ptsz ? d->cuStreamBeginCaptureToGraph_ptsz : d->cuStreamBeginCaptureToGraph;

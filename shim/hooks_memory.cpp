@@ -4,8 +4,8 @@
 // the shim itself (hints and counters are per thread / sharded). Everything unusual goes to the real driver untouched.
 #include "shim/hooks.h"
 
-#include "shim/hooked.h"
 #include "shim/group.h"
+#include "shim/hooked.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/streams.h"
@@ -60,17 +60,12 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
     }
   }
   switch (r.status) {
-    case AllocStatus::ok:
-      *dptr = reinterpret_cast<CUdeviceptr>(r.ptr);
-      return CUDA_SUCCESS;
-    case AllocStatus::out_of_memory:
-      group::note_oom(cp->device);
-      return report_oom(*cp, bytes, true);
+    case AllocStatus::ok: *dptr = reinterpret_cast<CUdeviceptr>(r.ptr); return CUDA_SUCCESS;
+    case AllocStatus::out_of_memory: group::note_oom(cp->device); return report_oom(*cp, bytes, true);
     case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
       group::note_oom(cp->device);
       return report_oom(*cp, bytes, false);
-    case AllocStatus::upstream_error:
-      return CudaUpstream::last_error();
+    case AllocStatus::upstream_error: return CudaUpstream::last_error();
   }
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -83,8 +78,10 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
     case ipc::FreeVerdict::free: break;
     case ipc::FreeVerdict::held: return CUDA_SUCCESS;
     case ipc::FreeVerdict::already_freed:
-      log_warn("free of {}: freed before (it waits for another process to close its CUDA IPC handle); "
-               "returning CUDA_ERROR_INVALID_VALUE", p);
+      log_warn(
+          "free of {}: freed before (it waits for another process to close its CUDA IPC handle); "
+          "returning CUDA_ERROR_INVALID_VALUE",
+          p);
       return CUDA_ERROR_INVALID_VALUE;
   }
   ipc::drain_frees(rt);
@@ -124,8 +121,10 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
       if (&other != cp && other.fences.knows_stream(raw_stream)) elsewhere = true;
     });
     if (elsewhere) {
-      log_warn("cuMemFreeAsync({}) on a stream of another context (the block belongs to device {}): "
-               "CUDA_ERROR_INVALID_VALUE", p, cp->device);
+      log_warn(
+          "cuMemFreeAsync({}) on a stream of another context (the block belongs to device {}): "
+          "CUDA_ERROR_INVALID_VALUE",
+          p, cp->device);
       return CUDA_ERROR_INVALID_VALUE;
     }
   }
@@ -202,9 +201,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream s, bool ptsz) {
 
 using namespace cudapool::shim;
 
-CUDAPOOL_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) {
-  return alloc_sync(dptr, bytesize);
-}
+CUDAPOOL_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) { return alloc_sync(dptr, bytesize); }
 
 CUDAPOOL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
                                             std::size_t height, unsigned element_size) {

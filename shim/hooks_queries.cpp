@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "shim/hooked.h"
 #include "shim/group.h"
+#include "shim/hooked.h"
 #include "shim/hooks.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
@@ -45,20 +45,15 @@ std::optional<AddressInfo> imported_info(CUdeviceptr dptr) {
 // `imported`: the block was opened from another process (CUDA IPC), not allocated here.
 bool answer_attribute(CUpointer_attribute attr, const AddressInfo& info, void* data, bool imported) {
   switch (attr) {
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-      *static_cast<CUdeviceptr*>(data) = info.block_base;
-      return true;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      *static_cast<std::size_t*>(data) = info.block_size;
-      return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = info.block_base; return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<std::size_t*>(data) = info.block_size; return true;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
       // Every pool block exports (shim/ipc.h); a classic segment is a cudaMalloc allocation, so
       // the driver's answer for it holds; an imported block cannot be exported again.
       if (!imported && !info.expandable) return false;
       *static_cast<int*>(data) = imported ? 0 : 1;
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -149,8 +144,7 @@ CUDAPOOL_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a
   return d->cuPointerGetAttribute(data, attr, dptr);
 }
 
-CUDAPOOL_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data,
-                                                CUdeviceptr dptr) {
+CUDAPOOL_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr dptr) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuPointerGetAttributes == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = d->cuPointerGetAttributes(n, attrs, data, dptr);

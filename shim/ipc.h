@@ -18,9 +18,9 @@ CUresult export_block(ContextPool& cp, CUdeviceptr dptr, CUipcMemHandle* out) no
 
 // What a free of pool memory must do about exports (checked before the pool sees the free).
 enum class FreeVerdict {
-  free,          // not exported, or no importer holds it any more: the pool frees it now
-  held,          // an importer still has it open: freed later, when the last one closes
-  already_freed, // freed before and still held: a double free
+  free,           // not exported, or no importer holds it any more: the pool frees it now
+  held,           // an importer still has it open: freed later, when the last one closes
+  already_freed,  // freed before and still held: a double free
 };
 namespace detail {
 extern std::atomic<int> g_exports;       // live exports in this process

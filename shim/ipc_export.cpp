@@ -13,8 +13,8 @@
 // - The server thread never calls CUDA: everything an importer needs (the segment's driver handle,
 //   the pages' file descriptors) is taken when the program asks for the handle.
 #include <fcntl.h>
-#include <pthread.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -183,8 +183,9 @@ bool serve(Exporter& e, int conn) {
     ok = send_message(conn, &b, sizeof b, fds.data() + i, static_cast<int>(b.count));
   }
   for (int d : fds) ::close(d);
-  if (!ok) log_warn("CUDA IPC: could not answer an importer (export {}): {}; dropping its connection", req.id,
-                    std::strerror(errno));
+  if (!ok)
+    log_warn("CUDA IPC: could not answer an importer (export {}): {}; dropping its connection", req.id,
+             std::strerror(errno));
   return ok;  // a failed send drops the connection, and with it the hold just taken
 }
 
@@ -203,9 +204,10 @@ void server_loop(Exporter* e, int listen_fd) {
         pid_t pid = 0;
         uid_t uid = 0;
         if (!peer_credentials(c, &pid, &uid) || uid != ::getuid()) {
-          log_warn("CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this "
-                   "process's memory",
-                   static_cast<long>(pid), static_cast<long>(uid), static_cast<long>(::getuid()));
+          log_warn(
+              "CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this "
+              "process's memory",
+              static_cast<long>(pid), static_cast<long>(uid), static_cast<long>(::getuid()));
           Reply r;
           r.status = Status::refused_uid;
           send_message(c, &r, sizeof r);
@@ -221,8 +223,10 @@ void server_loop(Exporter* e, int listen_fd) {
       const short ev = fds[i].revents;
       fds[i].revents = 0;
       bool keep = true;
-      if ((ev & POLLIN) != 0) keep = serve(*e, fds[i].fd);
-      else if ((ev & (POLLHUP | POLLERR | POLLNVAL)) != 0) keep = false;
+      if ((ev & POLLIN) != 0)
+        keep = serve(*e, fds[i].fd);
+      else if ((ev & (POLLHUP | POLLERR | POLLNVAL)) != 0)
+        keep = false;
       if (!keep) {
         drop_connection(*e, fds[i].fd);
         fds[i] = fds.back();
@@ -242,11 +246,11 @@ bool start_server(Exporter& e) {
     nonce = static_cast<std::uint64_t>(std::time(nullptr)) * 0x9E3779B97F4A7C15ull ^
             static_cast<std::uint64_t>(::getpid()) << 32 ^ reinterpret_cast<std::uintptr_t>(&e);
   }
-  const std::string name = socket_name(static_cast<std::uint32_t>(::getuid()), static_cast<std::uint32_t>(::getpid()), nonce);
+  const std::string name = socket_name(static_cast<std::uint32_t>(::getuid()), static_cast<std::uint32_t>(::getpid()),
+                                       nonce);
   const int fd = listen_abstract(name);
   if (fd < 0) {
-    log_warn("CUDA IPC: cannot open this process's socket ({}); pooled memory cannot be shared",
-             std::strerror(errno));
+    log_warn("CUDA IPC: cannot open this process's socket ({}); pooled memory cannot be shared", std::strerror(errno));
     return false;
   }
   try {
@@ -296,13 +300,15 @@ CUresult export_block(ContextPool& cp, CUdeviceptr dptr, CUipcMemHandle* out) no
     rec.kind = Kind::expandable;
     const CUresult r = cp.upstream.export_units(info->block_base, info->block_size, &rec.units);
     if (r != CUDA_SUCCESS) {
-      log_warn("cuIpcGetMemHandle({:#x}): the pages of this expandable segment cannot be exported (CUDA error {}{}); "
-               "returning it",
-               static_cast<unsigned long long>(dptr), r,
-               r == CUDA_ERROR_NOT_SUPPORTED ? ": the driver refused exportable pages here" : "");
+      log_warn(
+          "cuIpcGetMemHandle({:#x}): the pages of this expandable segment cannot be exported (CUDA error {}{}); "
+          "returning it",
+          static_cast<unsigned long long>(dptr), r,
+          r == CUDA_ERROR_NOT_SUPPORTED ? ": the driver refused exportable pages here" : "");
       return r;
     }
-    for (const auto& u : rec.units) ::fcntl(u.fd, F_SETFD, FD_CLOEXEC);  // never leak device memory into exec'd children
+    for (const auto& u : rec.units)
+      ::fcntl(u.fd, F_SETFD, FD_CLOEXEC);  // never leak device memory into exec'd children
     rec.offset = info->block_base - rec.units.front().addr;
   } else {
     rec.kind = Kind::classic;

@@ -33,7 +33,7 @@ namespace {
 
 using detail::g_imports;
 
-constexpr int kReplyTimeoutMs = 10000;  // an exporter that does not answer in time is treated as gone
+constexpr int kReplyTimeoutMs = 10000;         // an exporter that does not answer in time is treated as gone
 constexpr std::uint32_t kMaxUnits = 1u << 16;  // 1 TiB of 16 MiB units: more is no reply of ours
 
 struct Conn {
@@ -115,18 +115,20 @@ CUresult connect_to(Importer& s, const Handle& h, Conn** out) {
   }
   const int fd = connect_abstract(socket_name(h.uid, h.pid, h.nonce));
   if (fd < 0) {
-    log_warn("cuIpcOpenMemHandle: the process that exported this block (pid {}) cannot be reached ({}): it has "
-             "exited, or runs in another network namespace; returning CUDA_ERROR_INVALID_HANDLE",
-             h.pid, std::strerror(errno));
+    log_warn(
+        "cuIpcOpenMemHandle: the process that exported this block (pid {}) cannot be reached ({}): it has "
+        "exited, or runs in another network namespace; returning CUDA_ERROR_INVALID_HANDLE",
+        h.pid, std::strerror(errno));
     return CUDA_ERROR_INVALID_HANDLE;
   }
   pid_t pid = 0;
   uid_t uid = 0;
   if (!peer_credentials(fd, &pid, &uid) || static_cast<std::uint32_t>(pid) != h.pid || uid != ::getuid()) {
     ::close(fd);
-    log_warn("cuIpcOpenMemHandle: the socket named by the handle is served by pid {} of uid {}; only an exporter "
-             "that is pid {} and runs as this process's user (uid {}) is trusted; returning CUDA_ERROR_NOT_PERMITTED",
-             static_cast<long>(pid), static_cast<long>(uid), h.pid, static_cast<long>(::getuid()));
+    log_warn(
+        "cuIpcOpenMemHandle: the socket named by the handle is served by pid {} of uid {}; only an exporter "
+        "that is pid {} and runs as this process's user (uid {}) is trusted; returning CUDA_ERROR_NOT_PERMITTED",
+        static_cast<long>(pid), static_cast<long>(uid), h.pid, static_cast<long>(::getuid()));
     return CUDA_ERROR_NOT_PERMITTED;
   }
   auto* c = new Conn{fd, h.pid, h.nonce, 0};
@@ -247,9 +249,10 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   if (!decode(raw, &h)) return kPassThrough;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (h.pid == static_cast<std::uint32_t>(::getpid())) {
-    log_warn("cuIpcOpenMemHandle: the handle was made by this process (pid {}); CUDA opens handles only in other "
-             "processes; returning CUDA_ERROR_INVALID_CONTEXT",
-             h.pid);
+    log_warn(
+        "cuIpcOpenMemHandle: the handle was made by this process (pid {}); CUDA opens handles only in other "
+        "processes; returning CUDA_ERROR_INVALID_CONTEXT",
+        h.pid);
     return CUDA_ERROR_INVALID_CONTEXT;
   }
   CUcontext ctx = nullptr;
@@ -273,9 +276,10 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   errno = 0;
   if (!send_message(c->fd, &req, sizeof req) || !recv_message(c->fd, &rep, sizeof rep, kReplyTimeoutMs) ||
       rep.magic != kWireMagic) {
-    log_warn("cuIpcOpenMemHandle: the exporting process (pid {}) did not answer ({}); returning "
-             "CUDA_ERROR_INVALID_HANDLE",
-             h.pid, errno != 0 ? std::strerror(errno) : "timed out");
+    log_warn(
+        "cuIpcOpenMemHandle: the exporting process (pid {}) did not answer ({}); returning "
+        "CUDA_ERROR_INVALID_HANDLE",
+        h.pid, errno != 0 ? std::strerror(errno) : "timed out");
     // A half-finished exchange leaves the connection unusable for requests; it stays open while
     // it holds earlier imports (closing it would let the exporter reuse their bytes).
     c->broken = true;

@@ -32,12 +32,12 @@ struct Handle {
   std::uint16_t version;
   Kind kind;
   std::uint8_t reserved0;
-  std::uint32_t pid;     // the exporting process
-  std::uint32_t uid;     // its user (for messages: the exporter checks the importer's own)
+  std::uint32_t pid;  // the exporting process
+  std::uint32_t uid;  // its user (for messages: the exporter checks the importer's own)
   std::uint32_t reserved1;
-  std::uint64_t nonce;   // random per exporting process: names its socket
-  std::uint64_t id;      // the export, unique within the process (never reused)
-  std::uint64_t size;    // the block's size, as asked for
+  std::uint64_t nonce;  // random per exporting process: names its socket
+  std::uint64_t id;     // the export, unique within the process (never reused)
+  std::uint64_t size;   // the block's size, as asked for
   std::uint64_t reserved2[2];
 };
 static_assert(sizeof(Handle) == sizeof(CUipcMemHandle), "a handle fills CUipcMemHandle exactly");

@@ -39,26 +39,23 @@ class LoggingSink final : public EventSink {
     const double us = static_cast<double>(e.duration_ns) / 1e3;
     switch (e.kind) {
       case EventKind::segment_alloc:
-        log_info("segment alloc on device {}: {} bytes at {:#x} (upstream took {:.1f} us)", e.device, e.size, e.ptr, us);
+        log_info("segment alloc on device {}: {} bytes at {:#x} (upstream took {:.1f} us)", e.device, e.size, e.ptr,
+                 us);
         break;
       case EventKind::segment_free:
-        log_info("segment release on device {}: {} bytes at {:#x} (upstream took {:.1f} us)", e.device, e.size, e.ptr, us);
+        log_info("segment release on device {}: {} bytes at {:#x} (upstream took {:.1f} us)", e.device, e.size, e.ptr,
+                 us);
         break;
       case EventKind::segment_map:
         log_debug("expandable segment on device {}: mapped {} bytes at {:#x} ({:.1f} us)", e.device, e.size, e.ptr, us);
         break;
       case EventKind::segment_unmap:
-        log_debug("expandable segment on device {}: unmapped {} bytes at {:#x} ({:.1f} us)", e.device, e.size, e.ptr, us);
+        log_debug("expandable segment on device {}: unmapped {} bytes at {:#x} ({:.1f} us)", e.device, e.size, e.ptr,
+                  us);
         break;
-      case EventKind::gc:
-        log_info("GC pass on device {}: freed {} bytes", e.device, e.size);
-        break;
-      case EventKind::empty_cache:
-        log_info("empty cache on device {}: released {} bytes", e.device, e.size);
-        break;
-      case EventKind::fence_wait:
-        log_debug("device {}: the host waited {:.1f} us for a fence", e.device, us);
-        break;
+      case EventKind::gc: log_info("GC pass on device {}: freed {} bytes", e.device, e.size); break;
+      case EventKind::empty_cache: log_info("empty cache on device {}: released {} bytes", e.device, e.size); break;
+      case EventKind::fence_wait: log_debug("device {}: the host waited {:.1f} us for a fence", e.device, us); break;
       case EventKind::gpu_wait:
         log_debug("device {}: {} pending bytes reused, streams wait on the GPU for their fences", e.device, e.size);
         break;
@@ -68,8 +65,7 @@ class LoggingSink final : public EventSink {
         break;
       case EventKind::allocate:
       case EventKind::free:
-      case EventKind::allocate_failure:
-        break;
+      case EventKind::allocate_failure: break;
     }
   }
 
@@ -139,7 +135,8 @@ void log_first_pass(PassKind k) noexcept {
   if (i < 0 || i >= static_cast<int>(PassKind::count_)) return;
   if (g_pass_logged[i].exchange(true, std::memory_order_relaxed)) return;
   try {
-    log_info("pass-through ({}): {}; further ones are counted, not logged (exit summary)", to_string(k), pass_reason(k));
+    log_info("pass-through ({}): {}; further ones are counted, not logged (exit summary)", to_string(k),
+             pass_reason(k));
   } catch (...) {
   }
 }

@@ -18,8 +18,8 @@ struct Hook {
   const char* base;  // the name programs pass to cuGetProcAddress
   int min_version;   // [min_version, max_version) of CUDA versions that resolve to `abi`
   int max_version;
-  Flavour flavour;   // which stream flavour flag resolves to `abi`
-  const char* abi;   // the exported symbol
+  Flavour flavour;  // which stream flavour flag resolves to `abi`
+  const char* abi;  // the exported symbol
   void* wrapper;
 };
 

@@ -12,8 +12,8 @@
 
 #include "config/version.h"
 #include "shim/group.h"
-#include "shim/log_audit.h"
 #include "shim/log.h"
+#include "shim/log_audit.h"
 #include "shim/streams.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
@@ -36,8 +36,7 @@ const char* to_string(PassKind k) noexcept {
   return "?";
 }
 
-Runtime::Runtime(const RealDriver& d, Policy p, bool native)
-    : driver_(d), policy_(std::move(p)), native_(native) {}
+Runtime::Runtime(const RealDriver& d, Policy p, bool native) : driver_(d), policy_(std::move(p)), native_(native) {}
 
 namespace {
 
@@ -87,14 +86,17 @@ bool load(Policy* out) {
     return true;
   }
   if (r.on_error == OnError::passthrough) {
-    std::fprintf(stderr, "cudapool: invalid policy: %s\ncudapool: CUDAPOOL_ON_ERROR=passthrough: "
-                 "every allocation goes straight to the driver\n", r.error.c_str());
+    std::fprintf(stderr,
+                 "cudapool: invalid policy: %s\ncudapool: CUDAPOOL_ON_ERROR=passthrough: "
+                 "every allocation goes straight to the driver\n",
+                 r.error.c_str());
     *out = Policy{};
     out->backend = Backend::passthrough;
     return false;
   }
   // Before the first allocation, so the program has not computed anything with our memory yet.
-  std::fprintf(stderr, "cudapool: invalid policy: %s\ncudapool: stopping (exit status %d); set "
+  std::fprintf(stderr,
+               "cudapool: invalid policy: %s\ncudapool: stopping (exit status %d); set "
                "CUDAPOOL_ON_ERROR=passthrough to run without the pool instead\n",
                r.error.c_str(), kPolicyErrorExitStatus);
   std::fflush(stderr);
@@ -117,12 +119,14 @@ Runtime* Runtime::start() noexcept {
   // PyTorch users bring their habit: that variable configures PyTorch's allocator, never this pool.
   if (const char* pt = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); native && pt != nullptr && *pt != '\0') {
     const char* own = std::getenv("CUDAPOOL_CONF");
-    log_warn("PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
-             "cudapool reads only CUDAPOOL_CONF{}: to carry the keys over, set CUDAPOOL_CONF=\"{}\" "
-             "(`cudapool check --conf '{}'` shows what cudapool accepts)",
-             pt, std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
-                                                                        : "which sits in front of it",
-             own != nullptr && *own != '\0' ? "" : " (unset here: the defaults)", pt, pt);
+    log_warn(
+        "PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
+        "cudapool reads only CUDAPOOL_CONF{}: to carry the keys over, set CUDAPOOL_CONF=\"{}\" "
+        "(`cudapool check --conf '{}'` shows what cudapool accepts)",
+        pt,
+        std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
+                                                                 : "which sits in front of it",
+        own != nullptr && *own != '\0' ? "" : " (unset here: the defaults)", pt, pt);
   }
   auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit
   rt->start_unix_ns_ = now_ns(CLOCK_REALTIME);
@@ -174,13 +178,15 @@ void Runtime::write_exit_summary() noexcept {
     s.wall_time_s = static_cast<double>(now_ns(CLOCK_MONOTONIC) - start_mono_ns_) / 1e9;
     // Retired pools too: a program that releases its context before exiting (driver-API
     // programs often do) must still find its allocations in the summary.
-    for_each_pool([&](ContextPool& cp) {
-      DeviceSummary d;
-      d.device = cp.device;
-      d.stats = cp.pool.stats();
-      d.driver_total_bytes = cp.driver_total;
-      s.devices.push_back(d);
-    }, /*include_retired=*/true);
+    for_each_pool(
+        [&](ContextPool& cp) {
+          DeviceSummary d;
+          d.device = cp.device;
+          d.stats = cp.pool.stats();
+          d.driver_total_bytes = cp.driver_total;
+          s.devices.push_back(d);
+        },
+        /*include_retired=*/true);
     for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
       const std::int64_t n = passes(static_cast<PassKind>(k));
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
@@ -257,8 +263,8 @@ void Runtime::peer_access_enabled(CUcontext peer, int accessor) noexcept {
   if (cp == nullptr || !cp->pool.options().expandable_segments || cp->device == accessor) return;
   const CUresult r = cp->upstream.grant_peer_access(accessor);
   if (r != CUDA_SUCCESS)
-    log_warn("peer access: pages of device {} could not be mapped for device {} (CUDA error {})", cp->device,
-             accessor, static_cast<int>(r));
+    log_warn("peer access: pages of device {} could not be mapped for device {} (CUDA error {})", cp->device, accessor,
+             static_cast<int>(r));
   else
     log_info("peer access: pages of device {} are also mapped for device {}", cp->device, accessor);
 }
@@ -268,8 +274,7 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   if (ContextPool* cp = find_pool(ctx)) return cp;
   const int n = count_.load(std::memory_order_relaxed);
   if (n >= kMaxPools) {
-    log_warn("more than {} CUDA contexts: context {} runs without the pool", kMaxPools,
-             static_cast<void*>(ctx));
+    log_warn("more than {} CUDA contexts: context {} runs without the pool", kMaxPools, static_cast<void*>(ctx));
     return nullptr;
   }
   CUdevice dev = -1;

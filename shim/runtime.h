@@ -5,9 +5,9 @@
 // creation) starts it; the dlsym and cuGetProcAddress wrappers never do.
 #pragma once
 #include <atomic>
-#include <vector>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "allocator/pool.h"
 #include "config/policy.h"
@@ -25,7 +25,7 @@ struct ContextPool {
       : ctx(c), device(dev), upstream(d, c), fences(d, c), pool(dev, o, upstream, fences, sink) {}
   const CUcontext ctx;
   const int device;
-  std::size_t driver_total = 0;  // taken at creation, for the exit summary (no CUDA at exit)
+  std::size_t driver_total = 0;     // taken at creation, for the exit summary (no CUDA at exit)
   group::Member* member = nullptr;  // the device's group ledger slot (shim/group.h), or none
   CudaUpstream upstream;
   CudaFences fences;

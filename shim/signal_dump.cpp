@@ -43,8 +43,7 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
   // naming the signal in the policy is asking for the dump instead).
   if ((g_previous.sa_flags & SA_SIGINFO) != 0) {
     if (g_previous.sa_sigaction != nullptr) g_previous.sa_sigaction(sig, info, uctx);
-  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN &&
-             g_previous.sa_handler != nullptr) {
+  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN && g_previous.sa_handler != nullptr) {
     g_previous.sa_handler(sig);
   }
 }
@@ -80,9 +79,12 @@ void* reader(void*) {
   char buf[64];
   for (;;) {
     const ssize_t n = read(g_read_fd, buf, sizeof buf);
-    if (n > 0) dump_now();                       // several signals while busy: one dump
-    else if (n < 0 && errno == EINTR) continue;
-    else return nullptr;                         // pipe closed: stop
+    if (n > 0)
+      dump_now();  // several signals while busy: one dump
+    else if (n < 0 && errno == EINTR)
+      continue;
+    else
+      return nullptr;  // pipe closed: stop
   }
 }
 
@@ -108,15 +110,15 @@ std::string format_dump(Runtime& rt, int signo) {
       allocated += seg.allocated_size;
       blocks += seg.blocks.size();
     }
-    fmt::format_to(std::back_inserter(snap),
-                   "snapshot device {}: segments={} blocks={} reserved={} allocated={}\n", cp.device,
-                   sn.segments.size(), blocks, reserved, allocated);
+    fmt::format_to(std::back_inserter(snap), "snapshot device {}: segments={} blocks={} reserved={} allocated={}\n",
+                   cp.device, sn.segments.size(), blocks, reserved, allocated);
     // One line per segment; blocks as size+state (A allocated, P pending free, F free).
     for (const SegmentInfo& seg : sn.segments) {
-      fmt::format_to(std::back_inserter(snap), "  segment {:#x} size={} allocated={} {}{} stream={:#x}:",
-                     seg.address, seg.total_size, seg.allocated_size, seg.is_small ? "small" : "large",
+      fmt::format_to(std::back_inserter(snap), "  segment {:#x} size={} allocated={} {}{} stream={:#x}:", seg.address,
+                     seg.total_size, seg.allocated_size, seg.is_small ? "small" : "large",
                      seg.is_expandable ? " expandable" : "", seg.stream);
-      for (const BlockInfo& b : seg.blocks) fmt::format_to(std::back_inserter(snap), " {}{}", b.size, state_letter(b.state));
+      for (const BlockInfo& b : seg.blocks)
+        fmt::format_to(std::back_inserter(snap), " {}{}", b.size, state_letter(b.state));
       snap += '\n';
     }
   });

@@ -28,9 +28,7 @@ class Parser {
     return false;
   }
   void ws() {
-    while (pos_ < t_.size() &&
-           (t_[pos_] == ' ' || t_[pos_] == '\t' || t_[pos_] == '\n' || t_[pos_] == '\r'))
-      ++pos_;
+    while (pos_ < t_.size() && (t_[pos_] == ' ' || t_[pos_] == '\t' || t_[pos_] == '\n' || t_[pos_] == '\r')) ++pos_;
   }
   bool literal(std::string_view word) {
     if (t_.substr(pos_, word.size()) != word) return fail("invalid literal");
@@ -46,8 +44,14 @@ class Parser {
       case '{': return object(v, depth);
       case '[': return array(v, depth);
       case '"': v->type = Value::Type::string; return string(&v->s);
-      case 't': v->type = Value::Type::boolean; v->b = true; return literal("true");
-      case 'f': v->type = Value::Type::boolean; v->b = false; return literal("false");
+      case 't':
+        v->type = Value::Type::boolean;
+        v->b = true;
+        return literal("true");
+      case 'f':
+        v->type = Value::Type::boolean;
+        v->b = false;
+        return literal("false");
       case 'n': v->type = Value::Type::null; return literal("null");
       default: return number(v);
     }

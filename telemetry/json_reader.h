@@ -19,8 +19,8 @@ struct Value {
   std::int64_t i = 0;
   double d = 0.0;
   std::string s;
-  std::vector<Value> items;                             // array
-  std::vector<Member> members;                          // object, in file order
+  std::vector<Value> items;     // array
+  std::vector<Member> members;  // object, in file order
 
   // The member named `key`, or nullptr (also when this is not an object).
   const Value* find(std::string_view key) const;

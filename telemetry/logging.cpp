@@ -51,11 +51,9 @@ spdlog::logger* current() {
 bool parse_level(std::string_view name, spdlog::level::level_enum* out) {
   // spdlog::level::from_str maps unknown names to "off"; we want to reject them instead.
   static const std::pair<std::string_view, spdlog::level::level_enum> table[] = {
-      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
-      {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
-      {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
-      {"err", spdlog::level::err},     {"critical", spdlog::level::critical},
-      {"off", spdlog::level::off}};
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},       {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn},      {"error", spdlog::level::err},
+      {"err", spdlog::level::err},     {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
   for (const auto& [n, l] : table) {
     if (n == name) {
       *out = l;
@@ -102,8 +100,7 @@ std::string init_logging(const Policy& policy) {
   std::call_once(g_atexit_once, [] { std::atexit(flush_at_exit); });
   spdlog::level::level_enum level;
   if (!parse_level(policy.log_level, &level)) {
-    return "unknown log level '" + policy.log_level +
-           "' (use trace, debug, info, warn, error, critical or off)";
+    return "unknown log level '" + policy.log_level + "' (use trace, debug, info, warn, error, critical or off)";
   }
   spdlog::logger* fresh = nullptr;
   if (policy.log_file.empty()) {

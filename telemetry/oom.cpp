@@ -24,9 +24,8 @@ std::string format_size(std::uint64_t bytes) {
   return buf;
 }
 
-OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size,
-                      const Stats& stats, const PoolOptions& options, std::size_t driver_free,
-                      std::size_t driver_total) {
+OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size, const Stats& stats,
+                      const PoolOptions& options, std::size_t driver_free, std::size_t driver_total) {
   OomInfo info;
   info.device = device;
   info.requested = requested;
@@ -56,15 +55,14 @@ std::string format_oom(const OomInfo& in) {
     s += " (the pool asked for a segment of " + format_size(in.segment_size) + ")";
   s += ". GPU " + std::to_string(in.device);
   if (in.driver_total > 0) {
-    s += " has a total capacity of " + format_size(in.driver_total) + " of which " +
-         format_size(in.driver_free) + " is free";
+    s += " has a total capacity of " + format_size(in.driver_total) + " of which " + format_size(in.driver_free) +
+         " is free";
   } else {
     s += " reported no capacity";
   }
   const std::size_t unallocated = in.reserved > in.allocated ? in.reserved - in.allocated : 0;
-  s += ". Of the memory cudapool reserved (" + format_size(in.reserved) + "), " +
-       format_size(in.allocated) + " is allocated and " + format_size(unallocated) +
-       " is reserved but unallocated";
+  s += ". Of the memory cudapool reserved (" + format_size(in.reserved) + "), " + format_size(in.allocated) +
+       " is allocated and " + format_size(unallocated) + " is reserved but unallocated";
   if (in.pending > 0) s += " (" + format_size(in.pending) + " of it freed, waiting for GPU work)";
   s += ".";
   if (in.limit != kNoLimit) {
@@ -74,8 +72,7 @@ std::string format_oom(const OomInfo& in) {
   }
   // Fragmentation hint: a lot is cached but nothing fits. 20 % of reserved and at least the
   // request itself, so a nearly empty cache does not trigger it.
-  const bool fragmented = unallocated >= in.requested && unallocated * 5 >= in.reserved &&
-                          unallocated > 0;
+  const bool fragmented = unallocated >= in.requested && unallocated * 5 >= in.reserved && unallocated > 0;
   if (fragmented && !in.expandable_segments) {
     s += " If reserved but unallocated memory is large try setting "
          "CUDAPOOL_CONF=expandable_segments:True to avoid fragmentation.";

@@ -17,23 +17,22 @@ std::string format_size(std::uint64_t bytes);
 
 struct OomInfo {
   int device = 0;
-  std::size_t requested = 0;       // what the program asked for
-  std::size_t segment_size = 0;    // what the pool asked the upstream for (0 = not reached)
-  std::size_t reserved = 0;        // pool's reserved bytes
-  std::size_t allocated = 0;       // pool's allocated bytes
-  std::size_t pending = 0;         // freed, waiting for a fence
-  std::size_t driver_free = 0;     // per cuMemGetInfo, the real one (not the shim's fixed-up one)
+  std::size_t requested = 0;     // what the program asked for
+  std::size_t segment_size = 0;  // what the pool asked the upstream for (0 = not reached)
+  std::size_t reserved = 0;      // pool's reserved bytes
+  std::size_t allocated = 0;     // pool's allocated bytes
+  std::size_t pending = 0;       // freed, waiting for a fence
+  std::size_t driver_free = 0;   // per cuMemGetInfo, the real one (not the shim's fixed-up one)
   std::size_t driver_total = 0;
-  std::size_t limit = kNoLimit;    // the pool's effective cap on reserved bytes; kNoLimit = none
-  bool limit_refused = false;      // the limit, not the driver, said no
+  std::size_t limit = kNoLimit;  // the pool's effective cap on reserved bytes; kNoLimit = none
+  bool limit_refused = false;    // the limit, not the driver, said no
   bool expandable_segments = false;
 };
 
 // Fills the pool-side fields from stats and options (reserved, allocated, pending, limit).
 // limit = min(max_reserved, per_process_memory_fraction * driver_total) when set.
-OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size,
-                      const Stats& stats, const PoolOptions& options, std::size_t driver_free,
-                      std::size_t driver_total);
+OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size, const Stats& stats,
+                      const PoolOptions& options, std::size_t driver_free, std::size_t driver_total);
 
 // The multi-sentence diagnosis (one line, no trailing newline). Always contains the requested
 // size, segment size, reserved, allocated, driver free/total and the limit when there is one;

@@ -125,7 +125,8 @@ Mapping map_file(const std::string& path, std::size_t size, bool create, int wai
       ::close(fd);
       return m;
     }
-    if (!S_ISREG(st.st_mode)) m.error = "is not a regular file";
+    if (!S_ISREG(st.st_mode))
+      m.error = "is not a regular file";
     else if (st.st_uid != ::geteuid())
       m.error = "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
                 std::to_string(::geteuid()) + ")";
@@ -184,9 +185,12 @@ std::string validate_ledger(const Ledger& l, unsigned uid, std::string_view gpu,
   const std::uint64_t magic = l.magic.load(std::memory_order_acquire);
   if (magic != kLedgerMagic) return "bad magic (not a cudapool group ledger, or its creator died setting it up)";
   if (l.version != kLedgerVersion)
-    return "layout version " + std::to_string(l.version) + ", this library reads version " + std::to_string(kLedgerVersion);
-  if (l.size != sizeof(Ledger)) return "header says " + std::to_string(l.size) + " bytes, expected " + std::to_string(sizeof(Ledger));
-  if (l.slots != kLedgerSlots) return "header says " + std::to_string(l.slots) + " slots, expected " + std::to_string(kLedgerSlots);
+    return "layout version " + std::to_string(l.version) + ", this library reads version " +
+           std::to_string(kLedgerVersion);
+  if (l.size != sizeof(Ledger))
+    return "header says " + std::to_string(l.size) + " bytes, expected " + std::to_string(sizeof(Ledger));
+  if (l.slots != kLedgerSlots)
+    return "header says " + std::to_string(l.slots) + " slots, expected " + std::to_string(kLedgerSlots);
   if (l.uid != uid) return "header names uid " + std::to_string(l.uid);
   if (l.budget == 0) return "budget 0";
   if (!bounded_equal(l.group, group)) return "header names another group";
@@ -254,14 +258,15 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     const std::string path = dir + "/" + name;
     Mapping m = map_file(path, sizeof(ProcRecord), false, 0);
     if (!m) {
-      if (warnings != nullptr) warnings->push_back(path + " " + m.error + "; skipped (remove it if no cudapool process uses it)");
+      if (warnings != nullptr)
+        warnings->push_back(path + " " + m.error + "; skipped (remove it if no cudapool process uses it)");
       continue;
     }
     ProcRecord r;
     const bool copied = copy_record(static_cast<const ProcRecord*>(m.addr), &r);
     unmap(m);
-    const bool valid = copied && r.magic == kRecordMagic && r.version == kRecordVersion && r.size == sizeof(ProcRecord) &&
-                       r.pid == pid && r.devices <= kRecordDevices;
+    const bool valid = copied && r.magic == kRecordMagic && r.version == kRecordVersion &&
+                       r.size == sizeof(ProcRecord) && r.pid == pid && r.devices <= kRecordDevices;
     if (!valid) {
       // A record its creator has not finished (magic 0) is skipped quietly: it is a few
       // microseconds old, or its creator died, which the liveness check below will find.

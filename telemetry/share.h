@@ -77,10 +77,10 @@ enum SlotState : std::uint32_t { kSlotFree = 0, kSlotLive = 1 };
 struct alignas(64) LedgerSlot {
   std::atomic<std::uint32_t> state;
   std::atomic<std::int32_t> pid;
-  std::atomic<std::uint64_t> start_time;  // process_start_time(pid) when it joined
-  std::atomic<std::uint64_t> reserved;    // bytes this member holds from the device
-  std::atomic<std::uint64_t> cached;      // of which idle in its pool (published every ~250 ms)
-  std::atomic<std::uint64_t> allocated;   // live bytes (published with cached)
+  std::atomic<std::uint64_t> start_time;    // process_start_time(pid) when it joined
+  std::atomic<std::uint64_t> reserved;      // bytes this member holds from the device
+  std::atomic<std::uint64_t> cached;        // of which idle in its pool (published every ~250 ms)
+  std::atomic<std::uint64_t> allocated;     // live bytes (published with cached)
   std::atomic<std::uint64_t> heartbeat_ns;  // monotonic_ns() of the last publication
   // Cooperative release: another member that needs memory adds the bytes it wants from this one
   // to release_want, increments release_req and wakes the word (futex); this member's helper
@@ -96,14 +96,14 @@ struct alignas(64) LedgerSlot {
 struct Ledger {
   std::atomic<std::uint64_t> magic;  // stored last by the creator (release)
   std::uint32_t version;
-  std::uint32_t size;                // sizeof(Ledger)
-  std::uint32_t slots;               // kLedgerSlots
+  std::uint32_t size;   // sizeof(Ledger)
+  std::uint32_t slots;  // kLedgerSlots
   std::uint32_t uid;
-  std::uint64_t budget;              // bytes; set by the creator, fixed for the ledger's life
-  char group[kNameBytes];            // NUL-terminated
-  char gpu[kNameBytes];              // the GPU's UUID, NUL-terminated
-  pthread_mutex_t mu;                // process-shared, robust
-  std::atomic<std::uint64_t> total;  // sum of the live slots' reserved (written under mu)
+  std::uint64_t budget;                 // bytes; set by the creator, fixed for the ledger's life
+  char group[kNameBytes];               // NUL-terminated
+  char gpu[kNameBytes];                 // the GPU's UUID, NUL-terminated
+  pthread_mutex_t mu;                   // process-shared, robust
+  std::atomic<std::uint64_t> total;     // sum of the live slots' reserved (written under mu)
   std::atomic<std::uint32_t> released;  // futex word: incremented after every cooperative release
   std::uint32_t pad;
   LedgerSlot slot[kLedgerSlots];

@@ -114,8 +114,7 @@ std::vector<std::pair<std::string, std::int64_t>> flatten_stats(const Stats& s) 
   for (const auto& fam : kArrayFamilies) {
     for (std::size_t p = 0; p < kNumStatPools; ++p) {
       for (const auto& f : kCounterFields) {
-        out.emplace_back(std::string(fam.name) + "." + kPoolNames[p] + "." + f.name,
-                         (s.*fam.member)[p].*f.member);
+        out.emplace_back(std::string(fam.name) + "." + kPoolNames[p] + "." + f.name, (s.*fam.member)[p].*f.member);
       }
     }
   }

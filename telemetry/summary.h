@@ -14,21 +14,21 @@ namespace cudapool {
 
 struct DeviceSummary {
   int device = 0;
-  Stats stats;                         // the pool's stats at exit
+  Stats stats;                           // the pool's stats at exit
   std::uint64_t driver_total_bytes = 0;  // 0 = unknown
   // Derived from stats (also written to the JSON for readers that do not recompute).
-  double hit_rate() const;             // cache_hits / (cache_hits + cache_misses); 0 if none
+  double hit_rate() const;  // cache_hits / (cache_hits + cache_misses); 0 if none
 };
 
 struct Summary {
   static constexpr int kFormatVersion = 1;
   std::int64_t pid = 0;
-  std::string command;                 // the process's command line, space separated
-  std::string policy;                  // the effective policy as a CUDAPOOL_CONF string
-  std::string backend;                 // "native" or "passthrough"
+  std::string command;  // the process's command line, space separated
+  std::string policy;   // the effective policy as a CUDAPOOL_CONF string
+  std::string backend;  // "native" or "passthrough"
   std::int64_t start_unix_ns = 0;
-  double wall_time_s = 0.0;            // from library start to exit
-  int exit_status = -1;                // -1 = unknown
+  double wall_time_s = 0.0;  // from library start to exit
+  int exit_status = -1;      // -1 = unknown
   std::vector<DeviceSummary> devices;
   // Pass-through decisions by kind ("foreign_pointer", "capture", "managed", …) → count.
   std::map<std::string, std::int64_t> passthrough;

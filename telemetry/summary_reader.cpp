@@ -35,22 +35,19 @@ bool from_json(std::string_view text, Summary* out, std::string* error) {
   if (fmt == nullptr || fmt->type != json::Value::Type::string || fmt->s != "cudapool-summary")
     return bad("not a cudapool summary (\"format\" is not \"cudapool-summary\")");
   std::int64_t version = 0;
-  if (!want_int(root.find("version"), &version) || version < 1)
-    return bad("\"version\" must be a positive integer");
+  if (!want_int(root.find("version"), &version) || version < 1) return bad("\"version\" must be a positive integer");
   if (version > Summary::kFormatVersion)
     return bad("summary format version " + std::to_string(version) + " is newer than this reader (" +
                std::to_string(Summary::kFormatVersion) + ")");
 
   Summary s;
   if (!want_int(root.find("pid"), &s.pid)) return bad("\"pid\" must be an integer");
-  if (!want_int(root.find("start_unix_ns"), &s.start_unix_ns))
-    return bad("\"start_unix_ns\" must be an integer");
+  if (!want_int(root.find("start_unix_ns"), &s.start_unix_ns)) return bad("\"start_unix_ns\" must be an integer");
   std::int64_t exit_status = s.exit_status;
   if (!want_int(root.find("exit_status"), &exit_status)) return bad("\"exit_status\" must be an integer");
   s.exit_status = static_cast<int>(exit_status);
-  for (auto [key, dst] : {std::pair<const char*, std::string*>{"command", &s.command},
-                          {"policy", &s.policy},
-                          {"backend", &s.backend}}) {
+  for (auto [key, dst] :
+       {std::pair<const char*, std::string*>{"command", &s.command}, {"policy", &s.policy}, {"backend", &s.backend}}) {
     if (const json::Value* v = root.find(key)) {
       if (v->type != json::Value::Type::string) return bad(std::string("\"") + key + "\" must be a string");
       *dst = v->s;
@@ -63,8 +60,7 @@ bool from_json(std::string_view text, Summary* out, std::string* error) {
   if (const json::Value* v = root.find("passthrough")) {
     if (v->type != json::Value::Type::object) return bad("\"passthrough\" must be an object");
     for (const auto& [kind, count] : v->members) {
-      if (count.type != json::Value::Type::integer)
-        return bad("passthrough count \"" + kind + "\" must be an integer");
+      if (count.type != json::Value::Type::integer) return bad("passthrough count \"" + kind + "\" must be an integer");
       s.passthrough[kind] = count.i;
     }
   }
@@ -84,8 +80,7 @@ bool from_json(std::string_view text, Summary* out, std::string* error) {
       if (const json::Value* st = dv.find("stats")) {
         if (st->type != json::Value::Type::object) return bad(where + ".stats must be an object");
         for (const auto& [name, val] : st->members) {
-          if (val.type != json::Value::Type::integer)
-            return bad(where + ".stats." + name + " must be an integer");
+          if (val.type != json::Value::Type::integer) return bad(where + ".stats." + name + " must be an integer");
           set_stat(&d.stats, name, val.i);  // unknown names: from a newer writer, skipped
         }
       }

@@ -71,17 +71,12 @@ std::string format_summary_table(const Summary& s) {
     col_w.push_back(w);
   }
 
-  auto pad_left = [](std::string t, std::size_t w) {
-    return std::string(w > t.size() ? w - t.size() : 0, ' ') + t;
-  };
-  auto pad_right = [](std::string t, std::size_t w) {
-    return t + std::string(w > t.size() ? w - t.size() : 0, ' ');
-  };
+  auto pad_left = [](std::string t, std::size_t w) { return std::string(w > t.size() ? w - t.size() : 0, ' ') + t; };
+  auto pad_right = [](std::string t, std::size_t w) { return t + std::string(w > t.size() ? w - t.size() : 0, ' '); };
 
   char head[128];
-  std::snprintf(head, sizeof head, "cudapool summary: pid %lld, %.3f s, backend %s\n",
-                static_cast<long long>(s.pid), s.wall_time_s,
-                s.backend.empty() ? "native" : s.backend.c_str());
+  std::snprintf(head, sizeof head, "cudapool summary: pid %lld, %.3f s, backend %s\n", static_cast<long long>(s.pid),
+                s.wall_time_s, s.backend.empty() ? "native" : s.backend.c_str());
   std::string out = head;
   if (s.devices.empty()) {
     out += "  (no device pool was used)\n";

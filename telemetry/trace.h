@@ -59,16 +59,16 @@ TraceAction trace_action_of(EventKind k) noexcept;
 
 // One row of a trace, as written and as read back.
 struct TraceRow {
-  std::uint64_t thread = 0;       // OS thread id (gettid), like RMM's spdlog %t
-  std::int64_t time_ns = 0;       // ns since the Unix epoch (CLOCK_REALTIME at trace start +
-                                  // CLOCK_MONOTONIC since). Plain RMM logs: ns since midnight.
+  std::uint64_t thread = 0;  // OS thread id (gettid), like RMM's spdlog %t
+  std::int64_t time_ns = 0;  // ns since the Unix epoch (CLOCK_REALTIME at trace start +
+                             // CLOCK_MONOTONIC since). Plain RMM logs: ns since midnight.
   TraceAction action = TraceAction::allocate;
   std::uintptr_t ptr = 0;
-  std::size_t size = 0;           // rounded block size (allocate/free), segment size, bytes freed…
+  std::size_t size = 0;  // rounded block size (allocate/free), segment size, bytes freed…
   std::uintptr_t stream = 0;
-  int device = 0;                 // plain RMM logs: 0
-  std::size_t requested = 0;      // the caller's size; plain RMM logs: = size
-  std::int64_t duration_ns = 0;   // upstream events: time the upstream took; else 0
+  int device = 0;                          // plain RMM logs: 0
+  std::size_t requested = 0;               // the caller's size; plain RMM logs: = size
+  std::int64_t duration_ns = 0;            // upstream events: time the upstream took; else 0
   TraceDetail detail = TraceDetail::none;  // older traces and RMM logs: none
 };
 
@@ -82,8 +82,7 @@ class TraceWriter : public EventSink {
   // header. nullptr and *error set on failure. The writer registers itself so that exit()
   // and flush_all_writers() flush it.
   static std::unique_ptr<TraceWriter> open(const std::string& path, std::string* error);
-  static std::unique_ptr<TraceWriter> open(const std::string& path, const Options& options,
-                                           std::string* error);
+  static std::unique_ptr<TraceWriter> open(const std::string& path, const Options& options, std::string* error);
   // Writes the "policy" row (call once, right after open): `conf` is the process's effective
   // policy as a CUDAPOOL_CONF string, so that a replay can default to it.
   void note_policy(const std::string& conf);
@@ -147,7 +146,7 @@ class TraceReader {
   bool next_line(std::string_view* line);
   bool fail(std::string what);
   std::istream& in_;
-  std::string buf_;            // a window of the input; lines are views into it
+  std::string buf_;  // a window of the input; lines are views into it
   std::size_t pos_ = 0, end_ = 0;
   bool eof_ = false;
   std::string error_;

@@ -15,9 +15,8 @@ namespace {
 constexpr std::string_view kRmmHeader = "Thread,Time,Action,Pointer,Size,Stream";
 constexpr std::string_view kExtraHeader = ",device,requested,time_ns,duration_ns";
 constexpr std::string_view kDetailHeader = ",detail";
-constexpr const char* kColumnNames[] = {"Thread", "Time",      "Action",  "Pointer", "Size",
-                                        "Stream", "device",    "requested", "time_ns",
-                                        "duration_ns", "detail"};
+constexpr const char* kColumnNames[] = {"Thread", "Time",      "Action",  "Pointer",     "Size",  "Stream",
+                                        "device", "requested", "time_ns", "duration_ns", "detail"};
 
 bool parse_action(std::string_view s, TraceAction* out) {
   // The two actions of nearly every row first.
@@ -66,8 +65,7 @@ bool parse_stream(std::string_view s, std::uint64_t* out) {
 bool parse_time_of_day(std::string_view s, std::int64_t* out) {
   if (s.size() < 10 || s[2] != ':' || s[5] != ':' || s[8] != '.') return false;
   unsigned h = 0, m = 0, sec = 0;
-  if (!parse_dec(s.substr(0, 2), &h) || !parse_dec(s.substr(3, 2), &m) ||
-      !parse_dec(s.substr(6, 2), &sec))
+  if (!parse_dec(s.substr(0, 2), &h) || !parse_dec(s.substr(3, 2), &m) || !parse_dec(s.substr(6, 2), &sec))
     return false;
   if (h > 23 || m > 59 || sec > 60) return false;
   std::string_view frac = s.substr(9);
@@ -206,8 +204,7 @@ bool TraceReader::next(TraceRow* row) {
     return fail("has " + std::to_string(n) + " columns, expected " + std::to_string(want));
   }
   auto bad = [&](std::size_t col, const char* what) {
-    return fail("column " + std::to_string(col + 1) + " (" + kColumnNames[col] + "): " +
-                show(f[col]) + " " + what);
+    return fail("column " + std::to_string(col + 1) + " (" + kColumnNames[col] + "): " + show(f[col]) + " " + what);
   };
 
   TraceRow r;

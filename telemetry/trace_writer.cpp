@@ -78,8 +78,8 @@ struct Buffer {
   std::size_t count = 0;
 };
 
-constexpr std::size_t kBuffers = 4;             // 1 active + up to 3 filled/spare
-constexpr std::size_t kOutBytes = 64 * 1024;    // formatted bytes per write(2)
+constexpr std::size_t kBuffers = 4;           // 1 active + up to 3 filled/spare
+constexpr std::size_t kOutBytes = 64 * 1024;  // formatted bytes per write(2)
 constexpr auto kPeriod = std::chrono::milliseconds(200);
 
 // Bounded wait for a lock from a signal handler: the holder is another thread that will let go
@@ -105,7 +105,8 @@ class SpinLock {
       for (int spins = 0; flag_.load(std::memory_order_relaxed); ++spins) {
         if (spins > 64) sched_yield();
 #if defined(__x86_64__) || defined(__i386__)
-        else __builtin_ia32_pause();
+        else
+          __builtin_ia32_pause();
 #endif
       }
     }
@@ -343,8 +344,7 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, std::str
   return open(path, Options{}, error);
 }
 
-std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Options& options,
-                                               std::string* error) {
+std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Options& options, std::string* error) {
   auto impl = std::make_unique<Impl>();
   impl->path = expand_path_pattern(path);
   impl->capacity = options.buffer_records > 0 ? options.buffer_records : 1;
@@ -425,8 +425,8 @@ void TraceWriter::on_event(const Event& e) {
   r.device = e.device;
   r.action = trace_action_of(e.kind);
   r.detail = e.kind != EventKind::free ? TraceDetail::none
-             : e.on_stream            ? TraceDetail::free_async
-                                      : TraceDetail::free_sync;
+             : e.on_stream             ? TraceDetail::free_async
+                                       : TraceDetail::free_sync;
   w.push(r);
   // A failed allocation is often followed by the program dying: put the trace on disk now.
   // Same after the exit flush: nothing else will write these rows.

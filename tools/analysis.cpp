@@ -85,8 +85,7 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
       default: break;
     }
     rep.duration_ns = r.time_ns - start;
-    if (allocated != before_a || reserved != before_r)
-      rep.timeline.push_back({r.time_ns - start, allocated, reserved});
+    if (allocated != before_a || reserved != before_r) rep.timeline.push_back({r.time_ns - start, allocated, reserved});
     rep.peak_allocated = std::max(rep.peak_allocated, allocated);
     rep.peak_reserved = std::max(rep.peak_reserved, reserved);
   }
@@ -127,8 +126,14 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
           live.erase(it);
         }
         break;
-      case TraceAction::segment_alloc: segs.add(r.ptr, r.size, false); reserved += static_cast<std::int64_t>(r.size); break;
-      case TraceAction::segment_map: segs.add(r.ptr, r.size, true); reserved += static_cast<std::int64_t>(r.size); break;
+      case TraceAction::segment_alloc:
+        segs.add(r.ptr, r.size, false);
+        reserved += static_cast<std::int64_t>(r.size);
+        break;
+      case TraceAction::segment_map:
+        segs.add(r.ptr, r.size, true);
+        reserved += static_cast<std::int64_t>(r.size);
+        break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
         segs.remove(r.ptr, r.size);

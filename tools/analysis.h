@@ -38,7 +38,7 @@ struct TraceReport {
   int device = 0;
   std::vector<TimePoint> timeline;  // one point per row that changed allocated or reserved
   std::int64_t peak_allocated = 0, peak_reserved = 0;
-  std::int64_t snapshot_t_ns = 0;   // when the segment map was taken
+  std::int64_t snapshot_t_ns = 0;  // when the segment map was taken
   std::int64_t snapshot_allocated = 0, snapshot_reserved = 0;
   std::vector<SegmentView> segments_at_peak;
   std::vector<SizeCount> largest_sizes;  // the largest distinct requested sizes, largest first

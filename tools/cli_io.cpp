@@ -52,8 +52,8 @@ bool device_memory_option(const std::string& text, std::optional<std::size_t>* o
   // A bare number is bytes; a device of less than 1 MiB is surely a missing unit.
   const bool has_unit = text.find_first_not_of("0123456789. \t") != std::string::npos;
   if (!has_unit && *size < (std::size_t{1} << 20)) {
-    std::fprintf(stderr, "%s: --device-memory '%s' would be %zu bytes; write the unit, e.g. %sGiB\n", who,
-                 text.c_str(), *size, text.c_str());
+    std::fprintf(stderr, "%s: --device-memory '%s' would be %zu bytes; write the unit, e.g. %sGiB\n", who, text.c_str(),
+                 *size, text.c_str());
     return false;
   }
   *out = size;

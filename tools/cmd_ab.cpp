@@ -2,8 +2,8 @@
 //
 // Runs are interleaved (A B A B …) so that drift of the machine (clocks, other load, caches)
 // lands on both sides alike instead of biasing whichever policy ran second.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <memory>
@@ -108,10 +108,14 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
       bool have = r.started && read_summary_file(s.stats, &summary, &err);
       std::remove(s.stats.c_str());
       std::string what;
-      if (!r.started) what = "could not start";
-      else if (r.signaled) what = "killed by signal " + std::to_string(r.exit_status - 128);
-      else if (r.exit_status != 0) what = "exit status " + std::to_string(r.exit_status);
-      else if (!have) what = "no summary written (was libcudapool.so loaded?): " + err;
+      if (!r.started)
+        what = "could not start";
+      else if (r.signaled)
+        what = "killed by signal " + std::to_string(r.exit_status - 128);
+      else if (r.exit_status != 0)
+        what = "exit status " + std::to_string(r.exit_status);
+      else if (!have)
+        what = "no summary written (was libcudapool.so loaded?): " + err;
       if (what.empty()) {
         v.runs.push_back(metrics_from_stats(combined_stats(summary), r.wall_seconds));
         // Under backend:passthrough the pool serves nothing: only the wall time means anything.
@@ -135,7 +139,8 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
     std::printf("A: %s\nB: %s\n", o.a.empty() ? "(defaults)" : o.a.c_str(), o.b.empty() ? "(defaults)" : o.b.c_str());
     std::printf("%s", table.to_text().c_str());
   }
-  if (!o.json.empty() && o.json != "-") wrote &= write_text_file(o.json, ab_json(command, variants, a, b), "cudapool ab");
+  if (!o.json.empty() && o.json != "-")
+    wrote &= write_text_file(o.json, ab_json(command, variants, a, b), "cudapool ab");
   if (!o.markdown.empty()) wrote &= write_text_file(o.markdown, table.to_markdown(), "cudapool ab");
   int failed = 0;
   for (const auto& v : variants) failed += v.failed;
@@ -155,7 +160,7 @@ void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status) {
   sub->add_option("--json", o->json, "write the comparison as JSON here ('-': print only the JSON)");
   sub->add_option("--markdown", o->markdown, "write the table as Markdown");
   sub->add_flag("--no-preload", o->no_preload,
-                 "do not preload libcudapool.so (CMD loads it itself, or is `cudapool replay`)");
+                "do not preload libcudapool.so (CMD loads it itself, or is `cudapool replay`)");
   sub->add_flag("--hide-output", o->hide_output, "send CMD's stdout and stderr to /dev/null");
   add_launch_options(sub, &o->launch, false);
   sub->add_option("command", o->command, "the program and its arguments (after --)");

@@ -77,9 +77,10 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
       std::snprintf(pct, sizeof pct, "%g%% of the device", p.group_budget_fraction * 100.0);
       budget = budget.empty() ? std::string(pct) : budget + " or " + pct + ", whichever is smaller";
     }
-    std::printf("group %s: a budget of %s on each GPU for this user's processes of the group together; "
-                "an allocation over it waits up to %d ms for the others' idle cache\n",
-                p.group.c_str(), budget.c_str(), p.group_release_wait_ms);
+    std::printf(
+        "group %s: a budget of %s on each GPU for this user's processes of the group together; "
+        "an allocation over it waits up to %d ms for the others' idle cache\n",
+        p.group.c_str(), budget.c_str(), p.group_release_wait_ms);
   }
   if (tail.present) {
     if (!p.profile.empty())
@@ -93,8 +94,9 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
   } else if (!p.profile.empty()) {
     std::printf("profile: %s (chosen by %s)\n", p.profile.c_str(), p.profile_reason.c_str());
   } else if (!sources.config_path.empty()) {
-    std::printf("profile: none chosen; profiles picked by match globs depend on the program: preview with "
-                "`cudapool check -- CMD ARGS...`\n");
+    std::printf(
+        "profile: none chosen; profiles picked by match globs depend on the program: preview with "
+        "`cudapool check -- CMD ARGS...`\n");
   }
   std::printf("CUDAPOOL_CONF=%s\n", to_conf_string(p).c_str());
   return 0;
@@ -106,10 +108,12 @@ void add_check_command(CLI::App& root, const CommandTail& tail, int* exit_status
   auto o = std::make_shared<CheckOptions>();
   CLI::App* sub = root.add_subcommand("check", "validate a policy and print each key's value and origin");
   add_launch_options(sub, &o->launch, true);
-  sub->add_option("--json", o->json, "also write the keys, origins, warnings and profile as JSON here ('-': "
-                                     "print only the JSON)");
-  sub->footer("With -- CMD ARGS...: which [profiles.NAME] that command line gets (match globs).\n"
-              "Example: cudapool check --config job.toml -- python train.py --epochs 3");
+  sub->add_option("--json", o->json,
+                  "also write the keys, origins, warnings and profile as JSON here ('-': "
+                  "print only the JSON)");
+  sub->footer(
+      "With -- CMD ARGS...: which [profiles.NAME] that command line gets (match globs).\n"
+      "Example: cudapool check --config job.toml -- python train.py --epochs 3");
   sub->callback([o, &tail, exit_status] { *exit_status = check_main(*o, tail); });
 }
 

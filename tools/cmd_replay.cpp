@@ -34,7 +34,8 @@ struct ReplayCliOptions {
 int replay_main(const ReplayCliOptions& in) {
   ReplayCliOptions o = in;
   if (o.json == "-") o.quiet = true;  // the JSON alone on stdout
-  if (!output_option_ok(o.json, "--json", "cudapool replay") || !output_option_ok(o.stats, "--stats", "cudapool replay"))
+  if (!output_option_ok(o.json, "--json", "cudapool replay") ||
+      !output_option_ok(o.stats, "--stats", "cudapool replay"))
     return kExitNoInput;
   ReplayConfig base_cfg;
   if (!device_memory_option(o.device_memory, &base_cfg.device_memory, "cudapool replay")) return kExitUsage;
@@ -61,7 +62,8 @@ int replay_main(const ReplayCliOptions& in) {
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, o.device, &loaded, "cudapool replay"); rc != 0) return rc;
   const TraceFacts& facts = loaded.prepared.facts;
-  const BasePolicy base = choose_base_policy(facts, policies.empty() ? std::nullopt : std::optional(policies.front().conf));
+  const BasePolicy base = choose_base_policy(facts,
+                                             policies.empty() ? std::nullopt : std::optional(policies.front().conf));
   if (policies.empty()) policies.push_back({base.conf.empty() ? "defaults" : base.conf, base.conf});
   if (!o.sweep.empty()) {
     // The base stays as the first column, the reference each swept value is read against.
@@ -149,8 +151,10 @@ int replay_main(const ReplayCliOptions& in) {
   t.add(units);
   t.add(served);
   progress.done();
-  if (o.json == "-") std::fputs(t.to_json().c_str(), stdout);
-  else std::printf("%s", t.to_text().c_str());
+  if (o.json == "-")
+    std::fputs(t.to_json().c_str(), stdout);
+  else
+    std::printf("%s", t.to_text().c_str());
   if (!o.json.empty() && o.json != "-" && !write_text_file(o.json, t.to_json(), "cudapool replay")) return kExitNoInput;
   if (!o.quiet)
     std::printf(
@@ -161,8 +165,7 @@ int replay_main(const ReplayCliOptions& in) {
         loaded.parse_seconds > 0 ? static_cast<double>(loaded.rows.size()) / loaded.parse_seconds / 1e6 : 0.0,
         format_seconds(loaded.prepare_seconds).c_str());
   for (const auto& r : raw)
-    if (r.bad_frees)
-      std::fprintf(stderr, "cudapool replay: warning: the pool refused %zu frees\n", r.bad_frees);
+    if (r.bad_frees) std::fprintf(stderr, "cudapool replay: warning: the pool refused %zu frees\n", r.bad_frees);
 
   // A summary file (--stats, or the policy's stats_file as `cudapool ab` sets it) makes a replay
   // usable as the program under `cudapool ab --no-preload`.
@@ -193,9 +196,12 @@ void add_replay_command(CLI::App& root, int* exit_status) {
   auto o = std::make_shared<ReplayCliOptions>();
   CLI::App* sub = root.add_subcommand("replay", "replay a trace through the pool on a simulated device (no GPU)");
   sub->add_option("trace", o->trace, "cudapool trace CSV or plain RMM log")->required();
-  sub->add_option("--conf", o->confs, "policy string; repeat for a side-by-side table (default: $CUDAPOOL_CONF if set, else the trace's recorded policy, else the defaults)")
+  sub->add_option("--conf", o->confs,
+                  "policy string; repeat for a side-by-side table (default: $CUDAPOOL_CONF if set, else the trace's "
+                  "recorded policy, else the defaults)")
       ->allow_extra_args(false);
-  sub->add_option("--sweep", o->sweep, "key=v1,v2,...: one column per value over the --conf given, else the default policy (shown first)");
+  sub->add_option("--sweep", o->sweep,
+                  "key=v1,v2,...: one column per value over the --conf given, else the default policy (shown first)");
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   o->frees.add_to(sub);
   sub->add_option("--device", o->device, "device to replay (default: the busiest)");

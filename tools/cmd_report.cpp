@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include <optional>
 #include "config/policy.h"
 #include "tools/analysis.h"
 #include "tools/cli_io.h"
@@ -10,10 +11,9 @@
 #include "tools/fidelity.h"
 #include "tools/json_text.h"
 #include "tools/metrics.h"
-#include "tools/snapshot.h"
-#include <optional>
 #include "tools/policies.h"
 #include "tools/render.h"
+#include "tools/snapshot.h"
 #include "tools/trace_input.h"
 
 namespace cudapool::tools {
@@ -32,23 +32,29 @@ std::string report_json(const TraceReport& r, const std::string& trace, const st
                             ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
                             : 0;
   auto n = [](double v) { return json_number(v); };
-  std::string o = "{\n  \"trace\": " + json_string(trace) + ",\n  \"source\": " + json_string(note.empty() ? "the trace" : note);
+  std::string o = "{\n  \"trace\": " + json_string(trace) +
+                  ",\n  \"source\": " + json_string(note.empty() ? "the trace" : note);
   o += ",\n  \"device\": " + std::to_string(r.device) +
        ",\n  \"duration_s\": " + n(static_cast<double>(r.duration_ns) * 1e-9);
   o += ",\n  \"allocations\": " + std::to_string(r.allocations) + ",\n  \"frees\": " + std::to_string(r.frees);
   o += ",\n  \"peak_allocated_bytes\": " + std::to_string(r.peak_allocated);
   o += ",\n  \"peak_reserved_bytes\": " + std::to_string(r.peak_reserved);
-  o += ",\n  \"fragmentation\": " + n(fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved)));
-  o += ",\n  \"unused_at_peak\": " + n(unused) + ",\n  \"segments_at_peak\": " + std::to_string(r.segments_at_peak.size());
+  o += ",\n  \"fragmentation\": " +
+       n(fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved)));
+  o += ",\n  \"unused_at_peak\": " + n(unused) +
+       ",\n  \"segments_at_peak\": " + std::to_string(r.segments_at_peak.size());
   o += ",\n  \"upstream_calls\": " + std::to_string(r.segment_allocs + r.segment_frees);
-  o += ",\n  \"ooms\": " + std::to_string(r.ooms) + ",\n  \"failed_allocations\": " + std::to_string(r.failed_allocations);
+  o += ",\n  \"ooms\": " + std::to_string(r.ooms) +
+       ",\n  \"failed_allocations\": " + std::to_string(r.failed_allocations);
   o += ",\n  \"gc_passes\": " + std::to_string(r.gc_passes) + "\n}\n";
   return o;
 }
 
 int report_main(const ReportOptions& o) {
-  for (const auto& [path, flag] : {std::pair<const std::string*, const char*>{&o.html, "-o"}, {&o.perfetto, "--perfetto"},
-                                   {&o.snapshot, "--snapshot"}, {&o.json, "--json"}})
+  for (const auto& [path, flag] : {std::pair<const std::string*, const char*>{&o.html, "-o"},
+                                   {&o.perfetto, "--perfetto"},
+                                   {&o.snapshot, "--snapshot"},
+                                   {&o.json, "--json"}})
     if (!output_option_ok(*path, flag, "cudapool report")) return kExitNoInput;
   LoadedTrace loaded;
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool report"); rc != 0) return rc;
@@ -63,8 +69,8 @@ int report_main(const ReportOptions& o) {
     return kExitUsage;
   }
   if (o.at_s && (*o.at_s < 0 || *o.at_s * 1e9 > static_cast<double>(duration_ns) + 0.5)) {
-    std::fprintf(stderr, "cudapool report: --at %g is outside the trace, which lasts %.6f s (give 0 to %.6f)\n", *o.at_s,
-                 static_cast<double>(duration_ns) * 1e-9, static_cast<double>(duration_ns) * 1e-9);
+    std::fprintf(stderr, "cudapool report: --at %g is outside the trace, which lasts %.6f s (give 0 to %.6f)\n",
+                 *o.at_s, static_cast<double>(duration_ns) * 1e-9, static_cast<double>(duration_ns) * 1e-9);
     return kExitUsage;
   }
   // The snapshot's segments are the pool's placement in a replay; the report then shows that
@@ -96,12 +102,12 @@ int report_main(const ReportOptions& o) {
       if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
       std::string bytes = snapshot_from_replay(loaded.prepared, cfg, at, base.conf, &fig);
       if (!write_text_file(o.snapshot, bytes, "cudapool report")) return kExitNoInput;
-      std::printf("snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
-                  "%zu of %zu blocks active, %zu trace events\n",
-                  static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at",
-                  fig.segments, static_cast<unsigned long long>(fig.reserved),
-                  static_cast<unsigned long long>(fig.allocated), static_cast<unsigned long long>(fig.requested),
-                  fig.active_blocks, fig.blocks, fig.events);
+      std::printf(
+          "snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
+          "%zu of %zu blocks active, %zu trace events\n",
+          static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at", fig.segments,
+          static_cast<unsigned long long>(fig.reserved), static_cast<unsigned long long>(fig.allocated),
+          static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events);
       std::printf("wrote %s (PyTorch memory snapshot: pytorch.org/memory_viz or torch.cuda._memory_viz)\n",
                   o.snapshot.c_str());
     }
@@ -118,7 +124,8 @@ int report_main(const ReportOptions& o) {
   bool ok = true;
   if (!o.json.empty() && o.json != "-")
     ok &= write_text_file(o.json, report_json(rep, o.trace, ctx.source_note), "cudapool report");
-  if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report"))) std::printf("wrote %s\n", o.html.c_str());
+  if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report")))
+    std::printf("wrote %s\n", o.html.c_str());
   if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());
   return ok ? 0 : kExitNoInput;
@@ -137,7 +144,8 @@ void add_report_command(CLI::App& root, int* exit_status) {
   sub->add_option("--snapshot", o->snapshot,
                   "write a PyTorch memory snapshot (pickle) of a replay under the trace's policy (or --conf)");
   sub->add_option("--json", o->json, "also write the summary's figures as JSON here ('-': print only the JSON)");
-  sub->add_option("--at", o->at_s, "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");
+  sub->add_option("--at", o->at_s,
+                  "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");
   o->frees.add_to(sub);
   sub->callback([o, exit_status] { *exit_status = report_main(*o); });
 }

@@ -1,9 +1,9 @@
 // `cudapool top [--once] [--json] [--interval S]`: every pooled process of this user on this
 // machine, from the stats records the shim publishes (telemetry/share.h), refreshed like top.
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -36,7 +36,8 @@ std::string mib(std::uint64_t b) {
 std::string fragmentation(const share::RecordDevice& d) {
   if (d.reserved == 0) return "-";
   char buf[16];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved));
+  std::snprintf(buf, sizeof buf, "%.1f%%",
+                100.0 * static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved));
   return buf;
 }
 
@@ -55,8 +56,9 @@ std::string to_json(const std::vector<share::ProcInfo>& procs) {
       if (k != 0) o += ",";
       o += "{\"device\":" + std::to_string(d.device) + ",\"reserved_bytes\":" + json_u(d.reserved) +
            ",\"allocated_bytes\":" + json_u(d.allocated) + ",\"cached_bytes\":" + json_u(d.cached) +
-           ",\"inactive_split_bytes\":" + json_u(d.inactive_split) +
-           ",\"fragmentation\":" + json_number(d.reserved == 0 ? 0.0 : static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved)) +
+           ",\"inactive_split_bytes\":" + json_u(d.inactive_split) + ",\"fragmentation\":" +
+           json_number(d.reserved == 0 ? 0.0
+                                       : static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved)) +
            ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) + ",\"ooms\":" + json_u(d.ooms) +
            ",\"fence_waits\":" + json_u(d.fence_waits) + ",\"group_budget_bytes\":" + json_u(d.group_budget) +
            ",\"group_reserved_bytes\":" + json_u(d.group_reserved) + "}";
@@ -133,7 +135,8 @@ int top_main(const TopSettings& s) {
 
 void add_top_command(CLI::App& root, int* exit_status) {
   auto s = std::make_shared<TopSettings>();
-  CLI::App* sub = root.add_subcommand("top", "live table of this user's pooled processes (reserved, cached, group budget)");
+  CLI::App* sub = root.add_subcommand("top",
+                                      "live table of this user's pooled processes (reserved, cached, group budget)");
   sub->add_flag("--once", s->once, "print one table (or JSON object) and exit");
   sub->add_flag("--json", s->json, "JSON instead of the table (one object per refresh)");
   sub->add_option("--interval", s->interval, "seconds between refreshes");

@@ -101,7 +101,8 @@ int tune_main(const TuneCliOptions& o) {
   }
   double def_peak = static_cast<double>(def.result.stats.reserved_bytes[kAll].peak);
   Table t;
-  t.header = {"rank", "change from the base", "peak reserved", "vs base", "upstream calls", "fragmentation", "OOMs", "within bound"};
+  t.header = {"rank",           "change from the base", "peak reserved", "vs base",
+              "upstream calls", "fragmentation",        "OOMs",          "within bound"};
   for (std::size_t i = 0; i < result.ranked.size() && static_cast<int>(i) < o.top; ++i) {
     const Candidate& c = result.ranked[i];
     const Stats& s = c.result.stats;
@@ -111,14 +112,15 @@ int tune_main(const TuneCliOptions& o) {
     std::snprintf(vs, sizeof vs, "%+.1f %%", def_peak > 0 ? (peak / def_peak - 1.0) * 100.0 : 0.0);
     std::snprintf(frag, sizeof frag, "%.1f %%", fragmentation(alloc, peak) * 100.0);
     t.add({std::to_string(i + 1), c.changes.empty() ? "(base)" : c.changes, format_bytes(peak), vs,
-           std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms),
-           c.feasible ? "yes" : "no"});
+           std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms), c.feasible ? "yes" : "no"});
   }
-  if (text) std::printf("%zu policies replayed (frees %s, fence latency %g us); bound: upstream calls + fence waits <= "
-              "%.1f x the base's (%.0f), OOMs <= the base's\n",
-              result.ranked.size(),
-              mode == FreeMode::recorded ? "as recorded" : (std::string("as ") + o.frees.free_call()).c_str(),
-              o.frees.fence_latency_us, o.bound, result.call_limit);
+  if (text)
+    std::printf(
+        "%zu policies replayed (frees %s, fence latency %g us); bound: upstream calls + fence waits <= "
+        "%.1f x the base's (%.0f), OOMs <= the base's\n",
+        result.ranked.size(),
+        mode == FreeMode::recorded ? "as recorded" : (std::string("as ") + o.frees.free_call()).c_str(),
+        o.frees.fence_latency_us, o.bound, result.call_limit);
   if (text) std::printf("%s", t.to_text().c_str());
   const std::vector<std::string> why = explain_pick(result);
   for (const auto& line : why) say(line);
@@ -134,8 +136,10 @@ int tune_main(const TuneCliOptions& o) {
                     ",\n  \"changes\": " + json_string(best.changes) + ",\n  \"why\": [";
     for (std::size_t i = 0; i < why.size(); ++i) j += (i ? ", " : "") + json_string(why[i]);
     j += "],\n  \"table\": " + t.to_json() + "}\n";
-    if (o.json == "-") std::fputs(j.c_str(), stdout);
-    else if (!write_text_file(o.json, j, "cudapool tune")) return kExitNoInput;
+    if (o.json == "-")
+      std::fputs(j.c_str(), stdout);
+    else if (!write_text_file(o.json, j, "cudapool tune"))
+      return kExitNoInput;
   }
   return 0;
 }
@@ -155,7 +159,8 @@ void add_tune_command(CLI::App& root, int* exit_status) {
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   o->frees.add_to(sub);
   sub->add_option("--top", o->top, "rows of the ranked table")->check(CLI::Range(1, 100000));
-  sub->add_option("--json", o->json, "also write the pick, the why and the table as JSON here ('-': print only the JSON)");
+  sub->add_option("--json", o->json,
+                  "also write the pick, the why and the table as JSON here ('-': print only the JSON)");
   sub->callback([o, exit_status] { *exit_status = tune_main(*o); });
 }
 

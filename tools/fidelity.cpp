@@ -11,7 +11,9 @@
 namespace cudapool::tools {
 
 BasePolicy choose_base_policy(const TraceFacts& facts, const std::optional<std::string>& conf_flag) {
-  if (conf_flag) return {*conf_flag, "from --conf", facts.recorded_policy && canonical_conf(*conf_flag) == canonical_conf(*facts.recorded_policy)};
+  if (conf_flag)
+    return {*conf_flag, "from --conf",
+            facts.recorded_policy && canonical_conf(*conf_flag) == canonical_conf(*facts.recorded_policy)};
   if (const char* env = std::getenv("CUDAPOOL_CONF")) {
     std::string conf = env;
     return {conf, "from $CUDAPOOL_CONF",
@@ -38,15 +40,15 @@ std::string describe_frees(const TraceFacts& f, FreeMode mode) {
     std::snprintf(buf, sizeof buf, "frees: every free replayed as cudaFreeAsync (--free-as async)%s",
                   f.sync_frees ? "; the trace records some as cudaFree" : "");
   } else if (f.unknown_frees == 0) {
-    std::snprintf(buf, sizeof buf, "frees: as recorded: %zu cudaFree, %zu cudaFreeAsync", f.sync_frees,
-                  f.async_frees);
+    std::snprintf(buf, sizeof buf, "frees: as recorded: %zu cudaFree, %zu cudaFreeAsync", f.sync_frees, f.async_frees);
   } else if (known == 0) {
     std::snprintf(buf, sizeof buf,
                   "frees: the trace does not say which call freed (%s); replayed as cudaFreeAsync, "
                   "use --free-as sync for a program that calls cudaFree",
                   f.rmm_only ? "an allocation log" : "written before traces recorded it");
   } else {
-    std::snprintf(buf, sizeof buf, "frees: as recorded: %zu cudaFree, %zu cudaFreeAsync; %zu unknown, replayed as cudaFreeAsync",
+    std::snprintf(buf, sizeof buf,
+                  "frees: as recorded: %zu cudaFree, %zu cudaFreeAsync; %zu unknown, replayed as cudaFreeAsync",
                   f.sync_frees, f.async_frees, f.unknown_frees);
   }
   return buf;
@@ -66,8 +68,10 @@ Fidelity check_fidelity(const TraceFacts& f, const BasePolicy& base, const Repla
   out.gap = got / rec - 1.0;
   out.within = std::fabs(out.gap) <= kFidelityTolerance;
   char buf[600];
-  std::string under = base.recorded ? "the recorded policy" : (base.conf.empty() ? "the defaults" : "'" + base.conf + "'");
-  std::snprintf(buf, sizeof buf, "fidelity: under %s the replay peaks at %s reserved, the trace recorded %s (%+.1f %%): %s",
+  std::string under = base.recorded ? "the recorded policy"
+                                    : (base.conf.empty() ? "the defaults" : "'" + base.conf + "'");
+  std::snprintf(buf, sizeof buf,
+                "fidelity: under %s the replay peaks at %s reserved, the trace recorded %s (%+.1f %%): %s",
                 under.c_str(), format_bytes(got).c_str(), format_bytes(rec).c_str(), out.gap * 100.0,
                 out.within ? "within 3 %" : "NOT within 3 %");
   out.line = buf;
@@ -75,11 +79,14 @@ Fidelity check_fidelity(const TraceFacts& f, const BasePolicy& base, const Repla
   // gap is over the tolerance.
   std::string why;
   auto add = [&](const std::string& s) { why += (why.empty() ? "" : "; ") + s; };
-  if (!f.recorded_policy) add("the trace records no policy, so the recorded peak may be another policy's");
-  else if (!base.recorded) add("the replayed policy is not the recorded one (" + *f.recorded_policy + ")");
+  if (!f.recorded_policy)
+    add("the trace records no policy, so the recorded peak may be another policy's");
+  else if (!base.recorded)
+    add("the replayed policy is not the recorded one (" + *f.recorded_policy + ")");
   if (mode == FreeMode::recorded && f.unknown_frees > 0)
     add("the trace does not say which call freed, so frees replayed as cudaFreeAsync (try --free-as sync)");
-  if (mode != FreeMode::recorded && f.sync_frees + f.async_frees > 0) add("--free-as overrides the recorded free calls");
+  if (mode != FreeMode::recorded && f.sync_frees + f.async_frees > 0)
+    add("--free-as overrides the recorded free calls");
   if (f.upstream_durations)
     add(std::string("recorded on a real GPU: when each fence completed is not in the trace") +
         (fence_latency_us == 0 ? " (try --fence-latency-us 100 or 1000)" : ""));

@@ -11,8 +11,8 @@
 namespace cudapool::tools {
 
 struct BasePolicy {
-  std::string conf;      // "" = the defaults
-  std::string origin;    // "from --conf", "from $CUDAPOOL_CONF", "from the trace's policy row", …
+  std::string conf;       // "" = the defaults
+  std::string origin;     // "from --conf", "from $CUDAPOOL_CONF", "from the trace's policy row", …
   bool recorded = false;  // conf is the trace's own policy
 };
 
@@ -38,7 +38,7 @@ struct Fidelity {
 
 // `replayed` is the replay under `base` (the recorded policy when the trace has one), with the
 // free mode and latency the user chose.
-Fidelity check_fidelity(const TraceFacts& facts, const BasePolicy& base, const ReplayResult& replayed,
-                        FreeMode mode, double fence_latency_us);
+Fidelity check_fidelity(const TraceFacts& facts, const BasePolicy& base, const ReplayResult& replayed, FreeMode mode,
+                        double fence_latency_us);
 
 }  // namespace cudapool::tools

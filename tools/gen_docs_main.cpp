@@ -23,8 +23,10 @@ int update(const std::string& path, const std::string& table) {
   const std::string doc = ss.str();
   const auto next = cudapool::config::with_key_table(doc, table);
   if (!next) {
-    std::fprintf(stderr, "cudapool-gen-docs: %s needs one '<!-- keys:begin -->' line and a later "
-                 "'<!-- keys:end -->'\n", path.c_str());
+    std::fprintf(stderr,
+                 "cudapool-gen-docs: %s needs one '<!-- keys:begin -->' line and a later "
+                 "'<!-- keys:end -->'\n",
+                 path.c_str());
     return 1;
   }
   if (*next == doc) {

@@ -62,8 +62,10 @@ std::string preload_value(const std::string& library, const char* existing) {
     item.clear();
   };
   for (const char* p = existing; *p; ++p) {
-    if (*p == ':' || *p == ' ') flush();
-    else item += *p;
+    if (*p == ':' || *p == ' ')
+      flush();
+    else
+      item += *p;
   }
   flush();
   return out;

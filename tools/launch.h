@@ -13,11 +13,11 @@ namespace cudapool::tools {
 // The policy-and-output settings a launched program receives as CUDAPOOL_* variables.
 // Empty fields leave the variable as the caller's environment has it.
 struct LaunchSettings {
-  std::string conf;     // CUDAPOOL_CONF (empty: the caller's CUDAPOOL_CONF)
-  std::string config;   // CUDAPOOL_CONFIG
-  std::string profile;  // CUDAPOOL_PROFILE
-  std::string trace;    // appended to the conf as trace_file:PATH
-  std::string stats;    // appended to the conf as stats_file:PATH
+  std::string conf;                  // CUDAPOOL_CONF (empty: the caller's CUDAPOOL_CONF)
+  std::string config;                // CUDAPOOL_CONFIG
+  std::string profile;               // CUDAPOOL_PROFILE
+  std::string trace;                 // appended to the conf as trace_file:PATH
+  std::string stats;                 // appended to the conf as stats_file:PATH
   std::string conf_flag = "--conf";  // how messages name `conf` when it is set
 };
 

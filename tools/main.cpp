@@ -12,8 +12,8 @@ int main(int argc, char** argv) {
   // Split "CMD…" off `run`, `ab` and `check` at the first "--" (see CommandTail).
   CommandTail tail;
   int parsed_argc = argc;
-  if (argc > 1 && (std::strcmp(argv[1], "run") == 0 || std::strcmp(argv[1], "ab") == 0 ||
-                   std::strcmp(argv[1], "check") == 0)) {
+  if (argc > 1 &&
+      (std::strcmp(argv[1], "run") == 0 || std::strcmp(argv[1], "ab") == 0 || std::strcmp(argv[1], "check") == 0)) {
     for (int i = 2; i < argc; ++i) {
       if (std::strcmp(argv[i], "--") == 0) {
         tail.present = true;

@@ -12,10 +12,10 @@ constexpr char kStop = '.';
 constexpr char kNone = 'N';
 constexpr char kNewTrue = '\x88';
 constexpr char kNewFalse = '\x89';
-constexpr char kBinInt1 = 'K';   // 1-byte unsigned
-constexpr char kBinInt = 'J';    // 4-byte signed little-endian
-constexpr char kLong1 = '\x8a';  // n bytes of two's complement little-endian
-constexpr char kBinFloat = 'G';  // 8-byte big-endian IEEE double
+constexpr char kBinInt1 = 'K';     // 1-byte unsigned
+constexpr char kBinInt = 'J';      // 4-byte signed little-endian
+constexpr char kLong1 = '\x8a';    // n bytes of two's complement little-endian
+constexpr char kBinFloat = 'G';    // 8-byte big-endian IEEE double
 constexpr char kBinUnicode = 'X';  // 4-byte little-endian length + UTF-8
 constexpr char kEmptyDict = '}';
 constexpr char kEmptyList = ']';
@@ -52,8 +52,10 @@ void PickleWriter::integer(std::int64_t v) {
     while (n > 1) {
       const std::uint8_t top = static_cast<std::uint8_t>(u >> (8 * (n - 1)));
       const std::uint8_t next = static_cast<std::uint8_t>(u >> (8 * (n - 2)));
-      if ((top == 0x00 && !(next & 0x80)) || (top == 0xff && (next & 0x80))) --n;
-      else break;
+      if ((top == 0x00 && !(next & 0x80)) || (top == 0xff && (next & 0x80)))
+        --n;
+      else
+        break;
     }
     out_ += kLong1;
     out_ += static_cast<char>(n);

@@ -61,8 +61,7 @@ std::string with_conf_key(const std::string& conf, const std::string& key, const
   return out;
 }
 
-bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out,
-                  std::string* error) {
+bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out, std::string* error) {
   auto eq = sweep.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 >= sweep.size()) {
     *error = "--sweep wants key=v1,v2,... (got '" + sweep + "')";

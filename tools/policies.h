@@ -37,7 +37,6 @@ std::string with_conf_key(const std::string& conf, const std::string& key, const
 // --sweep "key=v1,v2,…" over `base`: one NamedConf per value ("key:v" appended to base).
 // Values may be lists in brackets ("roundup_power2_divisions=[256:1,>:4],8"): commas inside
 // brackets do not split. false with *error on a malformed sweep.
-bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out,
-                  std::string* error);
+bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out, std::string* error);
 
 }  // namespace cudapool::tools

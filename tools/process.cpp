@@ -55,8 +55,7 @@ int exec_replace(const std::vector<std::string>& argv, const std::vector<std::st
   return exec_failure_status(err);
 }
 
-ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                      bool hide_output) {
+ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env, bool hide_output) {
   ChildResult result;
   if (argv.empty()) return result;
   // Prepare everything before fork: only async-signal-safe calls are allowed in the child.
@@ -94,7 +93,8 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
   while (got < 0 && errno == EINTR);
   close(pipefd[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
   result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (got == static_cast<ssize_t>(sizeof exec_errno)) {
     std::fprintf(stderr, "cudapool: cannot run '%s': %s\n", argv[0].c_str(), std::strerror(exec_errno));

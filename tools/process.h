@@ -18,8 +18,8 @@ std::vector<std::string> build_environment(const EnvChanges& changes);
 int exec_replace(const std::vector<std::string>& argv, const std::vector<std::string>& env);
 
 struct ChildResult {
-  bool started = false;     // false: exec failed (exit_status is then 126/127)
-  int exit_status = 0;      // the child's exit status, or 128 + signal when killed by one
+  bool started = false;  // false: exec failed (exit_status is then 126/127)
+  int exit_status = 0;   // the child's exit status, or 128 + signal when killed by one
   bool signaled = false;
   double wall_seconds = 0;  // from fork to reap
 };

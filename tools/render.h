@@ -8,8 +8,8 @@
 namespace cudapool::tools {
 
 struct ReportContext {
-  std::string title;          // usually the trace path
-  std::string source_note;    // e.g. "segments from a replay under the default policy"
+  std::string title;              // usually the trace path
+  std::string source_note;        // e.g. "segments from a replay under the default policy"
   std::size_t device_memory = 0;  // 0 = unknown
 };
 

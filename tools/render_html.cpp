@@ -61,8 +61,8 @@ std::string timeline_svg(const TraceReport& r) {
   auto X = [&](double t) { return L + (W - L - R) * t / tmax; };
   auto Y = [&](double v) { return T + (H - T - B) * (1.0 - v / ymax); };
   std::string s = "<svg id=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" +
-                  num(H) + "\" data-peak-allocated=\"" + std::to_string(r.peak_allocated) +
-                  "\" data-peak-reserved=\"" + std::to_string(r.peak_reserved) + "\">\n";
+                  num(H) + "\" data-peak-allocated=\"" + std::to_string(r.peak_allocated) + "\" data-peak-reserved=\"" +
+                  std::to_string(r.peak_reserved) + "\">\n";
   // Axes with a few labelled ticks.
   double unit = ymax >= 1024.0 * 1024 * 1024 ? 1024.0 * 1024 * 1024 : 1024.0 * 1024;
   const char* uname = unit > 1024.0 * 1024 ? "GiB" : "MiB";
@@ -81,8 +81,8 @@ std::string timeline_svg(const TraceReport& r) {
     s += "<text x=\"" + num(X(t)) + "\" y=\"" + num(H - B + 16) + "\" text-anchor=\"middle\">" + lab + "</text>\n";
   }
   s += "<line x1=\"" + num(L) + "\" x2=\"" + num(L) + "\" y1=\"" + num(T) + "\" y2=\"" + num(H - B) +
-       "\" stroke=\"#888\"/><line x1=\"" + num(L) + "\" x2=\"" + num(W - R) + "\" y1=\"" + num(H - B) +
-       "\" y2=\"" + num(H - B) + "\" stroke=\"#888\"/>\n";
+       "\" stroke=\"#888\"/><line x1=\"" + num(L) + "\" x2=\"" + num(W - R) + "\" y1=\"" + num(H - B) + "\" y2=\"" +
+       num(H - B) + "\" stroke=\"#888\"/>\n";
   // Step lines: memory stays at a level until the next event changes it.
   auto path = [&](bool reserved, const char* color, const char* cls) {
     std::string d;
@@ -90,8 +90,8 @@ std::string timeline_svg(const TraceReport& r) {
     d += "M" + num(X(0)) + "," + num(prev_y);
     for (const auto& p : pts) {
       double y = Y(static_cast<double>(reserved ? p.reserved : p.allocated));
-      d += " L" + num(X(static_cast<double>(p.t_ns))) + "," + num(prev_y) + " L" +
-           num(X(static_cast<double>(p.t_ns))) + "," + num(y);
+      d += " L" + num(X(static_cast<double>(p.t_ns))) + "," + num(prev_y) + " L" + num(X(static_cast<double>(p.t_ns))) +
+           "," + num(y);
       prev_y = y;
     }
     d += " L" + num(X(tmax)) + "," + num(prev_y);
@@ -100,7 +100,8 @@ std::string timeline_svg(const TraceReport& r) {
   };
   s += path(true, "#e08a1e", "reserved");
   s += path(false, "#2a6fdb", "allocated");
-  s += "<text x=\"" + num(W / 2) + "\" y=\"" + num(H - 6) + "\" text-anchor=\"middle\">time since the first row</text>\n";
+  s += "<text x=\"" + num(W / 2) + "\" y=\"" + num(H - 6) +
+       "\" text-anchor=\"middle\">time since the first row</text>\n";
   s += "</svg>\n";
   return s;
 }
@@ -131,9 +132,9 @@ std::string segments_svg(const TraceReport& r) {
     for (const auto& b : sg.blocks) {
       double bx = L + w * static_cast<double>(b.offset) / static_cast<double>(sg.size);
       double bw = std::max(0.5, w * static_cast<double>(b.size) / static_cast<double>(sg.size));
-      s += "<rect class=\"block\" x=\"" + num(bx) + "\" y=\"" + num(y + 1) + "\" width=\"" + num(bw) +
-           "\" height=\"" + num(row - 2) + "\" fill=\"#2a6fdb\" data-size=\"" + std::to_string(b.size) +
-           "\"><title>" + format_bytes(static_cast<double>(b.requested)) + " requested</title></rect>";
+      s += "<rect class=\"block\" x=\"" + num(bx) + "\" y=\"" + num(y + 1) + "\" width=\"" + num(bw) + "\" height=\"" +
+           num(row - 2) + "\" fill=\"#2a6fdb\" data-size=\"" + std::to_string(b.size) + "\"><title>" +
+           format_bytes(static_cast<double>(b.requested)) + " requested</title></rect>";
     }
     s += "\n";
   }
@@ -148,8 +149,8 @@ std::string sizes_svg(const TraceReport& r) {
   double H = 10 + static_cast<double>(r.largest_sizes.size()) * (row + gap);
   std::size_t maxsize = 1;
   for (const auto& sc : r.largest_sizes) maxsize = std::max(maxsize, sc.size);
-  std::string s = "<svg id=\"sizes\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" +
-                  num(H) + "\">\n";
+  std::string s = "<svg id=\"sizes\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
+                  "\">\n";
   for (std::size_t i = 0; i < r.largest_sizes.size(); ++i) {
     const auto& sc = r.largest_sizes[i];
     double y = 5 + static_cast<double>(i) * (row + gap);
@@ -159,7 +160,8 @@ std::string sizes_svg(const TraceReport& r) {
     s += "<rect class=\"size-bar\" x=\"" + num(L) + "\" y=\"" + num(y) + "\" width=\"" + num(w) + "\" height=\"" +
          num(row) + "\" fill=\"#6b9e3a\" data-size=\"" + std::to_string(sc.size) + "\" data-count=\"" +
          std::to_string(sc.count) + "\"/>";
-    s += "<text x=\"" + num(L + w + 6) + "\" y=\"" + num(y + row - 4) + "\">× " + std::to_string(sc.count) + "</text>\n";
+    s += "<text x=\"" + num(L + w + 6) + "\" y=\"" + num(y + row - 4) + "\">× " + std::to_string(sc.count) +
+         "</text>\n";
   }
   s += "</svg>\n";
   return s;
@@ -193,7 +195,8 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   row("fragmentation", fr);
   row("unused at the peak", un);
   row("upstream calls (allocs or maps / frees or unmaps)", std::to_string(r.segment_allocs + r.segment_frees) + " (" +
-      std::to_string(r.segment_allocs) + " / " + std::to_string(r.segment_frees) + ")");
+                                                               std::to_string(r.segment_allocs) + " / " +
+                                                               std::to_string(r.segment_frees) + ")");
   row("OOMs / failed allocations", std::to_string(r.ooms) + " / " + std::to_string(r.failed_allocations));
   h += "</table>\n";
   h += "<h2>Allocated vs reserved over time</h2>\n<div class=\"legend\"><span style=\"background:#2a6fdb\"></span>"
@@ -222,12 +225,14 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   const double unused = r.snapshot_reserved > 0
                             ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
                             : 0;
-  std::snprintf(buf, sizeof buf, "peak allocated %s, peak reserved %s, fragmentation %.1f %%; at the peak %zu segments, "
+  std::snprintf(buf, sizeof buf,
+                "peak allocated %s, peak reserved %s, fragmentation %.1f %%; at the peak %zu segments, "
                 "%.1f %% of reserved unused at that moment\n",
-                fbytes(r.peak_allocated).c_str(), fbytes(r.peak_reserved).c_str(), frag * 100, r.segments_at_peak.size(),
-                unused * 100);
+                fbytes(r.peak_allocated).c_str(), fbytes(r.peak_reserved).c_str(), frag * 100,
+                r.segments_at_peak.size(), unused * 100);
   s += buf;
-  std::snprintf(buf, sizeof buf, "upstream calls %zu (%zu segment allocs or maps, %zu frees or unmaps); %zu OOMs, %zu failed "
+  std::snprintf(buf, sizeof buf,
+                "upstream calls %zu (%zu segment allocs or maps, %zu frees or unmaps); %zu OOMs, %zu failed "
                 "allocations, %zu GC passes\n",
                 r.segment_allocs + r.segment_frees, r.segment_allocs, r.segment_frees, r.ooms, r.failed_allocations,
                 r.gc_passes);
@@ -235,7 +240,8 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   s += "largest sizes:";
   for (std::size_t i = 0; i < r.largest_sizes.size() && i < 5; ++i)
     s += " " + format_bytes(static_cast<double>(r.largest_sizes[i].size)) + " ×" +
-         std::to_string(r.largest_sizes[i].count) + (i + 1 < std::min<std::size_t>(5, r.largest_sizes.size()) ? "," : "");
+         std::to_string(r.largest_sizes[i].count) +
+         (i + 1 < std::min<std::size_t>(5, r.largest_sizes.size()) ? "," : "");
   s += "\n";
   return s;
 }

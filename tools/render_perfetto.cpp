@@ -12,8 +12,8 @@ std::string render_perfetto(const TraceReport& r, const std::vector<TraceRow>& r
   // microseconds (the trace-event format's unit) from the first row.
   std::string pid = std::to_string(r.device);
   std::string o = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  o += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":0,\"args\":{\"name\":" +
-       json_string("cudapool device " + pid) + "}}";
+  o += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid +
+       ",\"tid\":0,\"args\":{\"name\":" + json_string("cudapool device " + pid) + "}}";
   char buf[160];
   // Perfetto copes with large files, but a million counter events help nobody: keep each
   // bucket's extremes of at most 200 000 points (every point when there are fewer).
@@ -27,10 +27,11 @@ std::string render_perfetto(const TraceReport& r, const std::vector<TraceRow>& r
   for (const auto& row : rows) {
     if (row.device != r.device) continue;
     if (start < 0) start = row.time_ns;
-    const char* name = row.action == TraceAction::oom ? "oom"
+    const char* name = row.action == TraceAction::oom                ? "oom"
                        : row.action == TraceAction::allocate_failure ? "allocate failure"
-                       : row.action == TraceAction::gc ? "gc"
-                       : row.action == TraceAction::empty_cache ? "empty_cache" : nullptr;
+                       : row.action == TraceAction::gc               ? "gc"
+                       : row.action == TraceAction::empty_cache      ? "empty_cache"
+                                                                     : nullptr;
     if (!name) continue;
     std::snprintf(buf, sizeof buf, ",\n{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"p\",\"pid\":%s,\"tid\":0,\"ts\":%.3f,",
                   name, pid.c_str(), static_cast<double>(row.time_ns - start) / 1000.0);
@@ -46,7 +47,8 @@ std::string render_perfetto(const TraceReport& r, const std::vector<TraceRow>& r
   std::int64_t last = start;
   auto slice_end = [&](std::uint64_t id, std::size_t bytes, std::int64_t t) {
     std::snprintf(buf, sizeof buf,
-                  ",\n{\"name\":\"%zu B\",\"cat\":\"allocation\",\"ph\":\"e\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f}",
+                  ",\n{\"name\":\"%zu "
+                  "B\",\"cat\":\"allocation\",\"ph\":\"e\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f}",
                   bytes, static_cast<unsigned long long>(id), pid.c_str(), static_cast<double>(t - start) / 1000.0);
     o += buf;
   };
@@ -58,11 +60,13 @@ std::string render_perfetto(const TraceReport& r, const std::vector<TraceRow>& r
       ++slices;
       open[row.ptr] = {id, row.requested};
       std::snprintf(buf, sizeof buf,
-                    ",\n{\"name\":\"%zu B\",\"cat\":\"allocation\",\"ph\":\"b\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f,",
+                    ",\n{\"name\":\"%zu "
+                    "B\",\"cat\":\"allocation\",\"ph\":\"b\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f,",
                     row.requested, static_cast<unsigned long long>(id), pid.c_str(),
                     static_cast<double>(row.time_ns - start) / 1000.0);
       o += buf;
-      std::snprintf(buf, sizeof buf, "\"args\":{\"address\":\"0x%llx\",\"size\":%zu,\"requested\":%zu,\"stream\":\"0x%llx\"}}",
+      std::snprintf(buf, sizeof buf,
+                    "\"args\":{\"address\":\"0x%llx\",\"size\":%zu,\"requested\":%zu,\"stream\":\"0x%llx\"}}",
                     static_cast<unsigned long long>(row.ptr), row.size, row.requested,
                     static_cast<unsigned long long>(row.stream));
       o += buf;

@@ -46,8 +46,10 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
     // Process-wide rows, whatever their device column says.
     if (r.action == TraceAction::policy) continue;  // its text comes through TraceMeta
     if (r.action == TraceAction::stream) {
-      if (r.detail == TraceDetail::stream_non_blocking) ++f.non_blocking_streams;
-      else ++f.blocking_streams;
+      if (r.detail == TraceDetail::stream_non_blocking)
+        ++f.non_blocking_streams;
+      else
+        ++f.blocking_streams;
       continue;
     }
     if (r.device != device) {
@@ -81,9 +83,12 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         }
         allocated -= it->second.size;
         out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns, r.detail});
-        if (r.detail == TraceDetail::free_sync) ++f.sync_frees;
-        else if (r.detail == TraceDetail::free_async) ++f.async_frees;
-        else ++f.unknown_frees;
+        if (r.detail == TraceDetail::free_sync)
+          ++f.sync_frees;
+        else if (r.detail == TraceDetail::free_async)
+          ++f.async_frees;
+        else
+          ++f.unknown_frees;
         live.erase(it);
         ++f.frees;
         break;
@@ -118,8 +123,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
         break;
       case TraceAction::policy:
-      case TraceAction::stream:
-        break;  // handled above
+      case TraceAction::stream: break;  // handled above
     }
   }
   f.streams = streams.size();
@@ -130,7 +134,6 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   if (saw_segments) f.recorded_peak_reserved = static_cast<std::size_t>(peak_reserved);
   return out;
 }
-
 
 namespace {
 
@@ -194,8 +197,10 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
       switch (op.kind) {
         case ReplayOp::allocate: {
           AllocResult a = pool.allocate(op.size, op.stream);
-          if (a.status == AllocStatus::ok) slots[op.slot] = a.ptr;
-          else ++res.failed_allocations;
+          if (a.status == AllocStatus::ok)
+            slots[op.slot] = a.ptr;
+          else
+            ++res.failed_allocations;
           break;
         }
         case ReplayOp::free: {
@@ -217,9 +222,7 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
           }
           break;
         }
-        case ReplayOp::empty_cache:
-          pool.empty_cache();
-          break;
+        case ReplayOp::empty_cache: pool.empty_cache(); break;
       }
       const std::size_t done = static_cast<std::size_t>(index - 1);
       if (config.track_peak && (counter.reserved > best_reserved ||

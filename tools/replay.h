@@ -18,8 +18,8 @@ namespace cudapool::tools {
 struct ReplayOp {
   enum Kind : std::uint8_t { allocate, free, failed_allocate, empty_cache };
   Kind kind;
-  std::uint32_t slot;       // allocate/free: which allocation (dense, 0-based)
-  std::size_t size;         // allocate: the caller's requested size
+  std::uint32_t slot;  // allocate/free: which allocation (dense, 0-based)
+  std::size_t size;    // allocate: the caller's requested size
   std::uintptr_t stream;
   std::int64_t time_ns;
   TraceDetail detail = TraceDetail::none;  // free: the recorded call (free_sync / free_async / none)
@@ -31,12 +31,12 @@ struct TraceFacts {
   std::size_t allocations = 0, frees = 0, failed_allocations = 0;
   std::size_t unmatched_frees = 0;  // frees of pointers the trace never allocated (skipped)
   std::size_t streams = 0;
-  int device = 0;                   // the device replayed
-  std::vector<int> other_devices;   // rows of these devices are ignored
-  bool rmm_only = false;            // no pool rows (segment_*): a plain allocation log
-  std::optional<std::size_t> device_memory;      // from the "device" row
+  int device = 0;                                     // the device replayed
+  std::vector<int> other_devices;                     // rows of these devices are ignored
+  bool rmm_only = false;                              // no pool rows (segment_*): a plain allocation log
+  std::optional<std::size_t> device_memory;           // from the "device" row
   std::optional<std::size_t> recorded_peak_reserved;  // from segment rows, when present
-  std::size_t recorded_peak_allocated = 0;       // sum of live (rounded) allocation sizes
+  std::size_t recorded_peak_allocated = 0;            // sum of live (rounded) allocation sizes
   std::int64_t start_ns = 0, end_ns = 0;
   std::size_t largest_allocation = 0;
   // Frees by the call the program made (traces with the detail column), and those the trace does
@@ -45,8 +45,8 @@ struct TraceFacts {
   // Streams the program created, by kind ("stream" rows).
   std::size_t blocking_streams = 0, non_blocking_streams = 0;
   std::optional<std::string> recorded_policy;  // the trace's policy row (set by load_trace)
-  std::size_t threads = 0;            // distinct Thread values on the replayed device's rows
-  bool upstream_durations = false;    // segment rows carry driver times: recorded on a real GPU
+  std::size_t threads = 0;                     // distinct Thread values on the replayed device's rows
+  bool upstream_durations = false;             // segment rows carry driver times: recorded on a real GPU
 };
 
 struct PreparedTrace {
@@ -86,19 +86,19 @@ struct ReplayResult {
   Stats stats;
   std::size_t device_memory = 0;
   std::size_t ops = 0;
-  double seconds = 0;                     // replay only (no parsing)
-  std::size_t failed_allocations = 0;     // the pool said out of memory / error in the replay
+  double seconds = 0;                        // replay only (no parsing)
+  std::size_t failed_allocations = 0;        // the pool said out of memory / error in the replay
   std::size_t recorded_failures_served = 0;  // "allocate failure" rows the replay could serve
-  std::size_t bad_frees = 0;              // the pool refused a free (should be 0)
+  std::size_t bad_frees = 0;                 // the pool refused a free (should be 0)
   std::uint64_t fences = 0, fence_waits = 0;
   std::uint64_t unit_ops = 0;  // expandable: physical allocations created, moved, released
   // "upstream calls" as tools/metrics.h defines it: segment allocate/release and expandable
   // map/unmap (a move counts as both).
   std::uint64_t upstream_calls = 0;
-  std::uint64_t device_calls = 0;  // as the simulated device counted them (equal to the above)
-  std::vector<TraceRow> rows;             // when collect_rows
-  std::optional<Snapshot> snapshot;       // when snapshot_after_op
-  std::size_t peak_op = 0;                // when track_peak
+  std::uint64_t device_calls = 0;    // as the simulated device counted them (equal to the above)
+  std::vector<TraceRow> rows;        // when collect_rows
+  std::optional<Snapshot> snapshot;  // when snapshot_after_op
+  std::size_t peak_op = 0;           // when track_peak
 };
 
 // The index of the last op at or before `ns_since_start` of trace time (0 when none is).

@@ -147,8 +147,7 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
         ++fig.events;
         break;
       }
-      default:
-        break;  // the pool's own bookkeeping (driver refusals, gc, waits) has no PyTorch action
+      default: break;  // the pool's own bookkeeping (driver refusals, gc, waits) has no PyTorch action
     }
   }
   w.end();
@@ -180,8 +179,8 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
   return w.finish();
 }
 
-std::string snapshot_from_replay(const PreparedTrace& trace, const ReplayConfig& config, std::optional<std::int64_t> at_ns,
-                                 const std::string& conf, SnapshotFigures* figures) {
+std::string snapshot_from_replay(const PreparedTrace& trace, const ReplayConfig& config,
+                                 std::optional<std::int64_t> at_ns, const std::string& conf, SnapshotFigures* figures) {
   SnapshotFigures fig;
   if (at_ns) {
     fig.op = op_at_time(trace, *at_ns);

@@ -16,15 +16,15 @@ namespace cudapool::tools {
 
 // What a snapshot holds, in exact numbers (report prints them; tests compare them with the file).
 struct SnapshotFigures {
-  std::size_t op = 0;            // taken after this op of the replay
-  std::int64_t t_ns = 0;         // its trace time, since the trace's start
-  bool at_peak = false;          // the moment of peak reserved (no --at)
+  std::size_t op = 0;     // taken after this op of the replay
+  std::int64_t t_ns = 0;  // its trace time, since the trace's start
+  bool at_peak = false;   // the moment of peak reserved (no --at)
   std::size_t segments = 0;
-  std::uint64_t reserved = 0;    // sum of total_size
-  std::uint64_t allocated = 0;   // sum of allocated_size
-  std::uint64_t requested = 0;   // sum of requested_size
+  std::uint64_t reserved = 0;   // sum of total_size
+  std::uint64_t allocated = 0;  // sum of allocated_size
+  std::uint64_t requested = 0;  // sum of requested_size
   std::size_t blocks = 0, active_blocks = 0;
-  std::size_t events = 0;        // device_traces entries
+  std::size_t events = 0;  // device_traces entries
 };
 
 // The pickle of `snapshot` with `rows` (the pool's events up to it) as device `device`'s trace.
@@ -35,7 +35,7 @@ std::string snapshot_pickle(const Snapshot& snapshot, const std::vector<TraceRow
 
 // Replays `trace` under `config` up to the moment (the peak reserved, or `at_ns` of trace time
 // since its start) and builds the pickle there. `conf` is the policy string config was made from.
-std::string snapshot_from_replay(const PreparedTrace& trace, const ReplayConfig& config, std::optional<std::int64_t> at_ns,
-                                 const std::string& conf, SnapshotFigures* figures);
+std::string snapshot_from_replay(const PreparedTrace& trace, const ReplayConfig& config,
+                                 std::optional<std::int64_t> at_ns, const std::string& conf, SnapshotFigures* figures);
 
 }  // namespace cudapool::tools

@@ -64,8 +64,8 @@ void train(Workload& w, std::mt19937_64& rng, int steps, int layers, std::size_t
     void* h = w.alloc(tokens * d * 2);
     std::vector<void*> saved;
     for (int l = 0; l < layers; ++l) {
-      saved.push_back(w.alloc(tokens * d * 2));      // layernorm out
-      saved.push_back(w.alloc(tokens * 3 * d * 2));  // qkv
+      saved.push_back(w.alloc(tokens * d * 2));           // layernorm out
+      saved.push_back(w.alloc(tokens * 3 * d * 2));       // qkv
       void* scores = w.alloc(batch * heads * s * s * 2);  // attention scores: temporary
       w.compute(10 * 200000);
       saved.push_back(w.alloc(tokens * d * 2));  // attention out
@@ -189,8 +189,10 @@ bool synthesize_trace(const SynthOptions& o, const PoolOptions& pool_options, Sy
   DevicePool pool(0, pool_options, upstream, fences, &sink);
   Workload w(pool, fences, &now);
   std::mt19937_64 rng(o.seed);
-  if (o.pattern == "train") train(w, rng, o.steps, o.layers, o.hidden);
-  else serve(w, rng, o.steps, o.layers, o.hidden);
+  if (o.pattern == "train")
+    train(w, rng, o.steps, o.layers, o.hidden);
+  else
+    serve(w, rng, o.steps, o.layers, o.hidden);
   out->failed_allocations = w.failures();
   pool.set_event_sink(nullptr);  // releasing at teardown is not part of the workload
   // The pool measured how long the simulated device took (nanoseconds of host time): noise that

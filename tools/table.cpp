@@ -75,7 +75,8 @@ std::string Table::to_json() const {
     return o + "]";
   };
   std::string o = "{\n  \"header\": " + list(header, header.size()) + ",\n  \"rows\": [";
-  for (std::size_t i = 0; i < rows.size(); ++i) o += std::string(i ? ",\n    " : "\n    ") + list(rows[i], header.size());
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    o += std::string(i ? ",\n    " : "\n    ") + list(rows[i], header.size());
   return o + "\n  ]\n}\n";
 }
 

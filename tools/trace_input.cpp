@@ -39,9 +39,9 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
 
 void print_trace_facts(const std::string& path, const LoadedTrace& t) {
   const TraceFacts& f = t.prepared.facts;
-  std::printf("trace %s: %zu rows%s, %zu allocations, %zu frees, %zu streams, %.3f s of program time\n",
-              path.c_str(), f.rows, f.rmm_only ? " (plain allocation log)" : "", f.allocations, f.frees,
-              f.streams, static_cast<double>(f.end_ns - f.start_ns) * 1e-9);
+  std::printf("trace %s: %zu rows%s, %zu allocations, %zu frees, %zu streams, %.3f s of program time\n", path.c_str(),
+              f.rows, f.rmm_only ? " (plain allocation log)" : "", f.allocations, f.frees, f.streams,
+              static_cast<double>(f.end_ns - f.start_ns) * 1e-9);
   std::printf("recorded: device memory %s, peak allocated %s, peak reserved %s\n",
               f.device_memory ? format_bytes(static_cast<double>(*f.device_memory)).c_str() : "unknown",
               format_bytes(static_cast<double>(f.recorded_peak_allocated)).c_str(),

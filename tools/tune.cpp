@@ -100,8 +100,8 @@ bool better(const Candidate& a, const Candidate& b) {
 
 }  // namespace
 
-bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const TuneConfig& config,
-          TuneResult* out, std::string* error) {
+bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const TuneConfig& config, TuneResult* out,
+          std::string* error) {
   std::map<std::string, Candidate> seen;
   int budget = std::max(1, config.budget);
   std::int64_t base_cost = 0, base_ooms = 0;
@@ -194,7 +194,8 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
   char buf[700];
   auto numbers = [&](const Candidate& c) {
     char b[300];
-    std::snprintf(b, sizeof b, "peak reserved %s, %llu upstream calls, %lld fence waits, %llu VMM handle ops, %lld OOMs",
+    std::snprintf(b, sizeof b,
+                  "peak reserved %s, %llu upstream calls, %lld fence waits, %llu VMM handle ops, %lld OOMs",
                   format_bytes(peak(c)).c_str(), static_cast<unsigned long long>(c.result.upstream_calls),
                   static_cast<long long>(c.result.stats.fence_waits),
                   static_cast<unsigned long long>(c.result.unit_ops), static_cast<long long>(c.result.stats.num_ooms));
@@ -208,8 +209,10 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
                   "why: %s saves %s of peak reserved (%+.1f %%) against the base, for %+lld upstream calls and "
                   "%+lld fence waits (bound: %.0f of the two together)",
                   name.c_str(), format_bytes(peak(base) - peak(pick)).c_str(), pct(peak(pick), peak(base)),
-                  static_cast<long long>(pick.result.upstream_calls) - static_cast<long long>(base.result.upstream_calls),
-                  static_cast<long long>(pick.result.stats.fence_waits) - static_cast<long long>(base.result.stats.fence_waits),
+                  static_cast<long long>(pick.result.upstream_calls) -
+                      static_cast<long long>(base.result.upstream_calls),
+                  static_cast<long long>(pick.result.stats.fence_waits) -
+                      static_cast<long long>(base.result.stats.fence_waits),
                   r.call_limit);
     lines.push_back(buf);
     lines.push_back("  pick: " + numbers(pick));
@@ -273,8 +276,9 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
     }
   }
   if (pick.conf.find("free_sync:immediate") != std::string::npos)
-    lines.push_back("caution: free_sync:immediate reuses cudaFree'd memory at once on its stream; right only for "
-                    "programs that order every reuse themselves (README, \"Choosing free_sync\")");
+    lines.push_back(
+        "caution: free_sync:immediate reuses cudaFree'd memory at once on its stream; right only for "
+        "programs that order every reuse themselves (README, \"Choosing free_sync\")");
   return lines;
 }
 

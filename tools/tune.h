@@ -42,9 +42,9 @@ struct TuneResult {
 };
 
 struct TuneConfig {
-  ReplayConfig replay;     // device memory etc.; pool options are set per candidate
-  std::string base;        // the policy the search starts from and is measured against
-  int budget = 60;         // replays at most
+  ReplayConfig replay;  // device memory etc.; pool options are set per candidate
+  std::string base;     // the policy the search starts from and is measured against
+  int budget = 60;      // replays at most
   double call_bound = 1.5;
   std::function<void()> on_replay;  // after each replay (progress), if set
 };
@@ -53,8 +53,8 @@ struct TuneConfig {
 // far, keep improvements, repeat until a round improves nothing or the budget is spent. Keys
 // marked expandable_only are tried only while expandable_segments is on.
 // false with *error when a candidate string is rejected by config/ (the base, or a bug in the space).
-bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const TuneConfig& config,
-          TuneResult* out, std::string* error);
+bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const TuneConfig& config, TuneResult* out,
+          std::string* error);
 
 // The reasons for the pick, in numbers: its trade-off against the base, the runner-up and why it
 // ranks lower, and what each changed key of the pick is worth (from replays already made). Lines

@@ -101,7 +101,12 @@ void BM_Pool_Burst(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 100);
   for (void* p : held) rig.pool.free(p);
 }
-BENCHMARK(BM_Pool_Burst)->ArgNames({"fenced", "size"})->Args({0, 4096})->Args({1, 4096})->Args({0, 16 << 20})->Args({1, 16 << 20});
+BENCHMARK(BM_Pool_Burst)
+    ->ArgNames({"fenced", "size"})
+    ->Args({0, 4096})
+    ->Args({1, 4096})
+    ->Args({0, 16 << 20})
+    ->Args({1, 16 << 20});
 
 // ---- mixed-size trace: 1000 live blocks, sizes 512 B .. 8 MiB, random frees -------------------
 struct TraceOp {
@@ -119,7 +124,9 @@ const std::vector<TraceOp>& trace() {
       const std::size_t slot = rng() % used.size();
       if (!used[slot]) {
         const std::uint64_t c = rng() % 100;
-        std::size_t size = c < 80 ? 512 + rng() % (64 * KiB) : c < 98 ? 1 * MiB + rng() % (3 * MiB) : 4 * MiB + rng() % (4 * MiB);
+        std::size_t size = c < 80   ? 512 + rng() % (64 * KiB)
+                           : c < 98 ? 1 * MiB + rng() % (3 * MiB)
+                                    : 4 * MiB + rng() % (4 * MiB);
         v.push_back({true, size, slot});
         used[slot] = true;
         ++live;
@@ -344,11 +351,10 @@ void BM_Pool_GpuWaits_FreeChurn(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
   if (state.thread_index() == 0) {
-    state.counters["gpu_waits_per_kpair"] =
-        benchmark::Counter(static_cast<double>(sh->fence.orders()) * 1000.0 /
-                           static_cast<double>(state.iterations() * state.threads()));
-    state.counters["peak_reserved_MiB"] =
-        static_cast<double>(sh->pool->stats().reserved_bytes[kAll].peak) / static_cast<double>(MiB);
+    state.counters["gpu_waits_per_kpair"] = benchmark::Counter(
+        static_cast<double>(sh->fence.orders()) * 1000.0 / static_cast<double>(state.iterations() * state.threads()));
+    state.counters["peak_reserved_MiB"] = static_cast<double>(sh->pool->stats().reserved_bytes[kAll].peak) /
+                                          static_cast<double>(MiB);
   }
 }
 BENCHMARK(BM_Pool_GpuWaits_FreeChurn)->Arg(0)->Arg(1)->Arg(2)->Threads(1)->Threads(2)->UseRealTime();

@@ -27,11 +27,10 @@
 #ifndef CUDAPOOL_APP_LINKED
 // cudart-style programs do not link libcuda: reach the fake's controls through the handle the
 // program dlopened (looked up lazily, so a scenario that never starts CUDA never loads it).
-#define FAKE_CONTROL(ret, name, params, args)                                                   \
-  extern "C" ret name params {                                                                   \
-    static auto fn = reinterpret_cast<ret(*) params>(                                             \
-        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), #name));                            \
-    return fn args;                                                                              \
+#define FAKE_CONTROL(ret, name, params, args)                                                                       \
+  extern "C" ret name params {                                                                                      \
+    static auto fn = reinterpret_cast<ret(*) params>(dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), #name)); \
+    return fn args;                                                                                                 \
   }
 FAKE_CONTROL(void, fakecuda_hold_stream, (cudaabi::CUstream s), (s))
 FAKE_CONTROL(void, fakecuda_release_stream, (cudaabi::CUstream s), (s))
@@ -47,7 +46,7 @@ FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
 FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
 FAKE_CONTROL(void, fakecuda_reset_primary_unseen, (cudaabi::CUdevice dev), (dev))
 FAKE_CONTROL(int, fakecuda_is_live, (cudaabi::CUdeviceptr p), (p))
-FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext* c, int d), (c, d))
+FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext * c, int d), (c, d))
 FAKE_CONTROL(long, fakecuda_stream_waits, (), ())
 FAKE_CONTROL(long, fakecuda_capture_waits, (), ())
 FAKE_CONTROL(long, fakecuda_ctx_syncs, (), ())
@@ -56,7 +55,6 @@ FAKE_CONTROL(int, fakecuda_would_wait, (cudaabi::CUstream s, cudaabi::CUstream h
 #endif
 
 using namespace cudaabi;
-
 
 namespace {
 
@@ -70,8 +68,8 @@ struct Api {
   PFN_cuMemAllocPitch_v2 cuMemAllocPitch;
   CUresult (*cuMemAllocManaged)(CUdeviceptr*, std::size_t, unsigned);
   PFN_cuMemFree_v2 cuMemFree;
-  PFN_cuMemAllocAsync cuMemAllocAsync;      // legacy flavour
-  PFN_cuMemAllocAsync cuMemAllocAsync_ptds; // per-thread flavour
+  PFN_cuMemAllocAsync cuMemAllocAsync;       // legacy flavour
+  PFN_cuMemAllocAsync cuMemAllocAsync_ptds;  // per-thread flavour
   PFN_cuMemFreeAsync cuMemFreeAsync;
   PFN_cuMemFreeAsync cuMemFreeAsync_ptds;
   PFN_cuMemGetInfo_v2 cuMemGetInfo;
@@ -121,12 +119,31 @@ CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
 }
 static void resolve_api() {
-  api = Api{cuInit, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxReset_v2, cuCtxSetCurrent, cuCtxDestroy_v2,
-            cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemFree_v2, cuMemAllocAsync,
-            cuMemAllocAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz, cuMemGetInfo_v2,
-            cuMemGetAddressRange_v2, cuPointerGetAttribute, cuPointerGetAttributes, cuIpcGetMemHandle,
-            cuMemPoolTrimTo, cuDeviceGetDefaultMemPool, cuStreamCreate, cuStreamDestroy_v2,
-            cuStreamBeginCapture_v2, cuStreamEndCapture, cuGetProcAddress_v2};
+  api = Api{cuInit,
+            cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxReset_v2,
+            cuCtxSetCurrent,
+            cuCtxDestroy_v2,
+            cuMemAlloc_v2,
+            cuMemAllocPitch_v2,
+            cuMemAllocManaged,
+            cuMemFree_v2,
+            cuMemAllocAsync,
+            cuMemAllocAsync_ptsz,
+            cuMemFreeAsync,
+            cuMemFreeAsync_ptsz,
+            cuMemGetInfo_v2,
+            cuMemGetAddressRange_v2,
+            cuPointerGetAttribute,
+            cuPointerGetAttributes,
+            cuIpcGetMemHandle,
+            cuMemPoolTrimTo,
+            cuDeviceGetDefaultMemPool,
+            cuStreamCreate,
+            cuStreamDestroy_v2,
+            cuStreamBeginCapture_v2,
+            cuStreamEndCapture,
+            cuGetProcAddress_v2};
 }
 #else
 template <typename Fn>
@@ -245,7 +262,12 @@ void resolution() {
   CHECK(!from_shim(reinterpret_cast<void*>(api.cuInit)));  // not hooked: the driver's own
 #ifndef CUDAPOOL_APP_LINKED
   // Every version cudart may ask for maps to a wrapper of the matching ABI.
-  struct { const char* name; int version; cuuint64_t flags; const char* abi; } versions[] = {
+  struct {
+    const char* name;
+    int version;
+    cuuint64_t flags;
+    const char* abi;
+  } versions[] = {
       {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
       {"cuDevicePrimaryCtxReset", 11000, 0, "cuDevicePrimaryCtxReset_v2"},
       {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
@@ -357,7 +379,7 @@ void foreign_pointers() {
   CUdeviceptr m = 0;
   CHECK_OK(api.cuMemAllocManaged(&m, 4096, 1));  // not hooked: real driver memory
   const long frees = fakecuda_free_calls();
-  CHECK_OK(api.cuMemFree(m));                     // passed to the driver, which frees it
+  CHECK_OK(api.cuMemFree(m));  // passed to the driver, which frees it
   CHECK(fakecuda_free_calls() == frees + 1);
   CHECK(!fakecuda_is_live(m));
   CHECK(api.cuMemFree(0x12345000) == CUDA_ERROR_INVALID_VALUE);  // the driver's own answer
@@ -401,7 +423,7 @@ void capture() {
   CHECK(fakecuda_graph_allocs() == graph_before2 + 1);  // a graph node, not a pool block
   CHECK_OK(api.cuMemFreeAsync(node, s));
   CHECK(api.cuMemAlloc(&x, 4096) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);  // it invalidates the capture
-  CHECK(api.cuStreamEndCapture(s, &graph) == 901);  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+  CHECK(api.cuStreamEndCapture(s, &graph) == 901);                           // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
   // After the capture the deferred fence is recorded (once the batch window has passed) and the
   // block comes back.
   std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -418,7 +440,7 @@ void bad_frees() {
   CHECK_OK(api.cuMemAlloc(&q, 8192));
   CHECK(api.cuMemFree(p + 512) == CUDA_ERROR_INVALID_VALUE);  // interior pointer
   CHECK_OK(api.cuMemFree(p));
-  CHECK(api.cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);        // double free
+  CHECK(api.cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);  // double free
   // A pointer of another context (device 1) freed on a stream of this one.
   CUstream s0 = nullptr;
   CHECK_OK(api.cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
@@ -501,8 +523,8 @@ void oom() {
   start_cuda();
   CUdeviceptr a = 0, b = 0, c = 0;
   CHECK_OK(api.cuMemAlloc(&a, 40 << 20));
-  CHECK_OK(api.cuMemFree(a));                  // cached: the driver still counts it as used
-  CHECK_OK(api.cuMemAlloc(&b, 50 << 20));      // the pool gives the cache back and retries
+  CHECK_OK(api.cuMemFree(a));                                       // cached: the driver still counts it as used
+  CHECK_OK(api.cuMemAlloc(&b, 50 << 20));                           // the pool gives the cache back and retries
   CHECK(api.cuMemAlloc(&c, 40 << 20) == CUDA_ERROR_OUT_OF_MEMORY);  // really full
   CHECK(api.cuMemAlloc(&c, std::size_t{1} << 62) == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(stats().num_ooms >= 1);
@@ -524,7 +546,8 @@ void c_api_calls() {
   CHECK(json.rfind("{\"segments\": [", 0) == 0 && json.back() == '}');
   CHECK(json.find("\"segment_type\": \"small\"") != std::string::npos);
   CHECK(json.find("\"segment_type\": \"large\"") != std::string::npos);
-  CHECK(json.find("\"address\": " + std::to_string(a) + ", \"size\": 1024, \"requested_size\": 1000, "
+  CHECK(json.find("\"address\": " + std::to_string(a) +
+                  ", \"size\": 1024, \"requested_size\": 1000, "
                   "\"state\": \"active_allocated\"") != std::string::npos);
   char tiny[8];
   CHECK(snapshot(tiny, sizeof tiny) == n && std::strlen(tiny) == 7);  // truncated, terminated
@@ -560,7 +583,7 @@ void reset() {
   CUcontext ctx = start_cuda();
   CUdeviceptr p = 0;
   CHECK_OK(api.cuMemAlloc(&p, 1 << 20));
-  CHECK_OK(api.cuMemFree(p));  // cached in the pool
+  CHECK_OK(api.cuMemFree(p));                // cached in the pool
   CHECK_OK(api.cuDevicePrimaryCtxReset(0));  // the driver frees every allocation
   CHECK(!fakecuda_is_live(p));
   CUcontext again = nullptr;
@@ -661,19 +684,24 @@ void threads() {
           CUdeviceptr p = 0;
           const bool ptds = rng() % 2 == 0;
           CUresult r = ptds ? api.cuMemAllocAsync_ptds(&p, n, nullptr) : api.cuMemAlloc(&p, n);
-          if (r != CUDA_SUCCESS) { ++failures; continue; }
+          if (r != CUDA_SUCCESS) {
+            ++failures;
+            continue;
+          }
           std::memset(reinterpret_cast<void*>(p), t + 1, n);  // host memory in the fake
           live.push_back({p, n});
         } else if (!live.empty()) {
           auto [p, n] = live.back();
           live.pop_back();
           const auto* b = reinterpret_cast<const unsigned char*>(p);
-          for (std::size_t k = 0; k < n; k += 4093) if (b[k] != t + 1) ++failures;  // nobody else wrote
+          for (std::size_t k = 0; k < n; k += 4093)
+            if (b[k] != t + 1) ++failures;  // nobody else wrote
           if (b[n - 1] != t + 1) ++failures;
           if (api.cuMemFree(p) != CUDA_SUCCESS) ++failures;
         }
       }
-      for (auto [p, n] : live) if (api.cuMemFree(p) != CUDA_SUCCESS) ++failures;
+      for (auto [p, n] : live)
+        if (api.cuMemFree(p) != CUDA_SUCCESS) ++failures;
     });
   }
   for (auto& th : ts) th.join();
@@ -762,9 +790,9 @@ void gpu_wait_reuse() {
     const long allocs = driver_allocs(), syncs = fakecuda_event_syncs();
     const long waits = fakecuda_stream_waits();
     CHECK_OK(api.cuMemAlloc(&q, n));
-    CHECK(q == p);                               // reused at once…
-    CHECK(driver_allocs() == allocs);            // …instead of new memory…
-    CHECK(fakecuda_event_syncs() == syncs);      // …and without a host wait
+    CHECK(q == p);                                                    // reused at once…
+    CHECK(driver_allocs() == allocs);                                 // …instead of new memory…
+    CHECK(fakecuda_event_syncs() == syncs);                           // …and without a host wait
     for (CUstream s : all) CHECK(fakecuda_would_wait(s, busy) == 1);  // the GPU waits instead
     CUstream later = nullptr;
     CHECK_OK(api.cuStreamCreate(&later, CU_STREAM_NON_BLOCKING));
@@ -922,10 +950,16 @@ void hot_calls_immediate() {
   start_cuda();
   constexpr long kPairs = 1000;
   CUdeviceptr p = 0;
-  for (int i = 0; i < 10; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  for (int i = 0; i < 10; ++i) {
+    CHECK_OK(api.cuMemAlloc(&p, 4096));
+    CHECK_OK(api.cuMemFree(p));
+  }
   long before = fakecuda_thread_driver_calls();
   const long allocs = fakecuda_alloc_calls();
-  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  for (long i = 0; i < kPairs; ++i) {
+    CHECK_OK(api.cuMemAlloc(&p, 4096));
+    CHECK_OK(api.cuMemFree(p));
+  }
   const long sync_calls = fakecuda_thread_driver_calls() - before;
   std::printf("cuMemAlloc+cuMemFree hit pair: %.2f driver calls\n", double(sync_calls) / kPairs);
   CHECK(sync_calls == kPairs);  // exactly the cuCtxGetCurrent of each allocation
@@ -933,9 +967,15 @@ void hot_calls_immediate() {
 
   CUstream s = nullptr;
   CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  for (int i = 0; i < 10; ++i) { CHECK_OK(api.cuMemAllocAsync(&p, 4096, s)); CHECK_OK(api.cuMemFreeAsync(p, s)); }
+  for (int i = 0; i < 10; ++i) {
+    CHECK_OK(api.cuMemAllocAsync(&p, 4096, s));
+    CHECK_OK(api.cuMemFreeAsync(p, s));
+  }
   before = fakecuda_thread_driver_calls();
-  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAllocAsync(&p, 4096, s)); CHECK_OK(api.cuMemFreeAsync(p, s)); }
+  for (long i = 0; i < kPairs; ++i) {
+    CHECK_OK(api.cuMemAllocAsync(&p, 4096, s));
+    CHECK_OK(api.cuMemFreeAsync(p, s));
+  }
   const long async_calls = fakecuda_thread_driver_calls() - before;
   std::printf("cuMemAllocAsync+cuMemFreeAsync hit pair: %.2f driver calls\n", double(async_calls) / kPairs);
   CHECK(async_calls == kPairs);  // no capture ever began: no cuStreamIsCapturing
@@ -947,7 +987,10 @@ void hot_calls_immediate() {
   CHECK_OK(api.cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   CHECK_OK(api.cuStreamEndCapture(c, &g));
   before = fakecuda_thread_driver_calls();
-  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAllocAsync(&p, 4096, s)); CHECK_OK(api.cuMemFreeAsync(p, s)); }
+  for (long i = 0; i < kPairs; ++i) {
+    CHECK_OK(api.cuMemAllocAsync(&p, 4096, s));
+    CHECK_OK(api.cuMemFreeAsync(p, s));
+  }
   CHECK(fakecuda_thread_driver_calls() - before == 2 * kPairs);
 }
 
@@ -958,10 +1001,16 @@ void hot_calls_fenced() {
   start_cuda();
   constexpr long kPairs = 1000;
   CUdeviceptr p = 0;
-  for (int i = 0; i < 10; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  for (int i = 0; i < 10; ++i) {
+    CHECK_OK(api.cuMemAlloc(&p, 4096));
+    CHECK_OK(api.cuMemFree(p));
+  }
   long before = fakecuda_thread_driver_calls();
   long records = fakecuda_event_records();
-  for (long i = 0; i < kPairs; ++i) { CHECK_OK(api.cuMemAlloc(&p, 4096)); CHECK_OK(api.cuMemFree(p)); }
+  for (long i = 0; i < kPairs; ++i) {
+    CHECK_OK(api.cuMemAlloc(&p, 4096));
+    CHECK_OK(api.cuMemFree(p));
+  }
   const long tight = fakecuda_thread_driver_calls() - before;
   std::printf("fenced tight pair: %.2f driver calls, %.2f records\n", double(tight) / kPairs,
               double(fakecuda_event_records() - records) / kPairs);
@@ -988,7 +1037,8 @@ void hot_calls_fenced() {
 }
 
 double ns_per(std::chrono::steady_clock::time_point t0, long n) {
-  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(n);
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+         static_cast<double>(n);
 }
 
 void bench() {
@@ -1000,7 +1050,10 @@ void bench() {
   std::int64_t hits_before = -1;  // after the first warm-up (the pool starts with it)
   for (std::size_t size : {std::size_t{256}, std::size_t{1} << 20, std::size_t{64} << 20}) {
     CUdeviceptr p = 0;
-    for (int i = 0; i < 1000; ++i) { CHECK_OK(api.cuMemAlloc(&p, size)); CHECK_OK(api.cuMemFree(p)); }
+    for (int i = 0; i < 1000; ++i) {
+      CHECK_OK(api.cuMemAlloc(&p, size));
+      CHECK_OK(api.cuMemFree(p));
+    }
     if (hits_before < 0) hits_before = stats().cache_hits;
     auto t0 = std::chrono::steady_clock::now();
     for (long i = 0; i < kPairs; ++i) {
@@ -1074,15 +1127,36 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string s = argv[1];
-  struct { const char* name; void (*fn)(); } scenarios[] = {
-      {"pooling", pooling}, {"resolution", resolution}, {"fenced_reuse", fenced_reuse},
-      {"async_streams", async_streams}, {"foreign_pointers", foreign_pointers}, {"capture", capture},
-      {"bad_frees", bad_frees}, {"queries", queries}, {"reset", reset}, {"exit_path", exit_path},
-      {"fork_child", fork_child}, {"threads", threads}, {"no_cuda", no_cuda}, {"alloc_once", alloc_once},
-      {"immediate_reuse", immediate_reuse}, {"device_sync", device_sync}, {"c_api_calls", c_api_calls}, {"oom", oom}, {"bench", bench}, {"bench_threads", bench_threads},
-      {"hot_calls_immediate", hot_calls_immediate}, {"hot_calls_fenced", hot_calls_fenced},
-      {"gpu_wait_reuse", gpu_wait_reuse}, {"gpu_wait_capture", gpu_wait_capture},
-      {"gpu_wait_threads_contexts", gpu_wait_threads_contexts}, {"mem_info", mem_info},
+  struct {
+    const char* name;
+    void (*fn)();
+  } scenarios[] = {
+      {"pooling", pooling},
+      {"resolution", resolution},
+      {"fenced_reuse", fenced_reuse},
+      {"async_streams", async_streams},
+      {"foreign_pointers", foreign_pointers},
+      {"capture", capture},
+      {"bad_frees", bad_frees},
+      {"queries", queries},
+      {"reset", reset},
+      {"exit_path", exit_path},
+      {"fork_child", fork_child},
+      {"threads", threads},
+      {"no_cuda", no_cuda},
+      {"alloc_once", alloc_once},
+      {"immediate_reuse", immediate_reuse},
+      {"device_sync", device_sync},
+      {"c_api_calls", c_api_calls},
+      {"oom", oom},
+      {"bench", bench},
+      {"bench_threads", bench_threads},
+      {"hot_calls_immediate", hot_calls_immediate},
+      {"hot_calls_fenced", hot_calls_fenced},
+      {"gpu_wait_reuse", gpu_wait_reuse},
+      {"gpu_wait_capture", gpu_wait_capture},
+      {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
+      {"mem_info", mem_info},
       {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {

@@ -18,8 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -50,7 +50,7 @@ struct Context {
 
 struct Stream {
   Context* ctx = nullptr;
-  unsigned flags = 0;       // 0 = blocking, CU_STREAM_NON_BLOCKING
+  unsigned flags = 0;  // 0 = blocking, CU_STREAM_NON_BLOCKING
   bool legacy = false;
   bool per_thread = false;
   bool held = false;
@@ -180,7 +180,7 @@ struct MachineCounts {
 };
 bool machine_gone = false;  // machine_exit ran: this process holds nothing any more
 MachineCounts* machine() {
-  static MachineCounts* m = [] () -> MachineCounts* {
+  static MachineCounts* m = []() -> MachineCounts* {
     const char* path = std::getenv("FAKECUDA_MACHINE_FILE");
     if (path == nullptr || *path == '\0') return nullptr;
     const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -274,7 +274,8 @@ const Alloc* containing(CUdeviceptr p, std::uintptr_t* base) {
 void destroy_context(Context* c) {
   for (auto it = allocs.begin(); it != allocs.end();) {
     if (it->second.ctx == c) {
-      if (it->second.imported) munmap(reinterpret_cast<void*>(it->first), it->second.size);
+      if (it->second.imported)
+        munmap(reinterpret_cast<void*>(it->first), it->second.size);
       else {
         arena_free(it->first, it->second.size);
         machine_sub(it->second.size);
@@ -467,7 +468,10 @@ FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
   ++peer_enables;
   return CUDA_SUCCESS;
 }
-FAKE_API long fakecuda_peer_enables() { std::lock_guard<std::mutex> l(mu); return peer_enables; }
+FAKE_API long fakecuda_peer_enables() {
+  std::lock_guard<std::mutex> l(mu);
+  return peer_enables;
+}
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   FAKE_COUNT();
   tl_ctx_stack.push_back(tl_current);
@@ -608,7 +612,7 @@ struct FakeIpcHandle {
   std::uint64_t size;
 };
 constexpr char kFakeIpcMagic[8] = {'F', 'A', 'K', 'E', 'I', 'P', 'C', '1'};
-long n_ipc_opens = 0;  // cuIpcOpenMemHandle calls that mapped memory (first opens)
+long n_ipc_opens = 0;                              // cuIpcOpenMemHandle calls that mapped memory (first opens)
 std::map<std::string, std::uintptr_t> ipc_opened;  // exporter's pid/fd/offset -> mapping here
 }  // namespace
 FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
@@ -660,8 +664,12 @@ static CUresult ipc_open(CUdeviceptr* out, CUipcMemHandle h, unsigned) {
   *out = p;
   return CUDA_SUCCESS;
 }
-FAKE_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) { return ipc_open(out, h, flags); }
-FAKE_API CUresult cuIpcOpenMemHandle(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) { return ipc_open(out, h, flags); }
+FAKE_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) {
+  return ipc_open(out, h, flags);
+}
+FAKE_API CUresult cuIpcOpenMemHandle(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) {
+  return ipc_open(out, h, flags);
+}
 FAKE_API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = allocs.find(static_cast<std::uintptr_t>(p));
@@ -672,7 +680,10 @@ FAKE_API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   allocs.erase(it);
   return CUDA_SUCCESS;
 }
-FAKE_API long fakecuda_ipc_opens() { std::lock_guard<std::mutex> l(mu); return n_ipc_opens; }
+FAKE_API long fakecuda_ipc_opens() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_ipc_opens;
+}
 FAKE_API long fakecuda_ipc_mapped() {
   std::lock_guard<std::mutex> l(mu);
   long n = 0;
@@ -709,7 +720,7 @@ struct VmmMapping {
   unsigned long long handle;
   unsigned access = 0;  // bit d: device d may read and write (cuMemSetAccess)
 };
-std::map<std::uintptr_t, std::size_t> vmm_ranges;   // reservations
+std::map<std::uintptr_t, std::size_t> vmm_ranges;     // reservations
 std::map<unsigned long long, VmmHandle> vmm_handles;  // live physical handles
 std::map<std::uintptr_t, VmmMapping> vmm_maps;        // live mappings
 unsigned long long vmm_next_handle = 1;
@@ -765,7 +776,10 @@ FAKE_API CUresult cuCtxSynchronize() {
   ++n_ctx_syncs;
   return CUDA_SUCCESS;
 }
-FAKE_API long fakecuda_ctx_syncs() { std::lock_guard<std::mutex> l(mu); return n_ctx_syncs; }
+FAKE_API long fakecuda_ctx_syncs() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_ctx_syncs;
+}
 FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const CUmemAllocationProp* prop, int option) {
   std::lock_guard<std::mutex> lock(mu);
   if (g == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
@@ -929,7 +943,10 @@ FAKE_API std::size_t fakecuda_vmm_mapped_bytes() {
   for (auto& [p, m] : vmm_maps) n += m.size;
   return n;
 }
-FAKE_API long fakecuda_vmm_live_handles() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(vmm_handles.size()); }
+FAKE_API long fakecuda_vmm_live_handles() {
+  std::lock_guard<std::mutex> l(mu);
+  return static_cast<long>(vmm_handles.size());
+}
 FAKE_API std::size_t fakecuda_vmm_handle_bytes() {
   std::lock_guard<std::mutex> lock(mu);
   std::size_t n = 0;
@@ -942,14 +959,35 @@ FAKE_API std::size_t fakecuda_vmm_reserved_bytes() {
   for (auto& [p, sz] : vmm_ranges) n += sz;
   return n;
 }
-FAKE_API long fakecuda_vmm_ranges() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(vmm_ranges.size()); }
+FAKE_API long fakecuda_vmm_ranges() {
+  std::lock_guard<std::mutex> l(mu);
+  return static_cast<long>(vmm_ranges.size());
+}
 FAKE_API std::size_t fakecuda_vmm_granularity() { return vmm_granularity(); }
-FAKE_API long fakecuda_vmm_bad_calls() { std::lock_guard<std::mutex> l(mu); return vmm_bad; }
-FAKE_API long fakecuda_vmm_create_calls() { std::lock_guard<std::mutex> l(mu); return vmm_create_calls; }
-FAKE_API long fakecuda_vmm_map_calls() { std::lock_guard<std::mutex> l(mu); return vmm_map_calls; }
-FAKE_API long fakecuda_vmm_unmap_calls() { std::lock_guard<std::mutex> l(mu); return vmm_unmap_calls; }
-FAKE_API long fakecuda_vmm_peer_descs() { std::lock_guard<std::mutex> l(mu); return vmm_peer_descs; }
-FAKE_API long fakecuda_vmm_access_calls() { std::lock_guard<std::mutex> l(mu); return vmm_access_calls; }
+FAKE_API long fakecuda_vmm_bad_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_bad;
+}
+FAKE_API long fakecuda_vmm_create_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_create_calls;
+}
+FAKE_API long fakecuda_vmm_map_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_map_calls;
+}
+FAKE_API long fakecuda_vmm_unmap_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_unmap_calls;
+}
+FAKE_API long fakecuda_vmm_peer_descs() {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_peer_descs;
+}
+FAKE_API long fakecuda_vmm_access_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_access_calls;
+}
 // Attributes of an address in a live mapping (cuMemCreate memory), as the driver answers them:
 // the handle's device, no context and no legacy IPC, the mapping as the range. False when p is
 // not mapped. Called with mu held.
@@ -985,7 +1023,10 @@ FAKE_API int fakecuda_vmm_access_ok(CUdeviceptr p, std::size_t bytes, int dev) {
   }
   return 1;
 }
-FAKE_API std::size_t fakecuda_vmm_device_bytes(int dev) { std::lock_guard<std::mutex> l(mu); return vmm_used_on(dev); }
+FAKE_API std::size_t fakecuda_vmm_device_bytes(int dev) {
+  std::lock_guard<std::mutex> l(mu);
+  return vmm_used_on(dev);
+}
 FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(mu);
   return vmm_overlaps_mapping(p, 1) ? 1 : 0;
@@ -1021,8 +1062,9 @@ static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus* st, bool ptsz) 
   FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
-  *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
-        : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  *st = !s->capturing    ? CU_STREAM_CAPTURE_STATUS_NONE
+        : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                         : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* st) { return is_capturing(s, st, false); }
@@ -1038,7 +1080,9 @@ static CUresult begin_capture(CUstream hs, CUstreamCaptureMode mode, bool ptsz) 
 }
 FAKE_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, false); }
 FAKE_API CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, false); }
-FAKE_API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true); }
+FAKE_API CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+  return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
+}
 FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, m, true); }
 // CUDA 12.3's capture into an existing graph: the graph and its dependencies are not modelled.
 FAKE_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph, const void*, const void*, std::size_t,
@@ -1128,18 +1172,42 @@ FAKE_API void fakecuda_release_stream(CUstream s) {
   std::lock_guard<std::mutex> lock(mu);
   end_hold(resolve(s, false));
 }
-FAKE_API long fakecuda_alloc_calls() { std::lock_guard<std::mutex> l(mu); return n_alloc; }
-FAKE_API long fakecuda_free_calls() { std::lock_guard<std::mutex> l(mu); return n_free; }
-FAKE_API long fakecuda_live_allocations() { std::lock_guard<std::mutex> l(mu); return static_cast<long>(allocs.size()); }
+FAKE_API long fakecuda_alloc_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_alloc;
+}
+FAKE_API long fakecuda_free_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_free;
+}
+FAKE_API long fakecuda_live_allocations() {
+  std::lock_guard<std::mutex> l(mu);
+  return static_cast<long>(allocs.size());
+}
 FAKE_API std::size_t fakecuda_live_bytes() {
   std::lock_guard<std::mutex> l(mu);
   return tl_current != nullptr ? used_on(tl_current->device) : 0;
 }
-FAKE_API long fakecuda_graph_allocs() { std::lock_guard<std::mutex> l(mu); return n_graph; }
-FAKE_API long fakecuda_event_records() { std::lock_guard<std::mutex> l(mu); return n_records; }
-FAKE_API long fakecuda_event_syncs() { std::lock_guard<std::mutex> l(mu); return n_syncs; }
-FAKE_API long fakecuda_stream_waits() { std::lock_guard<std::mutex> l(mu); return n_stream_waits; }
-FAKE_API long fakecuda_capture_waits() { std::lock_guard<std::mutex> l(mu); return n_capture_waits; }
+FAKE_API long fakecuda_graph_allocs() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_graph;
+}
+FAKE_API long fakecuda_event_records() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_records;
+}
+FAKE_API long fakecuda_event_syncs() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_syncs;
+}
+FAKE_API long fakecuda_stream_waits() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_stream_waits;
+}
+FAKE_API long fakecuda_capture_waits() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_capture_waits;
+}
 FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
   std::lock_guard<std::mutex> lock(mu);
   Stream* h = resolve(held, false);
@@ -1149,7 +1217,10 @@ FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
   return 0;
 }
 FAKE_API long fakecuda_thread_driver_calls() { return tl_driver_calls; }
-FAKE_API long fakecuda_trim_calls() { std::lock_guard<std::mutex> l(mu); return n_trims; }
+FAKE_API long fakecuda_trim_calls() {
+  std::lock_guard<std::mutex> l(mu);
+  return n_trims;
+}
 // Live device memory at p: a cuMemAlloc allocation or a mapped cuMemCreate page.
 FAKE_API int fakecuda_is_live(CUdeviceptr p) {
   std::lock_guard<std::mutex> l(mu);

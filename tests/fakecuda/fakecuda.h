@@ -14,8 +14,8 @@ void fakecuda_hold_stream(cudaabi::CUstream s);
 void fakecuda_release_stream(cudaabi::CUstream s);
 
 // Counters since load (this process).
-long fakecuda_alloc_calls();        // successful cuMemAlloc*/cuMemAllocAsync* calls (any flavour)
-long fakecuda_free_calls();         // successful cuMemFree/cuMemFreeAsync calls
+long fakecuda_alloc_calls();  // successful cuMemAlloc*/cuMemAllocAsync* calls (any flavour)
+long fakecuda_free_calls();   // successful cuMemFree/cuMemFreeAsync calls
 long fakecuda_live_allocations();
 std::size_t fakecuda_live_bytes();  // on the current context's device
 long fakecuda_graph_allocs();       // cuMemAllocAsync calls on a capturing stream
@@ -27,7 +27,7 @@ long fakecuda_capture_waits();      // cuStreamWaitEvent calls that hit a captur
 // order, cuStreamWaitEvent waits, the legacy stream's implicit order); 0 if it could run before;
 // -1 if nothing is pending on `held`. Handles as for fakecuda_hold_stream.
 int fakecuda_would_wait(cudaabi::CUstream s, cudaabi::CUstream held);
-long fakecuda_trim_calls();         // cuMemPoolTrimTo calls
+long fakecuda_trim_calls();  // cuMemPoolTrimTo calls
 // Driver entry points the CALLING THREAD made (context, alloc/free, capture query, event and
 // pointer-attribute calls; not cuGetProcAddress): what a hook costs in driver calls.
 long fakecuda_thread_driver_calls();
@@ -47,10 +47,10 @@ long fakecuda_vmm_ranges();                 // live reservations
 std::size_t fakecuda_vmm_granularity();
 long fakecuda_vmm_bad_calls();
 long fakecuda_vmm_map_calls();
-long fakecuda_vmm_create_calls();         // successful cuMemCreate calls, ever
+long fakecuda_vmm_create_calls();  // successful cuMemCreate calls, ever
 long fakecuda_vmm_unmap_calls();
-long fakecuda_vmm_peer_descs();             // access descriptors beyond the first, summed
-long fakecuda_vmm_access_calls();           // cuMemSetAccess calls
+long fakecuda_vmm_peer_descs();                  // access descriptors beyond the first, summed
+long fakecuda_vmm_access_calls();                // cuMemSetAccess calls
 std::size_t fakecuda_vmm_device_bytes(int dev);  // physical bytes of live handles on `dev`
 // 1 when every byte of [p, p+bytes) is mapped with read/write access for device `dev`.
 int fakecuda_vmm_access_ok(cudaabi::CUdeviceptr p, std::size_t bytes, int dev);

@@ -45,8 +45,6 @@
 
 using namespace cudaabi;
 
-
-
 extern char** environ;
 
 namespace {
@@ -85,7 +83,8 @@ std::string hex(const CUipcMemHandle& h) {
 CUipcMemHandle unhex(const std::string& s) {
   CHECK(s.size() == 2 * sizeof(CUipcMemHandle::reserved));
   CUipcMemHandle h{};
-  for (std::size_t i = 0; i < sizeof h.reserved; ++i) h.reserved[i] = static_cast<char>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+  for (std::size_t i = 0; i < sizeof h.reserved; ++i)
+    h.reserved[i] = static_cast<char>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
   return h;
 }
 
@@ -236,8 +235,8 @@ void scenario_held() {
   auto [x, h, c] = hold_in_child();
   const std::size_t n = Held::n;
   const std::int64_t before = stats().allocated_bytes;
-  CHECK_OK(cuMemFree_v2(x));                                // deferred: the child still has it open
-  CHECK(cuMemFree_v2(x) == CUDA_ERROR_INVALID_VALUE);      // and a second free is an error
+  CHECK_OK(cuMemFree_v2(x));                           // deferred: the child still has it open
+  CHECK(cuMemFree_v2(x) == CUDA_ERROR_INVALID_VALUE);  // and a second free is an error
   CHECK(stats().allocated_bytes == before);
   std::vector<CUdeviceptr> more(6);
   for (auto& m : more) {
@@ -454,8 +453,8 @@ int main(int argc, char** argv) {
   struct {
     const char* name;
     void (*fn)();
-  } scenarios[] = {{"share", scenario_share},   {"held", scenario_held},     {"crash", scenario_crash},
-                   {"gone", scenario_gone},     {"noshim", scenario_noshim}, {"foreign", scenario_foreign},
+  } scenarios[] = {{"share", scenario_share},       {"held", scenario_held},     {"crash", scenario_crash},
+                   {"gone", scenario_gone},         {"noshim", scenario_noshim}, {"foreign", scenario_foreign},
                    {"noexport", scenario_noexport}, {"reset", scenario_reset}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {

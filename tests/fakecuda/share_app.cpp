@@ -38,7 +38,7 @@ void on_term(int) { g_term = 1; }
 
 // The group's ledger in CUDAPOOL_SHM_DIR (there is one in the tests' private directory).
 const cudapool::share::Ledger* find_ledger() {
-  static const cudapool::share::Ledger* l = [] () -> const cudapool::share::Ledger* {
+  static const cudapool::share::Ledger* l = []() -> const cudapool::share::Ledger* {
     const std::string dir = cudapool::share::shm_dir();
     const std::string prefix = "cudapool-" + std::to_string(geteuid()) + "-g-";
     DIR* d = opendir(dir.c_str());
@@ -55,7 +55,7 @@ const cudapool::share::Ledger* find_ledger() {
 }
 
 const std::uint64_t* machine_live() {
-  static const std::uint64_t* p = [] () -> const std::uint64_t* {
+  static const std::uint64_t* p = []() -> const std::uint64_t* {
     const char* path = std::getenv("FAKECUDA_MACHINE_FILE");
     if (path == nullptr) return nullptr;
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -73,7 +73,8 @@ void check_budget() {
   const std::uint64_t budget = budget_bytes();
   if (const cudapool::share::Ledger* l = find_ledger()) {
     const std::uint64_t total = l->total.load(std::memory_order_relaxed);
-    if (total > budget) std::printf("ledger total %llu > budget %llu\n", (unsigned long long)total, (unsigned long long)budget);
+    if (total > budget)
+      std::printf("ledger total %llu > budget %llu\n", (unsigned long long)total, (unsigned long long)budget);
     CHECK(total <= budget);
   }
   if (const std::uint64_t* live = machine_live()) {
@@ -195,6 +196,8 @@ int main(int argc, char** argv) {
   if (what == "need-one" && argc == 3) return need_one(std::strtoull(argv[2], nullptr, 10));
   if (what == "lock-and-exit") return lock_ledger(false);
   if (what == "lock-and-wait") return lock_ledger(true);
-  std::printf("usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | need-one MIB | lock-and-exit | lock-and-wait\n");
+  std::printf(
+      "usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | need-one MIB | lock-and-exit | "
+      "lock-and-wait\n");
   return 2;
 }

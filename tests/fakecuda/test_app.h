@@ -7,13 +7,13 @@
 
 #include "shim/cuda_abi.h"
 
-#define CHECK(expr)                                              \
-  do {                                                           \
-    if (!(expr)) {                                               \
+#define CHECK(expr)                                               \
+  do {                                                            \
+    if (!(expr)) {                                                \
       std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #expr); \
-      std::fflush(stdout);                                       \
-      std::_Exit(1);                                             \
-    }                                                            \
+      std::fflush(stdout);                                        \
+      std::_Exit(1);                                              \
+    }                                                             \
   } while (0)
 #define CHECK_OK(call) CHECK((call) == cudaabi::CUDA_SUCCESS)
 

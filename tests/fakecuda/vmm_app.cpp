@@ -23,8 +23,6 @@
 
 using namespace cudaabi;
 
-
-
 namespace {
 
 constexpr std::size_t kMiB = 1u << 20;
@@ -375,9 +373,9 @@ void scenario_alias() {
   CHECK_OK(cuMemAlloc_v2(&e, 2 * k * g));
   CHECK(fakecuda_vmm_create_calls() == creates);  // no new physical memory
   CHECK(fakecuda_vmm_live_handles() == handles);
-  CHECK(fakecuda_event_syncs() == syncs);         // and no host wait
+  CHECK(fakecuda_event_syncs() == syncs);  // and no host wait
   CHECK(fakecuda_vmm_handle_bytes() == mapped);
-  CHECK(fakecuda_vmm_mapped_bytes() > mapped);    // the old addresses are still mapped…
+  CHECK(fakecuda_vmm_mapped_bytes() > mapped);  // the old addresses are still mapped…
   CHECK(fakecuda_vmm_mapped_bytes() == mapped + 2 * k * g);
   for (CUdeviceptr x : {p[0], p[2]})  // …for the held work
     CHECK(fakecuda_vmm_is_mapped(x) && fakecuda_vmm_is_mapped(x + k * g - 1));
@@ -394,7 +392,7 @@ void scenario_alias() {
   }
   CHECK(!old_mapped());
   CHECK(fakecuda_vmm_create_calls() == creates + 1);  // the small pool's page, nothing else
-  check_accounting(0);  // every mapping is a live handle's again
+  check_accounting(0);                                // every mapping is a live handle's again
   for (CUdeviceptr x : {p[1], p[3], e}) CHECK_OK(cuMemFree_v2(x));
   empty_cache();
   CHECK(fakecuda_vmm_mapped_bytes() == 0 && fakecuda_vmm_live_handles() == 0);
@@ -507,12 +505,19 @@ int main(int argc, char** argv) {
   struct {
     const char* name;
     void (*fn)();
-  } scenarios[] = {{"release", scenario_release}, {"trim", scenario_trim}, {"bounded", scenario_bounded},
-                   {"ipc", scenario_ipc}, {"oom", scenario_oom},
-                   {"classic", scenario_classic}, {"cap", scenario_cap},
-                   {"reset", scenario_reset}, {"recycle", scenario_recycle}, {"peers", scenario_peers},
+  } scenarios[] = {{"release", scenario_release},
+                   {"trim", scenario_trim},
+                   {"bounded", scenario_bounded},
+                   {"ipc", scenario_ipc},
+                   {"oom", scenario_oom},
+                   {"classic", scenario_classic},
+                   {"cap", scenario_cap},
+                   {"reset", scenario_reset},
+                   {"recycle", scenario_recycle},
+                   {"peers", scenario_peers},
                    {"enable_peer", scenario_enable_peer},
-                   {"units", scenario_units}, {"alias", scenario_alias}};
+                   {"units", scenario_units},
+                   {"alias", scenario_alias}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -21,9 +21,9 @@ inline bool same(const Policy& a, const Policy& b) {
          a.pool.expandable_segments == b.pool.expandable_segments &&
          a.pool.release_lock_on_cudamalloc == b.pool.release_lock_on_cudamalloc &&
          a.pool.per_process_memory_fraction == b.pool.per_process_memory_fraction &&
-         a.pool.max_reserved == b.pool.max_reserved && a.pool.free_sync == b.pool.free_sync &&
-         a.backend == b.backend && a.log_level == b.log_level && a.log_file == b.log_file &&
-         a.trace_file == b.trace_file && a.stats_file == b.stats_file;
+         a.pool.max_reserved == b.pool.max_reserved && a.pool.free_sync == b.pool.free_sync && a.backend == b.backend &&
+         a.log_level == b.log_level && a.log_file == b.log_file && a.trace_file == b.trace_file &&
+         a.stats_file == b.stats_file;
 }
 
 inline void check(const PolicyResult& r) {

@@ -15,9 +15,8 @@ namespace {
 }
 
 bool same(const cudapool::TraceRow& a, const cudapool::TraceRow& b) {
-  return a.thread == b.thread && a.time_ns == b.time_ns && a.action == b.action && a.ptr == b.ptr &&
-         a.size == b.size && a.stream == b.stream && a.device == b.device &&
-         a.requested == b.requested && a.duration_ns == b.duration_ns;
+  return a.thread == b.thread && a.time_ns == b.time_ns && a.action == b.action && a.ptr == b.ptr && a.size == b.size &&
+         a.stream == b.stream && a.device == b.device && a.requested == b.requested && a.duration_ns == b.duration_ns;
 }
 
 }  // namespace

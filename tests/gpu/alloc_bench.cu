@@ -51,8 +51,10 @@ int main(int argc, char** argv) {
   bool release_max = false;
   double scale = 1.0;
   for (int i = 3; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--release-max")) release_max = true;
-    else if (!std::strcmp(argv[i], "--scale") && i + 1 < argc) scale = std::atof(argv[++i]);
+    if (!std::strcmp(argv[i], "--release-max"))
+      release_max = true;
+    else if (!std::strcmp(argv[i], "--scale") && i + 1 < argc)
+      scale = std::atof(argv[++i]);
   }
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));  // create the context outside the measurements

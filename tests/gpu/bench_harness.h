@@ -92,7 +92,10 @@ inline bool burst(Allocator& a, std::size_t size, double budget_ms, std::vector<
   bool failed = false;
   for (int i = 0; i < k && !failed; ++i) {
     void* p = a.alloc(size);
-    if (p) held.push_back(p); else failed = true;
+    if (p)
+      held.push_back(p);
+    else
+      failed = true;
   }
   bool warm = false;  // the first burst fills the cache; it is not a sample
   std::size_t taken = 0;
@@ -115,8 +118,7 @@ inline bool burst(Allocator& a, std::size_t size, double budget_ms, std::vector<
   return !failed;
 }
 
-inline double threads_pairs_per_s(const Factory& make, int n, std::size_t size, double budget_ms,
-                                  bool* failed) {
+inline double threads_pairs_per_s(const Factory& make, int n, std::size_t size, double budget_ms, bool* failed) {
   std::atomic<bool> go{false}, stop{false}, bad{false};
   std::atomic<int> ready{0};
   std::vector<std::uint64_t> counts(n, 0);
@@ -125,13 +127,19 @@ inline double threads_pairs_per_s(const Factory& make, int n, std::size_t size, 
     ts.emplace_back([&, t] {
       auto a = make();
       void* w = a->alloc(size);  // warm this thread's path before the clock starts
-      if (w) a->release(w); else bad = true;
+      if (w)
+        a->release(w);
+      else
+        bad = true;
       ++ready;
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       std::uint64_t c = 0;
       while (!stop.load(std::memory_order_relaxed)) {
         void* p = a->alloc(size);
-        if (!p) { bad = true; break; }
+        if (!p) {
+          bad = true;
+          break;
+        }
         a->release(p);
         ++c;
       }
@@ -151,8 +159,7 @@ inline double threads_pairs_per_s(const Factory& make, int n, std::size_t size, 
 }
 
 inline const std::vector<std::size_t>& sizes() {
-  static const std::vector<std::size_t> s = {256, 4096, 64 << 10, 1 << 20, 16 << 20, 128 << 20,
-                                             512u << 20};
+  static const std::vector<std::size_t> s = {256, 4096, 64 << 10, 1 << 20, 16 << 20, 128 << 20, 512u << 20};
   return s;
 }
 
@@ -196,8 +203,8 @@ inline void run_all(const char* label, const char* api, const Factory& make, dou
       const Summary s = summarize(pooled[k], failed[k]);
       const double best = medians[k].empty() ? 0 : *std::min_element(medians[k].begin(), medians[k].end());
       const double worst = medians[k].empty() ? 0 : *std::max_element(medians[k].begin(), medians[k].end());
-      std::printf("%s,%s,%s,%zu,1,%zu,%.1f,%.1f,%.0f,%d,%.1f\n", label, api, pat == 0 ? "tight" : "burst",
-                  sizes()[i], s.samples, best, s.p99_ns, best > 0 ? 1e9 / best : 0.0, s.failed, worst);
+      std::printf("%s,%s,%s,%zu,1,%zu,%.1f,%.1f,%.0f,%d,%.1f\n", label, api, pat == 0 ? "tight" : "burst", sizes()[i],
+                  s.samples, best, s.p99_ns, best > 0 ? 1e9 / best : 0.0, s.failed, worst);
     }
   }
   std::fflush(stdout);

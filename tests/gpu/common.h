@@ -8,14 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(expr)                                                                         \
-  do {                                                                                   \
-    cudaError_t ck_err_ = (expr);                                                        \
-    if (ck_err_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #expr,    \
-                   cudaGetErrorString(ck_err_), static_cast<int>(ck_err_));              \
-      std::exit(2);                                                                      \
-    }                                                                                    \
+#define CK(expr)                                                                                                  \
+  do {                                                                                                            \
+    cudaError_t ck_err_ = (expr);                                                                                 \
+    if (ck_err_ != cudaSuccess) {                                                                                 \
+      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #expr, cudaGetErrorString(ck_err_), \
+                   static_cast<int>(ck_err_));                                                                    \
+      std::exit(2);                                                                                               \
+    }                                                                                                             \
   } while (0)
 
 // Nanosecond clock shared by all SMs, so a delay means wall time, not cycles.
@@ -49,8 +49,8 @@ __global__ void fill_pattern(std::uint8_t* p, std::uint64_t n, std::uint32_t tag
 
 // Counts bytes that differ from the pattern and folds the contents into an order-independent
 // checksum (integer sums commute, so the result does not depend on scheduling).
-__global__ void check_pattern(const std::uint8_t* p, std::uint64_t n, std::uint32_t tag,
-                                     unsigned long long* bad, unsigned long long* sum) {
+__global__ void check_pattern(const std::uint8_t* p, std::uint64_t n, std::uint32_t tag, unsigned long long* bad,
+                              unsigned long long* sum) {
   unsigned long long my_bad = 0, my_sum = 0;
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {

@@ -26,9 +26,9 @@ struct Slot {
 
 std::uint64_t pick_size(Rng& rng) {
   const std::uint64_t r = rng.below(100);
-  if (r < 70) return 1 + rng.below(64 << 10);                    // small pool, odd sizes
-  if (r < 95) return (64 << 10) + rng.below(4 << 20);            // medium
-  return (4ull << 20) + rng.below(60ull << 20);                  // large
+  if (r < 70) return 1 + rng.below(64 << 10);          // small pool, odd sizes
+  if (r < 95) return (64 << 10) + rng.below(4 << 20);  // medium
+  return (4ull << 20) + rng.below(60ull << 20);        // large
 }
 
 std::atomic<unsigned long long> g_calls{0};  // cudaMalloc + cudaMallocPitch calls issued
@@ -84,8 +84,8 @@ void random_workload(unsigned long long* d_bad, unsigned long long* d_sum) {
   }
   for (Slot& s : slots)
     if (s.p) CK(cudaFree(s.p));
-  std::printf("random: corrupted_bytes=%llu overlaps=%d misaligned=%d checksum=%llu\n", bad_total,
-              overlap_errors, misaligned, checksum);
+  std::printf("random: corrupted_bytes=%llu overlaps=%d misaligned=%d checksum=%llu\n", bad_total, overlap_errors,
+              misaligned, checksum);
 }
 
 // Several host threads allocate, fill, check and free at once, each on its own per-thread
@@ -196,8 +196,8 @@ void range_queries() {
   using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) !=
-          cudaSuccess || !fn) {
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      !fn) {
     cudaGetLastError();
     std::printf("ranges: cuMemGetAddressRange not resolvable (status %d)\n", static_cast<int>(q));
     return;

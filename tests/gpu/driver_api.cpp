@@ -11,16 +11,16 @@
 #include <cstdlib>
 #include <vector>
 
-#define CKD(expr)                                                                        \
-  do {                                                                                   \
-    CUresult ck_rc_ = (expr);                                                            \
-    if (ck_rc_ != CUDA_SUCCESS) {                                                        \
-      const char* ck_s_ = nullptr;                                                       \
-      cuGetErrorString(ck_rc_, &ck_s_);                                                  \
-      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #expr,    \
-                   ck_s_ ? ck_s_ : "?", static_cast<int>(ck_rc_));                       \
-      std::exit(2);                                                                      \
-    }                                                                                    \
+#define CKD(expr)                                                                                         \
+  do {                                                                                                    \
+    CUresult ck_rc_ = (expr);                                                                             \
+    if (ck_rc_ != CUDA_SUCCESS) {                                                                         \
+      const char* ck_s_ = nullptr;                                                                        \
+      cuGetErrorString(ck_rc_, &ck_s_);                                                                   \
+      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #expr, ck_s_ ? ck_s_ : "?", \
+                   static_cast<int>(ck_rc_));                                                             \
+      std::exit(2);                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 namespace {

@@ -61,16 +61,14 @@ extern char** environ;
 
 namespace {
 
-constexpr char kMarker[] = "CPOOLIPC";          // the shim's handles start with these 8 bytes
-constexpr double kProgramBudgetS = 28.0;        // the whole program, children included
-constexpr double kChildBudgetS = 15.0;          // one child, start to exit
-constexpr std::size_t kHeldBytes = 30u << 20;   // the block freed while a child holds it
-constexpr int kNewBuffers = 6;                  // allocated by the parent while it is held
+constexpr char kMarker[] = "CPOOLIPC";                          // the shim's handles start with these 8 bytes
+constexpr double kProgramBudgetS = 28.0;                        // the whole program, children included
+constexpr double kChildBudgetS = 15.0;                          // one child, start to exit
+constexpr std::size_t kHeldBytes = 30u << 20;                   // the block freed while a child holds it
+constexpr int kNewBuffers = 6;                                  // allocated by the parent while it is held
 constexpr unsigned kIpcFlags = cudaIpcMemLazyEnablePeerAccess;  // the flag CUDA requires
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 const double g_start = now_s();
 
 // ---------------------------------------------------------------- output
@@ -252,8 +250,8 @@ std::string locate_pattern(const void* p, std::size_t n, std::uint32_t tag) {
     bool match = true;
     for (std::size_t i = 0; i < probe && match; ++i) match = host[off + i] == pattern_byte(tag, i);
     if (match) {
-      const long long rel =
-          static_cast<long long>(base + off) - static_cast<long long>(reinterpret_cast<CUdeviceptr>(p));
+      const long long rel = static_cast<long long>(base + off) -
+                            static_cast<long long>(reinterpret_cast<CUdeviceptr>(p));
       return "pattern found at offset " + std::to_string(rel) + " from the pointer";
     }
   }
@@ -270,7 +268,7 @@ struct Child {
   int from_child = -1;  // the parent reads lines here
   std::string buf;
   double deadline = 0;
-  int failures = 0;     // failing checks the child reported
+  int failures = 0;  // failing checks the child reported
   bool timed_out = false;
 };
 
@@ -396,9 +394,12 @@ void finish(Child& c) {
   bool reaped = false;
   while (!reaped && now_s() < c.deadline) {
     const pid_t r = waitpid(c.pid, &status, WNOHANG);
-    if (r == c.pid) reaped = true;
-    else if (r < 0 && errno != EINTR) break;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (r == c.pid)
+      reaped = true;
+    else if (r < 0 && errno != EINTR)
+      break;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (!reaped) {
     c.timed_out = true;
@@ -415,7 +416,9 @@ void finish(Child& c) {
   } else {
     const int rc = WEXITSTATUS(status);
     g_rep.check("exit_" + c.label, rc == want, "rc=%d%s", rc,
-                rc == 127 ? " (exec failed)" : rc == 2 ? " (a CUDA call failed: see stderr)" : "");
+                rc == 127 ? " (exec failed)"
+                : rc == 2 ? " (a CUDA call failed: see stderr)"
+                          : "");
   }
 }
 
@@ -740,8 +743,10 @@ void print_ptrace_scope() {
     if (std::fscanf(f, "%d", &v) != 1) v = -1;
     std::fclose(f);
   }
-  if (v >= 0) g_rep.line("ptrace_scope: %d", v);
-  else g_rep.line("ptrace_scope: absent");
+  if (v >= 0)
+    g_rep.line("ptrace_scope: %d", v);
+  else
+    g_rep.line("ptrace_scope: absent");
 }
 
 // Whether a child may take one of the parent's descriptors (a memfd holding a known string).
@@ -832,10 +837,9 @@ void exporter_gone(bool strict) {
     g_rep.check("exporter_handle", false, "no handle from the exporting child");
     return;
   }
-  if (strict)
-    g_rep.check("marker_exported_by_child", has_marker(h), "first 8 bytes '%s'", head_text(h).c_str());
-  const std::string expect =
-      strict ? std::to_string(static_cast<int>(cudaErrorInvalidResourceHandle)) : std::string("info");
+  if (strict) g_rep.check("marker_exported_by_child", has_marker(h), "first 8 bytes '%s'", head_text(h).c_str());
+  const std::string expect = strict ? std::to_string(static_cast<int>(cudaErrorInvalidResourceHandle))
+                                    : std::string("info");
   Child o = spawn("exporter_gone", "open_fail", {"exporter_gone_refused:" + expect + ":" + to_hex(h)});
   finish(o);
 }
@@ -849,8 +853,7 @@ int parent_main(bool strict) {
   CK(cudaFree(nullptr));  // the context, before the timed part of the children's lives
   Buf bufs[] = {{"a4k", 4096, 1}, {"b4k", 4096, 2}, {"m30", 30u << 20, 3}, {"m600", 600u << 20, 4}};
   for (Buf& b : bufs) CK(cudaMalloc(&b.p, b.n));  // back to back: the two 4 KiB blocks share a segment
-  for (Buf& b : bufs)
-    must_fill(b.p, b.n, b.tag);
+  for (Buf& b : bufs) must_fill(b.p, b.n, b.tag);
   std::vector<std::string> items = {strict ? "strict" : "plain"};
   for (Buf& b : bufs) {
     export_handle(b, strict);

@@ -59,8 +59,10 @@ int main(int argc, char** argv) {
   int iters = 3000;
   bool once = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--once") == 0) once = true;
-    else iters = std::atoi(argv[i]);
+    if (std::strcmp(argv[i], "--once") == 0)
+      once = true;
+    else
+      iters = std::atoi(argv[i]);
   }
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));  // context creation stays outside the timed loop

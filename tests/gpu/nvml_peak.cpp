@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
   if (FILE* f = std::fopen(argv[1], "w")) {
     std::fprintf(f, "{\"devices\": [");
     for (std::size_t i = 0; i < devs.size(); ++i)
-      std::fprintf(f, "%s{\"baseline\": %llu, \"peak\": %llu, \"peak_delta\": %llu}", i ? ", " : "",
-                   base[i], peak[i], peak[i] - base[i]);
+      std::fprintf(f, "%s{\"baseline\": %llu, \"peak\": %llu, \"peak_delta\": %llu}", i ? ", " : "", base[i], peak[i],
+                   peak[i] - base[i]);
     std::fprintf(f, "]}\n");
     std::fclose(f);
   }

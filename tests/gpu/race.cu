@@ -71,8 +71,7 @@ const char* name(Flavour f) {
 }
 
 enum class Writer { other, new_stream, graph, legacy, per_thread };
-constexpr Writer kWriters[] = {Writer::other, Writer::new_stream, Writer::graph, Writer::legacy,
-                               Writer::per_thread};
+constexpr Writer kWriters[] = {Writer::other, Writer::new_stream, Writer::graph, Writer::legacy, Writer::per_thread};
 constexpr int kNumWriters = 5;
 const char* name(Writer w) {
   switch (w) {
@@ -206,8 +205,8 @@ Result run_case(const Case& c, cudaStream_t other, unsigned long long* d_count, 
   if (fresh) CK(cudaStreamDestroy(fresh));
   if (own) CK(cudaStreamDestroy(own));
   std::fprintf(stderr, "  %s %s %llu %s: same_address=%d corrupted=%llu\n", name(c.flavour),
-               c.write_variant ? "write" : "read", static_cast<unsigned long long>(c.size), name(c.writer),
-               r.reused, r.corrupted);
+               c.write_variant ? "write" : "read", static_cast<unsigned long long>(c.size), name(c.writer), r.reused,
+               r.corrupted);
   return r;
 }
 

@@ -12,8 +12,8 @@
 namespace {
 
 // Reads p after a delay and adds its checksum into *sum, its pattern errors into *bad.
-__global__ void delayed_check(const std::uint8_t* p, std::uint64_t n, std::uint32_t tag,
-                              unsigned long long* bad, unsigned long long* sum, std::uint64_t delay) {
+__global__ void delayed_check(const std::uint8_t* p, std::uint64_t n, std::uint32_t tag, unsigned long long* bad,
+                              unsigned long long* sum, std::uint64_t delay) {
   gpu_delay_ns(delay);
   unsigned long long my_bad = 0, my_sum = 0;
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -75,8 +75,7 @@ int main() {
   CK(cudaDeviceSynchronize());
   unsigned long long h[2];
   CK(cudaMemcpy(h, acc, sizeof h, cudaMemcpyDeviceToHost));
-  std::printf("stream_ordered: corrupted_bytes=%llu new_block_errors=%llu checksum=%llu\n", h[0],
-              new_bad, h[1]);
+  std::printf("stream_ordered: corrupted_bytes=%llu new_block_errors=%llu checksum=%llu\n", h[0], new_bad, h[1]);
   CK(cudaFree(acc));
   CK(cudaEventDestroy(filled));
   for (cudaStream_t s : {s1, s2, s3}) CK(cudaStreamDestroy(s));

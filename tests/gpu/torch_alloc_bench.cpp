@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
   c10::cuda::set_device(0);
   // Normally torch's lazy CUDA init does this; a bare C++ program has to.
   c10::cuda::CUDACachingAllocator::init(c10::cuda::device_count());
-  bench::run_all("torch", "raw_alloc",
-                 [] { return std::unique_ptr<bench::Allocator>(new TorchCaching); }, scale);
+  bench::run_all(
+      "torch", "raw_alloc", [] { return std::unique_ptr<bench::Allocator>(new TorchCaching); }, scale);
   c10::cuda::device_synchronize();
   return 0;
 }

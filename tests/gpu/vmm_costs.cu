@@ -27,13 +27,13 @@
 
 #include "common.h"
 
-#define DK(expr)                                                                       \
-  do {                                                                                 \
-    CUresult dk_r_ = (expr);                                                           \
-    if (dk_r_ != CUDA_SUCCESS) {                                                       \
+#define DK(expr)                                                                             \
+  do {                                                                                       \
+    CUresult dk_r_ = (expr);                                                                 \
+    if (dk_r_ != CUDA_SUCCESS) {                                                             \
       std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #expr, (int)dk_r_); \
-      std::exit(2);                                                                    \
-    }                                                                                  \
+      std::exit(2);                                                                          \
+    }                                                                                        \
   } while (0)
 
 __global__ void spin(std::uint64_t ns) { gpu_delay_ns(ns); }
@@ -65,8 +65,8 @@ void measure(const Ctx& c, double page_mib, const char* op, bool busy, int n, F&
   phase();
   const double dt = now_us() - t0;
   const bool waited = busy && cudaStreamQuery(c.side) == cudaSuccess;
-  std::printf("vmm page_mib=%g op=%s gpu=%s us_per_call=%.2f waited=%s\n", page_mib, op, busy ? "busy" : "idle",
-              dt / n, busy ? (waited ? "yes" : "no") : "-");
+  std::printf("vmm page_mib=%g op=%s gpu=%s us_per_call=%.2f waited=%s\n", page_mib, op, busy ? "busy" : "idle", dt / n,
+              busy ? (waited ? "yes" : "no") : "-");
   std::fflush(stdout);
   CK(cudaDeviceSynchronize());
 }
@@ -140,11 +140,14 @@ void run_shareable(const Ctx& c, std::size_t page) {
   bool can_import = false;
   if (r == CUDA_SUCCESS) {
     CUmemGenericAllocationHandle imported = 0;
-    const CUresult ri = cuMemImportFromShareableHandle(
-        &imported, reinterpret_cast<void*>(static_cast<std::uintptr_t>(probe_fd)), kFd);
+    const CUresult ri = cuMemImportFromShareableHandle(&imported,
+                                                       reinterpret_cast<void*>(static_cast<std::uintptr_t>(probe_fd)),
+                                                       kFd);
     can_import = ri == CUDA_SUCCESS;
-    if (can_import) DK(cuMemRelease(imported));
-    else std::printf("vmm page_mib=%g op=import_fd error=%d\n", mib, static_cast<int>(ri));
+    if (can_import)
+      DK(cuMemRelease(imported));
+    else
+      std::printf("vmm page_mib=%g op=import_fd error=%d\n", mib, static_cast<int>(ri));
     close(probe_fd);
   }
   DK(cuMemRelease(probe));

@@ -31,8 +31,7 @@ namespace cudapool::testing {
 
 class FakeUpstream : public Upstream {
  public:
-  explicit FakeUpstream(std::size_t capacity = 80 * GiB, bool backed = false)
-      : capacity_(capacity), backed_(backed) {}
+  explicit FakeUpstream(std::size_t capacity = 80 * GiB, bool backed = false) : capacity_(capacity), backed_(backed) {}
 
   ~FakeUpstream() override {
     // Do not leak host memory when a test fails half-way; the pool is gone by now.
@@ -201,7 +200,8 @@ class FakeUpstream : public Upstream {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
-    std::vector<std::pair<std::uintptr_t, std::size_t>> moved(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
+    std::vector<std::pair<std::uintptr_t, std::size_t>> moved(rs->units.lower_bound(src),
+                                                              rs->units.lower_bound(src + bytes));
     rs->units.erase(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
     for (const auto& [at, size] : moved) rd->units[dst + (at - src)] = size;
     units_moved_ += moved.size();
@@ -239,7 +239,8 @@ class FakeUpstream : public Upstream {
       ++bad_calls_;
       return UpstreamStatus::error;
     }
-    std::vector<std::pair<std::uintptr_t, std::size_t>> moved(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
+    std::vector<std::pair<std::uintptr_t, std::size_t>> moved(rs->units.lower_bound(src),
+                                                              rs->units.lower_bound(src + bytes));
     rs->units.erase(rs->units.lower_bound(src), rs->units.lower_bound(src + bytes));
     for (const auto& [at, size] : moved) {
       rd->units[dst + (at - src)] = size;
@@ -344,8 +345,8 @@ class FakeUpstream : public Upstream {
     for (const auto& [base, r] : reservations_) out.push_back(r.page);
     return out;
   }
-  std::size_t bytes_held() const { return locked(held_); }     // allocate()d, not released
-  std::size_t bytes_mapped() const { return locked(mapped_); } // map()ped, not unmapped
+  std::size_t bytes_held() const { return locked(held_); }      // allocate()d, not released
+  std::size_t bytes_mapped() const { return locked(mapped_); }  // map()ped, not unmapped
   std::size_t peak_bytes() const { return locked(peak_held_); }
   std::size_t segments_held() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -364,7 +365,7 @@ class FakeUpstream : public Upstream {
  private:
   struct Reservation {
     std::size_t size = 0;
-    std::size_t page = 0;                  // the unit promised at reserve()
+    std::size_t page = 0;                         // the unit promised at reserve()
     std::map<std::uintptr_t, std::size_t> units;  // physical allocations: base -> bytes
     std::uintptr_t base = 0;
     std::map<std::uintptr_t, std::size_t> aliases;  // old mappings left by alias(): base -> bytes

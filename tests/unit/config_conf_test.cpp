@@ -61,7 +61,8 @@ TEST(ConfGrammar, PyTorchStringMeansTheSame) {
 }
 
 TEST(ConfGrammar, SpacesAnywhere) {
-  Policy p = must_parse("  max_split_size_mb : 64 ,\texpandable_segments = true , roundup_power2_divisions: [ 256 : 1 , > : 2 ] ");
+  Policy p = must_parse(
+      "  max_split_size_mb : 64 ,\texpandable_segments = true , roundup_power2_divisions: [ 256 : 1 , > : 2 ] ");
   EXPECT_EQ(p.pool.max_split_size, 64 * MiB);
   EXPECT_TRUE(p.pool.expandable_segments);
   EXPECT_EQ(p.pool.roundup_power2_divisions[8], 1u);

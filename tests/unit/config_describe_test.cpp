@@ -70,10 +70,10 @@ TEST(ToConfString, EveryKeyRoundTrips) {
 }
 
 TEST(ToConfString, ParsedStringsRoundTrip) {
-  for (const char* conf : {"max_split_size_mb=32", "roundup_power2_divisions:[1:2,64:4]",
-                           "roundup_power2_divisions:[>:8]", "roundup_power2_divisions:[2:4,4:0,>:2]",
-                           "roundup_power2_divisions:16", "max_split_size_mb:18446744073709551615",
-                           "max_reserved_mb:1,per_process_memory_fraction:1", "log_file:\"\""}) {
+  for (const char* conf :
+       {"max_split_size_mb=32", "roundup_power2_divisions:[1:2,64:4]", "roundup_power2_divisions:[>:8]",
+        "roundup_power2_divisions:[2:4,4:0,>:2]", "roundup_power2_divisions:16",
+        "max_split_size_mb:18446744073709551615", "max_reserved_mb:1,per_process_memory_fraction:1", "log_file:\"\""}) {
     Policy p = testing::must_parse(conf);
     testing::expect_same_policy(round_trip(p), p);
   }
@@ -129,7 +129,8 @@ std::string read_doc(const std::string& path) {
 // them (run it when this fails).
 TEST(Docs, KeyTablesMatchTheCode) {
   const std::string full = config::key_table_markdown(), brief = config::key_table_markdown_brief();
-  for (const auto& [path, table] : {std::pair<std::string, std::string>{"docs/policy.md", full}, {"README.md", brief}}) {
+  for (const auto& [path, table] :
+       {std::pair<std::string, std::string>{"docs/policy.md", full}, {"README.md", brief}}) {
     const std::string doc = read_doc(path);
     ASSERT_FALSE(doc.empty()) << path << ": run from the repository root";
     const auto current = config::with_key_table(doc, table);
@@ -146,7 +147,9 @@ TEST(Docs, KeyTablesMatchTheCode) {
 
 TEST(Docs, KeyTableSplicedBetweenTheMarkers) {
   const std::string doc = "intro\n<!-- keys:begin -->\nold\n<!-- keys:end -->\nafter\n";
-  EXPECT_EQ(config::with_key_table(doc, "| new |\n"), "intro\n<!-- keys:begin -->\n| new |\n<!-- keys:end -->\nafter\n");
+  EXPECT_EQ(config::with_key_table(doc, "| new |\n"),
+            "intro\n<!-- keys:begin -->\n| new |\n<!-- keys:end "
+            "-->\nafter\n");
   EXPECT_FALSE(config::with_key_table("no markers", "x").has_value());
   EXPECT_FALSE(config::with_key_table("<!-- keys:end -->\n<!-- keys:begin -->\n", "x").has_value());
   EXPECT_FALSE(config::with_key_table(doc + doc, "x").has_value());

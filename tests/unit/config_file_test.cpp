@@ -75,14 +75,14 @@ TEST(PolicyFile, LayeringDefaultsFileProfileEnv) {
   PolicySources s = file(f, "", "python train.py --epochs 3");
   s.conf = "max_split_size_mb:512,log_level:debug";
   Policy p = must_load(s);
-  EXPECT_EQ(p.pool.max_split_size, 512 * MiB);              // env over profile over file
+  EXPECT_EQ(p.pool.max_split_size, 512 * MiB);  // env over profile over file
   EXPECT_EQ(p.origin.at("max_split_size_mb"), "CUDAPOOL_CONF col 1");
-  EXPECT_TRUE(p.pool.expandable_segments);                   // profile
+  EXPECT_TRUE(p.pool.expandable_segments);  // profile
   EXPECT_EQ(p.origin.at("expandable_segments"), "profile train (" + f.path() + ":13)");
-  EXPECT_EQ(p.pool.garbage_collection_threshold, 0.8);       // file
+  EXPECT_EQ(p.pool.garbage_collection_threshold, 0.8);  // file
   EXPECT_EQ(p.origin.at("garbage_collection_threshold"), "file " + f.path() + ":4");
-  EXPECT_EQ(p.log_level, "debug");                            // env over [log]
-  EXPECT_EQ(p.pool.max_non_split_rounding, 20 * MiB);        // default
+  EXPECT_EQ(p.log_level, "debug");                     // env over [log]
+  EXPECT_EQ(p.pool.max_non_split_rounding, 20 * MiB);  // default
   EXPECT_EQ(p.origin.at("max_non_split_rounding_mb"), "default");
 
   // Without the env string the profile's value shows through.
@@ -181,7 +181,8 @@ TEST(PolicyFile, HeadersThatTripTomlPlusPlusChecksAreErrors) {
 // loader patches that check, so they give a syntax error where they do not belong and work in
 // comments and strings.
 TEST(PolicyFile, NonAsciiCharactersAreSafe) {
-  for (const char* text : {"[policy\xc3\xa9]\n", "[polower\xef\xbb\xb7", "[policy]\nmax_split_size_mb = 64 \xc3\xa9\n"}) {
+  for (const char* text :
+       {"[policy\xc3\xa9]\n", "[polower\xef\xbb\xb7", "[policy]\nmax_split_size_mb = 64 \xc3\xa9\n"}) {
     TempFile f(text);
     std::string e = must_not_load(file(f));
     EXPECT_TRUE(has(e, "TOML syntax error")) << e;

@@ -22,8 +22,9 @@ PolicyResult load_conf(const std::string& conf) {
 }
 
 TEST(GroupKeys, ParseAndRoundTrip) {
-  Policy p = must_parse("group:serve-1.a_b,group_budget_mb:4096,group_budget_fraction:0.5,group_release_wait_ms:250,"
-                        "publish_stats:False");
+  Policy p = must_parse(
+      "group:serve-1.a_b,group_budget_mb:4096,group_budget_fraction:0.5,group_release_wait_ms:250,"
+      "publish_stats:False");
   EXPECT_EQ(p.group, "serve-1.a_b");
   EXPECT_EQ(p.group_budget, 4096 * MiB);
   EXPECT_EQ(p.group_budget_fraction, 0.5);
@@ -38,7 +39,7 @@ TEST(GroupKeys, BadValuesSayWhatIsAllowed) {
   std::string e = must_fail("group:a/b");
   EXPECT_TRUE(has(e, "bad value 'a/b' for group")) << e;
   EXPECT_TRUE(has(e, "letters, digits")) << e;
-  EXPECT_TRUE(has(must_fail("group:" + std::string(49, 'x')), "longer than 48")) ;
+  EXPECT_TRUE(has(must_fail("group:" + std::string(49, 'x')), "longer than 48"));
   EXPECT_TRUE(has(must_fail("group:.."), "not a name"));
   EXPECT_TRUE(has(must_fail("group_budget_fraction:1.5"), "outside [0, 1]"));
   EXPECT_TRUE(has(must_fail("group_budget_mb:-1"), "group_budget_mb"));

@@ -35,8 +35,10 @@ struct AnyField {
 };
 template <typename T, typename... Fields>
 constexpr std::size_t count_fields(Fields... f) {
-  if constexpr (requires { T{f..., AnyField{}}; }) return count_fields<T>(f..., AnyField{});
-  else return sizeof...(Fields);
+  if constexpr (requires { T{f..., AnyField{}}; })
+    return count_fields<T>(f..., AnyField{});
+  else
+    return sizeof...(Fields);
 }
 
 // Every field of Policy and its PoolOptions, except origin and warnings (bookkeeping: where each

@@ -13,7 +13,7 @@ namespace {
 PoolOptions expandable(FreeSync sync = FreeSync::immediate) {
   PoolOptions o;
   o.expandable_segments = true;
-  o.expandable_slack = 0;  // exact page arithmetic: no growth slack
+  o.expandable_slack = 0;       // exact page arithmetic: no growth slack
   o.expandable_large_page = 0;  // 2 MiB pages in both ranges: the page arithmetic here assumes it
   o.expandable_max_unit = 0;    // one physical unit per page, likewise (pool_units_test.cpp: larger)
   o.free_sync = sync;
@@ -131,10 +131,10 @@ TEST(PoolExpandable, PartialPagesStayMapped) {
 TEST(PoolExpandable, OomUnmapsCachedPagesAndRetries) {
   XRig rig(expandable(), 16 * MiB, /*auto_fence=*/false);
   void* a = rig.alloc(12 * MiB);
-  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // local to stream 0
-  void* s1 = rig.alloc(100, 1);                  // small pool: its own range, one 2 MiB page
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);     // local to stream 0
+  void* s1 = rig.alloc(100, 1);                     // small pool: its own range, one 2 MiB page
   AllocResult r = rig.pool->allocate(14 * MiB, 5);  // 12 + 2 + 14 > 16
-  ASSERT_EQ(r.status, AllocStatus::ok);  // wait (a becomes shared), unmap a's pages, map again
+  ASSERT_EQ(r.status, AllocStatus::ok);             // wait (a becomes shared), unmap a's pages, map again
   Stats st = rig.pool->stats();
   EXPECT_EQ(st.num_sync_all_streams, 1);
   EXPECT_EQ(st.num_alloc_retries, 1);
@@ -166,7 +166,7 @@ TEST(PoolExpandable, GcUnmapsOldFreePages) {
   void* c = rig.alloc(4 * MiB);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
   ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
-  (void)rig.alloc(2 * MiB);  // a+b become shared (fenced) and merge; 2 MiB come from them
+  (void)rig.alloc(2 * MiB);       // a+b become shared (fenced) and merge; 2 MiB come from them
   void* d = rig.alloc(30 * MiB);  // miss: reserved 24 > 20 -> GC unmaps the old free pages
   EXPECT_EQ(d == nullptr, false);
   EXPECT_EQ(rig.pool->stats().gc_passes, 1);
@@ -196,7 +196,7 @@ TEST(PoolExpandable, LargeRangeMapsTwentyMiBPages) {
   void* b = rig.alloc(15 * MiB);  // fits in the rest of that page: no driver call
   EXPECT_EQ(b, at(a, 3 * MiB));
   EXPECT_EQ(rig.up.map_calls(), 1u);
-  void* s = rig.alloc(1000);      // small pool: its own range in 2 MiB pages
+  void* s = rig.alloc(1000);  // small pool: its own range in 2 MiB pages
   EXPECT_EQ(rig.up.bytes_mapped(), 22 * MiB);
   EXPECT_EQ(rig.up.reservation_pages().size(), 2u);
   std::vector<std::size_t> pages = rig.up.reservation_pages();

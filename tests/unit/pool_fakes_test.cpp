@@ -50,12 +50,12 @@ TEST(FakeUpstream, MapUnmapAccounting) {
   void* r = nullptr;
   ASSERT_EQ(up.reserve(32 * MiB, 2 * MiB, &r), UpstreamStatus::ok);
   auto* base = static_cast<char*>(r);
-  ASSERT_EQ(up.map(base + 2 * MiB, 4 * MiB), UpstreamStatus::ok);   // one 4 MiB unit
-  ASSERT_EQ(up.map(base + 6 * MiB, 2 * MiB), UpstreamStatus::ok);   // and a 2 MiB one
+  ASSERT_EQ(up.map(base + 2 * MiB, 4 * MiB), UpstreamStatus::ok);  // one 4 MiB unit
+  ASSERT_EQ(up.map(base + 6 * MiB, 2 * MiB), UpstreamStatus::ok);  // and a 2 MiB one
   EXPECT_EQ(up.bytes_mapped(), 6 * MiB);
   EXPECT_EQ(up.map(base + 4 * MiB, 2 * MiB), UpstreamStatus::error);  // already mapped
   EXPECT_EQ(up.map(base, 4 * MiB), UpstreamStatus::error);            // overlaps the first unit
-  up.unmap(base + 2 * MiB, 2 * MiB);  // half of a physical allocation: refused
+  up.unmap(base + 2 * MiB, 2 * MiB);                                  // half of a physical allocation: refused
   EXPECT_EQ(up.bytes_mapped(), 6 * MiB);
   EXPECT_EQ(up.bad_calls(), 3u);
   up.unmap(base + 6 * MiB, 2 * MiB);

@@ -23,11 +23,11 @@ TEST(PoolGpuWait, PendingMemoryIsReusedWithoutGrowingOrWaiting) {
   void* a = rig.alloc(20 * MiB);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
   void* b = rig.alloc(20 * MiB);
-  EXPECT_EQ(b, a);                              // the pending block, at once
-  EXPECT_EQ(rig.up.allocate_calls(), 1u);       // no new segment
-  EXPECT_EQ(rig.fence.waits(), 0u);             // the host did not wait
+  EXPECT_EQ(b, a);                         // the pending block, at once
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);  // no new segment
+  EXPECT_EQ(rig.fence.waits(), 0u);        // the host did not wait
   EXPECT_EQ(rig.fence.order_calls(), 1u);
-  EXPECT_EQ(rig.fence.ordered_running(), 1u);   // the GPU had something to wait for
+  EXPECT_EQ(rig.fence.ordered_running(), 1u);  // the GPU had something to wait for
   EXPECT_EQ(rig.pool->stats().gpu_waits, 1);
   EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
   rig.expect_intact();
@@ -199,10 +199,10 @@ TEST(PoolGpuWait, HotPagesAreAliasedIntoGrowthWithoutWaiting) {
     SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
     HotGrowth g(/*alias=*/true, wait);
     PoolRig& rig = g.rig;
-    EXPECT_EQ(rig.fence.waits(), g.waits);         // no host wait…
-    EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);    // …and no new memory: the hot pages moved
-    EXPECT_EQ(rig.up.alias_calls(), 1u);           // one run, one call
-    EXPECT_EQ(rig.up.aliased_bytes(), 14 * MiB);   // the old mapping stays while old work may run
+    EXPECT_EQ(rig.fence.waits(), g.waits);        // no host wait…
+    EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);   // …and no new memory: the hot pages moved
+    EXPECT_EQ(rig.up.alias_calls(), 1u);          // one run, one call
+    EXPECT_EQ(rig.up.aliased_bytes(), 14 * MiB);  // the old mapping stays while old work may run
     EXPECT_TRUE(rig.up.alias_at(g.hot_start));
     EXPECT_EQ(rig.pool->stats().num_device_alias, 1);
     EXPECT_EQ(rig.pool->stats().reserved_bytes[kAll].current, static_cast<std::int64_t>(34 * MiB));
@@ -241,11 +241,11 @@ TEST(PoolGpuWait, WithoutAliasingExpandableWaitSettlesHotPages) {
     PoolRig& rig = g.rig;
     EXPECT_EQ(rig.up.alias_calls(), 0u);
     if (wait) {
-      EXPECT_GT(rig.fence.waits(), g.waits);         // waited for the GPU-side wait's fence…
-      EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);   // …and recycled the hot pages
+      EXPECT_GT(rig.fence.waits(), g.waits);       // waited for the GPU-side wait's fence…
+      EXPECT_EQ(rig.up.bytes_mapped(), 34 * MiB);  // …and recycled the hot pages
     } else {
-      EXPECT_EQ(rig.fence.waits(), g.waits);         // never blocks…
-      EXPECT_EQ(rig.up.bytes_mapped(), 48 * MiB);   // …maps new memory instead
+      EXPECT_EQ(rig.fence.waits(), g.waits);       // never blocks…
+      EXPECT_EQ(rig.up.bytes_mapped(), 48 * MiB);  // …maps new memory instead
       EXPECT_EQ(rig.fence.ordered_incomplete(), 1u);
     }
     EXPECT_EQ(rig.up.bad_calls(), 0u);

@@ -35,7 +35,7 @@ inline Stats recount_from_snapshot(const Snapshot& snap) {
         add(r.active_bytes, s.is_small, sz);
         add(r.requested_bytes, s.is_small, static_cast<std::int64_t>(b.requested_size));
       } else if (s.blocks.size() > 1 || s.is_expandable) {  // an expandable run always has
-                                                              // unmapped neighbours: split
+                                                            // unmapped neighbours: split
         add(r.inactive_split, s.is_small, 1);
         add(r.inactive_split_bytes, s.is_small, sz);
       }
@@ -92,8 +92,7 @@ struct PoolRig {
   FakeFence fence;
   std::unique_ptr<DevicePool> pool;
 
-  explicit PoolRig(PoolOptions opt = {}, std::size_t capacity = 80 * GiB, bool auto_fence = false,
-                   bool backed = false)
+  explicit PoolRig(PoolOptions opt = {}, std::size_t capacity = 80 * GiB, bool auto_fence = false, bool backed = false)
       : up(capacity, backed), fence(auto_fence) {
     set_pool_clock_for_testing(&test_clock);
     pool = std::make_unique<DevicePool>(0, opt, up, fence);

@@ -23,8 +23,8 @@ TEST(PoolOom, InjectedFailureReleasesCacheAndSucceedsOnRetry) {
   EXPECT_EQ(st.num_sync_all_streams, 1);
   EXPECT_EQ(st.num_ooms, 0);
   EXPECT_EQ(st.num_device_free, 1);
-  EXPECT_EQ(rig.up.allocate_calls(), 3u);       // small segment, refused, retry
-  EXPECT_EQ(rig.up.bytes_held(), 20 * MiB);     // the small segment went back
+  EXPECT_EQ(rig.up.allocate_calls(), 3u);    // small segment, refused, retry
+  EXPECT_EQ(rig.up.bytes_held(), 20 * MiB);  // the small segment went back
   rig.expect_intact();
 }
 
@@ -150,7 +150,7 @@ static void run_gc_case(PoolOptions o, std::size_t capacity) {
   void* D = rig.alloc(5 * MiB);  // new 20 MiB segment, split
   ASSERT_EQ(rig.pool->free(A), FreeStatus::ok);
   for (int i = 0; i < 10; ++i) {  // ten large-pool searches age A
-    rig.advance_clock();  // each allocate closes the batch window: h comes back to D's segment
+    rig.advance_clock();          // each allocate closes the batch window: h comes back to D's segment
     void* h = rig.alloc(5 * MiB);
     ASSERT_EQ(rig.pool->free(h), FreeStatus::ok);
   }

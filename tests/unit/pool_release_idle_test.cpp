@@ -83,7 +83,7 @@ TEST(PoolReleaseIdle, PendingMemoryOnlyAfterItsFenceAndOnlyWhenNeeded) {
   rig.advance_clock();
   (void)rig.alloc(1000);  // records the idle block's fence
   rig.fence.complete_all();
-  rig.pool->free(pending);  // in the open batch: no fence yet
+  rig.pool->free(pending);        // in the open batch: no fence yet
   PoolRig::advance_clock(5'000);  // past the pause between fence queries, not past the batch window
   const std::int64_t waits0 = rig.pool->stats().fence_waits;
   EXPECT_EQ(rig.pool->release_idle(40 * MiB), 40 * MiB);

@@ -38,8 +38,8 @@ TEST(PoolRules, BestFitBySizeThenAddress) {
 
 TEST(PoolRules, SmallPoolSplitsDownTo512) {
   PoolRig rig(immediate_options());
-  void* a = rig.alloc(1 * MiB);          // small pool (<= 1 MiB), 2 MiB segment
-  void* b = rig.alloc(1 * MiB - 512);    // leaves exactly 512 B: still split
+  void* a = rig.alloc(1 * MiB);        // small pool (<= 1 MiB), 2 MiB segment
+  void* b = rig.alloc(1 * MiB - 512);  // leaves exactly 512 B: still split
   EXPECT_EQ(b, at(a, 1 * MiB));
   auto s = rig.pool->stats();
   EXPECT_EQ(s.allocated_bytes[kSmallPool].current, static_cast<std::int64_t>(2 * MiB - 512));

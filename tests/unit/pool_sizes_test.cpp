@@ -65,14 +65,14 @@ TEST(PoolSizes, PowerOfTwoDivisionsScalar) {
   o.roundup_power2_divisions.fill(4);
   // 1200 <= 512*4 = 2048: PyTorch's code rounds it to 512 multiples (1536), not 1280.
   EXPECT_EQ(round_size(1200, o), 1536u);
-  EXPECT_EQ(round_size(2100, o), 2560u);         // floor 2048, step 512
-  EXPECT_EQ(round_size(5000, o), 5120u);         // floor 4096, step 1024
-  EXPECT_EQ(round_size(4096, o), 4096u);         // powers of two stay
+  EXPECT_EQ(round_size(2100, o), 2560u);                       // floor 2048, step 512
+  EXPECT_EQ(round_size(5000, o), 5120u);                       // floor 4096, step 1024
+  EXPECT_EQ(round_size(4096, o), 4096u);                       // powers of two stay
   EXPECT_EQ(round_size(1 * MiB + 1, o), 1 * MiB + 256 * KiB);  // floor 1 MiB, step 256 KiB
-  EXPECT_EQ(round_size(3 * MiB, o), 3 * MiB);    // already on a step (2, 2.5, 3, 3.5 MiB)
+  EXPECT_EQ(round_size(3 * MiB, o), 3 * MiB);                  // already on a step (2, 2.5, 3, 3.5 MiB)
   EXPECT_EQ(round_size(3 * MiB + 1, o), 3 * MiB + 512 * KiB);
   o.roundup_power2_divisions.fill(2);
-  EXPECT_EQ(round_size(1200, o), 1536u);         // 1200 > 1024: floor 1024, step 512
+  EXPECT_EQ(round_size(1200, o), 1536u);  // 1200 > 1024: floor 1024, step 512
   EXPECT_EQ(round_size(1600, o), 2048u);
 }
 
@@ -84,19 +84,19 @@ TEST(PoolSizes, PowerOfTwoDivisionsListForm) {
   for (std::size_t i = 0; i <= 8; ++i) o.roundup_power2_divisions[i] = 1;
   o.roundup_power2_divisions[9] = 2;
   for (std::size_t i = 10; i < kRoundupIntervals; ++i) o.roundup_power2_divisions[i] = 4;
-  EXPECT_EQ(round_size(3 * MiB + 1, o), 3 * MiB + 512);        // bucket 1: off
-  EXPECT_EQ(round_size(300 * MiB + 1, o), 300 * MiB + 512);    // bucket 8: 1 = off
-  EXPECT_EQ(round_size(600 * MiB + 1, o), 768 * MiB);          // bucket 9: halves of 512 MiB
-  EXPECT_EQ(round_size(1100 * MiB, o), 1280 * MiB);            // bucket 10: quarters of 1 GiB
-  EXPECT_EQ(round_size(40 * GiB + 1, o), 48 * GiB);            // last bucket: quarters of 32 GiB
+  EXPECT_EQ(round_size(3 * MiB + 1, o), 3 * MiB + 512);      // bucket 1: off
+  EXPECT_EQ(round_size(300 * MiB + 1, o), 300 * MiB + 512);  // bucket 8: 1 = off
+  EXPECT_EQ(round_size(600 * MiB + 1, o), 768 * MiB);        // bucket 9: halves of 512 MiB
+  EXPECT_EQ(round_size(1100 * MiB, o), 1280 * MiB);          // bucket 10: quarters of 1 GiB
+  EXPECT_EQ(round_size(40 * GiB + 1, o), 48 * GiB);          // last bucket: quarters of 32 GiB
 }
 
 TEST(PoolSizes, BucketBoundaries) {
   PoolOptions o;
   o.roundup_power2_divisions[1] = 8;  // only [2 MiB, 4 MiB)
   EXPECT_EQ(round_size(2 * MiB + 1, o), 2 * MiB + 256 * KiB);
-  EXPECT_EQ(round_size(4 * MiB + 1, o), 4 * MiB + 512);        // bucket 2 is off
-  EXPECT_EQ(round_size(2 * MiB - 1, o), 2 * MiB);              // bucket 0 is off
+  EXPECT_EQ(round_size(4 * MiB + 1, o), 4 * MiB + 512);  // bucket 2 is off
+  EXPECT_EQ(round_size(2 * MiB - 1, o), 2 * MiB);        // bucket 0 is off
 }
 
 TEST(PoolSizes, AbsurdSizes) {

@@ -11,8 +11,8 @@ using namespace cudapool::testing;
 
 TEST(PoolStats, HandComputedValues) {
   PoolRig rig(immediate_options());
-  void* big = rig.alloc(5 * MiB);      // large: 20 MiB segment, 5 MiB block, 15 MiB free split
-  void* small = rig.alloc(1000);       // small: 2 MiB segment, 1024 B block
+  void* big = rig.alloc(5 * MiB);  // large: 20 MiB segment, 5 MiB block, 15 MiB free split
+  void* small = rig.alloc(1000);   // small: 2 MiB segment, 1024 B block
   Stats s = rig.pool->stats();
   EXPECT_EQ(s.segment[kAll].current, 2);
   EXPECT_EQ(s.segment[kLargePool].current, 1);
@@ -118,7 +118,7 @@ TEST(PoolEvents, SinkSeesAllocationAndSegmentEvents) {
   std::vector<EventKind> kinds;
   for (auto& e : sink.events) kinds.push_back(e.kind);
   // empty_cache waits for the free's fence (a fence_wait) before it releases the segment.
-  std::vector<EventKind> want = {EventKind::segment_alloc, EventKind::allocate,    EventKind::free,
+  std::vector<EventKind> want = {EventKind::segment_alloc, EventKind::allocate,     EventKind::free,
                                  EventKind::fence_wait,    EventKind::segment_free, EventKind::empty_cache};
   EXPECT_EQ(kinds, want);
   EXPECT_EQ(sink.events[1].device, 3);
@@ -171,7 +171,7 @@ TEST(PoolBadInput, BadFreesAreRefusedAndLeaveThePoolUntouched) {
   ASSERT_EQ(same.segments.size(), before.segments.size());
   EXPECT_EQ(same.segments[0].blocks.size(), before.segments[0].blocks.size());
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
-  EXPECT_EQ(rig.pool->free(a), FreeStatus::double_free);          // pending
+  EXPECT_EQ(rig.pool->free(a), FreeStatus::double_free);  // pending
   EXPECT_EQ(rig.pool->free_on_stream(a, 0), FreeStatus::double_free);
   rig.fence.set_auto_complete(true);
   (void)rig.alloc(512 * KiB);  // a becomes a shared free block (b keeps it from merging)

@@ -31,13 +31,13 @@ TEST(PoolStreams, OtherStreamWaitsForFenceOnFreeingStream) {
   EXPECT_EQ(rig.fence.stream_records(), 1u);
   EXPECT_EQ(rig.up.allocate_calls(), 2u);
   EXPECT_EQ(rig.alloc(1 * MiB, kS2), at(other, 1 * MiB));  // fresh rest of the new segment
-  void* third = rig.alloc(1 * MiB, kS2);  // fence still running: another miss
+  void* third = rig.alloc(1 * MiB, kS2);                   // fence still running: another miss
   EXPECT_NE(rig.pool->address_info(third)->segment_base, reinterpret_cast<std::uintptr_t>(a));
   EXPECT_EQ(rig.fence.stream_records(), 1u);  // once per batch
   EXPECT_EQ(rig.up.allocate_calls(), 3u);
   rig.fence.complete_all();
   EXPECT_EQ(rig.alloc(1 * MiB, kS2), at(third, 1 * MiB));  // best fit: the 1 MiB rest first
-  EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);  // a was promoted to shared
+  EXPECT_EQ(rig.alloc(1 * MiB, kS2), a);                   // a was promoted to shared
   EXPECT_EQ(rig.fence.outstanding(), 0u);
   rig.expect_intact();
 }
@@ -59,7 +59,7 @@ TEST(PoolStreams, FreeWaitsForDeviceFenceAndBatchesFrees) {
   EXPECT_EQ(rig.fence.device_records(), 1u);
   for (void* p : ps) EXPECT_NE(x, p);  // pending: never handed out before the fence
   rig.fence.complete_all();
-  rig.advance_clock();  // past the query back-off: the next allocation asks again
+  rig.advance_clock();                // past the query back-off: the next allocation asks again
   void* y = rig.alloc(4 * KiB, kS2);  // any stream may now reuse them
   EXPECT_EQ(y, ps[0]);
   EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
@@ -146,7 +146,7 @@ TEST(PoolStreams, EmptyCacheWaitsThenReleasesFreeSegments) {
   void* a = rig.alloc(5 * MiB, kS1);
   void* b = rig.alloc(100, kS2);
   void* c = rig.alloc(100, kS2);
-  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);            // pending on a device fence
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);                 // pending on a device fence
   ASSERT_EQ(rig.pool->free_on_stream(b, kS2), FreeStatus::ok);  // local to S2, c still live
   EXPECT_EQ(rig.pool->empty_cache(), 20 * MiB);
   EXPECT_EQ(rig.up.bytes_held(), 2 * MiB);  // c's segment stays

@@ -95,7 +95,7 @@ struct OrderCheckingUpstream : FakeUpstream {
 
 struct Live {
   std::uintptr_t p;
-  std::size_t n;        // requested
+  std::size_t n;  // requested
   std::size_t rounded;
   StreamId stream;
   std::uint64_t tag;
@@ -104,8 +104,13 @@ struct Live {
 class Stress {
  public:
   Stress(PoolOptions opt, int workers, long ops, std::size_t granularity = 0)
-      : opt_(opt), up_(384 * MiB, /*backed=*/true), fence_(false), workers_(workers), ops_(ops),
-        barrier_(workers + 1), live_(static_cast<std::size_t>(workers)) {
+      : opt_(opt),
+        up_(384 * MiB, /*backed=*/true),
+        fence_(false),
+        workers_(workers),
+        ops_(ops),
+        barrier_(workers + 1),
+        live_(static_cast<std::size_t>(workers)) {
     up_.set_granularity(granularity);
     up_.fence = &fence_;
     up_.mu = &reg_mu_;
@@ -286,10 +291,13 @@ class Stress {
     const Stats st = pool_->stats();
     EXPECT_EQ(st.allocated_bytes[kAll].current, 0);
     EXPECT_GT(st.cache_hits, 0);
-    std::printf("  stress: %ld ops, %d checkpoints, maps %zu unmaps %zu aliases %zu, hits %lld misses %lld ooms %ld retries %lld fences %lld waits %lld\n",
-                ops_, checkpoints_, up_.map_calls(), up_.unmap_calls(), up_.alias_calls(), static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses),
-                static_cast<long>(ooms_.load()), static_cast<long long>(st.num_alloc_retries),
-                static_cast<long long>(st.fences_recorded), static_cast<long long>(st.fence_waits));
+    std::printf(
+        "  stress: %ld ops, %d checkpoints, maps %zu unmaps %zu aliases %zu, hits %lld misses %lld ooms %ld retries "
+        "%lld fences %lld waits %lld\n",
+        ops_, checkpoints_, up_.map_calls(), up_.unmap_calls(), up_.alias_calls(),
+        static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses), static_cast<long>(ooms_.load()),
+        static_cast<long long>(st.num_alloc_retries), static_cast<long long>(st.fences_recorded),
+        static_cast<long long>(st.fence_waits));
   }
 
   PoolOptions opt_;

@@ -7,9 +7,9 @@
 #include <atomic>
 #include <barrier>
 #include <future>
-#include <thread>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "allocator/thread_cache.h"
@@ -167,7 +167,7 @@ TEST(PoolTcache, NoReuseAcrossStreams) {
   void* b = rig.alloc(k64K, kS2);
   EXPECT_NE(b, a);
   void* c = rig.alloc(k64K, kS1);
-  EXPECT_EQ(c, a);  // the cache hands it back at once
+  EXPECT_EQ(c, a);                                              // the cache hands it back at once
   ASSERT_EQ(rig.pool->free_on_stream(c, kS3), FreeStatus::ok);  // now local to kS3
   void* d = rig.alloc(k64K, kS1);
   EXPECT_NE(d, a);
@@ -219,8 +219,8 @@ TEST(PoolTcache, FencedFreesBatchInTheCacheUntilTheirFence) {
   for (int i = 0; i < 8; ++i) held.push_back(rig.alloc(k64K, kS2));
   const std::size_t records1 = rig.fence.device_records();
   for (void* p : held) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
-  rig.advance_clock();                  // the window passes
-  void* x = rig.alloc(k64K, kS2);       // a miss in the cache closes its batch: one fence
+  rig.advance_clock();             // the window passes
+  void* x = rig.alloc(k64K, kS2);  // a miss in the cache closes its batch: one fence
   EXPECT_EQ(rig.fence.device_records(), records1 + 1);
   EXPECT_EQ(std::count(held.begin(), held.end(), x), 0);  // fence not complete: not reused
   rig.fence.complete_all();
@@ -269,7 +269,7 @@ TEST(PoolTcache, MissCollectsFencedFreesFromIdleThreadsCaches) {
   ASSERT_EQ(held, 2 * MiB);
   ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);  // into this cache's open batch; we allocate no more
   ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
-  rig.fence.set_auto_complete(true);              // the GPU is idle: fences complete at once
+  rig.fence.set_auto_complete(true);  // the GPU is idle: fences complete at once
   // An owner still busy keeps its batch (another thread's miss would only send it back to the
   // pool lock): no collection yet, a new segment instead.
   std::thread([&] {
@@ -395,7 +395,7 @@ TEST(PoolTcache, PoolDestroyedBeforeThreadExit) {
   cached.get_future().wait();
   rig.reset();
   destroyed.set_value();
-  t.join();  // ASan / TSan builds catch any touch of the dead pool
+  t.join();                            // ASan / TSan builds catch any touch of the dead pool
   PoolRig again(immediate_options());  // a new pool (maybe at the same address) starts clean
   void* p = again.alloc(k64K, kS1);
   EXPECT_EQ(again.pool->free(p), FreeStatus::ok);

@@ -19,7 +19,7 @@ constexpr std::size_t kPage = 2 * MiB;
 PoolOptions uopt(std::size_t max_unit, FreeSync sync = FreeSync::fenced) {
   PoolOptions o;
   o.expandable_segments = true;
-  o.expandable_slack = 0;  // exact page arithmetic: no growth slack
+  o.expandable_slack = 0;       // exact page arithmetic: no growth slack
   o.expandable_large_page = 0;  // 2 MiB pages
   o.expandable_max_unit = max_unit;
   o.free_sync = sync;

@@ -128,7 +128,7 @@ TEST(PoolWindow, ByteBoundScalesWithThePool) {
   for (int i = 0; i < 8; ++i) ps.push_back(rig.alloc(512 * MiB));  // 4 GiB reserved: bound 1 GiB
   ASSERT_EQ(rig.pool->stats().reserved_bytes[kAll].current, static_cast<std::int64_t>(4 * GiB));
   ASSERT_EQ(rig.pool->free(ps[0]), FreeStatus::ok);
-  EXPECT_EQ(rig.fence.device_records(), 0u);  // 512 MiB: under a flat 64 MiB bound this recorded
+  EXPECT_EQ(rig.fence.device_records(), 0u);         // 512 MiB: under a flat 64 MiB bound this recorded
   ASSERT_EQ(rig.pool->free(ps[1]), FreeStatus::ok);  // 1 GiB: the bound
   EXPECT_EQ(rig.fence.device_records(), 1u);
   for (std::size_t i = 2; i < 8; ++i) ASSERT_EQ(rig.pool->free(ps[i]), FreeStatus::ok);

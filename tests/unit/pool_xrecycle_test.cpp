@@ -23,7 +23,7 @@ constexpr std::size_t kPage = 2 * MiB;
 PoolOptions xopt(FreeSync sync, bool wait = true) {
   PoolOptions o;
   o.expandable_segments = true;
-  o.expandable_slack = 0;  // exact page arithmetic: no growth slack
+  o.expandable_slack = 0;       // exact page arithmetic: no growth slack
   o.expandable_large_page = 0;  // 2 MiB pages in both ranges: the page arithmetic here assumes it
   o.expandable_max_unit = 0;    // one physical unit per page, likewise (pool_units_test.cpp: larger)
   o.free_sync = sync;
@@ -124,7 +124,7 @@ TEST(PoolXRecycle, NoRecyclingBelowTheHighWaterMark) {
   void* big = rig.alloc(16 * MiB);
   ASSERT_EQ(rig.pool->free(big), FreeStatus::ok);
   EXPECT_EQ(rig.pool->empty_cache(), 16 * MiB);  // mapped 0, high-water mark 16
-  Checkerboard cb(rig);                           // maps 16 again, all below the mark
+  Checkerboard cb(rig);                          // maps 16 again, all below the mark
   const std::size_t unmaps = rig.up.unmap_calls();
   void* e = rig.alloc(8 * MiB);  // 16 + 8 > 16: recycling is needed for the peak, so it happens
   ASSERT_NE(e, nullptr);
@@ -172,7 +172,7 @@ TEST(PoolXRecycle, GrowsWhereFewestPagesAreNeeded) {
   EXPECT_EQ(rig.pool->empty_cache(), 8 * MiB);  // hole [4, 12), no free neighbour
   ASSERT_EQ(rig.pool->free(x[4]), FreeStatus::ok);
   ASSERT_EQ(rig.pool->free(x[5]), FreeStatus::ok);
-  EXPECT_EQ(rig.pool->empty_cache(), 8 * MiB);  // hole [16, 24)
+  EXPECT_EQ(rig.pool->empty_cache(), 8 * MiB);      // hole [16, 24)
   ASSERT_EQ(rig.pool->free(x[3]), FreeStatus::ok);  // free [12, 16) before the second hole
   // One new page: [10, 12) before x3 (backward, the lowest address among the one-page
   // candidates; [16, 18) after it would do as well), not three at [4, 10).
@@ -415,7 +415,7 @@ RunResult training_run(PoolOptions o, bool async_frees, unsigned seed) {
     }
     out.violations = up.violations;
     out.unmaps = up.unmap_calls();  // before teardown, which unmaps everything
-    freed.clear();  // teardown unmaps everything without fences (the shim never destroys pools)
+    freed.clear();                  // teardown unmaps everything without fences (the shim never destroys pools)
     const Stats s = pool.stats();
     out.peak_allocated = static_cast<std::size_t>(s.allocated_bytes[kAll].peak);
     out.waits = static_cast<std::size_t>(s.fence_waits);
@@ -444,8 +444,9 @@ TEST(PoolXRecycle, MappedPeakFollowsTheLivePeak) {
                   static_cast<int>(c.sync), c.async ? 1 : 0, seed, r.peak_mapped / MiB, r.peak_allocated / MiB,
                   r.unmaps, r.waits);
       SCOPED_TRACE(::testing::Message() << "sync " << static_cast<int>(c.sync) << " async " << c.async << " seed "
-                                      << seed << ": peak mapped " << r.peak_mapped / MiB << " MiB, peak allocated "
-                                      << r.peak_allocated / MiB << " MiB, unmaps " << r.unmaps << ", waits " << r.waits);
+                                        << seed << ": peak mapped " << r.peak_mapped / MiB << " MiB, peak allocated "
+                                        << r.peak_allocated / MiB << " MiB, unmaps " << r.unmaps << ", waits "
+                                        << r.waits);
       EXPECT_EQ(r.violations, 0u);
       EXPECT_LE(r.peak_mapped, r.peak_allocated + r.peak_allocated / 20 + 8 * kPage);
       if (c.sync == FreeSync::fenced && !c.async) {  // the old pool's worst case: it recycles

@@ -20,8 +20,8 @@ struct Sig<R (*)(A...)> {
   static constexpr std::size_t kRetSize = sizeof(R);
 };
 template <typename Ours, typename Theirs>
-constexpr bool same_abi = std::is_same_v<typename Sig<Ours>::Args, typename Sig<Theirs>::Args> &&
-                          Sig<Ours>::kRetSize == Sig<Theirs>::kRetSize;
+constexpr bool same_abi = std::is_same_v<typename Sig<Ours>::Args, typename Sig<Theirs>::Args>&& Sig<Ours>::kRetSize ==
+                          Sig<Theirs>::kRetSize;
 
 // Taken before cuda.h is included: it defines CU_STREAM_LEGACY/PER_THREAD as macros.
 const std::uintptr_t kOurLegacy = reinterpret_cast<std::uintptr_t>(cudaabi::CU_STREAM_LEGACY);
@@ -56,7 +56,7 @@ TEST(ShimAbi, ValuesMatchCudaH) {
     static_assert(std::tuple_size_v<Ours> == 3 && std::tuple_size_v<Theirs> == 3);
     static_assert(sizeof(std::tuple_element_t<0, Ours>) == sizeof(std::tuple_element_t<0, Theirs>));
     static_assert(sizeof(std::tuple_element_t<1, Ours>) == sizeof(std::tuple_element_t<1, Theirs>));
-    static_assert(std::is_same_v<std::tuple_element_t<2, Ours>, std::tuple_element_t<2, Theirs>>);
+    static_assert(std::is_same_v<std::tuple_element_t<2, Ours>, std::tuple_element_t<2, Theirs> >);
   }
   static_assert(same_abi<a::PFN_cuIpcCloseMemHandle, decltype(&::cuIpcCloseMemHandle)>);
   static_assert(a::CUDA_ERROR_NOT_READY == ::CUDA_ERROR_NOT_READY);
@@ -82,7 +82,8 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(a::CU_POINTER_ATTRIBUTE_DEVICE_POINTER == ::CU_POINTER_ATTRIBUTE_DEVICE_POINTER);
   static_assert(a::CU_POINTER_ATTRIBUTE_IS_MANAGED == ::CU_POINTER_ATTRIBUTE_IS_MANAGED);
   static_assert(a::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == ::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
-  static_assert(a::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE == ::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE);
+  static_assert(a::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE ==
+                ::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE);
   static_assert(a::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR == ::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR);
   static_assert(a::CU_POINTER_ATTRIBUTE_RANGE_SIZE == ::CU_POINTER_ATTRIBUTE_RANGE_SIZE);
   static_assert(a::CU_POINTER_ATTRIBUTE_MAPPED == ::CU_POINTER_ATTRIBUTE_MAPPED);
@@ -118,13 +119,16 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(a::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED == ::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
   static_assert(std::is_same_v<a::CUmemGenericAllocationHandle, ::CUmemGenericAllocationHandle>);
   static_assert(sizeof(::CUmemAllocationType) == sizeof(int) && sizeof(::CUmemLocationType) == sizeof(int));
-  static_assert(sizeof(::CUmemAccess_flags) == sizeof(int) && sizeof(::CUmemAllocationGranularity_flags) == sizeof(int));
+  static_assert(sizeof(::CUmemAccess_flags) == sizeof(int) &&
+                sizeof(::CUmemAllocationGranularity_flags) == sizeof(int));
   static_assert(sizeof(a::CUmemLocation) == sizeof(::CUmemLocation));
   static_assert(offsetof(a::CUmemLocation, id) == offsetof(::CUmemLocation, id));
   static_assert(sizeof(a::CUmemAllocationProp) == sizeof(::CUmemAllocationProp));
-  static_assert(offsetof(a::CUmemAllocationProp, requestedHandleTypes) == offsetof(::CUmemAllocationProp, requestedHandleTypes));
+  static_assert(offsetof(a::CUmemAllocationProp, requestedHandleTypes) ==
+                offsetof(::CUmemAllocationProp, requestedHandleTypes));
   static_assert(offsetof(a::CUmemAllocationProp, location) == offsetof(::CUmemAllocationProp, location));
-  static_assert(offsetof(a::CUmemAllocationProp, win32HandleMetaData) == offsetof(::CUmemAllocationProp, win32HandleMetaData));
+  static_assert(offsetof(a::CUmemAllocationProp, win32HandleMetaData) ==
+                offsetof(::CUmemAllocationProp, win32HandleMetaData));
   static_assert(offsetof(a::CUmemAllocationProp, allocFlags) == offsetof(::CUmemAllocationProp, allocFlags));
   static_assert(sizeof(a::CUmemAccessDesc) == sizeof(::CUmemAccessDesc));
   static_assert(offsetof(a::CUmemAccessDesc, flags) == offsetof(::CUmemAccessDesc, flags));

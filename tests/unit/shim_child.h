@@ -19,7 +19,7 @@ namespace cudapool::test {
 struct ChildResult {
   int exit_status = -1;  // -1: killed by a signal
   int signal = 0;
-  std::string output;    // stdout and stderr together
+  std::string output;  // stdout and stderr together
 };
 
 // A child started by start_under_shim: its pid and the read end of its output.
@@ -39,9 +39,9 @@ inline RunningChild start_under_shim(std::vector<std::string> argv, const std::m
     if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   // A clean policy and fake-driver environment unless the test sets one.
-  for (const char* v : {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR", "CUDAPOOL_STATS",
-                        "CUDAPOOL_TRACE", "CUDAPOOL_LOG_LEVEL", "PYTORCH_CUDA_ALLOC_CONF", "FAKECUDA_TOTAL_MB",
-                        "FAKECUDA_VMM_GRANULARITY_KB"})
+  for (const char* v :
+       {"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_PROFILE", "CUDAPOOL_ON_ERROR", "CUDAPOOL_STATS", "CUDAPOOL_TRACE",
+        "CUDAPOOL_LOG_LEVEL", "PYTORCH_CUDA_ALLOC_CONF", "FAKECUDA_TOTAL_MB", "FAKECUDA_VMM_GRANULARITY_KB"})
     vars.erase(v);
   const std::string shim = CUDAPOOL_SHIM_SO, san = CUDAPOOL_SAN_PRELOAD;
   if (preload) {
@@ -57,8 +57,10 @@ inline RunningChild start_under_shim(std::vector<std::string> argv, const std::m
   }
   vars["LD_LIBRARY_PATH"] = CUDAPOOL_FAKECUDA_DIR;
   for (const auto& [k, v] : env) {
-    if (v.empty()) vars.erase(k);
-    else vars[k] = v;
+    if (v.empty())
+      vars.erase(k);
+    else
+      vars[k] = v;
   }
   std::vector<std::string> envs;
   for (const auto& [k, v] : vars) envs.push_back(k + "=" + v);

@@ -45,22 +45,22 @@ TEST_P(Scenario, PassesUnderTheShim) {
   // These check classic segments' own figures (cuMemAlloc segments and their sizes, legacy IPC
   // handles, what a reset frees); vmm_app's scenarios check the same for expandable segments.
   const bool classic = name == "queries" || name == "reset" || name == "c_api_calls";
-  RunResult r = run({app(linked), name}, classic ? std::map<std::string, std::string>{{"CUDAPOOL_CONF", "expandable_segments:False"}}
-                                                 : std::map<std::string, std::string>{});
+  RunResult r = run({app(linked), name},
+                    classic ? std::map<std::string, std::string>{{"CUDAPOOL_CONF", "expandable_segments:False"}}
+                            : std::map<std::string, std::string>{});
   EXPECT_EQ(r.exit_status, 0) << r.output;
   EXPECT_EQ(r.signal, 0) << r.output;
   EXPECT_NE(r.output.find("PASS " + name), std::string::npos) << r.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    BothResolutionStyles, Scenario,
-    ::testing::Combine(::testing::Values("pooling", "resolution", "fenced_reuse", "async_streams",
-                                         "foreign_pointers", "capture", "bad_frees", "queries", "reset",
-                                         "fork_child", "threads", "c_api_calls"),
-                       ::testing::Bool()),
-    [](const auto& test_info) {
-      return std::get<0>(test_info.param) + (std::get<1>(test_info.param) ? "_lcuda" : "_cudart");
-    });
+INSTANTIATE_TEST_SUITE_P(BothResolutionStyles, Scenario,
+                         ::testing::Combine(::testing::Values("pooling", "resolution", "fenced_reuse", "async_streams",
+                                                              "foreign_pointers", "capture", "bad_frees", "queries",
+                                                              "reset", "fork_child", "threads", "c_api_calls"),
+                                            ::testing::Bool()),
+                         [](const auto& test_info) {
+                           return std::get<0>(test_info.param) + (std::get<1>(test_info.param) ? "_lcuda" : "_cudart");
+                         });
 
 TEST(Shim, PoolingNeedsTheShim) {
   // Without the preload the same program makes one driver allocation per pair and fails its
@@ -102,10 +102,12 @@ TEST(Shim, NoCudaCallAtExit) {
     ASSERT_NE(at, std::string::npos) << r.output;
     int result = -1;
     long before = -1, after = -2;
-    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "exit free: result %d, event records %ld -> %ld", &result,
-                          &before, &after), 3) << r.output;
-    EXPECT_EQ(result, 0);       // the free "succeeds" (leaked)
-    EXPECT_EQ(before, after);   // and records no event: no driver call once exiting
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "exit free: result %d, event records %ld -> %ld", &result, &before,
+                          &after),
+              3)
+        << r.output;
+    EXPECT_EQ(result, 0);      // the free "succeeds" (leaked)
+    EXPECT_EQ(before, after);  // and records no event: no driver call once exiting
   }
 }
 
@@ -141,9 +143,10 @@ TEST(Shim, UnwritableStatsFileIsAPolicyError) {
   EXPECT_EQ(r.exit_status, 78) << r.output;
   EXPECT_NE(r.output.find("stats_file '/nonexistent-dir/s.json' (CUDAPOOL_CONF col 1): directory '/nonexistent-dir' "
                           "does not exist"),
-            std::string::npos) << r.output;
-  RunResult pass = run({app(true), "alloc_once"}, {{"CUDAPOOL_CONF", "trace_file:/nonexistent-dir/t.csv"},
-                                                   {"CUDAPOOL_ON_ERROR", "passthrough"}});
+            std::string::npos)
+      << r.output;
+  RunResult pass = run({app(true), "alloc_once"},
+                       {{"CUDAPOOL_CONF", "trace_file:/nonexistent-dir/t.csv"}, {"CUDAPOOL_ON_ERROR", "passthrough"}});
   EXPECT_EQ(pass.exit_status, 0) << pass.output;
   EXPECT_NE(pass.output.find("trace_file '/nonexistent-dir/t.csv'"), std::string::npos) << pass.output;
   EXPECT_NE(pass.output.find("active=0"), std::string::npos) << pass.output;
@@ -153,11 +156,12 @@ TEST(Shim, UnwritableStatsFileIsAPolicyError) {
 }
 
 TEST(Shim, PytorchAllocConfGetsAHint) {
-  RunResult r = run({app(true), "alloc_once"}, {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"},
-                                                {"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"}});
+  RunResult r = run({app(true), "alloc_once"},
+                    {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}, {"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"}});
   EXPECT_EQ(r.exit_status, 0) << r.output;
   EXPECT_NE(r.output.find("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True configures PyTorch's own"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("CUDAPOOL_CONF (unset"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("to carry the keys over, set CUDAPOOL_CONF=\"expandable_segments:True\""), std::string::npos)
       << r.output;
@@ -219,7 +223,8 @@ TEST(Shim, GpuWaitReusesPendingMemoryAndEveryStreamWaits) {
   EXPECT_EQ(classic.exit_status, 0) << classic.output;
   // Its negative controls: fenced mode never hands pending memory out early. Classic segments
   // grow instead (q != p); expandable segments wait on the host for the fence (expandable_wait).
-  RunResult fenced = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced,expandable_segments:False"}});
+  RunResult fenced = run({app(true), "gpu_wait_reuse"},
+                         {{"CUDAPOOL_CONF", "free_sync:fenced,expandable_segments:False"}});
   EXPECT_NE(fenced.exit_status, 0) << fenced.output;
   EXPECT_NE(fenced.output.find("q == p"), std::string::npos) << fenced.output;
   RunResult fenced_x = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
@@ -257,7 +262,8 @@ TEST(Shim, MemGetInfoShowsTheCap) {
   EXPECT_EQ(line(frac.output, "start"), "start total_mib=256 free_mib=256") << frac.output;
   EXPECT_EQ(line(frac.output, "allocated"), "allocated total_mib=256 free_mib=236") << frac.output;
   // The device's real free memory still bounds it: a cap above what is free shows what is free.
-  RunResult big = run({app(true), "mem_info"}, {{"CUDAPOOL_CONF", "max_reserved_mb:1000"}, {"FAKECUDA_TOTAL_MB", "512"}});
+  RunResult big = run({app(true), "mem_info"},
+                      {{"CUDAPOOL_CONF", "max_reserved_mb:1000"}, {"FAKECUDA_TOTAL_MB", "512"}});
   ASSERT_EQ(big.exit_status, 0) << big.output;
   EXPECT_EQ(line(big.output, "start"), "start total_mib=512 free_mib=512") << big.output;
 }
@@ -403,8 +409,9 @@ TEST(ShimLibrary, CarriesNoJsonReader) {
   // The writer is there: nm reads the library's own symbols, so the absences below mean something.
   ASSERT_NE(syms.find("cudapool::to_json"), std::string::npos) << "no symbols from nm -C " << kShim;
   ASSERT_NE(syms.find("cudapool::json::append_string("), std::string::npos);
-  for (const char* reader : {"cudapool::json::parse(", "cudapool::json::Value", "cudapool::json::(anonymous namespace)::Parser",
-                             "cudapool::from_json(", "cudapool::read_summary_file("}) {
+  for (const char* reader :
+       {"cudapool::json::parse(", "cudapool::json::Value", "cudapool::json::(anonymous namespace)::Parser",
+        "cudapool::from_json(", "cudapool::read_summary_file("}) {
     EXPECT_EQ(syms.find(reader), std::string::npos) << reader << " is linked into " << kShim;
   }
 }
@@ -421,8 +428,8 @@ TEST(ShimLibrary, NeedsOnlyTheCLibraries) {
     const std::string name = line.substr(open + 1, close - open - 1);
     ++needed;
     // The dynamic loader itself (for thread-local storage) is in every process anyway.
-    const bool ok = name == "libc.so.6" || name == "libm.so.6" || name == "libdl.so.2" ||
-                    name == "libpthread.so.0" || name.rfind("ld-linux", 0) == 0;
+    const bool ok = name == "libc.so.6" || name == "libm.so.6" || name == "libdl.so.2" || name == "libpthread.so.0" ||
+                    name.rfind("ld-linux", 0) == 0;
     EXPECT_TRUE(ok) << "unexpected NEEDED " << name;
   }
   EXPECT_GE(needed, 1);

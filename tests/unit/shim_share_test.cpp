@@ -140,7 +140,8 @@ TEST_F(Share, BudgetHoldsUnderRandomAllocationFromFourProcesses) {
 TEST_F(Share, IdleCacheIsReleasedOnDemand) {
   RunningChild& b = start_ready({kApp, "hold", "80"}, env(group_conf(100), 100));
   const int bpid = b.pid;
-  EXPECT_NE(b.output.find("total=104857600"), std::string::npos) << "cuMemGetInfo reports the budget as total\n" << b.output;
+  EXPECT_NE(b.output.find("total=104857600"), std::string::npos) << "cuMemGetInfo reports the budget as total\n"
+                                                                 << b.output;
   EXPECT_EQ(slot_reserved(bpid), static_cast<long long>(80 * kMiB));
 
   ChildResult no_ask = test::run_under_shim({kApp, "need", "60"}, env(group_conf(100, "group_release_wait_ms:0"), 100));
@@ -339,10 +340,13 @@ TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
     return t.output.substr(at, t.output.find("]}", at) - at);
   };
   const std::string be = entry(bpid), ce = entry(cpid);
-  EXPECT_NE(be.find("\"reserved_bytes\":41943040,\"allocated_bytes\":0,\"cached_bytes\":41943040"), std::string::npos) << t.output;
+  EXPECT_NE(be.find("\"reserved_bytes\":41943040,\"allocated_bytes\":0,\"cached_bytes\":41943040"), std::string::npos)
+      << t.output;
   EXPECT_NE(be.find("\"group\":\"share_test\""), std::string::npos) << t.output;
-  EXPECT_NE(be.find("\"group_budget_bytes\":209715200,\"group_reserved_bytes\":41943040"), std::string::npos) << t.output;
-  EXPECT_NE(ce.find("\"reserved_bytes\":62914560,\"allocated_bytes\":62914560,\"cached_bytes\":0"), std::string::npos) << t.output;
+  EXPECT_NE(be.find("\"group_budget_bytes\":209715200,\"group_reserved_bytes\":41943040"), std::string::npos)
+      << t.output;
+  EXPECT_NE(ce.find("\"reserved_bytes\":62914560,\"allocated_bytes\":62914560,\"cached_bytes\":0"), std::string::npos)
+      << t.output;
   EXPECT_NE(ce.find("\"group\":\"\""), std::string::npos) << t.output;
   EXPECT_NE(ce.find("share_app hold-live 60"), std::string::npos) << t.output;
 

@@ -35,13 +35,13 @@ using CUcontext = void*;
 using CUdeviceptr = unsigned long long;
 constexpr std::size_t MiB = 1 << 20;
 
-#define CHILD_CHECK(expr)                                                    \
-  do {                                                                       \
-    if (!(expr)) {                                                           \
-      std::printf("CHILD FAIL %d: %s\n", __LINE__, #expr);                   \
-      std::fflush(stdout);                                                   \
-      std::_Exit(3);                                                         \
-    }                                                                        \
+#define CHILD_CHECK(expr)                                  \
+  do {                                                     \
+    if (!(expr)) {                                         \
+      std::printf("CHILD FAIL %d: %s\n", __LINE__, #expr); \
+      std::fflush(stdout);                                 \
+      std::_Exit(3);                                       \
+    }                                                      \
   } while (0)
 
 struct Driver {
@@ -182,10 +182,11 @@ std::string dump_section(const std::string& log) {
 TEST(ShimSignal, DumpSignalLogsStatsAndSnapshotAndTheProgramKeepsRunning) {
   const std::string log_path = temp_path("dump"), trace_path = temp_path("trace");
   std::remove(log_path.c_str());
-  RunResult r = run_child("dump", {{"CUDAPOOL_CONF", "expandable_segments:False,dump_signal:SIGUSR1,log_file:" + log_path},
-                                   {"CUDAPOOL_TRACE", trace_path},
-                                   {"CHILD_LOG", log_path},
-                                   {"CHILD_TRACE", trace_path}});
+  RunResult r = run_child("dump",
+                          {{"CUDAPOOL_CONF", "expandable_segments:False,dump_signal:SIGUSR1,log_file:" + log_path},
+                           {"CUDAPOOL_TRACE", trace_path},
+                           {"CHILD_LOG", log_path},
+                           {"CHILD_TRACE", trace_path}});
   const std::string log = slurp(log_path);
   std::remove(log_path.c_str());
   std::remove(trace_path.c_str());
@@ -198,8 +199,8 @@ TEST(ShimSignal, DumpSignalLogsStatsAndSnapshotAndTheProgramKeepsRunning) {
   // Logged at the default level (warn), so it is visible without log_level.
   EXPECT_NE(log.find("[warn"), std::string::npos) << log;
   // Two 5 MiB blocks carved from one 20 MiB segment (requests under 10 MiB get 20 MiB segments).
-  EXPECT_NE(dump.find("snapshot device 0: segments=1 blocks=3 reserved=20971520 allocated=10485760"),
-            std::string::npos) << dump;
+  EXPECT_NE(dump.find("snapshot device 0: segments=1 blocks=3 reserved=20971520 allocated=10485760"), std::string::npos)
+      << dump;
   EXPECT_NE(dump.find("size=20971520 allocated=10485760 large"), std::string::npos) << dump;
   EXPECT_NE(dump.find(": 5242880A 5242880A 10485760F"), std::string::npos) << dump;
   // The stats table with the same numbers.
@@ -219,7 +220,9 @@ TEST(ShimSignal, WithoutTheKeySigusr1KeepsItsDefaultAction) {
 }
 
 TEST(ShimSignal, StartReportListsVersionOriginsAndHookedEntryPoints) {
-  RunResult r = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,max_split_size_mb:64,expandable_segments:False"}});
+  RunResult r = run_child("start", {{"CUDAPOOL_CONF",
+                                     "log_level:info,max_split_size_mb:64,expandable_segments:"
+                                     "False"}});
   ASSERT_EQ(r.exit_status, 0) << r.output;
   const std::string& out = r.output;
   EXPECT_NE(out.find("cudapool 0."), std::string::npos) << out;

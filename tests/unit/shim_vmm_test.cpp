@@ -46,8 +46,10 @@ TEST(ShimVmm, PagesReleasedOnEmptyCacheAtDriverGranularity) {
 // expandable_page_mb: the large pool's pages are that size (rounded up to the granularity), one
 // cuMemCreate handle each, released and recycled whole.
 TEST(ShimVmm, LargePagesWhenAsked) {
-  const std::map<std::string, std::string> twenty = {
-      {"CUDAPOOL_CONF", "expandable_segments:True,expandable_page_mb:20"}, {"VMM_APP_LARGE_PAGE_MB", "20"}};
+  const std::map<std::string, std::string> twenty = {{"CUDAPOOL_CONF",
+                                                      "expandable_segments:True,expandable_page_mb:"
+                                                      "20"},
+                                                     {"VMM_APP_LARGE_PAGE_MB", "20"}};
   expect_pass("release", twenty);
   auto six = twenty;
   six.emplace("FAKECUDA_VMM_GRANULARITY_KB", "6144");  // 20 MiB rounds up to 24 MiB
@@ -72,8 +74,10 @@ TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
 TEST(ShimVmm, GrowthMapsFewLargeUnits) {
   expect_pass("units");
   expect_pass("units", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
-  expect_pass("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"}, {"VMM_APP_MAX_UNIT_MB", "0"}});
-  expect_pass("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:40"}, {"VMM_APP_MAX_UNIT_MB", "40"}});
+  expect_pass("units",
+              {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"}, {"VMM_APP_MAX_UNIT_MB", "0"}});
+  expect_pass("units",
+              {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:40"}, {"VMM_APP_MAX_UNIT_MB", "40"}});
   // Told 16 MiB units while the pool maps one page per handle, the app fails.
   const auto o = run_app("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"}});
   EXPECT_NE(o.exit_status, 0) << o.output;
@@ -97,7 +101,8 @@ TEST(ShimVmm, HotPagesAreAliasedAndUnmappedAfterTheirWork) {
 // expandable_peer_access: the peer that can reach the device is named in every mapping (without
 // the key, check_accounting in the other scenarios asserts no peer descriptor at all).
 TEST(ShimVmm, PeerAccessWhenAsked) {
-  const auto o = run_app("peers", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_peer_access:True,log_level:info"}});
+  const auto o = run_app("peers",
+                         {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_peer_access:True,log_level:info"}});
   EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("PASS peers"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("pages of device 1 are also mapped for device(s) 0"), std::string::npos) << o.output;

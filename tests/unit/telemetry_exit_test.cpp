@@ -38,9 +38,7 @@ LateFreer g_late_freer;
 using testing::read_lines;
 using testing::TempPath;
 
-Event alloc_event(std::uint64_t i) {
-  return Event{EventKind::allocate, 0, 0x100000 + i * 512, 512, 500, 0, 0};
-}
+Event alloc_event(std::uint64_t i) { return Event{EventKind::allocate, 0, 0x100000 + i * 512, 512, 500, 0, 0}; }
 
 int wait_child(pid_t pid) {
   int status = 0;

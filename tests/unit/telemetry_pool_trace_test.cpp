@@ -20,13 +20,14 @@ namespace {
 using Key = std::tuple<TraceAction, std::uintptr_t, std::size_t, std::size_t, std::uintptr_t, int>;
 
 Key key_of(const TraceRow& r, bool with_requested_and_stream) {
-  return {r.action, r.ptr, r.size, with_requested_and_stream ? r.requested : 0,
-          with_requested_and_stream ? r.stream : 0, r.device};
+  return {
+      r.action, r.ptr, r.size, with_requested_and_stream ? r.requested : 0, with_requested_and_stream ? r.stream : 0,
+      r.device};
 }
 
 bool is_segment_row(TraceAction a) {
-  return a == TraceAction::segment_alloc || a == TraceAction::segment_free ||
-         a == TraceAction::empty_cache || a == TraceAction::oom;
+  return a == TraceAction::segment_alloc || a == TraceAction::segment_free || a == TraceAction::empty_cache ||
+         a == TraceAction::oom;
 }
 
 TEST(TelemetryPoolTrace, ScriptedSequenceGivesExactRows) {
@@ -44,18 +45,18 @@ TEST(TelemetryPoolTrace, ScriptedSequenceGivesExactRows) {
   Stats stats;
   {
     DevicePool pool(kDevice, opt, upstream, fences, writer.get());
-    AllocResult a = pool.allocate(1000, 0);          // small: 2 MiB segment, 1024 B block
+    AllocResult a = pool.allocate(1000, 0);  // small: 2 MiB segment, 1024 B block
     ASSERT_EQ(a.status, AllocStatus::ok);
-    AllocResult b = pool.allocate(3 * MiB, kSide);   // large < 10 MiB: 20 MiB segment
+    AllocResult b = pool.allocate(3 * MiB, kSide);  // large < 10 MiB: 20 MiB segment
     ASSERT_EQ(b.status, AllocStatus::ok);
     ASSERT_EQ(pool.free(a.ptr), FreeStatus::ok);
-    AllocResult c = pool.allocate(1000, 0);          // cache hit: same block
+    AllocResult c = pool.allocate(1000, 0);  // cache hit: same block
     ASSERT_EQ(c.status, AllocStatus::ok);
     EXPECT_EQ(c.ptr, a.ptr);
     ASSERT_EQ(pool.free_on_stream(b.ptr, kSide), FreeStatus::ok);
     ASSERT_EQ(pool.free(c.ptr), FreeStatus::ok);
     EXPECT_EQ(pool.empty_cache(), 22 * MiB);
-    AllocResult d = pool.allocate(100 * MiB, 0);     // more than the 64 MiB device
+    AllocResult d = pool.allocate(100 * MiB, 0);  // more than the 64 MiB device
     EXPECT_EQ(d.status, AllocStatus::out_of_memory);
     stats = pool.stats();
   }
@@ -90,10 +91,10 @@ TEST(TelemetryPoolTrace, ScriptedSequenceGivesExactRows) {
   }
   // empty_cache: both segments released (in either order) and one empty_cache row of 22 MiB.
   std::vector<Key> got_release, expect_release = {
-      {TraceAction::segment_free, pa, 2 * MiB, 0, 0, kDevice},
-      {TraceAction::segment_free, pb, 20 * MiB, 0, 0, kDevice},
-      {TraceAction::empty_cache, 0, 22 * MiB, 0, 0, kDevice},
-  };
+                                    {TraceAction::segment_free, pa, 2 * MiB, 0, 0, kDevice},
+                                    {TraceAction::segment_free, pb, 20 * MiB, 0, 0, kDevice},
+                                    {TraceAction::empty_cache, 0, 22 * MiB, 0, 0, kDevice},
+                                };
   for (std::size_t i = 8; i < 11; ++i) {
     Key k = key_of(rows[i], false);
     std::get<1>(k) = rows[i].action == TraceAction::empty_cache ? 0 : std::get<1>(k);

@@ -56,10 +56,10 @@ TEST(TelemetrySummary, FlatNamesArePyTorchsAndComplete) {
   std::set<std::string> names;
   for (auto& [n, v] : flat) names.insert(n);
   EXPECT_EQ(names.size(), flat.size());
-  for (const char* n : {"allocated_bytes.all.peak", "reserved_bytes.large_pool.current",
-                        "inactive_split_bytes.small_pool.freed", "oversize_segments.peak",
-                        "num_alloc_retries", "num_ooms", "num_sync_all_streams", "max_split_size",
-                        "cache_hits", "upstream_ns", "gpu_waits", "bad_frees"})
+  for (const char* n :
+       {"allocated_bytes.all.peak", "reserved_bytes.large_pool.current", "inactive_split_bytes.small_pool.freed",
+        "oversize_segments.peak", "num_alloc_retries", "num_ooms", "num_sync_all_streams", "max_split_size",
+        "cache_hits", "upstream_ns", "gpu_waits", "bad_frees"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(set_stat(&s, "allocated_bytes.all.bogus", 1));
   EXPECT_FALSE(set_stat(&s, "allocated_bytes.medium_pool.peak", 1));
@@ -141,9 +141,10 @@ TEST(TelemetrySummary, RejectsMalformedJson) {
 TEST(TelemetrySummary, UnknownKeysAreIgnored) {
   Summary out;
   std::string err;
-  ASSERT_TRUE(from_json("{\"format\":\"cudapool-summary\",\"version\":1,\"future\":{\"a\":[1,2,null]},"
-                        "\"devices\":[{\"device\":2,\"stats\":{\"num_ooms\":4,\"new_stat\":9}}]}",
-                        &out, &err))
+  ASSERT_TRUE(
+      from_json("{\"format\":\"cudapool-summary\",\"version\":1,\"future\":{\"a\":[1,2,null]},"
+                "\"devices\":[{\"device\":2,\"stats\":{\"num_ooms\":4,\"new_stat\":9}}]}",
+                &out, &err))
       << err;
   ASSERT_EQ(out.devices.size(), 1u);
   EXPECT_EQ(out.devices[0].device, 2);

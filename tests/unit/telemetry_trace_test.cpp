@@ -2,11 +2,11 @@
 // strict reader errors with line numbers, and garbage that must not crash the reader.
 #include <gtest/gtest.h>
 
+#include <time.h>
 #include <atomic>
 #include <random>
 #include <set>
 #include <sstream>
-#include <time.h>
 
 #include <chrono>
 #include <thread>
@@ -21,8 +21,8 @@ using testing::read_lines;
 using testing::split;
 using testing::TempPath;
 
-Event ev(EventKind k, std::uintptr_t ptr, std::size_t size, std::size_t requested,
-         StreamId stream, int device = 0, std::int64_t dur = 0, bool on_stream = false) {
+Event ev(EventKind k, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream, int device = 0,
+         std::int64_t dur = 0, bool on_stream = false) {
   return Event{k, device, ptr, size, requested, stream, dur, on_stream};
 }
 
@@ -252,7 +252,8 @@ TEST(TelemetryTrace, ReaderRejectsMalformedInputWithLineNumber) {
       {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,-3,\n"), "line 2: column 10 (duration_ns)"},
       {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0\n"), "line 2: has 10 columns, expected 11"},
       {(old_header + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n"), "line 2: more than 10 columns"},
-      {(good + "1,00:00:00.000001,free,0x10,512,0x0,0,500,1,0,later\n"), "column 11 (detail): 'later' is not a free kind"},
+      {(good + "1,00:00:00.000001,free,0x10,512,0x0,0,500,1,0,later\n"),
+       "column 11 (detail): 'later' is not a free kind"},
       {(good + "1,00:00:00.000001,stream,0x0,0,0x10,0,0,1,0,async\n"), "is not a stream kind"},
       {(good + "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,sync\n"), "must be empty for this action"},
       {(good + "1,00:00:00.000001,policy,0x0,0,0x0,0,0,1,0,max_split_size_mb:64\n"), "is not a quoted policy string"},
@@ -264,8 +265,7 @@ TEST(TelemetryTrace, ReaderRejectsMalformedInputWithLineNumber) {
     TraceRow r;
     while (reader.next(&r)) {
     }
-    EXPECT_NE(reader.error().find(c.expect), std::string::npos)
-        << "input:\n" << c.text << "error: " << reader.error();
+    EXPECT_NE(reader.error().find(c.expect), std::string::npos) << "input:\n" << c.text << "error: " << reader.error();
   }
 }
 
@@ -322,7 +322,8 @@ TEST(TelemetryTrace, GarbageNeverCrashesTheReader) {
   std::mt19937 rng(12345);
   const std::string alphabet = "0123456789abcdefx,:.\n\r -allocatefreeQ\xff";
   const std::string valid = std::string(trace_header()) + "\n" +
-                            "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n1,00:00:00.000002,policy,0x0,0,0x0,0,0,2,0,\"a:1,b\"\"c\"\n";
+                            "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n1,00:00:00.000002,policy,0x0,0,0x0,0,"
+                            "0,2,0,\"a:1,b\"\"c\"\n";
   int errors = 0;
   for (int iter = 0; iter < 3000; ++iter) {
     std::string text = valid;
@@ -333,9 +334,13 @@ TEST(TelemetryTrace, GarbageNeverCrashesTheReader) {
       std::size_t p = pos(rng);
       char c = alphabet[std::uniform_int_distribution<std::size_t>(0, alphabet.size() - 1)(rng)];
       switch (rng() % 3) {
-        case 0: if (p < text.size()) text[p] = c; break;
+        case 0:
+          if (p < text.size()) text[p] = c;
+          break;
         case 1: text.insert(text.begin() + static_cast<long>(p), c); break;
-        default: if (p < text.size()) text.erase(p, 1); break;
+        default:
+          if (p < text.size()) text.erase(p, 1);
+          break;
       }
     }
     std::istringstream in(text);

@@ -16,8 +16,7 @@ class TempPath {
  public:
   explicit TempPath(const std::string& suffix = ".csv") {
     const char* dir = std::getenv("TMPDIR");
-    std::string templ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
-                        "/cudapool_telemetry_XXXXXX";
+    std::string templ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/cudapool_telemetry_XXXXXX";
     std::vector<char> buf(templ.begin(), templ.end());
     buf.push_back('\0');
     int fd = ::mkstemp(buf.data());

@@ -280,7 +280,8 @@ TEST(ToolsSynth, SameSeedSameTraceAndPatternsDiffer) {
   ASSERT_TRUE(synthesize_trace(o, PoolOptions{}, &a, &err));
   ASSERT_TRUE(synthesize_trace(o, PoolOptions{}, &b, &err));
   ASSERT_EQ(a.rows.size(), b.rows.size());
-  for (std::size_t i = 0; i < a.rows.size(); ++i) ASSERT_EQ(format_trace_row(a.rows[i]), format_trace_row(b.rows[i])) << i;
+  for (std::size_t i = 0; i < a.rows.size(); ++i)
+    ASSERT_EQ(format_trace_row(a.rows[i]), format_trace_row(b.rows[i])) << i;
   EXPECT_EQ(a.rows.front().action, TraceAction::device);
   o.seed = 99;  // another seed picks other sequence lengths
   ASSERT_TRUE(synthesize_trace(o, PoolOptions{}, &c, &err));

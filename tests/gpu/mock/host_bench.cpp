@@ -16,6 +16,7 @@ class HostMalloc : public bench::Allocator {
 }  // namespace
 
 int main() {
-  bench::run_all("host", "malloc", [] { return std::unique_ptr<bench::Allocator>(new HostMalloc); }, 0.05);
+  bench::run_all(
+      "host", "malloc", [] { return std::unique_ptr<bench::Allocator>(new HostMalloc); }, 0.05);
   return 0;
 }
