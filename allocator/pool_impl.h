@@ -455,10 +455,14 @@ struct DevicePool::Impl {
   // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait) REQUIRES(mu);
+  // The stream's local blocks of expandable ranges cover `need`: promote_all_now.
   bool sync_own(StreamId stream, std::size_t need) REQUIRES(mu);
+  // Wait for a fence covering all of the stream's local blocks (recorded now unless the
+  // outstanding one does), then they become shared. False when it cannot be waited for.
   bool promote_all_now(StreamFree* sf, StreamId stream) REQUIRES(mu);
-  void record_promo(StreamFree* sf, StreamId stream)
-      REQUIRES(mu);  // sf->promo_fence = a fence recorded now  // wait for a fence covering all its local blocks
+  // sf->promo_fence = a fence recorded on `stream` now.
+  void record_promo(StreamFree* sf, StreamId stream) REQUIRES(mu);
+  // Memory pressure: every pending, retiring and local block becomes shared (host waits).
   void wait_all() REQUIRES(mu);
   // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
   // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when
