@@ -18,7 +18,7 @@ namespace cudapool::detail {
 // unmapped: address space of an expandable segment with no pages behind it (in no set).
 // draining: address space whose pages were aliased to another place (Upstream::alias) while old
 //   work may still use them here; in no set, not reusable, unmapped once that work completed
-//   (Impl::draining).
+//   (ExpandableRanges::draining).
 // tcache: checked out to a thread cache (thread_cache.h): in no set, not in `live`.
 enum class BState : std::uint8_t { allocated, pending, local, shared, retiring, unmapped, draining, tcache };
 

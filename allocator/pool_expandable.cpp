@@ -129,10 +129,10 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
     // Pages move between the two ranges only when they have the same page size: a page is one
     // physical allocation upstream, which cannot be split, and merging small ones into a large
     // page would break the whole-page promise made at reserve().
-    if (xseg[k] == nullptr || xseg[k]->page != seg->page) continue;
+    if (xr.seg[k] == nullptr || xr.seg[k]->page != seg->page) continue;
     const FreeSet& set = shared[k];
     // Blocks smaller than a page hold no whole page.
-    for (auto it = set.lower_bound(detail::BySizeAddr::Key{xseg[k]->page, 0}); it != set.end(); ++it) {
+    for (auto it = set.lower_bound(detail::BySizeAddr::Key{xr.seg[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
@@ -175,7 +175,7 @@ void DevicePool::Impl::pick_hot_units(const std::vector<Block*>& cands, std::siz
 }
 
 void DevicePool::Impl::drop_aliases() {
-  for (Drain& d : draining) {
+  for (Drain& d : xr.draining) {
     if (d.dropped || d.b->hot > batches.order_done()) continue;
     const std::int64_t t0 = now_ns();
     up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
@@ -187,16 +187,16 @@ void DevicePool::Impl::drop_aliases() {
 
 void DevicePool::Impl::reclaim_drained() {
   std::size_t keep = 0;
-  for (const Drain& d : draining) {
+  for (const Drain& d : xr.draining) {
     if (!d.dropped) {
-      draining[keep++] = d;
+      xr.draining[keep++] = d;
       continue;
     }
     // Later entries are still draining while this one merges: merging never takes them.
     d.b->state = BState::unmapped;
     merge_unmapped(d.b);
   }
-  draining.resize(keep);
+  xr.draining.resize(keep);
 }
 
 std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
@@ -240,7 +240,7 @@ std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, st
 // that does not move with the pool's own mapping, so growth into it cannot ratchet).
 std::size_t DevicePool::Impl::growth_cap() const {
   const auto live_peak = static_cast<double>(ledger.allocated_peak());
-  return std::max(reserved_hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
+  return std::max(xr.hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
 }
 
 // Within the slack (PoolOptions::expandable_slack says why) growth past the cap still recycles
@@ -260,7 +260,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   *out = nullptr;
   const int k = detail::kind_index(small);
   const std::size_t g = limits.page_bytes(small, opt);
-  if (xseg[k] == nullptr) {
+  if (xr.seg[k] == nullptr) {
     // About 9/8 of the device, like PyTorch: the mapped part can never fill the range, and one
     // range per pool kind keeps address space use bounded however many streams there are.
     const std::size_t total = limits.device_total();
@@ -282,10 +282,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     b->state = BState::unmapped;
     seg->head = b;
     segments.emplace(seg->base, seg);
-    xseg[k] = seg;
-    alias_ok = up.can_alias();
+    xr.seg[k] = seg;
+    xr.alias_ok = up.can_alias();
   }
-  Segment* seg = xseg[k];
+  Segment* seg = xr.seg[k];
   note_reserved();
 
   // Plan; if the plan would take the mapped total above its high-water mark (or the limit),
@@ -296,7 +296,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   std::vector<detail::HotUnit> hot_units;  // units of hot blocks to alias, still in place
   bool fences_tried = false;
   for (;;) {
-    if (!draining.empty()) reclaim_drained();  // before planning: it merges holes
+    if (!xr.draining.empty()) reclaim_drained();  // before planning: it merges holes
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
     const std::size_t reserved = ledger.reserved_bytes();
@@ -308,7 +308,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     hot_cands.clear();
     if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0;
-    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, alias_ok ? &hot_cands : nullptr);
+    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, xr.alias_ok ? &hot_cands : nullptr);
     if (avail < over && !fences_tried && !growth_within_slack(rounded, small)) {
       fences_tried = true;
       // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
@@ -324,7 +324,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       // Free pages reused under a GPU-side wait cannot move until its fences complete: past the
       // high-water mark, expandable_wait prefers waiting for them to mapping new memory, unless
       // the upstream can alias them (below), which needs no wait at all.
-      if (!changed && wait && !alias_ok && avail + hot >= over && hot != 0) {
+      if (!changed && wait && !xr.alias_ok && avail + hot >= over && hot != 0) {
         settle_ordered();
         changed = true;
       }
@@ -430,7 +430,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         ledger.device_map();
         ledger.device_alias();
         Block* old = release_page_range(src, h.base, h.base + n, none, nullptr, /*drain=*/true);
-        draining.push_back(Drain{old});
+        xr.draining.push_back(Drain{old});
         alias_hot = std::max(alias_hot, old->hot);
         emit(EventKind::segment_unmap, h.base, n, n, 0, now_ns() - t0);  // gone from the pool's view
         for (std::size_t q = i; q < j; ++q)

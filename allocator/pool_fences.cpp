@@ -98,7 +98,7 @@ void DevicePool::Impl::service_fences() {
     poll_ordered();
     running |= batches.has_ordered();
   }
-  if (!draining.empty()) reclaim_drained();
+  if (!xr.draining.empty()) reclaim_drained();
   batches.queried(now, running);
 }
 
@@ -195,13 +195,13 @@ bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool e
 
 void DevicePool::Impl::poll_ordered() {
   batches.poll_ordered(fences);
-  if (!draining.empty()) drop_aliases();
+  if (!xr.draining.empty()) drop_aliases();
 }
 
 void DevicePool::Impl::settle_ordered() {
   // Runs inside FenceBatches, which does not know the pool lock; this function holds it.
   batches.settle_ordered(fences, [&](FenceHandle f) NO_THREAD_SAFETY_ANALYSIS { return wait_fence(f, 0); });
-  if (!draining.empty()) drop_aliases();
+  if (!xr.draining.empty()) drop_aliases();
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "allocator/blocks.h"
+#include "allocator/expandable_ranges.h"
 #include "allocator/fence_batches.h"
 #include "allocator/limits.h"
 #include "allocator/node_pool.h"
@@ -106,8 +107,8 @@ struct DevicePool::Impl {
   std::uint64_t searches[2] GUARDED_BY(mu) = {0, 0};
   detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
 
-  detail::Limits limits GUARDED_BY(mu);                  // the reserve limit and the device facts it needs (limits.h)
-  Segment* xseg[2] GUARDED_BY(mu) = {nullptr, nullptr};  // the expandable range of each pool kind
+  detail::Limits limits GUARDED_BY(mu);        // the reserve limit and the device facts it needs (limits.h)
+  detail::ExpandableRanges xr GUARDED_BY(mu);  // the expandable ranges' state (expandable_ranges.h)
 
   // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
   static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
@@ -122,7 +123,7 @@ struct DevicePool::Impl {
   }
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !draining.empty(); }
+  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !xr.draining.empty(); }
 
   StreamFree* stream_find(StreamId s) REQUIRES(mu) {
     if (last_sf != nullptr && last_sid == s) return last_sf;
@@ -360,28 +361,18 @@ struct DevicePool::Impl {
   // units are appended to `out`, to be moved into the growth.
   std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out)
       REQUIRES(mu);
-  // Expandable ranges: the most bytes ever reserved (not reset by reset_peak_stats). Growth
-  // beyond it is what recycling and the wait avoid.
-  std::size_t reserved_hwm GUARDED_BY(mu) = 0;
-  void note_reserved() REQUIRES(mu) {
-    const std::size_t r = ledger.reserved_bytes();
-    if (r > reserved_hwm) reserved_hwm = r;
-  }
+  void note_reserved() REQUIRES(mu) { xr.note_reserved(ledger.reserved_bytes()); }
   void merge_unmapped(Block* b) REQUIRES(mu);
   void count_runs_change(Block* piece, int sign) REQUIRES(mu);
   void destroy_expandable(Segment* seg) REQUIRES(mu);
 
   // ---- aliased pages (pool_expandable.cpp; docs/design.md, "Moving pages still in use") ----
   // A growth past the high-water mark may take the pages of hot free blocks: the upstream maps
-  // them a second time at the growth (Upstream::alias), the old range becomes a draining block,
-  // and its old mapping is removed once the GPU-side wait that made it hot completed. Memory
-  // then moves where a larger request needs it without a host wait and without new pages.
-  struct Drain {
-    Block* b;              // the draining block (never merged or split while it drains)
-    bool dropped = false;  // its old mapping is gone (Upstream::unalias): it may become a hole
-  };
-  std::vector<Drain> draining GUARDED_BY(mu);
-  bool alias_ok GUARDED_BY(mu) = false;  // the upstream can alias (asked when the first range is reserved)
+  // them a second time at the growth (Upstream::alias), the old range becomes a draining block
+  // (xr.draining), and its old mapping is removed once the GPU-side wait that made it hot
+  // completed. Memory then moves where a larger request needs it without a host wait and
+  // without new pages.
+  using Drain = detail::ExpandableRanges::Drain;
   // Under mu, after order_done advanced: unalias every draining range whose order completed.
   // Touches no block structure, so it may run anywhere.
   void drop_aliases() REQUIRES(mu);

@@ -12,7 +12,7 @@ DevicePool::Impl::~Impl() {
   tc_detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
   batches.release_all(fences);
-  for (const Drain& d : draining)
+  for (const Drain& d : xr.draining)
     if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
   for (auto& [base, seg] : segments) {
     if (seg->expandable)
@@ -169,14 +169,13 @@ void DevicePool::Impl::forget_all() {
     segment_pool.put(seg);
   }
   segments.clear();
-  xseg[0] = xseg[1] = nullptr;
+  xr.forget();
   live.clear();
   for (FreeSet& s : shared) s.clear();
   last_sf = nullptr;
   streams.clear();
   retired.clear();
   batches.forget_all();
-  draining.clear();
   ledger.forget_all();
 }
 
@@ -264,7 +263,7 @@ std::string DevicePool::Impl::check() const {
         case BState::draining:
           if (!seg->expandable) return fail("draining block in a classic segment", b);
           if (b->requested != 0) return fail("draining block keeps a requested size", b);
-          if (std::none_of(draining.begin(), draining.end(), [&](const Drain& d) { return d.b == b; }))
+          if (std::none_of(xr.draining.begin(), xr.draining.end(), [&](const Drain& d) { return d.b == b; }))
             return fail("draining block missing from the draining list", b);
           ++draining_blocks;
           break;
@@ -306,7 +305,7 @@ std::string DevicePool::Impl::check() const {
   const std::size_t retire_batched = batches.retiring_count();
   if (batched != pending_blocks) return fail("pending blocks and batches disagree", nullptr);
   if (retire_batched != retiring_blocks) return fail("retiring blocks and batches disagree", nullptr);
-  if (draining.size() != draining_blocks) return fail("draining list and draining blocks disagree", nullptr);
+  if (xr.draining.size() != draining_blocks) return fail("draining list and draining blocks disagree", nullptr);
   if (pending_bytes != st.pending_bytes) return fail("pending_bytes stat", nullptr);
   auto same = [&](const StatArray& a, const StatArray& b, const char* name) {
     for (std::size_t i = 0; i < kNumStatPools; ++i)
