@@ -1,4 +1,4 @@
-// PyTorch's size rules (shared/reference/pytorch-allocator-rules.md, "Sizes"): 512 B rounding,
+// PyTorch's size rules (docs/design.md, "Size rules"): 512 B rounding,
 // roundup_power2_divisions, small/large pool, and the segment size asked from the upstream.
 #include <bit>
 

@@ -14,7 +14,7 @@ inline constexpr std::size_t KiB = 1024;
 inline constexpr std::size_t MiB = 1024 * KiB;
 inline constexpr std::size_t GiB = 1024 * MiB;
 
-// PyTorch's size classes (shared/reference/pytorch-allocator-rules.md).
+// PyTorch's size classes (docs/policy.md has the rules they come from).
 inline constexpr std::size_t kMinBlockSize = 512;        // every request rounds to this
 inline constexpr std::size_t kSmallSize = 1 * MiB;       // <= this: small pool
 inline constexpr std::size_t kSmallBuffer = 2 * MiB;     // small-pool segment size

@@ -1,5 +1,5 @@
 // Size rules, expected values worked out by hand from PyTorch's documented rules
-// (shared/reference/pytorch-allocator-rules.md, "Sizes").
+// (docs/design.md, "Size rules").
 #include <gtest/gtest.h>
 
 #include <limits>
