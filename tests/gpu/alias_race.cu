@@ -26,30 +26,6 @@ constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::uint64_t kSize = 32 * kMiB;
 constexpr std::uint8_t kA = 0xAB, kB = 0x11, kLate = 0xCD;
 
-__global__ void late_reader(const std::uint8_t* a, std::uint64_t n, unsigned long long* mismatches) {
-  gpu_delay_ns(kDelayNs);
-  unsigned long long mine = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    mine += a[i] != kA;
-  if (mine) atomicAdd(mismatches, mine);
-}
-
-__global__ void late_writer(std::uint8_t* a, std::uint64_t n) {
-  gpu_delay_ns(kDelayNs);
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    a[i] = kLate;
-}
-
-__global__ void count_not(const std::uint8_t* p, std::uint64_t n, std::uint8_t v, unsigned long long* bad) {
-  unsigned long long mine = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    mine += p[i] != v;
-  if (mine) atomicAdd(bad, mine);
-}
-
 // The pool's num_device_alias from its JSON stats; -1 without the shim.
 long long aliases() {
   using Fn = std::size_t (*)(int, char*, std::size_t);
@@ -83,9 +59,9 @@ int main() {
     CK(cudaDeviceSynchronize());
     for (int i : {0, 2}) {
       if (write_variant)
-        late_writer<<<8, 256, 0, s>>>(a[i], kSize);
+        late_writer<<<8, 256, 0, s>>>(a[i], kSize, kLate, kDelayNs);
       else
-        late_reader<<<8, 256, 0, s>>>(a[i], kSize, counters);
+        late_reader<<<8, 256, 0, s>>>(a[i], kSize, kA, kDelayNs, counters);
     }
     CK(cudaGetLastError());
     CK(cudaFree(a[0]));
@@ -93,7 +69,7 @@ int main() {
     std::uint8_t* b = nullptr;
     CK(cudaMalloc(&b, 2 * kSize));
     CK(cudaMemsetAsync(b, kB, 2 * kSize, 0));
-    count_not<<<128, 256, 0, 0>>>(b, 2 * kSize, kB, counters + 1);
+    late_reader<<<128, 256, 0, 0>>>(b, 2 * kSize, kB, 0, counters + 1);  // B's fill, checked
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     unsigned long long got[2];

@@ -62,6 +62,26 @@ __global__ void check_pattern(const std::uint8_t* p, std::uint64_t n, std::uint3
   if (my_sum) atomicAdd(sum, my_sum);
 }
 
+// A kernel that keeps using a buffer late, as a program's work does after the host freed it:
+// waits `delay_ns`, then counts the bytes that are not `expect` into *mismatches (the reader), or
+// writes `value` over every byte (the writer). With no delay the reader checks a fill.
+__global__ void late_reader(const std::uint8_t* a, std::uint64_t n, std::uint8_t expect, std::uint64_t delay_ns,
+                            unsigned long long* mismatches) {
+  gpu_delay_ns(delay_ns);
+  unsigned long long mine = 0;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    mine += a[i] != expect;
+  if (mine) atomicAdd(mismatches, mine);
+}
+
+__global__ void late_writer(std::uint8_t* a, std::uint64_t n, std::uint8_t value, std::uint64_t delay_ns) {
+  gpu_delay_ns(delay_ns);
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    a[i] = value;
+}
+
 // Grid size for a grid-stride loop over n bytes: enough to saturate, never zero.
 inline unsigned grid_for(std::uint64_t n, unsigned block = 256, unsigned max_grid = 1024) {
   std::uint64_t g = (n + block - 1) / block;

@@ -35,22 +35,6 @@ constexpr std::uint64_t kDelayNs = 20'000'000;  // the kernel holds A for 20 ms
 constexpr std::uint8_t kA = 0xAB, kB = 0x11, kLate = 0xCD;
 constexpr std::uint64_t kScratch = 4096;  // the graph's buffer until it is pointed at B
 
-__global__ void late_reader(const std::uint8_t* a, std::uint64_t n, unsigned long long* mismatches) {
-  gpu_delay_ns(kDelayNs);
-  unsigned long long mine = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    mine += a[i] != kA;
-  if (mine) atomicAdd(mismatches, mine);
-}
-
-__global__ void late_writer(std::uint8_t* a, std::uint64_t n) {
-  gpu_delay_ns(kDelayNs);
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    a[i] = kLate;
-}
-
 // The graph writer's kernel node.
 __global__ void fill_bytes(std::uint8_t* p, std::uint64_t n, unsigned int v) {
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -159,9 +143,9 @@ Result run_case(const Case& c, cudaStream_t other, unsigned long long* d_count, 
   if (c.flavour == Flavour::nonblocking) CK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
   auto launch = [&](cudaStream_t s) {
     if (c.write_variant)
-      late_writer<<<kGrid, kBlock, 0, s>>>(a, c.size);
+      late_writer<<<kGrid, kBlock, 0, s>>>(a, c.size, kLate, kDelayNs);
     else
-      late_reader<<<kGrid, kBlock, 0, s>>>(a, c.size, d_count);
+      late_reader<<<kGrid, kBlock, 0, s>>>(a, c.size, kA, kDelayNs, d_count);
     CK(cudaGetLastError());
   };
   switch (c.flavour) {

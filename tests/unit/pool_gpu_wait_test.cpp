@@ -160,9 +160,11 @@ struct HotGrowth {
   void* d = nullptr;
   void* hot_start = nullptr;  // where the 14 free hot MiB begin
   std::size_t waits = 0;
-  HotGrowth(bool alias, bool wait) : rig(options(wait)) {
+  // `refused_aliases`: alias() calls the upstream fails first.
+  HotGrowth(bool alias, bool wait, int refused_aliases = 0) : rig(options(wait)) {
     rig.up.set_granularity(2 * MiB);
     rig.up.set_alias(alias);
+    rig.up.fail_next_alias(refused_aliases);
     void* big = rig.alloc(34 * MiB);  // the high-water mark: 34 MiB
     EXPECT_EQ(rig.pool->free(big), FreeStatus::ok);
     rig.fence.complete_all();
@@ -257,25 +259,13 @@ TEST(PoolGpuWait, WithoutAliasingExpandableWaitSettlesHotPages) {
 // An alias the upstream refuses changes nothing: the hot pages stay where they are, fresh pages
 // serve the growth, and no old mapping is left behind.
 TEST(PoolGpuWait, RefusedAliasMapsFreshPages) {
-  PoolRig rig(HotGrowth::options(false));
-  rig.up.set_granularity(2 * MiB);
-  rig.up.fail_next_alias(1);
-  void* big = rig.alloc(34 * MiB);
-  ASSERT_EQ(rig.pool->free(big), FreeStatus::ok);
-  rig.fence.complete_all();
-  rig.advance_clock();
-  ASSERT_EQ(rig.pool->empty_cache(), 34 * MiB);
-  void* a = rig.alloc(16 * MiB);
-  void* b = rig.alloc(16 * MiB);
-  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
-  void* c = rig.alloc(2 * MiB);
-  void* d = rig.alloc(16 * MiB);
-  ASSERT_NE(d, nullptr);
+  HotGrowth g(/*alias=*/true, /*wait=*/false, /*refused_aliases=*/1);
+  PoolRig& rig = g.rig;
   EXPECT_EQ(rig.up.alias_calls(), 1u);
   EXPECT_EQ(rig.up.aliased_bytes(), 0u);
   EXPECT_EQ(rig.up.bytes_mapped(), 48 * MiB);
   EXPECT_EQ(rig.pool->stats().num_device_alias, 0);
   EXPECT_EQ(rig.up.bad_calls(), 0u);
   rig.expect_intact();
-  for (void* p : {b, c, d}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  g.free_all();
 }
