@@ -180,6 +180,15 @@ void CudaFences::wait(FenceHandle fence) {
 void CudaFences::release(FenceHandle fence) {
   auto* f = reinterpret_cast<Fence*>(fence);
   std::lock_guard<std::mutex> lock(mu_);
+  if (f == unjoined_) {
+    unjoined_ = nullptr;
+    // Memory was reused after it without a join: streams created from now on must still wait for
+    // its event unless it is known complete, so the event becomes a join instead of being reused.
+    if (f->generation == generation_ && !f->done) {
+      joins_.push_back(f->events.front());
+      f->events.erase(f->events.begin());
+    }
+  }
   // Events of a destroyed context are not reused (leaked: destroying them would call CUDA on a
   // dead context).
   if (f->generation == generation_) {
@@ -196,6 +205,10 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (any_capture_active()) return false;
   auto order = [&]() -> bool {
+    // Only the legacy stream and the streams that follow it exist: a fence that is one event on
+    // the legacy stream runs before anything issued from now on, on any of them.
+    const bool legacy_orders_all = non_blocking_.empty();
+    Fence* unjoined = nullptr;
     // The events still running: on the legacy stream, and on non-blocking streams.
     bool legacy_running = false;
     CUstream only = nullptr;  // the single non-blocking stream every running event is on, if any
@@ -211,6 +224,10 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
       if (f->deferred) {  // no capture is open now: it can be recorded (after the work it covers)
         record_locked(f);
         f->deferred = false;
+      }
+      if (legacy_orders_all && f->seq != 0 && f->events.size() == 1 && f->on.front() == CU_STREAM_LEGACY) {
+        if (unjoined == nullptr || f->seq > unjoined->seq) unjoined = f;
+        continue;
       }
       bool running = false;
       for (std::size_t k = 0; k < f->events.size(); ++k) {
@@ -231,7 +248,8 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
         note_complete_locked(f);
       }
     }
-    if (!legacy_running && others.empty()) return true;  // all complete: nothing to wait for
+    if (unjoined != nullptr && (unjoined_ == nullptr || unjoined->seq > unjoined_->seq)) unjoined_ = unjoined;
+    if (!legacy_running && others.empty()) return true;  // all complete or ordered: nothing to wait for
     // Join on the legacy stream: it waits for the other streams' events, and one event recorded
     // after those waits covers everything.
     for (CUevent e : others)
@@ -249,8 +267,9 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
         return false;
       }
     }
-    if (join_ != nullptr) free_events_.push_back(join_);  // the new join covers the old one
-    join_ = join;
+    // The new join covers every older one (it was recorded on the legacy stream after them).
+    free_events_.insert(free_events_.end(), joins_.begin(), joins_.end());
+    joins_.assign(1, join);
     return true;
   };
   if (tl_known_current == ctx_) return order();
@@ -258,12 +277,15 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
   return order();
 }
 
-bool CudaFences::join_done_locked() {
-  if (join_ == nullptr) return true;
-  if (d_.cuEventQuery(join_) == CUDA_ERROR_NOT_READY) return false;
-  free_events_.push_back(join_);
-  join_ = nullptr;
-  return true;
+void CudaFences::prune_joins_locked() {
+  std::size_t kept = 0;
+  for (CUevent e : joins_) {
+    if (d_.cuEventQuery(e) == CUDA_ERROR_NOT_READY)
+      joins_[kept++] = e;
+    else
+      free_events_.push_back(e);
+  }
+  joins_.resize(kept);
 }
 
 void CudaFences::add_stream(CUstream s, bool non_blocking) {
@@ -273,7 +295,10 @@ void CudaFences::add_stream(CUstream s, bool non_blocking) {
   non_blocking_.push_back(s);
   // Memory handed out under a GPU-side wait that may still be running: the new stream must not
   // run ahead of it either. (Called in the creating thread, whose current context is ctx_.)
-  if (!join_done_locked() && d_.cuStreamWaitEvent != nullptr) d_.cuStreamWaitEvent(s, join_, 0);
+  if (d_.cuStreamWaitEvent == nullptr) return;
+  prune_joins_locked();
+  for (CUevent e : joins_) d_.cuStreamWaitEvent(s, e, 0);
+  if (unjoined_ != nullptr && !unjoined_->done) d_.cuStreamWaitEvent(s, unjoined_->events.front(), 0);
 }
 
 bool CudaFences::remove_stream(CUstream s) {
@@ -314,7 +339,8 @@ void CudaFences::abandon() {
   ++generation_;
   streams_version_.fetch_add(1, std::memory_order_acq_rel);
   newest_ = nullptr;
-  join_ = nullptr;
+  unjoined_ = nullptr;
+  joins_.clear();
   free_events_.clear();
   streams_.clear();
   non_blocking_.clear();

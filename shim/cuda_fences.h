@@ -13,8 +13,12 @@
 // the given device fences are joined on the legacy stream (it waits for each event recorded on
 // another stream), one join event is recorded there, and every live non-blocking stream waits
 // for it; blocking and per-thread streams follow the legacy stream by themselves. So k streams
-// cost about 2k waits, not k*k, and a program with no non-blocking stream pays one event record.
-// A non-blocking stream created while the newest join event still runs waits for it at creation.
+// cost about 2k waits, not k*k. A fence that is one event on the legacy stream, while the context
+// has no non-blocking stream, needs nothing at all: every stream that exists follows the legacy
+// stream, which runs the fence before anything issued later (no query, no wait, no join; a
+// single-stream program pays no driver call for its reuse). A non-blocking stream created while
+// the newest join event, or the newest fence reused that way, may still run waits for it at
+// creation.
 // Never while a capture is open (a wait on a capturing stream would become part of its graph,
 // and legacy-stream work breaks captures of blocking streams): the pool then keeps the memory
 // pending.
@@ -111,10 +115,16 @@ class CudaFences final : public FenceProvider {
   std::vector<CUevent> free_events_;
   std::vector<Fence*> free_fences_;
   std::vector<CUstream> non_blocking_;
-  // The newest join event of order_after, while it may still be running: streams created later
-  // wait for it. Owned here (not in free_events_) until a newer one replaces it.
-  CUevent join_ = nullptr;
-  bool join_done_locked();
+  // The join events of order_after that may still be running: non-blocking streams created later
+  // wait for them. Owned here (not in free_events_): the newest join, which covers every older
+  // one, and the legacy events of fences released while reused without a join (below).
+  std::vector<CUevent> joins_;
+  // The newest device fence whose memory order_after handed out without a join (a legacy-stream
+  // event, no non-blocking stream then): a non-blocking stream created while it may still run
+  // waits for its event. Cleared when the fence is released; its event then joins joins_ unless
+  // it is known complete.
+  Fence* unjoined_ = nullptr;
+  void prune_joins_locked();  // recycles the join events that have completed
   std::vector<CUstream> streams_;
   // Bumped (under mu_) whenever a stream is forgotten: per-thread knows_stream answers made
   // before it are stale.

@@ -816,6 +816,53 @@ void gpu_wait_reuse() {
   for (CUstream s : {nb, nb2, blocking}) CHECK_OK(api.cuStreamDestroy(s));
 }
 
+// A context with no non-blocking stream: a block freed while work that may use it is pending on
+// the legacy, a per-thread or a blocking stream is reused with no driver call beyond its fence's
+// record (every such stream follows the legacy stream, which runs the fence first: no query, no
+// wait, no join event), and still every stream is ordered after that work, a non-blocking stream
+// created afterwards included (it waits at creation). Once such a stream exists, reuse goes back
+// to waits on the GPU.
+void gpu_wait_legacy_only() {
+  start_cuda();
+  CUstream blocking = nullptr;
+  CHECK_OK(api.cuStreamCreate(&blocking, 0));
+  constexpr std::size_t n = 24 << 20;  // beyond the growth slack, as in gpu_wait_reuse
+  for (CUstream busy : {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, blocking}) {
+    CUdeviceptr p = 0, q = 0;
+    CHECK_OK(api.cuMemAlloc(&p, n));
+    fakecuda_hold_stream(busy);
+    CHECK_OK(api.cuMemFree(p));
+    const long allocs = driver_allocs(), syncs = fakecuda_event_syncs();
+    const long waits = fakecuda_stream_waits(), records = fakecuda_event_records();
+    CHECK_OK(api.cuMemAlloc(&q, n));
+    CHECK(q == p);
+    CHECK(driver_allocs() == allocs);
+    CHECK(fakecuda_event_syncs() == syncs);
+    CHECK(fakecuda_stream_waits() == waits);         // nothing waited on…
+    CHECK(fakecuda_event_records() - records <= 1);  // …beyond the fence of the free
+    for (CUstream s : {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, blocking}) CHECK(fakecuda_would_wait(s, busy) == 1);
+    CUstream later = nullptr;
+    CHECK_OK(api.cuStreamCreate(&later, CU_STREAM_NON_BLOCKING));
+    CHECK(fakecuda_would_wait(later, busy) == 1);
+    // With a non-blocking stream alive, the next reuse must make it wait.
+    fakecuda_release_stream(busy);
+    CUdeviceptr r = 0;
+    CHECK_OK(api.cuMemFree(q));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK_OK(api.cuMemAlloc(&r, n));
+    fakecuda_hold_stream(busy);
+    CHECK_OK(api.cuMemFree(r));
+    CHECK_OK(api.cuMemAlloc(&q, n));
+    CHECK(q == r);
+    CHECK(fakecuda_would_wait(later, busy) == 1);
+    fakecuda_release_stream(busy);
+    CHECK_OK(api.cuMemFree(q));
+    CHECK_OK(api.cuStreamDestroy(later));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK_OK(api.cuStreamDestroy(blocking));
+}
+
 // GPU-side waits across threads and contexts: a block freed by another thread while its stream is
 // busy is reused by this one with the waits in place; each context's pool orders its own streams
 // (a context's memory is used by its own streams: cudaFree's wait is per context too); a reset
@@ -1154,6 +1201,7 @@ int main(int argc, char** argv) {
       {"hot_calls_immediate", hot_calls_immediate},
       {"hot_calls_fenced", hot_calls_fenced},
       {"gpu_wait_reuse", gpu_wait_reuse},
+      {"gpu_wait_legacy_only", gpu_wait_legacy_only},
       {"gpu_wait_capture", gpu_wait_capture},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},

@@ -236,6 +236,17 @@ TEST(Shim, GpuWaitReusesPendingMemoryAndEveryStreamWaits) {
   EXPECT_NE(fenced_x.output.find("fakecuda_event_syncs() == syncs"), std::string::npos) << fenced_x.output;
 }
 
+// No non-blocking stream: reuse needs no driver call, and a stream created later still waits.
+TEST(Shim, GpuWaitWithOnlyTheLegacyStreamsOrder) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "gpu_wait_legacy_only"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS gpu_wait_legacy_only"), std::string::npos) << r.output;
+  }
+  RunResult classic = run({app(true), "gpu_wait_legacy_only"}, {{"CUDAPOOL_CONF", "expandable_segments:False"}});
+  EXPECT_EQ(classic.exit_status, 0) << classic.output;
+}
+
 TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
   for (bool linked : {false, true}) {
     RunResult r = run({app(linked), "gpu_wait_threads_contexts"});
