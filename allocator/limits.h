@@ -7,6 +7,8 @@
 //  * in flight: segment bytes being allocated or released with the pool lock dropped
 //    (release_lock_on_cudamalloc) still count against the limit, so two threads cannot both
 //    squeeze under it.
+//  * external: device memory the program maps itself (cuMemCreate outside the pool), which the
+//    shim counts against the same limit, so that a cap holds whatever way the memory was taken.
 //  * device total: also the base of garbage_collection_threshold when no limit is set, and the
 //    size of an expandable range (pool_expandable.cpp).
 //  * granularity: the driver's page size for expandable segments; 0 = expandable segments off
@@ -35,18 +37,18 @@ class Limits {
     return want <= granularity_ ? granularity_ : (want + granularity_ - 1) / granularity_ * granularity_;
   }
 
-  // true: `bytes` more on top of `reserved` (and the bytes in flight) would pass the limit.
+  // true: `bytes` more on top of `reserved` (and the bytes in flight or external) would pass the limit.
   bool refuses(std::size_t reserved, std::size_t bytes) const {
-    return limit_ != kNoLimit && (bytes > limit_ || reserved + inflight_ > limit_ - bytes);
+    return limit_ != kNoLimit && (bytes > limit_ || reserved + inflight_ + external_ > limit_ - bytes);
   }
-  // true: `bytes` more on top of `reserved` (and the bytes in flight) stay within the limit.
+  // true: `bytes` more on top of `reserved` (and the bytes in flight or external) stay within the limit.
   bool admits(std::size_t reserved, std::size_t bytes) const {
-    return limit_ == kNoLimit || reserved + inflight_ + bytes <= limit_;
+    return limit_ == kNoLimit || reserved + inflight_ + external_ + bytes <= limit_;
   }
-  // How far `bytes` more on top of `reserved` (and the bytes in flight) would pass the limit; 0 if not.
+  // How far `bytes` more on top of `reserved` (and the bytes in flight or external) would pass the limit; 0 if not.
   std::size_t excess(std::size_t reserved, std::size_t bytes) const {
-    if (limit_ == kNoLimit || reserved + inflight_ + bytes <= limit_) return 0;
-    return reserved + inflight_ + bytes - limit_;
+    if (limit_ == kNoLimit || reserved + inflight_ + external_ + bytes <= limit_) return 0;
+    return reserved + inflight_ + external_ + bytes - limit_;
   }
   // The bytes garbage_collection_threshold is a fraction of: the limit, else the device's memory.
   std::size_t gc_allowed() const { return limit_ != kNoLimit ? limit_ : device_total_; }
@@ -54,12 +56,17 @@ class Limits {
   // Bytes an upstream call handles while the pool lock is dropped: counted from hold() to unhold().
   void hold(std::size_t bytes) { inflight_ += bytes; }
   void unhold(std::size_t bytes) { inflight_ -= bytes; }
+  // Device memory taken outside the pool, counted from add_external() to remove_external().
+  void add_external(std::size_t bytes) { external_ += bytes; }
+  void remove_external(std::size_t bytes) { external_ -= bytes < external_ ? bytes : external_; }
+  std::size_t external() const { return external_; }
 
  private:
   bool ready_ = false;
   std::size_t device_total_ = 0;
   std::size_t limit_ = kNoLimit;
   std::size_t inflight_ = 0;
+  std::size_t external_ = 0;
   std::size_t granularity_ = 0;
 };
 

@@ -67,6 +67,14 @@ class DevicePool {
   // passed goes first; only when that is not enough does it wait for pending fences (as
   // empty_cache does) and go on. Never a live block. Returns bytes released (0 for want = 0).
   std::size_t release_idle(std::size_t want);
+  // Device memory the program takes outside the pool (the shim: cuMemCreate by the program
+  // itself) counts against the pool's limit. reserve_external: true if `bytes` more fit under the
+  // limit, after giving back idle cached memory to make room if needed (as release_idle); false
+  // leaves nothing counted. unreserve_external: those bytes were given back.
+  bool reserve_external(std::size_t bytes);
+  void unreserve_external(std::size_t bytes);
+  // Bytes counted by reserve_external and not given back.
+  std::size_t external_bytes() const;
   // A stream is about to be destroyed: blocks that only it could reuse become pending on a
   // fence recorded on it now (call before the real destroy).
   void retire_stream(StreamId stream);

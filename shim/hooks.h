@@ -17,4 +17,9 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
 // "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2", …); nullptr if the shim does not hook it.
 void* wrapper_for_symbol(const char* abi_name) noexcept;
 
+namespace vmm {
+// shim/hooks_vmm.cpp: forget the parent's counted cuMemCreate handles in a forked child.
+void on_fork_child() noexcept;
+}  // namespace vmm
+
 }  // namespace cudapool::shim

@@ -23,7 +23,8 @@ CUresult report_oom(ContextPool& cp, std::size_t bytes, bool reached_upstream) {
   cp.upstream.mem_info(&f, &t);
   // The segment size the pool would have asked for (0: a size no segment can hold).
   const std::size_t seg = reached_upstream ? segment_size_for(round_size(bytes, cp.pool.options())) : 0;
-  log_warn("{}", format_oom(make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t)));
+  log_warn("{}", format_oom(make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t,
+                                          cp.pool.external_bytes())));
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

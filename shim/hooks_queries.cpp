@@ -80,6 +80,7 @@ CUDAPOOL_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* t
         if (cp.device != dev) return;
         cached += cp.pool.cached_bytes();
         reserved += static_cast<std::size_t>(cp.pool.stats().reserved_bytes[cudapool::kAll].current);
+        reserved += cp.pool.external_bytes();  // what the program mapped itself (hooks_vmm.cpp)
       });
       f += cached;
       // A cap (max_reserved_mb, per_process_memory_fraction) is what the program may have: report

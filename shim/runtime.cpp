@@ -12,6 +12,7 @@
 
 #include "config/version.h"
 #include "shim/group.h"
+#include "shim/hooks.h"
 #include "shim/log.h"
 #include "shim/log_audit.h"
 #include "shim/streams.h"
@@ -211,6 +212,7 @@ void Runtime::on_fork_child() noexcept {
   Runtime* rt = instance_.load(std::memory_order_relaxed);
   reset_captures_in_child();
   group::on_fork_child();
+  vmm::on_fork_child();
   if (rt == nullptr) return;
   rt->count_.store(0, std::memory_order_relaxed);
   rt->generation_.fetch_add(1, std::memory_order_relaxed);

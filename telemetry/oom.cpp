@@ -25,7 +25,8 @@ std::string format_size(std::uint64_t bytes) {
 }
 
 OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size, const Stats& stats,
-                      const PoolOptions& options, std::size_t driver_free, std::size_t driver_total) {
+                      const PoolOptions& options, std::size_t driver_free, std::size_t driver_total,
+                      std::size_t external) {
   OomInfo info;
   info.device = device;
   info.requested = requested;
@@ -43,8 +44,10 @@ OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_siz
     info.limit = std::min(info.limit, by_fraction);
   }
   // The limit refused when the segment would not have fit under it; otherwise the driver did.
+  info.external = external;
+  const std::size_t counted = info.reserved + external;
   info.limit_refused = info.limit != kNoLimit && segment_size > 0 &&
-                       (info.reserved > info.limit || segment_size > info.limit - info.reserved);
+                       (counted > info.limit || segment_size > info.limit - counted);
   info.expandable_segments = options.expandable_segments;
   return info;
 }
@@ -65,6 +68,8 @@ std::string format_oom(const OomInfo& in) {
        " is allocated and " + format_size(unallocated) + " is reserved but unallocated";
   if (in.pending > 0) s += " (" + format_size(in.pending) + " of it freed, waiting for GPU work)";
   s += ".";
+  if (in.external > 0)
+    s += " The program mapped " + format_size(in.external) + " itself (cuMemCreate), counted against the limit.";
   if (in.limit != kNoLimit) {
     s += " The pool's limit is " + format_size(in.limit);
     s += in.limit_refused ? " and it refused this segment before the driver was asked."

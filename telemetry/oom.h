@@ -26,13 +26,15 @@ struct OomInfo {
   std::size_t driver_total = 0;
   std::size_t limit = kNoLimit;  // the pool's effective cap on reserved bytes; kNoLimit = none
   bool limit_refused = false;    // the limit, not the driver, said no
+  std::size_t external = 0;      // memory the program mapped itself, counted against the limit
   bool expandable_segments = false;
 };
 
 // Fills the pool-side fields from stats and options (reserved, allocated, pending, limit).
 // limit = min(max_reserved, per_process_memory_fraction * driver_total) when set.
 OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size, const Stats& stats,
-                      const PoolOptions& options, std::size_t driver_free, std::size_t driver_total);
+                      const PoolOptions& options, std::size_t driver_free, std::size_t driver_total,
+                      std::size_t external = 0);
 
 // The multi-sentence diagnosis (one line, no trailing newline). Always contains the requested
 // size, segment size, reserved, allocated, driver free/total and the limit when there is one;

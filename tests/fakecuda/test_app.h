@@ -39,6 +39,8 @@ CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice);
 CUresult cuStreamCreate(CUstream*, unsigned);
 CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle*, std::size_t, const CUmemAllocationProp*, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
 }
 
 // cuInit, then device `dev`'s primary context made current.

@@ -287,6 +287,52 @@ void scenario_cap() {
   CHECK(fakecuda_vmm_bad_calls() == 0);
 }
 
+// Physical memory the program creates itself (cuMemCreate, as XLA does) counts against the cap
+// (max_reserved_mb or a group budget: VMM_APP_CAP_MB, 0 = none): a creation that would pass it
+// fails with nothing created, the pool's own allocations see it, cuMemGetInfo counts it, and the
+// pool gives back idle cache to make room for it. Without a cap everything goes to the driver.
+void scenario_foreign() {
+  start(0);
+  const char* e = std::getenv("VMM_APP_CAP_MB");
+  const std::size_t cap = (e != nullptr ? std::strtoull(e, nullptr, 10) : 0) * kMiB;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  const long handles = fakecuda_vmm_live_handles();
+  CUmemGenericAllocationHandle a = 0, b = 0;
+  CHECK_OK(cuMemCreate(&a, 32 * kMiB, &prop, 0));
+  CUdeviceptr p = 0;
+  if (cap == 0) {
+    CHECK_OK(cuMemCreate(&b, 48 * kMiB, &prop, 0));
+    CHECK(fakecuda_vmm_live_handles() == handles + 2);
+    CHECK_OK(cuMemRelease(b));
+    CHECK_OK(cuMemRelease(a));
+    CHECK(fakecuda_vmm_live_handles() == handles);
+    return;
+  }
+  CHECK(cap == 64 * kMiB);
+  CHECK(cuMemCreate(&b, 48 * kMiB, &prop, 0) == CUDA_ERROR_OUT_OF_MEMORY);  // 32 + 48 > 64
+  CHECK(fakecuda_vmm_live_handles() == handles + 1);                        // nothing created
+  CHECK(cuMemAlloc_v2(&p, 40 * kMiB) == CUDA_ERROR_OUT_OF_MEMORY);          // the pool counts it
+  std::size_t f = 0, t = 0;
+  CHECK_OK(cuMemGetInfo_v2(&f, &t));
+  CHECK(t == cap);
+  CHECK(f <= cap - 32 * kMiB);
+  CHECK_OK(cuMemRelease(a));
+  CHECK_OK(cuMemGetInfo_v2(&f, &t));
+  CHECK(f > cap - 32 * kMiB);  // given back
+  // The pool's idle cache makes room: 40 MiB cached, then 48 MiB created by the program.
+  CHECK_OK(cuMemAlloc_v2(&p, 40 * kMiB));
+  CHECK_OK(cuMemFree_v2(p));
+  CHECK(static_cast<std::size_t>(stats(0).reserved_bytes) >= 40 * kMiB);
+  CHECK_OK(cuMemCreate(&b, 48 * kMiB, &prop, 0));
+  CHECK(static_cast<std::size_t>(stats(0).reserved_bytes) <= 16 * kMiB);
+  CHECK_OK(cuMemRelease(b));
+  CHECK(fakecuda_vmm_live_handles() <= handles + 4);  // the pool's own small pages at most
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+
 // Pages from cuMemCreate outlive contexts: a reset of the primary context must make the shim
 // give back every page and range of the dropped pool (after a context-wide sync), and a new pool
 // on the fresh context starts from zero.
@@ -517,7 +563,8 @@ int main(int argc, char** argv) {
                    {"peers", scenario_peers},
                    {"enable_peer", scenario_enable_peer},
                    {"units", scenario_units},
-                   {"alias", scenario_alias}};
+                   {"alias", scenario_alias},
+                   {"foreign", scenario_foreign}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -135,6 +135,25 @@ TEST(ShimVmm, ReservationsCappedPerProcess) {
   EXPECT_NE(o.output.find("refusing to reserve"), std::string::npos) << o.output;
 }
 
+// cuMemCreate by the program itself counts against a cap or a group budget; without one it is
+// the driver's business alone.
+TEST(ShimVmm, MemoryTheProgramCreatesCountsAgainstTheCap) {
+  expect_pass("foreign");
+  const auto capped = run_app("foreign", {{"CUDAPOOL_CONF", "expandable_segments:True,max_reserved_mb:64"},
+                                          {"VMM_APP_CAP_MB", "64"}});
+  EXPECT_EQ(capped.exit_status, 0) << capped.output;
+  EXPECT_NE(capped.output.find("PASS foreign"), std::string::npos) << capped.output;
+  EXPECT_NE(capped.output.find("cuMemCreate of 50331648 bytes on device 0 refused"), std::string::npos)
+      << capped.output;
+  const std::string group = "vmmforeign" + std::to_string(::getpid());
+  const auto grouped = run_app("foreign", {{"CUDAPOOL_CONF", "expandable_segments:True,group:" + group +
+                                                                 ",group_budget_mb:64,group_release_wait_ms:20"},
+                                           {"VMM_APP_CAP_MB", "64"}});
+  EXPECT_EQ(grouped.exit_status, 0) << grouped.output;
+  EXPECT_NE(grouped.output.find("PASS foreign"), std::string::npos) << grouped.output;
+  EXPECT_NE(grouped.output.find("group's budget"), std::string::npos) << grouped.output;
+}
+
 TEST(ShimVmm, OutOfMemoryFromCuMemCreateIsTheProgramsError) {
   const auto o = run_app("oom", {{"FAKECUDA_TOTAL_MB", "256"}});
   EXPECT_EQ(o.exit_status, 0) << o.output;

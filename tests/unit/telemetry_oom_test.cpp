@@ -74,5 +74,20 @@ TEST(TelemetryOom, LimitFromFractionAndCap) {
   EXPECT_TRUE(has(format_oom(info), "limit is 4.00 GiB and it refused")) << format_oom(info);
 }
 
+// Memory the program mapped itself counts against the limit: with 36 GiB of it, 3 + 2 GiB of
+// the pool's no longer fit under 40 GiB, and the diagnosis says why.
+TEST(TelemetryOom, MemoryMappedByTheProgramCountsAgainstTheLimit) {
+  Stats st;
+  st.reserved_bytes[kAll].current = static_cast<std::int64_t>(3 * GiB);
+  st.allocated_bytes[kAll].current = static_cast<std::int64_t>(3 * GiB);
+  PoolOptions opt;
+  opt.max_reserved = 40 * GiB;
+  OomInfo info = make_oom_info(0, 2 * GiB, 2 * GiB, st, opt, 70 * GiB, 80 * GiB, 36 * GiB);
+  EXPECT_TRUE(info.limit_refused);
+  const std::string text = format_oom(info);
+  EXPECT_TRUE(has(text, "The program mapped 36.00 GiB itself (cuMemCreate), counted against the limit.")) << text;
+  EXPECT_TRUE(has(text, "limit is 40.00 GiB and it refused")) << text;
+}
+
 }  // namespace
 }  // namespace cudapool

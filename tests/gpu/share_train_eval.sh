@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# A trainer and an evaluator sharing one GPU (tests/gpu/train_eval_worker.py): GPT-2 training
+# steps whose memory swings every step, next to a larger GPT-2 that scores a big batch every
+# second and sleeps in between. Under one cudapool group budget, against the same pair on
+# PyTorch's own caching allocator, unlimited and statically partitioned.
+#
+#   bash tests/gpu/share_train_eval.sh
+#
+# Environment: SHIM (build/release/libcudapool.so), GPU_BIN (build/gpu-bin: nvml_peak, from
+# `bash tests/gpu/build.sh build/gpu-bin cuda`), OUT (build/train-eval-out), BUDGET_GIB (38:
+# the two live peaks together, ~18 GiB each, plus 2; well below what the pair holds on PyTorch's
+# allocator, ~49 GiB), WINDOW_S (15), EVAL_BATCH (32 sequences of 1024 tokens a burst),
+# WAIT_MS (group_release_wait_ms, 2000), STARTUP_S (30: time to import torch and build both
+# models before the common window), GPU (0).
+#
+# Runs, in order: the trainer alone and the evaluator alone under the shim; both at once under
+# the shim in one group (NVML peak); both at once on PyTorch's allocator without limits (NVML
+# peak); both at once on PyTorch's allocator with set_per_process_memory_fraction splitting the
+# budget in proportion to the peaks each reserved in the unlimited run (the best static
+# partition). The trainer is pinned to CPU 2, the evaluator to CPU 3 (where there are CPUs).
+# Prints one table and the verdicts; writes them to $OUT/summary.md. Exit 1 when a group process
+# ran out of memory, the group's NVML peak exceeded the budget plus 1.5 GiB per process, or the
+# trainer's losses in the group differ from its losses alone.
+set -u
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+SHIM=${SHIM:-$REPO/build/release/libcudapool.so}
+GPU_BIN=${GPU_BIN:-$REPO/build/gpu-bin}
+OUT=${OUT:-$REPO/build/train-eval-out}
+BUDGET_GIB=${BUDGET_GIB:-38}
+WINDOW_S=${WINDOW_S:-15}
+EVAL_BATCH=${EVAL_BATCH:-32}
+WAIT_MS=${WAIT_MS:-2000}
+STARTUP_S=${STARTUP_S:-30}
+GPU=${GPU:-0}
+GROUP=traineval$$
+mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.log
+[ -f "$SHIM" ] || { echo "no shim at $SHIM (build it with make, carry build/release/libcudapool.so)"; exit 2; }
+python3 -c 'import torch, transformers; assert torch.cuda.is_available()' ||
+  { echo "torch with CUDA and transformers are needed"; exit 2; }
+echo "share_train_eval: budget $BUDGET_GIB GiB, window $WINDOW_S s, eval batch $EVAL_BATCH, group $GROUP"
+
+pin() {  # pin CPU: the taskset prefix, or nothing
+  if command -v taskset >/dev/null && [ "$(nproc)" -gt "$1" ]; then echo "taskset -c $1"; fi
+}
+# worker MODE ROLE START_AT [FRACTION]
+worker() {
+  local mode=$1 role=$2 start=$3 frac=${4:-}
+  local cpu=2
+  [ "$role" = eval ] && cpu=3
+  local envs=(CUDA_VISIBLE_DEVICES="$GPU" CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0
+              PYTHONPATH="$REPO/tests/gpu")
+  case $mode in
+    shim_alone) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+                       CUDAPOOL_CONF="group:${GROUP}_$role,group_budget_mb:$((BUDGET_GIB * 1024)),group_release_wait_ms:$WAIT_MS") ;;
+    group) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+                  CUDAPOOL_CONF="group:$GROUP,group_budget_mb:$((BUDGET_GIB * 1024)),group_release_wait_ms:$WAIT_MS,log_level:info") ;;
+    torch_frac) envs+=(SHARE_FRACTION="$frac") ;;
+  esac
+  # shellcheck disable=SC2046
+  env "${envs[@]}" timeout 300 $(pin $cpu) python3 "$REPO/tests/gpu/train_eval_worker.py" --role "$role" \
+    --out "$OUT/${mode}_$role.json" --start-at "$start" --window "$WINDOW_S" --eval-batch "$EVAL_BATCH" \
+    >"$OUT/${mode}_$role.log" 2>&1
+}
+export REPO SHIM OUT GROUP BUDGET_GIB WAIT_MS WINDOW_S EVAL_BATCH GPU
+export -f pin worker
+start_time() { python3 -c "import time; print(time.time() + $STARTUP_S)"; }
+# both MODE [FRACTION_TRAIN FRACTION_EVAL]: the two at once, under nvml_peak when it was built.
+both() {
+  local mode=$1 ft=${2:-} fe=${3:-} at
+  at=$(start_time)
+  local peak=()
+  [ -x "$GPU_BIN/nvml_peak" ] && peak=("$GPU_BIN/nvml_peak" "$OUT/nvml_$mode.json" --)
+  "${peak[@]}" bash -c "worker $mode train $at $ft & worker $mode eval $at $fe & wait"
+  echo "$mode: done"
+}
+
+for role in train eval; do
+  worker shim_alone "$role" 0 ||
+    echo "shim_alone $role failed (see $OUT/shim_alone_$role.log)"
+done
+both group
+both torch
+fractions=$(python3 - "$OUT" "$BUDGET_GIB" <<'PY'
+import json, os, subprocess, sys
+out, budget = sys.argv[1], float(sys.argv[2]) * 2**30
+total = int(subprocess.check_output(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits",
+                                     "-i", os.environ.get("GPU", "0")]).decode().split()[0]) * 2**20
+peaks = []
+for role in ("train", "eval"):
+    try:
+        peaks.append(json.load(open(os.path.join(out, f"torch_{role}.json")))["torch_max_reserved"])
+    except Exception:
+        peaks.append(1)
+print(" ".join(f"{budget * p / sum(peaks) / total:.4f}" for p in peaks))
+PY
+)
+# shellcheck disable=SC2086
+both torch_frac $fractions
+
+python3 - "$OUT" "$BUDGET_GIB" "$fractions" <<'PY'
+import json, os, sys
+out, budget_gib, fractions = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+def load(mode, role):
+    try:
+        with open(os.path.join(out, f"{mode}_{role}.json")) as f:
+            return json.load(f)
+    except Exception:
+        return None
+def nvml(mode):
+    try:
+        with open(os.path.join(out, f"nvml_{mode}.json")) as f:
+            d = json.load(f)["devices"]
+        return max(x["peak_delta"] for x in d) / 2**30 if d else None
+    except Exception:
+        return None
+modes = ["shim_alone", "group", "torch", "torch_frac"]
+lines = ["| process | " + " | ".join(f"{m}: steps/s, median ms (OOMs)" for m in modes) + " |",
+         "|---|" + "---|" * len(modes)]
+for role in ("train", "eval"):
+    cells = []
+    for m in modes:
+        r = load(m, role)
+        cells.append("missing" if r is None else
+                     f"{r['steps_per_s']:.2f}, {r['median_step_ms'] or 0:.1f} ({r['ooms']})")
+    lines.append(f"| {role} | " + " | ".join(cells) + " |")
+verdicts, failed = [], False
+g = [load("group", r) for r in ("train", "eval")]
+fit = all(r is not None and r["ooms"] == 0 and r["steps"] > 0 for r in g)
+failed |= not fit
+verdicts.append(f"{'PASS' if fit else 'FAIL'} group: trainer and evaluator ran without OOM under a {budget_gib:g} GiB budget")
+gp, tp, fp = nvml("group"), nvml("torch"), nvml("torch_frac")
+if gp is None:
+    failed = True
+    verdicts.append("FAIL group NVML peak not measured (build nvml_peak into GPU_BIN)")
+else:
+    ok = gp <= budget_gib + 3.0
+    failed |= not ok
+    verdicts.append(f"{'PASS' if ok else 'FAIL'} group NVML peak {gp:.2f} GiB <= budget {budget_gib:g} GiB + 3 GiB for 2 contexts")
+fmt = lambda v: "n/a" if v is None else f"{v:.2f} GiB"
+verdicts.append(f"INFO NVML peak above idle: PyTorch unlimited {fmt(tp)}, PyTorch partitioned {fmt(fp)} (fractions {fractions})")
+f = [load("torch_frac", r) for r in ("train", "eval")]
+verdicts.append("INFO PyTorch's static partition of the budget: OOMs trainer {}, evaluator {}".format(
+    *(r["ooms"] if r else "missing" for r in f)))
+for role, what in (("train", "trainer"), ("eval", "evaluator")):
+    alone, grp = load("shim_alone", role), load("group", role)
+    if alone and grp:
+        n = min(len(alone["losses"]), len(grp["losses"]))
+        same = n > 0 and alone["losses"][:n] == grp["losses"][:n]
+        failed |= not same
+        verdicts.append(f"{'PASS' if same else 'FAIL'} {what} losses in the group bit-identical to alone over {n} steps")
+# The trainer runs flat out (steps per second); the evaluator bursts once every second, so its
+# figure is the time a burst takes.
+a, x, t = load("shim_alone", "train"), g[0], load("torch", "train")
+if a and x and a["steps_per_s"] > 0:
+    extra = ""
+    if t and t["steps_per_s"] > 0:
+        extra = f", {x['steps_per_s'] / t['steps_per_s']:.3f}x the pair on PyTorch's allocator unlimited"
+    verdicts.append(f"INFO trainer steps/s in the group: {x['steps_per_s'] / a['steps_per_s']:.3f}x alone{extra}")
+a, x, t = load("shim_alone", "eval"), g[1], load("torch", "eval")
+if a and x and a["median_step_ms"] and x["median_step_ms"]:
+    extra = ""
+    if t and t["median_step_ms"]:
+        extra = f", {x['median_step_ms'] / t['median_step_ms']:.3f}x the pair on PyTorch's allocator unlimited"
+    verdicts.append(f"INFO evaluator median burst time in the group: {x['median_step_ms'] / a['median_step_ms']:.3f}x alone{extra}")
+text = "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
+open(os.path.join(out, "summary.md"), "w").write(text)
+print(text)
+sys.exit(1 if failed else 0)
+PY
