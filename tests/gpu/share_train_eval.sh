@@ -10,6 +10,7 @@
 # `bash tests/gpu/build.sh build/gpu-bin cuda`), OUT (build/train-eval-out), BUDGET_GIB (38:
 # the two live peaks together, ~18 GiB each, plus 2; well below what the pair holds on PyTorch's
 # allocator, ~49 GiB), WINDOW_S (15), EVAL_BATCH (32 sequences of 1024 tokens a burst),
+# TIGHT_GIB (unset: an extra group run under this smaller budget, reported for information),
 # WAIT_MS (group_release_wait_ms, 2000), STARTUP_S (30: time to import torch and build both
 # models before the common window), GPU (0).
 #
@@ -33,6 +34,7 @@ EVAL_BATCH=${EVAL_BATCH:-32}
 WAIT_MS=${WAIT_MS:-2000}
 STARTUP_S=${STARTUP_S:-30}
 GPU=${GPU:-0}
+TIGHT_GIB=${TIGHT_GIB:-}
 GROUP=traineval$$
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.log
@@ -56,6 +58,8 @@ worker() {
                        CUDAPOOL_CONF="group:${GROUP}_$role,group_budget_mb:$((BUDGET_GIB * 1024)),group_release_wait_ms:$WAIT_MS") ;;
     group) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1
                   CUDAPOOL_CONF="group:$GROUP,group_budget_mb:$((BUDGET_GIB * 1024)),group_release_wait_ms:$WAIT_MS,log_level:info") ;;
+    group_tight) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+                        CUDAPOOL_CONF="group:${GROUP}t,group_budget_mb:$((TIGHT_GIB * 1024)),group_release_wait_ms:$WAIT_MS,log_level:info") ;;
     torch_frac) envs+=(SHARE_FRACTION="$frac") ;;
   esac
   # shellcheck disable=SC2046
@@ -63,7 +67,7 @@ worker() {
     --out "$OUT/${mode}_$role.json" --start-at "$start" --window "$WINDOW_S" --eval-batch "$EVAL_BATCH" \
     >"$OUT/${mode}_$role.log" 2>&1
 }
-export REPO SHIM OUT GROUP BUDGET_GIB WAIT_MS WINDOW_S EVAL_BATCH GPU
+export REPO SHIM OUT GROUP BUDGET_GIB TIGHT_GIB WAIT_MS WINDOW_S EVAL_BATCH GPU
 export -f pin worker
 start_time() { python3 -c "import time; print(time.time() + $STARTUP_S)"; }
 # both MODE [FRACTION_TRAIN FRACTION_EVAL]: the two at once, under nvml_peak when it was built.
@@ -81,6 +85,10 @@ for role in train eval; do
     echo "shim_alone $role failed (see $OUT/shim_alone_$role.log)"
 done
 both group
+# Optional: the same pair under a budget below their two live peaks together, where one must wait
+# for memory the other gives back after its step (informational: when both are mid-step with
+# too little left for either, one gets out-of-memory after group_release_wait_ms).
+[ -n "$TIGHT_GIB" ] && both group_tight
 both torch
 fractions=$(python3 - "$OUT" "$BUDGET_GIB" <<'PY'
 import json, os, subprocess, sys
@@ -116,6 +124,8 @@ def nvml(mode):
     except Exception:
         return None
 modes = ["shim_alone", "group", "torch", "torch_frac"]
+if os.path.exists(os.path.join(out, "group_tight_train.json")):
+    modes.insert(2, "group_tight")
 lines = ["| process | " + " | ".join(f"{m}: steps/s, median ms (OOMs)" for m in modes) + " |",
          "|---|" + "---|" * len(modes)]
 for role in ("train", "eval"):
@@ -139,6 +149,10 @@ else:
     failed |= not ok
     verdicts.append(f"{'PASS' if ok else 'FAIL'} group NVML peak {gp:.2f} GiB <= budget {budget_gib:g} GiB + 3 GiB for 2 contexts")
 fmt = lambda v: "n/a" if v is None else f"{v:.2f} GiB"
+if "group_tight" in modes:
+    gt = [load("group_tight", r) for r in ("train", "eval")]
+    verdicts.append("INFO tight group budget {} GiB: OOMs trainer {}, evaluator {}; NVML peak {}".format(
+        os.environ.get("TIGHT_GIB", "?"), *(r["ooms"] if r else "missing" for r in gt), fmt(nvml("group_tight"))))
 verdicts.append(f"INFO NVML peak above idle: PyTorch unlimited {fmt(tp)}, PyTorch partitioned {fmt(fp)} (fractions {fractions})")
 f = [load("torch_frac", r) for r in ("train", "eval")]
 verdicts.append("INFO PyTorch's static partition of the budget: OOMs trainer {}, evaluator {}".format(
