@@ -11,6 +11,9 @@
 # the two live peaks together, ~18 GiB each, plus 2; well below what the pair holds on PyTorch's
 # allocator, ~49 GiB), WINDOW_S (15), EVAL_BATCH (32 sequences of 1024 tokens a burst),
 # TIGHT_GIB (unset: an extra group run under this smaller budget, reported for information),
+# PAIRS_ONLY=1 with PAIR_REPS (3): instead of all the above, PAIR_REPS interleaved rounds of the
+# pair in the group and on PyTorch's allocator unlimited, and the median ratios (the throughput of
+# one pair of processes varies by tens of percent from run to run),
 # WAIT_MS (group_release_wait_ms, 2000), STARTUP_S (30: time to import torch and build both
 # models before the common window), GPU (0).
 #
@@ -64,10 +67,11 @@ worker() {
   esac
   # shellcheck disable=SC2046
   env "${envs[@]}" timeout 300 $(pin $cpu) python3 "$REPO/tests/gpu/train_eval_worker.py" --role "$role" \
-    --out "$OUT/${mode}_$role.json" --start-at "$start" --window "$WINDOW_S" --eval-batch "$EVAL_BATCH" \
-    >"$OUT/${mode}_$role.log" 2>&1
+    --out "$OUT/${mode}${RUN_TAG}_$role.json" --start-at "$start" --window "$WINDOW_S" --eval-batch "$EVAL_BATCH" \
+    >"$OUT/${mode}${RUN_TAG}_$role.log" 2>&1
 }
-export REPO SHIM OUT GROUP BUDGET_GIB TIGHT_GIB WAIT_MS WINDOW_S EVAL_BATCH GPU
+RUN_TAG=
+export REPO SHIM OUT GROUP BUDGET_GIB TIGHT_GIB WAIT_MS WINDOW_S EVAL_BATCH GPU RUN_TAG
 export -f pin worker
 start_time() { python3 -c "import time; print(time.time() + $STARTUP_S)"; }
 # both MODE [FRACTION_TRAIN FRACTION_EVAL]: the two at once, under nvml_peak when it was built.
@@ -75,10 +79,50 @@ both() {
   local mode=$1 ft=${2:-} fe=${3:-} at
   at=$(start_time)
   local peak=()
-  [ -x "$GPU_BIN/nvml_peak" ] && peak=("$GPU_BIN/nvml_peak" "$OUT/nvml_$mode.json" --)
+  [ -x "$GPU_BIN/nvml_peak" ] && peak=("$GPU_BIN/nvml_peak" "$OUT/nvml_$mode$RUN_TAG.json" --)
   "${peak[@]}" bash -c "worker $mode train $at $ft & worker $mode eval $at $fe & wait"
-  echo "$mode: done"
+  echo "$mode$RUN_TAG: done"
 }
+
+if [ "${PAIRS_ONLY:-0}" = 1 ]; then
+  for r in $(seq 1 "${PAIR_REPS:-3}"); do
+    export RUN_TAG=_r$r
+    both group
+    both torch
+  done
+  export RUN_TAG=
+  python3 - "$OUT" "${PAIR_REPS:-3}" <<'PY'
+import json, os, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+def load(name):
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            return json.load(f)
+    except Exception:
+        return None
+rows, tr, ev, ooms = [], [], [], 0
+for r in range(1, reps + 1):
+    g = [load(f"group_r{r}_{x}") for x in ("train", "eval")]
+    t = [load(f"torch_r{r}_{x}") for x in ("train", "eval")]
+    if None in g or None in t:
+        rows.append(f"round {r}: missing")
+        continue
+    ooms += g[0]["ooms"] + g[1]["ooms"]
+    tr.append(g[0]["steps_per_s"] / t[0]["steps_per_s"])
+    ev.append(g[1]["median_step_ms"] / t[1]["median_step_ms"] if g[1]["median_step_ms"] and t[1]["median_step_ms"] else None)
+    rows.append(f"round {r}: trainer {g[0]['steps_per_s']:.2f} vs {t[0]['steps_per_s']:.2f} steps/s, "
+                f"evaluator burst {g[1]['median_step_ms'] or 0:.1f} vs {t[1]['median_step_ms'] or 0:.1f} ms, group OOMs {g[0]['ooms'] + g[1]['ooms']}")
+print("\n".join(rows))
+if tr:
+    print(f"trainer steps/s, group / PyTorch pair: median {statistics.median(tr):.3f} (spread {min(tr):.3f}-{max(tr):.3f}, {len(tr)} rounds)")
+ev = [v for v in ev if v is not None]
+if ev:
+    print(f"evaluator burst time, group / PyTorch pair: median {statistics.median(ev):.3f} (spread {min(ev):.3f}-{max(ev):.3f})")
+print(f"group OOMs in all rounds: {ooms}")
+sys.exit(1 if ooms or not tr else 0)
+PY
+  exit $?
+fi
 
 for role in train eval; do
   worker shim_alone "$role" 0 ||
