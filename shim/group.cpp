@@ -442,7 +442,7 @@ void start_thread(Fn&& fn) {
 }
 
 struct DeviceFigures {
-  std::uint64_t reserved = 0, allocated = 0, inactive_split = 0, peak = 0, fence_waits = 0;
+  std::uint64_t reserved = 0, allocated = 0, inactive_split = 0, peak = 0, fence_waits = 0, external = 0;
 };
 
 DeviceFigures figures(Runtime& rt, int device) {
@@ -455,6 +455,7 @@ DeviceFigures figures(Runtime& rt, int device) {
     f.inactive_split += static_cast<std::uint64_t>(s.inactive_split_bytes[kAll].current);
     f.peak += static_cast<std::uint64_t>(s.reserved_bytes[kAll].peak);
     f.fence_waits += static_cast<std::uint64_t>(s.fence_waits);
+    f.external += cp.pool.external_bytes();
   });
   return f;
 }
@@ -518,6 +519,7 @@ void write_record(Runtime& rt, State& st) {
     d.inactive_split = f.inactive_split;
     d.peak_reserved = f.peak;
     d.fence_waits = f.fence_waits;
+    d.external = f.external;
     const int slot = devices[i] >= 0 && devices[i] < kMaxDevices ? devices[i] : -1;
     if (slot >= 0) {
       d.ooms = st.ooms[slot].load(std::memory_order_relaxed);

@@ -118,7 +118,7 @@ bool init_ledger(Ledger& l, unsigned uid, std::string_view gpu, std::string_view
 // ---- the per-process stats records -------------------------------------------------------------
 
 inline constexpr std::uint64_t kRecordMagic = 0x3154535050555043ULL;  // "CUPPST1" + '1'
-inline constexpr std::uint32_t kRecordVersion = 1;
+inline constexpr std::uint32_t kRecordVersion = 2;
 inline constexpr std::uint32_t kRecordDevices = 8;
 
 struct RecordDevice {
@@ -133,6 +133,7 @@ struct RecordDevice {
   std::uint64_t fence_waits;     // host waits on fences
   std::uint64_t group_budget;    // 0: not in a group on this device
   std::uint64_t group_reserved;  // the group ledger's total at the last update
+  std::uint64_t external;        // device memory the program mapped itself (cuMemCreate), counted under caps
 };
 
 struct ProcRecord {

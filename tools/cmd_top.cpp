@@ -56,7 +56,8 @@ std::string to_json(const std::vector<share::ProcInfo>& procs) {
       if (k != 0) o += ",";
       o += "{\"device\":" + std::to_string(d.device) + ",\"reserved_bytes\":" + json_u(d.reserved) +
            ",\"allocated_bytes\":" + json_u(d.allocated) + ",\"cached_bytes\":" + json_u(d.cached) +
-           ",\"inactive_split_bytes\":" + json_u(d.inactive_split) + ",\"fragmentation\":" +
+           ",\"external_bytes\":" + json_u(d.external) + ",\"inactive_split_bytes\":" + json_u(d.inactive_split) +
+           ",\"fragmentation\":" +
            json_number(d.reserved == 0 ? 0.0
                                        : static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved)) +
            ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) + ",\"ooms\":" + json_u(d.ooms) +
@@ -72,8 +73,8 @@ std::string to_json(const std::vector<share::ProcInfo>& procs) {
 std::string to_table(const std::vector<share::ProcInfo>& procs) {
   char line[512];
   std::string o;
-  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU", "RESERVED",
-                "ALLOCATED", "CACHED", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS", "FWAITS", "COMMAND");
+  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU", "RESERVED",
+                "ALLOCATED", "CACHED", "EXTERNAL", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS", "FWAITS", "COMMAND");
   o += line;
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
@@ -85,16 +86,17 @@ std::string to_table(const std::vector<share::ProcInfo>& procs) {
     if (const std::int64_t age = now_ns - p.updated_unix_ns; p.updated_unix_ns != 0 && age > 2'000'000'000LL)
       cmd = "[not updated for " + std::to_string(age / 1'000'000'000LL) + " s] " + cmd;
     if (p.devices.empty()) {
-      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-", "-", "-",
-                    "-", p.group.empty() ? "-" : p.group.c_str(), "-", "-", "-", cmd.c_str());
+      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-", "-",
+                    "-", "-", "-", p.group.empty() ? "-" : p.group.c_str(), "-", "-", "-", cmd.c_str());
       o += line;
     }
     for (const share::RecordDevice& d : p.devices) {
       const std::string budget = d.group_budget != 0 ? mib(d.group_reserved) + "/" + mib(d.group_budget) : "-";
-      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid, d.device,
-                    mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(), fragmentation(d).c_str(),
-                    p.group.empty() ? "-" : p.group.c_str(), budget.c_str(), static_cast<unsigned long long>(d.ooms),
-                    static_cast<unsigned long long>(d.fence_waits), cmd.c_str());
+      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid, d.device,
+                    mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(), mib(d.external).c_str(),
+                    fragmentation(d).c_str(), p.group.empty() ? "-" : p.group.c_str(), budget.c_str(),
+                    static_cast<unsigned long long>(d.ooms), static_cast<unsigned long long>(d.fence_waits),
+                    cmd.c_str());
       o += line;
     }
   }

@@ -5,6 +5,8 @@
 //   hold MIB            allocate MIB in 20 MiB blocks, free them (idle cache), print "ready", wait
 //   hold-live MIB       allocate MIB in 20 MiB blocks and keep them; on SIGTERM check that every
 //                       one is still live in the driver
+//   hold-vmm MIB        create MIB of device memory with cuMemCreate itself (as XLA does), print
+//                       "ready", wait, release it
 //   need MIB            allocate MIB in 20 MiB blocks; exit 3 at the first out-of-memory
 //   lock-and-exit       take the group ledger's lock and exit holding it (a member that died
 //                       inside the ledger's critical section); no CUDA
@@ -142,6 +144,21 @@ int hold(std::size_t mib, bool keep_live) {
   return 0;
 }
 
+int hold_vmm(std::size_t mib) {
+  start_primary(0);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CHECK_OK(cuMemCreate(&h, mib * kMiB, &prop, 0));
+  std::printf("ready pid=%d\n", getpid());
+  std::fflush(stdout);
+  wait_for_term();
+  CHECK_OK(cuMemRelease(h));
+  return 0;
+}
+
 int need(std::size_t mib) {
   start_primary(0);
   std::size_t got = 0;
@@ -192,12 +209,14 @@ int main(int argc, char** argv) {
   if (what == "random" && argc == 4) return random_run(static_cast<unsigned>(std::atoi(argv[2])), std::atoi(argv[3]));
   if (what == "hold" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false);
   if (what == "hold-live" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), true);
+  if (what == "hold-vmm" && argc == 3) return hold_vmm(std::strtoull(argv[2], nullptr, 10));
   if (what == "need" && argc == 3) return need(std::strtoull(argv[2], nullptr, 10));
   if (what == "need-one" && argc == 3) return need_one(std::strtoull(argv[2], nullptr, 10));
   if (what == "lock-and-exit") return lock_ledger(false);
   if (what == "lock-and-wait") return lock_ledger(true);
   std::printf(
-      "usage: share_app random SEED ITERS | hold MIB | hold-live MIB | need MIB | need-one MIB | lock-and-exit | "
+      "usage: share_app random SEED ITERS | hold MIB | hold-live MIB | hold-vmm MIB | need MIB | need-one MIB | "
+      "lock-and-exit | "
       "lock-and-wait\n");
   return 2;
 }
