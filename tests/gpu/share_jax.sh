@@ -20,7 +20,8 @@ BUDGET_GIB=${BUDGET_GIB:-30}
 GPU=${GPU:-0}
 GROUP=sharejax$$
 mkdir -p "$OUT"
-rm -f "$OUT"/*
+rm -f "$OUT"/jax.ready "$OUT"/jax.log "$OUT"/top.json "$OUT"/top.err "$OUT"/left_gib "$OUT"/torch_* "$OUT"/nvml.json \
+  "$OUT"/summary.md
 [ -f "$SHIM" ] || { echo "no shim at $SHIM"; exit 2; }
 [ -x "$REPO/build/release/cudapool" ] || { echo "no build/release/cudapool (for cudapool top)"; exit 2; }
 [ -x "$GPU_BIN/nvml_peak" ] || { echo "no $GPU_BIN/nvml_peak (bash tests/gpu/build.sh $GPU_BIN cuda)"; exit 2; }

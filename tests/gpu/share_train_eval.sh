@@ -24,7 +24,8 @@
 # partition). The trainer is pinned to CPU 2, the evaluator to CPU 3 (where there are CPUs).
 # Prints one table and the verdicts; writes them to $OUT/summary.md. Exit 1 when a group process
 # ran out of memory, the group's NVML peak exceeded the budget plus 1.5 GiB per process, or the
-# trainer's losses in the group differ from its losses alone.
+# trainer's or the evaluator's losses in the group differ from its losses alone; with PAIRS_ONLY,
+# when a group process ran out of memory or a round is missing.
 set -u
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -100,12 +101,13 @@ def load(name):
             return json.load(f)
     except Exception:
         return None
-rows, tr, ev, ooms = [], [], [], 0
+rows, tr, ev, ooms, missing = [], [], [], 0, 0
 for r in range(1, reps + 1):
     g = [load(f"group_r{r}_{x}") for x in ("train", "eval")]
     t = [load(f"torch_r{r}_{x}") for x in ("train", "eval")]
     if None in g or None in t:
         rows.append(f"round {r}: missing")
+        missing += 1
         continue
     ooms += g[0]["ooms"] + g[1]["ooms"]
     tr.append(g[0]["steps_per_s"] / t[0]["steps_per_s"])
@@ -119,7 +121,7 @@ ev = [v for v in ev if v is not None]
 if ev:
     print(f"evaluator burst time, group / PyTorch pair: median {statistics.median(ev):.3f} (spread {min(ev):.3f}-{max(ev):.3f})")
 print(f"group OOMs in all rounds: {ooms}")
-sys.exit(1 if ooms or not tr else 0)
+sys.exit(1 if ooms or missing or not tr else 0)
 PY
   exit $?
 fi
