@@ -1,6 +1,6 @@
 // cuMemCreate / cuMemRelease called by the program itself (XLA's allocator, PyTorch's own
-// expandable segments, TensorRT...): device memory the pool never sees, which would otherwise
-// slip past a cap. While a cap applies (max_reserved_mb, per_process_memory_fraction, a group
+// expandable segments): device memory the pool never sees, which would otherwise slip past a
+// cap. While a cap applies (max_reserved_mb, per_process_memory_fraction, a group
 // budget), such an allocation is counted against it as if the pool had reserved it: first the
 // pool's limit (its own idle cache is given back to make room), then the group's ledger (the
 // other members are asked for idle memory as for the pool's own growth). Refused, the program
