@@ -268,20 +268,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     void* base = nullptr;
     UpstreamStatus us = up.reserve(bytes, g, &base);
     if (us != UpstreamStatus::ok) return UpstreamStatus::ok;  // no range: classic segments instead
-    Segment* seg = segment_pool.get();
-    seg->base = reinterpret_cast<std::uintptr_t>(base);
-    seg->size = bytes;
-    seg->stream = stream;
-    seg->small = small;
+    Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(base), bytes, small, stream);
     seg->expandable = true;
     seg->page = g;
-    Block* b = block_pool.get();
-    b->ptr = seg->base;
-    b->size = bytes;
-    b->seg = seg;
-    b->state = BState::unmapped;
-    seg->head = b;
-    segments.emplace(seg->base, seg);
+    seg->head->state = BState::unmapped;
     xr.seg[k] = seg;
     xr.alias_ok = up.can_alias();
   }

@@ -298,6 +298,9 @@ struct DevicePool::Impl {
   AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) REQUIRES(mu);
   Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) REQUIRES(mu);
   UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) REQUIRES(mu);
+  // A segment of [base, base + size) with one block spanning it (its head), entered in `segments`;
+  // classic and expandable segments alike, the caller sets the rest.
+  Segment* add_segment(std::uintptr_t base, std::size_t size, bool small, StreamId stream) REQUIRES(mu);
 
   // ---- giving memory back: GC, release_idle, empty_cache, the OOM path (pool_release.cpp) ----
   void detach_segment(Block* b, std::vector<Detached>& out) REQUIRES(mu);

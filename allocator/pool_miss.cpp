@@ -130,6 +130,22 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   return AllocResult{nullptr, AllocStatus::out_of_memory};
 }
 
+DevicePool::Impl::Segment* DevicePool::Impl::add_segment(std::uintptr_t base, std::size_t size, bool small,
+                                                         StreamId stream) {
+  Segment* seg = segment_pool.get();
+  seg->base = base;
+  seg->size = size;
+  seg->stream = stream;
+  seg->small = small;
+  Block* b = block_pool.get();
+  b->ptr = base;
+  b->size = size;
+  b->seg = seg;
+  seg->head = b;
+  segments.emplace(base, seg);
+  return seg;
+}
+
 UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) {
   limits.ensure(up, opt);
   if (limits.refuses(ledger.reserved_bytes(), seg_size)) {
@@ -158,17 +174,8 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
     if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
     return us;
   }
-  Segment* seg = segment_pool.get();
-  seg->base = reinterpret_cast<std::uintptr_t>(base);
-  seg->size = seg_size;
-  seg->stream = stream;
-  seg->small = small;
-  Block* b = block_pool.get();
-  b->ptr = seg->base;
-  b->size = seg_size;
-  b->seg = seg;
-  seg->head = b;
-  segments.emplace(seg->base, seg);
+  Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(base), seg_size, small, stream);
+  Block* b = seg->head;
   ledger.segment_added(small, seg_size);
   note_reserved();
   ledger.device_alloc();

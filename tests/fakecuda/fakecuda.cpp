@@ -28,6 +28,12 @@
 using namespace cudaabi;
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))
+// A counter or size of the fake's state, read under its lock, as a test control function.
+#define FAKE_COUNTER(name, expr)       \
+  FAKE_API long name() {               \
+    std::lock_guard<std::mutex> l(mu); \
+    return static_cast<long>(expr);    \
+  }
 
 // Entry points the calling thread made into this "driver" (fakecuda_thread_driver_calls): the
 // shim's hot-path tests assert how many a pool hit costs. Per thread: no shared line in benches.
@@ -468,10 +474,7 @@ FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
   ++peer_enables;
   return CUDA_SUCCESS;
 }
-FAKE_API long fakecuda_peer_enables() {
-  std::lock_guard<std::mutex> l(mu);
-  return peer_enables;
-}
+FAKE_COUNTER(fakecuda_peer_enables, peer_enables)
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   FAKE_COUNT();
   tl_ctx_stack.push_back(tl_current);
@@ -680,10 +683,7 @@ FAKE_API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   allocs.erase(it);
   return CUDA_SUCCESS;
 }
-FAKE_API long fakecuda_ipc_opens() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_ipc_opens;
-}
+FAKE_COUNTER(fakecuda_ipc_opens, n_ipc_opens)
 FAKE_API long fakecuda_ipc_mapped() {
   std::lock_guard<std::mutex> l(mu);
   long n = 0;
@@ -776,10 +776,7 @@ FAKE_API CUresult cuCtxSynchronize() {
   ++n_ctx_syncs;
   return CUDA_SUCCESS;
 }
-FAKE_API long fakecuda_ctx_syncs() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_ctx_syncs;
-}
+FAKE_COUNTER(fakecuda_ctx_syncs, n_ctx_syncs)
 FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const CUmemAllocationProp* prop, int option) {
   std::lock_guard<std::mutex> lock(mu);
   if (g == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
@@ -943,10 +940,7 @@ FAKE_API std::size_t fakecuda_vmm_mapped_bytes() {
   for (auto& [p, m] : vmm_maps) n += m.size;
   return n;
 }
-FAKE_API long fakecuda_vmm_live_handles() {
-  std::lock_guard<std::mutex> l(mu);
-  return static_cast<long>(vmm_handles.size());
-}
+FAKE_COUNTER(fakecuda_vmm_live_handles, vmm_handles.size())
 FAKE_API std::size_t fakecuda_vmm_handle_bytes() {
   std::lock_guard<std::mutex> lock(mu);
   std::size_t n = 0;
@@ -959,35 +953,14 @@ FAKE_API std::size_t fakecuda_vmm_reserved_bytes() {
   for (auto& [p, sz] : vmm_ranges) n += sz;
   return n;
 }
-FAKE_API long fakecuda_vmm_ranges() {
-  std::lock_guard<std::mutex> l(mu);
-  return static_cast<long>(vmm_ranges.size());
-}
+FAKE_COUNTER(fakecuda_vmm_ranges, vmm_ranges.size())
 FAKE_API std::size_t fakecuda_vmm_granularity() { return vmm_granularity(); }
-FAKE_API long fakecuda_vmm_bad_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return vmm_bad;
-}
-FAKE_API long fakecuda_vmm_create_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return vmm_create_calls;
-}
-FAKE_API long fakecuda_vmm_map_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return vmm_map_calls;
-}
-FAKE_API long fakecuda_vmm_unmap_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return vmm_unmap_calls;
-}
-FAKE_API long fakecuda_vmm_peer_descs() {
-  std::lock_guard<std::mutex> l(mu);
-  return vmm_peer_descs;
-}
-FAKE_API long fakecuda_vmm_access_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return vmm_access_calls;
-}
+FAKE_COUNTER(fakecuda_vmm_bad_calls, vmm_bad)
+FAKE_COUNTER(fakecuda_vmm_create_calls, vmm_create_calls)
+FAKE_COUNTER(fakecuda_vmm_map_calls, vmm_map_calls)
+FAKE_COUNTER(fakecuda_vmm_unmap_calls, vmm_unmap_calls)
+FAKE_COUNTER(fakecuda_vmm_peer_descs, vmm_peer_descs)
+FAKE_COUNTER(fakecuda_vmm_access_calls, vmm_access_calls)
 // Attributes of an address in a live mapping (cuMemCreate memory), as the driver answers them:
 // the handle's device, no context and no legacy IPC, the mapping as the range. False when p is
 // not mapped. Called with mu held.
@@ -1172,42 +1145,18 @@ FAKE_API void fakecuda_release_stream(CUstream s) {
   std::lock_guard<std::mutex> lock(mu);
   end_hold(resolve(s, false));
 }
-FAKE_API long fakecuda_alloc_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_alloc;
-}
-FAKE_API long fakecuda_free_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_free;
-}
-FAKE_API long fakecuda_live_allocations() {
-  std::lock_guard<std::mutex> l(mu);
-  return static_cast<long>(allocs.size());
-}
+FAKE_COUNTER(fakecuda_alloc_calls, n_alloc)
+FAKE_COUNTER(fakecuda_free_calls, n_free)
+FAKE_COUNTER(fakecuda_live_allocations, allocs.size())
 FAKE_API std::size_t fakecuda_live_bytes() {
   std::lock_guard<std::mutex> l(mu);
   return tl_current != nullptr ? used_on(tl_current->device) : 0;
 }
-FAKE_API long fakecuda_graph_allocs() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_graph;
-}
-FAKE_API long fakecuda_event_records() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_records;
-}
-FAKE_API long fakecuda_event_syncs() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_syncs;
-}
-FAKE_API long fakecuda_stream_waits() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_stream_waits;
-}
-FAKE_API long fakecuda_capture_waits() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_capture_waits;
-}
+FAKE_COUNTER(fakecuda_graph_allocs, n_graph)
+FAKE_COUNTER(fakecuda_event_records, n_records)
+FAKE_COUNTER(fakecuda_event_syncs, n_syncs)
+FAKE_COUNTER(fakecuda_stream_waits, n_stream_waits)
+FAKE_COUNTER(fakecuda_capture_waits, n_capture_waits)
 FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
   std::lock_guard<std::mutex> lock(mu);
   Stream* h = resolve(held, false);
@@ -1217,10 +1166,7 @@ FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
   return 0;
 }
 FAKE_API long fakecuda_thread_driver_calls() { return tl_driver_calls; }
-FAKE_API long fakecuda_trim_calls() {
-  std::lock_guard<std::mutex> l(mu);
-  return n_trims;
-}
+FAKE_COUNTER(fakecuda_trim_calls, n_trims)
 // Live device memory at p: a cuMemAlloc allocation or a mapped cuMemCreate page.
 FAKE_API int fakecuda_is_live(CUdeviceptr p) {
   std::lock_guard<std::mutex> l(mu);

@@ -95,22 +95,14 @@ for mode in group torch torch_frac; do
 done
 
 python3 - "$OUT" "$K" "$BUDGET_GIB" "$BIG_GIB" <<'PY'
-import json, os, sys
+import os, sys
+sys.path.insert(0, "tests/gpu")
+from share_files import load_json, nvml_peak_gib
 out, K, budget_gib, big_gib = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 def load(mode, i):
-    p = os.path.join(out, f"{mode}_p{i}.json")
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except Exception:
-        return None
+    return load_json(os.path.join(out, f"{mode}_p{i}.json"))
 def nvml(mode):
-    try:
-        with open(os.path.join(out, f"nvml_{mode}.json")) as f:
-            d = json.load(f)["devices"]
-        return max(x["peak_delta"] for x in d) / 2**30 if d else None
-    except Exception:
-        return None
+    return nvml_peak_gib(os.path.join(out, f"nvml_{mode}.json"))
 modes = ["shim_alone", "torch_alone", "group", "torch", "torch_frac"]
 lines = ["| process | " + " | ".join(f"{m} steps/s (OOMs, burst)" for m in modes) + " |",
          "|---|" + "---|" * len(modes)]

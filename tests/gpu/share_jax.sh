@@ -45,10 +45,10 @@ time.sleep(40)
   # The PyTorch member, without PyTorch's cache: asks for SIZE_GIB at once, prints ok or oom.
   local left
   left=$(python3 - "$OUT/top.json" "$BUDGET_GIB" <<'PY'
-import json, sys
-top = json.load(open(sys.argv[1]))
-ext = max((d["external_bytes"] for p in top["processes"] for d in p["devices"]), default=0)
-print(f"{float(sys.argv[2]) - ext / 2**30:.2f}")
+import sys
+sys.path.insert(0, "tests/gpu")
+from share_files import top_external_gib
+print(f"{float(sys.argv[2]) - top_external_gib(sys.argv[1]):.2f}")
 PY
 )
   echo "$left" >"$OUT/left_gib"
@@ -74,7 +74,9 @@ export SHIM CONF OUT BUDGET_GIB REPO
 "$GPU_BIN/nvml_peak" "$OUT/nvml.json" -- bash -c run_all
 
 python3 - "$OUT" "$BUDGET_GIB" <<'PY'
-import json, os, sys
+import os, sys
+sys.path.insert(0, "tests/gpu")
+from share_files import nvml_peak_gib, top_external_gib
 out, budget = sys.argv[1], float(sys.argv[2])
 def read(name, default=""):
     try:
@@ -83,11 +85,7 @@ def read(name, default=""):
         return default
 failed = False
 verdicts = []
-try:
-    top = json.load(open(os.path.join(out, "top.json")))
-    ext = max((d["external_bytes"] for p in top["processes"] for d in p["devices"]), default=0) / 2**30
-except (OSError, ValueError, KeyError):
-    ext = 0.0
+ext = top_external_gib(os.path.join(out, "top.json"))
 ok = ext > 0.5 * budget
 failed |= not ok
 verdicts.append(f"{'PASS' if ok else 'FAIL'} JAX's preallocation counted: {ext:.2f} GiB of external memory in `cudapool top` (budget {budget:g} GiB)")
@@ -96,14 +94,14 @@ for ask, want in (("over", "oom"), ("under", "ok")):
     ok = got == want
     failed |= not ok
     verdicts.append(f"{'PASS' if ok else 'FAIL'} PyTorch member asking {read(f'torch_{ask}.gib')} GiB with {read('left_gib')} GiB left in the budget: {got} (want {want})")
-try:
-    peak = max(d["peak_delta"] for d in json.load(open(os.path.join(out, "nvml.json")))["devices"]) / 2**30
+peak = nvml_peak_gib(os.path.join(out, "nvml.json"))
+if peak is None:
+    failed = True
+    verdicts.append("FAIL NVML peak not measured")
+else:
     ok = peak <= budget + 3.0
     failed |= not ok
     verdicts.append(f"{'PASS' if ok else 'FAIL'} NVML peak {peak:.2f} GiB <= budget {budget:g} GiB + 3 GiB for 2 contexts")
-except (OSError, ValueError, KeyError):
-    failed = True
-    verdicts.append("FAIL NVML peak not measured")
 text = "\n".join(verdicts) + "\n"
 open(os.path.join(out, "summary.md"), "w").write(text)
 print(text, end="")

@@ -93,14 +93,12 @@ if [ "${PAIRS_ONLY:-0}" = 1 ]; then
   done
   export RUN_TAG=
   python3 - "$OUT" "${PAIR_REPS:-3}" <<'PY'
-import json, os, statistics, sys
+import os, statistics, sys
+sys.path.insert(0, "tests/gpu")
+from share_files import load_json
 out, reps = sys.argv[1], int(sys.argv[2])
 def load(name):
-    try:
-        with open(os.path.join(out, name + ".json")) as f:
-            return json.load(f)
-    except Exception:
-        return None
+    return load_json(os.path.join(out, name + ".json"))
 rows, tr, ev, ooms, missing = [], [], [], 0, 0
 for r in range(1, reps + 1):
     g = [load(f"group_r{r}_{x}") for x in ("train", "eval")]
@@ -154,21 +152,14 @@ PY
 both torch_frac $fractions
 
 python3 - "$OUT" "$BUDGET_GIB" "$fractions" <<'PY'
-import json, os, sys
+import os, sys
+sys.path.insert(0, "tests/gpu")
+from share_files import load_json, nvml_peak_gib
 out, budget_gib, fractions = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 def load(mode, role):
-    try:
-        with open(os.path.join(out, f"{mode}_{role}.json")) as f:
-            return json.load(f)
-    except Exception:
-        return None
+    return load_json(os.path.join(out, f"{mode}_{role}.json"))
 def nvml(mode):
-    try:
-        with open(os.path.join(out, f"nvml_{mode}.json")) as f:
-            d = json.load(f)["devices"]
-        return max(x["peak_delta"] for x in d) / 2**30 if d else None
-    except Exception:
-        return None
+    return nvml_peak_gib(os.path.join(out, f"nvml_{mode}.json"))
 modes = ["shim_alone", "group", "torch", "torch_frac"]
 if os.path.exists(os.path.join(out, "group_tight_train.json")):
     modes.insert(2, "group_tight")
