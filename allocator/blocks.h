@@ -64,7 +64,8 @@ struct Segment {
 struct Unit {
   std::uintptr_t base;
   std::size_t size;
-  bool used = false;  // moved into the growth already
+  bool used = false;     // moved into the growth already
+  bool crossed = false;  // taken from the other pool kind's range
 };
 
 // A physical allocation of a hot free block (Block::hot) chosen to be aliased into a growth:

@@ -25,14 +25,27 @@ struct ExpandableRanges {
   std::size_t hwm = 0;
   std::vector<Drain> draining;
   bool alias_ok = false;  // the upstream can alias (asked when the first range is reserved)
+  // Bytes of pages that the range of kind k gave to the other range's growth and the other has
+  // not given back. Growth of kind k that would take them back maps fresh pages instead (the
+  // bounce rule, pool_expandable.cpp), so the same pages do not move to and fro.
+  std::size_t lent[2] = {0, 0};
 
   void note_reserved(std::size_t reserved) {
     if (reserved > hwm) hwm = reserved;
+  }
+  // `bytes` of pages moved from the range of kind `from` into the other one: first they repay
+  // what the other range had lent, the rest is lent by `from`.
+  void moved_across(int from, std::size_t bytes) {
+    std::size_t& repaid = lent[1 - from];
+    const std::size_t r = bytes < repaid ? bytes : repaid;
+    repaid -= r;
+    lent[from] += bytes - r;
   }
   // The context is gone: its ranges went with it (the high-water mark stays a fact of the past).
   void forget() {
     seg[0] = seg[1] = nullptr;
     draining.clear();
+    lent[0] = lent[1] = 0;
   }
 };
 

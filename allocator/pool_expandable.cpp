@@ -199,7 +199,7 @@ void DevicePool::Impl::reclaim_drained() {
   xr.draining.resize(keep);
 }
 
-std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
+std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want, const Segment* into,
                                             std::vector<detail::Unit>& out) {
   std::size_t done = 0;
   std::vector<Detached> scratch;  // release_page_range's page runs: the units in `out` say more
@@ -230,10 +230,27 @@ std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, st
         }
       }
     }
+    const std::size_t first = out.size();
     release_page_range(b, lo, hi, scratch, &out);
+    for (std::size_t i = first; i < out.size(); ++i) out[i].crossed = seg != into;
     done += hi - lo;
   }
   return done;
+}
+
+// The bounce rule. Pages move between the two ranges (same page size) so that the pool as a
+// whole stays at its high-water mark; but when each kind's own peak comes at a different moment,
+// over and over (a loop whose large buffers and small ones take turns), the same pages would move
+// to and fro every time, each move a few driver calls (~70 us for a 2 MiB page on an H200).
+// Growth that would take back pages its range lent maps that much fresh instead, so the mark
+// rises by what the two kinds trade and the trading stops. A range maps fresh only for what its
+// own free pages cannot cover, so the rule never holds more than the two kinds' own peaks
+// together (what separate pools, PyTorch's, would hold); a hard limit still moves the pages.
+std::size_t DevicePool::Impl::bounce_allowance(const Segment* seg, std::size_t short_by) const {
+  const int k = detail::kind_index(seg->small);
+  const Segment* other = xr.seg[1 - k];
+  if (other == nullptr || other->page != seg->page) return 0;
+  return std::min({short_by, xr.lent[k], other->mapped});
 }
 
 // Mapping is free below the high-water mark, and below the live peak plus the headroom (a bound
@@ -285,20 +302,33 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   std::vector<detail::Unit> spare;         // recycled units, already unmapped in the pool's structures
   std::vector<detail::HotUnit> hot_units;  // units of hot blocks to alias, still in place
   bool fences_tried = false;
+  std::size_t bounced = 0;  // mapped fresh past the cap by the bounce rule
   for (;;) {
     if (!xr.draining.empty()) reclaim_drained();  // before planning: it merges holes
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
     const std::size_t reserved = ledger.reserved_bytes();
     const std::size_t cap = growth_cap();
-    std::size_t over = reserved + plan.to_map > cap ? reserved + plan.to_map - cap : 0;
-    over = std::max(over, limits.excess(reserved, plan.to_map));
-    if (over == 0) break;
+    const std::size_t past_cap = reserved + plan.to_map > cap ? reserved + plan.to_map - cap : 0;
+    const std::size_t excess = limits.excess(reserved, plan.to_map);
+    bounced = 0;
+    if (std::max(past_cap, excess) == 0) break;
     cands.clear();
     hot_cands.clear();
     if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0;
     const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, xr.alias_ok ? &hot_cands : nullptr);
+    // What the own range's free pages cannot cover would come from the other range: pages it
+    // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
+    std::size_t own = 0;
+    for (const Block* c : cands)
+      if (c->seg == seg) own += releasable_pages(c);
+    bounced = past_cap > own ? bounce_allowance(seg, past_cap - own) : 0;
+    const std::size_t over = std::max(past_cap - bounced, excess);
+    bounced = std::max(past_cap, excess) - over;  // what the rule really spares (a hard limit comes first)
+    if (over == 0) break;
+    if (bounced != 0)  // own pages first, the other range's only for what is left
+      std::stable_partition(cands.begin(), cands.end(), [seg](const Block* c) { return c->seg == seg; });
     if (avail < over && !fences_tried && !growth_within_slack(rounded, small)) {
       fences_tried = true;
       // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
@@ -327,10 +357,11 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         continue;
       }
     }
-    if (avail != 0) recycle_pages(cands, std::min(over, avail), spare);
+    if (avail != 0) recycle_pages(cands, std::min(over, avail), seg, spare);
     if (avail < over) pick_hot_units(hot_cands, over - avail, hot_units);
     break;
   }
+  xr.lent[k] -= bounced;  // the other range keeps those pages as its own from now on
   // Units recycled and not moved into the growth (a failure, more than needed, or too large
   // for what is left of a hole) are unmapped when this function returns, whatever the path.
   struct SpareGuard {
@@ -391,7 +422,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       emit(EventKind::segment_unmap, from, n, n, 0, now_ns() - t0);  // the source is gone either way
       for (std::size_t q = i; q < j; ++q) {
         spare[q].used = true;
-        if (us == UpstreamStatus::ok) seg->units.emplace(at + done + (spare[q].base - from), spare[q].size);
+        if (us != UpstreamStatus::ok) continue;
+        seg->units.emplace(at + done + (spare[q].base - from), spare[q].size);
+        if (spare[q].crossed) xr.moved_across(1 - k, spare[q].size);
       }
       if (us == UpstreamStatus::ok) done += n;
       i = j;

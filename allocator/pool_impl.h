@@ -361,9 +361,14 @@ struct DevicePool::Impl {
   void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const
       REQUIRES(mu);
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
-  // units are appended to `out`, to be moved into the growth.
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out)
-      REQUIRES(mu);
+  // units are appended to `out`, to be moved into the growth of `into` (Unit::crossed: from the
+  // other range).
+  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, const Segment* into,
+                            std::vector<detail::Unit>& out) REQUIRES(mu);
+  // The bytes past the growth cap that growth of `seg` maps fresh instead of taking back pages
+  // its range lent the other one (ExpandableRanges::lent): at most `short_by`, the part of the
+  // excess over the cap that its own free pages cannot cover.
+  std::size_t bounce_allowance(const Segment* seg, std::size_t short_by) const REQUIRES(mu);
   void note_reserved() REQUIRES(mu) { xr.note_reserved(ledger.reserved_bytes()); }
   void merge_unmapped(Block* b) REQUIRES(mu);
   void count_runs_change(Block* piece, int sign) REQUIRES(mu);

@@ -264,14 +264,22 @@ n=$(sed -n 's/^\([0-9]*\) policies replayed.*/\1/p' "$tmp/out")
 expect_rc 0 "tune with a budget of 3" -- "$cp" tune $traces/serve.csv --budget 3
 expect_out "^3 policies replayed" "tune stops at the budget"
 expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
-# --free-as / --fence-latency-us reach every candidate's replay: the PyTorch trace's defaults hold
-# 776.00 MiB as cudaFreeAsync, 808.00 MiB as cudaFree with 1 ms of fence latency (as replay says).
+# --free-as / --fence-latency-us reach every candidate's replay: tune's baseline is the peak that
+# replay gives the defaults with the same options, which differ between the two (cudaFreeAsync
+# without latency holds less of the PyTorch trace than cudaFree with 1 ms of fence latency).
+replay_peak() {  # replay_peak REPLAY-OPTIONS...: the defaults' peak reserved, e.g. "808.00 MiB"
+  "$cp" replay $traces/gpu_torch.csv --quiet "$@" | sed -n 's/^peak reserved *//p'
+}
+peak_sync=$(replay_peak --free-as sync --fence-latency-us 1000)
+peak_async=$(replay_peak)
+[ -n "$peak_sync" ] && [ -n "$peak_async" ] && [ "$peak_sync" != "$peak_async" ] && ok ||
+  fail "replay's peaks of the PyTorch trace: '$peak_sync' (cudaFree, 1 ms) and '$peak_async' should differ"
 expect_rc 0 "tune with frees as cudaFree and fence latency" -- "$cp" tune $traces/gpu_torch.csv --budget 4 \
   --free-as sync --fence-latency-us 1000
 expect_out "frees as cudaFree, fence latency 1000 us" "tune says how frees were replayed"
-expect_out "\(base\) +808\.00 MiB" "tune's baseline follows --free-as and --fence-latency-us"
+expect_out "\(base\) +${peak_sync//./\\.} " "tune's baseline follows --free-as and --fence-latency-us ($peak_sync)"
 expect_rc 0 "tune with the default free kind" -- "$cp" tune $traces/gpu_torch.csv --budget 4
-expect_out "\(base\) +776\.00 MiB" "tune's default baseline is cudaFreeAsync without latency"
+expect_out "\(base\) +${peak_async//./\\.} " "tune's default baseline is cudaFreeAsync without latency ($peak_async)"
 expect_rc 2 "tune refuses an unknown free kind" -- "$cp" tune $traces/gpu_torch.csv --free-as sometimes
 
 # ---- report ----------------------------------------------------------------------------------

@@ -105,6 +105,69 @@ TEST(PoolXRecycle, HeadroomMapsFreshPagesUpToItsBound) {
   tight.expect_mapped_equals_reserved();
 }
 
+// The bounce rule: a loop whose large buffers and small ones take turns. A large round (8 MiB +
+// 512 B) and a small round (three 1 MiB blocks: two small pages) each free everything. At the
+// high-water mark each round would move a page from the other range and the next round move it
+// back; the rule maps that page fresh once instead, so the mark rises by the traded page and the
+// rounds after cost no driver call at all.
+namespace {
+struct Rounds {
+  XRig& rig;
+  void large() {
+    void* l = rig.alloc(8 * MiB);
+    void* s = rig.alloc(512);
+    ASSERT_NE(l, nullptr);
+    ASSERT_NE(s, nullptr);
+    ASSERT_EQ(rig.pool->free(s), FreeStatus::ok);
+    ASSERT_EQ(rig.pool->free(l), FreeStatus::ok);
+  }
+  void small() {
+    void* p[3];
+    for (void*& q : p) ASSERT_NE(q = rig.alloc(1 * MiB), nullptr);
+    for (void* q : p) ASSERT_EQ(rig.pool->free(q), FreeStatus::ok);
+  }
+};
+}  // namespace
+
+TEST(PoolXRecycle, PagesTradedBackAndForthAreMappedOnceInstead) {
+  XRig rig(xopt(FreeSync::fenced));
+  Rounds r{rig};
+  r.large();  // 4 large pages + 1 small page: the mark is 10 MiB
+  r.small();  // the small range needs a second page: one free large page moves over
+  EXPECT_EQ(rig.up.move_calls(), 1u);
+  r.large();  // taking it back would start the bounce: a fresh page instead
+  EXPECT_EQ(rig.up.move_calls(), 1u);
+  EXPECT_EQ(rig.up.bytes_mapped(), 12 * MiB);
+  const std::size_t maps = rig.up.map_calls(), unmaps = rig.up.unmap_calls();
+  for (int i = 0; i < 10; ++i) {
+    r.small();
+    r.large();
+  }
+  EXPECT_EQ(rig.up.map_calls(), maps);  // each range keeps what its round needs
+  EXPECT_EQ(rig.up.unmap_calls(), unmaps);
+  EXPECT_EQ(rig.pool->stats().reserved_bytes[kAll].peak, static_cast<std::int64_t>(12 * MiB));
+  rig.expect_intact();
+  rig.expect_mapped_equals_reserved();
+}
+
+// A hard limit comes first: at max_reserved the pages still move, every round, and every
+// request is served.
+TEST(PoolXRecycle, TradedPagesStillMoveAtAHardLimit) {
+  PoolOptions o = xopt(FreeSync::fenced);
+  o.max_reserved = 10 * MiB;
+  XRig rig(o);
+  Rounds r{rig};
+  r.large();
+  for (int i = 0; i < 5; ++i) {
+    r.small();
+    r.large();
+  }
+  EXPECT_EQ(rig.up.move_calls(), 10u);
+  EXPECT_EQ(rig.up.peak_bytes(), 10 * MiB);
+  rig.expect_intact();
+  rig.expect_mapped_equals_reserved();
+}
+
 // A move that fails (here: the map half) leaves the source unmapped and the target unmapped;
 // the pool's accounting follows, and the request still succeeds through the OOM path.
 TEST(PoolXRecycle, FailedMoveKeepsTheAccountingExact) {
