@@ -1129,6 +1129,35 @@ void bench() {
   CHECK(stats().cache_hits - hits_before >= 5 * kPairs - 100);  // the pool served (nearly) every timed pair
 }
 
+// Not a test: the legacy churn program's allocation pattern (tests/gpu/legacy_app.cu: three
+// buffers per iteration, 4 KiB to ~24 MiB, freed at its end), its CPU cost per call without
+// kernels in between: where the per-call time of that program goes, under perf.
+void bench_legacy() {
+  start_cuda();
+  constexpr int kIters = 200000;
+  std::uint64_t rng = 2024;
+  auto below = [&rng](std::uint64_t n) {
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (rng * 2685821657736338717ull) % n;
+  };
+  long bad = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int it = 0; it < kIters; ++it) {
+    const std::uint64_t n = 1024 + below(it % 10 == 0 ? (6u << 20) : (256u << 10));
+    CUdeviceptr x = 0, y = 0, out = 0;
+    bad += api.cuMemAlloc(&x, n * 4) != CUDA_SUCCESS;
+    bad += api.cuMemAlloc(&y, n * 4) != CUDA_SUCCESS;
+    bad += api.cuMemAlloc(&out, 8) != CUDA_SUCCESS;
+    bad += api.cuMemFree(out) != CUDA_SUCCESS;
+    bad += api.cuMemFree(y) != CUDA_SUCCESS;
+    bad += api.cuMemFree(x) != CUDA_SUCCESS;
+  }
+  std::printf("legacy pattern: %7.1f ns per call\n", ns_per(t0, 6L * kIters));
+  CHECK(bad == 0);
+}
+
 // Not a test: aggregate pairs/s with 1..16 threads (64 KiB, as the GPU benchmark), each thread on
 // its own non-blocking stream (async) or through cuMemAlloc/cuMemFree (sync). On a 2-core machine
 // more than 2 threads only time-share, so flat aggregate = no contention added, falling = some.
@@ -1197,6 +1226,7 @@ int main(int argc, char** argv) {
       {"c_api_calls", c_api_calls},
       {"oom", oom},
       {"bench", bench},
+      {"bench_legacy", bench_legacy},
       {"bench_threads", bench_threads},
       {"hot_calls_immediate", hot_calls_immediate},
       {"hot_calls_fenced", hot_calls_fenced},
