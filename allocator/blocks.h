@@ -58,14 +58,14 @@ struct Segment {
   // unmapped or moved whole: the driver cannot split a physical allocation. They tile every
   // mapped run exactly (check() verifies it).
   std::map<std::uintptr_t, std::size_t> units;
+  bool holds(std::uintptr_t p) const { return p >= base && p - base < size; }
 };
 
 // A physical allocation taken out of a range for recycling (pool_expandable.cpp).
 struct Unit {
   std::uintptr_t base;
   std::size_t size;
-  bool used = false;     // moved into the growth already
-  bool crossed = false;  // taken from the other pool kind's range
+  bool used = false;  // moved into the growth already
 };
 
 // A physical allocation of a hot free block (Block::hot) chosen to be aliased into a growth:

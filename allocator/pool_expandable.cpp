@@ -121,9 +121,11 @@ DevicePool::Impl::GrowPlan DevicePool::Impl::plan_expandable(Segment* seg, std::
 }
 
 std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
-                                                 std::size_t* hot_bytes, std::vector<Block*>* hot_out) const {
+                                                 std::size_t* hot_bytes, std::size_t* own_bytes,
+                                                 std::vector<Block*>* hot_out) const {
   std::size_t total = 0;
   *hot_bytes = 0;
+  *own_bytes = 0;
   std::vector<std::pair<std::size_t, Block*>> ranked, hot_ranked;  // (releasable bytes, block): computed once
   for (int k = 0; k < 2; ++k) {
     // Pages move between the two ranges only when they have the same page size: a page is one
@@ -145,6 +147,7 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
       if (r == 0) continue;
       ranked.emplace_back(r, b);
       total += r;
+      if (b->seg == seg) *own_bytes += r;
     }
   }
   // Fewest whole units' bytes first: small free islands between live blocks are the least
@@ -199,7 +202,7 @@ void DevicePool::Impl::reclaim_drained() {
   xr.draining.resize(keep);
 }
 
-std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want, const Segment* into,
+std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
                                             std::vector<detail::Unit>& out) {
   std::size_t done = 0;
   std::vector<Detached> scratch;  // release_page_range's page runs: the units in `out` say more
@@ -230,9 +233,7 @@ std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, st
         }
       }
     }
-    const std::size_t first = out.size();
     release_page_range(b, lo, hi, scratch, &out);
-    for (std::size_t i = first; i < out.size(); ++i) out[i].crossed = seg != into;
     done += hi - lo;
   }
   return done;
@@ -316,13 +317,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     cands.clear();
     hot_cands.clear();
     if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
-    std::size_t hot = 0;
-    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, xr.alias_ok ? &hot_cands : nullptr);
+    std::size_t hot = 0, own = 0;
+    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, &own, xr.alias_ok ? &hot_cands : nullptr);
     // What the own range's free pages cannot cover would come from the other range: pages it
     // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
-    std::size_t own = 0;
-    for (const Block* c : cands)
-      if (c->seg == seg) own += releasable_pages(c);
     bounced = past_cap > own ? bounce_allowance(seg, past_cap - own) : 0;
     const std::size_t over = std::max(past_cap - bounced, excess);
     bounced = std::max(past_cap, excess) - over;  // what the rule really spares (a hard limit comes first)
@@ -357,7 +355,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         continue;
       }
     }
-    if (avail != 0) recycle_pages(cands, std::min(over, avail), seg, spare);
+    if (avail != 0) recycle_pages(cands, std::min(over, avail), spare);
     if (avail < over) pick_hot_units(hot_cands, over - avail, hot_units);
     break;
   }
@@ -424,7 +422,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         spare[q].used = true;
         if (us != UpstreamStatus::ok) continue;
         seg->units.emplace(at + done + (spare[q].base - from), spare[q].size);
-        if (spare[q].crossed) xr.moved_across(1 - k, spare[q].size);
+        if (!seg->holds(spare[q].base)) xr.moved_across(1 - k, spare[q].size);  // from the other range
       }
       if (us == UpstreamStatus::ok) done += n;
       i = j;

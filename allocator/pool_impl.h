@@ -354,17 +354,17 @@ struct DevicePool::Impl {
   // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
   // fewest whole pages first; returns their total releasable bytes. Hot blocks (Block::hot) are
   // left out; *hot_bytes = what they would have added, and they go to `hot_out` (same order)
-  // when it is given.
+  // when it is given. *own_bytes = the part of the total that lies in `seg` itself.
   std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
-                                 std::size_t* hot_bytes, std::vector<Block*>* hot_out = nullptr) const REQUIRES(mu);
+                                 std::size_t* hot_bytes, std::size_t* own_bytes,
+                                 std::vector<Block*>* hot_out = nullptr) const REQUIRES(mu);
   // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
   void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const
       REQUIRES(mu);
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
-  // units are appended to `out`, to be moved into the growth of `into` (Unit::crossed: from the
-  // other range).
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, const Segment* into,
-                            std::vector<detail::Unit>& out) REQUIRES(mu);
+  // units are appended to `out`, to be moved into the growth.
+  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out)
+      REQUIRES(mu);
   // The bytes past the growth cap that growth of `seg` maps fresh instead of taking back pages
   // its range lent the other one (ExpandableRanges::lent): at most `short_by`, the part of the
   // excess over the cap that its own free pages cannot cover.
