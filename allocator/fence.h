@@ -36,6 +36,12 @@ class FenceProvider {
   // done now (a graph capture is open, the driver refused, or the provider has no such means):
   // the memory then stays pending. The default has no such means.
   virtual bool order_after(const FenceHandle* /*fences*/, std::size_t /*n*/) { return false; }
+  // true when order_after() on device fences would now succeed without making any driver call:
+  // every stream that can touch the pool's memory already runs behind the stream device fences
+  // are recorded on (the shim: a context with no non-blocking stream and no capture open). The
+  // pool then hands free()d memory out again as soon as its fence is recorded, without asking
+  // whether the fence completed. The default has no such means.
+  virtual bool orders_for_free() { return false; }
 };
 
 }  // namespace cudapool

@@ -77,6 +77,9 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
 void DevicePool::Impl::service_fences() {
   const std::int64_t now = clock_ns();
   if (batches.window_passed(now)) close_open();
+  // Where ordering costs no driver call, a recorded batch is reusable at once: no query.
+  if (batches.device_head() != nullptr && opt.free_sync == FreeSync::gpu_wait && fences.orders_for_free())
+    order_recorded_batches();
   if (!batches.query_due(now)) return;
   drain_device_batches();
   bool running = batches.device_head() != nullptr;
@@ -94,9 +97,9 @@ void DevicePool::Impl::service_fences() {
       running = true;
     }
   }
-  if (batches.has_ordered()) {
+  if (batches.has_ordered() && batches.ordered_poll_due(now)) {
     poll_ordered();
-    running |= batches.has_ordered();
+    batches.ordered_polled(now);
   }
   if (!xr.draining.empty()) reclaim_drained();
   batches.queried(now, running);
@@ -179,9 +182,29 @@ bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool e
   }
   // Too little to serve the request: the wait would cost the GPU overlap and gain nothing.
   if (bytes < need || bytes == 0) return false;
+  return order_scratch_batches();
+}
+
+// Every recorded device batch is handed out under a GPU-side wait, without asking its fence
+// first: for contexts where ordering is free (FenceProvider::orders_for_free).
+bool DevicePool::Impl::order_recorded_batches() {
+  std::vector<FenceHandle>& order_scratch = batches.order_scratch();
+  order_scratch.clear();
+  for (Batch* b = batches.device_head(); b != nullptr; b = b->next) order_scratch.push_back(b->fence);
+  return order_scratch_batches();
+}
+
+// The device batches, whose fences are in order_scratch, are ordered after (order_after) and
+// become shared free blocks marked hot with the order's number. False: the provider refused.
+bool DevicePool::Impl::order_scratch_batches() {
+  std::vector<FenceHandle>& order_scratch = batches.order_scratch();
   if (!fences.order_after(order_scratch.data(), order_scratch.size())) return false;
+  std::size_t bytes = 0;
+  for (Batch* b = batches.device_head(); b != nullptr; b = b->next) bytes += b->bytes;
   ledger.gpu_wait();
   emit(EventKind::gpu_wait, 0, bytes, 0, 0);
+  // The first order outstanding: service_fences() asks after kOrderedPollGapNs, not at once.
+  if (!batches.has_ordered()) batches.ordered_polled(clock_ns());
   const std::uint64_t seq = batches.new_order();
   while (batches.device_head() != nullptr) {
     Batch* b = batches.pop_device();

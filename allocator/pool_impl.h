@@ -470,6 +470,10 @@ struct DevicePool::Impl {
   // (FenceBatches::add_ordered). Returns
   // true if anything became free.
   bool order_device_batches(std::size_t need, bool small, bool expandable_only) REQUIRES(mu);
+  // Where ordering is free (FenceProvider::orders_for_free): every recorded device batch is
+  // ordered after, with no query of its fence first (service_fences, after each record).
+  bool order_recorded_batches() REQUIRES(mu);
+  bool order_scratch_batches() REQUIRES(mu);  // the common tail: order the fences in order_scratch
   bool is_hot(const Block* b) const REQUIRES(mu) { return batches.is_hot(b); }
   // Both also unalias the draining ranges whose order completed (drop_aliases).
   void poll_ordered() REQUIRES(mu);    // release the completed ones (oldest first, stop at a running one)

@@ -277,6 +277,12 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
   return order();
 }
 
+bool CudaFences::orders_for_free() {
+  if (d_.cuStreamWaitEvent == nullptr) return false;  // order_after refuses everything
+  std::lock_guard<std::mutex> lock(mu_);
+  return non_blocking_.empty() && !any_capture_active();
+}
+
 void CudaFences::prune_joins_locked() {
   std::size_t kept = 0;
   for (CUevent e : joins_) {

@@ -35,7 +35,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   };
   std::unordered_map<std::uintptr_t, LiveAlloc> live;  // trace pointer -> its allocation
   live.reserve(1024);
-  std::unordered_set<std::uintptr_t> streams;
+  std::unordered_set<std::uintptr_t> streams, blocking;
   std::unordered_set<std::uint64_t> threads;
   std::unordered_set<int> others;
   bool saw_segments = false;
@@ -46,10 +46,12 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
     // Process-wide rows, whatever their device column says.
     if (r.action == TraceAction::policy) continue;  // its text comes through TraceMeta
     if (r.action == TraceAction::stream) {
-      if (r.detail == TraceDetail::stream_non_blocking)
+      if (r.detail == TraceDetail::stream_non_blocking) {
         ++f.non_blocking_streams;
-      else
+      } else {
         ++f.blocking_streams;
+        blocking.insert(r.stream);
+      }
       continue;
     }
     if (r.device != device) {
@@ -127,6 +129,9 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
     }
   }
   f.streams = streams.size();
+  f.legacy_order_only = f.non_blocking_streams == 0 &&
+                        std::all_of(streams.begin(), streams.end(),
+                                    [&](std::uintptr_t s) { return s == 0x0 || s == 0x2 || blocking.count(s) != 0; });
   f.threads = threads.size();
   f.other_devices.assign(others.begin(), others.end());
   std::sort(f.other_devices.begin(), f.other_devices.end());
@@ -178,7 +183,7 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   res.device_memory = config.device_memory ? *config.device_memory
                                            : trace.facts.device_memory.value_or(kUnknownDeviceMemory);
   SimUpstream upstream(res.device_memory);
-  SimFences fences(config.fence_latency_ns);
+  SimFences fences(config.fence_latency_ns, trace.facts.legacy_order_only);
   std::int64_t now = trace.facts.start_ns;
   RowSink collector(&res.rows, &now);
   TraceClock clock(&now);

@@ -72,7 +72,10 @@ class TraceClock {
 // Waiting on a fence (the pool blocking) completes it at once and is counted.
 class SimFences : public FenceProvider {
  public:
-  explicit SimFences(std::int64_t latency_ns = 0) : latency_ns_(latency_ns) {}
+  // orders_for_free: answer FenceProvider::orders_for_free as the shim would for the traced
+  // program (TraceFacts::legacy_order_only).
+  explicit SimFences(std::int64_t latency_ns = 0, bool orders_for_free = false)
+      : latency_ns_(latency_ns), orders_for_free_(orders_for_free) {}
 
   // The replay calls this before each event.
   void advance(std::uint64_t event_index, std::int64_t time_ns) {
@@ -90,6 +93,7 @@ class SimFences : public FenceProvider {
     ++gpu_waits_;
     return true;
   }
+  bool orders_for_free() override { return orders_for_free_; }
 
   std::uint64_t gpu_waits() const { return gpu_waits_; }
   std::uint64_t recorded() const { return fences_.size(); }
@@ -104,6 +108,7 @@ class SimFences : public FenceProvider {
   };
   FenceHandle record();
   std::int64_t latency_ns_;
+  bool orders_for_free_;
   std::uint64_t index_ = 0;
   std::int64_t now_ns_ = 0;
   std::vector<Fence> fences_;  // handle h is fences_[h - 1]

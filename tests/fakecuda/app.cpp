@@ -42,6 +42,7 @@ FAKE_CONTROL(std::size_t, fakecuda_live_bytes, (), ())
 FAKE_CONTROL(long, fakecuda_graph_allocs, (), ())
 FAKE_CONTROL(long, fakecuda_event_records, (), ())
 FAKE_CONTROL(long, fakecuda_event_syncs, (), ())
+FAKE_CONTROL(long, fakecuda_event_queries, (), ())
 FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
 FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
 FAKE_CONTROL(void, fakecuda_reset_primary_unseen, (cudaabi::CUdevice dev), (dev))
@@ -863,6 +864,62 @@ void gpu_wait_legacy_only() {
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
 
+// The legacy churn pattern (three buffers allocated and freed per iteration, the fence window
+// passing in between) in a context whose streams all follow the legacy stream: each batch is
+// reused as soon as its fence is recorded, with no cuEventQuery for it (one per millisecond at
+// most, for the pool's bookkeeping), while the legacy stream is held busy so that no fence ever
+// completes on its own; every stream still runs behind the held work, a non-blocking stream
+// created afterwards too. With a non-blocking stream alive, the same loop asks its fences again
+// (the negative control: ordering is not free there).
+void gpu_wait_without_queries() {
+  start_cuda();
+  CUstream blocking = nullptr;
+  CHECK_OK(api.cuStreamCreate(&blocking, 0));
+  auto churn = [&](int iters, bool hold) {
+    for (int it = 0; it < iters; ++it) {
+      const std::size_t n = (64u << 10) << (it % 4);
+      CUdeviceptr x = 0, y = 0, out = 0;
+      CHECK_OK(api.cuMemAlloc(&x, n));
+      CHECK_OK(api.cuMemAlloc(&y, n));
+      CHECK_OK(api.cuMemAlloc(&out, 8));
+      if (hold) fakecuda_hold_stream(CU_STREAM_LEGACY);  // the iteration's kernels, still running
+      CHECK_OK(api.cuMemFree(out));
+      CHECK_OK(api.cuMemFree(y));
+      CHECK_OK(api.cuMemFree(x));
+      const auto t0 = std::chrono::steady_clock::now();  // the window (20 us) passes
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(30)) {
+      }
+    }
+  };
+  churn(8, false);  // warm: the pool holds what one iteration needs
+  constexpr int kIters = 400;
+  const long queries = fakecuda_event_queries(), allocs = driver_allocs(), syncs = fakecuda_event_syncs();
+  const long records = fakecuda_event_records();
+  const auto t0 = std::chrono::steady_clock::now();
+  churn(kIters, true);
+  const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  // A fence per iteration's batch, but no query for each: the fences of the GPU-side waits are
+  // asked about once a millisecond (two queries while the newest runs), plus once those the warm
+  // loop left. The loop must be fast enough for that to tell the two apart.
+  CHECK(2 * ms + 20 < kIters / 2);
+  CHECK(fakecuda_event_records() - records >= kIters - 1);
+  CHECK(fakecuda_event_queries() - queries <= 2 * ms + 20);
+  CHECK(driver_allocs() == allocs);        // reused, not grown
+  CHECK(fakecuda_event_syncs() == syncs);  // and no host wait
+  for (CUstream s : {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, blocking})
+    CHECK(fakecuda_would_wait(s, CU_STREAM_LEGACY) == 1);
+  CUstream later = nullptr;
+  CHECK_OK(api.cuStreamCreate(&later, CU_STREAM_NON_BLOCKING));
+  CHECK(fakecuda_would_wait(later, CU_STREAM_LEGACY) == 1);
+  fakecuda_release_stream(CU_STREAM_LEGACY);
+  // A non-blocking stream is alive now: fences are asked again.
+  const long q2 = fakecuda_event_queries();
+  churn(kIters, false);
+  CHECK(fakecuda_event_queries() - q2 >= kIters / 2);  // a query per batch, or near
+  CHECK_OK(api.cuStreamDestroy(later));
+  CHECK_OK(api.cuStreamDestroy(blocking));
+}
+
 // GPU-side waits across threads and contexts: a block freed by another thread while its stream is
 // busy is reused by this one with the waits in place; each context's pool orders its own streams
 // (a context's memory is used by its own streams: cudaFree's wait is per context too); a reset
@@ -1232,6 +1289,7 @@ int main(int argc, char** argv) {
       {"hot_calls_fenced", hot_calls_fenced},
       {"gpu_wait_reuse", gpu_wait_reuse},
       {"gpu_wait_legacy_only", gpu_wait_legacy_only},
+      {"gpu_wait_without_queries", gpu_wait_without_queries},
       {"gpu_wait_capture", gpu_wait_capture},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},

@@ -171,6 +171,7 @@ thread_local std::vector<Context*> tl_ctx_stack;
 thread_local Context* tl_current = nullptr;
 bool initialised = false;
 long n_alloc = 0, n_free = 0, n_graph = 0, n_records = 0, n_syncs = 0, n_trims = 0, n_stream_waits = 0;
+long n_event_queries = 0;
 long n_capture_waits = 0;  // cuStreamWaitEvent on a capturing stream (the wait joins the graph)
 
 std::size_t total_bytes() {
@@ -1122,6 +1123,7 @@ FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned) { retu
 FAKE_API CUresult cuEventQuery(CUevent e) {
   FAKE_COUNT();
   std::lock_guard<std::mutex> lock(mu);
+  ++n_event_queries;
   return event_done(reinterpret_cast<Event*>(e)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 FAKE_API CUresult cuEventSynchronize(CUevent ev) {
@@ -1155,6 +1157,7 @@ FAKE_API std::size_t fakecuda_live_bytes() {
 FAKE_COUNTER(fakecuda_graph_allocs, n_graph)
 FAKE_COUNTER(fakecuda_event_records, n_records)
 FAKE_COUNTER(fakecuda_event_syncs, n_syncs)
+FAKE_COUNTER(fakecuda_event_queries, n_event_queries)
 FAKE_COUNTER(fakecuda_stream_waits, n_stream_waits)
 FAKE_COUNTER(fakecuda_capture_waits, n_capture_waits)
 FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {

@@ -21,6 +21,7 @@ std::size_t fakecuda_live_bytes();  // on the current context's device
 long fakecuda_graph_allocs();       // cuMemAllocAsync calls on a capturing stream
 long fakecuda_event_records();      // successful cuEventRecord calls
 long fakecuda_event_syncs();        // cuEventSynchronize calls that had to wait
+long fakecuda_event_queries();      // cuEventQuery calls
 long fakecuda_stream_waits();       // successful cuStreamWaitEvent calls
 long fakecuda_capture_waits();      // cuStreamWaitEvent calls that hit a capture (and broke it)
 // 1 if work issued now on `s` would run only after the work now pending on `held` (its own

@@ -75,11 +75,24 @@ class FakeFence : public FenceProvider {
     return true;
   }
 
+  // Off unless a test turns it on (set_orders_for_free): a context whose every stream follows
+  // the legacy stream. Answers as order_after would (refused orders are never free).
+  bool orders_for_free() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++free_asks_;
+    return orders_for_free_ && can_order_;
+  }
+
   // ---- GPU-side waits ----------------------------------------------------------------------
   void set_can_order(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
     can_order_ = on;
   }
+  void set_orders_for_free(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    orders_for_free_ = on;
+  }
+  std::size_t free_asks() const { return locked(free_asks_); }
   std::size_t order_calls() const { return locked(order_calls_); }
   // Fences ordered while still running (GPU-side waits that really had something to wait for).
   std::size_t ordered_running() const { return locked(ordered_running_); }
@@ -219,7 +232,8 @@ class FakeFence : public FenceProvider {
   FenceHandle max_completed_device_ = 0;
   FenceHandle max_ordered_device_ = 0;  // newest device fence the GPU was made to wait for
   bool can_order_ = true;
-  std::size_t order_calls_ = 0, ordered_running_ = 0;
+  bool orders_for_free_ = false;
+  std::size_t order_calls_ = 0, ordered_running_ = 0, free_asks_ = 0;
   std::unordered_map<StreamId, FenceHandle> max_completed_stream_;
   std::size_t device_records_ = 0, stream_records_ = 0, queries_ = 0, waits_ = 0, releases_ = 0;
   std::size_t bad_calls_ = 0;

@@ -269,3 +269,94 @@ TEST(PoolGpuWait, RefusedAliasMapsFreshPages) {
   rig.expect_intact();
   g.free_all();
 }
+
+// Where ordering is free (every stream follows the legacy stream), a batch is reused as soon as
+// its fence is recorded: ordered at once, never asked first, so a program that frees and
+// allocates every iteration pays one record per batch and a query per kOrderedPollGapNs at most.
+TEST(PoolGpuWait, FreeOrderingReusesRecordedBatchesWithoutQueries) {
+  PoolRig rig(gpu_wait());  // fences complete only when told
+  rig.fence.set_orders_for_free(true);
+  void* a = rig.alloc(64 * KiB);
+  void* b = rig.alloc(64 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  rig.advance_clock();  // the window passes: the next allocate records the batch's fence
+  const std::size_t queries = rig.fence.queries();
+  void* c = rig.alloc(64 * KiB);
+  EXPECT_TRUE(c == a || c == b) << "the recorded batch was not reused at once";
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.fence.order_calls(), 1u);
+  EXPECT_EQ(rig.fence.ordered_running(), 1u);  // ordered while still running, not asked first
+  EXPECT_EQ(rig.fence.queries(), queries);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  EXPECT_EQ(rig.pool->stats().gpu_waits, 1);
+  rig.expect_intact();
+
+  // 100 iterations 50 us apart, each freeing and allocating again: one record and one order per
+  // iteration, and the ordered fences are asked at most once per kOrderedPollGapNs (5 ms in all).
+  ASSERT_EQ(rig.pool->free(c), FreeStatus::ok);
+  const std::size_t q0 = rig.fence.queries(), records0 = rig.fence.device_records();
+  for (int i = 0; i < 100; ++i) {
+    rig.advance_clock(50'000);
+    void* p = rig.alloc(64 * KiB);
+    ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+  EXPECT_GE(rig.fence.device_records() - records0, 99u);
+  EXPECT_LE(rig.fence.queries() - q0, 100u * 50'000 / 1'000'000 + 1);  // kOrderedPollGapNs: 1 ms
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);                              // all of it from the first segment
+  // Nothing goes back to the upstream while an ordered fence may run.
+  EXPECT_GT(rig.fence.ordered_incomplete(), 0u);
+  const std::size_t waits = rig.fence.waits();
+  (void)rig.pool->empty_cache();
+  EXPECT_GT(rig.fence.waits(), waits);
+  EXPECT_EQ(rig.fence.ordered_incomplete(), 0u);
+  EXPECT_EQ(rig.fence.outstanding(), 0u);
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
+  rig.expect_intact();
+}
+
+// Negative control: the same first steps where ordering is not free ask the fence instead (and,
+// with the fence still running, leave the blocks pending: c comes from the rest of the segment).
+TEST(PoolGpuWait, WithoutFreeOrderingRecordedBatchesAreAsked) {
+  PoolRig rig(gpu_wait());
+  void* a = rig.alloc(64 * KiB);
+  void* b = rig.alloc(64 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  rig.advance_clock();
+  const std::size_t queries = rig.fence.queries();
+  void* c = rig.alloc(64 * KiB);
+  EXPECT_NE(c, a);
+  EXPECT_NE(c, b);
+  EXPECT_GT(rig.fence.queries(), queries);
+  EXPECT_EQ(rig.fence.order_calls(), 0u);
+  EXPECT_GT(rig.pool->stats().pending_bytes, 0);
+  rig.expect_intact();
+}
+
+// A provider that would order for free but refuses the order (a capture began in between) leaves
+// the batch pending, as without free ordering.
+TEST(PoolGpuWait, FreeOrderingRefusedLeavesTheBatchPending) {
+  PoolRig rig(gpu_wait());
+  rig.fence.set_orders_for_free(true);
+  void* a = rig.alloc(64 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  rig.fence.set_can_order(false);
+  rig.advance_clock();
+  EXPECT_NE(rig.alloc(64 * KiB), a);
+  EXPECT_GT(rig.pool->stats().pending_bytes, 0);
+  EXPECT_EQ(rig.pool->stats().gpu_waits, 0);
+  rig.expect_intact();
+}
+
+// Free ordering is for the default policy only: fenced frees still wait for their fences.
+TEST(PoolGpuWait, FencedModeNeverOrdersEvenWhenFree) {
+  PoolRig rig(fenced_options());
+  rig.fence.set_orders_for_free(true);
+  void* a = rig.alloc(64 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  rig.advance_clock();
+  EXPECT_NE(rig.alloc(64 * KiB), a);
+  EXPECT_EQ(rig.fence.order_calls(), 0u);
+  rig.expect_intact();
+}

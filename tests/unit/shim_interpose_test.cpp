@@ -247,6 +247,16 @@ TEST(Shim, GpuWaitWithOnlyTheLegacyStreamsOrder) {
   EXPECT_EQ(classic.exit_status, 0) << classic.output;
 }
 
+// The same context, a free/allocate loop: batches are reused when their fence is recorded, with
+// no cuEventQuery each; with a non-blocking stream alive they are asked again.
+TEST(Shim, GpuWaitWithOnlyTheLegacyStreamsAsksNoFence) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "gpu_wait_without_queries"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS gpu_wait_without_queries"), std::string::npos) << r.output;
+  }
+}
+
 TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
   for (bool linked : {false, true}) {
     RunResult r = run({app(linked), "gpu_wait_threads_contexts"});
