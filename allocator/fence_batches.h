@@ -60,6 +60,10 @@ class FenceBatches {
   // ~1.4 us (against ~0.25 us for its record) in a program that synchronises with the GPU every
   // iteration, so asking each one would make the queries the largest part of the pool's cost.
   static constexpr std::int64_t kOrderedPollGapNs = 1'000'000;
+  // ... or as soon as this many more are outstanding than after the last time they were asked,
+  // so that a program that frees often (a fence every window) keeps few of the provider's events
+  // in flight while the GPU keeps up.
+  static constexpr std::size_t kOrderedPollCount = 8;
   // Bounds on what one open batch may hold, so the memory that waits for a late fence stays a
   // small part of the pool: 256 blocks, and 64 MiB or a quarter of the reserved bytes, whichever
   // is larger. The byte bound scales with the pool because a flat one made every free of a block
@@ -161,9 +165,14 @@ class FenceBatches {
   // kernels that still use the pages. Recycling skips such blocks; the rare release paths (GC,
   // empty_cache, out of memory) wait for all of them first.
   bool has_ordered() const { return !ordered_.empty(); }
-  // service_fences()' back-off for asking them (kOrderedPollGapNs).
-  bool ordered_poll_due(std::int64_t now) const { return now >= ordered_poll_after_; }
-  void ordered_polled(std::int64_t now) { ordered_poll_after_ = now + kOrderedPollGapNs; }
+  // service_fences()' back-off for asking them (kOrderedPollGapNs, kOrderedPollCount).
+  bool ordered_poll_due(std::int64_t now) const {
+    return now >= ordered_poll_after_ || ordered_.size() >= ordered_after_poll_ + kOrderedPollCount;
+  }
+  void ordered_polled(std::int64_t now) {
+    ordered_poll_after_ = now + kOrderedPollGapNs;
+    ordered_after_poll_ = ordered_.size();
+  }
   std::uint64_t new_order() { return ++order_seq_; }  // a GPU-side wait was made: its number
   void add_ordered(FenceHandle f, std::uint64_t seq) { ordered_.emplace_back(f, seq); }
   std::uint64_t order_done() const { return order_done_; }  // every order up to this one completed
@@ -202,6 +211,7 @@ class FenceBatches {
   std::vector<StreamFree*> promo_;
   std::vector<std::pair<FenceHandle, std::uint64_t>> ordered_;
   std::int64_t ordered_poll_after_ = INT64_MIN;  // service_fences() asks no GPU-side wait's fence before this (ns)
+  std::size_t ordered_after_poll_ = 0;           // ordered_.size() when they were last asked
   std::uint64_t order_seq_ = 0;                  // orders made so far
   std::uint64_t order_done_ = 0;
   std::vector<FenceHandle> order_scratch_;
