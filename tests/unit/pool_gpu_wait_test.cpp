@@ -305,7 +305,7 @@ TEST(PoolGpuWait, FreeOrderingReusesRecordedBatchesWithoutQueries) {
   }
   EXPECT_GE(rig.fence.device_records() - records0, 99u);
   EXPECT_LE(rig.fence.queries() - q0, 100u * 50'000 / 1'000'000 + 100u / 8 + 1);
-  EXPECT_EQ(rig.up.allocate_calls(), 1u);                              // all of it from the first segment
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);  // all of it from the first segment
   // Nothing goes back to the upstream while an ordered fence may run.
   EXPECT_GT(rig.fence.ordered_incomplete(), 0u);
   const std::size_t waits = rig.fence.waits();
