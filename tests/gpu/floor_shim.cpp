@@ -12,7 +12,7 @@
 // FLOOR_SHIM_CLASSES=1: one free list per power-of-two size class instead (a request gets a block
 // of its class's size), so a program of varying sizes (legacy_app) is served from the lists too:
 // the floor of any interposing allocator on that program (cudart, the hooks, a list pop).
-// FLOOR_SHIM_FENCE=1 (implies CLASSES): the first allocation after any free records one event on
+// FLOOR_SHIM_FENCE=1 (this and the two below imply CLASSES): the first allocation after any free records one event on
 // the legacy stream and queries it, the driver calls a stream-safe pool makes to reuse memory
 // freed by a program that relies on cudaFree's wait; the difference to CLASSES alone is what
 // those two calls cost in that program. FLOOR_SHIM_RECORD=1: the record alone, no query.
@@ -71,7 +71,8 @@ bool mode_on(const char* env, const char* token) {
 const bool use_fence = mode_on("FLOOR_SHIM_FENCE", "floor:fence");
 const bool use_record = mode_on("FLOOR_SHIM_RECORD", "floor:record");  // the record alone
 const bool use_memop = mode_on("FLOOR_SHIM_MEMOP", "floor:memop");     // a stream write + a host read
-const bool use_classes = use_fence || use_record || use_memop || mode_on("FLOOR_SHIM_CLASSES", "floor:classes");
+const bool use_any_fence = use_fence || use_record || use_memop;
+const bool use_classes = use_any_fence || mode_on("FLOOR_SHIM_CLASSES", "floor:classes");
 
 // ---- FLOOR_SHIM_CLASSES ----
 constexpr int kClasses = 48;
@@ -144,7 +145,7 @@ CUresult class_alloc(CUdeviceptr* p, std::size_t n) {
   const int k = class_of(n);
   {
     std::lock_guard<std::mutex> g(mu);
-    if ((use_fence || use_record || use_memop) && freed_since_fence) {
+    if (use_any_fence && freed_since_fence) {
       fence_now();
       freed_since_fence = false;
     }
@@ -179,7 +180,7 @@ CUresult class_free_ptr(CUdeviceptr p) {
 
 struct FenceReport {
   ~FenceReport() {
-    if (use_fence || use_record || use_memop)
+    if (use_any_fence)
       std::fprintf(stderr, "floor_shim: fences=%ld complete_at_query=%ld\n", fence_records, fence_done);
   }
 } fence_report;
