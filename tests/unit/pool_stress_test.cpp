@@ -103,7 +103,9 @@ struct Live {
 
 class Stress {
  public:
-  Stress(PoolOptions opt, int workers, long ops, std::size_t granularity = 0)
+  // free_ordering: the fence provider says ordering is free (FenceProvider::orders_for_free), so
+  // every recorded batch is handed out under a GPU-side wait without being asked first.
+  Stress(PoolOptions opt, int workers, long ops, std::size_t granularity = 0, bool free_ordering = false)
       : opt_(opt),
         up_(384 * MiB, /*backed=*/true),
         fence_(false),
@@ -115,6 +117,8 @@ class Stress {
     up_.fence = &fence_;
     up_.mu = &reg_mu_;
     up_.hot = &hot_;
+    fence_.set_orders_for_free(free_ordering);
+    free_ordering_ = free_ordering;
     pool_ = std::make_unique<DevicePool>(0, opt_, up_, fence_);
   }
 
@@ -273,6 +277,10 @@ class Stress {
     } else {
       EXPECT_EQ(fence_.order_calls(), 0u);
     }
+    // Each ask is made with recorded batches waiting, and answered yes: a batch ordered at record.
+    if (free_ordering_) {
+      EXPECT_GT(fence_.free_asks(), 100u) << "free ordering was not exercised";
+    }
     fence_.complete_all();
     pool_->empty_cache();
     EXPECT_EQ(pool_->check_consistency(), "");
@@ -293,14 +301,15 @@ class Stress {
     EXPECT_GT(st.cache_hits, 0);
     std::printf(
         "  stress: %ld ops, %d checkpoints, maps %zu unmaps %zu aliases %zu, hits %lld misses %lld ooms %ld retries "
-        "%lld fences %lld waits %lld\n",
+        "%lld fences %lld waits %lld gpu_waits %lld\n",
         ops_, checkpoints_, up_.map_calls(), up_.unmap_calls(), up_.alias_calls(),
         static_cast<long long>(st.cache_hits), static_cast<long long>(st.cache_misses), static_cast<long>(ooms_.load()),
         static_cast<long long>(st.num_alloc_retries), static_cast<long long>(st.fences_recorded),
-        static_cast<long long>(st.fence_waits));
+        static_cast<long long>(st.fence_waits), static_cast<long long>(st.gpu_waits));
   }
 
   PoolOptions opt_;
+  bool free_ordering_ = false;
   OrderCheckingUpstream up_;
   FakeFence fence_;
   std::unique_ptr<DevicePool> pool_;
@@ -321,6 +330,20 @@ class Stress {
 
 TEST(PoolStress, GpuWaitFrees) {
   Stress(PoolOptions{}, 3, total_ops() / 4).run();  // the default: FreeSync::gpu_wait
+}
+
+// Where ordering is free, every batch becomes hot memory when its fence is recorded: the same
+// checks (no reuse before the fence completed or was ordered, nothing back to the upstream under a
+// running GPU-side wait), with classic and with expandable segments.
+TEST(PoolStress, GpuWaitFreesWithFreeOrdering) {
+  Stress(PoolOptions{}, 3, total_ops() / 4, /*granularity=*/0, /*free_ordering=*/true).run();
+}
+
+TEST(PoolStress, ExpandableSegmentsWithFreeOrdering) {
+  PoolOptions o;
+  o.expandable_segments = true;
+  o.max_reserved = 200 * MiB;  // growth past it recycles pages, which hot blocks must not give
+  Stress(o, 3, total_ops() / 4, /*granularity=*/2 * MiB, /*free_ordering=*/true).run();
 }
 
 TEST(PoolStress, FencedFrees) {
