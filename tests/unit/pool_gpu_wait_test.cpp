@@ -270,6 +270,28 @@ TEST(PoolGpuWait, RefusedAliasMapsFreshPages) {
   g.free_all();
 }
 
+namespace {
+
+// Two 64 KiB blocks freed into one batch, the window passed, one more 64 KiB allocated (the
+// allocation that records the batch's fence): what it got, and the fence queries before it.
+struct ReuseAfterWindow {
+  void* a;
+  void* b;
+  void* c;
+  std::size_t queries_before;
+};
+ReuseAfterWindow free_two_then_allocate(PoolRig& rig) {
+  ReuseAfterWindow r{rig.alloc(64 * KiB), rig.alloc(64 * KiB), nullptr, 0};
+  EXPECT_EQ(rig.pool->free(r.a), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->free(r.b), FreeStatus::ok);
+  rig.advance_clock();
+  r.queries_before = rig.fence.queries();
+  r.c = rig.alloc(64 * KiB);
+  return r;
+}
+
+}  // namespace
+
 // Where ordering is free (every stream follows the legacy stream), a batch is reused as soon as
 // its fence is recorded: ordered at once, never asked first, so a program that frees and
 // allocates every iteration pays one record per batch and a query per kOrderedPollGapNs or per
@@ -277,18 +299,13 @@ TEST(PoolGpuWait, RefusedAliasMapsFreshPages) {
 TEST(PoolGpuWait, FreeOrderingReusesRecordedBatchesWithoutQueries) {
   PoolRig rig(gpu_wait());  // fences complete only when told
   rig.fence.set_orders_for_free(true);
-  void* a = rig.alloc(64 * KiB);
-  void* b = rig.alloc(64 * KiB);
-  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
-  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
-  rig.advance_clock();  // the window passes: the next allocate records the batch's fence
-  const std::size_t queries = rig.fence.queries();
-  void* c = rig.alloc(64 * KiB);
-  EXPECT_TRUE(c == a || c == b) << "the recorded batch was not reused at once";
+  const ReuseAfterWindow r = free_two_then_allocate(rig);
+  void* c = r.c;
+  EXPECT_TRUE(c == r.a || c == r.b) << "the recorded batch was not reused at once";
   EXPECT_EQ(rig.fence.device_records(), 1u);
   EXPECT_EQ(rig.fence.order_calls(), 1u);
   EXPECT_EQ(rig.fence.ordered_running(), 1u);  // ordered while still running, not asked first
-  EXPECT_EQ(rig.fence.queries(), queries);
+  EXPECT_EQ(rig.fence.queries(), r.queries_before);
   EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
   EXPECT_EQ(rig.pool->stats().gpu_waits, 1);
   rig.expect_intact();
@@ -321,16 +338,10 @@ TEST(PoolGpuWait, FreeOrderingReusesRecordedBatchesWithoutQueries) {
 // with the fence still running, leave the blocks pending: c comes from the rest of the segment).
 TEST(PoolGpuWait, WithoutFreeOrderingRecordedBatchesAreAsked) {
   PoolRig rig(gpu_wait());
-  void* a = rig.alloc(64 * KiB);
-  void* b = rig.alloc(64 * KiB);
-  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
-  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
-  rig.advance_clock();
-  const std::size_t queries = rig.fence.queries();
-  void* c = rig.alloc(64 * KiB);
-  EXPECT_NE(c, a);
-  EXPECT_NE(c, b);
-  EXPECT_GT(rig.fence.queries(), queries);
+  const ReuseAfterWindow r = free_two_then_allocate(rig);
+  EXPECT_NE(r.c, r.a);
+  EXPECT_NE(r.c, r.b);
+  EXPECT_GT(rig.fence.queries(), r.queries_before);
   EXPECT_EQ(rig.fence.order_calls(), 0u);
   EXPECT_GT(rig.pool->stats().pending_bytes, 0);
   rig.expect_intact();
