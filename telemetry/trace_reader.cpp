@@ -262,6 +262,9 @@ bool TraceReader::next(TraceRow* row) {
                      : r.action == TraceAction::stream ? "is not a stream kind (blocking, non_blocking or empty)"
                                                        : "must be empty for this action");
     }
+  } else if (r.action == TraceAction::policy) {
+    // A policy row in a trace without the detail column: its text is unknown, it is still one.
+    r.detail = TraceDetail::policy;
   }
   *row = r;
   return true;

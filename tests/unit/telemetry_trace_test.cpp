@@ -168,6 +168,25 @@ TEST(TelemetryTrace, ReadsTracesWrittenBeforeTheDetailColumn) {
   EXPECT_FALSE(reader.policy().has_value());
 }
 
+// A policy row in a trace without the detail column is still a policy row (its text unknown):
+// formatted again, it reads back in the current format.
+TEST(TelemetryTrace, PolicyRowWithoutTheDetailColumnRoundTrips) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns\n"
+      "0,00:00:00.000001,policy,0x0,0,0x0,0,0,1,0\n");
+  TraceReader reader(in);
+  TraceRow r;
+  ASSERT_TRUE(reader.next(&r)) << reader.error();
+  EXPECT_EQ(r.action, TraceAction::policy);
+  EXPECT_EQ(r.detail, TraceDetail::policy);
+  EXPECT_FALSE(reader.policy().has_value());
+  std::istringstream again(std::string(trace_header()) + "\n" + format_trace_row(r) + "\n");
+  TraceReader r2(again);
+  TraceRow back;
+  ASSERT_TRUE(r2.next(&back)) << r2.error();
+  EXPECT_EQ(back.action, TraceAction::policy);
+}
+
 TEST(TelemetryTrace, WriterPutsThePolicyRowFirst) {
   TempPath path;
   std::string err;
