@@ -105,11 +105,14 @@ void DevicePool::Impl::service_fences() {
   batches.queried(now, running);
 }
 
-// allocate() missed: close the open batch now (record its fence) and query the device fences.
-// Returns true if some batch completed (the caller searches again).
+// allocate() missed: close the open batch now (record its fence) and query the device fences;
+// where ordering is free (service_fences), order them instead: a query costs a driver call that
+// a free/allocate loop would pay on every pair. Returns true if some batch completed (the caller
+// searches again).
 bool DevicePool::Impl::service_miss() {
   if (batches.open().count == 0) return false;
   close_open();
+  if (opt.free_sync == FreeSync::gpu_wait && fences.orders_for_free() && order_recorded_batches()) return true;
   return drain_device_batches();
 }
 

@@ -160,6 +160,7 @@ using PFN_cuStreamBeginCaptureToGraph = CUresult (*)(CUstream, CUgraph, const vo
 using PFN_cuEventCreate = CUresult (*)(CUevent*, unsigned);
 using PFN_cuEventRecord = CUresult (*)(CUevent, CUstream);
 using PFN_cuEventQuery = CUresult (*)(CUevent);
+using PFN_cuStreamQuery = CUresult (*)(CUstream);
 using PFN_cuEventSynchronize = CUresult (*)(CUevent);
 using PFN_cuEventDestroy_v2 = CUresult (*)(CUevent);
 using PFN_cuCtxSynchronize = CUresult (*)();

@@ -1,6 +1,7 @@
 #include "shim/cuda_fences.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "shim/cuda_upstream.h"
 #include "shim/log.h"
@@ -10,6 +11,10 @@ namespace cudapool::shim {
 
 namespace {
 FenceHandle handle_of(void* f) { return reinterpret_cast<FenceHandle>(f); }
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 // The context the calling thread's hook has verified as current (ContextGuard), or nullptr.
 thread_local CUcontext tl_known_current = nullptr;
 }  // namespace
@@ -21,9 +26,23 @@ void CudaFences::record_now_locked(Fence* f) {
   if (tl_known_current == ctx_) {
     record_locked(f);  // the hook already read the current context: no cuCtxGetCurrent
   } else {
+    n_ctx_.add();
     ScopedContext scope(d_, ctx_);
     record_locked(f);
   }
+}
+
+CudaFences::CallCounts CudaFences::call_counts() const noexcept {
+  CallCounts c;
+  c.event_record = n_record_.get();
+  c.event_query = n_query_.get();
+  c.event_sync = n_sync_.get();
+  c.stream_wait = n_wait_.get();
+  c.context_switch = n_ctx_.get();
+  c.stream_query = n_stream_query_.get();
+  c.sweeps = n_sweeps_.get();
+  c.non_blocking_streams = n_non_blocking_.get();
+  return c;
 }
 
 CudaFences::Fence* CudaFences::new_fence_locked() {
@@ -36,9 +55,10 @@ CudaFences::Fence* CudaFences::new_fence_locked() {
   }
   f->events.clear();
   f->on.clear();
-  f->deferred = f->done = false;
+  f->deferred = f->done = f->events_done = false;
   f->generation = generation_;
   f->seq = 0;
+  f->cover = 0;
   return f;
 }
 
@@ -56,6 +76,7 @@ CUevent CudaFences::take_event_locked() {
 bool CudaFences::record_on_locked(Fence* f, CUstream s) {
   CUevent e = take_event_locked();
   if (e == nullptr) return false;
+  n_record_.add();
   if (d_.cuEventRecord(e, s) != CUDA_SUCCESS) {
     free_events_.push_back(e);
     return false;
@@ -66,20 +87,102 @@ bool CudaFences::record_on_locked(Fence* f, CUstream s) {
 }
 
 void CudaFences::record_locked(Fence* f) {
-  if (f->device) {
-    if (record_on_locked(f, CU_STREAM_LEGACY)) {
-      f->seq = next_seq_++;
-      f->stream_epoch = streams_epoch_;
-      newest_ = f;
-    } else {
-      log_warn(
-          "could not record a fence on the legacy stream; freed memory is reused only "
-          "after the events on other streams");
-    }
-    for (CUstream s : non_blocking_) record_on_locked(f, s);
-  } else {
+  if (!f->device) {
     record_on_locked(f, stream_handle(f->stream));
+    return;
   }
+  if (record_on_locked(f, CU_STREAM_LEGACY)) {
+    f->seq = next_seq_++;
+    newest_ = f;
+  } else {
+    log_warn(
+        "could not record a fence on the legacy stream; freed memory is reused only "
+        "after the sweeps of the other streams");
+  }
+  // The non-blocking streams are not asked now: the next sweep begun from here on covers them.
+  if (!non_blocking_.empty()) {
+    f->cover = sweep_started_ + 1;
+    cover_wanted_ = std::max(cover_wanted_, f->cover);
+  }
+}
+
+void CudaFences::begin_sweep_locked() {
+  auto sweep = [&] {
+    // A newer sweep covers everything an older one did: the older one's events are not needed.
+    for (const SweepEvent& se : sweep_events_) free_events_.push_back(se.event);
+    sweep_events_.clear();
+    ++sweep_started_;
+    n_sweeps_.add();
+    last_sweep_ns_ = steady_ns();
+    for (CUstream s : non_blocking_) {
+      if (d_.cuStreamQuery != nullptr) {
+        n_stream_query_.add();
+        // Idle: everything ever issued on it has finished. Any other answer than "not ready" is
+        // an error that leaves nothing running there either.
+        if (d_.cuStreamQuery(s) != CUDA_ERROR_NOT_READY) continue;
+      }
+      CUevent e = take_event_locked();
+      if (e == nullptr) {
+        // No event to mark the stream's work with: the sweep stays unfinished until a later one
+        // gets its events.
+        sweep_events_.push_back({nullptr, s});
+        continue;
+      }
+      n_record_.add();
+      if (d_.cuEventRecord(e, s) != CUDA_SUCCESS) {
+        free_events_.push_back(e);
+        sweep_events_.push_back({nullptr, s});
+        continue;
+      }
+      sweep_events_.push_back({e, s});
+    }
+    if (sweep_events_.empty()) sweep_done_ = sweep_started_;
+  };
+  if (tl_known_current == ctx_) {
+    sweep();
+  } else {
+    n_ctx_.add();
+    ScopedContext scope(d_, ctx_);
+    sweep();
+  }
+}
+
+bool CudaFences::sweep_finished_locked() {
+  while (!sweep_events_.empty()) {
+    const SweepEvent& se = sweep_events_.back();
+    if (se.event == nullptr) return false;
+    n_query_.add();
+    if (d_.cuEventQuery(se.event) == CUDA_ERROR_NOT_READY) return false;
+    free_events_.push_back(se.event);
+    sweep_events_.pop_back();
+  }
+  sweep_done_ = sweep_started_;
+  return true;
+}
+
+bool CudaFences::covered_locked(const Fence* f, bool force) {
+  if (f->cover <= sweep_done_) return true;
+  if (f->cover <= sweep_started_) return sweep_finished_locked();  // the sweep in flight covers it
+  // No sweep begun since the fence: begin one, unless one began less than kSweepGapNs ago (a
+  // sweep asks every non-blocking stream; a burst of fences shares one) or a capture is open (a
+  // record on a capturing stream would join its graph).
+  if (!force && steady_ns() - last_sweep_ns_ < kSweepGapNs) return false;
+  if (any_capture_active()) return false;
+  begin_sweep_locked();
+  return sweep_finished_locked();
+}
+
+bool CudaFences::events_complete_locked(Fence* f) {
+  if (f->events_done) return true;
+  // A newer device fence was seen complete: this one is too (see the header), no driver call.
+  if (f->seq != 0 && f->seq <= completed_seq_) return f->events_done = true;
+  // Several device fences outstanding (the pool asks oldest first): ask the newest once; if it
+  // completed, this one and every one in between are answered without further driver calls.
+  if (f->seq != 0 && newest_ != nullptr && newest_ != f && !newest_->events_done && newest_->seq > f->seq &&
+      query_events_locked(newest_)) {
+    return f->events_done = true;
+  }
+  return query_events_locked(f);
 }
 
 FenceHandle CudaFences::record_device() {
@@ -117,64 +220,83 @@ bool CudaFences::query(FenceHandle fence) {
     record_now_locked(f);
     f->deferred = false;
   }
-  // A newer device fence was seen complete: this one is too (see the header), no driver call.
-  if (f->seq != 0 && f->seq <= completed_seq_ && f->stream_epoch == completed_epoch_) return f->done = true;
-  // Several device fences outstanding (the pool asks oldest first): ask the newest once; if it
-  // completed, this one and every one in between are answered without further driver calls.
-  if (f->seq != 0 && newest_ != nullptr && newest_ != f && !newest_->done && newest_->seq > f->seq &&
-      newest_->stream_epoch == f->stream_epoch && query_events_locked(newest_)) {
-    return f->done = true;
-  }
-  return query_events_locked(f);
+  if (!events_complete_locked(f)) return false;
+  if (!covered_locked(f, false)) return false;
+  return f->done = true;
 }
 
 bool CudaFences::query_events_locked(Fence* f) {
   for (CUevent e : f->events) {
+    n_query_.add();
     // Anything but "not ready" ends the wait: a sticky error means the context is unusable and
     // nothing will ever complete, so holding the block back would only leak it.
     if (d_.cuEventQuery(e) == CUDA_ERROR_NOT_READY) return false;
   }
   note_complete_locked(f);
-  return f->done = true;
+  return f->events_done = true;
 }
 
 void CudaFences::note_complete_locked(const Fence* f) {
-  if (f->seq == 0) return;
-  if (f->stream_epoch > completed_epoch_ || (f->stream_epoch == completed_epoch_ && f->seq > completed_seq_)) {
-    completed_seq_ = f->seq;
-    completed_epoch_ = f->stream_epoch;
-  }
+  if (f->seq > completed_seq_) completed_seq_ = f->seq;
 }
 
 bool CudaFences::can_wait(FenceHandle fence) {
   auto* f = reinterpret_cast<Fence*>(fence);
   std::lock_guard<std::mutex> lock(mu_);
-  return f->done || f->generation != generation_ || !f->deferred || !any_capture_active();
+  if (f->done || f->generation != generation_) return true;
+  if (!any_capture_active()) return true;
+  // A capture is open: a fence not yet recorded, or one whose non-blocking streams no sweep has
+  // asked yet, cannot be completed now.
+  return !f->deferred && f->cover <= sweep_started_;
 }
 
 void CudaFences::wait(FenceHandle fence) {
   auto* f = reinterpret_cast<Fence*>(fence);
   std::lock_guard<std::mutex> lock(mu_);
   if (f->done || f->generation != generation_) return;
-  if (f->seq != 0 && f->seq <= completed_seq_ && f->stream_epoch == completed_epoch_) {
-    f->done = true;
-    return;
-  }
   if (f->deferred) {
     // A capture is still open; the work the fence must cover was issued before it, so recording
     // now (outside the capture's streams) is still after that work. The legacy stream is the
-    // problem: skip it and wait on the non-blocking streams only.
+    // problem: skip it and rely on the sweep of the non-blocking streams only.
     if (any_capture_active()) {
       log_warn("waiting for a fence while a graph capture is open: legacy-stream work not covered");
-      for (CUstream s : non_blocking_) record_on_locked(f, s);
+      if (!non_blocking_.empty()) {
+        f->cover = sweep_started_ + 1;
+        cover_wanted_ = std::max(cover_wanted_, f->cover);
+      }
     } else {
       record_now_locked(f);
     }
     f->deferred = false;
   }
-  for (CUevent e : f->events) d_.cuEventSynchronize(e);
+  if (!f->events_done && !(f->seq != 0 && f->seq <= completed_seq_)) {
+    for (CUevent e : f->events) {
+      n_sync_.add();
+      d_.cuEventSynchronize(e);
+    }
+    note_complete_locked(f);
+  }
+  f->events_done = true;
+  if (f->cover > sweep_done_) {
+    if (f->cover > sweep_started_) {
+      if (any_capture_active()) {
+        log_warn("waiting for a fence while a graph capture is open: non-blocking streams not asked");
+        f->done = true;
+        return;
+      }
+      begin_sweep_locked();
+    }
+    for (const SweepEvent& se : sweep_events_) {
+      if (se.event == nullptr) continue;  // no event: nothing to wait on there (logged nowhere)
+      n_sync_.add();
+      d_.cuEventSynchronize(se.event);
+    }
+    if (std::all_of(sweep_events_.begin(), sweep_events_.end(),
+                    [](const SweepEvent& se) { return se.event != nullptr; })) {
+      sweep_finished_locked();
+    }
+  }
   f->done = true;
-  note_complete_locked(f);
 }
 
 void CudaFences::release(FenceHandle fence) {
@@ -209,59 +331,54 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
     // the legacy stream runs before anything issued from now on, on any of them.
     const bool legacy_orders_all = non_blocking_.empty();
     Fence* unjoined = nullptr;
-    // The events still running: on the legacy stream, and on non-blocking streams.
+    // The events still running: on the legacy stream, and the sweep's on non-blocking streams.
     bool legacy_running = false;
-    CUstream only = nullptr;  // the single non-blocking stream every running event is on, if any
-    bool several = false;
-    std::vector<CUevent> others;
+    bool sweep_running = false;
     for (std::size_t i = 0; i < n; ++i) {
       auto* f = reinterpret_cast<Fence*>(handles[i]);
       if (f->done || f->generation != generation_) continue;
-      if (f->seq != 0 && f->seq <= completed_seq_ && f->stream_epoch == completed_epoch_) {
-        f->done = true;
-        continue;
-      }
       if (f->deferred) {  // no capture is open now: it can be recorded (after the work it covers)
         record_locked(f);
         f->deferred = false;
       }
-      if (legacy_orders_all && f->seq != 0 && f->events.size() == 1 && f->on.front() == CU_STREAM_LEGACY) {
+      const bool covered = covered_locked(f, true);
+      if (legacy_orders_all && covered && f->seq != 0 && f->events.size() == 1 && f->on.front() == CU_STREAM_LEGACY &&
+          !(f->seq <= completed_seq_)) {
         if (unjoined == nullptr || f->seq > unjoined->seq) unjoined = f;
         continue;
       }
-      bool running = false;
-      for (std::size_t k = 0; k < f->events.size(); ++k) {
-        if (d_.cuEventQuery(f->events[k]) != CUDA_ERROR_NOT_READY) continue;
-        running = true;
-        if (f->on[k] == CU_STREAM_LEGACY) {
-          legacy_running = true;
-        } else {
-          others.push_back(f->events[k]);
-          if (only == nullptr)
-            only = f->on[k];
-          else if (only != f->on[k])
-            several = true;
-        }
-      }
-      if (!running) {
-        f->done = true;
-        note_complete_locked(f);
-      }
+      const bool events_done = events_complete_locked(f);
+      if (!events_done) legacy_running = true;
+      if (!covered) sweep_running = true;
+      if (events_done && covered) f->done = true;
     }
     if (unjoined != nullptr && (unjoined_ == nullptr || unjoined->seq > unjoined_->seq)) unjoined_ = unjoined;
-    if (!legacy_running && others.empty()) return true;  // all complete or ordered: nothing to wait for
-    // Join on the legacy stream: it waits for the other streams' events, and one event recorded
-    // after those waits covers everything.
-    for (CUevent e : others)
-      if (d_.cuStreamWaitEvent(CU_STREAM_LEGACY, e, 0) != CUDA_SUCCESS) return false;
+    if (!legacy_running && !sweep_running) return true;  // all complete or ordered: nothing to wait for
+    // Join on the legacy stream: it waits for the sweep's events still running on the
+    // non-blocking streams, and one event recorded after those waits covers everything.
+    CUstream only = nullptr;  // the single non-blocking stream every running event is on, if any
+    bool several = false;
+    if (sweep_running) {
+      for (const SweepEvent& se : sweep_events_) {
+        if (se.event == nullptr) return false;  // that stream's work has no event to wait for
+        n_wait_.add();
+        if (d_.cuStreamWaitEvent(CU_STREAM_LEGACY, se.event, 0) != CUDA_SUCCESS) return false;
+        if (only == nullptr)
+          only = se.stream;
+        else if (only != se.stream)
+          several = true;
+      }
+    }
     CUevent join = take_event_locked();
     if (join == nullptr) return false;
+    n_record_.add();
     if (d_.cuEventRecord(join, CU_STREAM_LEGACY) != CUDA_SUCCESS) {
       free_events_.push_back(join);
       return false;
     }
     for (CUstream s : non_blocking_) {
       if (!legacy_running && !several && s == only) continue;  // all it would wait for ran on it
+      n_wait_.add();
       if (d_.cuStreamWaitEvent(s, join, 0) != CUDA_SUCCESS) {
         free_events_.push_back(join);  // waits already made only add order; the memory stays pending
         return false;
@@ -273,6 +390,7 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
     return true;
   };
   if (tl_known_current == ctx_) return order();
+  n_ctx_.add();
   ScopedContext scope(d_, ctx_);
   return order();
 }
@@ -286,6 +404,7 @@ bool CudaFences::orders_for_free() {
 void CudaFences::prune_joins_locked() {
   std::size_t kept = 0;
   for (CUevent e : joins_) {
+    n_query_.add();
     if (d_.cuEventQuery(e) == CUDA_ERROR_NOT_READY)
       joins_[kept++] = e;
     else
@@ -299,6 +418,7 @@ void CudaFences::add_stream(CUstream s, bool non_blocking) {
   streams_.push_back(s);
   if (!non_blocking) return;  // blocking streams follow the legacy stream, which already waits
   non_blocking_.push_back(s);
+  n_non_blocking_.add();
   // Memory handed out under a GPU-side wait that may still be running: the new stream must not
   // run ahead of it either. (Called in the creating thread, whose current context is ctx_.)
   if (d_.cuStreamWaitEvent == nullptr) return;
@@ -315,8 +435,10 @@ bool CudaFences::remove_stream(CUstream s) {
   streams_version_.fetch_add(1, std::memory_order_acq_rel);
   auto nb = std::find(non_blocking_.begin(), non_blocking_.end(), s);
   if (nb != non_blocking_.end()) {
-    non_blocking_.erase(nb);
-    ++streams_epoch_;  // older device fences have an event on it that newer ones lack
+    // Fences recorded since the last sweep need this stream asked while it still exists: sweep
+    // now (its work keeps running after the destroy; an event recorded before it still marks it).
+    if (cover_wanted_ > sweep_started_ && !any_capture_active()) begin_sweep_locked();
+    non_blocking_.erase(std::find(non_blocking_.begin(), non_blocking_.end(), s));
   }
   return true;
 }
@@ -348,6 +470,9 @@ void CudaFences::abandon() {
   unjoined_ = nullptr;
   joins_.clear();
   free_events_.clear();
+  sweep_events_.clear();
+  sweep_done_ = sweep_started_ = cover_wanted_ = 0;
+  last_sweep_ns_ = 0;
   streams_.clear();
   non_blocking_.clear();
 }

@@ -1,17 +1,29 @@
 // The pool's FenceProvider on CUDA events, for one context.
 //
 // record_device: one event on the legacy stream (it waits behind every blocking stream and every
-// per-thread default stream: measured on the H200) plus one on each live non-blocking stream of
-// the context, which the legacy stream does not cover. record_stream: one event on that stream.
+// per-thread default stream: measured on the H200). The context's non-blocking streams, which the
+// legacy stream does not cover, are covered lazily by SWEEPS: a sweep asks each non-blocking
+// stream whether it is idle (cuStreamQuery; an idle stream has finished everything issued on it
+// so far) and records an event only on the busy ones. A device fence recorded while such streams
+// exist is complete once its legacy event has completed AND a sweep begun after it has finished.
+// Sweeps are begun by a query at most once per kSweepGapNs (one sweep serves every fence recorded
+// before it), at once by wait() and order_after() (memory is wanted now), and before a
+// non-blocking stream is destroyed while some fence still needs a sweep. Libraries create such
+// streams by the dozen and rarely use them (cuDNN and cuBLAS handles under PyTorch: 16 per
+// thread on an H200), so an event on each per fence cost a program more than all its kernels'
+// launches; a sweep costs one cheap query per idle stream, and only once per many fences.
+// record_stream: one event on that stream.
 // Events are created once with CU_EVENT_DISABLE_TIMING (cheapest kind) and recycled.
 //
 // While a graph capture is in progress, recording on the legacy stream or on a capturing stream
 // would become part of the graph (or break it), so such a fence is "deferred": it is recorded at
-// the first query after every capture has ended and counts as pending until then.
+// the first query after every capture has ended and counts as pending until then; no sweep is
+// begun while a capture is open.
 //
 // order_after (free_sync:gpu_wait; docs/shim.md, "GPU-side waits"): the still-running events of
-// the given device fences are joined on the legacy stream (it waits for each event recorded on
-// another stream), one join event is recorded there, and every live non-blocking stream waits
+// the given device fences are joined on the legacy stream (it waits for the sweep's events still
+// running on non-blocking streams; a sweep is begun for fences no sweep covers yet), one join
+// event is recorded there, and every live non-blocking stream waits
 // for it; blocking and per-thread streams follow the legacy stream by themselves. So k streams
 // cost about 2k waits, not k*k. A fence that is one event on the legacy stream, while the context
 // has no non-blocking stream, needs nothing at all: every stream that exists follows the legacy
@@ -29,8 +41,8 @@
 // ScopedContext): the allocation hook marks the pool's context as current for the calling thread
 // (ContextGuard), so recording skips the context check; device fences carry a sequence number,
 // and once one is seen complete every older device fence is complete too (the legacy-stream
-// events complete in order, and a newer fence also covers every non-blocking stream that was live
-// for the older one or was created later), so older ones are answered without a driver call.
+// events complete in order), so older ones are answered without a driver call; likewise a
+// finished sweep covers every fence recorded before it began.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -80,6 +92,14 @@ class CudaFences final : public FenceProvider {
   // (16 threads freeing on their own streams must not meet on this context's mutex).
   bool knows_stream(CUstream s);
 
+  // The driver calls this provider made so far, by function (the exit summary's driver_calls):
+  // what the pool's stream safety costs a program, counted where it is paid.
+  struct CallCounts {
+    std::int64_t event_record = 0, event_query = 0, event_sync = 0, stream_wait = 0, context_switch = 0,
+                 stream_query = 0, sweeps = 0, non_blocking_streams = 0;
+  };
+  CallCounts call_counts() const noexcept;
+
   // The context is gone: forget every event and stream without calling CUDA. Fences handed out
   // before stay valid handles (they count as complete) but their events are never reused.
   void abandon();
@@ -91,32 +111,54 @@ class CudaFences final : public FenceProvider {
     StreamId stream = 0;
     bool device = false;
     bool deferred = false;
-    bool done = false;
+    bool done = false;         // complete: its events, and the sweep it needs
+    bool events_done = false;  // its own events have completed
     unsigned generation = 0;
-    std::uint64_t seq = 0;      // device fences: recording order (0: not recorded, or legacy record failed)
-    unsigned stream_epoch = 0;  // streams_epoch_ when recorded
+    std::uint64_t seq = 0;    // device fences: recording order (0: not recorded, or legacy record failed)
+    std::uint64_t cover = 0;  // device fences: the sweep that covers the non-blocking streams (0: none needed)
   };
+  struct SweepEvent {
+    CUevent event;  // nullptr: none could be recorded (the sweep cannot finish)
+    CUstream stream;
+  };
+  // Minimum time between sweeps begun by queries (see above): ~1 µs of queries per sweep of 16
+  // streams on an H200, spread over every fence of the millisecond.
+  static constexpr std::int64_t kSweepGapNs = 1'000'000;
 
   Fence* new_fence_locked();
   CUevent take_event_locked();
   bool record_on_locked(Fence* f, CUstream s);
-  void record_locked(Fence* f);        // the fence's events, now (context made current by the caller)
-  void record_now_locked(Fence* f);    // record_locked with the context made current if needed
-  bool query_events_locked(Fence* f);  // asks the driver; notes completion
+  void record_locked(Fence* f);           // the fence's events, now (context made current by the caller)
+  void record_now_locked(Fence* f);       // record_locked with the context made current if needed
+  bool query_events_locked(Fence* f);     // asks the driver; notes completion
+  bool events_complete_locked(Fence* f);  // its events completed (the newest-fence shortcuts first)
   void note_complete_locked(const Fence* f);
+  void begin_sweep_locked();                        // a new sweep, now (see above)
+  bool sweep_finished_locked();                     // the sweep in flight has finished
+  bool covered_locked(const Fence* f, bool force);  // a finished sweep covers f; may begin one
 
   const RealDriver& d_;
   CUcontext ctx_;
   std::mutex mu_;
+  // Counted under mu_ (or by the one thread that holds it), read at any time: relaxed atomics.
+  struct Counter {
+    std::atomic<std::int64_t> n{0};
+    void add() noexcept { n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+    std::int64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
+  };
+  Counter n_record_, n_query_, n_sync_, n_wait_, n_ctx_, n_stream_query_, n_sweeps_, n_non_blocking_;
   unsigned generation_ = 0;
   std::uint64_t next_seq_ = 1;
   Fence* newest_ = nullptr;  // the newest recorded device fence, until released
-  // Every device fence with seq <= completed_seq_ and stream_epoch == completed_epoch_ has
-  // completed. A non-blocking stream destroyed in between breaks the chain (its events are not
-  // covered by newer fences), hence the epoch, bumped when one is removed.
+  // Every device fence with seq <= completed_seq_ has its legacy event complete.
   std::uint64_t completed_seq_ = 0;
-  unsigned completed_epoch_ = 0;
-  unsigned streams_epoch_ = 0;
+  // Sweeps (above): ids count up from 1; every fence with cover <= sweep_done_ is covered. The
+  // events of the sweep in flight (id sweep_started_) are on the busy streams it found.
+  std::uint64_t sweep_started_ = 0;
+  std::uint64_t sweep_done_ = 0;
+  std::uint64_t cover_wanted_ = 0;  // the highest cover handed to a fence
+  std::int64_t last_sweep_ns_ = 0;
+  std::vector<SweepEvent> sweep_events_;
   std::vector<CUevent> free_events_;
   std::vector<Fence*> free_fences_;
   std::vector<CUstream> non_blocking_;

@@ -89,6 +89,7 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuEventCreate);
   CUDAPOOL_BIND(cuEventRecord);
   CUDAPOOL_BIND(cuEventQuery);
+  CUDAPOOL_BIND(cuStreamQuery);
   CUDAPOOL_BIND(cuEventSynchronize);
   CUDAPOOL_BIND(cuEventDestroy_v2);
   CUDAPOOL_BIND(cuMemGetAllocationGranularity);

@@ -63,6 +63,8 @@ struct RealDriver {
   PFN_cuEventCreate cuEventCreate = nullptr;
   PFN_cuEventRecord cuEventRecord = nullptr;
   PFN_cuEventQuery cuEventQuery = nullptr;
+  // Lazy fence coverage of non-blocking streams (cuda_fences.h); absent: an event on each instead.
+  PFN_cuStreamQuery cuStreamQuery = nullptr;
   PFN_cuEventSynchronize cuEventSynchronize = nullptr;
   PFN_cuEventDestroy_v2 cuEventDestroy_v2 = nullptr;
   PFN_cuStreamWaitEvent cuStreamWaitEvent = nullptr;  // GPU-side waits (free_sync:gpu_wait); absent: none

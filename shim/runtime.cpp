@@ -185,6 +185,11 @@ void Runtime::write_exit_summary() noexcept {
           d.device = cp.device;
           d.stats = cp.pool.stats();
           d.driver_total_bytes = cp.driver_total;
+          const CudaFences::CallCounts c = cp.fences.call_counts();
+          d.driver_calls = {{"cuEventRecord", c.event_record},      {"cuEventQuery", c.event_query},
+                            {"cuEventSynchronize", c.event_sync},   {"cuStreamWaitEvent", c.stream_wait},
+                            {"context_switches", c.context_switch}, {"non_blocking_streams", c.non_blocking_streams},
+                            {"cuStreamQuery", c.stream_query},      {"sweeps", c.sweeps}};
           s.devices.push_back(d);
         },
         /*include_retired=*/true);

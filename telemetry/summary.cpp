@@ -217,6 +217,18 @@ std::string to_json(const Summary& s) {
     put_key(&o, 6, "hit_rate");
     json::append_double(&o, d.hit_rate());
     o += ",\n";
+    if (!d.driver_calls.empty()) {
+      put_key(&o, 6, "driver_calls");
+      o += "{";
+      bool first_call = true;
+      for (const auto& [name, count] : d.driver_calls) {
+        o += first_call ? "\n" : ",\n";
+        first_call = false;
+        put_key(&o, 8, name);
+        o += std::to_string(count);
+      }
+      o += "\n      },\n";
+    }
     put_key(&o, 6, "stats");
     o += "{\n";
     auto flat = flatten_stats(d.stats);

@@ -16,6 +16,10 @@ struct DeviceSummary {
   int device = 0;
   Stats stats;                           // the pool's stats at exit
   std::uint64_t driver_total_bytes = 0;  // 0 = unknown
+  // The driver calls the pool's stream safety made (fence events recorded, queried, waited on,
+  // GPU-side waits, context switches; "non_blocking_streams": such streams the program created),
+  // by name. Empty where the process has no such counts (a replay).
+  std::map<std::string, std::int64_t> driver_calls;
   // Derived from stats (also written to the JSON for readers that do not recompute).
   double hit_rate() const;  // cache_hits / (cache_hits + cache_misses); 0 if none
 };

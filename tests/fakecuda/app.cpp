@@ -43,6 +43,7 @@ FAKE_CONTROL(long, fakecuda_graph_allocs, (), ())
 FAKE_CONTROL(long, fakecuda_event_records, (), ())
 FAKE_CONTROL(long, fakecuda_event_syncs, (), ())
 FAKE_CONTROL(long, fakecuda_event_queries, (), ())
+FAKE_CONTROL(long, fakecuda_stream_queries, (), ())
 FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
 FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
 FAKE_CONTROL(void, fakecuda_reset_primary_unseen, (cudaabi::CUdevice dev), (dev))
@@ -869,8 +870,8 @@ void gpu_wait_legacy_only() {
 // reused as soon as its fence is recorded, with no cuEventQuery for it (one per millisecond at
 // most, for the pool's bookkeeping), while the legacy stream is held busy so that no fence ever
 // completes on its own; every stream still runs behind the held work, a non-blocking stream
-// created afterwards too. With a non-blocking stream alive, the same loop asks its fences again
-// (the negative control: ordering is not free there).
+// created afterwards too. With a non-blocking stream alive, the same loop asks its fences and the
+// stream again (the negative control: ordering is not free there).
 void gpu_wait_without_queries() {
   start_cuda();
   CUstream blocking = nullptr;
@@ -916,10 +917,102 @@ void gpu_wait_without_queries() {
   fakecuda_release_stream(CU_STREAM_LEGACY);
   // A non-blocking stream is alive now: fences are asked again.
   const long q2 = fakecuda_event_queries();
+  const long sq2 = fakecuda_stream_queries();
   churn(kIters, false);
-  CHECK(fakecuda_event_queries() - q2 >= kIters);  // a query per batch at least
+  std::printf("with a non-blocking stream: %ld event queries, %ld stream queries\n", fakecuda_event_queries() - q2,
+              fakecuda_stream_queries() - sq2);
+  // Not free any more: fences are asked, and the non-blocking stream is asked in sweeps.
+  CHECK(fakecuda_event_queries() - q2 >= 1);
+  CHECK(fakecuda_stream_queries() - sq2 >= 1);
   CHECK_OK(api.cuStreamDestroy(later));
   CHECK_OK(api.cuStreamDestroy(blocking));
+}
+
+// Libraries create non-blocking streams by the dozen and rarely use them (PyTorch's cuDNN and
+// cuBLAS handles: 16 per thread). A device fence must still cover them, but not with an event on
+// each per fence: the legacy churn loop with 16 idle non-blocking streams alive records about one
+// event per batch (its legacy fence), and the streams are asked in sweeps, at most one per
+// millisecond or so, not once per fence. Safety: with one of those streams busy (its work may use
+// the freed block), the block is not reused until that work has finished; the negative control,
+// free_sync:immediate, reuses it at once. Run under the default policy.
+void gpu_wait_idle_streams() {
+  start_cuda();
+  constexpr int kStreams = 16;
+  std::vector<CUstream> idle(kStreams);
+  for (CUstream& s : idle) CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  auto churn = [&](int iters) {
+    for (int it = 0; it < iters; ++it) {
+      const std::size_t n = (64u << 10) << (it % 4);
+      CUdeviceptr x = 0, y = 0, out = 0;
+      CHECK_OK(api.cuMemAlloc(&x, n));
+      CHECK_OK(api.cuMemAlloc(&y, n));
+      CHECK_OK(api.cuMemAlloc(&out, 8));
+      CHECK_OK(api.cuMemFree(out));
+      CHECK_OK(api.cuMemFree(y));
+      CHECK_OK(api.cuMemFree(x));
+      const auto t0 = std::chrono::steady_clock::now();  // the batch window (20 us) passes
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(30)) {
+      }
+    }
+  };
+  churn(8);
+  constexpr int kIters = 400;
+  const long records = fakecuda_event_records(), squeries = fakecuda_stream_queries();
+  const long allocs = driver_allocs();
+  const auto t0 = std::chrono::steady_clock::now();
+  churn(kIters);
+  const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  // One sweep asks 16 streams; at most one sweep begins per millisecond, plus those the pool's
+  // misses force (memory wanted now: classic segments, which have no growth slack, ask on about
+  // one iteration in four).
+  const long sweeps_bound = ms + 2 + kIters / 3;
+  CHECK(kStreams * sweeps_bound < kStreams * kIters);  // the loop is fast enough to tell
+  std::printf("idle streams: %ld event records, %ld stream queries, %ld driver allocations in %d iterations (%ld ms)\n",
+              fakecuda_event_records() - records, fakecuda_stream_queries() - squeries, driver_allocs() - allocs,
+              kIters, ms);
+  CHECK(fakecuda_event_records() - records <= 2 * kIters);  // not one per stream per fence
+  CHECK(fakecuda_stream_queries() - squeries <= kStreams * sweeps_bound);
+  // The memory came back: reused, not grown past a few pages within the growth slack (blocks wait
+  // up to a sweep gap for their streams to be asked).
+  CHECK(driver_allocs() - allocs <= 4);
+  // Safety: work pending on one of the streams when the host frees. The block may come back
+  // while that work runs only with every stream ordered after it on the GPU (gpu_wait); a block
+  // handed out with some stream free to run ahead is reused early.
+  const bool immediate = std::getenv("CUDAPOOL_CONF") != nullptr &&
+                         std::string(std::getenv("CUDAPOOL_CONF")).find("immediate") != std::string::npos;
+  constexpr std::size_t n = 3 << 20;
+  int early = 0, reused = 0;
+  for (int round = 0; round < 4; ++round) {
+    CUstream busy = idle[static_cast<std::size_t>(round * 5 % kStreams)];
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // earlier frees come back, a sweep is due
+    CUdeviceptr p = 0;
+    CHECK_OK(api.cuMemAlloc(&p, n));
+    fakecuda_hold_stream(busy);
+    CHECK_OK(api.cuMemFree(p));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the batch window and the sweep gap pass
+    std::vector<CUdeviceptr> got;
+    for (int i = 0; i < 32; ++i) {  // until the freed block comes back
+      CUdeviceptr q = 0;
+      CHECK_OK(api.cuMemAlloc(&q, n));
+      got.push_back(q);
+      if (!overlaps(p, n, q, n)) continue;
+      ++reused;
+      bool ordered = fakecuda_would_wait(CU_STREAM_LEGACY, busy) == 1;
+      for (CUstream s : idle) ordered = ordered && fakecuda_would_wait(s, busy) == 1;
+      early += !ordered;
+      break;
+    }
+    fakecuda_release_stream(busy);
+    for (CUdeviceptr q : got) CHECK_OK(api.cuMemFree(q));
+  }
+  std::printf("busy stream: freed block reused in %d of 4 rounds, %d of them before its work was ordered\n", reused,
+              early);
+  if (immediate) {
+    CHECK(early > 0);  // the negative control: without cudaFree's meaning the block comes back early
+  } else {
+    CHECK(early == 0);
+  }
+  for (CUstream s : idle) CHECK_OK(api.cuStreamDestroy(s));
 }
 
 // GPU-side waits across threads and contexts: a block freed by another thread while its stream is
@@ -1254,6 +1347,79 @@ void bench_threads() {
   }
 }
 
+// Not a test: a PyTorch-like step on the host, for perf: 32 idle non-blocking streams alive (as
+// cuDNN and cuBLAS handles create them), a main thread allocating a forward pass's tensors (sizes
+// drawn from a fixed pseudo-random mix, 512 B to 64 MiB) and freeing some at once, a second
+// thread (PyTorch's autograd thread) freeing the rest, as backward does. Prints ns per pair.
+void bench_torchlike() {
+  CUcontext ctx = start_cuda();
+  std::vector<CUstream> streams(32);
+  for (CUstream& s : streams) CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::uint64_t rng = 7;
+  auto below = [&rng](std::uint64_t n) {
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (rng * 2685821657736338717ull) % n;
+  };
+  auto size_of = [&]() -> std::size_t {
+    const std::uint64_t r = below(100);
+    if (r < 50) return 512 + below(64 << 10);
+    if (r < 80) return (64 << 10) + below(1 << 20);
+    if (r < 98) return (1 << 20) + below(8 << 20);
+    return (8 << 20) + below(24 << 20);
+  };
+  constexpr int kSteps = 300, kTensors = 200;
+  std::vector<CUdeviceptr> handoff;
+  std::mutex m;
+  std::atomic<bool> done{false};
+  long bad = 0;
+  std::thread autograd([&] {
+    api.cuCtxSetCurrent(ctx);
+    while (!done.load()) {
+      std::vector<CUdeviceptr> mine;
+      {
+        std::lock_guard<std::mutex> g(m);
+        mine.swap(handoff);
+      }
+      for (CUdeviceptr p : mine) bad += api.cuMemFree(p) != CUDA_SUCCESS;
+      if (mine.empty()) std::this_thread::yield();
+    }
+  });
+  long pairs = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<CUdeviceptr> live;
+    for (int i = 0; i < kTensors; ++i) {
+      CUdeviceptr p = 0;
+      bad += api.cuMemAlloc(&p, size_of()) != CUDA_SUCCESS;
+      ++pairs;
+      if (below(3) == 0) {
+        bad += api.cuMemFree(p) != CUDA_SUCCESS;  // a temporary of the forward pass
+      } else {
+        live.push_back(p);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> g(m);
+      handoff.insert(handoff.end(), live.begin(), live.end());  // backward frees the saved ones
+    }
+    while (true) {  // the next step starts once backward has freed them
+      {
+        std::lock_guard<std::mutex> g(m);
+        if (handoff.empty()) break;
+      }
+      std::this_thread::yield();
+    }
+  }
+  const double ns = ns_per(t0, pairs);
+  done.store(true);
+  autograd.join();
+  std::printf("torch-like steps: %7.1f ns per pair\n", ns);
+  CHECK(bad == 0);
+  for (CUstream s : streams) CHECK_OK(api.cuStreamDestroy(s));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1287,11 +1453,13 @@ int main(int argc, char** argv) {
       {"bench", bench},
       {"bench_legacy", bench_legacy},
       {"bench_threads", bench_threads},
+      {"bench_torchlike", bench_torchlike},
       {"hot_calls_immediate", hot_calls_immediate},
       {"hot_calls_fenced", hot_calls_fenced},
       {"gpu_wait_reuse", gpu_wait_reuse},
       {"gpu_wait_legacy_only", gpu_wait_legacy_only},
       {"gpu_wait_without_queries", gpu_wait_without_queries},
+      {"gpu_wait_idle_streams", gpu_wait_idle_streams},
       {"gpu_wait_capture", gpu_wait_capture},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},

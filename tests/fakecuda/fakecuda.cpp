@@ -13,7 +13,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +41,137 @@ using namespace cudaabi;
 // shim's hot-path tests assert how many a pool hit costs. Per thread: no shared line in benches.
 static thread_local long tl_driver_calls = 0;
 #define FAKE_COUNT() (++tl_driver_calls)
+
+// ---- calls by function, and their cost ----------------------------------------------------------
+// The entry points whose number and cost make a pool's host cost: each call is counted by its
+// function's name (without _v2/_ptsz; fakecuda_calls(name) sums every thread) and, when
+// FAKECUDA_CALL_COST_NS names the function ("cuEventRecord=250,cuMemMap=5000,..."), spins on the
+// steady clock for that many nanoseconds before doing its work, outside the fake's lock, as a
+// real driver call costs the host (a spin reads the clock at least twice: ~25 ns each on a VM).
+#define FAKE_CALL_KINDS(X)                                                                                           \
+  X(cuCtxGetCurrent), X(cuCtxSetCurrent), X(cuCtxGetDevice), X(cuCtxPushCurrent), X(cuCtxPopCurrent),                \
+      X(cuCtxSynchronize), X(cuEventCreate), X(cuEventDestroy), X(cuEventRecord), X(cuEventQuery), X(cuStreamQuery), \
+      X(cuEventSynchronize), X(cuStreamWaitEvent), X(cuStreamIsCapturing), X(cuMemAlloc), X(cuMemFree),              \
+      X(cuMemAllocAsync), X(cuMemFreeAsync), X(cuMemGetInfo), X(cuPointerGetAttribute), X(cuPointerGetAttributes),   \
+      X(cuMemAddressReserve), X(cuMemAddressFree), X(cuMemCreate), X(cuMemRelease), X(cuMemMap), X(cuMemUnmap),      \
+      X(cuMemSetAccess)
+namespace {
+enum class Call : int {
+#define FAKE_CALL_ENUM(name) name
+  FAKE_CALL_KINDS(FAKE_CALL_ENUM)
+#undef FAKE_CALL_ENUM
+};
+constexpr const char* kCallNames[] = {
+#define FAKE_CALL_NAME(name) #name
+    FAKE_CALL_KINDS(FAKE_CALL_NAME)
+#undef FAKE_CALL_NAME
+};
+constexpr std::size_t kCallKinds = std::size(kCallNames);
+
+int call_index(const char* name, std::size_t len) {
+  for (std::size_t i = 0; i < kCallKinds; ++i)
+    if (std::strlen(kCallNames[i]) == len && std::strncmp(kCallNames[i], name, len) == 0) return static_cast<int>(i);
+  return -1;
+}
+
+// FAKECUDA_CALL_COST_NS, read once. A name the fake does not count or a malformed entry stops the
+// process: a mistyped cost would otherwise make a benchmark measure something else in silence.
+struct CallCosts {
+  std::array<std::int64_t, kCallKinds> ns{};
+  bool any = false;
+};
+CallCosts parse_call_costs() {
+  CallCosts c;
+  const char* spec = std::getenv("FAKECUDA_CALL_COST_NS");
+  if (spec == nullptr) return c;
+  for (const char* p = spec; *p != '\0';) {
+    const char* end = std::strchr(p, ',');
+    if (end == nullptr) end = p + std::strlen(p);
+    const char* eq = static_cast<const char*>(std::memchr(p, '=', static_cast<std::size_t>(end - p)));
+    char* num_end = nullptr;
+    const int k = eq != nullptr ? call_index(p, static_cast<std::size_t>(eq - p)) : -1;
+    const long long ns = eq != nullptr ? std::strtoll(eq + 1, &num_end, 10) : -1;
+    if (end != p && (k < 0 || num_end != end || ns < 0)) {
+      std::fprintf(stderr, "fakecuda: FAKECUDA_CALL_COST_NS: bad entry '%.*s' (want NAME=NS, NAME one of:",
+                   static_cast<int>(end - p), p);
+      for (const char* n : kCallNames) std::fprintf(stderr, " %s", n);
+      std::fprintf(stderr, ")\n");
+      std::_Exit(2);
+    }
+    if (end != p) {
+      c.ns[static_cast<std::size_t>(k)] = ns;
+      c.any = c.any || ns > 0;
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+  return c;
+}
+const CallCosts& call_costs() {
+  static const CallCosts c = parse_call_costs();
+  return c;
+}
+
+// Per-thread counts (no shared cache line on a hot path), each thread's block registered at its
+// first call and kept after the thread exits (a few hundred bytes a thread), so that a reader can
+// sum them and no destructor runs while the thread may still call.
+struct ThreadCalls {
+  std::array<std::atomic<long>, kCallKinds> n{};
+  std::atomic<long> charged_ns{0};  // time spent in the spins of FAKECUDA_CALL_COST_NS
+  std::atomic<long> nominal_ns{0};  // what those spins were asked for
+};
+std::mutex calls_mu;
+std::vector<ThreadCalls*>& call_blocks() {
+  static auto* v = new std::vector<ThreadCalls*>;  // never destroyed: threads may outlive statics
+  return *v;
+}
+thread_local ThreadCalls* tl_calls = nullptr;
+
+void fake_call(Call c) {
+  if (tl_calls == nullptr) {
+    tl_calls = new ThreadCalls;
+    std::lock_guard<std::mutex> l(calls_mu);
+    call_blocks().push_back(tl_calls);
+  }
+  const auto k = static_cast<std::size_t>(c);
+  std::atomic<long>& n = tl_calls->n[k];
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // only this thread writes
+  const CallCosts& costs = call_costs();
+  if (!costs.any || costs.ns[k] == 0) return;
+  const auto start = std::chrono::steady_clock::now(), until = start + std::chrono::nanoseconds(costs.ns[k]);
+  auto now = start;
+  while (now < until) now = std::chrono::steady_clock::now();
+  const long spent = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - start).count());
+  tl_calls->charged_ns.store(tl_calls->charged_ns.load(std::memory_order_relaxed) + spent, std::memory_order_relaxed);
+  tl_calls->nominal_ns.store(tl_calls->nominal_ns.load(std::memory_order_relaxed) + static_cast<long>(costs.ns[k]),
+                             std::memory_order_relaxed);
+}
+}  // namespace
+#define FAKE_CALL(name) fake_call(Call::name)
+
+// Nanoseconds every thread spent in the spins of FAKECUDA_CALL_COST_NS since load: the host time
+// the "driver" took, which a benchmark can take out of its own. `nominal` != 0: the sum of the
+// costs asked for instead, which leaves out the time another process took the CPU mid-spin (and
+// the spins' overshoot, a clock read or so each).
+FAKE_API long fakecuda_charged_ns(int nominal) {
+  std::lock_guard<std::mutex> l(calls_mu);
+  long total = 0;
+  for (const ThreadCalls* t : call_blocks())
+    total += (nominal != 0 ? t->nominal_ns : t->charged_ns).load(std::memory_order_relaxed);
+  return total;
+}
+// The name of counted function i (0, 1, ... in a fixed order), nullptr past the last one.
+FAKE_API const char* fakecuda_call_name(int i) {
+  return i >= 0 && static_cast<std::size_t>(i) < kCallKinds ? kCallNames[i] : nullptr;
+}
+// Calls of `name` (a FAKE_CALL_KINDS name) by every thread since load; -1 for a name not counted.
+FAKE_API long fakecuda_calls(const char* name) {
+  const int k = name != nullptr ? call_index(name, std::strlen(name)) : -1;
+  if (k < 0) return -1;
+  std::lock_guard<std::mutex> l(calls_mu);
+  long total = 0;
+  for (const ThreadCalls* t : call_blocks()) total += t->n[static_cast<std::size_t>(k)].load(std::memory_order_relaxed);
+  return total;
+}
 
 namespace {
 
@@ -172,6 +305,7 @@ thread_local Context* tl_current = nullptr;
 bool initialised = false;
 long n_alloc = 0, n_free = 0, n_graph = 0, n_records = 0, n_syncs = 0, n_trims = 0, n_stream_waits = 0;
 long n_event_queries = 0;
+long n_stream_queries = 0;
 long n_capture_waits = 0;  // cuStreamWaitEvent on a capturing stream (the wait joins the graph)
 
 std::size_t total_bytes() {
@@ -346,6 +480,7 @@ void absorb_implicit(Stream* s) {
 
 CUresult record(CUevent ev, CUstream hs, bool ptsz) {
   FAKE_COUNT();
+  FAKE_CALL(cuEventRecord);
   std::lock_guard<std::mutex> lock(mu);
   auto* e = reinterpret_cast<Event*>(ev);
   Stream* s = resolve(hs, ptsz);
@@ -447,16 +582,19 @@ FAKE_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned* flags, int*
 }
 FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
   FAKE_COUNT();
+  FAKE_CALL(cuCtxSetCurrent);
   tl_current = reinterpret_cast<Context*>(ctx);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxGetCurrent(CUcontext* ctx) {
   FAKE_COUNT();
+  FAKE_CALL(cuCtxGetCurrent);
   *ctx = reinterpret_cast<CUcontext>(tl_current);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxGetDevice(CUdevice* dev) {
   FAKE_COUNT();
+  FAKE_CALL(cuCtxGetDevice);
   if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
   *dev = tl_current->device;
   return CUDA_SUCCESS;
@@ -478,12 +616,14 @@ FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
 FAKE_COUNTER(fakecuda_peer_enables, peer_enables)
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   FAKE_COUNT();
+  FAKE_CALL(cuCtxPushCurrent);
   tl_ctx_stack.push_back(tl_current);
   tl_current = reinterpret_cast<Context*>(ctx);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
   FAKE_COUNT();
+  FAKE_CALL(cuCtxPopCurrent);
   if (ctx != nullptr) *ctx = reinterpret_cast<CUcontext>(tl_current);
   if (tl_ctx_stack.empty()) {
     tl_current = nullptr;
@@ -510,6 +650,7 @@ FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) {
 // ---- memory ------------------------------------------------------------------------------------
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
   FAKE_COUNT();
+  FAKE_CALL(cuMemAlloc);
   std::lock_guard<std::mutex> lock(mu);
   if (global_capture_active()) {
     for (Stream* s : streams)
@@ -531,12 +672,14 @@ FAKE_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t size, unsigne
 }
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr p) {
   FAKE_COUNT();
+  FAKE_CALL(cuMemFree);
   std::lock_guard<std::mutex> lock(mu);
   if (p == 0) return CUDA_SUCCESS;
   return do_free(p);
 }
 static CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream hs, bool ptsz) {
   FAKE_COUNT();
+  FAKE_CALL(cuMemAllocAsync);
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
   CUresult r = do_alloc(dptr, size);
@@ -547,16 +690,19 @@ FAKE_API CUresult cuMemAllocAsync(CUdeviceptr* d, std::size_t n, CUstream s) { r
 FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* d, std::size_t n, CUstream s) { return alloc_async(d, n, s, true); }
 FAKE_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) {
   FAKE_COUNT();
+  FAKE_CALL(cuMemFreeAsync);
   std::lock_guard<std::mutex> lock(mu);
   return do_free(p);
 }
 FAKE_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream) {
   FAKE_COUNT();
+  FAKE_CALL(cuMemFreeAsync);
   std::lock_guard<std::mutex> lock(mu);
   return do_free(p);
 }
 FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
   FAKE_COUNT();
+  FAKE_CALL(cuMemGetInfo);
   std::lock_guard<std::mutex> lock(mu);
   if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const std::size_t t = total_bytes();
@@ -594,11 +740,13 @@ static CUresult attribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
 }
 FAKE_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
   FAKE_COUNT();
+  FAKE_CALL(cuPointerGetAttribute);
   std::lock_guard<std::mutex> lock(mu);
   return attribute(data, attr, p);
 }
 FAKE_API CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr p) {
   FAKE_COUNT();
+  FAKE_CALL(cuPointerGetAttributes);
   std::lock_guard<std::mutex> lock(mu);
   for (unsigned i = 0; i < n; ++i) {
     CUresult r = attribute(data[i], attrs[i], p);
@@ -772,6 +920,7 @@ __attribute__((destructor)) void on_unload() { machine_exit(); }
 // Work in the fake completes when the test releases it; a context-wide sync only counts.
 long n_ctx_syncs = 0;
 FAKE_API CUresult cuCtxSynchronize() {
+  FAKE_CALL(cuCtxSynchronize);
   std::lock_guard<std::mutex> lock(mu);
   if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   ++n_ctx_syncs;
@@ -788,6 +937,7 @@ FAKE_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const CUmemAlloc
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemAddressReserve(CUdeviceptr* p, std::size_t size, std::size_t, CUdeviceptr, unsigned long long) {
+  FAKE_CALL(cuMemAddressReserve);
   std::lock_guard<std::mutex> lock(mu);
   const std::size_t g = vmm_granularity();
   if (size == 0 || size % g != 0) return vmm_bad_call();
@@ -803,6 +953,7 @@ FAKE_API CUresult cuMemAddressReserve(CUdeviceptr* p, std::size_t size, std::siz
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemAddressFree(CUdeviceptr p, std::size_t size) {
+  FAKE_CALL(cuMemAddressFree);
   std::lock_guard<std::mutex> lock(mu);
   auto it = vmm_ranges.find(p);
   if (it == vmm_ranges.end() || it->second != size || vmm_overlaps_mapping(p, size)) return vmm_bad_call();
@@ -812,6 +963,7 @@ FAKE_API CUresult cuMemAddressFree(CUdeviceptr p, std::size_t size) {
 }
 FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, const CUmemAllocationProp* prop,
                               unsigned long long) {
+  FAKE_CALL(cuMemCreate);
   std::lock_guard<std::mutex> lock(mu);
   if (prop == nullptr || size == 0 || size % vmm_granularity() != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 || prop->location.id >= kDevices)
@@ -834,6 +986,7 @@ FAKE_API CUresult cuMemCreate(unsigned long long* handle, std::size_t size, cons
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemRelease(unsigned long long handle) {
+  FAKE_CALL(cuMemRelease);
   std::lock_guard<std::mutex> lock(mu);
   // The real driver frees the memory once the handle is released and its last mapping is gone;
   // the fake counts it gone at release (the shim always unmaps first).
@@ -846,6 +999,7 @@ FAKE_API CUresult cuMemRelease(unsigned long long handle) {
 }
 FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset, unsigned long long handle,
                            unsigned long long) {
+  FAKE_CALL(cuMemMap);
   std::lock_guard<std::mutex> lock(mu);
   ++vmm_map_calls;
   auto h = vmm_handles.find(handle);
@@ -866,6 +1020,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset, 
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAccessDesc* desc, std::size_t count) {
+  FAKE_CALL(cuMemSetAccess);
   std::lock_guard<std::mutex> lock(mu);
   ++vmm_access_calls;
   if (desc == nullptr || count == 0) return vmm_bad_call();
@@ -891,6 +1046,7 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAcc
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemUnmap(CUdeviceptr p, std::size_t size) {
+  FAKE_CALL(cuMemUnmap);
   std::lock_guard<std::mutex> lock(mu);
   ++vmm_unmap_calls;
   // Whole mappings only, and [p, p+size) must be covered without gaps.
@@ -1034,6 +1190,7 @@ static CUresult destroy_stream(CUstream hs) {
 }
 static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus* st, bool ptsz) {
   FAKE_COUNT();
+  FAKE_CALL(cuStreamIsCapturing);
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
   *st = !s->capturing    ? CU_STREAM_CAPTURE_STATUS_NONE
@@ -1080,10 +1237,12 @@ FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return end_c
 
 FAKE_API CUresult cuEventCreate(CUevent* e, unsigned) {
   FAKE_COUNT();
+  FAKE_CALL(cuEventCreate);
   *e = reinterpret_cast<CUevent>(new Event);
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuEventDestroy_v2(CUevent e) {
+  FAKE_CALL(cuEventDestroy);
   delete reinterpret_cast<Event*>(e);
   return CUDA_SUCCESS;
 }
@@ -1091,6 +1250,7 @@ FAKE_API CUresult cuEventRecord(CUevent e, CUstream s) { return record(e, s, fal
 FAKE_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return record(e, s, true); }
 static CUresult stream_wait_event(CUstream hs, CUevent ev, bool ptsz) {
   FAKE_COUNT();
+  FAKE_CALL(cuStreamWaitEvent);
   std::lock_guard<std::mutex> lock(mu);
   Stream* s = resolve(hs, ptsz);
   auto* e = reinterpret_cast<Event*>(ev);
@@ -1122,12 +1282,24 @@ FAKE_API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) { return st
 FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned) { return stream_wait_event(s, e, true); }
 FAKE_API CUresult cuEventQuery(CUevent e) {
   FAKE_COUNT();
+  FAKE_CALL(cuEventQuery);
   std::lock_guard<std::mutex> lock(mu);
   ++n_event_queries;
   return event_done(reinterpret_cast<Event*>(e)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
+// Done when nothing issued so far on the stream is still pending (its own work, what it waits for).
+CUresult stream_query(CUstream hs, bool ptsz) {
+  FAKE_COUNT();
+  FAKE_CALL(cuStreamQuery);
+  std::lock_guard<std::mutex> lock(mu);
+  ++n_stream_queries;
+  return waits_of(resolve(hs, ptsz)).empty() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+FAKE_API CUresult cuStreamQuery(CUstream s) { return stream_query(s, false); }
+FAKE_API CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s, true); }
 FAKE_API CUresult cuEventSynchronize(CUevent ev) {
   FAKE_COUNT();
+  FAKE_CALL(cuEventSynchronize);
   std::lock_guard<std::mutex> lock(mu);
   auto* e = reinterpret_cast<Event*>(ev);
   if (event_done(e)) return CUDA_SUCCESS;
@@ -1158,6 +1330,7 @@ FAKE_COUNTER(fakecuda_graph_allocs, n_graph)
 FAKE_COUNTER(fakecuda_event_records, n_records)
 FAKE_COUNTER(fakecuda_event_syncs, n_syncs)
 FAKE_COUNTER(fakecuda_event_queries, n_event_queries)
+FAKE_COUNTER(fakecuda_stream_queries, n_stream_queries)
 FAKE_COUNTER(fakecuda_stream_waits, n_stream_waits)
 FAKE_COUNTER(fakecuda_capture_waits, n_capture_waits)
 FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
@@ -1240,6 +1413,7 @@ const ProcEntry kProcs[] = {
     {"cuEventCreate", 2000, P(cuEventCreate), nullptr},
     {"cuEventRecord", 2000, P(cuEventRecord), P(cuEventRecord_ptsz)},
     {"cuEventQuery", 2000, P(cuEventQuery), nullptr},
+    {"cuStreamQuery", 2000, P(cuStreamQuery), P(cuStreamQuery_ptsz)},
     {"cuStreamWaitEvent", 3020, P(cuStreamWaitEvent), P(cuStreamWaitEvent_ptsz)},
     {"cuEventSynchronize", 2000, P(cuEventSynchronize), nullptr},
     {"cuEventDestroy", 4000, P(cuEventDestroy_v2), nullptr},

@@ -22,6 +22,7 @@ long fakecuda_graph_allocs();       // cuMemAllocAsync calls on a capturing stre
 long fakecuda_event_records();      // successful cuEventRecord calls
 long fakecuda_event_syncs();        // cuEventSynchronize calls that had to wait
 long fakecuda_event_queries();      // cuEventQuery calls
+long fakecuda_stream_queries();     // cuStreamQuery calls
 long fakecuda_stream_waits();       // successful cuStreamWaitEvent calls
 long fakecuda_capture_waits();      // cuStreamWaitEvent calls that hit a capture (and broke it)
 // 1 if work issued now on `s` would run only after the work now pending on `held` (its own
@@ -32,6 +33,13 @@ long fakecuda_trim_calls();  // cuMemPoolTrimTo calls
 // Driver entry points the CALLING THREAD made (context, alloc/free, capture query, event and
 // pointer-attribute calls; not cuGetProcAddress): what a hook costs in driver calls.
 long fakecuda_thread_driver_calls();
+// Calls of one driver function by every thread since load, by its name without _v2/_ptsz
+// ("cuEventRecord", "cuCtxGetCurrent", "cuMemMap", ...: FAKE_CALL_KINDS in fakecuda.cpp); -1 for a
+// function not counted. FAKECUDA_CALL_COST_NS="cuEventRecord=250,cuMemMap=5000,..." makes each
+// call of a named function spin for that many nanoseconds (unset: no cost).
+long fakecuda_calls(const char* name);
+long fakecuda_charged_ns(int nominal);  // time all threads spent in those spins (or asked for), since load
+const char* fakecuda_call_name(int i);  // the counted functions' names, i = 0, 1, ...; then nullptr
 // Destroys device `dev`'s primary context like cuDevicePrimaryCtxReset, but under a name the
 // shim does not hook (a reset it cannot see).
 void fakecuda_reset_primary_unseen(cudaabi::CUdevice dev);

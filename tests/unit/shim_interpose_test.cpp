@@ -257,6 +257,21 @@ TEST(Shim, GpuWaitWithOnlyTheLegacyStreamsAsksNoFence) {
   }
 }
 
+// Idle non-blocking streams (libraries create them by the dozen) cost no event per fence: they
+// are asked in sweeps; a busy one still holds its freed memory back. Negative control: under
+// free_sync:immediate the block comes back while the stream may still use it.
+TEST(Shim, GpuWaitSweepsIdleNonBlockingStreams) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "gpu_wait_idle_streams"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS gpu_wait_idle_streams"), std::string::npos) << r.output;
+  }
+  RunResult classic = run({app(true), "gpu_wait_idle_streams"}, {{"CUDAPOOL_CONF", "expandable_segments:False"}});
+  EXPECT_EQ(classic.exit_status, 0) << classic.output;
+  RunResult imm = run({app(true), "gpu_wait_idle_streams"}, {{"CUDAPOOL_CONF", "free_sync:immediate"}});
+  EXPECT_EQ(imm.exit_status, 0) << imm.output;  // passes only if the block did come back early
+}
+
 TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
   for (bool linked : {false, true}) {
     RunResult r = run({app(linked), "gpu_wait_threads_contexts"});
