@@ -13,9 +13,10 @@
 # processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
 # TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: CHANGELOG.md),
 # TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
+# CNN_REPS (default 3: interleaved processes per mode of the CPU-bound PyTorch workloads),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ipc ordered legacy latency torch cupy jax ddp; race also runs alias_race and free_host_sync,
+# load correctness race ipc ordered legacy latency torch cnn cupy jax ddp; race also runs alias_race and free_host_sync,
 # ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
 # build/gpu-scratch).
@@ -32,7 +33,7 @@ SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
 BUDGET=${GPU_SUITE_BUDGET_S:-540}
 START=$(date +%s)
 REPORT=(python3 "$ROOT/tests/gpu/report.py")
-ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cupy jax ddp} "
+ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cnn cupy jax ddp} "
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 want() { [[ "$ONLY" == *" $1 "* ]]; }
@@ -336,6 +337,18 @@ if want torch; then
     for m in native expandable async cudapool cudapool_classic cudapool_imm cudapool_exph; do torch_mode $m torch_${m}_t$rep; done
   done
   "${REPORT[@]}" torch "$OUT"
+fi
+
+if want cnn; then
+  # CPU-bound PyTorch: ResNet-50 training and inference at changing shapes (torch_cnn.py) and HF
+  # GPT-2 training (hf_lm.py), CNN_REPS interleaved pinned processes of each mode, medians, peaks
+  # against the no-caching floor (docs/benchmarks.md has the table). Benchmarks: INFO rows.
+  for w in cnn cnninf hf; do
+    OUT=$OUT/reps-$w CUDAPOOL_SHIM=$SHIM NVML_PEAK=$BIN/nvml_peak TORCH_WORKLOAD=$w REPS_BUDGET_S=$(( $(left) / 4 )) \
+      bash tests/gpu/torch_reps.sh "${CNN_REPS:-3}" native ptexp nocache cpdef >"$OUT/logs/reps-$w.txt" 2>&1
+    "${REPORT[@]}" row "$OUT" "CPU-bound PyTorch ($w): step and peak, medians of processes" INFO \
+      "$(grep -E '^relative|^peak' "$OUT/logs/reps-$w.txt" | tr '\n' ' ')"
+  done
 fi
 
 if want cupy; then

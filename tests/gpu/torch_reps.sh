@@ -8,7 +8,8 @@
 # one trace per process, for tests/gpu/step_events.py).
 # Environment: TORCH_WORKLOAD (unset or "torch": torch_train.py --d-model TORCH_D_MODEL --steps 60;
 # "hf": hf_lm.py --steps HF_STEPS, HF transformers' GPT-2 with a 50257-token vocabulary, HF_STEPS
-# default 30), CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
+# default 30; "cnn" / "cnninf": torch_cnn.py's ResNet-50 training / inference at changing shapes,
+# CNN_CYCLES passes over its shapes, default 4), CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
 # REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files),
 # NVML_PEAK (path of tests/gpu/nvml_peak, built by build.sh: each process's NVML peak is taken),
 # TORCH_PIN_CPU (the CPU each training process is pinned to, default 2, "none": tests/gpu/pin.sh).
@@ -29,7 +30,9 @@ NC=PYTORCH_NO_CUDA_MEMORY_CACHING=1
 case ${TORCH_WORKLOAD:-torch} in  # the training program and its arguments, --out excepted
   torch) PROG=(python3 tests/gpu/torch_train.py --d-model "${TORCH_D_MODEL:-2048}" --steps 60) ;;
   hf) PROG=(python3 tests/gpu/hf_lm.py --steps "${HF_STEPS:-30}") ;;
-  *) echo "unknown TORCH_WORKLOAD ${TORCH_WORKLOAD} (torch or hf)" >&2; exit 2 ;;
+  cnn) PROG=(python3 tests/gpu/torch_cnn.py --mode train --cycles "${CNN_CYCLES:-4}") ;;
+  cnninf) PROG=(python3 tests/gpu/torch_cnn.py --mode infer --cycles "${CNN_CYCLES:-4}") ;;
+  *) echo "unknown TORCH_WORKLOAD ${TORCH_WORKLOAD} (torch, hf, cnn or cnninf)" >&2; exit 2 ;;
 esac
 env_of() {  # env_of MODE: the environment of one run, one assignment a line
   case $1 in
@@ -65,19 +68,24 @@ import json, os, statistics as st, sys
 out, modes = sys.argv[1], [m.split("=", 1)[0] for m in sys.argv[2:]]
 med, peaks = {}, {}
 for n in modes:
-    v, host, pk = [], [], []
+    v, host, cpu, pk = [], [], [], []
     for f in sorted(os.listdir(out)):
         if f.startswith(n + "_") and f.endswith(".json") and f[len(n) + 1:-5].isdigit():
             d = json.load(open(os.path.join(out, f)))
-            v.append(1e3 * st.median(d["step_s"][5:]))
+            w = d.get("warmup", 5)
+            v.append(1e3 * st.median(d["step_s"][w:]))
             if "step_host_s" in d:
-                host.append(st.median(h / t for h, t in zip(d["step_host_s"][5:], d["step_s"][5:])))
+                host.append(st.median(h / t for h, t in zip(d["step_host_s"][w:], d["step_s"][w:])))
+            if "step_cpu_s" in d:
+                cpu.append(1e3 * st.median(d["step_cpu_s"][w:]))
             pf = os.path.join(out, f[:-5] + ".peak.json")
             if os.path.exists(pf):
                 pk.append(json.load(open(pf))["devices"][0]["peak_delta"])
     if v:
         med[n] = st.median(v)
         extra = f"  host {100 * st.median(host):.1f} %" if host else ""
+        if cpu:
+            extra += f"  cpu {st.median(cpu):.2f} ms"
         if pk:
             peaks[n] = st.median(pk)
             extra += f"  peak {peaks[n] / 2**30:.3f} GiB"
