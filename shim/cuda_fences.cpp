@@ -109,7 +109,8 @@ void CudaFences::record_locked(Fence* f) {
 void CudaFences::begin_sweep_locked() {
   auto sweep = [&] {
     // A newer sweep covers everything an older one did: the older one's events are not needed.
-    for (const SweepEvent& se : sweep_events_) free_events_.push_back(se.event);
+    for (const SweepEvent& se : sweep_events_)
+      if (se.event != nullptr) free_events_.push_back(se.event);
     sweep_events_.clear();
     ++sweep_started_;
     n_sweeps_.add();
@@ -162,7 +163,13 @@ bool CudaFences::sweep_finished_locked() {
 
 bool CudaFences::covered_locked(const Fence* f, bool force) {
   if (f->cover <= sweep_done_) return true;
-  if (f->cover <= sweep_started_) return sweep_finished_locked();  // the sweep in flight covers it
+  if (f->cover <= sweep_started_) {  // the sweep in flight covers it
+    if (sweep_finished_locked()) return true;
+    const bool marked = std::none_of(sweep_events_.begin(), sweep_events_.end(),
+                                     [](const SweepEvent& se) { return se.event == nullptr; });
+    if (marked) return false;  // still running; it finishes by itself
+    // A busy stream got no event (none could be created or recorded): only a new sweep helps.
+  }
   // No sweep begun since the fence: begin one, unless one began less than kSweepGapNs ago (a
   // sweep asks every non-blocking stream; a burst of fences shares one) or a capture is open (a
   // record on a capturing stream would join its graph).
@@ -427,6 +434,35 @@ void CudaFences::add_stream(CUstream s, bool non_blocking) {
   if (unjoined_ != nullptr && !unjoined_->done) d_.cuStreamWaitEvent(s, unjoined_->events.front(), 0);
 }
 
+void CudaFences::finish_stream_locked(CUstream s) {
+  auto finish = [&] {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (d_.cuStreamIsCapturing != nullptr && d_.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+        st != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return;  // its own capture ends with the destroy: no work of it runs
+    }
+    if (d_.cuStreamQuery != nullptr) {
+      n_stream_query_.add();
+      if (d_.cuStreamQuery(s) != CUDA_ERROR_NOT_READY) return;
+    }
+    CUevent e = take_event_locked();
+    if (e == nullptr) return;
+    n_record_.add();
+    if (d_.cuEventRecord(e, s) == CUDA_SUCCESS) {
+      n_sync_.add();
+      d_.cuEventSynchronize(e);
+    }
+    free_events_.push_back(e);
+  };
+  if (tl_known_current == ctx_) {
+    finish();
+  } else {
+    n_ctx_.add();
+    ScopedContext scope(d_, ctx_);
+    finish();
+  }
+}
+
 bool CudaFences::remove_stream(CUstream s) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = std::find(streams_.begin(), streams_.end(), s);
@@ -437,7 +473,15 @@ bool CudaFences::remove_stream(CUstream s) {
   if (nb != non_blocking_.end()) {
     // Fences recorded since the last sweep need this stream asked while it still exists: sweep
     // now (its work keeps running after the destroy; an event recorded before it still marks it).
-    if (cover_wanted_ > sweep_started_ && !any_capture_active()) begin_sweep_locked();
+    // While a capture is open no sweep may record on the other streams: the host waits for the
+    // dying stream's own work instead (rare: a stream destroyed during another one's capture).
+    if (cover_wanted_ > sweep_started_) {
+      if (!any_capture_active()) {
+        begin_sweep_locked();
+      } else {
+        finish_stream_locked(s);
+      }
+    }
     non_blocking_.erase(std::find(non_blocking_.begin(), non_blocking_.end(), s));
   }
   return true;

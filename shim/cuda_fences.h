@@ -136,6 +136,7 @@ class CudaFences final : public FenceProvider {
   void begin_sweep_locked();                        // a new sweep, now (see above)
   bool sweep_finished_locked();                     // the sweep in flight has finished
   bool covered_locked(const Fence* f, bool force);  // a finished sweep covers f; may begin one
+  void finish_stream_locked(CUstream s);            // host-waits for the work issued on s so far
 
   const RealDriver& d_;
   CUcontext ctx_;
