@@ -285,7 +285,13 @@ void CudaFences::wait(FenceHandle fence) {
   }
   f->events_done = true;
   if (f->cover > sweep_done_) {
-    if (f->cover > sweep_started_) {
+    auto unmarked = [&] {
+      return std::any_of(sweep_events_.begin(), sweep_events_.end(),
+                         [](const SweepEvent& se) { return se.event == nullptr; });
+    };
+    // A sweep begun after the fence, with an event on every busy stream (a new one if the one in
+    // flight left a busy stream unmarked); none can be begun while a capture is open.
+    if (f->cover > sweep_started_ || unmarked()) {
       if (any_capture_active()) {
         log_warn("waiting for a fence while a graph capture is open: non-blocking streams not asked");
         f->done = true;
@@ -294,12 +300,14 @@ void CudaFences::wait(FenceHandle fence) {
       begin_sweep_locked();
     }
     for (const SweepEvent& se : sweep_events_) {
-      if (se.event == nullptr) continue;  // no event: nothing to wait on there (logged nowhere)
+      if (se.event == nullptr) continue;
       n_sync_.add();
       d_.cuEventSynchronize(se.event);
     }
-    if (std::all_of(sweep_events_.begin(), sweep_events_.end(),
-                    [](const SweepEvent& se) { return se.event != nullptr; })) {
+    if (unmarked()) {
+      log_warn(
+          "waiting for a fence: no event could be recorded on a busy non-blocking stream; its work is not covered");
+    } else {
       sweep_finished_locked();
     }
   }
