@@ -21,6 +21,10 @@ class FenceProvider {
   virtual FenceHandle record_stream(StreamId stream) = 0;
   // true once the fence has completed. Must be cheap: called on the allocation path.
   virtual bool query(FenceHandle fence) = 0;
+  // query() when memory is wanted now (the pool missed and would otherwise grow or wait): a
+  // provider may spend more to answer (the shim asks its non-blocking streams at once instead of
+  // at most once a millisecond). The default is query().
+  virtual bool query_urgent(FenceHandle fence) { return query(fence); }
   // Block the calling thread until the fence has completed.
   virtual void wait(FenceHandle fence) = 0;
   // false when a wait now could return before all the work the fence stands for has finished

@@ -113,14 +113,16 @@ bool DevicePool::Impl::service_miss() {
   if (batches.open().count == 0) return false;
   close_open();
   if (opt.free_sync == FreeSync::gpu_wait && fences.orders_for_free() && order_recorded_batches()) return true;
-  return drain_device_batches();
+  return drain_device_batches(true);
 }
 
 // Device fences complete in recording order: complete batches from the oldest and stop at the
-// first one still running. Returns true if any batch completed.
-bool DevicePool::Impl::drain_device_batches() {
+// first one still running (urgent: asked as memory wanted now, FenceProvider::query_urgent).
+// Returns true if any batch completed.
+bool DevicePool::Impl::drain_device_batches(bool urgent) {
   bool completed = false;
-  while (batches.device_head() != nullptr && fences.query(batches.device_head()->fence)) {
+  auto done = [&](FenceHandle f) { return urgent ? fences.query_urgent(f) : fences.query(f); };
+  while (batches.device_head() != nullptr && done(batches.device_head()->fence)) {
     complete_batch(batches.pop_device());
     completed = true;
   }
@@ -173,8 +175,10 @@ bool DevicePool::Impl::wait_device_batches() {
 // is what the GPU has to reach anyway.
 bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool expandable_only) {
   close_open();
-  drain_device_batches();  // batches already complete need no wait
-  if (batches.device_head() == nullptr) return false;
+  // Batches already complete need no wait (and their blocks stay cold): what they freed may be
+  // enough; the caller searches again.
+  const bool drained = drain_device_batches(true);
+  if (batches.device_head() == nullptr) return drained;
   std::size_t bytes = 0;
   std::vector<FenceHandle>& order_scratch = batches.order_scratch();
   order_scratch.clear();
@@ -184,8 +188,8 @@ bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool e
       if (x->seg->small == small && (!expandable_only || x->seg->expandable)) bytes += x->size;
   }
   // Too little to serve the request: the wait would cost the GPU overlap and gain nothing.
-  if (bytes < need || bytes == 0) return false;
-  return order_scratch_batches();
+  if (bytes < need || bytes == 0) return drained;
+  return order_scratch_batches() || drained;
 }
 
 // Every recorded device batch is handed out under a GPU-side wait, without asking its fence

@@ -438,7 +438,7 @@ struct DevicePool::Impl {
   // ---- fences (pool_fences.cpp) ----
   void service_fences() REQUIRES(mu);
   bool service_miss() REQUIRES(mu);
-  bool drain_device_batches() REQUIRES(mu);
+  bool drain_device_batches(bool urgent = false) REQUIRES(mu);
   void close_open() REQUIRES(mu);
   void complete_batch(Batch* b) REQUIRES(mu);
   void complete_promo(StreamFree* sf) REQUIRES(mu);

@@ -161,7 +161,7 @@ bool CudaFences::sweep_finished_locked() {
   return true;
 }
 
-bool CudaFences::covered_locked(const Fence* f, bool force) {
+bool CudaFences::covered_locked(const Fence* f, std::int64_t gap_ns) {
   if (f->cover <= sweep_done_) return true;
   if (f->cover <= sweep_started_) {  // the sweep in flight covers it
     if (sweep_finished_locked()) return true;
@@ -173,7 +173,7 @@ bool CudaFences::covered_locked(const Fence* f, bool force) {
   // No sweep begun since the fence: begin one, unless one began less than kSweepGapNs ago (a
   // sweep asks every non-blocking stream; a burst of fences shares one) or a capture is open (a
   // record on a capturing stream would join its graph).
-  if (!force && steady_ns() - last_sweep_ns_ < kSweepGapNs) return false;
+  if (gap_ns > 0 && steady_ns() - last_sweep_ns_ < gap_ns) return false;
   if (any_capture_active()) return false;
   begin_sweep_locked();
   return sweep_finished_locked();
@@ -218,8 +218,16 @@ FenceHandle CudaFences::record_stream(StreamId stream) {
 }
 
 bool CudaFences::query(FenceHandle fence) {
-  auto* f = reinterpret_cast<Fence*>(fence);
   std::lock_guard<std::mutex> lock(mu_);
+  return query_locked(reinterpret_cast<Fence*>(fence), kSweepGapNs);
+}
+
+bool CudaFences::query_urgent(FenceHandle fence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return query_locked(reinterpret_cast<Fence*>(fence), 0);
+}
+
+bool CudaFences::query_locked(Fence* f, std::int64_t gap_ns) {
   if (f->done) return true;
   if (f->generation != generation_) return f->done = true;  // its context is gone
   if (f->deferred) {
@@ -228,7 +236,7 @@ bool CudaFences::query(FenceHandle fence) {
     f->deferred = false;
   }
   if (!events_complete_locked(f)) return false;
-  if (!covered_locked(f, false)) return false;
+  if (!covered_locked(f, gap_ns)) return false;
   return f->done = true;
 }
 
@@ -356,7 +364,7 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
         record_locked(f);
         f->deferred = false;
       }
-      const bool covered = covered_locked(f, true);
+      const bool covered = covered_locked(f, 0);
       if (legacy_orders_all && covered && f->seq != 0 && f->events.size() == 1 && f->on.front() == CU_STREAM_LEGACY &&
           !(f->seq <= completed_seq_)) {
         if (unjoined == nullptr || f->seq > unjoined->seq) unjoined = f;

@@ -7,7 +7,7 @@
 // so far) and records an event only on the busy ones. A device fence recorded while such streams
 // exist is complete once its legacy event has completed AND a sweep begun after it has finished.
 // Sweeps are begun by a query at most once per kSweepGapNs (one sweep serves every fence recorded
-// before it), at once by wait() and order_after() (memory is wanted now), and before a
+// before it), at once by query_urgent(), wait() and order_after() (memory is wanted now), and before a
 // non-blocking stream is destroyed while some fence still needs a sweep. Libraries create such
 // streams by the dozen and rarely use them (cuDNN and cuBLAS handles under PyTorch: 16 per
 // thread on an H200), so an event on each per fence cost a program more than all its kernels'
@@ -74,6 +74,9 @@ class CudaFences final : public FenceProvider {
   FenceHandle record_device() override;
   FenceHandle record_stream(StreamId stream) override;
   bool query(FenceHandle fence) override;
+  // A sweep may begin at once (the pool missed: asking the streams is cheaper than mapping
+  // memory or ordering the GPU), not only kSweepGapNs after the last one.
+  bool query_urgent(FenceHandle fence) override;
   void wait(FenceHandle fence) override;
   // False for a fence taken while a capture is open, as long as one still is: it could not be
   // recorded on the legacy stream (that would break the capture), so no wait can cover it.
@@ -133,10 +136,12 @@ class CudaFences final : public FenceProvider {
   bool query_events_locked(Fence* f);     // asks the driver; notes completion
   bool events_complete_locked(Fence* f);  // its events completed (the newest-fence shortcuts first)
   void note_complete_locked(const Fence* f);
-  void begin_sweep_locked();                        // a new sweep, now (see above)
-  bool sweep_finished_locked();                     // the sweep in flight has finished
-  bool covered_locked(const Fence* f, bool force);  // a finished sweep covers f; may begin one
-  void finish_stream_locked(CUstream s);            // host-waits for the work issued on s so far
+  void begin_sweep_locked();     // a new sweep, now (see above)
+  bool sweep_finished_locked();  // the sweep in flight has finished
+  // A finished sweep covers f; may begin one once gap_ns has passed since the last (0: at once).
+  bool covered_locked(const Fence* f, std::int64_t gap_ns);
+  bool query_locked(Fence* f, std::int64_t gap_ns);
+  void finish_stream_locked(CUstream s);  // host-waits for the work issued on s so far
 
   const RealDriver& d_;
   CUcontext ctx_;

@@ -40,6 +40,18 @@ class FakeFence : public FenceProvider {
     return it->second.completed;
   }
 
+  // Counted; in urgent-completes mode (set_urgent_completes) an urgent query completes the fence
+  // first, as the shim's sweep answers at once what a plain query answers only later.
+  bool query_urgent(FenceHandle fence) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++urgent_queries_;
+      auto it = fences_.find(fence);
+      if (urgent_completes_ && it != fences_.end()) mark_completed(fence, it->second);
+    }
+    return query(fence);
+  }
+
   void wait(FenceHandle fence) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++waits_;
@@ -92,6 +104,11 @@ class FakeFence : public FenceProvider {
     std::lock_guard<std::mutex> lock(mu_);
     orders_for_free_ = on;
   }
+  void set_urgent_completes(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    urgent_completes_ = on;
+  }
+  std::size_t urgent_queries() const { return locked(urgent_queries_); }
   std::size_t free_asks() const { return locked(free_asks_); }
   std::size_t order_calls() const { return locked(order_calls_); }
   // Fences ordered while still running (GPU-side waits that really had something to wait for).
@@ -233,7 +250,8 @@ class FakeFence : public FenceProvider {
   FenceHandle max_ordered_device_ = 0;  // newest device fence the GPU was made to wait for
   bool can_order_ = true;
   bool orders_for_free_ = false;
-  std::size_t order_calls_ = 0, ordered_running_ = 0, free_asks_ = 0;
+  std::size_t order_calls_ = 0, ordered_running_ = 0, free_asks_ = 0, urgent_queries_ = 0;
+  bool urgent_completes_ = false;
   std::unordered_map<StreamId, FenceHandle> max_completed_stream_;
   std::size_t device_records_ = 0, stream_records_ = 0, queries_ = 0, waits_ = 0, releases_ = 0;
   std::size_t bad_calls_ = 0;

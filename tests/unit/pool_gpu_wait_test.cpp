@@ -40,6 +40,25 @@ TEST(PoolGpuWait, PendingMemoryIsReusedWithoutGrowingOrWaiting) {
   EXPECT_EQ(rig.fence.bad_calls(), 0u);
 }
 
+// A miss asks the pending fences urgently (the shim then asks its non-blocking streams at once):
+// a fence that this completes frees its memory as usual, cold, with no GPU-side wait and no growth.
+// Its negative control is the test above: a provider whose urgent answer is no better orders.
+TEST(PoolGpuWait, AMissAsksUrgentlyBeforeOrderingTheGpu) {
+  PoolRig rig(gpu_wait());
+  rig.fence.set_urgent_completes(true);
+  void* a = rig.alloc(20 * MiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  void* b = rig.alloc(20 * MiB);
+  EXPECT_EQ(b, a);
+  EXPECT_GE(rig.fence.urgent_queries(), 1u);
+  EXPECT_EQ(rig.fence.order_calls(), 0u);  // complete: nothing for the GPU to wait for
+  EXPECT_EQ(rig.pool->stats().gpu_waits, 0);
+  EXPECT_EQ(rig.up.allocate_calls(), 1u);
+  EXPECT_EQ(rig.fence.waits(), 0u);
+  rig.expect_intact();
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
+}
+
 // The same sequence in fenced mode grows instead: the negative control of the test above.
 TEST(PoolGpuWait, FencedModeGrowsInstead) {
   PoolRig rig(fenced_options());
