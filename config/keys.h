@@ -16,9 +16,19 @@ namespace cudapool::config {
 
 enum class ValueKind : std::uint8_t { integer, number, boolean, choice, text, roundup };
 
+// How far setting a key reaches. A policy read from a file the tools are only given to read (a
+// trace's policy row) keeps its `pool` keys alone (pool_shaping_conf(), config/policy.h): such a
+// file must not choose what the tools or a program write, catch, share or log.
+enum class Reach : std::uint8_t {
+  pool,     // at most how the pool takes, places, keeps and gives back device memory
+  files,    // names a file the process writes
+  process,  // beyond the pool: a signal handler, logging, a group's shared memory, published stats
+};
+
 struct KeySpec {
   std::string_view name;
   ValueKind kind;
+  Reach reach;
   std::string_view allowed;  // the allowed range or form, as errors and the docs print it
   std::string_view example;  // one valid value, as written after `key:`
   std::string_view help;     // one line: what it does

@@ -97,6 +97,24 @@ std::string describe(const Policy& policy);
 // The effective policy as a CUDAPOOL_CONF string that parse_conf accepts back.
 std::string to_conf_string(const Policy& policy);
 
+// A policy from a file the tools are only given to read (a trace's policy row) is untrusted: it
+// must not choose files to write, signals to catch, groups to join, logging or publishing. Its
+// pool-shaping keys (config::Reach::pool) pass, as config/'s canonical CUDAPOOL_CONF string;
+// every other key it sets is dropped and named.
+struct UntrustedConf {
+  struct Dropped {
+    std::string key;  // "stats_file"
+    std::string why;  // "a trace cannot choose files to write"
+  };
+  std::string conf;              // what is kept; "" = the defaults (and when `error` is set)
+  std::vector<Dropped> dropped;  // in the key table's order
+  std::string error;             // set when the text is not a valid policy: then nothing of it is kept
+};
+// "stats_file, trace_file (a trace cannot choose files to write); group (...)": one line.
+std::string describe_dropped(const std::vector<UntrustedConf::Dropped>& dropped);
+// `source` names the file's kind in the reasons ("a trace").
+UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source);
+
 // "" when `path` can be created or overwritten by this process (its directory exists and is
 // writable, and it is not a directory itself), else what is wrong and how to fix it. `key` and
 // `origin` name the setting in the message ("stats_file", "CUDAPOOL_CONF col 5").

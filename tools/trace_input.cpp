@@ -4,10 +4,31 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "config/policy.h"
 #include "tools/commands.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
+
+namespace {
+
+// A trace is untrusted input: its policy row may name files, signals, groups. Only the keys that
+// shape the pool pass (config/, pool_shaping_conf); what is dropped is said on stderr, in one line.
+std::optional<std::string> recorded_policy(const std::optional<std::string>& row, const char* who) {
+  if (!row) return std::nullopt;
+  UntrustedConf kept = pool_shaping_conf(*row, "a trace");
+  if (!kept.error.empty()) {
+    std::fprintf(stderr,
+                 "%s: trace policy: ignored, it is not a valid policy (%s); the trace counts as recording none\n", who,
+                 kept.error.c_str());
+    return std::nullopt;
+  }
+  if (!kept.dropped.empty())
+    std::fprintf(stderr, "%s: trace policy: ignored %s\n", who, describe_dropped(kept.dropped).c_str());
+  return kept.conf;
+}
+
+}  // namespace
 
 int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who) {
   std::error_code ec;
@@ -26,7 +47,7 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
   auto parsed = std::chrono::steady_clock::now();
   out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
   out->prepared = prepare_trace(out->rows, device);
-  out->prepared.facts.recorded_policy = meta.policy;
+  out->prepared.facts.recorded_policy = recorded_policy(meta.policy, who);
   out->columns = meta.columns;
   out->prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - parsed).count();
   if (out->prepared.facts.allocations == 0) {

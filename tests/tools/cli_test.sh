@@ -428,5 +428,23 @@ rf=$("$cp" replay $traces/serve.csv --quiet | sed -n 's/^fragmentation *\([0-9.]
 tf=$("$cp" tune $traces/serve.csv --budget 3 | awk '/\(base\)/ {for (i=1;i<=NF;i++) if ($i=="%" && ++n==2) print $(i-1) " %"}')
 [ -n "$rf" ] && [ "$rf" = "$tf" ] && ok || fail "replay ($rf) and tune ($tf) disagree on the base's fragmentation"
 
+# ---- a trace is untrusted: its policy row cannot choose files to write (docs/design.md, "Trust")
+crafted=$tmp/crafted.csv
+{
+  echo 'Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns,detail'
+  echo "1,00:00:00.000001,policy,0x0,0,0x0,0,0,1000,0,\"max_split_size_mb:64,stats_file:$tmp/c-stats.json,trace_file:$tmp/c-trace.csv,log_file:$tmp/c-log.txt,dump_signal:SIGUSR1\""
+  echo '1,00:00:00.000002,allocate,0x1000000,5242880,0x0,0,5242880,2000,0,'
+  echo '1,00:00:00.000003,free,0x1000000,5242880,0x0,0,5242880,3000,0,'
+} >"$crafted"
+for sub in replay tune report; do
+  expect_rc 0 "$sub of a trace whose policy row names files" -- "$cp" $sub "$crafted"
+  expect_out "^cudapool $sub: trace policy: ignored log_file, trace_file, stats_file \(a trace cannot choose files to write\); dump_signal" \
+    "$sub names the keys of the trace's policy it ignored"
+  for f in c-stats.json c-trace.csv c-log.txt; do [ ! -e "$tmp/$f" ] && ok || fail "$sub of a crafted trace wrote $f"; done
+done
+"$cp" tune "$crafted" --budget 4 2>/dev/null | grep '^recommended' >"$tmp/out"
+if grep -Eq '_file|dump_signal|c-stats' "$tmp/out"; then fail "tune recommends a key from the trace's policy row with side effects"; else ok; fi
+expect_out '^recommended' "tune recommends a policy for a crafted trace"
+
 echo "cli tests: $passes passed, $fails failed"
 if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi

@@ -415,5 +415,59 @@ TEST(ConfKeys, EveryTableKeyParsesItsOwnExample) {
   }
 }
 
+// ---- untrusted policies (a trace's policy row) ---------------------------------------------------
+
+std::vector<std::string> dropped_keys(const UntrustedConf& u) {
+  std::vector<std::string> keys;
+  for (const auto& d : u.dropped) keys.push_back(d.key);
+  return keys;
+}
+
+TEST(ConfUntrusted, KeepsOnlyPoolShapingKeysWhateverTheSpelling) {
+  const UntrustedConf u = pool_shaping_conf(
+      R"( stats_file = "/tmp/a, b.json" ,max_split_size_mb=128,trace_file:/tmp/t.csv,log_file:/tmp/l, )"
+      R"(roundup_power2_divisions:[256:1,>:4],release_lock_on_hipmalloc:True,log_level:debug,)"
+      R"(dump_signal:usr2,group:g,group_budget_mb:64,publish_stats:False)",
+      "a trace");
+  ASSERT_TRUE(u.error.empty()) << u.error;
+  EXPECT_EQ(u.conf, "max_split_size_mb:128,roundup_power2_divisions:[256:1,>:4],release_lock_on_cudamalloc:True");
+  EXPECT_EQ(dropped_keys(u), (std::vector<std::string>{"log_level", "log_file", "trace_file", "stats_file",
+                                                       "dump_signal", "group", "group_budget_mb", "publish_stats"}));
+  const std::string line = describe_dropped(u.dropped);
+  EXPECT_TRUE(has(line, "log_file, trace_file, stats_file (a trace cannot choose files to write)")) << line;
+  EXPECT_TRUE(has(line, "log_level, dump_signal, group, group_budget_mb, publish_stats (a trace cannot set")) << line;
+}
+
+TEST(ConfUntrusted, AnInvalidPolicyKeepsNothing) {
+  const UntrustedConf u = pool_shaping_conf("stats_file:/tmp/s.json,no_such_key:1", "a trace");
+  EXPECT_TRUE(has(u.error, "no_such_key")) << u.error;
+  EXPECT_TRUE(u.conf.empty());
+  EXPECT_TRUE(u.dropped.empty());
+}
+
+// Each key by its own example: a pool key passes unchanged, any other is dropped and named.
+TEST(ConfUntrusted, EveryKeyByItsReach) {
+  for (const config::KeySpec& k : config::keys()) {
+    // A path or a name (a file, a group) is never the pool's alone.
+    if (k.kind == config::ValueKind::text) {
+      EXPECT_NE(k.reach, config::Reach::pool) << k.name;
+    }
+    if (k.format == nullptr) continue;
+    const std::string text = std::string(k.name) + ":" + std::string(k.example);
+    PolicyResult r = parse_conf(text, Policy{});
+    ASSERT_TRUE(r.policy) << r.error;
+    if (k.is_default(*r.policy)) continue;
+    const UntrustedConf u = pool_shaping_conf(text, "a trace");
+    ASSERT_TRUE(u.error.empty()) << u.error;
+    if (k.reach == config::Reach::pool) {
+      EXPECT_EQ(u.conf, to_conf_string(*r.policy)) << k.name;
+      EXPECT_TRUE(u.dropped.empty()) << k.name;
+    } else {
+      EXPECT_EQ(u.conf, "") << k.name;
+      EXPECT_EQ(dropped_keys(u), std::vector<std::string>{std::string(k.name)});
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cudapool
