@@ -182,6 +182,8 @@ std::string check_output_file(const std::string& pattern, const std::string& key
   const std::string who = key + " '" + pattern + "'" +
                           (origin.empty() || origin == "default" ? "" : " (" + origin + ")");
   struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    return who + " is a symbolic link: refusing to write through a symbolic link; name the file itself";
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return who + " is a directory; name a file in it instead";
     if (::access(path.c_str(), W_OK) != 0)

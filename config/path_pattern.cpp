@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <ctime>
+
 namespace cudapool {
 
-std::string expand_path_pattern(std::string_view pattern, long pid, std::string_view host) {
+std::string expand_path_pattern(std::string_view pattern, long pid, std::string_view host, long long unix_time) {
   std::string out;
+  out.reserve(pattern.size() + 16);
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '%' || i + 1 == pattern.size()) {
       out += pattern[i];
@@ -16,6 +19,8 @@ std::string expand_path_pattern(std::string_view pattern, long pid, std::string_
       out += std::to_string(pid);
     else if (c == 'h')
       out += host;
+    else if (c == 't')
+      out += std::to_string(unix_time);
     else if (c == '%')
       out += '%';
     else {
@@ -29,7 +34,8 @@ std::string expand_path_pattern(std::string_view pattern, long pid, std::string_
 std::string expand_path_pattern(std::string_view pattern) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  return expand_path_pattern(pattern, static_cast<long>(::getpid()), host);
+  return expand_path_pattern(pattern, static_cast<long>(::getpid()), host[0] != '\0' ? host : "unknown-host",
+                             static_cast<long long>(std::time(nullptr)));
 }
 
 }  // namespace cudapool

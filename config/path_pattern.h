@@ -1,13 +1,17 @@
-// The patterns log_file, trace_file and stats_file may hold, so every process of a job writes its
-// own file: %p = process id, %h = host name, %% = a literal %. Any other %x is kept as written.
+// The patterns the paths of log_file, trace_file and stats_file (and the tools' output paths
+// checked with them) may hold, so every process of a job writes its own file:
+//   %p  process id      %h  host name      %t  Unix time in seconds (when the path is expanded)
+//   %%  a literal '%'
+// Any other '%x', and a '%' at the end, is kept as written (a stray '%' never makes a path
+// unusable). The one definition of these patterns: the library and the tools both use it.
 #pragma once
 #include <string>
 #include <string_view>
 
 namespace cudapool {
 
-std::string expand_path_pattern(std::string_view pattern, long pid, std::string_view host);
-// The same with this process's pid and host name.
+std::string expand_path_pattern(std::string_view pattern, long pid, std::string_view host, long long unix_time);
+// The same with this process's pid, host name ("unknown-host" if it has none) and the time now.
 std::string expand_path_pattern(std::string_view pattern);
 
 }  // namespace cudapool

@@ -116,7 +116,8 @@ std::string describe_dropped(const std::vector<UntrustedConf::Dropped>& dropped)
 UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source);
 
 // "" when `path` can be created or overwritten by this process (its directory exists and is
-// writable, and it is not a directory itself), else what is wrong and how to fix it. `key` and
+// writable, and it is neither a directory nor a symbolic link, which the writers refuse:
+// config/output_file.h), else what is wrong and how to fix it. `key` and
 // `origin` name the setting in the message ("stats_file", "CUDAPOOL_CONF col 5").
 std::string check_output_file(const std::string& path, const std::string& key, const std::string& origin);
 

@@ -39,6 +39,13 @@ CUresult finish_free(FreeStatus s, const ContextPool& cp, void* p, bool on_strea
 }  // namespace
 
 CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+  // Once the process is exiting no pool work starts (it may record or wait on fences, or grow a
+  // segment, in a driver that may be tearing down): the driver serves the allocation, and a later
+  // free of that pointer is not the pool's, so it goes to the driver too.
+  if (Runtime::exiting()) {
+    rt.count_pass(PassKind::exiting);
+    return kPassThrough;
+  }
   ipc::drain_frees(rt);  // blocks the program freed while another process held them open
   ContextPool* cp = rt.current_pool();
   if (cp == nullptr) {
@@ -217,7 +224,10 @@ CUDAPOOL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitc
   }
   // Rows aligned to 512 B: a multiple of every GPU's texture pitch alignment, and the pool's
   // own block alignment, so each row starts aligned.
+  // A request whose rounded row or whole size does not fit in size_t is impossible: the driver's
+  // answer to one, as for any absurd size (pool_allocate's invalid_size), is out of memory.
   constexpr std::size_t kPitchAlign = 512;
+  if (width > SIZE_MAX - (kPitchAlign - 1)) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::size_t p = (width + kPitchAlign - 1) / kPitchAlign * kPitchAlign;
   if (height > SIZE_MAX / p) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult r = pool_allocate(*rt, dptr, p * height, kLegacyStream);

@@ -81,7 +81,8 @@ const char* pass_reason(PassKind k) {
     case PassKind::foreign_pointer: return "a pointer the pool does not own (freed or queried by the driver)";
     case PassKind::capture: return "allocation during CUDA graph capture (served by the driver)";
     case PassKind::no_context: return "calling thread has no current context (the driver answers)";
-    case PassKind::exiting: return "the process is exiting: frees of pool memory are leaked";
+    case PassKind::exiting:
+      return "the process is exiting: frees of pool memory are leaked, allocations go to the driver";
     case PassKind::count_: break;
   }
   return "?";

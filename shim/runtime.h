@@ -40,7 +40,7 @@ enum class PassKind : std::uint8_t {
   foreign_pointer,  // a free/query of memory the pool does not own
   capture,          // allocation on a capturing stream / during a global-mode capture
   no_context,       // calling thread has no current context
-  exiting,          // the process is exiting: frees of pool memory are leaked
+  exiting,          // the process is exiting: frees of pool memory are leaked, allocations go to the driver
   count_
 };
 const char* to_string(PassKind k) noexcept;

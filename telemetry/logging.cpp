@@ -3,16 +3,18 @@
 // have its own spdlog with its own registry).
 #include "telemetry/logging.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
-#include <ctime>
 #include <mutex>
 #include <vector>
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
+
+#include "config/output_file.h"
 
 namespace cudapool {
 namespace {
@@ -26,6 +28,28 @@ std::mutex g_init_mutex;
 std::once_flag g_atexit_once;
 // Loggers replaced by init_logging; never destroyed (heap vector: no exit-time destructor).
 std::vector<spdlog::logger*>& g_retired = *new std::vector<spdlog::logger*>();
+
+// The log file: a descriptor opened by open_output_file (no link followed, O_APPEND, mode 0600
+// when new), one write(2) per message, so nothing is buffered and flush has nothing to do.
+// spdlog's basic_file_sink opens its own FILE* by name and cannot be told any of that.
+class FdFileSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit FdFileSink(int fd) : fd_(fd) {}
+  ~FdFileSink() override { ::close(fd_); }
+  FdFileSink(const FdFileSink&) = delete;
+  FdFileSink& operator=(const FdFileSink&) = delete;
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    (void)write_all_fd(fd_, formatted.data(), formatted.size());  // nowhere to report a failed log write
+  }
+  void flush_() override {}
+
+ private:
+  int fd_;
+};
 
 spdlog::logger* make_stderr_logger(spdlog::level::level_enum level) {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
@@ -67,35 +91,6 @@ void flush_at_exit() { flush_logs(); }
 
 }  // namespace
 
-std::string expand_path_pattern(std::string_view pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 16);
-  for (std::size_t i = 0; i < pattern.size(); ++i) {
-    char c = pattern[i];
-    if (c != '%' || i + 1 == pattern.size()) {
-      out += c;
-      continue;
-    }
-    char k = pattern[i + 1];
-    if (k == 'p') {
-      out += std::to_string(static_cast<long>(::getpid()));
-    } else if (k == 'h') {
-      char host[256] = {};
-      if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-      out += host[0] != '\0' ? host : "unknown-host";
-    } else if (k == 't') {
-      out += std::to_string(static_cast<long long>(std::time(nullptr)));
-    } else if (k == '%') {
-      out += '%';
-    } else {
-      out += c;
-      out += k;
-    }
-    ++i;
-  }
-  return out;
-}
-
 std::string init_logging(const Policy& policy) {
   std::call_once(g_atexit_once, [] { std::atexit(flush_at_exit); });
   spdlog::level::level_enum level;
@@ -107,15 +102,14 @@ std::string init_logging(const Policy& policy) {
     fresh = make_stderr_logger(level);
   } else {
     const std::string path = expand_path_pattern(policy.log_file);
-    try {
-      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
-      fresh = new spdlog::logger("cudapool", std::move(sink));
-      fresh->set_pattern(kPattern);
-      fresh->set_level(level);
-      fresh->flush_on(spdlog::level::warn);
-    } catch (const std::exception& e) {
-      return "cannot open log file '" + path + "': " + e.what();
-    }
+    std::string why;
+    const int fd = open_output_file(path, O_APPEND, "log file", &why);
+    if (fd < 0) return why;
+    auto sink = std::make_shared<FdFileSink>(fd);
+    fresh = new spdlog::logger("cudapool", std::move(sink));
+    fresh->set_pattern(kPattern);
+    fresh->set_level(level);
+    fresh->flush_on(spdlog::level::warn);
   }
   std::lock_guard<std::mutex> lock(g_init_mutex);
   spdlog::logger* old = g_logger.exchange(fresh, std::memory_order_acq_rel);

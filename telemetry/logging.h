@@ -7,17 +7,13 @@
 
 #include <spdlog/logger.h>
 
+#include "config/path_pattern.h"  // expand_path_pattern: the patterns of log_file
 #include "config/policy.h"
 
 namespace cudapool {
 
-// Expands the patterns allowed in log/trace/stats file names:
-//   %p  process id          %h  host name          %t  unix time in seconds (at the call)
-//   %%  a literal '%'
-// Any other '%x' is kept as written (so a stray '%' never makes a path unusable).
-std::string expand_path_pattern(std::string_view pattern);
-
-// (Re)configures the logger from policy.log_level and policy.log_file (expanded as above).
+// (Re)configures the logger from policy.log_level and policy.log_file (expanded by
+// expand_path_pattern, config/path_pattern.h; opened as config/output_file.h says).
 // Returns "" on success, else why (unknown level, file not writable); on failure the logger
 // keeps writing to stderr at the previous level. Registers an atexit flush once.
 // Thread-safe; the previous logger object is kept alive (leaked) so concurrent callers of log()

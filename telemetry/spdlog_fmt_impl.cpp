@@ -36,10 +36,10 @@ template FMT_API void buffer<wchar_t>::append(const wchar_t*, const wchar_t*);
 FMT_END_NAMESPACE
 
 // spdlog: the core (its registry brings the periodic flusher and the colour console sink of the
-// default logger), and the two sinks telemetry/logging.cpp uses (stderr and a plain file).
+// default logger), and the sinks telemetry/logging.cpp uses (stderr, and base_sink under its own
+// file sink).
 #include <spdlog/common-inl.h>
 #include <spdlog/details/backtracer-inl.h>
-#include <spdlog/details/file_helper-inl.h>
 #include <spdlog/details/log_msg-inl.h>
 #include <spdlog/details/log_msg_buffer-inl.h>
 #include <spdlog/details/os-inl.h>
@@ -49,7 +49,6 @@ FMT_END_NAMESPACE
 #include <spdlog/pattern_formatter-inl.h>
 #include <spdlog/sinks/ansicolor_sink-inl.h>
 #include <spdlog/sinks/base_sink-inl.h>
-#include <spdlog/sinks/basic_file_sink-inl.h>
 #include <spdlog/sinks/sink-inl.h>
 #include <spdlog/sinks/stdout_sinks-inl.h>
 #include <spdlog/spdlog-inl.h>
@@ -61,7 +60,6 @@ FMT_END_NAMESPACE
 
 template class spdlog::sinks::base_sink<std::mutex>;
 template class spdlog::sinks::base_sink<spdlog::details::null_mutex>;
-template class spdlog::sinks::basic_file_sink<std::mutex>;
 template class spdlog::sinks::stdout_sink_base<spdlog::details::console_mutex>;
 template class spdlog::sinks::stderr_sink<spdlog::details::console_mutex>;
 template class spdlog::sinks::ansicolor_sink<spdlog::details::console_mutex>;

@@ -2,12 +2,8 @@
 // knowledge of our struct layout (the reader, for the tools: telemetry/summary_reader.cpp).
 #include "telemetry/summary.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
+#include "config/output_file.h"
+#include "config/path_pattern.h"
 #include "telemetry/json.h"
 #include "telemetry/logging.h"
 
@@ -245,36 +241,9 @@ std::string to_json(const Summary& s) {
 }
 
 std::string write_summary_file(const std::string& path, const Summary& s) {
-  const std::string p = expand_path_pattern(path);
-  const std::string text = to_json(s);
-  // Write a sibling temp file and rename: a reader (cudapool ab) never sees half a file.
-  const std::string tmp = p + ".tmp" + std::to_string(static_cast<long>(::getpid()));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return "cannot create '" + tmp + "': " + std::strerror(errno);
-  const char* data = text.data();
-  std::size_t left = text.size();
-  while (left > 0) {
-    ssize_t w = ::write(fd, data, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return "cannot write '" + tmp + "': " + why;
-    }
-    data += w;
-    left -= static_cast<std::size_t>(w);
-  }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return "cannot write '" + tmp + "': " + std::strerror(errno);
-  }
-  if (::rename(tmp.c_str(), p.c_str()) != 0) {
-    std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return "cannot rename to '" + p + "': " + why;
-  }
-  return "";
+  // A temporary file beside the path, renamed over it: a reader (cudapool ab) never sees half
+  // a file (config/output_file.h: no link followed, an unpredictable temporary name, mode 0600).
+  return write_file_atomically(expand_path_pattern(path), to_json(s), "summary file");
 }
 
 }  // namespace cudapool

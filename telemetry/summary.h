@@ -45,7 +45,9 @@ struct Summary {
 // Serializes as one JSON object (pretty-printed, stable key order).
 std::string to_json(const Summary& s);
 // Writes the summary to `path` (patterns of expand_path_pattern expanded) with plain
-// open/write/close: safe at exit. Returns "" or why it failed.
+// open/write/rename/close, safe at exit: a temporary file beside it, renamed over it
+// (config/output_file.h: a symbolic link at `path` is refused, the file has mode 0600).
+// Returns "" or why it failed.
 std::string write_summary_file(const std::string& path, const Summary& s);
 
 // Flat PyTorch-style stat names ("allocated_bytes.all.peak", "num_ooms", "cache_hits", …) and

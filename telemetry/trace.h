@@ -78,8 +78,9 @@ class TraceWriter : public EventSink {
     std::size_t buffer_records = 8192;  // records buffered before a flush (≈ 64 B each)
   };
 
-  // Creates/truncates `path` (patterns of expand_path_pattern are expanded) and writes the
-  // header. nullptr and *error set on failure. The writer registers itself so that exit()
+  // Creates/truncates `path` (patterns of expand_path_pattern are expanded; opened as
+  // config/output_file.h says: a symbolic link there is refused, a new file has mode 0600) and
+  // writes the header. nullptr and *error set on failure. The writer registers itself so that exit()
   // and flush_all_writers() flush it.
   static std::unique_ptr<TraceWriter> open(const std::string& path, std::string* error);
   static std::unique_ptr<TraceWriter> open(const std::string& path, const Options& options, std::string* error);

@@ -32,6 +32,8 @@
 #include <mutex>
 #include <thread>
 
+#include "config/output_file.h"
+#include "config/path_pattern.h"
 #include "telemetry/clock.h"
 #include "telemetry/logging.h"
 #include "telemetry/trace.h"
@@ -361,9 +363,10 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, const Op
   impl->active = Buffer{impl->all_records[0], 0};
   for (std::size_t i = 1; i < kBuffers; ++i) impl->spare[impl->spare_count++] = impl->all_records[i];
 
-  impl->fd = ::open(impl->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string why;
+  impl->fd = open_output_file(impl->path, O_TRUNC, "trace file", &why);
   if (impl->fd < 0) {
-    if (error) *error = "cannot open trace file '" + impl->path + "': " + std::strerror(errno);
+    if (error) *error = why;
     return nullptr;
   }
   std::string header = std::string(trace_header()) + "\n";

@@ -3,22 +3,34 @@
 
 #include "tools/cli_io.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
+#include "config/output_file.h"
 #include "config/policy.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
 
 bool write_text_file(const std::string& path, const std::string& text, const char* who) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) std::fprintf(stderr, "%s: cannot write %s\n", who, path.c_str());
-  return static_cast<bool>(f);
+  std::string why;
+  const int fd = open_output_file(path, O_TRUNC, "output file", &why);
+  if (fd < 0) {
+    std::fprintf(stderr, "%s: %s\n", who, why.c_str());
+    return false;
+  }
+  bool ok = write_all_fd(fd, text.data(), text.size());
+  int e = ok ? 0 : errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    e = errno;
+  }
+  if (!ok) std::fprintf(stderr, "%s: cannot write %s: %s\n", who, path.c_str(), std::strerror(e));
+  return ok;
 }
 
 Progress::Progress(const char* who, std::size_t total, const char* unit)

@@ -13,7 +13,8 @@ class App;
 
 namespace cudapool::tools {
 
-// Writes `text` to `path`; false (after printing "<who>: cannot write PATH") on failure.
+// Writes `text` to `path`, opened as config/output_file.h says (a symbolic link there is
+// refused, a new file has mode 0600); false (after printing "<who>: why") on failure.
 bool write_text_file(const std::string& path, const std::string& text, const char* who);
 
 // An output file given by `flag` ("--json", "-o"), checked before any work: "" and "-" (stdout)

@@ -2,12 +2,16 @@
 // into ROOT/README.md (the short table) and ROOT/docs/policy.md (every key, every column), between
 // their <!-- keys:begin --> and <!-- keys:end --> lines. `make docs` runs it; the test
 // Docs.KeyTablesMatchTheCode fails while either file differs from what it would write.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "config/keys.h"
+#include "config/output_file.h"
 
 namespace {
 
@@ -33,9 +37,14 @@ int update(const std::string& path, const std::string& table) {
     std::printf("%s: current\n", path.c_str());
     return 0;
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << *next;
-  if (!out.flush()) {
+  std::string why;
+  const int fd = cudapool::open_output_file(path, O_TRUNC, "document", &why);
+  if (fd < 0) {
+    std::fprintf(stderr, "cudapool-gen-docs: %s\n", why.c_str());
+    return 1;
+  }
+  const bool wrote = cudapool::write_all_fd(fd, next->data(), next->size());
+  if (::close(fd) != 0 || !wrote) {
     std::fprintf(stderr, "cudapool-gen-docs: cannot write %s\n", path.c_str());
     return 1;
   }

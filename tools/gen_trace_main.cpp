@@ -2,7 +2,6 @@
 // tools/synth.h for what the workloads model).
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 
 #include "config/policy.h"
 #include "config/version.h"
@@ -45,21 +44,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cudapool-gen-trace: %s\n", err.c_str());
     return 2;
   }
-  std::ofstream f(out, std::ios::binary);
-  f << trace_header() << "\n";
+  std::string f = std::string(trace_header()) + "\n";
   // The policy row, as the library writes it: a replay of this file defaults to that policy.
   TraceRow policy_row;
   policy_row.thread = 1;
   policy_row.time_ns = r.rows.empty() ? 0 : r.rows.front().time_ns;
   policy_row.action = TraceAction::policy;
   policy_row.detail = TraceDetail::policy;
-  f << format_trace_row(policy_row, to_conf_string(policy)) << "\n";
-  for (const auto& row : r.rows) f << format_trace_row(row) << "\n";
-  f.close();
-  if (!f) {
-    std::fprintf(stderr, "cudapool-gen-trace: cannot write %s\n", out.c_str());
-    return 1;
-  }
+  f += format_trace_row(policy_row, to_conf_string(policy)) + "\n";
+  for (const auto& row : r.rows) f += format_trace_row(row) + "\n";
+  if (!write_text_file(out, f, "cudapool-gen-trace")) return 1;
   std::fprintf(stderr, "cudapool-gen-trace: %zu rows to %s (%d failed allocations)\n", r.rows.size(), out.c_str(),
                r.failed_allocations);
   return 0;

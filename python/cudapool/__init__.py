@@ -4,7 +4,9 @@ Pure ctypes over the library's C API (shim/cudapool.h): the functions find libcu
 the process (it is preloaded with LD_PRELOAD) and never load it themselves.
 """
 import ctypes
+import errno
 import json
+import os
 import pickle
 
 __all__ = ["NotLoadedError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache", "snapshot"]
@@ -99,9 +101,21 @@ def snapshot(path=None):
     devices = 1 + max((s["device"] for s in segments), default=0)
     snap = {"segments": segments, "device_traces": [[] for _ in range(devices)], "external_annotations": []}
     if path is not None:
-        with open(path, "wb") as f:
+        with _open_output(path) as f:
             pickle.dump(snap, f, protocol=2)
     return snap
+
+
+def _open_output(path):
+    """`path` opened for writing as the library opens its own output files: a symbolic link there
+    is refused (never written through), a new file has mode 0600, not inherited by programs run."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(errno.ELOOP, "refusing to write through a symbolic link", path) from None
+        raise
+    return os.fdopen(fd, "wb")
 
 
 def _fmt(n):

@@ -641,6 +641,60 @@ void exit_path() {
   std::exit(0);
 }
 
+// An allocation from a static destructor, which runs after the shim's exit handler: the driver
+// serves it (no pool work once exiting), so a later free of it goes to the driver too.
+struct AllocAtExit {
+  bool armed = false;
+  ~AllocAtExit() {
+    if (!armed) return;
+    const long allocs = driver_allocs(), frees = fakecuda_free_calls();
+    CUdeviceptr p = 0;
+    const CUresult r = api.cuMemAlloc(&p, 4096);  // a size the pool has cached
+    const long allocs_after = driver_allocs();
+    const CUresult f = p != 0 ? api.cuMemFree(p) : CUDA_ERROR_INVALID_VALUE;
+    std::printf("exit alloc: result %d, driver allocations %ld -> %ld, free result %d, driver frees %ld -> %ld\n", r,
+                allocs, allocs_after, f, frees, fakecuda_free_calls());
+    std::fflush(stdout);
+  }
+};
+AllocAtExit alloc_at_exit_check;
+
+void alloc_at_exit() {
+  start_cuda();
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 4096));
+  CHECK_OK(api.cuMemFree(p));  // cached: a pool allocation of this size needs no driver call
+  const long before = driver_allocs();
+  CHECK_OK(api.cuMemAlloc(&p, 4096));
+  CHECK(driver_allocs() == before);
+  CHECK_OK(api.cuMemFree(p));
+  alloc_at_exit_check.armed = true;
+  std::printf("PASS alloc_at_exit\n");
+  std::fflush(stdout);
+  std::exit(0);
+}
+
+// cuMemAllocPitch with sizes that do not fit in size_t once rows are rounded up (or multiplied
+// by the height): out of memory, never success with a short allocation.
+void pitch_overflow() {
+  start_cuda();
+  CUdeviceptr ok = 0;
+  std::size_t pitch = 0;
+  CHECK_OK(api.cuMemAllocPitch(&ok, &pitch, 1000, 2, 4));
+  CHECK(pitch == 1024);
+  const cudapool_stats s0 = stats();
+  CUdeviceptr p = 0;
+  pitch = 7;
+  CHECK(api.cuMemAllocPitch(&p, &pitch, SIZE_MAX - 100, 1, 4) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(p == 0 && pitch == 7);
+  CHECK(api.cuMemAllocPitch(&p, &pitch, std::size_t{1} << 40, std::size_t{1} << 40, 4) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(p == 0 && pitch == 7);
+  CHECK(api.cuMemAllocPitch(&p, &pitch, SIZE_MAX / 512 * 512, 2, 8) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(p == 0 && pitch == 7);
+  CHECK(stats().allocations == s0.allocations);
+  CHECK_OK(api.cuMemFree(ok));
+}
+
 void fork_child() {
   start_cuda();
   CUdeviceptr p = 0;
@@ -1442,6 +1496,8 @@ int main(int argc, char** argv) {
       {"queries", queries},
       {"reset", reset},
       {"exit_path", exit_path},
+      {"alloc_at_exit", alloc_at_exit},
+      {"pitch_overflow", pitch_overflow},
       {"fork_child", fork_child},
       {"threads", threads},
       {"no_cuda", no_cuda},

@@ -662,6 +662,9 @@ FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
 FAKE_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, std::size_t w, std::size_t h,
                                      unsigned elem) {
   if (elem != 4 && elem != 8 && elem != 16) return CUDA_ERROR_INVALID_VALUE;
+  // Sizes that do not fit in size_t: out of memory, as for any impossible size.
+  if (w == 0 || h == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (w > SIZE_MAX - 511 || h > SIZE_MAX / ((w + 511) / 512 * 512)) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> lock(mu);
   *pitch = (w + 511) / 512 * 512;
   return do_alloc(dptr, *pitch * h);

@@ -1,14 +1,14 @@
 # telemetry/ tests (logging, trace writer/reader, JSON summary, OOM text) and the trace-cost bench.
 TELEMETRY_TEST_SRCS := $(wildcard tests/unit/telemetry_*.cpp)
 TELEMETRY_TEST_BIN := $(BUILD)/tests/telemetry_tests
-$(TELEMETRY_TEST_BIN): $(TELEMETRY_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_READER_LIB) $(TELEMETRY_LIB) $(ALLOCATOR_LIB)
+$(TELEMETRY_TEST_BIN): $(TELEMETRY_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_READER_LIB) $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(if $(TELEMETRY_TEST_SRCS),$(TELEMETRY_TEST_BIN))
 
 TELEMETRY_BENCH_SRCS := $(wildcard tests/bench/telemetry_*.cpp)
 TELEMETRY_BENCH_BIN := $(BUILD)/bench/telemetry_bench
-$(TELEMETRY_BENCH_BIN): $(TELEMETRY_BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_LIB) $(ALLOCATOR_LIB)
+$(TELEMETRY_BENCH_BIN): $(TELEMETRY_BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) -lbenchmark -pthread
 BENCH_BINS += $(if $(TELEMETRY_BENCH_SRCS),$(TELEMETRY_BENCH_BIN))
@@ -27,6 +27,6 @@ $(BUILD)/fuzz/telemetry_trace: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/tel
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
 $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
     telemetry/summary_reader.o telemetry/json_reader.o telemetry/summary.o telemetry/json.o telemetry/logging.o \
-    telemetry/spdlog_fmt_impl.o)
+    telemetry/spdlog_fmt_impl.o config/output_file.o config/path_pattern.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary

@@ -111,6 +111,18 @@ class Preloaded(unittest.TestCase):
             r = subprocess.run([sys.executable, os.path.join(ROOT, "tests/tools/check_snapshot.py"), path],
                                capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(os.stat(path).st_mode & 0o077, 0)  # the owner's only
+            # A symbolic link at the path is refused, and its target left as it was.
+            victim = os.path.join(tmp, "victim")
+            with open(victim, "w") as f:
+                f.write("kept\n")
+            link = os.path.join(tmp, "link.pickle")
+            os.symlink(victim, link)
+            with self.assertRaises(OSError) as cm:
+                cudapool.snapshot(link)
+            self.assertIn("refusing to write through a symbolic link", str(cm.exception))
+            with open(victim) as f:
+                self.assertEqual(f.read(), "kept\n")
         blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
         self.assertEqual(blocks[small]["size"], 1024)
         self.assertEqual(blocks[small]["requested_size"], 1000)

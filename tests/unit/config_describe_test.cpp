@@ -156,10 +156,12 @@ TEST(Docs, KeyTableSplicedBetweenTheMarkers) {
 }
 
 TEST(PathPattern, Expands) {
-  EXPECT_EQ(expand_path_pattern("/tmp/cp-%p.log", 42, "node7"), "/tmp/cp-42.log");
-  EXPECT_EQ(expand_path_pattern("/tmp/%h/%p-%%-%x-%", 7, "h"), "/tmp/h/7-%-%x-%");
-  EXPECT_EQ(expand_path_pattern("plain", 1, "h"), "plain");
+  EXPECT_EQ(expand_path_pattern("/tmp/cp-%p.log", 42, "node7", 1), "/tmp/cp-42.log");
+  EXPECT_EQ(expand_path_pattern("/tmp/%h/%p-%%-%x-%", 7, "h", 1), "/tmp/h/7-%-%x-%");
+  EXPECT_EQ(expand_path_pattern("plain", 1, "h", 1), "plain");
+  EXPECT_EQ(expand_path_pattern("run-%t", 1, "h", 1700000000), "run-1700000000");
   EXPECT_EQ(expand_path_pattern("%p").find('%'), std::string::npos);
+  EXPECT_EQ(expand_path_pattern("%t").find_first_not_of("0123456789"), std::string::npos);  // the same %t as the log's
 }
 
 }  // namespace

@@ -145,6 +145,17 @@ TEST(PolicyFile, MissingFileAndDirectory) {
   EXPECT_TRUE(has(e, "is a directory")) << e;
 }
 
+TEST(PolicyFile, OutputFileThatIsASymbolicLinkIsRefused) {
+  TempFile target("kept\n");
+  const std::string link = target.path() + ".link";
+  ASSERT_EQ(::symlink(target.path().c_str(), link.c_str()), 0);
+  const std::string e = check_output_file(link, "stats_file", "CUDAPOOL_CONF");
+  ::unlink(link.c_str());
+  EXPECT_TRUE(has(e, "stats_file '" + link + "'")) << e;
+  EXPECT_TRUE(has(e, "refusing to write through a symbolic link")) << e;
+  EXPECT_EQ(check_output_file(target.path(), "stats_file", "CUDAPOOL_CONF"), "");
+}
+
 TEST(PolicyFile, UnreadableFile) {
   TempFile f("[policy]\n");
   ASSERT_EQ(::chmod(f.path().c_str(), 0), 0);

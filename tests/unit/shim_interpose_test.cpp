@@ -60,7 +60,8 @@ TEST_P(Scenario, PassesUnderTheShim) {
 INSTANTIATE_TEST_SUITE_P(BothResolutionStyles, Scenario,
                          ::testing::Combine(::testing::Values("pooling", "resolution", "fenced_reuse", "async_streams",
                                                               "foreign_pointers", "capture", "bad_frees", "queries",
-                                                              "reset", "fork_child", "threads", "c_api_calls"),
+                                                              "reset", "fork_child", "threads", "c_api_calls",
+                                                              "pitch_overflow"),
                                             ::testing::Bool()),
                          [](const auto& test_info) {
                            return std::get<0>(test_info.param) + (std::get<1>(test_info.param) ? "_lcuda" : "_cudart");
@@ -112,6 +113,28 @@ TEST(Shim, NoCudaCallAtExit) {
         << r.output;
     EXPECT_EQ(result, 0);      // the free "succeeds" (leaked)
     EXPECT_EQ(before, after);  // and records no event: no driver call once exiting
+  }
+}
+
+TEST(Shim, AllocationsAfterExitBeganGoToTheDriver) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "alloc_at_exit"});
+    ASSERT_EQ(r.exit_status, 0) << r.output;
+    ASSERT_NE(r.output.find("PASS alloc_at_exit"), std::string::npos) << r.output;
+    const auto at = r.output.find("exit alloc: ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    int result = -1, free_result = -1;
+    long allocs = -1, allocs_after = -1, frees = -1, frees_after = -1;
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at,
+                          "exit alloc: result %d, driver allocations %ld -> %ld, free result %d, driver frees %ld -> "
+                          "%ld",
+                          &result, &allocs, &allocs_after, &free_result, &frees, &frees_after),
+              6)
+        << r.output;
+    EXPECT_EQ(result, 0);
+    EXPECT_EQ(allocs_after, allocs + 1);  // the driver's allocation, not the pool's cached block
+    EXPECT_EQ(free_result, 0);
+    EXPECT_EQ(frees_after, frees + 1);  // so its free is the driver's too, not leaked in the pool
   }
 }
 

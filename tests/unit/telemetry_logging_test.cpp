@@ -10,6 +10,14 @@
 namespace cudapool {
 namespace {
 
+// One meaning of every pattern, for every file the library and the tools name.
+TEST(TelemetryLogging, PathPatternsPinned) {
+  EXPECT_EQ(expand_path_pattern("/tmp/cp-%p-%t-%h-%%-%%p-%q-%", 42, "node7", 1700000000),
+            "/tmp/cp-42-1700000000-node7-%-%p-%q-%");
+  EXPECT_EQ(expand_path_pattern("%t%p", 7, "h", 0), "07");
+  EXPECT_EQ(expand_path_pattern("plain", 1, "h", 2), "plain");
+}
+
 TEST(TelemetryLogging, PathPatterns) {
   const std::string pid = std::to_string(::getpid());
   EXPECT_EQ(expand_path_pattern("/tmp/x-%p.log"), "/tmp/x-" + pid + ".log");
@@ -47,9 +55,31 @@ TEST(TelemetryLogging, LevelsAndFileOutput) {
   EXPECT_NE(lines[0].find("[cudapool " + std::to_string(::getpid())), std::string::npos) << lines[0];
   EXPECT_NE(lines[1].find("[debug] shown 3"), std::string::npos) << lines[1];
 
+  // A new log file is the owner's only, and a program started by this one does not inherit it.
+  EXPECT_EQ(testing::file_mode(path.str()) & 077, 0);
+  EXPECT_EQ(testing::file_mode(path.str()) & 0600, 0600);
+  EXPECT_EQ(testing::cloexec_of_open_file(path.str()), 1);
+
   p.log_file = "/dev/null/a.log";
   EXPECT_NE(init_logging(p).find("cannot open log file '/dev/null/a.log'"), std::string::npos);
   // Back to stderr so later tests do not write into a removed file.
+  p.log_file.clear();
+  EXPECT_EQ(init_logging(p), "");
+}
+
+TEST(TelemetryLogging, RefusesToWriteThroughASymbolicLink) {
+  testing::Victim victim;
+  testing::TempPath path(".log");
+  ASSERT_EQ(::symlink(victim.str().c_str(), path.str().c_str()), 0);
+  Policy p;
+  p.log_level = "warn";
+  p.log_file = path.str();
+  const std::string err = init_logging(p);
+  EXPECT_NE(err.find("cannot open log file '" + path.str() + "'"), std::string::npos) << err;
+  EXPECT_NE(err.find("refusing to write through a symbolic link"), std::string::npos) << err;
+  log().warn("must not reach the link's target");
+  flush_logs();
+  EXPECT_TRUE(victim.untouched());
   p.log_file.clear();
   EXPECT_EQ(init_logging(p), "");
 }

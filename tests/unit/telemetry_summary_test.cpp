@@ -165,6 +165,47 @@ TEST(TelemetrySummary, FileRoundTripAndPattern) {
   EXPECT_FALSE(read_summary_file("/dev/null/s.json", &back, &err));
 }
 
+TEST(TelemetrySummary, RefusesToWriteThroughASymbolicLink) {
+  testing::Victim victim;
+  testing::TempPath path(".json");
+  ASSERT_EQ(::symlink(victim.str().c_str(), path.str().c_str()), 0);
+  const std::string err = write_summary_file(path.str(), sample());
+  EXPECT_NE(err.find("'" + path.str() + "'"), std::string::npos) << err;
+  EXPECT_NE(err.find("refusing to write through a symbolic link"), std::string::npos) << err;
+  EXPECT_TRUE(victim.untouched());
+  EXPECT_TRUE(testing::is_symlink(path.str()));  // the link is left as it was, not replaced
+}
+
+TEST(TelemetrySummary, TemporaryFileNameIsNotPredictable) {
+  // A link planted where a "<path>.tmp<pid>" temporary would be is never written through.
+  testing::Victim victim;
+  testing::TempPath path(".json");
+  const std::string guessed = path.str() + ".tmp" + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim.str().c_str(), guessed.c_str()), 0);
+  EXPECT_EQ(write_summary_file(path.str(), sample()), "");
+  EXPECT_TRUE(victim.untouched());
+  EXPECT_TRUE(testing::is_symlink(guessed));
+  std::remove(guessed.c_str());
+  EXPECT_FALSE(testing::is_symlink(path.str()));
+  Summary back;
+  std::string err;
+  ASSERT_TRUE(read_summary_file(path.str(), &back, &err)) << err;
+  EXPECT_EQ(back.pid, 4242);
+  EXPECT_EQ(testing::file_mode(path.str()), 0600);  // mkstemp's mode: the owner only
+  // Nothing is left beside it: the temporary was renamed into place.
+  const std::size_t slash = path.str().find_last_of('/');
+  const std::string dir = path.str().substr(0, slash), name = path.str().substr(slash + 1);
+  DIR* d = ::opendir(dir.c_str());
+  ASSERT_NE(d, nullptr);
+  int leftovers = 0;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != name && n.find(name) != std::string::npos) ++leftovers;
+  }
+  ::closedir(d);
+  EXPECT_EQ(leftovers, 0);
+}
+
 TEST(TelemetrySummary, TableShowsTheNumbers) {
   Summary s = sample();
   s.devices[0].stats.reserved_bytes[kAll].peak = 3 * static_cast<std::int64_t>(GiB) / 2;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <chrono>
+#include <ctime>
 #include <thread>
 
 #include "telemetry/trace.h"
@@ -488,6 +489,29 @@ TEST(TelemetryTrace, OpenFailsWithReason) {
   EXPECT_NE(err.find("/dev/null/x/trace.csv"), std::string::npos) << err;
 }
 
+TEST(TelemetryTrace, RefusesToWriteThroughASymbolicLink) {
+  testing::Victim victim;
+  TempPath path;
+  ASSERT_EQ(::symlink(victim.str().c_str(), path.str().c_str()), 0);
+  std::string err;
+  auto w = TraceWriter::open(path.str(), &err);
+  EXPECT_FALSE(w);
+  EXPECT_NE(err.find("'" + path.str() + "'"), std::string::npos) << err;
+  EXPECT_NE(err.find("refusing to write through a symbolic link"), std::string::npos) << err;
+  EXPECT_TRUE(victim.untouched());
+  EXPECT_TRUE(testing::is_symlink(path.str()));
+}
+
+TEST(TelemetryTrace, NewFileIsTheOwnersOnlyAndClosedOnExec) {
+  TempPath path;
+  std::string err;
+  auto w = TraceWriter::open(path.str(), &err);
+  ASSERT_TRUE(w) << err;
+  EXPECT_EQ(testing::file_mode(path.str()) & 077, 0);  // no access for group or others, whatever the umask
+  EXPECT_EQ(testing::file_mode(path.str()) & 0600, 0600);
+  EXPECT_EQ(testing::cloexec_of_open_file(path.str()), 1);
+}
+
 TEST(TelemetryTrace, PathPatternIsExpanded) {
   TempPath base;
   std::string err;
@@ -498,6 +522,18 @@ TEST(TelemetryTrace, PathPatternIsExpanded) {
   w.reset();
   EXPECT_EQ(testing::read_lines(p).size(), 1u);  // the header
   std::remove(p.c_str());
+  // %t: the Unix time in seconds, as for the log and summary files.
+  const long long before = std::time(nullptr);
+  w = TraceWriter::open(base.str() + ".%t", &err);
+  ASSERT_TRUE(w) << err;
+  p = w->path();
+  w.reset();
+  std::remove(p.c_str());
+  const std::string stamp = p.substr(base.str().size() + 1);
+  ASSERT_FALSE(stamp.empty());
+  ASSERT_EQ(stamp.find_first_not_of("0123456789"), std::string::npos) << p;
+  EXPECT_GE(std::stoll(stamp), before);
+  EXPECT_LE(std::stoll(stamp), before + 5);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 // Helpers shared by the telemetry tests: temp files and whole-file reads.
 #pragma once
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,6 +40,47 @@ inline std::string read_file(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A file that a writer must never change, to which tests plant symbolic links.
+class Victim {
+ public:
+  static constexpr const char* kText = "precious contents\n";
+  Victim() : path_(".victim") { std::ofstream(path_.str(), std::ios::binary) << kText; }
+  const std::string& str() const { return path_.str(); }
+  bool untouched() const { return read_file(path_.str()) == kText; }
+
+ private:
+  TempPath path_;
+};
+
+inline bool is_symlink(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+// The permission bits of `path` (not following a link); -1 if it does not exist.
+inline int file_mode(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// Whether this process's descriptor open on `path` is close-on-exec: 1 yes, 0 no, -1 when no
+// descriptor is open on it.
+inline int cloexec_of_open_file(const std::string& path) {
+  int result = -1;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return result;
+  while (dirent* e = ::readdir(d)) {
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    char target[4096];
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    if (n <= 0 || std::string(target, static_cast<std::size_t>(n)) != path) continue;
+    const int flags = ::fcntl(std::atoi(e->d_name), F_GETFD);
+    if (flags >= 0) result = (flags & FD_CLOEXEC) != 0 ? 1 : 0;
+  }
+  ::closedir(d);
+  return result;
 }
 
 inline std::vector<std::string> read_lines(const std::string& path) {

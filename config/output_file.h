@@ -1,0 +1,34 @@
+// Opening the files the library and the tools write at paths a user names (trace, log, summary,
+// the tools' outputs). These paths are often in shared directories such as /tmp and the files
+// may hold command lines, so every such file is opened the same careful way:
+//  * a symbolic link at the last component of the path is refused (O_NOFOLLOW), never written
+//    through: "refusing to write through a symbolic link";
+//  * O_CLOEXEC: a program the writer starts never inherits the descriptor;
+//  * a file created here has mode 0600 (owner only; the umask may only narrow it);
+//  * a file replaced as a whole is written to a temporary file made with mkostemp (an
+//    unpredictable name, created exclusively) in the same directory, then renamed over the path.
+// All of it is plain open/write/rename/close: safe from an atexit handler.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace cudapool {
+
+// The mode of every file created by open_output_file and write_file_atomically.
+inline constexpr unsigned kOutputFileMode = 0600;
+
+// Opens `path` for writing: O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC plus `flags` (O_TRUNC
+// or O_APPEND). Returns the descriptor, or -1 with *error set to "cannot open <what> 'PATH':
+// WHY" (WHY is "refusing to write through a symbolic link" for a link at PATH).
+int open_output_file(const std::string& path, int flags, std::string_view what, std::string* error);
+
+// Writes `data` to `path` as a whole: a temporary file beside it, then rename, so a reader never
+// sees half a file. A symbolic link at `path` is refused (not replaced). Returns "" or why not.
+std::string write_file_atomically(const std::string& path, std::string_view data, std::string_view what);
+
+// write(2) until everything is written (retrying EINTR and short writes). false on an error
+// (errno set).
+bool write_all_fd(int fd, const char* data, std::size_t size);
+
+}  // namespace cudapool
