@@ -19,17 +19,19 @@ std::int64_t steady_ns() {
 thread_local CUcontext tl_known_current = nullptr;
 }  // namespace
 
+template <class F>
+auto CudaFences::in_context_locked(F&& f) {
+  if (tl_known_current == ctx_) return f();  // the hook already read the current context
+  n_ctx_.add();
+  ScopedContext scope(d_, ctx_);
+  return f();
+}
+
 CudaFences::ContextGuard::ContextGuard(CUcontext ctx) noexcept : prev_(tl_known_current) { tl_known_current = ctx; }
 CudaFences::ContextGuard::~ContextGuard() { tl_known_current = prev_; }
 
 void CudaFences::record_now_locked(Fence* f) {
-  if (tl_known_current == ctx_) {
-    record_locked(f);  // the hook already read the current context: no cuCtxGetCurrent
-  } else {
-    n_ctx_.add();
-    ScopedContext scope(d_, ctx_);
-    record_locked(f);
-  }
+  in_context_locked([&] { record_locked(f); });
 }
 
 CudaFences::CallCounts CudaFences::call_counts() const noexcept {
@@ -139,13 +141,7 @@ void CudaFences::begin_sweep_locked() {
     }
     if (sweep_events_.empty()) sweep_done_ = sweep_started_;
   };
-  if (tl_known_current == ctx_) {
-    sweep();
-  } else {
-    n_ctx_.add();
-    ScopedContext scope(d_, ctx_);
-    sweep();
-  }
+  in_context_locked(sweep);
 }
 
 bool CudaFences::sweep_finished_locked() {
@@ -412,10 +408,7 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
     joins_.assign(1, join);
     return true;
   };
-  if (tl_known_current == ctx_) return order();
-  n_ctx_.add();
-  ScopedContext scope(d_, ctx_);
-  return order();
+  return in_context_locked(order);
 }
 
 bool CudaFences::orders_for_free() {
@@ -470,13 +463,7 @@ void CudaFences::finish_stream_locked(CUstream s) {
     }
     free_events_.push_back(e);
   };
-  if (tl_known_current == ctx_) {
-    finish();
-  } else {
-    n_ctx_.add();
-    ScopedContext scope(d_, ctx_);
-    finish();
-  }
+  in_context_locked(finish);
 }
 
 bool CudaFences::remove_stream(CUstream s) {

@@ -131,8 +131,12 @@ class CudaFences final : public FenceProvider {
   Fence* new_fence_locked();
   CUevent take_event_locked();
   bool record_on_locked(Fence* f, CUstream s);
-  void record_locked(Fence* f);           // the fence's events, now (context made current by the caller)
-  void record_now_locked(Fence* f);       // record_locked with the context made current if needed
+  void record_locked(Fence* f);      // the fence's events, now (context made current by the caller)
+  void record_now_locked(Fence* f);  // record_locked with the context made current if needed
+  // Runs f with the pool's context current: as it is when the hook verified it (ContextGuard),
+  // else made current around f (ScopedContext, counted as a context switch).
+  template <class F>
+  auto in_context_locked(F&& f);
   bool query_events_locked(Fence* f);     // asks the driver; notes completion
   bool events_complete_locked(Fence* f);  // its events completed (the newest-fence shortcuts first)
   void note_complete_locked(const Fence* f);

@@ -919,6 +919,26 @@ void gpu_wait_legacy_only() {
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
 
+// The legacy churn loop: three buffers allocated and freed per iteration, the pool's batch window
+// (20 us) passing in between; with `hold`, the legacy stream is held busy after the allocations
+// (the iteration's kernels, still running when the host frees).
+void legacy_churn(int iters, bool hold) {
+  for (int it = 0; it < iters; ++it) {
+    const std::size_t n = (64u << 10) << (it % 4);
+    CUdeviceptr x = 0, y = 0, out = 0;
+    CHECK_OK(api.cuMemAlloc(&x, n));
+    CHECK_OK(api.cuMemAlloc(&y, n));
+    CHECK_OK(api.cuMemAlloc(&out, 8));
+    if (hold) fakecuda_hold_stream(CU_STREAM_LEGACY);
+    CHECK_OK(api.cuMemFree(out));
+    CHECK_OK(api.cuMemFree(y));
+    CHECK_OK(api.cuMemFree(x));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(30)) {
+    }
+  }
+}
+
 // The legacy churn pattern (three buffers allocated and freed per iteration, the fence window
 // passing in between) in a context whose streams all follow the legacy stream: each batch is
 // reused as soon as its fence is recorded, with no cuEventQuery for it (one per millisecond at
@@ -930,22 +950,7 @@ void gpu_wait_without_queries() {
   start_cuda();
   CUstream blocking = nullptr;
   CHECK_OK(api.cuStreamCreate(&blocking, 0));
-  auto churn = [&](int iters, bool hold) {
-    for (int it = 0; it < iters; ++it) {
-      const std::size_t n = (64u << 10) << (it % 4);
-      CUdeviceptr x = 0, y = 0, out = 0;
-      CHECK_OK(api.cuMemAlloc(&x, n));
-      CHECK_OK(api.cuMemAlloc(&y, n));
-      CHECK_OK(api.cuMemAlloc(&out, 8));
-      if (hold) fakecuda_hold_stream(CU_STREAM_LEGACY);  // the iteration's kernels, still running
-      CHECK_OK(api.cuMemFree(out));
-      CHECK_OK(api.cuMemFree(y));
-      CHECK_OK(api.cuMemFree(x));
-      const auto t0 = std::chrono::steady_clock::now();  // the window (20 us) passes
-      while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(30)) {
-      }
-    }
-  };
+  auto churn = [](int iters, bool hold) { legacy_churn(iters, hold); };
   churn(8, false);  // warm: the pool holds what one iteration needs
   constexpr int kIters = 400;
   const long queries = fakecuda_event_queries(), allocs = driver_allocs(), syncs = fakecuda_event_syncs();
@@ -994,21 +999,7 @@ void gpu_wait_idle_streams() {
   constexpr int kStreams = 16;
   std::vector<CUstream> idle(kStreams);
   for (CUstream& s : idle) CHECK_OK(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  auto churn = [&](int iters) {
-    for (int it = 0; it < iters; ++it) {
-      const std::size_t n = (64u << 10) << (it % 4);
-      CUdeviceptr x = 0, y = 0, out = 0;
-      CHECK_OK(api.cuMemAlloc(&x, n));
-      CHECK_OK(api.cuMemAlloc(&y, n));
-      CHECK_OK(api.cuMemAlloc(&out, 8));
-      CHECK_OK(api.cuMemFree(out));
-      CHECK_OK(api.cuMemFree(y));
-      CHECK_OK(api.cuMemFree(x));
-      const auto t0 = std::chrono::steady_clock::now();  // the batch window (20 us) passes
-      while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(30)) {
-      }
-    }
-  };
+  auto churn = [](int iters) { legacy_churn(iters, false); };
   churn(8);
   constexpr int kIters = 400;
   const long records = fakecuda_event_records(), squeries = fakecuda_stream_queries();
