@@ -36,8 +36,7 @@ template FMT_API void buffer<wchar_t>::append(const wchar_t*, const wchar_t*);
 FMT_END_NAMESPACE
 
 // spdlog: the core (its registry brings the periodic flusher and the colour console sink of the
-// default logger), and the sinks telemetry/logging.cpp uses (stderr, and base_sink under its own
-// file sink).
+// default logger), and base_sink under telemetry/logging.cpp's own sink.
 #include <spdlog/common-inl.h>
 #include <spdlog/details/backtracer-inl.h>
 #include <spdlog/details/log_msg-inl.h>
@@ -59,6 +58,7 @@ FMT_END_NAMESPACE
 #include <mutex>
 
 template class spdlog::sinks::base_sink<std::mutex>;
+template class spdlog::sinks::base_sink<std::timed_mutex>;  // telemetry/logging.cpp's sink
 template class spdlog::sinks::base_sink<spdlog::details::null_mutex>;
 template class spdlog::sinks::stdout_sink_base<spdlog::details::console_mutex>;
 template class spdlog::sinks::stderr_sink<spdlog::details::console_mutex>;

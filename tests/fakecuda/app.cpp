@@ -6,6 +6,8 @@
 // `app <scenario>` runs one scenario; it prints "FAIL <line>: <expr>" and exits 1 on the first
 // failed check, exits 0 when all passed. tests/unit/shim_interpose_test.cpp runs them.
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -721,6 +723,67 @@ void fork_child() {
   CUdeviceptr r = 0;
   CHECK_OK(api.cuMemAlloc(&r, 1 << 20));
   CHECK(r == p && driver_allocs() == before);
+}
+
+// Waits up to `seconds` for child `pid`; a child still running then is killed. Its exit status,
+// or -1 when it had to be killed (a hang) or died of a signal.
+int wait_child(pid_t pid, int seconds) {
+  for (int ms = 0; ms < seconds * 1000; ++ms) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (r < 0) return -1;
+    usleep(1000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// A thread logs without pause (a warning per interior-pointer free) while the main thread forks
+// again and again; every child logs a warning of its own and ends with exit(), so the exit
+// handlers run (summary, log flush). No child may hang on a logging lock that the logging thread
+// held at the moment of the fork.
+void fork_while_logging() {
+  start_cuda();
+  // The warnings go nowhere: a flood of them would fill the test's pipe (CHECK prints to stdout).
+  const int devnull = open("/dev/null", O_WRONLY);
+  CHECK(devnull >= 0 && dup2(devnull, 2) == 2);
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 8192));
+  std::atomic<bool> stop{false};
+  std::atomic<long> logged{0};
+  std::thread logger([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      (void)api.cuMemFree(p + 512);  // an interior pointer: refused with a warning
+      logged.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  while (logged.load() < 100) std::this_thread::yield();
+  int hung = 0, failed = 0;
+  constexpr int kForks = 200;
+  for (int i = 0; i < kForks; ++i) {
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+      CUdeviceptr q = 0;
+      if (api.cuMemAlloc(&q, 4096) != CUDA_SUCCESS) std::_Exit(3);
+      if (api.cuMemFree(q) != CUDA_SUCCESS) std::_Exit(4);
+      if (api.cuMemFree(q) != CUDA_ERROR_INVALID_VALUE) std::_Exit(5);  // a double free: a warning
+      std::exit(0);
+    }
+    const int status = wait_child(pid, 10);
+    hung += status == -1;
+    failed += status > 0;
+    if (hung > 0) break;  // one hang is the finding; the rest would each cost the timeout
+  }
+  stop.store(true);
+  logger.join();
+  std::printf("fork while logging: %d forks, %d hung, %d failed, %ld warnings logged\n", kForks, hung, failed,
+              logged.load());
+  CHECK(hung == 0);
+  CHECK(failed == 0);
+  CHECK_OK(api.cuMemFree(p));
 }
 
 void threads() {
@@ -1490,6 +1553,7 @@ int main(int argc, char** argv) {
       {"alloc_at_exit", alloc_at_exit},
       {"pitch_overflow", pitch_overflow},
       {"fork_child", fork_child},
+      {"fork_while_logging", fork_while_logging},
       {"threads", threads},
       {"no_cuda", no_cuda},
       {"alloc_once", alloc_once},

@@ -99,6 +99,21 @@ TEST(Shim, IpcHandlesAreTheShimsForSplitAndWholeBlocks) {
   EXPECT_NE(r.output.find("export 2 of a classic block of 1000 bytes"), std::string::npos) << r.output;
 }
 
+// A child forked while another thread of the parent is inside the logger must still be able to
+// log and to exit (the log flush at exit takes the sink's lock): the fork hands the logging locks
+// over to the child. 200 forks against a thread that logs without pause.
+TEST(Shim, ForkWhileAnotherThreadLogsNeverHangs) {
+  for (bool linked : {false, true}) {
+    std::map<std::string, std::string> env;
+    // Sanitizer builds: no stats thread in the children (see PassesUnderTheShim).
+    if (!kSanPreload.empty()) env["CUDAPOOL_CONF"] = "publish_stats:False";
+    RunResult r = run({app(linked), "fork_while_logging"}, env);
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS fork_while_logging"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("200 forks, 0 hung, 0 failed"), std::string::npos) << r.output;
+  }
+}
+
 TEST(Shim, NoCudaCallAtExit) {
   for (bool linked : {false, true}) {
     RunResult r = run({app(linked), "exit_path"});
