@@ -14,4 +14,10 @@ std::string expand_path_pattern(std::string_view pattern, long pid, std::string_
 // The same with this process's pid, host name ("unknown-host" if it has none) and the time now.
 std::string expand_path_pattern(std::string_view pattern);
 
+// A pattern that names a file of its own for every process: `pattern` itself when it holds %p,
+// else the same with ".%p" before the extension of its last component ("/tmp/s.json" ->
+// "/tmp/s.%p.json", "/tmp/s" -> "/tmp/s.%p"). What a forked child writes its summary to, so that
+// it never replaces its parent's.
+std::string per_process_pattern(std::string_view pattern);
+
 }  // namespace cudapool

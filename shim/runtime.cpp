@@ -10,6 +10,7 @@
 #include <mutex>
 #include <new>
 
+#include "config/path_pattern.h"
 #include "config/version.h"
 #include "shim/group.h"
 #include "shim/hooks.h"
@@ -168,6 +169,9 @@ void Runtime::on_exit() noexcept {
 }
 
 void Runtime::write_exit_summary() noexcept {
+  // A forked child that never used CUDA itself has nothing of its own to report (the parent's
+  // pools are not its own): no summary, so it cannot hide or replace the parent's.
+  if (forked_ && count_.load(std::memory_order_acquire) == 0) return;
   // Only the pools' own counters: no CUDA call (the driver totals were taken at pool creation).
   try {
     Summary s;
@@ -198,9 +202,10 @@ void Runtime::write_exit_summary() noexcept {
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
     }
     log_info("exit summary\n{}", format_summary_table(s));
-    // The policy key wins; CUDAPOOL_STATS=path is the short form scripts use.
+    // stats_file (CUDAPOOL_STATS included: config/load.cpp puts it there). A forked child's
+    // summary goes to a file of its own beside the parent's, never over it.
     std::string stats_path = policy_.stats_file;
-    if (const char* env = std::getenv("CUDAPOOL_STATS"); stats_path.empty() && env != nullptr) stats_path = env;
+    if (forked_ && !stats_path.empty()) stats_path = per_process_pattern(stats_path);
     if (!stats_path.empty()) {
       std::string err = write_summary_file(stats_path, s);
       if (!err.empty()) log_warn("stats file: {}", err);
@@ -221,6 +226,12 @@ void Runtime::on_fork_child() noexcept {
   if (rt == nullptr) return;
   rt->count_.store(0, std::memory_order_relaxed);
   rt->generation_.fetch_add(1, std::memory_order_relaxed);
+  // The child's summary covers the child: its own start, its own pass-throughs.
+  rt->forked_ = true;
+  rt->start_unix_ns_ = now_ns(CLOCK_REALTIME);
+  rt->start_mono_ns_ = now_ns(CLOCK_MONOTONIC);
+  for (PassShard& shard : rt->shards_)
+    for (auto& n : shard.n) n.store(0, std::memory_order_relaxed);
   new (&start_mutex()) std::mutex;
 }
 

@@ -129,6 +129,7 @@ class Runtime {
   EventSink* sink_ = nullptr;
   std::int64_t start_unix_ns_ = 0;
   std::int64_t start_mono_ns_ = 0;
+  bool forked_ = false;  // this process is a forked child of the one that started the runtime
   std::atomic<ContextPool*> slots_[kMaxPools] = {};
   std::atomic<int> count_{0};
   // Bumped when a pool is retired or after fork; per-thread lookup caches check it (read-only on

@@ -786,6 +786,33 @@ void fork_while_logging() {
   CHECK_OK(api.cuMemFree(p));
 }
 
+// The summary (CUDAPOOL_STATS) after fork: a child that never uses CUDA writes none, one that
+// does writes its own file beside the parent's; neither touches the parent's path, which the
+// parent writes at its own exit. Prints the second child's pid for the test.
+void fork_summary() {
+  start_cuda();
+  const char* path = std::getenv("CUDAPOOL_STATS");
+  CHECK(path != nullptr);
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 1 << 20));
+  CHECK_OK(api.cuMemFree(p));
+  const pid_t quiet = fork();
+  CHECK(quiet >= 0);
+  if (quiet == 0) std::exit(0);  // exit handlers run; no CUDA used in this child
+  CHECK(wait_child(quiet, 20) == 0);
+  CHECK(access(path, F_OK) != 0);
+  const pid_t busy = fork();
+  CHECK(busy >= 0);
+  if (busy == 0) {
+    CUdeviceptr q = 0;
+    if (api.cuMemAlloc(&q, 4096) != CUDA_SUCCESS || api.cuMemFree(q) != CUDA_SUCCESS) std::_Exit(3);
+    std::exit(0);
+  }
+  CHECK(wait_child(busy, 20) == 0);
+  CHECK(access(path, F_OK) != 0);
+  std::printf("child with CUDA: pid %d\n", static_cast<int>(busy));
+}
+
 void threads() {
   start_cuda();
   CUcontext ctx = nullptr;
@@ -1554,6 +1581,7 @@ int main(int argc, char** argv) {
       {"pitch_overflow", pitch_overflow},
       {"fork_child", fork_child},
       {"fork_while_logging", fork_while_logging},
+      {"fork_summary", fork_summary},
       {"threads", threads},
       {"no_cuda", no_cuda},
       {"alloc_once", alloc_once},

@@ -164,5 +164,18 @@ TEST(PathPattern, Expands) {
   EXPECT_EQ(expand_path_pattern("%t").find_first_not_of("0123456789"), std::string::npos);  // the same %t as the log's
 }
 
+// A forked child's summary path: its own file beside the parent's, unless the pattern already
+// names one per process.
+TEST(PathPattern, PerProcessPatternAddsThePidOnce) {
+  EXPECT_EQ(per_process_pattern("/tmp/s.json"), "/tmp/s.%p.json");
+  EXPECT_EQ(per_process_pattern("/tmp/run.d/s"), "/tmp/run.d/s.%p");
+  EXPECT_EQ(per_process_pattern("s.tar.gz"), "s.tar.%p.gz");
+  EXPECT_EQ(per_process_pattern("/tmp/.hidden"), "/tmp/.hidden.%p");
+  EXPECT_EQ(per_process_pattern("/tmp/s-%p.json"), "/tmp/s-%p.json");
+  EXPECT_EQ(per_process_pattern("/tmp/100%%p.json"), "/tmp/100%%p.%p.json");  // "%%p" is no pid
+  EXPECT_EQ(per_process_pattern("/tmp/%h-%t.json"), "/tmp/%h-%t.%p.json");
+  EXPECT_EQ(expand_path_pattern(per_process_pattern("/tmp/s.json"), 42, "h", 1), "/tmp/s.42.json");
+}
+
 }  // namespace
 }  // namespace cudapool

@@ -419,6 +419,52 @@ TEST(Shim, ExitSummaryKeepsPoolsOfContextsThatWereReset) {
   rmdir(dir);
 }
 
+std::string shell(const std::string& cmd);
+
+std::string read_text(const std::string& path) {
+  std::string out;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    std::fclose(f);
+  }
+  return out;
+}
+
+// After fork: the stats path stays the parent's. A child that never used CUDA writes no summary;
+// one that did writes its own beside it (stats.<pid>.json); the parent's is its own, written at
+// its exit (the scenario checks that no child wrote the path meanwhile).
+TEST(Shim, ForkedChildrenNeverWriteTheParentsSummary) {
+  for (bool linked : {false, true}) {
+    char dir[] = "/tmp/cudapool-shim-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string stats = std::string(dir) + "/stats.json";
+    std::map<std::string, std::string> env{{"CUDAPOOL_STATS", stats}};
+    if (!kSanPreload.empty()) env["CUDAPOOL_CONF"] = "publish_stats:False";
+    cudapool::test::RunningChild c = cudapool::test::start_under_shim({app(linked), "fork_summary"}, env);
+    const pid_t parent = c.pid;
+    RunResult r = cudapool::test::finish(c);
+    ASSERT_EQ(r.exit_status, 0) << r.output;
+    int child = 0;
+    const auto at = r.output.find("child with CUDA: pid ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    child = std::atoi(r.output.c_str() + at + 21);
+    const std::string mine = read_text(stats);
+    EXPECT_NE(mine.find("\"pid\": " + std::to_string(parent) + ","), std::string::npos) << mine;
+    EXPECT_NE(mine.find("\"allocation.all.allocated\": 1,"), std::string::npos) << mine;
+    const std::string child_path = std::string(dir) + "/stats." + std::to_string(child) + ".json";
+    const std::string theirs = read_text(child_path);
+    EXPECT_NE(theirs.find("\"pid\": " + std::to_string(child) + ","), std::string::npos) << theirs;
+    EXPECT_NE(theirs.find("\"allocation.all.allocated\": 1,"), std::string::npos) << theirs;
+    // Nothing else: the child without CUDA wrote nothing anywhere.
+    EXPECT_EQ(shell(std::string("ls ") + dir + " | wc -l"), "2\n");
+    std::remove(stats.c_str());
+    std::remove(child_path.c_str());
+    rmdir(dir);
+  }
+}
+
 std::string shell(const std::string& cmd) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
