@@ -13,6 +13,7 @@
 #include "config/keys.h"
 #include "config/path_pattern.h"
 #include "config/policy.h"
+#include "config/secure.h"
 #include "config/toml_loader.h"
 #include "config/values.h"
 
@@ -108,6 +109,20 @@ std::string check_group(const Policy& p) {
 
 PolicyResult load(const PolicySources& src) {
   PolicyResult r;
+  if (src.secure) {
+    // Nothing from outside the program: no variable, no file (not even one to read: its lines
+    // could end up in an error message). The defaults, less the one that writes a file.
+    Policy p;
+    for (const config::KeySpec& k : config::keys())
+      if (k.format != nullptr) p.origin[std::string(k.name)] = "default";
+    p.origin["on_error"] = "default";
+    p.publish_stats = false;
+    p.origin["publish_stats"] = "secure mode";
+    r.policy = std::move(p);
+    r.secure = true;
+    r.ignored = src.ignored;
+    return r;
+  }
   if (std::string e = parse_on_error(src.on_error, r.on_error); !e.empty()) {
     r.error = std::move(e);
     return r;
@@ -213,8 +228,10 @@ PolicyResult load_policy(const PolicySources& sources) {
 
 PolicySources sources_from_environment() {
   PolicySources s;
-  auto env = [](const char* name) {
-    const char* v = std::getenv(name);
+  s.secure = secure_process();
+  if (s.secure) s.ignored = cudapool_variables_set();
+  auto env = [&s](const char* name) {
+    const char* v = s.secure ? nullptr : ::secure_getenv(name);
     return v ? std::string(v) : std::string();
   };
   s.conf = env("CUDAPOOL_CONF");

@@ -74,6 +74,11 @@ struct PolicySources {
   // Check that trace_file and stats_file can be written (see check_output_file). On for every
   // caller: a process that would lose its trace or summary at exit should hear so at start.
   bool check_outputs = true;
+  // Secure mode (config/secure.h): every source above is ignored; the policy is the default with
+  // nothing that writes a file (publish_stats off). `ignored` names the CUDAPOOL_* variables that
+  // were set, for the message.
+  bool secure = false;
+  std::vector<std::string> ignored;
 };
 
 struct PolicyResult {
@@ -81,6 +86,9 @@ struct PolicyResult {
   std::string error;             // set on failure: what is wrong and how to fix it
   // What to do when `error` is set (from CUDAPOOL_ON_ERROR, read first so it holds even then).
   OnError on_error = OnError::stop;
+  // Loaded in secure mode, and the variables it ignored (PolicySources::secure).
+  bool secure = false;
+  std::vector<std::string> ignored;
 };
 
 // Parse a CUDAPOOL_CONF / PYTORCH_CUDA_ALLOC_CONF string over `base`.
@@ -88,7 +96,7 @@ PolicyResult parse_conf(std::string_view text, const Policy& base, std::string_v
 // Full layering: defaults < file [policy] < profile < CUDAPOOL_CONF < CUDAPOOL_TRACE/CUDAPOOL_STATS.
 PolicyResult load_policy(const PolicySources& sources);
 // Sources from the environment (CUDAPOOL_CONF, CUDAPOOL_CONFIG, CUDAPOOL_PROFILE, CUDAPOOL_ON_ERROR,
-// CUDAPOOL_TRACE, CUDAPOOL_STATS, /proc/self/cmdline).
+// CUDAPOOL_TRACE, CUDAPOOL_STATS, /proc/self/cmdline); in secure mode none of the variables.
 PolicySources sources_from_environment();
 // What the shim calls once at start: load_policy(sources_from_environment()), never throws.
 PolicyResult load_policy_from_environment();

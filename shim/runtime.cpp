@@ -11,6 +11,7 @@
 #include <new>
 
 #include "config/path_pattern.h"
+#include "config/secure.h"
 #include "config/version.h"
 #include "shim/group.h"
 #include "shim/hooks.h"
@@ -81,10 +82,22 @@ std::atomic<int> g_next_shard{0};
 thread_local int tl_shard = -1;
 
 // Loads the policy; on failure follows CUDAPOOL_ON_ERROR. Returns false to mean "pass through".
-bool load(Policy* out) {
+// *secure: loaded in secure mode (config/secure.h), *ignored: the variables that mode ignored.
+bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
   PolicyResult r = load_policy_from_environment();
+  *secure = r.secure;
+  *ignored = std::move(r.ignored);
   if (r.policy) {
     *out = *r.policy;
+    if (*secure) {
+      // What secure mode means for the shim, whatever the loader handed over: no file written.
+      out->log_file.clear();
+      out->trace_file.clear();
+      out->stats_file.clear();
+      out->publish_stats = false;
+      out->dump_signal = 0;
+      out->group.clear();
+    }
     return true;
   }
   if (r.on_error == OnError::passthrough) {
@@ -113,21 +126,26 @@ Runtime* Runtime::start() noexcept {
   std::lock_guard<std::mutex> lock(start_mutex());
   if (Runtime* rt = instance_.load(std::memory_order_acquire)) return rt;
   Policy policy;
-  bool ok = load(&policy);
+  bool secure = false;
+  std::vector<std::string> ignored;
+  bool ok = load(&policy, &secure, &ignored);
   const bool native = ok && policy.backend == Backend::native;
   std::string why = init_logging(policy);
   if (!why.empty()) log_warn("logging: {}", why);
+  // Said once: a warning when it ignored something the user set, else only at info.
+  if (secure && !ignored.empty()) log_warn("{}", secure_mode_message(ignored));
+  if (secure && ignored.empty()) log_info("{}", secure_mode_message(ignored));
   for (const auto& w : policy.warnings) log_warn("policy: {}", w);
   // PyTorch users bring their habit: that variable configures PyTorch's allocator, never this pool.
-  if (const char* pt = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); native && pt != nullptr && *pt != '\0') {
-    const char* own = std::getenv("CUDAPOOL_CONF");
+  if (const char* pt = ::secure_getenv("PYTORCH_CUDA_ALLOC_CONF"); native && pt != nullptr && *pt != '\0') {
+    const char* own = ::secure_getenv("CUDAPOOL_CONF");
     log_warn(
         "PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
         "cudapool reads only CUDAPOOL_CONF{}: to carry the keys over, set CUDAPOOL_CONF=\"{}\" "
         "(`cudapool check --conf '{}'` shows what cudapool accepts)",
         pt,
-        std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
-                                                                 : "which sits in front of it",
+        ::secure_getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
+                                                                     : "which sits in front of it",
         own != nullptr && *own != '\0' ? "" : " (unset here: the defaults)", pt, pt);
   }
   auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit

@@ -20,7 +20,7 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free, "shared futex wor
 static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "futex words are 32 bits");
 
 std::string shm_dir() {
-  const char* d = std::getenv("CUDAPOOL_SHM_DIR");
+  const char* d = ::secure_getenv("CUDAPOOL_SHM_DIR");
   return d != nullptr && *d != '\0' ? std::string(d) : std::string("/dev/shm");
 }
 

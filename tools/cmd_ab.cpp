@@ -41,7 +41,7 @@ Stats combined_stats(const Summary& s) {
 }
 
 std::string temp_stats_path() {
-  const char* dir = std::getenv("TMPDIR");
+  const char* dir = ::secure_getenv("TMPDIR");
   std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/cudapool-ab-XXXXXX.json";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');

@@ -14,7 +14,7 @@ BasePolicy choose_base_policy(const TraceFacts& facts, const std::optional<std::
   if (conf_flag)
     return {*conf_flag, "from --conf",
             facts.recorded_policy && canonical_conf(*conf_flag) == canonical_conf(*facts.recorded_policy)};
-  if (const char* env = std::getenv("CUDAPOOL_CONF")) {
+  if (const char* env = ::secure_getenv("CUDAPOOL_CONF")) {
     std::string conf = env;
     return {conf, "from $CUDAPOOL_CONF",
             facts.recorded_policy && canonical_conf(conf) == canonical_conf(*facts.recorded_policy)};

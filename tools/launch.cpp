@@ -30,7 +30,7 @@ bool is_file(const fs::path& p) {
 
 std::optional<std::string> find_library(std::vector<std::string>* searched) {
   std::vector<fs::path> candidates;
-  if (const char* forced = std::getenv("CUDAPOOL_LIBRARY"); forced && *forced) {
+  if (const char* forced = ::secure_getenv("CUDAPOOL_LIBRARY"); forced && *forced) {
     // An explicit choice is the only candidate: silently falling back would test the wrong file.
     candidates.push_back(forced);
   } else {
@@ -74,7 +74,7 @@ std::string preload_value(const std::string& library, const char* existing) {
 std::string launch_conf(const LaunchSettings& s) {
   std::string conf = s.conf;
   if (conf.empty())
-    if (const char* env = std::getenv("CUDAPOOL_CONF")) conf = env;
+    if (const char* env = ::secure_getenv("CUDAPOOL_CONF")) conf = env;
   // The output files are policy keys (trace_file, stats_file): the highest layer carries them.
   auto add = [&](const char* key, const std::string& value) {
     if (value.empty()) return;
@@ -87,7 +87,7 @@ std::string launch_conf(const LaunchSettings& s) {
 
 EnvChanges launch_environment(const std::string& library, const LaunchSettings& s) {
   EnvChanges env;
-  env["LD_PRELOAD"] = preload_value(library, std::getenv("LD_PRELOAD"));
+  env["LD_PRELOAD"] = preload_value(library, ::secure_getenv("LD_PRELOAD"));
   auto set = [&](const char* key, const std::string& value) {
     if (!value.empty()) env[key] = value;
   };

@@ -1,10 +1,14 @@
 // The TOML file, layering, profile selection, CUDAPOOL_ON_ERROR and the environment.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "config/policy.h"
+#include "config/secure.h"
 #include "tests/unit/config_test_util.h"
 
 namespace cudapool {
@@ -399,6 +403,93 @@ TEST(Environment, SourcesAndLoad) {
   r = load_policy_from_environment();
   ASSERT_TRUE(r.policy) << r.error;
   testing::expect_same_policy(*r.policy, Policy{});
+}
+
+TEST(SecureMode, Decision) {
+  EXPECT_TRUE(secure_mode(1, nullptr));  // AT_SECURE: setuid, setgid, file capabilities
+  EXPECT_TRUE(secure_mode(1, "0"));      // the variable cannot turn it off
+  EXPECT_FALSE(secure_mode(0, nullptr));
+  EXPECT_FALSE(secure_mode(0, ""));
+  EXPECT_FALSE(secure_mode(0, "0"));
+  EXPECT_TRUE(secure_mode(0, "1"));
+  EXPECT_TRUE(secure_mode(0, "yes"));
+}
+
+// The real mechanism: a copy of this test binary, setuid to another user, starts with AT_SECURE
+// set by the kernel and reports secure mode (its environment also asks for none). Needs root to
+// make the copy setuid, and a file system that honours setuid; skipped otherwise.
+TEST(SecureMode, SetuidProgramIsSecure) {
+  if (const char* child = std::getenv("CUDAPOOL_TEST_REPORT_SECURE"); child != nullptr) {
+    std::printf("secure_process=%d\n", secure_process() ? 1 : 0);
+    return;
+  }
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a setuid copy";
+  char dir[] = "/tmp/cudapool-setuid-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::chmod(dir, 0755), 0);
+  const std::string copy = std::string(dir) + "/config_tests";
+  ASSERT_EQ(std::system(("cp /proc/" + std::to_string(::getpid()) + "/exe " + copy).c_str()), 0);
+  ASSERT_EQ(::chown(copy.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::chmod(copy.c_str(), 04755), 0);
+  auto report = [&](const char* secure_var) {
+    std::string cmd = "env CUDAPOOL_TEST_REPORT_SECURE=1 ";
+    cmd += secure_var;
+    cmd += " " + copy + " --gtest_filter=SecureMode.SetuidProgramIsSecure 2>&1";
+    std::string out;
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+      char buf[512];
+      std::size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+      ::pclose(p);
+    }
+    return out;
+  };
+  const std::string out = report("CUDAPOOL_SECURE=0");
+  std::system(("rm -rf " + std::string(dir)).c_str());
+  if (has(out, "secure_process=0")) GTEST_SKIP() << "setuid is not honoured here (nosuid mount?): " << out;
+  // A sanitizer runtime may refuse to start a setuid program at all.
+  if (!has(out, "secure_process=")) GTEST_SKIP() << "the setuid copy did not run: " << out;
+  EXPECT_TRUE(has(out, "secure_process=1")) << out;
+}
+
+// In secure mode nothing of the environment is read, not even the file CUDAPOOL_CONFIG names
+// (whose lines a parse error would quote): the defaults, with nothing that writes a file.
+TEST(SecureMode, ReadsNoVariableAndNoFile) {
+  TempFile secret("[policy]\nsecret-line-7f3a = ]\n");  // not a valid policy file
+  ::setenv("CUDAPOOL_SECURE", "1", 1);
+  ::setenv("CUDAPOOL_CONF", "stats_file:/tmp/secure-stats.json,max_split_size_mb:64", 1);
+  ::setenv("CUDAPOOL_CONFIG", secret.path().c_str(), 1);
+  ::setenv("CUDAPOOL_TRACE", "/tmp/secure-trace.csv", 1);
+  ::setenv("CUDAPOOL_ON_ERROR", "passthrough", 1);
+  PolicySources s = sources_from_environment();
+  PolicyResult r = load_policy_from_environment();
+  for (const char* v : {"CUDAPOOL_SECURE", "CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_TRACE", "CUDAPOOL_ON_ERROR"})
+    ::unsetenv(v);
+  EXPECT_TRUE(s.secure);
+  EXPECT_EQ(s.conf, "");
+  EXPECT_EQ(s.config_path, "");
+  EXPECT_EQ(s.trace_file, "");
+  EXPECT_EQ(s.on_error, "");
+  const std::vector<std::string> names{"CUDAPOOL_CONF", "CUDAPOOL_CONFIG", "CUDAPOOL_ON_ERROR", "CUDAPOOL_TRACE"};
+  for (const std::string& n : names) EXPECT_NE(std::find(s.ignored.begin(), s.ignored.end(), n), s.ignored.end()) << n;
+  ASSERT_TRUE(r.policy) << r.error;
+  EXPECT_TRUE(r.secure);
+  EXPECT_EQ(r.on_error, OnError::stop);
+  Policy expected;
+  expected.publish_stats = false;
+  testing::expect_same_policy(*r.policy, expected);
+  EXPECT_EQ(r.policy->origin["publish_stats"], "secure mode");
+  const std::string m = secure_mode_message(r.ignored);
+  EXPECT_TRUE(has(m, "no file is written")) << m;
+  EXPECT_TRUE(has(m, "CUDAPOOL_CONFIG")) << m;
+  EXPECT_FALSE(has(m, "secret-line")) << m;
+  EXPECT_FALSE(has(m, "/tmp/secure-stats.json")) << m;  // names, never values
+  // Without it, the same environment is read (and the broken file is an error naming its line).
+  ::setenv("CUDAPOOL_CONFIG", secret.path().c_str(), 1);
+  PolicyResult plain = load_policy_from_environment();
+  ::unsetenv("CUDAPOOL_CONFIG");
+  EXPECT_FALSE(plain.secure);
+  EXPECT_FALSE(plain.policy.has_value());
 }
 
 }  // namespace

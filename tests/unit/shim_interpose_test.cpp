@@ -465,6 +465,47 @@ TEST(Shim, ForkedChildrenNeverWriteTheParentsSummary) {
   }
 }
 
+// Secure mode (CUDAPOOL_SECURE=1 stands in for a setuid program's AT_SECURE, which a test cannot
+// give itself): every policy variable is ignored, the pool runs with the defaults, no file is
+// created (log, trace, summary, the stats record in CUDAPOOL_SHM_DIR), the policy file is not
+// even opened, and the log says once why, on stderr.
+TEST(Shim, SecureModeReadsNoConfigAndWritesNoFile) {
+  char dir[] = "/tmp/cudapool-shim-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  const std::string secret = d + "/secret.toml";
+  if (FILE* f = std::fopen(secret.c_str(), "w")) {
+    std::fputs("[policy]\nsecret-line-7f3a = ]\n", f);  // a parse error would quote this line
+    std::fclose(f);
+  }
+  std::map<std::string, std::string> env{{"CUDAPOOL_SECURE", "1"},
+                                         {"CUDAPOOL_CONF", "log_file:" + d + "/log.txt,trace_file:" + d +
+                                                               "/t.csv,stats_file:" + d +
+                                                               "/s.json,log_level:info,dump_signal:SIGUSR1"},
+                                         {"CUDAPOOL_CONFIG", secret},
+                                         {"CUDAPOOL_STATS", d + "/s2.json"},
+                                         {"CUDAPOOL_TRACE", d + "/t2.csv"},
+                                         {"CUDAPOOL_SHM_DIR", d}};
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "pooling"}, env);
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS pooling"), std::string::npos) << r.output;  // the pool, with the defaults
+    EXPECT_EQ(shell("ls -A " + d), "secret.toml\n");
+    EXPECT_EQ(r.output.find("secret-line"), std::string::npos) << r.output;
+    const auto why = r.output.find("secure mode");
+    ASSERT_NE(why, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("secure mode", why + 1), std::string::npos) << r.output;  // once
+    EXPECT_NE(r.output.find("ignored: CUDAPOOL_CONF, CUDAPOOL_CONFIG"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(d + "/log.txt"), std::string::npos) << r.output;  // names, not values
+  }
+  // Without secure mode the same environment is read: the broken policy file stops the program.
+  env.erase("CUDAPOOL_SECURE");
+  RunResult plain = run({app(false), "pooling"}, env);
+  EXPECT_EQ(plain.exit_status, 78) << plain.output;
+  std::remove(secret.c_str());
+  shell("rm -rf " + d);
+}
+
 std::string shell(const std::string& cmd) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
