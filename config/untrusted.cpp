@@ -6,6 +6,7 @@
 
 #include "config/keys.h"
 #include "config/policy.h"
+#include "config/printable.h"
 
 namespace cudapool {
 
@@ -14,7 +15,8 @@ UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source) 
   const std::string src(source);
   PolicyResult parsed = parse_conf(text, Policy{}, src + "'s policy");
   if (!parsed.policy) {
-    out.error = std::move(parsed.error);
+    // The message quotes the text, which is the file's: escaped, so that it prints as text.
+    out.error = printable(parsed.error);
     return out;
   }
   Policy kept;
@@ -26,7 +28,7 @@ UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source) 
         // A value format() wrote is one apply() takes back (to_conf_string relies on the same).
         std::vector<std::string> warnings;
         if (std::string why = k.apply(kept, k.format(*parsed.policy), warnings); !why.empty())
-          out.dropped.push_back({std::string(k.name), "its value does not read back: " + why});
+          out.dropped.push_back({std::string(k.name), "its value does not read back: " + printable(why)});
         break;
       }
       case config::Reach::files:

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string_view>
 
+#include "config/printable.h"
 #include "telemetry/trace.h"
 
 namespace cudapool {
@@ -80,10 +81,12 @@ bool parse_time_of_day(std::string_view s, std::int64_t* out) {
   return true;
 }
 
+// A field quoted in an error message: at most 40 bytes of it, escaped (config/printable.h), so
+// that a crafted trace cannot put escape sequences on the terminal that shows the error.
 std::string show(std::string_view field) {
   constexpr std::size_t kMax = 40;
   std::string s = "'";
-  s.append(field.substr(0, kMax));
+  s.append(printable(field.substr(0, kMax)));
   if (field.size() > kMax) s += "…";
   return s + "'";
 }

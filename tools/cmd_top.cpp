@@ -10,9 +10,11 @@
 #include <memory>
 #include <string>
 
+#include "config/printable.h"
 #include "telemetry/share.h"
 #include "tools/commands.h"
 #include "tools/json_text.h"
+#include "tools/top.h"
 
 namespace cudapool::tools {
 
@@ -70,7 +72,11 @@ std::string to_json(const std::vector<share::ProcInfo>& procs) {
   return o;
 }
 
-std::string to_table(const std::vector<share::ProcInfo>& procs) {
+}  // namespace
+
+// Every string of a record is another process's (its command line, its group) or a file name in
+// a shared directory: printed only through printable(), so no escape sequence reaches the terminal.
+std::string top_table(const std::vector<share::ProcInfo>& procs) {
   char line[512];
   std::string o;
   std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU", "RESERVED",
@@ -80,28 +86,30 @@ std::string to_table(const std::vector<share::ProcInfo>& procs) {
   clock_gettime(CLOCK_REALTIME, &now);
   const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
   for (const share::ProcInfo& p : procs) {
-    std::string cmd = p.command.size() > 60 ? p.command.substr(0, 57) + "..." : p.command;
+    std::string cmd = printable(p.command.size() > 60 ? p.command.substr(0, 57) + "..." : p.command);
+    const std::string group = p.group.empty() ? "-" : printable(p.group);
     // Records are refreshed every 250 ms; an older one belongs to a process that is stopped or
     // stuck (its figures are that old).
     if (const std::int64_t age = now_ns - p.updated_unix_ns; p.updated_unix_ns != 0 && age > 2'000'000'000LL)
       cmd = "[not updated for " + std::to_string(age / 1'000'000'000LL) + " s] " + cmd;
     if (p.devices.empty()) {
       std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-", "-",
-                    "-", "-", "-", p.group.empty() ? "-" : p.group.c_str(), "-", "-", "-", cmd.c_str());
+                    "-", "-", "-", group.c_str(), "-", "-", "-", cmd.c_str());
       o += line;
     }
     for (const share::RecordDevice& d : p.devices) {
       const std::string budget = d.group_budget != 0 ? mib(d.group_reserved) + "/" + mib(d.group_budget) : "-";
       std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid, d.device,
                     mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(), mib(d.external).c_str(),
-                    fragmentation(d).c_str(), p.group.empty() ? "-" : p.group.c_str(), budget.c_str(),
-                    static_cast<unsigned long long>(d.ooms), static_cast<unsigned long long>(d.fence_waits),
-                    cmd.c_str());
+                    fragmentation(d).c_str(), group.c_str(), budget.c_str(), static_cast<unsigned long long>(d.ooms),
+                    static_cast<unsigned long long>(d.fence_waits), cmd.c_str());
       o += line;
     }
   }
   return o;
 }
+
+namespace {
 
 int top_main(const TopSettings& s) {
   if (!(s.interval >= 0.1 && s.interval <= 3600)) {
@@ -110,8 +118,8 @@ int top_main(const TopSettings& s) {
   }
   const std::string dir = share::shm_dir();
   if (std::string why = share::check_dir(dir); !why.empty()) {
-    std::fprintf(stderr, "cudapool top: %s %s; set CUDAPOOL_SHM_DIR to the directory the processes use\n", dir.c_str(),
-                 why.c_str());
+    std::fprintf(stderr, "cudapool top: %s %s; set CUDAPOOL_SHM_DIR to the directory the processes use\n",
+                 printable(dir).c_str(), why.c_str());
     return kExitNoInput;
   }
   signal(SIGINT, on_signal);
@@ -121,11 +129,11 @@ int top_main(const TopSettings& s) {
     std::vector<std::string> warnings;
     std::vector<share::ProcInfo> procs = share::read_records(::geteuid(), true, &warnings);
     std::sort(procs.begin(), procs.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
-    std::string out = s.json ? to_json(procs) : to_table(procs);
+    std::string out = s.json ? to_json(procs) : top_table(procs);
     if (tty) out = "\x1b[H\x1b[2J" + out + "(" + std::to_string(procs.size()) + " pooled process(es); Ctrl-C ends)\n";
     std::fputs(out.c_str(), stdout);
     std::fflush(stdout);
-    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", printable(w).c_str());
     if (s.once || g_stop) return 0;
     const auto us = static_cast<useconds_t>(s.interval * 1e6);
     for (useconds_t slept = 0; slept < us && !g_stop; slept += 50000) usleep(std::min<useconds_t>(50000, us - slept));

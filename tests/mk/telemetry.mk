@@ -23,7 +23,7 @@ $(TELEMETRY_FUZZ_OBJ)/%.o: %.cpp
 	@mkdir -p $(@D)
 	$(TELEMETRY_FUZZ_CXX) $(TELEMETRY_FUZZ_FLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/fuzz/telemetry_trace: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_trace.o \
-    telemetry/trace_reader.o telemetry/trace_format.o)
+    telemetry/trace_reader.o telemetry/trace_format.o config/printable.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
 $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
     telemetry/summary_reader.o telemetry/json_reader.o telemetry/summary.o telemetry/json.o telemetry/logging.o \

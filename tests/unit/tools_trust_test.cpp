@@ -169,5 +169,46 @@ TEST_F(ToolsTrust, AnInvalidPolicyRowIsIgnoredWhole) {
   EXPECT_NE(r.out.find("policy: the defaults"), std::string::npos) << r.out;
 }
 
+bool has_control(const std::string& s) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n') || u == 0x7f) return true;
+  }
+  return false;
+}
+
+// Messages that quote a trace quote it escaped: an invalid policy row's parse error, and a
+// malformed field's. No escape sequence of the trace reaches the terminal.
+TEST_F(ToolsTrust, MessagesQuotingTheTracePrintItsControlCharactersEscaped) {
+  TraceBuilder b;
+  b.alloc(0x1000000, 5 * MiB).free(0x1000000, 5 * MiB);
+  TraceRow policy;
+  policy.thread = 1;
+  policy.action = TraceAction::policy;
+  policy.detail = TraceDetail::policy;
+  std::string csv = b.csv();
+  csv.insert(csv.find('\n') + 1,
+             format_trace_row(policy, "max_split_size_mb:\x1b]0;owned\x07,no_such_key\x1b[2J:1") + "\n");
+  const fs::path bad = dir_ / "escapes.csv";
+  std::ofstream(bad) << csv;
+  Ran r = cudapool({"replay", bad.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("trace policy: ignored, it is not a valid policy"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\\x1b"), std::string::npos) << r.err;
+  EXPECT_FALSE(has_control(r.err)) << r.err;
+  EXPECT_FALSE(has_control(r.out)) << r.out;
+
+  // A malformed field: the reader's error quotes it.
+  std::string broken = b.csv();
+  const std::size_t row = broken.find('\n') + 1;
+  broken.replace(row, broken.find(',', row) - row, "\x1b[2J\x1b]0;owned\x07");
+  const fs::path malformed = dir_ / "malformed.csv";
+  std::ofstream(malformed) << broken;
+  Ran m = cudapool({"replay", malformed.string()});
+  EXPECT_EQ(m.rc, kExitBadInput) << m.out << m.err;
+  EXPECT_NE(m.err.find("'\\x1b[2J\\x1b]0;owned\\x07'"), std::string::npos) << m.err;
+  EXPECT_FALSE(has_control(m.err)) << m.err;
+}
+
 }  // namespace
 }  // namespace cudapool::tools
