@@ -57,6 +57,10 @@ const char* trace_detail_name(TraceDetail d) noexcept;
 const char* trace_action_name(TraceAction a) noexcept;
 TraceAction trace_action_of(EventKind k) noexcept;
 
+// The largest device ordinal a trace may hold. CUDA's are small; a larger one is a crafted or
+// broken trace, and the tools would size things by it (a snapshot has one list per device).
+inline constexpr std::int32_t kMaxTraceDevice = 1023;
+
 // One row of a trace, as written and as read back.
 struct TraceRow {
   std::uint64_t thread = 0;  // OS thread id (gettid), like RMM's spdlog %t

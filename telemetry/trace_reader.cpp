@@ -206,7 +206,7 @@ bool TraceReader::next(TraceRow* row) {
   if (n != want) {
     return fail("has " + std::to_string(n) + " columns, expected " + std::to_string(want));
   }
-  auto bad = [&](std::size_t col, const char* what) {
+  auto bad = [&](std::size_t col, const std::string& what) {
     return fail("column " + std::to_string(col + 1) + " (" + kColumnNames[col] + "): " + show(f[col]) + " " + what);
   };
 
@@ -234,7 +234,8 @@ bool TraceReader::next(TraceRow* row) {
     r.requested = r.size;
     r.duration_ns = 0;
   } else {
-    if (!parse_dec(f[6], &r.device) || r.device < 0) return bad(6, "is not a device ordinal");
+    if (!parse_dec(f[6], &r.device) || r.device < 0 || r.device > kMaxTraceDevice)
+      return bad(6, "is not a device ordinal (0 to " + std::to_string(kMaxTraceDevice) + ")");
     if (!parse_dec(f[7], &r.requested)) return bad(7, "is not a size in bytes");
     if (!parse_dec(f[8], &r.time_ns) || r.time_ns < 0) return bad(8, "is not a time in ns");
     if (!parse_dec(f[9], &r.duration_ns) || r.duration_ns < 0) return bad(9, "is not a duration in ns");

@@ -107,6 +107,9 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
   // device_traces: one list per device up to the replayed one (the others stay empty).
   w.key("device_traces");
   w.begin_list();
+  // Bounded: the reader takes no device above kMaxTraceDevice, and a caller's own number is cut
+  // there too rather than writing billions of empty lists.
+  device = std::clamp(device, 0, static_cast<int>(kMaxTraceDevice));
   for (int d = 0; d < device; ++d) {
     w.begin_list();
     w.end();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tools/commands.h"
+#include "tools/snapshot.h"
 #include "tools_util.h"
 
 namespace cudapool::tools {
@@ -208,6 +209,34 @@ TEST_F(ToolsTrust, MessagesQuotingTheTracePrintItsControlCharactersEscaped) {
   EXPECT_EQ(m.rc, kExitBadInput) << m.out << m.err;
   EXPECT_NE(m.err.find("'\\x1b[2J\\x1b]0;owned\\x07'"), std::string::npos) << m.err;
   EXPECT_FALSE(has_control(m.err)) << m.err;
+}
+
+// A device ordinal is an index the tools size things by (a snapshot holds one list per device up
+// to it): the reader refuses one above kMaxTraceDevice, so a crafted 2^31 - 1 costs nothing; and
+// the snapshot writer bounds a caller's number too.
+TEST_F(ToolsTrust, AHugeDeviceOrdinalIsRefusedNotAllocatedFor) {
+  for (int dev : {2147483647, kMaxTraceDevice + 1}) {
+    TraceBuilder b;
+    b.alloc(0x1000000, 5 * MiB, 0, dev).free(0x1000000, 5 * MiB, 0, dev);
+    const fs::path huge = dir_ / "huge-device.csv";
+    std::ofstream(huge) << b.csv();
+    const fs::path snapshot = dir_ / "snap.pickle";
+    Ran r = cudapool({"report", huge.string(), "--snapshot", snapshot.string()});
+    EXPECT_EQ(r.rc, kExitBadInput) << r.out << r.err;
+    EXPECT_NE(r.err.find("is not a device ordinal (0 to 1023)"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(snapshot));
+  }
+  TraceBuilder ok;
+  ok.alloc(0x1000000, 5 * MiB, 0, kMaxTraceDevice).free(0x1000000, 5 * MiB, 0, kMaxTraceDevice);
+  const fs::path last = dir_ / "last-device.csv";
+  std::ofstream(last) << ok.csv();
+  const fs::path snapshot = dir_ / "snap.pickle";
+  Ran r = cudapool({"report", last.string(), "--snapshot", snapshot.string()});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(snapshot));
+  // The writer itself: a device number out of range writes at most kMaxTraceDevice empty lists.
+  const std::string pickle = snapshot_pickle(Snapshot{}, {}, 2147483647, 0, "", PoolOptions{}, nullptr);
+  EXPECT_LT(pickle.size(), 64u * 1024u);
 }
 
 }  // namespace
