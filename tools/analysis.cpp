@@ -4,6 +4,8 @@
 #include <map>
 #include <unordered_map>
 
+#include "tools/units.h"
+
 namespace cudapool::tools {
 
 namespace {
@@ -58,25 +60,25 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
     switch (r.action) {
       case TraceAction::allocate:
         live[r.ptr] = {r.size, r.requested};
-        allocated += static_cast<std::int64_t>(r.size);
+        allocated = add_bytes(allocated, r.size);
         ++sizes[r.requested];
         ++rep.allocations;
         break;
       case TraceAction::free:
         if (auto it = live.find(r.ptr); it != live.end()) {
-          allocated -= static_cast<std::int64_t>(it->second.size);
+          allocated = sub_bytes(allocated, it->second.size);
           live.erase(it);
         }
         ++rep.frees;
         break;
       case TraceAction::segment_alloc:
       case TraceAction::segment_map:
-        reserved += static_cast<std::int64_t>(r.size);
+        reserved = add_bytes(reserved, r.size);
         ++rep.segment_allocs;
         break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
-        reserved -= static_cast<std::int64_t>(r.size);
+        reserved = sub_bytes(reserved, r.size);
         ++rep.segment_frees;
         break;
       case TraceAction::oom: ++rep.ooms; break;
@@ -118,26 +120,26 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
     switch (r.action) {
       case TraceAction::allocate:
         live[r.ptr] = {r.size, r.requested};
-        allocated += static_cast<std::int64_t>(r.size);
+        allocated = add_bytes(allocated, r.size);
         break;
       case TraceAction::free:
         if (auto it = live.find(r.ptr); it != live.end()) {
-          allocated -= static_cast<std::int64_t>(it->second.size);
+          allocated = sub_bytes(allocated, it->second.size);
           live.erase(it);
         }
         break;
       case TraceAction::segment_alloc:
         segs.add(r.ptr, r.size, false);
-        reserved += static_cast<std::int64_t>(r.size);
+        reserved = add_bytes(reserved, r.size);
         break;
       case TraceAction::segment_map:
         segs.add(r.ptr, r.size, true);
-        reserved += static_cast<std::int64_t>(r.size);
+        reserved = add_bytes(reserved, r.size);
         break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
         segs.remove(r.ptr, r.size);
-        reserved -= static_cast<std::int64_t>(r.size);
+        reserved = sub_bytes(reserved, r.size);
         break;
       default: break;
     }

@@ -11,6 +11,7 @@
 #include "allocator/pool.h"
 #include "tools/row_sink.h"
 #include "tools/sim_device.h"
+#include "tools/units.h"
 
 namespace cudapool::tools {
 
@@ -106,13 +107,13 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
       case TraceAction::segment_alloc:
       case TraceAction::segment_map:
         saw_segments = true;
-        reserved += static_cast<std::int64_t>(r.size);
+        reserved = add_bytes(reserved, r.size);
         peak_reserved = std::max(peak_reserved, reserved);
         break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
         saw_segments = true;
-        reserved -= static_cast<std::int64_t>(r.size);
+        reserved = sub_bytes(reserved, r.size);
         break;
       case TraceAction::device:
         if (!f.device_memory) f.device_memory = r.size;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tools/pickle.h"
+#include "tools/units.h"
 
 namespace cudapool::tools {
 namespace {
@@ -131,14 +132,14 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
         break;
       case TraceAction::segment_alloc:
       case TraceAction::segment_map:
-        reserved += static_cast<std::int64_t>(r.size);
+        reserved = add_bytes(reserved, r.size);
         trace_entry(w, r.action == TraceAction::segment_alloc ? "segment_alloc" : "segment_map", r.ptr, r.size,
                     r.stream, r.time_ns);
         ++fig.events;
         break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
-        reserved -= static_cast<std::int64_t>(r.size);
+        reserved = sub_bytes(reserved, r.size);
         trace_entry(w, r.action == TraceAction::segment_free ? "segment_free" : "segment_unmap", r.ptr, r.size,
                     r.stream, r.time_ns);
         ++fig.events;

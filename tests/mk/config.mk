@@ -1,4 +1,5 @@
-# Tests of config/ (the policy): one GoogleTest binary, and the two libFuzzer targets (clang).
+# Tests of config/ (the policy): one GoogleTest binary, and its libFuzzer targets (clang): the
+# CUDAPOOL_CONF grammar, the TOML file, the path patterns and printable().
 CONFIG_TEST_SRCS := $(wildcard tests/unit/config_*.cpp)
 CONFIG_TEST_BIN := $(BUILD)/tests/config_tests
 $(CONFIG_TEST_BIN): $(CONFIG_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(CONFIG_LIB)
@@ -16,4 +17,4 @@ $(FUZZ_OBJ)/%.o: %.cpp
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/fuzz/fuzz_%: $(FUZZ_OBJ)/tests/fuzz/fuzz_%.o $(CONFIG_SRCS:%.cpp=$(FUZZ_OBJ)/%.o)
 	$(FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
-FUZZ_TARGETS += $(BUILD)/fuzz/fuzz_conf $(BUILD)/fuzz/fuzz_toml
+FUZZ_TARGETS += $(BUILD)/fuzz/fuzz_conf $(BUILD)/fuzz/fuzz_toml $(BUILD)/fuzz/fuzz_path

@@ -22,6 +22,18 @@ TEST(ToolsUnits, ParseSize) {
   EXPECT_FALSE(parse_size("1G extra"));
 }
 
+// Byte totals over an untrusted trace saturate: two segments of 2^63 - 1 bytes do not overflow.
+TEST(ToolsUnits, ByteTotalsSaturate) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  EXPECT_EQ(add_bytes(5, 7), 12);
+  EXPECT_EQ(sub_bytes(5, 7), -2);
+  EXPECT_EQ(add_bytes(add_bytes(0, static_cast<std::size_t>(kMax)), static_cast<std::size_t>(kMax)), kMax);
+  EXPECT_EQ(add_bytes(0, SIZE_MAX), kMax);
+  EXPECT_EQ(add_bytes(-10, SIZE_MAX), kMax - 10);
+  EXPECT_EQ(sub_bytes(sub_bytes(0, SIZE_MAX), SIZE_MAX), kMin);
+}
+
 TEST(ToolsUnits, FormatBytesLikePyTorch) {
   EXPECT_EQ(format_bytes(0), "0 B");
   EXPECT_EQ(format_bytes(1023), "1023 B");
