@@ -1,5 +1,5 @@
 # cudapool — `make` builds everything, `make test` runs the tests (no GPU needed),
-# `make bench` runs the CPU benchmarks, `make fuzz` runs the policy fuzzers (clang), `make docs`
+# `make bench` runs the CPU benchmarks, `make fuzz` runs the fuzzers (clang), `make docs`
 # writes the policy-key tables of README.md and docs/policy.md from config/keys.cpp,
 # `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
 # variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
