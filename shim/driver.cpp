@@ -48,6 +48,7 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuMemFreeAsync);
   CUDAPOOL_BIND(cuMemFreeAsync_ptsz);
   CUDAPOOL_BIND(cuMemGetInfo_v2);
+  CUDAPOOL_BIND(cuMemGetInfo);
   CUDAPOOL_BIND(cuMemGetAddressRange_v2);
   CUDAPOOL_BIND(cuPointerGetAttribute);
   CUDAPOOL_BIND(cuPointerGetAttributes);

@@ -19,6 +19,7 @@ struct RealDriver {
   PFN_cuMemFreeAsync cuMemFreeAsync = nullptr;
   PFN_cuMemFreeAsync cuMemFreeAsync_ptsz = nullptr;
   PFN_cuMemGetInfo_v2 cuMemGetInfo_v2 = nullptr;
+  PFN_cuMemGetInfo_v1 cuMemGetInfo = nullptr;  // v1 (CUDA < 3.2): 32-bit figures
   PFN_cuMemGetAddressRange_v2 cuMemGetAddressRange_v2 = nullptr;
   PFN_cuPointerGetAttribute cuPointerGetAttribute = nullptr;
   PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;

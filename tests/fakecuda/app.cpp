@@ -86,6 +86,7 @@ struct Api {
   PFN_cuStreamBeginCapture_v2 cuStreamBeginCapture;
   PFN_cuStreamEndCapture cuStreamEndCapture;
   PFN_cuGetProcAddress_v2 cuGetProcAddress;  // as the program obtained it
+  CUresult (*cuCtxCreate)(CUcontext*, unsigned, CUdevice);
 };
 Api api;
 [[maybe_unused]] void* libcuda = nullptr;
@@ -119,6 +120,7 @@ CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+CUresult cuCtxCreate_v2(CUcontext*, unsigned, CUdevice);
 }
 static void resolve_api() {
   api = Api{cuInit,
@@ -145,7 +147,8 @@ static void resolve_api() {
             cuStreamDestroy_v2,
             cuStreamBeginCapture_v2,
             cuStreamEndCapture,
-            cuGetProcAddress_v2};
+            cuGetProcAddress_v2,
+            cuCtxCreate_v2};
 }
 #else
 template <typename Fn>
@@ -189,6 +192,7 @@ static void resolve_api() {
   get(api.cuStreamDestroy, "cuStreamDestroy", 4000);
   get(api.cuStreamBeginCapture, "cuStreamBeginCapture", 10010);
   get(api.cuStreamEndCapture, "cuStreamEndCapture", 10000);
+  get(api.cuCtxCreate, "cuCtxCreate", 3020);
 }
 #endif
 
@@ -1148,6 +1152,86 @@ void mem_info() {
   show("freed");
 }
 
+// cuMemGetInfo as the first call in a fresh context, then after an allocation and its free, by
+// every way a program reaches it: the entry point it linked or resolved (api), cuGetProcAddress
+// at every version and flavour (cudart's cudaGetDriverEntryPoint and ...ByVersion are that call
+// with cudart's version or the caller's), the 11.x four-argument cuGetProcAddress, the 32-bit
+// form CUDA 3.1 had, dlsym on libcuda's handle and on the global scope, and an exported
+// variant's own name (where the driver resolves it: FAKECUDA_PROC_EXACT_NAMES). Every one must
+// be the shim's wrapper. Prints "info PHASE WAY total_mib=T free_mib=F" per way; the test
+// checks them against the cap. `create`: the context comes from cuCtxCreate, else the primary
+// context is retained and made current (through cudart's table in the cudart build: the
+// runtime's implicit context).
+void info_first(bool create) {
+  resolve_api();
+  CHECK_OK(api.cuInit(0));
+  CUcontext ctx = nullptr;
+  if (create) {
+    CHECK_OK(api.cuCtxCreate(&ctx, 0, 0));
+  } else {
+    CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK_OK(api.cuCtxSetCurrent(ctx));
+  }
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  CHECK(h != nullptr);
+  using V1 = CUresult (*)(unsigned*, unsigned*);
+  auto proc = [](const char* name, int version, cuuint64_t flags) {
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult st = -1;
+    CHECK_OK(api.cuGetProcAddress(name, &fn, version, flags, &st));
+    CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr);
+    CHECK(from_shim(fn));
+    return fn;
+  };
+  auto proc_v1 = reinterpret_cast<PFN_cuGetProcAddress_v1>(dlsym(h, "cuGetProcAddress"));
+  CHECK(proc_v1 != nullptr && from_shim(reinterpret_cast<void*>(proc_v1)));
+  const bool exact = std::getenv("FAKECUDA_PROC_EXACT_NAMES") != nullptr;
+  auto show = [&](const char* phase) {
+    struct Way {
+      const char* name;
+      void* fn;
+      bool v1;
+    };
+    void* fn_v1 = nullptr;
+    CHECK_OK(proc_v1("cuMemGetInfo", &fn_v1, 11030, 0));
+    CHECK(from_shim(fn_v1));
+    std::vector<Way> ways = {
+        {"api", reinterpret_cast<void*>(api.cuMemGetInfo), false},
+        {"proc_3020", proc("cuMemGetInfo", 3020, 0), false},
+        {"proc_12000", proc("cuMemGetInfo", 12000, 0), false},
+        {"proc_13000_ptds", proc("cuMemGetInfo", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), false},
+        {"entry_point", proc("cuMemGetInfo", 13000, 0), false},
+        {"entry_point_by_version_11080", proc("cuMemGetInfo", 11080, 0), false},
+        {"proc_v1_11030", fn_v1, false},
+        {"proc_2000_32bit", proc("cuMemGetInfo", 2000, 0), true},
+        {"dlsym_libcuda_v2", dlsym(h, "cuMemGetInfo_v2"), false},
+        {"dlsym_libcuda_v1_32bit", dlsym(h, "cuMemGetInfo"), true},
+        {"dlsym_default_v2", dlsym(RTLD_DEFAULT, "cuMemGetInfo_v2"), false},
+    };
+    if (exact) ways.push_back({"proc_exact_name_v2", proc("cuMemGetInfo_v2", 3020, 0), false});
+    for (const Way& w : ways) {
+      CHECK(w.fn != nullptr && from_shim(w.fn));
+      std::size_t f = 0, t = 0;
+      if (w.v1) {
+        unsigned f32 = 0, t32 = 0;
+        CHECK_OK(reinterpret_cast<V1>(w.fn)(&f32, &t32));
+        f = f32, t = t32;
+      } else {
+        CHECK_OK(reinterpret_cast<PFN_cuMemGetInfo_v2>(w.fn)(&f, &t));
+      }
+      std::printf("info %s %s total_mib=%zu free_mib=%zu\n", phase, w.name, t >> 20, f >> 20);
+    }
+  };
+  show("first");
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 64 << 20));
+  show("allocated");
+  CHECK_OK(api.cuMemFree(p));
+  show("freed");
+}
+void info_first_primary() { info_first(false); }
+void info_first_ctx_create() { info_first(true); }
+
 // While a graph capture is open, no wait may be inserted anywhere (a wait on the capturing
 // stream would join its graph; legacy-stream work breaks the capture of a blocking stream): the
 // pending block is not reused, the capture stays valid.
@@ -1510,6 +1594,8 @@ int main(int argc, char** argv) {
       {"gpu_wait_capture", gpu_wait_capture},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},
+      {"info_first_primary", info_first_primary},
+      {"info_first_ctx_create", info_first_ctx_create},
       {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {

@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -639,13 +640,18 @@ FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
-FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) {
+static CUresult create_context(CUcontext* ctx, int dev) {
   std::lock_guard<std::mutex> lock(mu);
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx == nullptr || dev < 0 || dev >= kDevices) return CUDA_ERROR_INVALID_VALUE;
   auto* c = new Context{dev, false, true, 1};
   tl_current = c;
   *ctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
 }
+FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) { return create_context(ctx, dev); }
+// A new context on `dev`, current from now on (the flags are not modelled).
+FAKE_API CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned, CUdevice dev) { return create_context(ctx, dev); }
 
 // ---- memory ------------------------------------------------------------------------------------
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
@@ -711,6 +717,17 @@ FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
   const std::size_t t = total_bytes();
   if (free_bytes != nullptr) *free_bytes = t - used_on(tl_current->device);
   if (total != nullptr) *total = t;
+  return CUDA_SUCCESS;
+}
+// CUDA 3.1's form: 32-bit figures, saturated here at 4 GiB - 1.
+FAKE_API CUresult cuMemGetInfo(unsigned* free_bytes, unsigned* total) {
+  FAKE_COUNT();
+  FAKE_CALL(cuMemGetInfo);
+  std::lock_guard<std::mutex> lock(mu);
+  if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const std::size_t t = total_bytes(), f = t - used_on(tl_current->device);
+  if (free_bytes != nullptr) *free_bytes = static_cast<unsigned>(std::min<std::size_t>(f, UINT_MAX));
+  if (total != nullptr) *total = static_cast<unsigned>(std::min<std::size_t>(t, UINT_MAX));
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, std::size_t* psize, CUdeviceptr p) {
@@ -1386,6 +1403,7 @@ const ProcEntry kProcs[] = {
     {"cuCtxSetCurrent", 4000, P(cuCtxSetCurrent), nullptr},
     {"cuCtxGetCurrent", 4000, P(cuCtxGetCurrent), nullptr},
     {"cuCtxEnablePeerAccess", 4000, P(cuCtxEnablePeerAccess), nullptr},
+    {"cuCtxCreate", 3020, P(cuCtxCreate_v2), nullptr},
     {"cuCtxDestroy", 2000, P(cuCtxDestroy), nullptr},
     {"cuCtxDestroy", 4000, P(cuCtxDestroy_v2), nullptr},
     {"cuMemAlloc", 3020, P(cuMemAlloc_v2), nullptr},
@@ -1394,6 +1412,7 @@ const ProcEntry kProcs[] = {
     {"cuMemFree", 3020, P(internal_mem_free), nullptr},
     {"cuMemAllocAsync", 11020, P(cuMemAllocAsync), P(cuMemAllocAsync_ptsz)},
     {"cuMemFreeAsync", 11020, P(cuMemFreeAsync), P(cuMemFreeAsync_ptsz)},
+    {"cuMemGetInfo", 2000, P(cuMemGetInfo), nullptr},
     {"cuMemGetInfo", 3020, P(cuMemGetInfo_v2), nullptr},
     {"cuMemGetAddressRange", 3020, P(cuMemGetAddressRange_v2), nullptr},
     {"cuPointerGetAttribute", 4000, P(cuPointerGetAttribute), nullptr},
@@ -1421,6 +1440,12 @@ const ProcEntry kProcs[] = {
     {"cuEventSynchronize", 2000, P(cuEventSynchronize), nullptr},
     {"cuEventDestroy", 4000, P(cuEventDestroy_v2), nullptr},
 };
+// With FAKECUDA_PROC_EXACT_NAMES=1, exported variants are also found by their own names, as a
+// driver may resolve them; otherwise only base names resolve.
+const ProcEntry kExactNames[] = {
+    {"cuMemGetInfo_v2", 3020, P(cuMemGetInfo_v2), nullptr},
+    {"cuMemAlloc_v2", 3020, P(cuMemAlloc_v2), nullptr},
+};
 #undef P
 }  // namespace
 
@@ -1441,6 +1466,14 @@ FAKE_API CUresult cuGetProcAddress_v2(const char* name, void** pfn, int version,
     *pfn = ptds && best->per_thread != nullptr ? best->per_thread : best->legacy;
     if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
+  }
+  if (!found_name && std::getenv("FAKECUDA_PROC_EXACT_NAMES") != nullptr) {
+    for (const ProcEntry& e : kExactNames) {
+      if (std::strcmp(e.name, name) != 0 || version < e.min_version) continue;
+      *pfn = e.legacy;
+      if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
   }
   // cuGetProcAddress itself, asked for with an 11.x version: the 4-argument one.
   if (found_name && std::strcmp(name, "cuGetProcAddress") == 0 && version >= 11030) {

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
@@ -329,6 +330,49 @@ TEST(Shim, MemGetInfoShowsTheCap) {
                       {{"CUDAPOOL_CONF", "max_reserved_mb:1000"}, {"FAKECUDA_TOTAL_MB", "512"}});
   ASSERT_EQ(big.exit_status, 0) << big.output;
   EXPECT_EQ(line(big.output, "start"), "start total_mib=512 free_mib=512") << big.output;
+}
+
+// A cap shows from the first cuMemGetInfo of a fresh context, before anything was allocated,
+// by every way a program reaches the call (app.cpp's info_first lists them), whatever made the
+// context: the primary context retained by the program (linked) or by cudart's table (the
+// runtime's implicit context), or cuCtxCreate. The same after an allocation and after its free.
+TEST(Shim, CapIsVisibleFromAContextsFirstCall) {
+  char dir[] = "/tmp/cudapool-caps-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  struct Case {
+    std::string conf;
+    std::size_t cap_mib;
+  };
+  const Case cases[] = {{"max_reserved_mb:256", 256},
+                        {"per_process_memory_fraction:0.25", 256},
+                        {"group:caps_first,group_budget_mb:300", 300},
+                        {"max_reserved_mb:512,group:caps_first,group_budget_mb:300", 300}};
+  for (const Case& c : cases) {
+    for (bool linked : {false, true}) {
+      for (const char* scenario : {"info_first_primary", "info_first_ctx_create"}) {
+        SCOPED_TRACE(c.conf + " " + scenario + (linked ? " (linked)" : " (cudart)"));
+        RunResult r = run({app(linked), scenario},
+                          {{"CUDAPOOL_CONF", c.conf}, {"FAKECUDA_PROC_EXACT_NAMES", "1"}, {"CUDAPOOL_SHM_DIR", dir}});
+        ASSERT_EQ(r.exit_status, 0) << r.output;
+        std::map<std::string, int> ways;
+        std::istringstream in(r.output);
+        for (std::string l; std::getline(in, l);) {
+          if (l.rfind("info ", 0) != 0) continue;
+          std::istringstream f(l.substr(5));
+          std::string phase, way, total, free;
+          f >> phase >> way >> total >> free;
+          ++ways[phase];
+          const std::size_t want_free = phase == "allocated" ? c.cap_mib - 64 : c.cap_mib;
+          EXPECT_EQ(total, "total_mib=" + std::to_string(c.cap_mib)) << l;
+          EXPECT_EQ(free, "free_mib=" + std::to_string(want_free)) << l;
+        }
+        EXPECT_EQ(ways["first"], 12) << r.output;
+        EXPECT_EQ(ways["allocated"], 12) << r.output;
+        EXPECT_EQ(ways["freed"], 12) << r.output;
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {
