@@ -239,7 +239,7 @@ void HostPool::release_segment_locked(Segment* s) {
   sub(stats_.cached_bytes, b->size);
   delete b;
   const std::int64_t t0 = now_ns();
-  up_.release(reinterpret_cast<void*>(s->base), s->size, s->flags);
+  up_.release(reinterpret_cast<void*>(s->base), s->size, s->flags, s->owner);
   stats_.upstream_ns += now_ns() - t0;
   ++stats_.upstream_frees;
   sub(stats_.reserved_bytes, s->size);
@@ -288,7 +288,9 @@ void HostPool::trim_for_growth_locked(std::size_t bytes, std::size_t size) {
   // fences completed go back first, longest-cached first. Nothing waits: what is still in use
   // by the GPU stays, and the pool grows past the bound only by that.
   const auto want = static_cast<double>(static_cast<std::size_t>(stats_.requested_bytes.current) + bytes);
-  auto over = [&] { return static_cast<double>(static_cast<std::size_t>(stats_.reserved_bytes.current) + size) > kHeldRatio * want; };
+  auto over = [&] {
+    return static_cast<double>(static_cast<std::size_t>(stats_.reserved_bytes.current) + size) > kHeldRatio * want;
+  };
   if (!over()) return;
   std::vector<Block*> whole;
   for (Block* b : free_)

@@ -20,48 +20,37 @@
 #include <list>
 #include <map>
 #include <mutex>
-#include <string>
 #include <set>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "allocator/fence.h"
+#include "allocator/host_options.h"
 #include "allocator/options.h"
 #include "allocator/stats.h"
 #include "allocator/types.h"
 
 namespace cudapool {
 
-struct HostPoolOptions {
-  bool enabled = false;  // pinned_cache: serve pinned allocations from the pool
-  // pinned_use_cuda_host_register: the upstream pins memory it maps itself (cuMemHostRegister)
-  // instead of asking the driver to allocate it (cuMemHostAlloc).
-  bool use_host_register = false;
-  int register_threads = 1;        // pinned_num_register_threads: threads that fault pages in first
-  std::size_t reserve_segment = 0;  // pinned_reserve_segment_size_mb: one segment carved first (0 = none)
-  // pinned_max_round_threshold_mb: requests above it are not rounded to a size class (whole
-  // pages only) and reuse only blocks of exactly their size.
-  std::size_t max_round_threshold = kNoLimit;
-  std::size_t max_cached = kNoLimit;  // pinned_max_cached_size_mb: cached (free) bytes kept at most
-};
-
-// Page-locked memory from the driver. `flags`: the cuMemHostAlloc flags of the request;
-// `owner`: the context the memory belongs to (it goes away with that context).
+// Page-locked memory from the driver. `flags`: the cuMemHostAlloc flags of the request.
+// allocate() runs on the requesting thread, in the context the memory will belong to;
+// release() names that context (`owner`, HostPool::Owner), which it may have to make current.
 class HostUpstream {
  public:
   virtual ~HostUpstream() = default;
   // nullptr when the memory cannot be had (the upstream remembers why, for the caller).
   virtual void* allocate(std::size_t bytes, unsigned flags) = 0;
-  virtual void release(void* p, std::size_t bytes, unsigned flags) = 0;
+  virtual void release(void* p, std::size_t bytes, unsigned flags, std::uintptr_t owner) = 0;
 };
 
 struct HostStats {
-  StatCounter requested_bytes;  // what the program asked for, of its live blocks
-  StatCounter allocated_bytes;  // the live blocks' sizes
-  StatCounter reserved_bytes;   // all memory held: live, cached, and the reserve's uncarved rest
-  StatCounter cached_bytes;     // free blocks kept for reuse
-  StatCounter blocks;           // live blocks
+  StatCounter requested_bytes;       // what the program asked for, of its live blocks
+  StatCounter allocated_bytes;       // the live blocks' sizes
+  StatCounter reserved_bytes;        // all memory held: live, cached, and the reserve's uncarved rest
+  StatCounter cached_bytes;          // free blocks kept for reuse
+  StatCounter blocks;                // live blocks
   std::int64_t cache_hits = 0;       // allocations served by a cached block
   std::int64_t cache_misses = 0;     // allocations that needed new memory
   std::int64_t fence_skips = 0;      // cached blocks passed over because their fence was running
@@ -129,8 +118,8 @@ class HostPool {
     Block* prev = nullptr;  // address neighbours in the segment
     Block* next = nullptr;
     bool live = false;
-    std::uint64_t freed_at = 0;        // free: when (a counter), for the longest-cached order
-    std::vector<FenceHandle> fences;   // free: reusable once all of these completed
+    std::uint64_t freed_at = 0;       // free: when (a counter), for the longest-cached order
+    std::vector<FenceHandle> fences;  // free: reusable once all of these completed
   };
   struct Segment {
     std::uintptr_t base = 0;
@@ -162,10 +151,10 @@ class HostPool {
   HostUpstream& up_;
   FenceProvider& fences_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, Block*> live_;        // live blocks by start
-  std::set<Block*, FreeOrder> free_;              // free blocks (owner, flags, size, address)
-  std::map<std::uintptr_t, Segment*> segments_;   // by base
-  std::uint64_t clock_ = 0;                       // counts frees
+  std::unordered_map<void*, Block*> live_;       // live blocks by start
+  std::set<Block*, FreeOrder> free_;             // free blocks (owner, flags, size, address)
+  std::map<std::uintptr_t, Segment*> segments_;  // by base
+  std::uint64_t clock_ = 0;                      // counts frees
   bool reserve_tried_ = false;
   HostStats stats_;
 };

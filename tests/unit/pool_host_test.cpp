@@ -28,7 +28,8 @@ class FakeHostUpstream : public HostUpstream {
     ++allocs;
     return p;
   }
-  void release(void* p, std::size_t bytes, unsigned flags) override {
+  void release(void* p, std::size_t bytes, unsigned flags, std::uintptr_t owner) override {
+    owners_released.push_back(owner);
     auto it = live.find(p);
     if (it == live.end() || it->second.first != bytes || it->second.second != flags) {
       ++bad_releases;
@@ -43,6 +44,7 @@ class FakeHostUpstream : public HostUpstream {
     for (auto& [p, s] : live) std::free(p);
   }
   std::map<void*, std::pair<std::size_t, unsigned>> live;
+  std::vector<std::uintptr_t> owners_released;
   std::size_t held = 0, limit = SIZE_MAX;
   int allocs = 0, frees = 0, bad_releases = 0;
 };
@@ -163,6 +165,7 @@ TEST(HostPool, CachedBytesStayUnderTheCap) {
   EXPECT_EQ(r.up.bad_releases, 0);
   EXPECT_EQ(r.pool.empty_cache(), 3 * MiB);
   EXPECT_EQ(r.up.held, 0u);
+  EXPECT_EQ(r.up.owners_released, std::vector<std::uintptr_t>(6, kCtx));  // released in the owner's context
   EXPECT_EQ(r.pool.check_consistency(), "");
 }
 
@@ -225,7 +228,7 @@ TEST(HostPool, AGoneContextsMemoryIsForgotten) {
   r.pool.forget_owner(kCtx);
   EXPECT_EQ(r.up.frees, 0);  // the driver freed it with the context: nothing to give back
   EXPECT_FALSE(r.pool.owns(cached));
-  EXPECT_NE(r.alloc(1 * MiB), cached);  // never handed out again
+  EXPECT_NE(r.alloc(1 * MiB), cached);           // never handed out again
   EXPECT_EQ(r.pool.free(live), FreeStatus::ok);  // the program's free of a gone block is accepted
   EXPECT_EQ(r.pool.free(live), FreeStatus::not_owned);
   EXPECT_TRUE(r.pool.owns(other));
