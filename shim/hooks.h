@@ -17,6 +17,9 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
 // "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2", …); nullptr if the shim does not hook it.
 void* wrapper_for_symbol(const char* abi_name) noexcept;
 
+// shim/hooks_host.cpp: the context is gone, and its pinned host memory with it.
+void host_forget_context(CUcontext ctx) noexcept;
+
 namespace vmm {
 // shim/hooks_vmm.cpp: forget the parent's counted cuMemCreate handles in a forked child.
 void on_fork_child() noexcept;

@@ -53,6 +53,10 @@ FAKE_CONTROL(long, fakecuda_stream_waits, (), ())
 FAKE_CONTROL(long, fakecuda_capture_waits, (), ())
 FAKE_CONTROL(long, fakecuda_ctx_syncs, (), ())
 FAKE_CONTROL(int, fakecuda_would_wait, (cudaabi::CUstream s, cudaabi::CUstream h), (s, h))
+FAKE_CONTROL(long, fakecuda_host_alloc_calls, (), ())
+FAKE_CONTROL(long, fakecuda_host_free_calls, (), ())
+FAKE_CONTROL(int, fakecuda_host_is_live, (const void* p), (p))
+FAKE_CONTROL(cudaabi::CUresult, fakecuda_host_alloc_unseen, (void** p, std::size_t n), (p, n))
 #undef FAKE_CONTROL
 #endif
 
@@ -87,6 +91,9 @@ struct Api {
   PFN_cuStreamEndCapture cuStreamEndCapture;
   PFN_cuGetProcAddress_v2 cuGetProcAddress;  // as the program obtained it
   CUresult (*cuCtxCreate)(CUcontext*, unsigned, CUdevice);
+  CUresult (*cuMemHostAlloc)(void**, std::size_t, unsigned);
+  CUresult (*cuMemAllocHost)(void**, std::size_t);
+  CUresult (*cuMemFreeHost)(void*);
 };
 Api api;
 [[maybe_unused]] void* libcuda = nullptr;
@@ -121,6 +128,9 @@ CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
 CUresult cuCtxCreate_v2(CUcontext*, unsigned, CUdevice);
+CUresult cuMemHostAlloc(void**, std::size_t, unsigned);
+CUresult cuMemAllocHost_v2(void**, std::size_t);
+CUresult cuMemFreeHost(void*);
 }
 static void resolve_api() {
   api = Api{cuInit,
@@ -148,7 +158,10 @@ static void resolve_api() {
             cuStreamBeginCapture_v2,
             cuStreamEndCapture,
             cuGetProcAddress_v2,
-            cuCtxCreate_v2};
+            cuCtxCreate_v2,
+            cuMemHostAlloc,
+            cuMemAllocHost_v2,
+            cuMemFreeHost};
 }
 #else
 template <typename Fn>
@@ -193,6 +206,9 @@ static void resolve_api() {
   get(api.cuStreamBeginCapture, "cuStreamBeginCapture", 10010);
   get(api.cuStreamEndCapture, "cuStreamEndCapture", 10000);
   get(api.cuCtxCreate, "cuCtxCreate", 3020);
+  get(api.cuMemHostAlloc, "cuMemHostAlloc", 3020);
+  get(api.cuMemAllocHost, "cuMemAllocHost", 3020);
+  get(api.cuMemFreeHost, "cuMemFreeHost", 3020);
 }
 #endif
 
@@ -1232,6 +1248,78 @@ void info_first(bool create) {
 void info_first_primary() { info_first(false); }
 void info_first_ctx_create() { info_first(true); }
 
+// Pinned host memory (cudaHostAlloc / cudaMallocHost / cudaFreeHost reach these entry points).
+// PINNED=pool (policy pinned_cache:True): a freed block stays cached and comes back only once
+// the device is done with it (work held on the legacy stream stands for an async copy still
+// reading it); a foreign pointer and pinned memory the shim never saw go to the driver; a
+// double free is refused without the driver; the memory of a reset context is never reused.
+// PINNED=driver: every call reaches the driver. HOST_SYNC=1: a pooled free synchronizes.
+void pinned() {
+  start_cuda();
+  const bool pool = std::string(std::getenv("PINNED") != nullptr ? std::getenv("PINNED") : "") == "pool";
+  const long syncs_per_free = std::getenv("HOST_SYNC") != nullptr ? 1 : 0;
+  const long allocs0 = fakecuda_host_alloc_calls(), frees0 = fakecuda_host_free_calls();
+  constexpr std::size_t n = 1 << 20;
+  void* a = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&a, n, 0));
+  CHECK(a != nullptr && fakecuda_host_is_live(a));
+  static_cast<char*>(a)[n - 1] = 1;
+  CHECK(fakecuda_host_alloc_calls() == allocs0 + 1);
+  if (!pool) {
+    CHECK_OK(api.cuMemFreeHost(a));
+    CHECK(fakecuda_host_free_calls() == frees0 + 1);  // the driver's, at once
+    CHECK_OK(api.cuMemAllocHost(&a, n));
+    CHECK(fakecuda_host_alloc_calls() == allocs0 + 2);
+    CHECK_OK(api.cuMemFreeHost(a));
+    cudapool_host_stats none{};
+    CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&none) == -1);  // never started
+    return;
+  }
+  // An async copy from `a` is still running when the program frees it.
+  fakecuda_hold_stream(CU_STREAM_LEGACY);
+  const long syncs0 = fakecuda_ctx_syncs();
+  CHECK_OK(api.cuMemFreeHost(a));
+  CHECK(fakecuda_ctx_syncs() == syncs0 + syncs_per_free);
+  CHECK(fakecuda_host_free_calls() == frees0 && fakecuda_host_is_live(a));  // cached, not given back
+  void* b = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&b, n, 0));
+  CHECK(b != a);  // the copy may still read `a`: never handed out before the fence completes
+  CHECK(fakecuda_host_alloc_calls() == allocs0 + 2);
+  fakecuda_release_stream(CU_STREAM_LEGACY);
+  void* c = nullptr;
+  CHECK_OK(api.cuMemAllocHost(&c, n - 4096));  // cudaMallocHost: the same kind of memory
+  CHECK(c == a);                               // the device is done with it: reused
+  CHECK(fakecuda_host_alloc_calls() == allocs0 + 2);
+  cudapool_host_stats hs{};
+  CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&hs) == 0);
+  CHECK(hs.cache_hits == 1 && hs.fence_skips >= 1 && hs.blocks == 2 && hs.num_host_alloc == 2);
+  CHECK(hs.requested_bytes == static_cast<int64_t>(2 * n - 4096) && hs.reserved_bytes == static_cast<int64_t>(2 * n));
+  // Foreign pointers go to the driver untouched: its answer for memory it never pinned, and its
+  // free of pinned memory the shim never saw made.
+  int local = 0;
+  CHECK(api.cuMemFreeHost(&local) == CUDA_ERROR_INVALID_VALUE);
+  void* unseen = nullptr;
+  CHECK_OK(fakecuda_host_alloc_unseen(&unseen, n));
+  CHECK_OK(api.cuMemFreeHost(unseen));
+  CHECK(fakecuda_host_free_calls() == frees0 + 1 && !fakecuda_host_is_live(unseen));
+  // A double free is refused, and the cached block stays the pool's (never the driver's to free).
+  CHECK_OK(api.cuMemFreeHost(c));
+  CHECK(api.cuMemFreeHost(c) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(fakecuda_host_free_calls() == frees0 + 1 && fakecuda_host_is_live(c));
+  CHECK_OK(api.cuMemFreeHost(b));
+  // A reset context takes its pinned memory along: nothing of it comes back.
+  CHECK_OK(api.cuDevicePrimaryCtxReset(0));
+  CHECK(!fakecuda_host_is_live(c));
+  CUcontext ctx = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
+  CHECK_OK(api.cuCtxSetCurrent(ctx));
+  void* d = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&d, n, 0));
+  CHECK(fakecuda_host_is_live(d));
+  CHECK(fakecuda_host_alloc_calls() == allocs0 + 4);  // a, b, the unseen one, d
+  CHECK_OK(api.cuMemFreeHost(d));
+}
+
 // While a graph capture is open, no wait may be inserted anywhere (a wait on the capturing
 // stream would join its graph; legacy-stream work breaks the capture of a blocking stream): the
 // pending block is not reused, the capture stays valid.
@@ -1596,6 +1684,7 @@ int main(int argc, char** argv) {
       {"mem_info", mem_info},
       {"info_first_primary", info_first_primary},
       {"info_first_ctx_create", info_first_ctx_create},
+      {"pinned", pinned},
       {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {

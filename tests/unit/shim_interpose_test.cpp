@@ -375,6 +375,27 @@ TEST(Shim, CapIsVisibleFromAContextsFirstCall) {
   std::filesystem::remove_all(dir);
 }
 
+// Pinned host memory: pooled under pinned_cache (reuse only after the device finished, foreign
+// pointers and unseen memory to the driver, double frees refused, a reset context forgotten),
+// the driver's alone by default; free_host_sync makes a pooled free wait as cudaFreeHost does.
+TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
+  for (bool linked : {false, true}) {
+    SCOPED_TRACE(linked ? "linked" : "cudart");
+    RunResult pooled = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF", "pinned_cache:True"}, {"PINNED", "pool"}});
+    EXPECT_EQ(pooled.exit_status, 0) << pooled.output;
+    EXPECT_NE(pooled.output.find("PASS pinned"), std::string::npos) << pooled.output;
+    RunResult synced = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF", "pinned_cache:True,free_host_sync:True"},
+                                                     {"PINNED", "pool"},
+                                                     {"HOST_SYNC", "1"}});
+    EXPECT_EQ(synced.exit_status, 0) << synced.output;
+    RunResult off = run({app(linked), "pinned"}, {{"PINNED", "driver"}});
+    EXPECT_EQ(off.exit_status, 0) << off.output;
+    // The same checks fail where the pool is off: the scenario measures the pool.
+    RunResult not_pooled = run({app(linked), "pinned"}, {{"PINNED", "pool"}});
+    EXPECT_NE(not_pooled.exit_status, 0) << not_pooled.output;
+  }
+}
+
 TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {
   RunResult r = run({app(true), "gpu_wait_capture"});
   EXPECT_EQ(r.exit_status, 0) << r.output;
