@@ -218,7 +218,10 @@ FreeStatus HostPool::free(void* p) {
     if (b->next != nullptr) b->next->prev = b->prev;
     const bool last = b->prev == nullptr && b->next == nullptr;
     delete b;
-    if (last) delete s;
+    if (last) {
+      up_.forget(reinterpret_cast<void*>(s->base), s->size);
+      delete s;
+    }
     return FreeStatus::ok;
   }
   // The program's cudaFreeHost would wait for the device: the block waits for a fence instead.
@@ -330,10 +333,12 @@ void HostPool::drop_segment_locked(Segment* s) {
   for (auto& [p, b] : live_) any_live = any_live || b->seg == s;
   sub(stats_.reserved_bytes, s->size);
   segments_.erase(s->base);
-  if (any_live)
-    s->orphan = true;
-  else
+  if (any_live) {
+    s->orphan = true;  // forgotten at its last block's free
+  } else {
+    up_.forget(reinterpret_cast<void*>(s->base), s->size);
     delete s;
+  }
 }
 
 void HostPool::forget_owner(Owner owner) {

@@ -43,6 +43,9 @@ class HostUpstream {
   // nullptr when the memory cannot be had (the upstream remembers why, for the caller).
   virtual void* allocate(std::size_t bytes, unsigned flags) = 0;
   virtual void release(void* p, std::size_t bytes, unsigned flags, std::uintptr_t owner) = 0;
+  // The owner context is gone and took the memory's pinning along: undo what is the upstream's
+  // own (memory it mapped itself), without the driver. Called once no block of it is live.
+  virtual void forget(void* /*p*/, std::size_t /*bytes*/) {}
 };
 
 struct HostStats {

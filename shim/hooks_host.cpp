@@ -110,24 +110,32 @@ class CudaHostUpstream final : public HostUpstream {
       log_info("pinned host memory: gave back {} bytes in {} us", bytes, elapsed_ns(t0) / 1000);
   }
 
+  void forget(void* p, std::size_t bytes) override {
+    // The context took the registration along; the pages are still ours to unmap.
+    if (registered_.erase(p) != 0) munmap(p, bytes);
+  }
+
  private:
   // The pages are touched before registration, split over pinned_num_register_threads threads
   // (registering pins what is resident; faulting 4 KiB pages one by one is the slow part).
   void fault_in(char* m, std::size_t bytes) const {
     constexpr std::size_t kPage = 4096;
     const std::size_t pages = (bytes + kPage - 1) / kPage;
-    const auto n = static_cast<std::size_t>(std::max(1, opt_.register_threads));
+    // At least 4 MiB a thread: below that, starting a thread costs more than the faults it saves.
+    const std::size_t n = std::min(static_cast<std::size_t>(std::max(1, opt_.register_threads)),
+                                   std::max<std::size_t>(1, pages / 1024));
     auto touch = [&](std::size_t from, std::size_t to) {
       for (std::size_t i = from; i < to; ++i) m[i * kPage] = 0;
     };
-    if (n == 1 || pages < 256) {
+    if (n == 1) {
       touch(0, pages);
       return;
     }
     std::vector<std::thread> ts;
     const std::size_t per = (pages + n - 1) / n;
     try {
-      for (std::size_t t = 1; t < n && t * per < pages; ++t) ts.emplace_back(touch, t * per, std::min(pages, (t + 1) * per));
+      for (std::size_t t = 1; t < n && t * per < pages; ++t)
+        ts.emplace_back(touch, t * per, std::min(pages, (t + 1) * per));
     } catch (...) {
       // No thread: this one touches the rest below.
     }
@@ -209,8 +217,7 @@ struct HostState {
   CudaHostUpstream upstream;
   AllContextsFences fences;
   HostPool pool;
-  HostState(Runtime& rt, const HostPoolOptions& o)
-      : upstream(rt.driver(), o), fences(rt), pool(o, upstream, fences) {}
+  HostState(Runtime& rt, const HostPoolOptions& o) : upstream(rt.driver(), o), fences(rt), pool(o, upstream, fences) {}
 };
 
 std::atomic<HostState*> g_host{nullptr};
@@ -252,8 +259,8 @@ HostState* host_state(Runtime& rt) {
     std::atexit(&log_at_exit);
   });
   const HostPoolOptions& o = rt.policy().pinned;
-  log_info("pinned host pool started (host_register={}, reserve {} B, cap {})", o.use_host_register,
-           o.reserve_segment, o.max_cached == kNoLimit ? std::string("none") : std::to_string(o.max_cached) + " B");
+  log_info("pinned host pool started (host_register={}, reserve {} B, cap {})", o.use_host_register, o.reserve_segment,
+           o.max_cached == kNoLimit ? std::string("none") : std::to_string(o.max_cached) + " B");
   g_host.store(h, std::memory_order_release);
   return h;
 }
@@ -284,7 +291,8 @@ CUresult pooled_alloc(void** pp, std::size_t bytes, unsigned flags) {
 }  // namespace
 
 void host_forget_context(CUcontext ctx) noexcept {
-  if (HostState* h = g_host.load(std::memory_order_acquire)) h->pool.forget_owner(reinterpret_cast<HostPool::Owner>(ctx));
+  if (HostState* h = g_host.load(std::memory_order_acquire))
+    h->pool.forget_owner(reinterpret_cast<HostPool::Owner>(ctx));
 }
 
 }  // namespace cudapool::shim
@@ -327,9 +335,10 @@ CUDAPOOL_EXPORT CUresult cuMemFreeHost(void* p) {
     case cudapool::FreeStatus::ok: break;
     case cudapool::FreeStatus::double_free:
     case cudapool::FreeStatus::interior_pointer:
-      log_warn("cuMemFreeHost({}): inside the pinned pool but not a live block (freed before, or not its start); "
-               "returning CUDA_ERROR_INVALID_VALUE, pool unchanged",
-               p);
+      log_warn(
+          "cuMemFreeHost({}): inside the pinned pool but not a live block (freed before, or not its start); "
+          "returning CUDA_ERROR_INVALID_VALUE, pool unchanged",
+          p);
       return CUDA_ERROR_INVALID_VALUE;
   }
   // free_host_sync: CUDA's cudaFreeHost returns only once the device has finished; the pool's

@@ -19,7 +19,9 @@ namespace {
 
 class MallocHostUpstream : public HostUpstream {
  public:
-  void* allocate(std::size_t bytes, unsigned) override { return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096); }
+  void* allocate(std::size_t bytes, unsigned) override {
+    return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  }
   void release(void* p, std::size_t, unsigned, std::uintptr_t) override { std::free(p); }
 };
 
@@ -61,9 +63,9 @@ void BM_HostPool_Loader(benchmark::State& state) {
   }
   state.counters["held_over_live"] = ratio;
   state.counters["hit_rate"] = hits;
-  state.counters["ns_per_step"] =
-      benchmark::Counter(static_cast<double>(sizes.size()), benchmark::Counter::kIsIterationInvariantRate |
-                                                                benchmark::Counter::kInvert);
+  state.counters["ns_per_step"] = benchmark::Counter(static_cast<double>(sizes.size()),
+                                                     benchmark::Counter::kIsIterationInvariantRate |
+                                                         benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_HostPool_Loader)->Unit(benchmark::kMillisecond);
 

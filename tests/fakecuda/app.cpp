@@ -57,6 +57,8 @@ FAKE_CONTROL(long, fakecuda_host_alloc_calls, (), ())
 FAKE_CONTROL(long, fakecuda_host_free_calls, (), ())
 FAKE_CONTROL(int, fakecuda_host_is_live, (const void* p), (p))
 FAKE_CONTROL(cudaabi::CUresult, fakecuda_host_alloc_unseen, (void** p, std::size_t n), (p, n))
+FAKE_CONTROL(long, fakecuda_host_register_calls, (), ())
+FAKE_CONTROL(long, fakecuda_host_unregister_calls, (), ())
 #undef FAKE_CONTROL
 #endif
 
@@ -1258,13 +1260,18 @@ void pinned() {
   start_cuda();
   const bool pool = std::string(std::getenv("PINNED") != nullptr ? std::getenv("PINNED") : "") == "pool";
   const long syncs_per_free = std::getenv("HOST_SYNC") != nullptr ? 1 : 0;
-  const long allocs0 = fakecuda_host_alloc_calls(), frees0 = fakecuda_host_free_calls();
+  // REGISTER=1 (pinned_use_cuda_host_register): the pool maps pages itself and registers them.
+  const bool reg = std::getenv("REGISTER") != nullptr;
+  auto driver_allocs = [&] { return reg ? fakecuda_host_register_calls() : fakecuda_host_alloc_calls(); };
+  auto pinned_live = [&](void* p) { return reg || fakecuda_host_is_live(p) != 0; };
+  const long allocs0 = driver_allocs(), frees0 = fakecuda_host_free_calls();
+  const long unregs0 = fakecuda_host_unregister_calls();
   constexpr std::size_t n = 1 << 20;
   void* a = nullptr;
   CHECK_OK(api.cuMemHostAlloc(&a, n, 0));
-  CHECK(a != nullptr && fakecuda_host_is_live(a));
+  CHECK(a != nullptr && pinned_live(a));
   static_cast<char*>(a)[n - 1] = 1;
-  CHECK(fakecuda_host_alloc_calls() == allocs0 + 1);
+  CHECK(driver_allocs() == allocs0 + 1);
   if (!pool) {
     CHECK_OK(api.cuMemFreeHost(a));
     CHECK(fakecuda_host_free_calls() == frees0 + 1);  // the driver's, at once
@@ -1280,16 +1287,16 @@ void pinned() {
   const long syncs0 = fakecuda_ctx_syncs();
   CHECK_OK(api.cuMemFreeHost(a));
   CHECK(fakecuda_ctx_syncs() == syncs0 + syncs_per_free);
-  CHECK(fakecuda_host_free_calls() == frees0 && fakecuda_host_is_live(a));  // cached, not given back
+  CHECK(fakecuda_host_free_calls() == frees0 && pinned_live(a));  // cached, not given back
   void* b = nullptr;
   CHECK_OK(api.cuMemHostAlloc(&b, n, 0));
   CHECK(b != a);  // the copy may still read `a`: never handed out before the fence completes
-  CHECK(fakecuda_host_alloc_calls() == allocs0 + 2);
+  CHECK(driver_allocs() == allocs0 + 2);
   fakecuda_release_stream(CU_STREAM_LEGACY);
   void* c = nullptr;
   CHECK_OK(api.cuMemAllocHost(&c, n - 4096));  // cudaMallocHost: the same kind of memory
   CHECK(c == a);                               // the device is done with it: reused
-  CHECK(fakecuda_host_alloc_calls() == allocs0 + 2);
+  CHECK(driver_allocs() == allocs0 + 2);
   cudapool_host_stats hs{};
   CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&hs) == 0);
   CHECK(hs.cache_hits == 1 && hs.fence_skips >= 1 && hs.blocks == 2 && hs.num_host_alloc == 2);
@@ -1305,18 +1312,19 @@ void pinned() {
   // A double free is refused, and the cached block stays the pool's (never the driver's to free).
   CHECK_OK(api.cuMemFreeHost(c));
   CHECK(api.cuMemFreeHost(c) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(fakecuda_host_free_calls() == frees0 + 1 && fakecuda_host_is_live(c));
+  CHECK(fakecuda_host_free_calls() == frees0 + 1 && pinned_live(c));
+  CHECK(fakecuda_host_unregister_calls() == unregs0);
   CHECK_OK(api.cuMemFreeHost(b));
   // A reset context takes its pinned memory along: nothing of it comes back.
   CHECK_OK(api.cuDevicePrimaryCtxReset(0));
-  CHECK(!fakecuda_host_is_live(c));
+  CHECK(reg || !fakecuda_host_is_live(c));
   CUcontext ctx = nullptr;
   CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
   CHECK_OK(api.cuCtxSetCurrent(ctx));
   void* d = nullptr;
   CHECK_OK(api.cuMemHostAlloc(&d, n, 0));
-  CHECK(fakecuda_host_is_live(d));
-  CHECK(fakecuda_host_alloc_calls() == allocs0 + 4);  // a, b, the unseen one, d
+  CHECK(pinned_live(d));
+  CHECK(driver_allocs() == allocs0 + (reg ? 3 : 4));  // a, b, (the unseen one,) d
   CHECK_OK(api.cuMemFreeHost(d));
 }
 

@@ -43,6 +43,8 @@ class FakeHostUpstream : public HostUpstream {
   ~FakeHostUpstream() override {
     for (auto& [p, s] : live) std::free(p);
   }
+  void forget(void* p, std::size_t bytes) override { forgotten.push_back({p, bytes}); }
+  std::vector<std::pair<void*, std::size_t>> forgotten;
   std::map<void*, std::pair<std::size_t, unsigned>> live;
   std::vector<std::uintptr_t> owners_released;
   std::size_t held = 0, limit = SIZE_MAX;
@@ -227,9 +229,13 @@ TEST(HostPool, AGoneContextsMemoryIsForgotten) {
   r.fences.complete_all();
   r.pool.forget_owner(kCtx);
   EXPECT_EQ(r.up.frees, 0);  // the driver freed it with the context: nothing to give back
+  // The upstream undoes its own part at once for the cached segment, at the free for the live one.
+  EXPECT_EQ(r.up.forgotten, (std::vector<std::pair<void*, std::size_t>>{{cached, 1 * MiB}}));
   EXPECT_FALSE(r.pool.owns(cached));
   EXPECT_NE(r.alloc(1 * MiB), cached);           // never handed out again
   EXPECT_EQ(r.pool.free(live), FreeStatus::ok);  // the program's free of a gone block is accepted
+  EXPECT_EQ(r.up.forgotten.size(), 2u);
+  EXPECT_EQ(r.up.forgotten.back().first, live);
   EXPECT_EQ(r.pool.free(live), FreeStatus::not_owned);
   EXPECT_TRUE(r.pool.owns(other));
   EXPECT_EQ(r.pool.check_consistency(), "");

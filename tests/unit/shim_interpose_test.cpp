@@ -388,6 +388,12 @@ TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
                                                      {"PINNED", "pool"},
                                                      {"HOST_SYNC", "1"}});
     EXPECT_EQ(synced.exit_status, 0) << synced.output;
+    RunResult reg = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF",
+                                                   "pinned_cache:True,pinned_use_cuda_host_register:True,pinned_num_"
+                                                   "register_threads:4"},
+                                                  {"PINNED", "pool"},
+                                                  {"REGISTER", "1"}});
+    EXPECT_EQ(reg.exit_status, 0) << reg.output;
     RunResult off = run({app(linked), "pinned"}, {{"PINNED", "driver"}});
     EXPECT_EQ(off.exit_status, 0) << off.output;
     // The same checks fail where the pool is off: the scenario measures the pool.
