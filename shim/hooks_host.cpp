@@ -295,6 +295,36 @@ void host_forget_context(CUcontext ctx) noexcept {
     h->pool.forget_owner(reinterpret_cast<HostPool::Owner>(ctx));
 }
 
+void host_summary(std::map<std::string, std::int64_t>* out) noexcept {
+  HostState* h = g_host.load(std::memory_order_acquire);
+  if (h == nullptr) return;
+  try {
+    const HostStats s = h->pool.stats();
+    auto counter = [&](const char* name, const StatCounter& c) {
+      (*out)[std::string(name) + ".current"] = c.current;
+      (*out)[std::string(name) + ".peak"] = c.peak;
+      (*out)[std::string(name) + ".allocated"] = c.allocated;
+      (*out)[std::string(name) + ".freed"] = c.freed;
+    };
+    counter("requested_bytes", s.requested_bytes);
+    counter("allocated_bytes", s.allocated_bytes);
+    counter("reserved_bytes", s.reserved_bytes);
+    counter("cached_bytes", s.cached_bytes);
+    counter("blocks", s.blocks);
+    (*out)["cache_hits"] = s.cache_hits;
+    (*out)["cache_misses"] = s.cache_misses;
+    (*out)["fence_skips"] = s.fence_skips;
+    (*out)["num_host_alloc"] = s.upstream_allocs;
+    (*out)["num_host_free"] = s.upstream_frees;
+    (*out)["upstream_ns"] = s.upstream_ns;
+    (*out)["fence_waits"] = s.fence_waits;
+    (*out)["bad_frees"] = s.bad_frees;
+    (*out)["bound_releases"] = s.bound_releases;
+  } catch (...) {
+    out->clear();  // at exit nothing may escape; the summary goes without it
+  }
+}
+
 }  // namespace cudapool::shim
 
 using namespace cudapool::shim;

@@ -381,9 +381,23 @@ TEST(Shim, CapIsVisibleFromAContextsFirstCall) {
 TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
   for (bool linked : {false, true}) {
     SCOPED_TRACE(linked ? "linked" : "cudart");
-    RunResult pooled = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF", "pinned_cache:True"}, {"PINNED", "pool"}});
+    char dir[] = "/tmp/cudapool-pinned-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string stats = std::string(dir) + "/stats.json";
+    RunResult pooled = run({app(linked), "pinned"},
+                           {{"CUDAPOOL_CONF", "pinned_cache:True,stats_file:" + stats}, {"PINNED", "pool"}});
     EXPECT_EQ(pooled.exit_status, 0) << pooled.output;
     EXPECT_NE(pooled.output.find("PASS pinned"), std::string::npos) << pooled.output;
+    std::string json;
+    if (FILE* f = std::fopen(stats.c_str(), "r")) {
+      char buf[4096];
+      for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) json.append(buf, n);
+      std::fclose(f);
+    }
+    EXPECT_NE(json.find("\"pinned_host\""), std::string::npos) << json;
+    EXPECT_NE(json.find("\"cache_hits\": 1,"), std::string::npos) << json;  // the pool's, at exit
+    EXPECT_NE(json.find("\"bad_frees\": 1,"), std::string::npos) << json;
+    std::filesystem::remove_all(dir);
     RunResult synced = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF", "pinned_cache:True,free_host_sync:True"},
                                                      {"PINNED", "pool"},
                                                      {"HOST_SYNC", "1"}});
