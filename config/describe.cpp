@@ -27,9 +27,12 @@ std::string conf_value(const config::KeySpec& k, const std::string& v) {
 }  // namespace
 
 std::string describe(const Policy& policy) {
+  // Aligned on the device pool's keys: the few longer names (pinned_reserve_segment_size_mb)
+  // overhang rather than push every line to the right.
+  constexpr std::size_t kMaxWidth = 28;
   std::size_t width = 0;
   for (const config::KeySpec& k : config::keys())
-    if (k.format != nullptr) width = std::max(width, k.name.size());
+    if (k.format != nullptr) width = std::max(width, std::min(k.name.size(), kMaxWidth));
   std::string out;
   auto line = [&](std::string_view key, const std::string& value) {
     auto it = policy.origin.find(std::string(key));

@@ -331,30 +331,59 @@ std::string ignore_bool(Policy&, std::string_view v, Warnings&) {
   bool b = false;
   return parse_bool(v, b);
 }
-std::string ignore_threads(Policy&, std::string_view v, Warnings&) {
+// ---- pinned host memory ---------------------------------------------------------------------
+
+std::string apply_pinned_cache(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.pinned.enabled); }
+std::string format_pinned_cache(const Policy& p) { return p.pinned.enabled ? "True" : "False"; }
+bool default_pinned_cache(const Policy& p) { return !p.pinned.enabled; }
+
+std::string apply_pinned_register(Policy& p, std::string_view v, Warnings&) {
+  return parse_bool(v, p.pinned.use_host_register);
+}
+std::string format_pinned_register(const Policy& p) { return p.pinned.use_host_register ? "True" : "False"; }
+bool default_pinned_register(const Policy& p) { return !p.pinned.use_host_register; }
+
+std::string apply_pinned_threads(Policy& p, std::string_view v, Warnings&) {
   std::uint64_t n = 0;
   if (std::string why = parse_uint(v, n); !why.empty()) return why;
   if (!is_power_of_two(n) || n > 128) return "not a power of two <= 128";
+  p.pinned.register_threads = static_cast<int>(n);
   return {};
 }
-std::string ignore_mib(Policy&, std::string_view v, Warnings&) {
-  std::uint64_t n = 0;
-  return parse_uint(v, n);
+std::string format_pinned_threads(const Policy& p) { return std::to_string(p.pinned.register_threads); }
+bool default_pinned_threads(const Policy& p) { return p.pinned.register_threads == HostPoolOptions{}.register_threads; }
+
+std::string apply_pinned_reserve(Policy& p, std::string_view v, Warnings&) {
+  return set_mib(p.pinned.reserve_segment, v, 1);
 }
-std::string ignore_positive_mib(Policy&, std::string_view v, Warnings&) {
-  std::uint64_t n = 0;
-  if (std::string why = parse_uint(v, n); !why.empty()) return why;
-  return n == 0 ? "must be > 0" : "";
+std::string format_pinned_reserve(const Policy& p) { return std::to_string(p.pinned.reserve_segment / MiB); }
+bool default_pinned_reserve(const Policy& p) { return p.pinned.reserve_segment == 0; }
+
+std::string apply_pinned_round(Policy& p, std::string_view v, Warnings&) {
+  return set_mib(p.pinned.max_round_threshold, v, 0);
 }
+std::string format_pinned_round(const Policy& p) {
+  return p.pinned.max_round_threshold == kNoLimit ? "none" : std::to_string(p.pinned.max_round_threshold / MiB);
+}
+bool default_pinned_round(const Policy& p) { return p.pinned.max_round_threshold == kNoLimit; }
+
+std::string apply_pinned_cap(Policy& p, std::string_view v, Warnings&) { return set_mib(p.pinned.max_cached, v, 0); }
+std::string format_pinned_cap(const Policy& p) {
+  return p.pinned.max_cached == kNoLimit ? "none" : std::to_string(p.pinned.max_cached / MiB);
+}
+bool default_pinned_cap(const Policy& p) { return p.pinned.max_cached == kNoLimit; }
+
 std::string refuse(Policy&, std::string_view, Warnings&) {
   return "cudapool does not implement it: segments for requests under 10 MiB are always 20 MiB; "
          "remove the key";
 }
 
-constexpr std::string_view kPinned = "it configures PyTorch's pinned host memory, which cudapool does not manage";
+constexpr std::string_view kPinnedHip = "cudapool runs on CUDA; pinned_use_cuda_host_register is the key here";
+constexpr std::string_view kPinnedBackground =
+    "a pooled free records a fence and returns at once, so there is nothing to move to a thread";
 
 using K = ValueKind;
-const std::array<KeySpec, 36> kKeys{{
+const std::array<KeySpec, 37> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb",
      K::integer,
@@ -457,9 +486,9 @@ const std::array<KeySpec, 36> kKeys{{
      Reach::pool,
      "True or False (any case)",
      "True",
-     "cudaFree also returns only after the device has finished all earlier work, as CUDA's own does "
-     "(for programs that read results through mapped host memory after a cudaFree); costs what "
-     "CUDA's wait costs",
+     "cudaFree (and a pooled cudaFreeHost) also returns only after the device has finished all earlier "
+     "work, as CUDA's own does (for programs that read results through mapped host memory after a free); "
+     "costs what CUDA's wait costs",
      {},
      apply_free_host_sync,
      format_free_host_sync,
@@ -636,21 +665,76 @@ const std::array<KeySpec, 36> kKeys{{
      apply_publish_stats,
      format_publish_stats,
      default_publish_stats},
-    // PyTorch keys accepted for compatibility with no effect here.
-    {"pinned_use_cuda_host_register", K::boolean, Reach::pool, "True or False (any case)", "False",
-     "PyTorch: pin host memory with cudaHostRegister", kPinned, ignore_bool, nullptr, nullptr},
+    // Pinned host memory (cudaHostAlloc, cudaMallocHost): PyTorch's keys for its host allocator,
+    // with the same spelling and bounds, for the shim's pinned pool (docs/policy.md).
+    {"pinned_cache",
+     K::boolean,
+     Reach::pool,
+     "True or False (any case)",
+     "True",
+     "serve pinned host memory (cudaHostAlloc, cudaMallocHost and the driver's cuMemHostAlloc, "
+     "cuMemAllocHost) from a caching pool: a freed block is reused once the device is done with it",
+     {},
+     apply_pinned_cache,
+     format_pinned_cache,
+     default_pinned_cache},
+    {"pinned_use_cuda_host_register",
+     K::boolean,
+     Reach::pool,
+     "True or False (any case)",
+     "True",
+     "with pinned_cache: pin memory the pool maps itself with cudaHostRegister instead of cudaHostAlloc "
+     "(write-combined requests still use cudaHostAlloc)",
+     {},
+     apply_pinned_register,
+     format_pinned_register,
+     default_pinned_register},
     {"pinned_use_hip_host_register", K::boolean, Reach::pool, "True or False (any case)", "False",
-     "PyTorch on ROCm: the same as pinned_use_cuda_host_register", kPinned, ignore_bool, nullptr, nullptr},
-    {"pinned_num_register_threads", K::integer, Reach::pool, "a power of two <= 128", "8",
-     "PyTorch: threads used to register pinned memory", kPinned, ignore_threads, nullptr, nullptr},
+     "PyTorch on ROCm: the same as pinned_use_cuda_host_register", kPinnedHip, ignore_bool, nullptr, nullptr},
+    {"pinned_num_register_threads",
+     K::integer,
+     Reach::pool,
+     "a power of two <= 128",
+     "8",
+     "with pinned_use_cuda_host_register: threads that fault the pages in before they are registered",
+     {},
+     apply_pinned_threads,
+     format_pinned_threads,
+     default_pinned_threads},
     {"pinned_use_background_threads", K::boolean, Reach::pool, "True or False (any case)", "False",
-     "PyTorch: free pinned memory from a background thread", kPinned, ignore_bool, nullptr, nullptr},
-    {"pinned_reserve_segment_size_mb", K::integer, Reach::pool, "a whole number of MiB > 0", "64",
-     "PyTorch: size of the pinned-memory reserve", kPinned, ignore_positive_mib, nullptr, nullptr},
-    {"pinned_max_round_threshold_mb", K::integer, Reach::pool, "a whole number of MiB", "64",
-     "PyTorch: largest pinned request rounded to a power of two", kPinned, ignore_mib, nullptr, nullptr},
-    {"pinned_max_cached_size_mb", K::integer, Reach::pool, "a whole number of MiB", "1024",
-     "PyTorch: cap on cached pinned memory", kPinned, ignore_mib, nullptr, nullptr},
+     "PyTorch: free pinned memory from a background thread", kPinnedBackground, ignore_bool, nullptr, nullptr},
+    {"pinned_reserve_segment_size_mb",
+     K::integer,
+     Reach::pool,
+     "a whole number of MiB > 0",
+     "64",
+     "with pinned_cache: one segment of this size pinned at the first request and carved first "
+     "(never given back)",
+     {},
+     apply_pinned_reserve,
+     format_pinned_reserve,
+     default_pinned_reserve},
+    {"pinned_max_round_threshold_mb",
+     K::integer,
+     Reach::pool,
+     "a whole number of MiB (unset = every size)",
+     "64",
+     "with pinned_cache: requests up to this size are rounded to a size class (at most 1.25x); larger ones "
+     "to whole pages, and they reuse only blocks of exactly their size",
+     {},
+     apply_pinned_round,
+     format_pinned_round,
+     default_pinned_round},
+    {"pinned_max_cached_size_mb",
+     K::integer,
+     Reach::pool,
+     "a whole number of MiB (unset = no limit)",
+     "1024",
+     "with pinned_cache: cached (freed) pinned memory kept at most; beyond it the longest-cached goes back",
+     {},
+     apply_pinned_cap,
+     format_pinned_cap,
+     default_pinned_cap},
     {"graph_capture_record_stream_reuse", K::boolean, Reach::pool, "True or False (any case)", "False",
      "PyTorch: reuse of recorded-stream blocks during CUDA graph capture",
      "it tunes PyTorch's CUDA-graph private pools, which cudapool does not have", ignore_bool, nullptr, nullptr},
@@ -741,7 +825,7 @@ std::string suggest_key(std::string_view unknown) {
     list += list.empty() ? "" : ", ";
     list += k.name;
   }
-  return "valid keys: " + list + " (and PyTorch's pinned_* keys, accepted and ignored)";
+  return "valid keys: " + list + " (and a few PyTorch keys, accepted and ignored)";
 }
 
 std::string bad_value_message(const KeySpec& key, std::string_view value, std::string_view reason, bool toml) {

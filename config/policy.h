@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/host_options.h"
 #include "allocator/options.h"
 
 namespace cudapool {
@@ -48,6 +49,8 @@ struct Policy {
   // Publish a small per-process stats record for `cudapool top` (every 250 ms, from a helper
   // thread started with the first pool).
   bool publish_stats = true;
+  // Pinned host memory (cudaHostAlloc, cudaMallocHost) from a caching pool: the pinned_* keys.
+  HostPoolOptions pinned;
   // key -> origin ("default", "file /p/x.toml:3", "profile train (/p/x.toml:9)", "CUDAPOOL_CONF col 5")
   std::map<std::string, std::string> origin;
   std::vector<std::string> warnings;  // accepted-but-ignored keys etc.

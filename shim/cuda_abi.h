@@ -124,6 +124,15 @@ using PFN_cuMemFree_v2 = CUresult (*)(CUdeviceptr);
 using PFN_cuMemAllocAsync = CUresult (*)(CUdeviceptr*, std::size_t, CUstream);
 using PFN_cuMemFreeAsync = CUresult (*)(CUdeviceptr, CUstream);
 using PFN_cuMemGetInfo_v2 = CUresult (*)(std::size_t*, std::size_t*);
+// CUDA before 3.2 (cuGetProcAddress below version 3020 still hands it out): 32-bit figures.
+using PFN_cuMemGetInfo_v1 = CUresult (*)(unsigned*, unsigned*);
+// Page-locked host memory (cudaHostAlloc, cudaMallocHost, cudaFreeHost; cudaHostRegister).
+using PFN_cuMemHostAlloc = CUresult (*)(void**, std::size_t, unsigned);
+using PFN_cuMemAllocHost_v2 = CUresult (*)(void**, std::size_t);
+using PFN_cuMemAllocHost_v1 = CUresult (*)(void**, unsigned);
+using PFN_cuMemFreeHost = CUresult (*)(void*);
+using PFN_cuMemHostRegister_v2 = CUresult (*)(void*, std::size_t, unsigned);
+using PFN_cuMemHostUnregister = CUresult (*)(void*);
 using PFN_cuMemGetAddressRange_v2 = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
 using PFN_cuPointerGetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
 using PFN_cuPointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);

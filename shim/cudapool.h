@@ -59,6 +59,30 @@ size_t cudapool_empty_cache(void);
  * Returns 0, or -1 for an unknown name. */
 int cudapool_set_log_level(const char* level);
 
+/* The pinned host pool (policy pinned_cache): cudaHostAlloc / cudaMallocHost memory. */
+struct cudapool_host_stats {
+  int64_t requested_bytes; /* what the program asked for, of its live blocks */
+  int64_t requested_bytes_peak;
+  int64_t allocated_bytes; /* the live blocks' sizes */
+  int64_t allocated_bytes_peak;
+  int64_t reserved_bytes; /* all pinned memory held: live, cached, reserve */
+  int64_t reserved_bytes_peak;
+  int64_t cached_bytes; /* freed blocks kept for reuse */
+  int64_t blocks;       /* live blocks */
+  int64_t cache_hits;
+  int64_t cache_misses;
+  int64_t fence_skips; /* cached blocks passed over while the device could still use them */
+  int64_t num_host_alloc;
+  int64_t num_host_free;
+  int64_t bad_frees;
+};
+/* Fills *out; returns 0, or -1 before the pinned pool's first allocation (or when it is off).
+ * Absent from libraries older than the pinned pool: resolve it with dlsym. */
+int cudapool_get_host_stats(struct cudapool_host_stats* out);
+/* Waits for the device to finish with every cached pinned block and gives them back (the
+ * reserve segment stays). Returns the bytes given back. */
+size_t cudapool_host_empty_cache(void);
+
 #ifdef __cplusplus
 }
 #endif

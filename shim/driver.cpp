@@ -48,6 +48,13 @@ bool fill(RealDriver& d) {
   CUDAPOOL_BIND(cuMemFreeAsync);
   CUDAPOOL_BIND(cuMemFreeAsync_ptsz);
   CUDAPOOL_BIND(cuMemGetInfo_v2);
+  CUDAPOOL_BIND(cuMemGetInfo);
+  CUDAPOOL_BIND(cuMemHostAlloc);
+  CUDAPOOL_BIND(cuMemAllocHost_v2);
+  CUDAPOOL_BIND(cuMemAllocHost);
+  CUDAPOOL_BIND(cuMemFreeHost);
+  CUDAPOOL_BIND(cuMemHostRegister_v2);
+  CUDAPOOL_BIND(cuMemHostUnregister);
   CUDAPOOL_BIND(cuMemGetAddressRange_v2);
   CUDAPOOL_BIND(cuPointerGetAttribute);
   CUDAPOOL_BIND(cuPointerGetAttributes);

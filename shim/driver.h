@@ -19,6 +19,14 @@ struct RealDriver {
   PFN_cuMemFreeAsync cuMemFreeAsync = nullptr;
   PFN_cuMemFreeAsync cuMemFreeAsync_ptsz = nullptr;
   PFN_cuMemGetInfo_v2 cuMemGetInfo_v2 = nullptr;
+  PFN_cuMemGetInfo_v1 cuMemGetInfo = nullptr;  // v1 (CUDA < 3.2): 32-bit figures
+  // Pinned host memory (shim/hooks_host.cpp); absent: the hooks answer "not initialized".
+  PFN_cuMemHostAlloc cuMemHostAlloc = nullptr;
+  PFN_cuMemAllocHost_v2 cuMemAllocHost_v2 = nullptr;
+  PFN_cuMemAllocHost_v1 cuMemAllocHost = nullptr;  // v1 (CUDA < 3.2): 32-bit size
+  PFN_cuMemFreeHost cuMemFreeHost = nullptr;
+  PFN_cuMemHostRegister_v2 cuMemHostRegister_v2 = nullptr;  // pinned_use_cuda_host_register
+  PFN_cuMemHostUnregister cuMemHostUnregister = nullptr;
   PFN_cuMemGetAddressRange_v2 cuMemGetAddressRange_v2 = nullptr;
   PFN_cuPointerGetAttribute cuPointerGetAttribute = nullptr;
   PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;

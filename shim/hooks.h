@@ -1,5 +1,9 @@
 // Shared pieces of the hook files (internal).
 #pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
 #include "shim/runtime.h"
 
 namespace cudapool::shim {
@@ -16,6 +20,11 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
 // The wrapper to hand out for a driver symbol, by its exact ABI name ("cuMemAlloc_v2",
 // "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2", …); nullptr if the shim does not hook it.
 void* wrapper_for_symbol(const char* abi_name) noexcept;
+
+// shim/hooks_host.cpp: the context is gone, and its pinned host memory with it.
+void host_forget_context(CUcontext ctx) noexcept;
+// The pinned host pool's counters for the exit summary (no CUDA); nothing when it never started.
+void host_summary(std::map<std::string, std::int64_t>* out) noexcept;
 
 namespace vmm {
 // shim/hooks_vmm.cpp: forget the parent's counted cuMemCreate handles in a forked child.

@@ -18,6 +18,7 @@ void retire_context(Runtime* rt, CUcontext ctx) {
     rt->retire(cp);
     ipc::forget_pool(cp);            // its exports end: later opens find nothing
     cp->upstream.release_all_vmm();  // expandable segments: cuMemCreate pages outlive contexts
+    host_forget_context(ctx);        // its pinned host memory went with it
   }
 }
 

@@ -57,6 +57,65 @@ bool answer_attribute(CUpointer_attribute attr, const AddressInfo& info, void* d
   }
 }
 
+// What cuMemGetInfo reports for the calling thread's current context: the driver's figures with
+// the pools' cache counted as free and, under a cap, the cap as the total. The answer holds from
+// the first call in a context, whatever made it (a primary context retained by the program or
+// by cudart, cuCtxCreate) and before anything was allocated: the caps come from the policy and
+// the group's ledger, not from a pool, so this call starts the runtime (it is a CUDA call, and
+// programs size themselves from it before their first allocation) and joins the group, but
+// creates no pool.
+CUresult mem_info(const RealDriver& d, std::size_t* free_out, std::size_t* total_out) {
+  // NULL out-pointers are legal (OptiX asks for the total only): never hand them to a pool path.
+  std::size_t f = 0, t = 0;
+  CUresult r = d.cuMemGetInfo_v2(&f, &t);
+  if (r != CUDA_SUCCESS) return r;
+  Runtime* rt = Runtime::exiting() ? Runtime::peek() : Runtime::get();
+  CUcontext ctx = nullptr;
+  CUdevice dev = -1;
+  if (rt != nullptr && rt->native() && d.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr &&
+      d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+    // Every pool of this device holds memory the program may still get from us.
+    std::size_t cached = 0, reserved = 0;
+    rt->for_each_pool([&](ContextPool& cp) {
+      if (cp.device != dev) return;
+      cached += cp.pool.cached_bytes();
+      reserved += static_cast<std::size_t>(cp.pool.stats().reserved_bytes[cudapool::kAll].current);
+      reserved += cp.pool.external_bytes();  // what the program mapped itself (hooks_vmm.cpp)
+    });
+    f += cached;
+    // A cap (max_reserved_mb, per_process_memory_fraction) is what the program may have: report
+    // it as the total, and as free what it could still get under it, so that programs that size
+    // themselves from this call (JAX's preallocation, vLLM, batch-size probes) fit the cap.
+    const cudapool::PoolOptions& po = rt->policy().pool;
+    std::size_t cap = po.max_reserved;
+    if (po.per_process_memory_fraction > 0.0) {
+      const auto by_fraction = static_cast<std::size_t>(po.per_process_memory_fraction * static_cast<double>(t));
+      cap = std::min(cap, by_fraction);
+    }
+    // A group budget: the program may have what the group has not reserved, plus its own cache.
+    // The member is the device's (joined here if no pool has joined yet; the same one the pools
+    // are gated by), so the budget shows before the first allocation too.
+    std::size_t group_room = SIZE_MAX;
+    if (group::Member* m = group::member_for(*rt, dev, t)) {
+      const std::size_t b = group::budget(*m);
+      if (b != 0) {  // 0: left the group
+        const std::size_t used = group::group_reserved(*m);
+        cap = std::min(cap, b);
+        group_room = used < b ? b - used : 0;
+      }
+    }
+    if (cap < t) {
+      t = cap;
+      const std::size_t room = std::min(reserved < cap ? cap - reserved : 0, group_room);
+      f = std::min(f, room + cached);
+    }
+    if (f > t) f = t;
+  }
+  if (free_out != nullptr) *free_out = f;
+  if (total_out != nullptr) *total_out = t;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 }  // namespace cudapool::shim
 
@@ -65,53 +124,25 @@ using namespace cudapool::shim;
 CUDAPOOL_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total_bytes) {
   const RealDriver* d = real_driver();
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  // NULL out-pointers are legal (OptiX asks for the total only): never hand them to a pool path.
-  std::size_t f = 0, t = 0;
-  CUresult r = d->cuMemGetInfo_v2(&f, &t);
+  return mem_info(*d, free_bytes, total_bytes);
+}
+
+// CUDA 3.1's form, 32-bit figures (cuGetProcAddress hands it out below version 3020): the
+// driver's own answer (its errors, its treatment of devices above 4 GiB), lowered to the capped
+// figures where those are smaller.
+CUDAPOOL_EXPORT CUresult cuMemGetInfo(unsigned* free_bytes, unsigned* total_bytes) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr || d->cuMemGetInfo == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  unsigned f32 = 0, t32 = 0;
+  const CUresult r = d->cuMemGetInfo(&f32, &t32);
   if (r != CUDA_SUCCESS) return r;
-  Runtime* rt = Runtime::peek();
-  if (rt != nullptr && rt->native()) {
-    CUcontext ctx = nullptr;
-    CUdevice dev = -1;
-    if (d->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && d->cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
-      // Every pool of this device holds memory the program may still get from us.
-      std::size_t cached = 0, reserved = 0;
-      rt->for_each_pool([&](ContextPool& cp) {
-        if (cp.device != dev) return;
-        cached += cp.pool.cached_bytes();
-        reserved += static_cast<std::size_t>(cp.pool.stats().reserved_bytes[cudapool::kAll].current);
-        reserved += cp.pool.external_bytes();  // what the program mapped itself (hooks_vmm.cpp)
-      });
-      f += cached;
-      // A cap (max_reserved_mb, per_process_memory_fraction) is what the program may have: report
-      // it as the total, and as free what it could still get under it, so that programs that size
-      // themselves from this call (JAX's preallocation, vLLM, batch-size probes) fit the cap.
-      const cudapool::PoolOptions& po = rt->policy().pool;
-      std::size_t cap = po.max_reserved;
-      if (po.per_process_memory_fraction > 0.0) {
-        const auto by_fraction = static_cast<std::size_t>(po.per_process_memory_fraction * static_cast<double>(t));
-        cap = std::min(cap, by_fraction);
-      }
-      // A group budget: the program may have what the group has not reserved, plus its own cache.
-      std::size_t group_room = SIZE_MAX;
-      rt->for_each_pool([&](ContextPool& cp) {
-        if (cp.device != dev || cp.member == nullptr || group_room != SIZE_MAX) return;
-        const std::size_t b = group::budget(*cp.member);
-        if (b == 0) return;  // left the group
-        const std::size_t used = group::group_reserved(*cp.member);
-        cap = std::min(cap, b);
-        group_room = used < b ? b - used : 0;
-      });
-      if (cap < t) {
-        t = cap;
-        const std::size_t room = std::min(reserved < cap ? cap - reserved : 0, group_room);
-        f = std::min(f, room + cached);
-      }
-      if (f > t) f = t;
-    }
+  std::size_t f = 0, t = 0;
+  if (mem_info(*d, &f, &t) == CUDA_SUCCESS) {
+    f32 = static_cast<unsigned>(std::min<std::size_t>(f32, f));
+    t32 = static_cast<unsigned>(std::min<std::size_t>(t32, t));
   }
-  if (free_bytes != nullptr) *free_bytes = f;
-  if (total_bytes != nullptr) *total_bytes = t;
+  if (free_bytes != nullptr) *free_bytes = f32;
+  if (total_bytes != nullptr) *total_bytes = t32;
   return CUDA_SUCCESS;
 }
 

@@ -45,7 +45,12 @@ void* substitute(const RealDriver& d, const char* symbol, void* pfn, int version
     named = true;
     if (sym(d.handle, h.abi) == pfn) return h.wrapper;
   }
-  if (!named) return nullptr;
+  if (!named) {
+    // Asked for by an exported variant's own name ("cuMemGetInfo_v2") where a driver resolves
+    // such names: exactly that export gets exactly its wrapper.
+    void* w = wrapper_for_symbol(symbol);
+    return w != nullptr && sym(d.handle, symbol) == pfn ? w : nullptr;
+  }
   // Otherwise (a driver that hands out internal entry points): decide by version and flavour,
   // but only for an answer from libcuda itself; another interposer's answer is left alone.
   if (!same_object(pfn, reinterpret_cast<const void*>(d.cuMemAlloc_v2))) return nullptr;

@@ -215,6 +215,7 @@ void Runtime::write_exit_summary() noexcept {
           s.devices.push_back(d);
         },
         /*include_retired=*/true);
+    host_summary(&s.pinned_host);
     for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
       const std::int64_t n = passes(static_cast<PassKind>(k));
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;

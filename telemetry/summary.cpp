@@ -200,6 +200,18 @@ std::string to_json(const Summary& s) {
     o += std::to_string(count);
   }
   o += first ? "},\n" : "\n  },\n";
+  if (!s.pinned_host.empty()) {
+    put_key(&o, 2, "pinned_host");
+    o += "{";
+    bool first_stat = true;
+    for (const auto& [name, value] : s.pinned_host) {
+      o += first_stat ? "\n" : ",\n";
+      first_stat = false;
+      put_key(&o, 4, name);
+      o += std::to_string(value);
+    }
+    o += "\n  },\n";
+  }
   put_key(&o, 2, "devices");
   o += "[";
   for (std::size_t i = 0; i < s.devices.size(); ++i) {

@@ -36,6 +36,9 @@ struct Summary {
   std::vector<DeviceSummary> devices;
   // Pass-through decisions by kind ("foreign_pointer", "capture", "managed", …) → count.
   std::map<std::string, std::int64_t> passthrough;
+  // The pinned host pool's counters by name ("reserved_bytes.peak", "cache_hits", …); empty
+  // when it never served an allocation (written only then).
+  std::map<std::string, std::int64_t> pinned_host;
 
   // Over all devices.
   double hit_rate() const;

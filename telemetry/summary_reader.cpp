@@ -64,6 +64,13 @@ bool from_json(std::string_view text, Summary* out, std::string* error) {
       s.passthrough[kind] = count.i;
     }
   }
+  if (const json::Value* v = root.find("pinned_host")) {
+    if (v->type != json::Value::Type::object) return bad("\"pinned_host\" must be an object");
+    for (const auto& [name, value] : v->members) {
+      if (value.type != json::Value::Type::integer) return bad("pinned_host \"" + name + "\" must be an integer");
+      s.pinned_host[name] = value.i;
+    }
+  }
   if (const json::Value* v = root.find("devices")) {
     if (v->type != json::Value::Type::array) return bad("\"devices\" must be an array");
     for (std::size_t i = 0; i < v->items.size(); ++i) {

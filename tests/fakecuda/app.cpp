@@ -55,6 +55,12 @@ FAKE_CONTROL(long, fakecuda_stream_waits, (), ())
 FAKE_CONTROL(long, fakecuda_capture_waits, (), ())
 FAKE_CONTROL(long, fakecuda_ctx_syncs, (), ())
 FAKE_CONTROL(int, fakecuda_would_wait, (cudaabi::CUstream s, cudaabi::CUstream h), (s, h))
+FAKE_CONTROL(long, fakecuda_host_alloc_calls, (), ())
+FAKE_CONTROL(long, fakecuda_host_free_calls, (), ())
+FAKE_CONTROL(int, fakecuda_host_is_live, (const void* p), (p))
+FAKE_CONTROL(cudaabi::CUresult, fakecuda_host_alloc_unseen, (void** p, std::size_t n), (p, n))
+FAKE_CONTROL(long, fakecuda_host_register_calls, (), ())
+FAKE_CONTROL(long, fakecuda_host_unregister_calls, (), ())
 #undef FAKE_CONTROL
 #endif
 
@@ -88,6 +94,10 @@ struct Api {
   PFN_cuStreamBeginCapture_v2 cuStreamBeginCapture;
   PFN_cuStreamEndCapture cuStreamEndCapture;
   PFN_cuGetProcAddress_v2 cuGetProcAddress;  // as the program obtained it
+  CUresult (*cuCtxCreate)(CUcontext*, unsigned, CUdevice);
+  CUresult (*cuMemHostAlloc)(void**, std::size_t, unsigned);
+  CUresult (*cuMemAllocHost)(void**, std::size_t);
+  CUresult (*cuMemFreeHost)(void*);
 };
 Api api;
 [[maybe_unused]] void* libcuda = nullptr;
@@ -121,6 +131,10 @@ CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+CUresult cuCtxCreate_v2(CUcontext*, unsigned, CUdevice);
+CUresult cuMemHostAlloc(void**, std::size_t, unsigned);
+CUresult cuMemAllocHost_v2(void**, std::size_t);
+CUresult cuMemFreeHost(void*);
 }
 static void resolve_api() {
   api = Api{cuInit,
@@ -147,7 +161,11 @@ static void resolve_api() {
             cuStreamDestroy_v2,
             cuStreamBeginCapture_v2,
             cuStreamEndCapture,
-            cuGetProcAddress_v2};
+            cuGetProcAddress_v2,
+            cuCtxCreate_v2,
+            cuMemHostAlloc,
+            cuMemAllocHost_v2,
+            cuMemFreeHost};
 }
 #else
 template <typename Fn>
@@ -191,6 +209,10 @@ static void resolve_api() {
   get(api.cuStreamDestroy, "cuStreamDestroy", 4000);
   get(api.cuStreamBeginCapture, "cuStreamBeginCapture", 10010);
   get(api.cuStreamEndCapture, "cuStreamEndCapture", 10000);
+  get(api.cuCtxCreate, "cuCtxCreate", 3020);
+  get(api.cuMemHostAlloc, "cuMemHostAlloc", 3020);
+  get(api.cuMemAllocHost, "cuMemAllocHost", 3020);
+  get(api.cuMemFreeHost, "cuMemFreeHost", 3020);
 }
 #endif
 
@@ -1238,6 +1260,164 @@ void mem_info() {
   show("freed");
 }
 
+// cuMemGetInfo as the first call in a fresh context, then after an allocation and its free, by
+// every way a program reaches it: the entry point it linked or resolved (api), cuGetProcAddress
+// at every version and flavour (cudart's cudaGetDriverEntryPoint and ...ByVersion are that call
+// with cudart's version or the caller's), the 11.x four-argument cuGetProcAddress, the 32-bit
+// form CUDA 3.1 had, dlsym on libcuda's handle and on the global scope, and an exported
+// variant's own name (where the driver resolves it: FAKECUDA_PROC_EXACT_NAMES). Every one must
+// be the shim's wrapper. Prints "info PHASE WAY total_mib=T free_mib=F" per way; the test
+// checks them against the cap. `create`: the context comes from cuCtxCreate, else the primary
+// context is retained and made current (through cudart's table in the cudart build: the
+// runtime's implicit context).
+void info_first(bool create) {
+  resolve_api();
+  CHECK_OK(api.cuInit(0));
+  CUcontext ctx = nullptr;
+  if (create) {
+    CHECK_OK(api.cuCtxCreate(&ctx, 0, 0));
+  } else {
+    CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK_OK(api.cuCtxSetCurrent(ctx));
+  }
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  CHECK(h != nullptr);
+  using V1 = CUresult (*)(unsigned*, unsigned*);
+  auto proc = [](const char* name, int version, cuuint64_t flags) {
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult st = -1;
+    CHECK_OK(api.cuGetProcAddress(name, &fn, version, flags, &st));
+    CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr);
+    CHECK(from_shim(fn));
+    return fn;
+  };
+  auto proc_v1 = reinterpret_cast<PFN_cuGetProcAddress_v1>(dlsym(h, "cuGetProcAddress"));
+  CHECK(proc_v1 != nullptr && from_shim(reinterpret_cast<void*>(proc_v1)));
+  const bool exact = std::getenv("FAKECUDA_PROC_EXACT_NAMES") != nullptr;
+  auto show = [&](const char* phase) {
+    struct Way {
+      const char* name;
+      void* fn;
+      bool v1;
+    };
+    void* fn_v1 = nullptr;
+    CHECK_OK(proc_v1("cuMemGetInfo", &fn_v1, 11030, 0));
+    CHECK(from_shim(fn_v1));
+    std::vector<Way> ways = {
+        {"api", reinterpret_cast<void*>(api.cuMemGetInfo), false},
+        {"proc_3020", proc("cuMemGetInfo", 3020, 0), false},
+        {"proc_12000", proc("cuMemGetInfo", 12000, 0), false},
+        {"proc_13000_ptds", proc("cuMemGetInfo", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), false},
+        {"entry_point", proc("cuMemGetInfo", 13000, 0), false},
+        {"entry_point_by_version_11080", proc("cuMemGetInfo", 11080, 0), false},
+        {"proc_v1_11030", fn_v1, false},
+        {"proc_2000_32bit", proc("cuMemGetInfo", 2000, 0), true},
+        {"dlsym_libcuda_v2", dlsym(h, "cuMemGetInfo_v2"), false},
+        {"dlsym_libcuda_v1_32bit", dlsym(h, "cuMemGetInfo"), true},
+        {"dlsym_default_v2", dlsym(RTLD_DEFAULT, "cuMemGetInfo_v2"), false},
+    };
+    if (exact) ways.push_back({"proc_exact_name_v2", proc("cuMemGetInfo_v2", 3020, 0), false});
+    for (const Way& w : ways) {
+      CHECK(w.fn != nullptr && from_shim(w.fn));
+      std::size_t f = 0, t = 0;
+      if (w.v1) {
+        unsigned f32 = 0, t32 = 0;
+        CHECK_OK(reinterpret_cast<V1>(w.fn)(&f32, &t32));
+        f = f32, t = t32;
+      } else {
+        CHECK_OK(reinterpret_cast<PFN_cuMemGetInfo_v2>(w.fn)(&f, &t));
+      }
+      std::printf("info %s %s total_mib=%zu free_mib=%zu\n", phase, w.name, t >> 20, f >> 20);
+    }
+  };
+  show("first");
+  CUdeviceptr p = 0;
+  CHECK_OK(api.cuMemAlloc(&p, 64 << 20));
+  show("allocated");
+  CHECK_OK(api.cuMemFree(p));
+  show("freed");
+}
+void info_first_primary() { info_first(false); }
+void info_first_ctx_create() { info_first(true); }
+
+// Pinned host memory (cudaHostAlloc / cudaMallocHost / cudaFreeHost reach these entry points).
+// PINNED=pool (policy pinned_cache:True): a freed block stays cached and comes back only once
+// the device is done with it (work held on the legacy stream stands for an async copy still
+// reading it); a foreign pointer and pinned memory the shim never saw go to the driver; a
+// double free is refused without the driver; the memory of a reset context is never reused.
+// PINNED=driver: every call reaches the driver. HOST_SYNC=1: a pooled free synchronizes.
+void pinned() {
+  start_cuda();
+  const bool pool = std::string(std::getenv("PINNED") != nullptr ? std::getenv("PINNED") : "") == "pool";
+  const long syncs_per_free = std::getenv("HOST_SYNC") != nullptr ? 1 : 0;
+  // REGISTER=1 (pinned_use_cuda_host_register): the pool maps pages itself and registers them.
+  const bool reg = std::getenv("REGISTER") != nullptr;
+  auto driver_allocs = [&] { return reg ? fakecuda_host_register_calls() : fakecuda_host_alloc_calls(); };
+  auto pinned_live = [&](void* p) { return reg || fakecuda_host_is_live(p) != 0; };
+  const long allocs0 = driver_allocs(), frees0 = fakecuda_host_free_calls();
+  const long unregs0 = fakecuda_host_unregister_calls();
+  constexpr std::size_t n = 1 << 20;
+  void* a = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&a, n, 0));
+  CHECK(a != nullptr && pinned_live(a));
+  static_cast<char*>(a)[n - 1] = 1;
+  CHECK(driver_allocs() == allocs0 + 1);
+  if (!pool) {
+    CHECK_OK(api.cuMemFreeHost(a));
+    CHECK(fakecuda_host_free_calls() == frees0 + 1);  // the driver's, at once
+    CHECK_OK(api.cuMemAllocHost(&a, n));
+    CHECK(fakecuda_host_alloc_calls() == allocs0 + 2);
+    CHECK_OK(api.cuMemFreeHost(a));
+    cudapool_host_stats none{};
+    CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&none) == -1);  // never started
+    return;
+  }
+  // An async copy from `a` is still running when the program frees it.
+  fakecuda_hold_stream(CU_STREAM_LEGACY);
+  const long syncs0 = fakecuda_ctx_syncs();
+  CHECK_OK(api.cuMemFreeHost(a));
+  CHECK(fakecuda_ctx_syncs() == syncs0 + syncs_per_free);
+  CHECK(fakecuda_host_free_calls() == frees0 && pinned_live(a));  // cached, not given back
+  void* b = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&b, n, 0));
+  CHECK(b != a);  // the copy may still read `a`: never handed out before the fence completes
+  CHECK(driver_allocs() == allocs0 + 2);
+  fakecuda_release_stream(CU_STREAM_LEGACY);
+  void* c = nullptr;
+  CHECK_OK(api.cuMemAllocHost(&c, n - 4096));  // cudaMallocHost: the same kind of memory
+  CHECK(c == a);                               // the device is done with it: reused
+  CHECK(driver_allocs() == allocs0 + 2);
+  cudapool_host_stats hs{};
+  CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&hs) == 0);
+  CHECK(hs.cache_hits == 1 && hs.fence_skips >= 1 && hs.blocks == 2 && hs.num_host_alloc == 2);
+  CHECK(hs.requested_bytes == static_cast<int64_t>(2 * n - 4096) && hs.reserved_bytes == static_cast<int64_t>(2 * n));
+  // Foreign pointers go to the driver untouched: its answer for memory it never pinned, and its
+  // free of pinned memory the shim never saw made.
+  int local = 0;
+  CHECK(api.cuMemFreeHost(&local) == CUDA_ERROR_INVALID_VALUE);
+  void* unseen = nullptr;
+  CHECK_OK(fakecuda_host_alloc_unseen(&unseen, n));
+  CHECK_OK(api.cuMemFreeHost(unseen));
+  CHECK(fakecuda_host_free_calls() == frees0 + 1 && !fakecuda_host_is_live(unseen));
+  // A double free is refused, and the cached block stays the pool's (never the driver's to free).
+  CHECK_OK(api.cuMemFreeHost(c));
+  CHECK(api.cuMemFreeHost(c) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(fakecuda_host_free_calls() == frees0 + 1 && pinned_live(c));
+  CHECK(fakecuda_host_unregister_calls() == unregs0);
+  CHECK_OK(api.cuMemFreeHost(b));
+  // A reset context takes its pinned memory along: nothing of it comes back.
+  CHECK_OK(api.cuDevicePrimaryCtxReset(0));
+  CHECK(reg || !fakecuda_host_is_live(c));
+  CUcontext ctx = nullptr;
+  CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
+  CHECK_OK(api.cuCtxSetCurrent(ctx));
+  void* d = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&d, n, 0));
+  CHECK(pinned_live(d));
+  CHECK(driver_allocs() == allocs0 + (reg ? 3 : 4));  // a, b, (the unseen one,) d
+  CHECK_OK(api.cuMemFreeHost(d));
+}
+
 // While a graph capture is open, no wait may be inserted anywhere (a wait on the capturing
 // stream would join its graph; legacy-stream work breaks the capture of a blocking stream): the
 // pending block is not reused, the capture stays valid.
@@ -1602,6 +1782,9 @@ int main(int argc, char** argv) {
       {"gpu_wait_capture", gpu_wait_capture},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},
+      {"info_first_primary", info_first_primary},
+      {"info_first_ctx_create", info_first_ctx_create},
+      {"pinned", pinned},
       {"free_host_sync", free_host_sync},
   };
   for (auto& sc : scenarios) {

@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -54,7 +55,7 @@ static thread_local long tl_driver_calls = 0;
       X(cuEventSynchronize), X(cuStreamWaitEvent), X(cuStreamIsCapturing), X(cuMemAlloc), X(cuMemFree),              \
       X(cuMemAllocAsync), X(cuMemFreeAsync), X(cuMemGetInfo), X(cuPointerGetAttribute), X(cuPointerGetAttributes),   \
       X(cuMemAddressReserve), X(cuMemAddressFree), X(cuMemCreate), X(cuMemRelease), X(cuMemMap), X(cuMemUnmap),      \
-      X(cuMemSetAccess)
+      X(cuMemSetAccess), X(cuMemHostAlloc), X(cuMemFreeHost)
 namespace {
 enum class Call : int {
 #define FAKE_CALL_ENUM(name) name
@@ -295,6 +296,15 @@ void arena_free(std::uintptr_t p, std::size_t bytes) {
 }
 
 std::mutex mu;
+// Page-locked host memory (cuMemHostAlloc, cuMemAllocHost): mmap'd pages, owned by the context
+// current at allocation; destroying that context frees them, as the driver does.
+struct HostAlloc {
+  std::size_t size;
+  Context* ctx;
+  unsigned flags;
+};
+std::map<std::uintptr_t, HostAlloc> host_allocs;
+long n_host_alloc = 0, n_host_free = 0, n_host_register = 0, n_host_unregister = 0;
 Context primaries[kDevices] = {{0, true, false, 0}, {1, true, false, 0}};
 std::map<std::uintptr_t, Alloc> allocs;
 std::vector<Stream*> streams;  // every live stream, including per-thread ones
@@ -422,6 +432,14 @@ void destroy_context(Context* c) {
         machine_sub(it->second.size);
       }
       it = allocs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = host_allocs.begin(); it != host_allocs.end();) {
+    if (it->second.ctx == c) {
+      munmap(reinterpret_cast<void*>(it->first), it->second.size);
+      it = host_allocs.erase(it);
     } else {
       ++it;
     }
@@ -639,13 +657,18 @@ FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
-FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) {
+static CUresult create_context(CUcontext* ctx, int dev) {
   std::lock_guard<std::mutex> lock(mu);
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx == nullptr || dev < 0 || dev >= kDevices) return CUDA_ERROR_INVALID_VALUE;
   auto* c = new Context{dev, false, true, 1};
   tl_current = c;
   *ctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
 }
+FAKE_API CUresult fakecuda_create_context(CUcontext* ctx, int dev) { return create_context(ctx, dev); }
+// A new context on `dev`, current from now on (the flags are not modelled).
+FAKE_API CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned, CUdevice dev) { return create_context(ctx, dev); }
 
 // ---- memory ------------------------------------------------------------------------------------
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
@@ -711,6 +734,17 @@ FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
   const std::size_t t = total_bytes();
   if (free_bytes != nullptr) *free_bytes = t - used_on(tl_current->device);
   if (total != nullptr) *total = t;
+  return CUDA_SUCCESS;
+}
+// CUDA 3.1's form: 32-bit figures, saturated here at 4 GiB - 1.
+FAKE_API CUresult cuMemGetInfo(unsigned* free_bytes, unsigned* total) {
+  FAKE_COUNT();
+  FAKE_CALL(cuMemGetInfo);
+  std::lock_guard<std::mutex> lock(mu);
+  if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const std::size_t t = total_bytes(), f = t - used_on(tl_current->device);
+  if (free_bytes != nullptr) *free_bytes = static_cast<unsigned>(std::min<std::size_t>(f, UINT_MAX));
+  if (total != nullptr) *total = static_cast<unsigned>(std::min<std::size_t>(t, UINT_MAX));
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, std::size_t* psize, CUdeviceptr p) {
@@ -850,6 +884,78 @@ FAKE_API CUresult cuMemPoolTrimTo(CUmemoryPool, std::size_t) {
   std::lock_guard<std::mutex> lock(mu);
   ++n_trims;
   return CUDA_SUCCESS;
+}
+
+// ---- page-locked host memory -------------------------------------------------------------------
+static CUresult host_alloc(void** pp, std::size_t size, unsigned flags) {
+  FAKE_COUNT();
+  FAKE_CALL(cuMemHostAlloc);
+  if (pp == nullptr || size == 0 || (flags & ~7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(mu);
+  if (tl_current == nullptr || !tl_current->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  host_allocs[reinterpret_cast<std::uintptr_t>(m)] = {size, tl_current, flags};
+  ++n_host_alloc;
+  *pp = m;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemHostAlloc(void** pp, std::size_t size, unsigned flags) { return host_alloc(pp, size, flags); }
+FAKE_API CUresult cuMemAllocHost_v2(void** pp, std::size_t size) { return host_alloc(pp, size, 0); }
+FAKE_API CUresult cuMemAllocHost(void** pp, unsigned size) { return host_alloc(pp, size, 0); }
+// Pinned memory the shim cannot see being made (as a library's private driver table would).
+FAKE_API CUresult fakecuda_host_alloc_unseen(void** pp, std::size_t size) { return host_alloc(pp, size, 0); }
+FAKE_API CUresult cuMemFreeHost(void* p) {
+  FAKE_COUNT();
+  FAKE_CALL(cuMemFreeHost);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = host_allocs.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == host_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+  munmap(p, it->second.size);
+  host_allocs.erase(it);
+  ++n_host_free;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemHostGetFlags(unsigned* flags, void* p) {
+  std::lock_guard<std::mutex> lock(mu);
+  const auto q = reinterpret_cast<std::uintptr_t>(p);
+  auto it = host_allocs.upper_bound(q);
+  if (flags == nullptr || it == host_allocs.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (q >= it->first + it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  *flags = it->second.flags;
+  return CUDA_SUCCESS;
+}
+// Registration of the program's own memory: counted; nothing else is modelled.
+FAKE_API CUresult cuMemHostRegister_v2(void* p, std::size_t size, unsigned) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (p == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  ++n_host_register;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemHostUnregister(void* p) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ++n_host_unregister;
+  return CUDA_SUCCESS;
+}
+FAKE_COUNTER(fakecuda_host_alloc_calls, n_host_alloc)
+FAKE_COUNTER(fakecuda_host_free_calls, n_host_free)
+FAKE_COUNTER(fakecuda_host_register_calls, n_host_register)
+FAKE_COUNTER(fakecuda_host_unregister_calls, n_host_unregister)
+FAKE_API std::size_t fakecuda_host_live_bytes() {
+  std::lock_guard<std::mutex> l(mu);
+  std::size_t n = 0;
+  for (auto& [p, a] : host_allocs) n += a.size;
+  return n;
+}
+FAKE_API int fakecuda_host_is_live(const void* p) {
+  std::lock_guard<std::mutex> l(mu);
+  const auto q = reinterpret_cast<std::uintptr_t>(p);
+  auto it = host_allocs.upper_bound(q);
+  if (it == host_allocs.begin()) return 0;
+  --it;
+  return q < it->first + it->second.size ? 1 : 0;
 }
 
 // ---- VMM (for expandable segments) ---------------------------------------------------------------
@@ -1386,6 +1492,7 @@ const ProcEntry kProcs[] = {
     {"cuCtxSetCurrent", 4000, P(cuCtxSetCurrent), nullptr},
     {"cuCtxGetCurrent", 4000, P(cuCtxGetCurrent), nullptr},
     {"cuCtxEnablePeerAccess", 4000, P(cuCtxEnablePeerAccess), nullptr},
+    {"cuCtxCreate", 3020, P(cuCtxCreate_v2), nullptr},
     {"cuCtxDestroy", 2000, P(cuCtxDestroy), nullptr},
     {"cuCtxDestroy", 4000, P(cuCtxDestroy_v2), nullptr},
     {"cuMemAlloc", 3020, P(cuMemAlloc_v2), nullptr},
@@ -1394,8 +1501,16 @@ const ProcEntry kProcs[] = {
     {"cuMemFree", 3020, P(internal_mem_free), nullptr},
     {"cuMemAllocAsync", 11020, P(cuMemAllocAsync), P(cuMemAllocAsync_ptsz)},
     {"cuMemFreeAsync", 11020, P(cuMemFreeAsync), P(cuMemFreeAsync_ptsz)},
+    {"cuMemGetInfo", 2000, P(cuMemGetInfo), nullptr},
     {"cuMemGetInfo", 3020, P(cuMemGetInfo_v2), nullptr},
     {"cuMemGetAddressRange", 3020, P(cuMemGetAddressRange_v2), nullptr},
+    {"cuMemAllocHost", 2000, P(cuMemAllocHost), nullptr},
+    {"cuMemAllocHost", 3020, P(cuMemAllocHost_v2), nullptr},
+    {"cuMemHostAlloc", 2020, P(cuMemHostAlloc), nullptr},
+    {"cuMemFreeHost", 2000, P(cuMemFreeHost), nullptr},
+    {"cuMemHostGetFlags", 2030, P(cuMemHostGetFlags), nullptr},
+    {"cuMemHostRegister", 6050, P(cuMemHostRegister_v2), nullptr},
+    {"cuMemHostUnregister", 4000, P(cuMemHostUnregister), nullptr},
     {"cuPointerGetAttribute", 4000, P(cuPointerGetAttribute), nullptr},
     {"cuPointerGetAttributes", 7000, P(cuPointerGetAttributes), nullptr},
     {"cuIpcGetMemHandle", 4010, P(cuIpcGetMemHandle), nullptr},
@@ -1421,6 +1536,12 @@ const ProcEntry kProcs[] = {
     {"cuEventSynchronize", 2000, P(cuEventSynchronize), nullptr},
     {"cuEventDestroy", 4000, P(cuEventDestroy_v2), nullptr},
 };
+// With FAKECUDA_PROC_EXACT_NAMES=1, exported variants are also found by their own names, as a
+// driver may resolve them; otherwise only base names resolve.
+const ProcEntry kExactNames[] = {
+    {"cuMemGetInfo_v2", 3020, P(cuMemGetInfo_v2), nullptr},
+    {"cuMemAlloc_v2", 3020, P(cuMemAlloc_v2), nullptr},
+};
 #undef P
 }  // namespace
 
@@ -1441,6 +1562,14 @@ FAKE_API CUresult cuGetProcAddress_v2(const char* name, void** pfn, int version,
     *pfn = ptds && best->per_thread != nullptr ? best->per_thread : best->legacy;
     if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
+  }
+  if (!found_name && std::getenv("FAKECUDA_PROC_EXACT_NAMES") != nullptr) {
+    for (const ProcEntry& e : kExactNames) {
+      if (std::strcmp(e.name, name) != 0 || version < e.min_version) continue;
+      *pfn = e.legacy;
+      if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
   }
   // cuGetProcAddress itself, asked for with an 11.x version: the 4-argument one.
   if (found_name && std::strcmp(name, "cuGetProcAddress") == 0 && version >= 11030) {

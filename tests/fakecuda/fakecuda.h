@@ -70,6 +70,17 @@ long fakecuda_ctx_syncs();  // cuCtxSynchronize calls
 // allocation in a context), and imported allocations mapped now.
 long fakecuda_ipc_opens();
 long fakecuda_ipc_mapped();
+// Page-locked host memory: successful cuMemHostAlloc/cuMemAllocHost calls, successful
+// cuMemFreeHost calls, bytes allocated now, whether `p` lies in such an allocation, and
+// cuMemHostRegister/Unregister calls.
+long fakecuda_host_alloc_calls();
+long fakecuda_host_free_calls();
+std::size_t fakecuda_host_live_bytes();
+int fakecuda_host_is_live(const void* p);
+long fakecuda_host_register_calls();
+long fakecuda_host_unregister_calls();
+// cuMemHostAlloc(flags 0) under a name the shim does not hook (pinned memory it never saw made).
+cudaabi::CUresult fakecuda_host_alloc_unseen(void** pp, std::size_t size);
 // Creates a non-primary context on `dev` and makes it current (cuCtxCreate without its ABI).
 cudaabi::CUresult fakecuda_create_context(cudaabi::CUcontext* ctx, int dev);
 }

@@ -8,6 +8,8 @@
 //   hold-vmm MIB        create MIB of device memory with cuMemCreate itself (as XLA does), print
 //                       "ready", wait, release it
 //   need MIB            allocate MIB in 20 MiB blocks; exit 3 at the first out-of-memory
+//   info-first          cuMemGetInfo as the first call in a fresh primary context (before any
+//                       allocation): prints "info-first total=BYTES free=BYTES"
 //   lock-and-exit       take the group ledger's lock and exit holding it (a member that died
 //                       inside the ledger's critical section); no CUDA
 //   lock-and-wait       take the ledger's lock, print "ready" and hold it until SIGTERM (a
@@ -190,6 +192,14 @@ int need_one(std::size_t mib) {
   return 0;
 }
 
+int info_first() {
+  start_primary(0);
+  std::size_t f = 0, t = 0;
+  CHECK_OK(cuMemGetInfo_v2(&f, &t));
+  std::printf("info-first total=%zu free=%zu\n", t, f);
+  return 0;
+}
+
 int lock_ledger(bool wait) {
   auto* l = const_cast<cudapool::share::Ledger*>(find_ledger());
   CHECK(l != nullptr);
@@ -212,6 +222,7 @@ int main(int argc, char** argv) {
   if (what == "hold-vmm" && argc == 3) return hold_vmm(std::strtoull(argv[2], nullptr, 10));
   if (what == "need" && argc == 3) return need(std::strtoull(argv[2], nullptr, 10));
   if (what == "need-one" && argc == 3) return need_one(std::strtoull(argv[2], nullptr, 10));
+  if (what == "info-first") return info_first();
   if (what == "lock-and-exit") return lock_ledger(false);
   if (what == "lock-and-wait") return lock_ledger(true);
   std::printf(

@@ -379,21 +379,40 @@ TEST(ConfKeys, Paths) {
   EXPECT_TRUE(has(e, "control character")) << e;
 }
 
-TEST(ConfKeys, PinnedKeysAcceptedWithOneWarning) {
+TEST(ConfKeys, PinnedKeysSetThePinnedPool) {
   Policy p = must_parse(
-      "pinned_use_cuda_host_register:True,pinned_num_register_threads:8,pinned_use_background_threads:True,"
-      "pinned_use_cuda_host_register:False");
-  ASSERT_EQ(p.warnings.size(), 3u);
-  EXPECT_TRUE(has(p.warnings[0], "pinned_use_cuda_host_register is ignored")) << p.warnings[0];
-  EXPECT_TRUE(has(p.warnings[0], "pinned host memory")) << p.warnings[0];
-  EXPECT_EQ(p.origin.count("pinned_use_cuda_host_register"), 0u);
-  testing::expect_same_policy(p, Policy{});
-  // Still checked the way PyTorch checks them.
+      "pinned_cache:True,pinned_use_cuda_host_register:True,pinned_num_register_threads:8,"
+      "pinned_reserve_segment_size_mb:64,pinned_max_round_threshold_mb:32,pinned_max_cached_size_mb:512");
+  EXPECT_TRUE(p.warnings.empty());
+  EXPECT_TRUE(p.pinned.enabled);
+  EXPECT_TRUE(p.pinned.use_host_register);
+  EXPECT_EQ(p.pinned.register_threads, 8);
+  EXPECT_EQ(p.pinned.reserve_segment, 64 * MiB);
+  EXPECT_EQ(p.pinned.max_round_threshold, 32 * MiB);
+  EXPECT_EQ(p.pinned.max_cached, 512 * MiB);
+  EXPECT_EQ(p.origin.count("pinned_max_cached_size_mb"), 1u);
+  // Off and unlimited by default; the string round-trips.
+  EXPECT_FALSE(Policy{}.pinned.enabled);
+  EXPECT_EQ(Policy{}.pinned.max_cached, kNoLimit);
+  testing::expect_same_policy(must_parse(to_conf_string(p)), p);
+  EXPECT_EQ(must_parse("pinned_max_cached_size_mb:0").pinned.max_cached, 0u);
+  // Checked the way PyTorch checks them.
   EXPECT_TRUE(has(must_fail("pinned_num_register_threads:3"), "power of two <= 128"));
   EXPECT_TRUE(has(must_fail("pinned_num_register_threads:256"), "power of two <= 128"));
-  EXPECT_EQ(must_parse("pinned_num_register_threads:128").warnings.size(), 1u);
+  EXPECT_TRUE(has(must_fail("pinned_reserve_segment_size_mb:0"), "below the minimum 1"));
+  EXPECT_TRUE(has(must_fail("pinned_cache:maybe"), "pinned_cache"));
+}
+
+TEST(ConfKeys, PyTorchKeysWithoutMeaningHereAreAcceptedWithOneWarning) {
+  Policy p = must_parse(
+      "pinned_use_background_threads:True,pinned_use_hip_host_register:True,"
+      "pinned_use_background_threads:False");
+  ASSERT_EQ(p.warnings.size(), 2u);  // one per key
+  EXPECT_TRUE(has(p.warnings[0], "pinned_use_background_threads is ignored")) << p.warnings[0];
+  EXPECT_TRUE(has(p.warnings[0], "returns at once")) << p.warnings[0];
+  EXPECT_EQ(p.origin.count("pinned_use_background_threads"), 0u);
+  testing::expect_same_policy(p, Policy{});
   EXPECT_TRUE(has(must_fail("pinned_use_background_threads:maybe"), "pinned_use_background_threads"));
-  EXPECT_TRUE(has(must_fail("pinned_reserve_segment_size_mb:0"), "must be > 0"));
   EXPECT_EQ(must_parse("graph_capture_record_stream_reuse:True").warnings.size(), 1u);
 }
 

@@ -53,6 +53,12 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.group_budget_fraction = 0.5;
   p.group_release_wait_ms = 250;
   p.publish_stats = false;
+  p.pinned.enabled = true;
+  p.pinned.use_host_register = true;
+  p.pinned.register_threads = 16;
+  p.pinned.reserve_segment = 32 * MiB;
+  p.pinned.max_round_threshold = 0;
+  p.pinned.max_cached = 256 * MiB;
   // Every key is set away from its default, so each one has to survive the round trip (a key
   // added to the key table without a line above fails here).
   for (const config::KeySpec& k : config::keys()) {

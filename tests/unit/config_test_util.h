@@ -45,7 +45,8 @@ constexpr std::size_t count_fields(Fields... f) {
 // value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
   static_assert(count_fields<PoolOptions>() == 15, "a PoolOptions field is not compared below");
-  static_assert(count_fields<Policy>() == 19, "a Policy field is not compared below");
+  static_assert(count_fields<Policy>() == 20, "a Policy field is not compared below");
+  static_assert(count_fields<HostPoolOptions>() == 6, "a HostPoolOptions field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
   EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);
   EXPECT_EQ(a.pool.roundup_power2_divisions, b.pool.roundup_power2_divisions);
@@ -75,6 +76,12 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.group_budget_fraction, b.group_budget_fraction);
   EXPECT_EQ(a.group_release_wait_ms, b.group_release_wait_ms);
   EXPECT_EQ(a.publish_stats, b.publish_stats);
+  EXPECT_EQ(a.pinned.enabled, b.pinned.enabled);
+  EXPECT_EQ(a.pinned.use_host_register, b.pinned.use_host_register);
+  EXPECT_EQ(a.pinned.register_threads, b.pinned.register_threads);
+  EXPECT_EQ(a.pinned.reserve_segment, b.pinned.reserve_segment);
+  EXPECT_EQ(a.pinned.max_round_threshold, b.pinned.max_round_threshold);
+  EXPECT_EQ(a.pinned.max_cached, b.pinned.max_cached);
   EXPECT_EQ(a.profile, b.profile);
   EXPECT_EQ(a.profile_reason, b.profile_reason);
 }

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
@@ -344,6 +345,90 @@ TEST(Shim, MemGetInfoShowsTheCap) {
                       {{"CUDAPOOL_CONF", "max_reserved_mb:1000"}, {"FAKECUDA_TOTAL_MB", "512"}});
   ASSERT_EQ(big.exit_status, 0) << big.output;
   EXPECT_EQ(line(big.output, "start"), "start total_mib=512 free_mib=512") << big.output;
+}
+
+// A cap shows from the first cuMemGetInfo of a fresh context, before anything was allocated,
+// by every way a program reaches the call (app.cpp's info_first lists them), whatever made the
+// context: the primary context retained by the program (linked) or by cudart's table (the
+// runtime's implicit context), or cuCtxCreate. The same after an allocation and after its free.
+TEST(Shim, CapIsVisibleFromAContextsFirstCall) {
+  char dir[] = "/tmp/cudapool-caps-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  struct Case {
+    std::string conf;
+    std::size_t cap_mib;
+  };
+  const Case cases[] = {{"max_reserved_mb:256", 256},
+                        {"per_process_memory_fraction:0.25", 256},
+                        {"group:caps_first,group_budget_mb:300", 300},
+                        {"max_reserved_mb:512,group:caps_first,group_budget_mb:300", 300}};
+  for (const Case& c : cases) {
+    for (bool linked : {false, true}) {
+      for (const char* scenario : {"info_first_primary", "info_first_ctx_create"}) {
+        SCOPED_TRACE(c.conf + " " + scenario + (linked ? " (linked)" : " (cudart)"));
+        RunResult r = run({app(linked), scenario},
+                          {{"CUDAPOOL_CONF", c.conf}, {"FAKECUDA_PROC_EXACT_NAMES", "1"}, {"CUDAPOOL_SHM_DIR", dir}});
+        ASSERT_EQ(r.exit_status, 0) << r.output;
+        std::map<std::string, int> ways;
+        std::istringstream in(r.output);
+        for (std::string l; std::getline(in, l);) {
+          if (l.rfind("info ", 0) != 0) continue;
+          std::istringstream f(l.substr(5));
+          std::string phase, way, total, free;
+          f >> phase >> way >> total >> free;
+          ++ways[phase];
+          const std::size_t want_free = phase == "allocated" ? c.cap_mib - 64 : c.cap_mib;
+          EXPECT_EQ(total, "total_mib=" + std::to_string(c.cap_mib)) << l;
+          EXPECT_EQ(free, "free_mib=" + std::to_string(want_free)) << l;
+        }
+        EXPECT_EQ(ways["first"], 12) << r.output;
+        EXPECT_EQ(ways["allocated"], 12) << r.output;
+        EXPECT_EQ(ways["freed"], 12) << r.output;
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Pinned host memory: pooled under pinned_cache (reuse only after the device finished, foreign
+// pointers and unseen memory to the driver, double frees refused, a reset context forgotten),
+// the driver's alone by default; free_host_sync makes a pooled free wait as cudaFreeHost does.
+TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
+  for (bool linked : {false, true}) {
+    SCOPED_TRACE(linked ? "linked" : "cudart");
+    char dir[] = "/tmp/cudapool-pinned-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string stats = std::string(dir) + "/stats.json";
+    RunResult pooled = run({app(linked), "pinned"},
+                           {{"CUDAPOOL_CONF", "pinned_cache:True,stats_file:" + stats}, {"PINNED", "pool"}});
+    EXPECT_EQ(pooled.exit_status, 0) << pooled.output;
+    EXPECT_NE(pooled.output.find("PASS pinned"), std::string::npos) << pooled.output;
+    std::string json;
+    if (FILE* f = std::fopen(stats.c_str(), "r")) {
+      char buf[4096];
+      for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) json.append(buf, n);
+      std::fclose(f);
+    }
+    EXPECT_NE(json.find("\"pinned_host\""), std::string::npos) << json;
+    EXPECT_NE(json.find("\"cache_hits\": 1,"), std::string::npos) << json;  // the pool's, at exit
+    EXPECT_NE(json.find("\"bad_frees\": 1,"), std::string::npos) << json;
+    std::filesystem::remove_all(dir);
+    RunResult synced = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF", "pinned_cache:True,free_host_sync:True"},
+                                                     {"PINNED", "pool"},
+                                                     {"HOST_SYNC", "1"}});
+    EXPECT_EQ(synced.exit_status, 0) << synced.output;
+    RunResult reg = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF",
+                                                   "pinned_cache:True,pinned_use_cuda_host_register:True,pinned_num_"
+                                                   "register_threads:4"},
+                                                  {"PINNED", "pool"},
+                                                  {"REGISTER", "1"}});
+    EXPECT_EQ(reg.exit_status, 0) << reg.output;
+    RunResult off = run({app(linked), "pinned"}, {{"PINNED", "driver"}});
+    EXPECT_EQ(off.exit_status, 0) << off.output;
+    // The same checks fail where the pool is off: the scenario measures the pool.
+    RunResult not_pooled = run({app(linked), "pinned"}, {{"PINNED", "pool"}});
+    EXPECT_NE(not_pooled.exit_status, 0) << not_pooled.output;
+  }
 }
 
 TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {

@@ -165,6 +165,20 @@ TEST_F(Share, IdleCacheIsReleasedOnDemand) {
   EXPECT_NE(br.output.find("of idle cached memory on request"), std::string::npos) << br.output;
 }
 
+// The group's share shows from a member's first cuMemGetInfo, before it allocated anything: B
+// keeps 100 MiB live under a 300 MiB budget, so A's fresh context reports 300 MiB total and
+// 200 MiB free.
+TEST_F(Share, BudgetShareIsVisibleFromTheFirstCall) {
+  RunningChild& b = start_ready({kApp, "hold-live", "100"}, env(group_conf(300), 300));
+  ChildResult a = test::run_under_shim({kApp, "info-first"}, env(group_conf(300), 300));
+  EXPECT_EQ(a.exit_status, 0) << a.output;
+  EXPECT_NE(a.output.find("info-first total=" + std::to_string(300 * kMiB) + " free=" + std::to_string(200 * kMiB)),
+            std::string::npos)
+      << a.output;
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+}
+
 // One block of many physical units: the budget refuses a unit at a time, yet the holder is asked
 // for the block's whole excess at once and answers in one or two rounds, not one unit per round.
 TEST_F(Share, OneLargeBlockAsksForItsWholeExcess) {

@@ -46,6 +46,7 @@ Summary sample() {
   d1.stats.upstream_ns = 1;
   s.devices = {d0, d1};
   s.passthrough = {{"capture", 2}, {"foreign_pointer", 17}};
+  s.pinned_host = {{"reserved_bytes.peak", 41943040}, {"cache_hits", 998}};
   return s;
 }
 
@@ -82,6 +83,8 @@ TEST(TelemetrySummary, JsonRoundTrip) {
   EXPECT_DOUBLE_EQ(back.wall_time_s, s.wall_time_s);
   EXPECT_EQ(back.exit_status, 0);
   EXPECT_EQ(back.passthrough, s.passthrough);
+  EXPECT_EQ(back.pinned_host, s.pinned_host);
+  EXPECT_EQ(to_json(Summary{}).find("pinned_host"), std::string::npos);  // only when the pool served
   ASSERT_EQ(back.devices.size(), 2u);
   for (std::size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(back.devices[i].device, s.devices[i].device);
