@@ -110,6 +110,7 @@ class Runtime {
   static Runtime* start() noexcept;
   static void on_fork_child() noexcept;
   static void on_exit() noexcept;
+  static void on_exit_status(int status, void*) noexcept;
   void write_exit_summary() noexcept;
   ContextPool* create_pool(CUcontext ctx) noexcept;
   void grant_peers(ContextPool& cp) noexcept;  // expandable_peer_access

@@ -438,18 +438,14 @@ void TraceWriter::on_event(const Event& e) {
     w.flush();
 }
 
-void TraceWriter::note_device(int device, std::size_t total_bytes) {
-  Impl& w = *impl_;
-  if (w.disowned.load(std::memory_order_relaxed)) return;
-  Record r{};
-  r.stamp = w.clock.now();
-  r.thread = thread_id();
-  r.size = total_bytes;
-  r.requested = total_bytes;
-  r.device = device;
-  r.action = TraceAction::device;
-  r.detail = TraceDetail::none;
-  w.push(r);
+void TraceWriter::note_device(int device, std::size_t total_bytes, std::size_t granularity) {
+  TraceRow row;
+  row.size = total_bytes;
+  row.requested = total_bytes;
+  row.device = device;
+  row.action = TraceAction::device;
+  row.detail = TraceDetail::device_facts;
+  write_text_row(row, device_facts_text(granularity));
 }
 
 void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
@@ -465,21 +461,27 @@ void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
 }
 
 void TraceWriter::note_policy(const std::string& conf) {
+  TraceRow row;
+  row.action = TraceAction::policy;
+  row.detail = TraceDetail::policy;
+  write_text_row(row, conf);
+}
+
+// A row whose detail is text (the policy, the device's facts): formatted and written at once
+// rather than buffered (the buffer holds fixed-size records).
+void TraceWriter::write_text_row(TraceRow row, const std::string& text) {
   Impl& w = *impl_;
   if (w.disowned.load(std::memory_order_relaxed)) return;
   // Rows recorded before it go first, so the file keeps the recording order.
   w.flush();
   std::lock_guard<std::mutex> f(w.flush_mu);
-  TraceRow row;
   row.thread = thread_id();
   w.clock.begin_batch();
   row.time_ns = w.clock.to_epoch_ns(w.clock.now());
-  row.action = TraceAction::policy;
-  row.detail = TraceDetail::policy;
   char buf[trace_detail::kMaxRowChars];
   std::size_t n = trace_detail::format_row(row, w.utc_offset_s, buf);
   std::string line(buf, n - 1);
-  line += trace_detail::quote_csv(conf);
+  line += trace_detail::quote_csv(text);
   line += '\n';
   if (!write_all(w.fd, line.data(), line.size())) w.write_failed.store(true, std::memory_order_relaxed);
   {
