@@ -105,6 +105,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         break;
       case TraceAction::segment_alloc:
       case TraceAction::segment_map:
+        (r.action == TraceAction::segment_map ? f.expandable_rows : f.classic_rows) = true;
         saw_segments = true;
         reserved += static_cast<std::int64_t>(r.size);
         peak_reserved = std::max(peak_reserved, reserved);
@@ -182,7 +183,8 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   ReplayResult res;
   res.device_memory = config.device_memory ? *config.device_memory
                                            : trace.facts.device_memory.value_or(kUnknownDeviceMemory);
-  SimUpstream upstream(res.device_memory);
+  SimUpstream upstream(res.device_memory,
+                       config.granularity.value_or(trace.facts.granularity.value_or(kAssumedGranularity)));
   SimFences fences(config.fence_latency_ns, trace.facts.legacy_order_only);
   std::int64_t now = trace.facts.start_ns;
   RowSink collector(&res.rows, &now);

@@ -52,6 +52,15 @@ struct TraceFacts {
   std::optional<std::string> recorded_policy;  // the trace's policy row (set by load_trace)
   std::size_t threads = 0;                     // distinct Thread values on the replayed device's rows
   bool upstream_durations = false;             // segment rows carry driver times: recorded on a real GPU
+  bool expandable_rows = false;                // segment_map/segment_unmap rows: expandable segments
+  bool classic_rows = false;                   // segment_alloc/segment_free rows: classic segments
+  // From the device row's facts (set by load_trace): the recording driver's page size for
+  // expandable segments, and the allocation units of the recording pool that differ from this
+  // build's ("small_buffer 2097152 (here 4194304)"). Older traces have no facts.
+  bool device_facts = false;
+  std::optional<std::size_t> granularity;
+  std::vector<std::string> unit_mismatches;
+  bool policy_assumed = false;  // recorded_policy was inferred from the rows (no policy row)
 };
 
 struct PreparedTrace {
@@ -70,9 +79,14 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device = -1);
 // what an RMM log means. `async` and `sync` replay every free one way, whatever the trace says.
 enum class FreeMode : std::uint8_t { recorded, async, sync };
 
+// The page size assumed for expandable segments when the trace does not record one (what
+// datacenter GPUs report; the generator's simulated device uses it too).
+inline constexpr std::size_t kAssumedGranularity = std::size_t{2} << 20;
+
 struct ReplayConfig {
   PoolOptions pool;
   std::optional<std::size_t> device_memory;  // default: the trace's, else kUnknownDeviceMemory
+  std::optional<std::size_t> granularity;    // default: the trace's, else kAssumedGranularity
   std::int64_t fence_latency_ns = 0;
   FreeMode free_mode = FreeMode::recorded;
   bool collect_rows = false;  // keep the pool's own events as trace rows (for report)
