@@ -144,8 +144,11 @@ Runtime* Runtime::start() noexcept {
       recorded.log_file.clear();
       recorded.trace_file.clear();
       recorded.stats_file.clear();
+      recorded.trace_call_sites = false;  // how the trace was written, not how the pool ran
       recorded.dump_signal = 0;
       writer->note_policy(to_conf_string(recorded));
+      writer->record_call_sites(rt->policy_.trace_call_sites);
+      rt->call_sites_ = rt->policy_.trace_call_sites;
       rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
     } else {
       log_warn("trace file: {}", err);

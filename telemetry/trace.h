@@ -72,6 +72,9 @@ struct TraceRow {
   std::size_t requested = 0;               // the caller's size; plain RMM logs: = size
   std::int64_t duration_ns = 0;            // upstream events: time the upstream took; else 0
   TraceDetail detail = TraceDetail::none;  // older traces and RMM logs: none
+  // allocate rows of a trace recorded with trace_call_sites: where the program allocated, as a
+  // 1-based index into TraceReader::sites() (TraceMeta::sites); 0 = not recorded.
+  std::uint32_t site = 0;
 };
 
 class TraceWriter : public EventSink {
@@ -89,6 +92,13 @@ class TraceWriter : public EventSink {
   // Writes the "policy" row (call once, right after open): `conf` is the process's effective
   // policy as a CUDAPOOL_CONF string, so that a replay can default to it.
   void note_policy(const std::string& conf);
+  // From now on, allocate rows also record where the program made the allocation: its return
+  // addresses outside this library, as "module+0xoffset" (policy key trace_call_sites). Costs a
+  // stack walk per allocation.
+  void record_call_sites(bool on);
+  // Takes the calling thread's return addresses for its next allocate event (call it before the
+  // pool runs: no pool lock may be held, the unwinder takes the loader's lock).
+  static void capture_call_site() noexcept;
   // Writes a "stream" row: the program created `stream`, non-blocking or not.
   void note_stream(std::uintptr_t stream, bool non_blocking);
   // Flushes and closes.
@@ -124,8 +134,8 @@ class TraceWriter : public EventSink {
 };
 
 // Formats one row (no newline) exactly as the writer does. Used by tests and tools. The text of a
-// policy row (the policy) or of a device row with TraceDetail::device_facts is `text` (quoted as
-// CSV wants).
+// policy row (the policy), of a device row with TraceDetail::device_facts, or of an allocate row
+// with a site (the call site) is `text` (quoted as CSV wants).
 std::string format_trace_row(const TraceRow& row, const std::string& text = "");
 
 // What a replay needs to know about the recording device and pool besides the policy, as the
@@ -156,6 +166,9 @@ class TraceReader {
   // The device rows' detail text by device (the first per device; traces written before the
   // device row had one lack it).
   const std::map<int, std::string>& device_facts() const { return device_facts_; }
+  // The call sites of allocate rows, each once; TraceRow::site is 1 + the index here. A site is
+  // frames innermost first, separated by ';', each "module+0xoffset" or "module+0xoffset symbol".
+  const std::vector<std::string>& sites() const { return sites_; }
   // Set when reading stopped early without an error: the last line was cut short (a program
   // killed while its trace was being written). "line N: …" says where and why.
   const std::string& warning() const { return warning_; }
@@ -177,6 +190,8 @@ class TraceReader {
   int columns_ = 0;
   std::optional<std::string> policy_;
   std::map<int, std::string> device_facts_;
+  std::vector<std::string> sites_;
+  std::map<std::string, std::uint32_t> site_ids_;
   std::string warning_;
   bool unterminated_ = false;  // the line just read ended the input without a newline
 };
@@ -186,6 +201,7 @@ struct TraceMeta {
   int columns = 0;                          // 6, 10 or 11 (see TraceReader::columns)
   std::optional<std::string> policy;        // the recorded policy, when the trace has a policy row
   std::map<int, std::string> device_facts;  // TraceReader::device_facts
+  std::vector<std::string> sites;           // TraceReader::sites
   std::string warning;                      // TraceReader::warning, as "path:N: …"
 };
 

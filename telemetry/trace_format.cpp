@@ -202,7 +202,8 @@ std::string format_trace_row(const TraceRow& row, const std::string& text) {
   char buf[trace_detail::kMaxRowChars];
   std::size_t n = trace_detail::format_row(row, offset, buf);
   std::string line(buf, n - 1);  // without the newline
-  if (row.detail == TraceDetail::policy || row.detail == TraceDetail::device_facts)
+  if (row.detail == TraceDetail::policy || row.detail == TraceDetail::device_facts ||
+      (row.action == TraceAction::allocate && row.site != 0))
     line += trace_detail::quote_csv(text);
   return line;
 }

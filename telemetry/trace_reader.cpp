@@ -106,6 +106,8 @@ std::string show(std::string_view field) {
 // matters for `cudapool replay` on traces of millions of rows. A valid row is < 256 bytes; a
 // "line" filling the whole window is an error rather than a reason to buffer without bound.
 constexpr std::size_t kWindow = 1 << 20;
+// Distinct call sites a trace may name (each held once in memory; a program has a few hundred).
+constexpr std::size_t kMaxSites = 1 << 16;
 
 TraceReader::TraceReader(std::istream& in) : in_(in) {}
 
@@ -288,6 +290,16 @@ bool TraceReader::next_row(TraceRow* row) {
       if (const char* why = quoted(d, &text)) return bad(10, why);
       r.detail = TraceDetail::device_facts;
       device_facts_.emplace(r.device, std::move(text));
+    } else if (r.action == TraceAction::allocate && d.front() == '"') {
+      std::string text;
+      if (const char* why = quoted(d, &text)) return bad(10, why);
+      // Each site once: a long trace repeats a few dozen sites many times.
+      auto [it, fresh] = site_ids_.emplace(std::move(text), static_cast<std::uint32_t>(sites_.size() + 1));
+      if (fresh) {
+        if (sites_.size() >= kMaxSites) return bad(10, "is one call site more than a trace may hold");
+        sites_.push_back(it->first);
+      }
+      r.site = it->second;
     } else if (d.empty()) {
       r.detail = TraceDetail::none;
     } else if (r.action == TraceAction::free && (d == "sync" || d == "async")) {
@@ -320,6 +332,7 @@ bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::
     meta->columns = reader.columns();
     meta->policy = reader.policy();
     meta->device_facts = reader.device_facts();
+    meta->sites = reader.sites();
     if (!reader.warning().empty()) meta->warning = path + ":" + reader.warning().substr(5);
   }
   if (!reader.error().empty()) {

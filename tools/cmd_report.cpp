@@ -121,10 +121,11 @@ int report_main(const ReportOptions& o) {
     if (say)
       std::printf(
           "snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
-          "%zu of %zu blocks active, %zu trace events\n",
+          "%zu of %zu blocks active, %zu trace events, %zu active blocks with call sites\n",
           static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at", fig.segments,
           static_cast<unsigned long long>(fig.reserved), static_cast<unsigned long long>(fig.allocated),
-          static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events);
+          static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events,
+          fig.blocks_with_frames);
     const Fidelity fid = check_fidelity(f, base, replay_trace(loaded.prepared, cfg), o.frees.mode(),
                                         o.frees.fence_latency_us);
     if (say)

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "allocator/options.h"
@@ -23,6 +24,7 @@ struct ReplayOp {
   std::uintptr_t stream;
   std::int64_t time_ns;
   TraceDetail detail = TraceDetail::none;  // free: the recorded call (free_sync / free_async / none)
+  std::uint32_t site = 0;                  // allocate: TraceRow::site (PreparedTrace::sites)
 };
 
 // What the trace itself says, before any replay.
@@ -67,6 +69,7 @@ struct PreparedTrace {
   std::vector<ReplayOp> ops;
   std::uint32_t slots = 0;
   TraceFacts facts;
+  std::vector<std::string> sites;  // the trace's call sites (TraceMeta::sites; set by load_trace)
 };
 
 // Chooses the device (`device` < 0: the one with the most allocations) and builds the ops.
@@ -117,7 +120,9 @@ struct ReplayResult {
   std::uint64_t device_calls = 0;    // as the simulated device counted them (equal to the above)
   std::vector<TraceRow> rows;        // when collect_rows
   std::optional<Snapshot> snapshot;  // when snapshot_after_op
-  std::size_t peak_op = 0;           // when track_peak
+  // With the snapshot: the call site (ReplayOp::site) of each live block, by its address.
+  std::unordered_map<std::uintptr_t, std::uint32_t> block_sites;
+  std::size_t peak_op = 0;  // when track_peak
 };
 
 // The index of the last op at or before `ns_since_start` of trace time (0 when none is).

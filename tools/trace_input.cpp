@@ -75,6 +75,7 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
   out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
   out->prepared = prepare_trace(out->rows, device);
   TraceFacts& facts = out->prepared.facts;
+  out->prepared.sites = std::move(meta.sites);
   facts.recorded_policy = recorded_policy(meta.policy, who);
   out->columns = meta.columns;
   if (!meta.warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", who, meta.warning.c_str());

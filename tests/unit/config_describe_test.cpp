@@ -46,6 +46,7 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.log_level = "trace";
   p.log_file = "/tmp/log, with \"quotes\" and \\ and spaces-%p.log";
   p.trace_file = "/tmp/a:b=c.csv";
+  p.trace_call_sites = true;
   p.stats_file = "[weird";
   p.dump_signal = 12;  // SIGUSR2
   p.group = "train-a";

@@ -600,5 +600,32 @@ TEST(TelemetryTrace, DeviceFactsRoundTripThroughReader) {
   EXPECT_NE(device_facts_text(4 * MiB).find("granularity:4194304,min_block:512,"), std::string::npos);
 }
 
+TEST(TelemetryTrace, CallSitesRoundTripOncePerSite) {
+  TraceRow a;
+  a.action = TraceAction::allocate;
+  a.ptr = 0x1000;
+  a.size = 512;
+  a.requested = 500;
+  a.site = 1;
+  const std::string site = "app+0x6464 main;libc.so.6+0x27249";
+  std::string text = std::string(trace_header()) + "\n" + format_trace_row(a, site) + "\n";
+  a.ptr = 0x2000;
+  text += format_trace_row(a, site) + "\n";
+  a.ptr = 0x3000;
+  text += format_trace_row(a, "app+0x10") + "\n";
+  a.site = 0;
+  text += format_trace_row(a) + "\n";
+  std::istringstream in(text);
+  TraceReader reader(in);
+  TraceRow r;
+  std::vector<std::uint32_t> ids;
+  while (reader.next(&r)) ids.push_back(r.site);
+  ASSERT_EQ(reader.error(), "");
+  EXPECT_EQ(ids, (std::vector<std::uint32_t>{1, 1, 2, 0}));
+  ASSERT_EQ(reader.sites().size(), 2u);
+  EXPECT_EQ(reader.sites()[0], site);
+  EXPECT_EQ(reader.sites()[1], "app+0x10");
+}
+
 }  // namespace
 }  // namespace cudapool
