@@ -63,7 +63,7 @@ include tests/module.mk
 programs: $(PROGRAMS)
 
 # The demo: says up front what the first build costs, builds quietly, then runs tools-demo.
-DEMO_BUILD_NOTE ?= about 2 minutes on 2 cores
+DEMO_BUILD_NOTE ?= about 4–5 minutes on 2 cores
 demo:
 	@echo "cudapool demo: building the programs first ($(DEMO_BUILD_NOTE) the first time; V=1 shows each command)"
 	@$(MAKE) -s --no-print-directory programs

@@ -31,7 +31,7 @@ struct Stats {
   std::int64_t num_sync_all_streams = 0;
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
-  std::int64_t max_split_size = 0;  // bytes; 0 when unset
+  std::int64_t max_split_size = -1;  // bytes; -1 when unset (PyTorch's convention)
 
   // cudapool's own.
   std::int64_t cache_hits = 0;    // allocations served without the upstream

@@ -35,7 +35,7 @@ void merge_array(StatArray& global, StatArray& delta) {
 }  // namespace
 
 StatsLedger::StatsLedger(std::size_t max_split_size) : oversize_(max_split_size) {
-  s_.max_split_size = max_split_size == kNoLimit ? 0 : static_cast<std::int64_t>(max_split_size);
+  s_.max_split_size = max_split_size == kNoLimit ? -1 : static_cast<std::int64_t>(max_split_size);
 }
 
 void StatsLedger::merge(StatsDelta& d) {

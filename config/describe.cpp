@@ -42,7 +42,13 @@ std::string describe(const Policy& policy) {
   };
   for (const config::KeySpec& k : config::keys())
     if (k.format != nullptr) line(k.name, k.format(policy));
-  line("on_error", policy.on_error == OnError::passthrough ? "passthrough" : "stop");
+  // Not a key: the variable that says what an invalid policy does (docs/policy.md), named as such.
+  const std::string var = "CUDAPOOL_ON_ERROR";
+  auto it = policy.origin.find("on_error");
+  out += var + std::string(width - std::min(width, var.size()), ' ') + " = " +
+         (policy.on_error == OnError::passthrough ? "passthrough" : "stop") + "   (" +
+         (it == policy.origin.end() || it->second == "default" ? "default" : "set") +
+         "; an environment variable, not a policy key: what an invalid policy does)\n";
   return out;
 }
 

@@ -285,6 +285,10 @@ std::string apply_group_wait(Policy& p, std::string_view v, Warnings&) {
 std::string format_group_wait(const Policy& p) { return std::to_string(p.group_release_wait_ms); }
 bool default_group_wait(const Policy& p) { return p.group_release_wait_ms == Policy{}.group_release_wait_ms; }
 
+std::string apply_call_sites(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.trace_call_sites); }
+std::string format_call_sites(const Policy& p) { return p.trace_call_sites ? "True" : "False"; }
+bool default_call_sites(const Policy& p) { return !p.trace_call_sites; }
+
 std::string apply_publish_stats(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.publish_stats); }
 std::string format_publish_stats(const Policy& p) { return p.publish_stats ? "True" : "False"; }
 bool default_publish_stats(const Policy& p) { return p.publish_stats; }
@@ -590,6 +594,18 @@ const std::array<KeySpec, 37> kKeys{{
      apply_trace_file,
      format_trace_file,
      default_trace_file},
+    {"trace_call_sites",
+     K::boolean,
+     Reach::process,
+     "True or False (any case)",
+     "True",
+     "with trace_file: also record where each allocation was made (the program's return addresses, as "
+     "module+offset, on the allocate row), so a snapshot from the trace shows it; costs a stack walk per "
+     "allocation",
+     {},
+     apply_call_sites,
+     format_call_sites,
+     default_call_sites},
     {"stats_file",
      K::text,
      Reach::files,

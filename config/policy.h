@@ -29,6 +29,7 @@ struct Policy {
   std::string log_level = "warn";  // spdlog names: trace debug info warn error critical off
   std::string log_file;            // empty = stderr; %p = pid (see docs/policy.md)
   std::string trace_file;          // empty = no trace
+  bool trace_call_sites = false;   // the trace records where each allocation was made
   std::string stats_file;          // empty = no JSON summary
   int dump_signal = 0;             // 0 = off; else the signal that dumps stats + snapshot to the log
   // expandable_segments: pages are also readable/writable by every other GPU that can reach the

@@ -11,6 +11,7 @@
 #include "shim/streams.h"
 #include "telemetry/oom.h"
 #include "telemetry/share.h"
+#include "telemetry/trace.h"
 
 namespace cudapool::shim {
 
@@ -55,6 +56,8 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   // The context is current (current_pool just read it): fence recording skips its own check.
   CudaFences::ContextGuard known(cp->ctx);
   if (cp->member != nullptr) CudaUpstream::clear_budget_refused();
+  // Where the program allocated, for the trace: taken here, before the pool's lock.
+  if (rt.call_sites()) TraceWriter::capture_call_site();
   AllocResult r = cp->pool.allocate(bytes, stream);
   // The group's budget said no (not the device): the other members may hold idle cached memory.
   // Ask them, and try again after each release until group_release_wait_ms has passed. No lock

@@ -79,6 +79,7 @@ struct ThreadCache {
 thread_local ThreadCache tl_cache;
 
 std::atomic<int> g_next_shard{0};
+std::atomic<int> g_exit_status{-1};  // the status given to exit(), once the on_exit handler ran
 thread_local int tl_shard = -1;
 
 // Loads the policy; on failure follows CUDAPOOL_ON_ERROR. Returns false to mean "pass through".
@@ -162,8 +163,11 @@ Runtime* Runtime::start() noexcept {
       recorded.log_file.clear();
       recorded.trace_file.clear();
       recorded.stats_file.clear();
+      recorded.trace_call_sites = false;  // how the trace was written, not how the pool ran
       recorded.dump_signal = 0;
       writer->note_policy(to_conf_string(recorded));
+      writer->record_call_sites(rt->policy_.trace_call_sites);
+      rt->call_sites_ = rt->policy_.trace_call_sites;
       rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
     } else {
       log_warn("trace file: {}", err);
@@ -173,9 +177,16 @@ Runtime* Runtime::start() noexcept {
   log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",
            to_conf_string(rt->policy_));
   pthread_atfork(nullptr, nullptr, &Runtime::on_fork_child);
-  std::atexit(&Runtime::on_exit);
+  // on_exit rather than atexit: its handler gets the status the program passes to exit() (or
+  // returns from main), which the summary reports.
+  ::on_exit(&Runtime::on_exit_status, nullptr);
   instance_.store(rt, std::memory_order_release);
   return rt;
+}
+
+void Runtime::on_exit_status(int status, void*) noexcept {
+  g_exit_status.store(status, std::memory_order_relaxed);
+  on_exit();
 }
 
 void Runtime::on_exit() noexcept {
@@ -199,6 +210,7 @@ void Runtime::write_exit_summary() noexcept {
     s.backend = native_ ? "native" : "passthrough";
     s.start_unix_ns = start_unix_ns_;
     s.wall_time_s = static_cast<double>(now_ns(CLOCK_MONOTONIC) - start_mono_ns_) / 1e9;
+    s.exit_status = g_exit_status.load(std::memory_order_relaxed);
     // Retired pools too: a program that releases its context before exiting (driver-API
     // programs often do) must still find its allocations in the summary.
     for_each_pool(
@@ -328,7 +340,8 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
         if (g.peer == ctx && g.accessor != dev) cp->upstream.grant_peer_access(g.accessor);
     std::size_t free_bytes = 0;
     cp->upstream.mem_info(&free_bytes, &cp->driver_total);
-    if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total);
+    // With the page size of expandable segments, so that a replay maps pages as this device does.
+    if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total, cp->upstream.granularity());
     // The group budget gates every physical allocation of the pool, from the first one on.
     if (group::Member* m = group::member_for(*this, dev, cp->driver_total)) {
       cp->member = m;

@@ -60,6 +60,8 @@ class Runtime {
 
   const RealDriver& driver() const noexcept { return driver_; }
   const Policy& policy() const noexcept { return policy_; }
+  // The trace records where each allocation was made (trace_call_sites with a trace_file).
+  bool call_sites() const noexcept { return call_sites_; }
   bool native() const noexcept { return native_; }
   static bool exiting() noexcept { return exiting_.load(std::memory_order_relaxed); }
 
@@ -110,6 +112,7 @@ class Runtime {
   static Runtime* start() noexcept;
   static void on_fork_child() noexcept;
   static void on_exit() noexcept;
+  static void on_exit_status(int status, void*) noexcept;
   void write_exit_summary() noexcept;
   ContextPool* create_pool(CUcontext ctx) noexcept;
   void grant_peers(ContextPool& cp) noexcept;  // expandable_peer_access
@@ -125,6 +128,7 @@ class Runtime {
   static std::atomic<bool> exiting_;
   const RealDriver& driver_;
   Policy policy_;
+  bool call_sites_ = false;  // see call_sites()
   bool native_;
   EventSink* sink_ = nullptr;
   std::int64_t start_unix_ns_ = 0;

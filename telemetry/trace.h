@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,7 @@ enum class TraceDetail : std::uint8_t {
   stream_blocking,      // stream row: "blocking" (synchronizes with the legacy default stream)
   stream_non_blocking,  // stream row: "non_blocking" (CU_STREAM_NON_BLOCKING)
   policy,               // policy row: the text is TraceReader::policy()
+  device_facts,         // device row: the text is TraceReader::device_facts() (device_facts_text)
 };
 const char* trace_detail_name(TraceDetail d) noexcept;
 
@@ -74,6 +76,9 @@ struct TraceRow {
   std::size_t requested = 0;               // the caller's size; plain RMM logs: = size
   std::int64_t duration_ns = 0;            // upstream events: time the upstream took; else 0
   TraceDetail detail = TraceDetail::none;  // older traces and RMM logs: none
+  // allocate rows of a trace recorded with trace_call_sites: where the program allocated, as a
+  // 1-based index into TraceReader::sites() (TraceMeta::sites); 0 = not recorded.
+  std::uint32_t site = 0;
 };
 
 class TraceWriter : public EventSink {
@@ -91,6 +96,13 @@ class TraceWriter : public EventSink {
   // Writes the "policy" row (call once, right after open): `conf` is the process's effective
   // policy as a CUDAPOOL_CONF string, so that a replay can default to it.
   void note_policy(const std::string& conf);
+  // From now on, allocate rows also record where the program made the allocation: its return
+  // addresses outside this library, as "module+0xoffset" (policy key trace_call_sites). Costs a
+  // stack walk per allocation.
+  void record_call_sites(bool on);
+  // Takes the calling thread's return addresses for its next allocate event (call it before the
+  // pool runs: no pool lock may be held, the unwinder takes the loader's lock).
+  static void capture_call_site() noexcept;
   // Writes a "stream" row: the program created `stream`, non-blocking or not.
   void note_stream(std::uintptr_t stream, bool non_blocking);
   // Flushes and closes.
@@ -100,8 +112,10 @@ class TraceWriter : public EventSink {
 
   // EventSink: records the event with the current thread and time. Thread-safe.
   void on_event(const Event& e) override;
-  // Writes a "device" row: the pool of `device` starts, the device has `total_bytes` memory.
-  void note_device(int device, std::size_t total_bytes);
+  // Writes a "device" row: the pool of `device` starts, the device has `total_bytes` memory and
+  // maps expandable pages in multiples of `granularity` bytes (0: it cannot map pages); the row's
+  // detail says so, with the pool's allocation units (device_facts_text).
+  void note_device(int device, std::size_t total_bytes, std::size_t granularity);
   // Writes every buffered row to the file. Thread-safe.
   void flush();
   // Rows recorded so far (written or buffered).
@@ -119,12 +133,20 @@ class TraceWriter : public EventSink {
 
  private:
   explicit TraceWriter(std::unique_ptr<Impl> impl);
+  void write_text_row(TraceRow row, const std::string& text);
   std::unique_ptr<Impl> impl_;
 };
 
-// Formats one row (no newline) exactly as the writer does. Used by tests and tools. A policy
-// row's text is `policy_text` (quoted as CSV wants).
-std::string format_trace_row(const TraceRow& row, const std::string& policy_text = "");
+// Formats one row (no newline) exactly as the writer does. Used by tests and tools. The text of a
+// policy row (the policy), of a device row with TraceDetail::device_facts, or of an allocate row
+// with a site (the call site) is `text` (quoted as CSV wants).
+std::string format_trace_row(const TraceRow& row, const std::string& text = "");
+
+// What a replay needs to know about the recording device and pool besides the policy, as the
+// device row's detail: "granularity:N" (the driver's page size for expandable segments, 0 when
+// it has none) and this build's allocation units in bytes (min_block, small_size, small_buffer,
+// min_large_alloc, large_buffer, round_large; allocator/types.h), comma-separated key:value.
+std::string device_facts_text(std::size_t granularity);
 // The header line (no newline).
 const char* trace_header() noexcept;
 
@@ -145,10 +167,21 @@ class TraceReader {
   int columns() const { return columns_; }
   // The text of the policy row, once it was read (the first one, if several).
   const std::optional<std::string>& policy() const { return policy_; }
+  // The device rows' detail text by device (the first per device; traces written before the
+  // device row had one lack it).
+  const std::map<int, std::string>& device_facts() const { return device_facts_; }
+  // The call sites of allocate rows, each once; TraceRow::site is 1 + the index here. A site is
+  // frames innermost first, separated by ';', each "module+0xoffset" or "module+0xoffset symbol".
+  const std::vector<std::string>& sites() const { return sites_; }
+  // Set when reading stopped early without an error: the last line was cut short (a program
+  // killed while its trace was being written). "line N: …" says where and why.
+  const std::string& warning() const { return warning_; }
 
  private:
   bool read_header();
   bool next_line(std::string_view* line);
+  bool next_row(TraceRow* row);
+  static const char* quoted(std::string_view field, std::string* text);
   bool fail(std::string what);
   std::istream& in_;
   std::string buf_;  // a window of the input; lines are views into it
@@ -160,12 +193,20 @@ class TraceReader {
   bool rmm_only_ = false;
   int columns_ = 0;
   std::optional<std::string> policy_;
+  std::map<int, std::string> device_facts_;
+  std::vector<std::string> sites_;
+  std::map<std::string, std::uint32_t> site_ids_;
+  std::string warning_;
+  bool unterminated_ = false;  // the line just read ended the input without a newline
 };
 
 // What a trace says about itself besides its rows.
 struct TraceMeta {
-  int columns = 0;                    // 6, 10 or 11 (see TraceReader::columns)
-  std::optional<std::string> policy;  // the recorded policy, when the trace has a policy row
+  int columns = 0;                          // 6, 10 or 11 (see TraceReader::columns)
+  std::optional<std::string> policy;        // the recorded policy, when the trace has a policy row
+  std::map<int, std::string> device_facts;  // TraceReader::device_facts
+  std::vector<std::string> sites;           // TraceReader::sites
+  std::string warning;                      // TraceReader::warning, as "path:N: …"
 };
 
 // Reads a whole trace file. On error returns false with *error = "path:line: what".

@@ -5,6 +5,8 @@
 #include <ctime>
 #include <string>
 
+#include "allocator/types.h"
+
 namespace cudapool {
 
 const char* trace_header() noexcept {
@@ -19,6 +21,7 @@ const char* trace_detail_name(TraceDetail d) noexcept {
     case TraceDetail::stream_blocking: return "blocking";
     case TraceDetail::stream_non_blocking: return "non_blocking";
     case TraceDetail::policy: return "";
+    case TraceDetail::device_facts: return "";
   }
   return "";
 }
@@ -185,14 +188,23 @@ std::string quote_csv(const std::string& text) {
 
 }  // namespace trace_detail
 
-std::string format_trace_row(const TraceRow& row, const std::string& policy_text) {
+std::string device_facts_text(std::size_t granularity) {
+  return "granularity:" + std::to_string(granularity) + ",min_block:" + std::to_string(kMinBlockSize) +
+         ",small_size:" + std::to_string(kSmallSize) + ",small_buffer:" + std::to_string(kSmallBuffer) +
+         ",min_large_alloc:" + std::to_string(kMinLargeAlloc) + ",large_buffer:" + std::to_string(kLargeBuffer) +
+         ",round_large:" + std::to_string(kRoundLarge);
+}
+
+std::string format_trace_row(const TraceRow& row, const std::string& text) {
   // localtime_r takes a global lock and may read the zone file: once per process is enough
   // (tools format millions of rows through here).
   static const std::int64_t offset = trace_detail::local_utc_offset_s();
   char buf[trace_detail::kMaxRowChars];
   std::size_t n = trace_detail::format_row(row, offset, buf);
   std::string line(buf, n - 1);  // without the newline
-  if (row.detail == TraceDetail::policy) line += trace_detail::quote_csv(policy_text);
+  if (row.detail == TraceDetail::policy || row.detail == TraceDetail::device_facts ||
+      (row.action == TraceAction::allocate && row.site != 0))
+    line += trace_detail::quote_csv(text);
   return line;
 }
 

@@ -97,6 +97,8 @@ std::string show(std::string_view field) {
 // matters for `cudapool replay` on traces of millions of rows. A valid row is < 256 bytes; a
 // "line" filling the whole window is an error rather than a reason to buffer without bound.
 constexpr std::size_t kWindow = 1 << 20;
+// Distinct call sites a trace may name (each held once in memory; a program has a few hundred).
+constexpr std::size_t kMaxSites = 1 << 16;
 
 TraceReader::TraceReader(std::istream& in) : in_(in) {}
 
@@ -116,6 +118,7 @@ bool TraceReader::next_line(std::string_view* line) {
       *line = std::string_view(start, end_ - pos_);  // last line without a newline
       pos_ = end_;
       ++line_;
+      unterminated_ = true;
       return true;
     }
     if (pos_ > 0) {
@@ -178,8 +181,34 @@ bool TraceReader::read_header() {
 }
 
 bool TraceReader::next(TraceRow* row) {
-  if (!error_.empty()) return false;
+  if (!error_.empty() || !warning_.empty()) return false;
   if (!header_done_ && !read_header()) return false;
+  if (next_row(row)) return true;
+  // A malformed last line without a newline is a row cut short: the program was killed while
+  // the trace was written. The rows before it stand; say where it ends instead of failing.
+  if (!error_.empty() && unterminated_ && line_ > 1) {
+    warning_ = "line " + std::to_string(line_) + ": the last line is cut short (" +
+               error_.substr(error_.find(": ") + 2) + "); read up to line " + std::to_string(line_ - 1);
+    error_.clear();
+  }
+  return false;
+}
+
+// A quoted CSV field ("…" with "" for a quote inside) into *text; nullptr, or what is wrong.
+const char* TraceReader::quoted(std::string_view d, std::string* text) {
+  if (d.size() < 2 || d.front() != '"' || d.back() != '"') return "is not quoted";
+  text->clear();
+  for (std::size_t i = 1; i + 1 < d.size(); ++i) {
+    if (d[i] == '"') {
+      if (i + 2 >= d.size() || d[i + 1] != '"') return "has a lone '\"' inside the quotes";
+      ++i;
+    }
+    *text += d[i];
+  }
+  return nullptr;
+}
+
+bool TraceReader::next_row(TraceRow* row) {
   std::string_view line;
   if (!next_line(&line)) return false;  // clean end of input, or error_ set
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
@@ -243,18 +272,26 @@ bool TraceReader::next(TraceRow* row) {
   if (columns_ == 11) {
     const std::string_view d = f[10];
     if (r.action == TraceAction::policy) {
-      // A quoted field: "…" with "" for a quote inside.
-      if (d.size() < 2 || d.front() != '"' || d.back() != '"') return bad(10, "is not a quoted policy string");
       std::string text;
-      for (std::size_t i = 1; i + 1 < d.size(); ++i) {
-        if (d[i] == '"') {
-          if (i + 2 >= d.size() || d[i + 1] != '"') return bad(10, "has a lone '\"' inside the quoted policy");
-          ++i;
-        }
-        text += d[i];
-      }
+      if (const char* why = quoted(d, &text))
+        return bad(10, d.empty() || d.front() != '"' ? "is not a quoted policy string" : why);
       r.detail = TraceDetail::policy;
       if (!policy_) policy_ = std::move(text);
+    } else if (r.action == TraceAction::device && !d.empty()) {
+      std::string text;
+      if (const char* why = quoted(d, &text)) return bad(10, why);
+      r.detail = TraceDetail::device_facts;
+      device_facts_.emplace(r.device, std::move(text));
+    } else if (r.action == TraceAction::allocate && d.front() == '"') {
+      std::string text;
+      if (const char* why = quoted(d, &text)) return bad(10, why);
+      // Each site once: a long trace repeats a few dozen sites many times.
+      auto [it, fresh] = site_ids_.emplace(std::move(text), static_cast<std::uint32_t>(sites_.size() + 1));
+      if (fresh) {
+        if (sites_.size() >= kMaxSites) return bad(10, "is one call site more than a trace may hold");
+        sites_.push_back(it->first);
+      }
+      r.site = it->second;
     } else if (d.empty()) {
       r.detail = TraceDetail::none;
     } else if (r.action == TraceAction::free && (d == "sync" || d == "async")) {
@@ -286,6 +323,9 @@ bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::
   if (meta != nullptr) {
     meta->columns = reader.columns();
     meta->policy = reader.policy();
+    meta->device_facts = reader.device_facts();
+    meta->sites = reader.sites();
+    if (!reader.warning().empty()) meta->warning = path + ":" + reader.warning().substr(5);
   }
   if (!reader.error().empty()) {
     if (error) *error = path + ":" + reader.error().substr(5);  // "line N: …" → "path:N: …"

@@ -22,15 +22,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+#include <execinfo.h>
+
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "config/output_file.h"
 #include "config/path_pattern.h"
@@ -73,7 +80,20 @@ struct Record {
   std::int32_t device;
   TraceAction action;
   TraceDetail detail;
+  std::uint16_t site;  // allocate: 1 + index into Impl::sites (record_call_sites); 0 = none
 };
+static_assert(sizeof(Record) == 64, "a record stays one cache line");
+
+// Call sites (record_call_sites): the raw return addresses of the allocating thread, taken by
+// capture_call_site before the pool runs (no pool lock held: the unwinder takes the loader's
+// lock), consumed by the allocate event that follows on the same thread.
+constexpr int kSiteDepth = 16;  // raw frames kept: the library's own and then the program's
+constexpr int kSiteFrames = 6;  // frames outside this library written per site
+using RawSite = std::array<void*, kSiteDepth>;
+thread_local RawSite tl_site{};
+thread_local bool tl_site_set = false;
+
+void site_anchor() {}  // an address inside this library, to tell its frames from the program's
 
 struct Buffer {
   Record* records = nullptr;
@@ -82,6 +102,7 @@ struct Buffer {
 
 constexpr std::size_t kBuffers = 4;           // 1 active + up to 3 filled/spare
 constexpr std::size_t kOutBytes = 64 * 1024;  // formatted bytes per write(2)
+constexpr std::size_t kSiteRoom = 1024;       // room kept for a row's call site
 constexpr auto kPeriod = std::chrono::milliseconds(200);
 
 // Bounded wait for a lock from a signal handler: the holder is another thread that will let go
@@ -156,6 +177,59 @@ struct TraceWriter::Impl {
   // Set in a forked child: the trace belongs to the parent; the child's copy must never write
   // (and must not take the locks, which parent threads may have held at fork time).
   std::atomic<bool> disowned{false};
+  // ---- call sites ----
+  std::atomic<bool> call_sites{false};
+  std::mutex sites_mu;  // a leaf lock: taken under the pool's, never the other way round
+  std::map<RawSite, std::uint16_t> site_ids;
+  std::vector<RawSite> sites;
+  std::vector<std::string> site_text;  // formatted once each, under flush_mu
+  bool in_signal = false;              // the signal flush writes rows without their sites
+
+  std::uint16_t intern_site(const RawSite& raw) {
+    std::lock_guard<std::mutex> l(sites_mu);
+    auto it = site_ids.find(raw);
+    if (it != site_ids.end()) return it->second;
+    if (sites.size() >= 0xffff) return 0;
+    sites.push_back(raw);
+    const auto id = static_cast<std::uint16_t>(sites.size());
+    site_ids.emplace(raw, id);
+    return id;
+  }
+
+  // "module+0xoffset symbol;…" for the program's frames of site `id`. Caller holds flush_mu.
+  const std::string& site_string(std::uint16_t id) {
+    while (site_text.size() < id) site_text.emplace_back();
+    std::string& text = site_text[id - 1];
+    if (!text.empty()) return text;
+    RawSite raw;
+    {
+      std::lock_guard<std::mutex> l(sites_mu);
+      raw = sites[id - 1];
+    }
+    Dl_info self{};
+    const void* own = dladdr(reinterpret_cast<void*>(&site_anchor), &self) != 0 ? self.dli_fbase : nullptr;
+    int kept = 0;
+    for (void* pc : raw) {
+      if (pc == nullptr || kept == kSiteFrames) break;
+      Dl_info info{};
+      if (dladdr(pc, &info) == 0 || info.dli_fbase == own) continue;
+      const char* module = info.dli_fname != nullptr ? info.dli_fname : "?";
+      if (const char* slash = std::strrchr(module, '/')) module = slash + 1;
+      char frame[160];
+      // The return address minus one: inside the call instruction, so the line it maps to is
+      // the call's own.
+      const auto off = reinterpret_cast<std::uintptr_t>(pc) - 1 - reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+      std::snprintf(frame, sizeof frame, "%.80s+0x%llx%s%.60s", module, static_cast<unsigned long long>(off),
+                    info.dli_sname != nullptr ? " " : "", info.dli_sname != nullptr ? info.dli_sname : "");
+      for (char* c = frame; *c != '\0'; ++c)
+        if (*c == ';' || *c == '"' || *c == ',' || static_cast<unsigned char>(*c) < 0x20) *c = '_';
+      if (!text.empty()) text += ';';
+      text += frame;
+      ++kept;
+    }
+    if (text.empty()) text = "?";
+    return text;
+  }
 
   ~Impl() {
     for (Record* r : all_records) std::free(r);
@@ -181,7 +255,15 @@ struct TraceWriter::Impl {
       row.duration_ns = r.duration_ns;
       row.detail = r.detail;
       used += trace_detail::format_row(row, utc_offset_s, out + used);
-      if (kOutBytes - used < trace_detail::kMaxRowChars) {
+      if (r.site != 0 && !in_signal) {
+        // The call site goes in the detail column, before the newline (a site is < 1 KiB).
+        const std::string q = trace_detail::quote_csv(site_string(r.site)) + "\n";
+        if (q.size() <= kSiteRoom) {
+          std::memcpy(out + used - 1, q.data(), q.size());
+          used += q.size() - 1;
+        }
+      }
+      if (kOutBytes - used < trace_detail::kMaxRowChars + kSiteRoom) {
         if (!write_all(fd, out, used)) write_failed.store(true, std::memory_order_relaxed);
         used = 0;
       }
@@ -430,6 +512,11 @@ void TraceWriter::on_event(const Event& e) {
   r.detail = e.kind != EventKind::free ? TraceDetail::none
              : e.on_stream             ? TraceDetail::free_async
                                        : TraceDetail::free_sync;
+  r.site = 0;
+  if (e.kind == EventKind::allocate && tl_site_set && w.call_sites.load(std::memory_order_relaxed)) {
+    r.site = w.intern_site(tl_site);
+    tl_site_set = false;
+  }
   w.push(r);
   // A failed allocation is often followed by the program dying: put the trace on disk now.
   // Same after the exit flush: nothing else will write these rows.
@@ -438,18 +525,28 @@ void TraceWriter::on_event(const Event& e) {
     w.flush();
 }
 
-void TraceWriter::note_device(int device, std::size_t total_bytes) {
-  Impl& w = *impl_;
-  if (w.disowned.load(std::memory_order_relaxed)) return;
-  Record r{};
-  r.stamp = w.clock.now();
-  r.thread = thread_id();
-  r.size = total_bytes;
-  r.requested = total_bytes;
-  r.device = device;
-  r.action = TraceAction::device;
-  r.detail = TraceDetail::none;
-  w.push(r);
+void TraceWriter::note_device(int device, std::size_t total_bytes, std::size_t granularity) {
+  TraceRow row;
+  row.size = total_bytes;
+  row.requested = total_bytes;
+  row.device = device;
+  row.action = TraceAction::device;
+  row.detail = TraceDetail::device_facts;
+  write_text_row(row, device_facts_text(granularity));
+}
+
+void TraceWriter::record_call_sites(bool on) {
+  if (on) {
+    void* warm[2];
+    (void)::backtrace(warm, 2);  // the unwinder loads on first use: not inside a program's call
+  }
+  impl_->call_sites.store(on, std::memory_order_relaxed);
+}
+
+void TraceWriter::capture_call_site() noexcept {
+  const int n = ::backtrace(tl_site.data(), kSiteDepth);
+  for (int i = n < 0 ? 0 : n; i < kSiteDepth; ++i) tl_site[static_cast<std::size_t>(i)] = nullptr;
+  tl_site_set = n > 0;
 }
 
 void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
@@ -465,21 +562,27 @@ void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
 }
 
 void TraceWriter::note_policy(const std::string& conf) {
+  TraceRow row;
+  row.action = TraceAction::policy;
+  row.detail = TraceDetail::policy;
+  write_text_row(row, conf);
+}
+
+// A row whose detail is text (the policy, the device's facts): formatted and written at once
+// rather than buffered (the buffer holds fixed-size records).
+void TraceWriter::write_text_row(TraceRow row, const std::string& text) {
   Impl& w = *impl_;
   if (w.disowned.load(std::memory_order_relaxed)) return;
   // Rows recorded before it go first, so the file keeps the recording order.
   w.flush();
   std::lock_guard<std::mutex> f(w.flush_mu);
-  TraceRow row;
   row.thread = thread_id();
   w.clock.begin_batch();
   row.time_ns = w.clock.to_epoch_ns(w.clock.now());
-  row.action = TraceAction::policy;
-  row.detail = TraceDetail::policy;
   char buf[trace_detail::kMaxRowChars];
   std::size_t n = trace_detail::format_row(row, w.utc_offset_s, buf);
   std::string line(buf, n - 1);
-  line += trace_detail::quote_csv(conf);
+  line += trace_detail::quote_csv(text);
   line += '\n';
   if (!write_all(w.fd, line.data(), line.size())) w.write_failed.store(true, std::memory_order_relaxed);
   {
@@ -512,7 +615,9 @@ void TraceWriter::flush_all_writers_from_signal() noexcept {
     if (w == nullptr || w->disowned.load(std::memory_order_relaxed)) continue;
     if (!try_lock_for_signal(w->flush_mu)) continue;
     if (try_lock_for_signal(w->mu)) {
+      w->in_signal = true;  // no symbol lookup, no allocation: rows go without their sites
       w->drain_locked();
+      w->in_signal = false;
       w->mu.unlock();
     }
     w->flush_mu.unlock();

@@ -7,20 +7,80 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 
 #include "config/output_file.h"
 #include "config/policy.h"
+#include "tools/json_text.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
+
+namespace {
+std::string g_last_error;
+bool g_json_written = false;
+}  // namespace
+
+void print_error(const char* fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::fputs(buf, stderr);
+  g_last_error = buf;
+  while (!g_last_error.empty() && g_last_error.back() == '\n') g_last_error.pop_back();
+}
+
+void remember_error(const std::string& message) { g_last_error = message; }
+
+bool emit_json(const std::string& path, const std::string& text, const char* who) {
+  g_json_written = true;
+  if (path == "-") {
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+    return true;
+  }
+  return write_text_file(path, text, who);
+}
+
+std::string json_flag(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) return argv[i + 1];
+    if (a.rfind("--json=", 0) == 0) return a.substr(7);
+  }
+  return "";
+}
+
+std::string error_json(const std::string& message, int exit_status) {
+  return "{\n  \"error\": {\"message\": " + json_string(message) + ", \"exit_status\": " + std::to_string(exit_status) +
+         "}\n}\n";
+}
+
+void finish_json(const std::string& json_path, int exit_status) {
+  if (json_path.empty() || exit_status == 0 || g_json_written) return;
+  const std::string message = g_last_error.empty() ? "failed (see the message above)" : g_last_error;
+  if (json_path == "-") {
+    std::fputs(error_json(message, exit_status).c_str(), stdout);
+    return;
+  }
+  // The file may be what failed: then stderr has said so already.
+  std::string why;
+  const int fd = open_output_file(json_path, O_TRUNC, "output file", &why);
+  if (fd < 0) return;
+  const std::string text = error_json(message, exit_status);
+  (void)write_all_fd(fd, text.data(), text.size());
+  ::close(fd);
+}
 
 bool write_text_file(const std::string& path, const std::string& text, const char* who) {
   std::string why;
   const int fd = open_output_file(path, O_TRUNC, "output file", &why);
   if (fd < 0) {
-    std::fprintf(stderr, "%s: %s\n", who, why.c_str());
+    print_error("%s: %s\n", who, why.c_str());
     return false;
   }
   bool ok = write_all_fd(fd, text.data(), text.size());
@@ -29,7 +89,7 @@ bool write_text_file(const std::string& path, const std::string& text, const cha
     ok = false;
     e = errno;
   }
-  if (!ok) std::fprintf(stderr, "%s: cannot write %s: %s\n", who, path.c_str(), std::strerror(e));
+  if (!ok) print_error("%s: cannot write %s: %s\n", who, path.c_str(), std::strerror(e));
   return ok;
 }
 
@@ -50,7 +110,7 @@ bool output_option_ok(const std::string& path, const char* flag, const char* who
   if (path.empty() || path == "-") return true;
   std::string e = check_output_file(path, flag, "");
   if (e.empty()) return true;
-  std::fprintf(stderr, "%s: %s\n", who, e.c_str());
+  print_error("%s: %s\n", who, e.c_str());
   return false;
 }
 
@@ -58,14 +118,14 @@ bool device_memory_option(const std::string& text, std::optional<std::size_t>* o
   if (text.empty()) return true;
   auto size = parse_size(text);
   if (!size || *size == 0) {
-    std::fprintf(stderr, "%s: --device-memory '%s' is not a size (e.g. 80GiB)\n", who, text.c_str());
+    print_error("%s: --device-memory '%s' is not a size (e.g. 80GiB)\n", who, text.c_str());
     return false;
   }
   // A bare number is bytes; a device of less than 1 MiB is surely a missing unit.
   const bool has_unit = text.find_first_not_of("0123456789. \t") != std::string::npos;
   if (!has_unit && *size < (std::size_t{1} << 20)) {
-    std::fprintf(stderr, "%s: --device-memory '%s' would be %zu bytes; write the unit, e.g. %sGiB\n", who, text.c_str(),
-                 *size, text.c_str());
+    print_error("%s: --device-memory '%s' would be %zu bytes; write the unit, e.g. %sGiB\n", who, text.c_str(), *size,
+                text.c_str());
     return false;
   }
   *out = size;

@@ -13,6 +13,22 @@ class App;
 
 namespace cudapool::tools {
 
+// Errors, the same way in every command: "who: what" on stderr, and with --json the last one as
+// JSON too, {"error": {"message": "who: what", "exit_status": N}}, where the command's JSON would
+// have gone (stdout for '-'), so a script that asked for JSON always gets JSON.
+void print_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// The same for an error someone else printed (CLI11's usage errors).
+void remember_error(const std::string& message);
+// The command's JSON (`--json PATH`, '-' = stdout): written, and remembered as written.
+bool emit_json(const std::string& path, const std::string& text, const char* who);
+// The --json of `argv` (the first `argc` words: the command's own), or "" when none is given.
+std::string json_flag(int argc, char** argv);
+// At the end of main: a failed command (status != 0) with --json that wrote no JSON of its own
+// writes the last error as JSON.
+void finish_json(const std::string& json_path, int exit_status);
+// The error object alone (tests and finish_json).
+std::string error_json(const std::string& message, int exit_status);
+
 // Writes `text` to `path`, opened as config/output_file.h says (a symbolic link there is
 // refused, a new file has mode 0600); false (after printing "<who>: why") on failure.
 bool write_text_file(const std::string& path, const std::string& text, const char* who);

@@ -54,11 +54,19 @@ std::string temp_stats_path() {
 int ab_main(const AbOptions& o, const CommandTail& tail) {
   std::vector<std::string> command = tail.present ? tail.words : o.command;
   if (command.empty()) {
-    std::fprintf(stderr, "cudapool ab: no command given (usage: cudapool ab --a S --b S -- CMD ...)\n");
+    print_error("cudapool ab: no command given (usage: cudapool ab --a S --b S -- CMD ...)\n");
     return kExitUsage;
   }
+  // A program that cannot be started fails every run the same way: say so once, before any.
+  {
+    int status = 0;
+    if (std::string why = check_program(command.front(), &status); !why.empty()) {
+      print_error("cudapool ab: cannot run %s\n", why.c_str());
+      return status;
+    }
+  }
   if (!o.baseline.empty() && o.baseline != "passthrough") {
-    std::fprintf(stderr, "cudapool ab: --baseline takes only 'passthrough'\n");
+    print_error("cudapool ab: --baseline takes only 'passthrough'\n");
     return kExitUsage;
   }
   if (!output_option_ok(o.json, "--json", "cudapool ab") || !output_option_ok(o.markdown, "--markdown", "cudapool ab"))
@@ -66,8 +74,8 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
   std::vector<std::string> searched;
   auto library = o.no_preload ? std::optional<std::string>("") : find_library(&searched);
   if (!library) {
-    std::fprintf(stderr, "cudapool ab: cannot find libcudapool.so (looked at %zu places; set CUDAPOOL_LIBRARY)\n",
-                 searched.size());
+    print_error("cudapool ab: cannot find libcudapool.so (looked at %zu places; set CUDAPOOL_LIBRARY)\n",
+                searched.size());
     return kExitNoInput;
   }
 
@@ -80,8 +88,7 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
     s.conf = v.conf;
     s.conf_flag = v.label == "A" ? "--a" : v.label == "B" ? "--b" : "--baseline";
     if (std::string err = validate_launch_policy(s, command); !err.empty()) {
-      std::fprintf(stderr, "cudapool ab: policy %s (%s) is invalid: %s\n", v.label.c_str(), v.conf.c_str(),
-                   err.c_str());
+      print_error("cudapool ab: policy %s (%s) is invalid: %s\n", v.label.c_str(), v.conf.c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
   }
@@ -94,7 +101,7 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
       s.conf = v.conf;
       s.stats = temp_stats_path();
       if (s.stats.empty()) {
-        std::fprintf(stderr, "cudapool ab: cannot create a temporary file\n");
+        print_error("cudapool ab: cannot create a temporary file\n");
         return kExitNoInput;
       }
       EnvChanges changes = launch_environment(*library, s);
@@ -134,17 +141,16 @@ int ab_main(const AbOptions& o, const CommandTail& tail) {
   Table table = ab_table(variants, a, b);
   bool wrote = true;
   if (o.json == "-") {  // the JSON alone on stdout, for scripts
-    std::fputs(ab_json(command, variants, a, b).c_str(), stdout);
+    emit_json("-", ab_json(command, variants, a, b), "cudapool ab");
   } else {
     std::printf("A: %s\nB: %s\n", o.a.empty() ? "(defaults)" : o.a.c_str(), o.b.empty() ? "(defaults)" : o.b.c_str());
     std::printf("%s", table.to_text().c_str());
   }
-  if (!o.json.empty() && o.json != "-")
-    wrote &= write_text_file(o.json, ab_json(command, variants, a, b), "cudapool ab");
+  if (!o.json.empty() && o.json != "-") wrote &= emit_json(o.json, ab_json(command, variants, a, b), "cudapool ab");
   if (!o.markdown.empty()) wrote &= write_text_file(o.markdown, table.to_markdown(), "cudapool ab");
   int failed = 0;
   for (const auto& v : variants) failed += v.failed;
-  if (failed) std::fprintf(stderr, "cudapool ab: %d of %d runs failed\n", failed, total);
+  if (failed) print_error("cudapool ab: %d of %d runs failed\n", failed, total);
   return failed ? kExitFailedRuns : (wrote ? 0 : kExitNoInput);
 }
 

@@ -26,14 +26,18 @@ std::string check_json(const Policy& p, const std::string& command, bool has_com
   bool first = true;
   auto key = [&](std::string_view name, const std::string& value) {
     auto it = p.origin.find(std::string(name));
-    o += std::string(first ? "\n" : ",\n") + "    " + json_string(name) + ": {\"value\": " + json_string(value) +
+    o += std::string(first ? "\n" : ",\n") + "    " + json_string(name) + ": {\"value\": " + json_value(value) +
          ", \"origin\": " + json_string(it == p.origin.end() ? "default" : it->second) + "}";
     first = false;
   };
   for (const config::KeySpec& k : config::keys())
     if (k.format != nullptr) key(k.name, k.format(p));
-  key("on_error", p.on_error == OnError::passthrough ? "passthrough" : "stop");
-  o += "\n  },\n  \"warnings\": [";
+  // CUDAPOOL_ON_ERROR is an environment variable, not a policy key: beside the keys, not among them.
+  auto on_error = p.origin.find("on_error");
+  o += "\n  },\n  \"on_error\": {\"variable\": \"CUDAPOOL_ON_ERROR\", \"value\": " +
+       json_string(p.on_error == OnError::passthrough ? "passthrough" : "stop") +
+       ", \"origin\": " + json_string(on_error == p.origin.end() ? "default" : on_error->second) + "}";
+  o += ",\n  \"warnings\": [";
   for (std::size_t i = 0; i < p.warnings.size(); ++i) o += (i ? ", " : "") + json_string(p.warnings[i]);
   o += "],\n  \"command\": " + (has_command ? json_string(command) : std::string("null"));
   o += ",\n  \"profile\": " + (p.profile.empty() ? std::string("null") : json_string(p.profile));
@@ -55,18 +59,14 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
   sources.command_line = command;
   PolicyResult r = load_policy(sources);
   if (!r.policy) {
-    std::fprintf(stderr, "cudapool check: invalid policy: %s\n", r.error.c_str());
+    print_error("cudapool check: invalid policy: %s\n", r.error.c_str());
     return kPolicyErrorExitStatus;
   }
   const Policy& p = *r.policy;
   for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (!o.json.empty()) {
-    const std::string text = check_json(p, command, tail.present);
-    if (o.json == "-") {
-      std::fputs(text.c_str(), stdout);
-      return 0;
-    }
-    if (!write_text_file(o.json, text, "cudapool check")) return kExitNoInput;
+    if (!emit_json(o.json, check_json(p, command, tail.present), "cudapool check")) return kExitNoInput;
+    if (o.json == "-") return 0;
   }
   std::printf("%s", describe(p).c_str());
   if (!p.group.empty()) {

@@ -10,6 +10,8 @@
 #include "tools/commands.h"
 #include "tools/compare.h"
 #include "tools/fidelity.h"
+#include "tools/json_text.h"
+#include "tools/metrics.h"
 #include "tools/policies.h"
 #include "tools/replay.h"
 #include "tools/trace_input.h"
@@ -29,11 +31,40 @@ struct ReplayCliOptions {
   std::string stats;
   std::string json;
   bool quiet = false;
+  bool check = false;
 };
+
+// One policy's figures as JSON numbers (the table's rows, in bytes, counts and fractions).
+std::string policy_json(const std::string& name, const std::string& conf, const Metrics& m, const ReplayResult& r) {
+  const auto& defs = metric_defs();
+  std::string o = "{\"name\": " + json_string(name) + ", \"conf\": " + json_string(conf);
+  for (std::size_t i = 0; i < defs.size() && i < m.values.size(); ++i)
+    if (m.values[i]) o += ", " + json_string(defs[i].key) + ": " + json_number(*m.values[i]);
+  o += ", \"failed_allocations\": " + std::to_string(r.failed_allocations) +
+       ", \"fence_waits\": " + std::to_string(r.stats.fence_waits) +
+       ", \"reserved_in_all_bytes\": " + std::to_string(r.stats.reserved_bytes[kAll].allocated) +
+       ", \"vmm_handle_ops\": " + std::to_string(r.unit_ops) +
+       ", \"device_memory_bytes\": " + std::to_string(r.device_memory) + "}";
+  return o;
+}
+
+std::string fidelity_json(const TraceFacts& f, const Fidelity& fid, const ReplayResult* under) {
+  if (!fid.compared) return "{\"compared\": false, \"tolerance\": " + json_number(kFidelityTolerance) + "}";
+  return "{\"compared\": true, \"within\": " + std::string(fid.within ? "true" : "false") +
+         ", \"gap\": " + json_number(fid.gap) + ", \"tolerance\": " + json_number(kFidelityTolerance) +
+         ", \"recorded_peak_reserved_bytes\": " + std::to_string(f.recorded_peak_reserved.value_or(0)) +
+         ", \"replayed_peak_reserved_bytes\": " + std::to_string(under->stats.reserved_bytes[kAll].peak) + "}";
+}
 
 int replay_main(const ReplayCliOptions& in) {
   ReplayCliOptions o = in;
   if (o.json == "-") o.quiet = true;  // the JSON alone on stdout
+  if (o.check && (!o.sweep.empty() || o.confs.size() > 1)) {
+    print_error(
+        "cudapool replay: --check compares the recorded policy's replay with the recording; give no --sweep "
+        "and at most one --conf\n");
+    return kExitUsage;
+  }
   if (!output_option_ok(o.json, "--json", "cudapool replay") ||
       !output_option_ok(o.stats, "--stats", "cudapool replay"))
     return kExitNoInput;
@@ -47,14 +78,14 @@ int replay_main(const ReplayCliOptions& in) {
   std::vector<NamedConf> policies;
   for (const auto& c : o.confs) policies.push_back({c.empty() ? "defaults" : c, c});
   if (!o.sweep.empty() && policies.size() > 1) {
-    std::fprintf(stderr, "cudapool replay: --sweep takes at most one --conf (its base)\n");
+    print_error("cudapool replay: --sweep takes at most one --conf (its base)\n");
     return kExitUsage;
   }
   for (const auto& p : policies) {
     Policy check;
     std::string err;
     if (!policy_from_conf(p.conf, &check, &err)) {
-      std::fprintf(stderr, "cudapool replay: invalid policy '%s': %s\n", p.conf.c_str(), err.c_str());
+      print_error("cudapool replay: invalid policy '%s': %s\n", p.conf.c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
   }
@@ -71,17 +102,27 @@ int replay_main(const ReplayCliOptions& in) {
     policies.resize(1);
     std::string err;
     if (!expand_sweep(sweep_base, o.sweep, &policies, &err)) {
-      std::fprintf(stderr, "cudapool replay: %s\n", err.c_str());
+      print_error("cudapool replay: %s\n", err.c_str());
       return kExitUsage;
     }
   }
   std::vector<Policy> options(policies.size());
   for (std::size_t i = 0; i < policies.size(); ++i) {
     std::string err;
+    if (!o.sweep.empty() && i > 0) {
+      // A swept value is checked alone first, so that its error names --sweep, not the base.
+      const std::string one = policies[i].name.substr(0, policies[i].name.find('=')) + ":" +
+                              policies[i].name.substr(policies[i].name.find('=') + 1);
+      PolicyResult alone = parse_conf(one, Policy{}, "--sweep");
+      if (!alone.policy) {
+        print_error("cudapool replay: invalid --sweep value '%s': %s\n", policies[i].name.c_str(), alone.error.c_str());
+        return kPolicyErrorExitStatus;
+      }
+    }
     if (!policy_from_conf(policies[i].conf, &options[i], &err)) {
       const bool recorded = i == 0 && base.recorded && o.confs.empty();
-      std::fprintf(stderr, "cudapool replay: invalid policy '%s'%s: %s\n", policies[i].conf.c_str(),
-                   recorded ? " (the trace's policy row; override it with --conf)" : "", err.c_str());
+      print_error("cudapool replay: invalid policy '%s'%s: %s\n", policies[i].conf.c_str(),
+                  recorded ? " (the trace's policy row; override it with --conf)" : "", err.c_str());
       return kPolicyErrorExitStatus;
     }
   }
@@ -112,24 +153,36 @@ int replay_main(const ReplayCliOptions& in) {
   }
   // Does a replay under the trace's own policy give back its recorded peak? Compared with the
   // column that is that policy, else with one more replay.
-  if (!o.quiet) {
+  Fidelity fid;
+  ReplayResult extra;
+  const ReplayResult* match = nullptr;
+  {
     BasePolicy under = facts.recorded_policy ? BasePolicy{*facts.recorded_policy, "the trace's policy row", true}
                                              : BasePolicy{policies.front().conf, "", false};
     const std::string want = canonical_conf(under.conf);
-    const ReplayResult* match = nullptr;
     for (std::size_t i = 0; i < policies.size() && !match; ++i)
       if (canonical_conf(policies[i].conf) == want) match = &raw[i];
-    ReplayResult extra;
-    if (!match) {
-      ReplayConfig cfg = base_cfg;
-      std::string err;
-      if (pool_options_from_conf(under.conf, &cfg.pool, &err)) {
-        extra = replay_trace(loaded.prepared, cfg);
-        match = &extra;
-      }
+    ReplayConfig cfg = base_cfg;
+    std::string err;
+    const bool under_ok = pool_options_from_conf(under.conf, &cfg.pool, &err);
+    if (!match && under_ok) {
+      extra = replay_trace(loaded.prepared, cfg);
+      match = &extra;
     }
-    if (match)
-      std::printf("%s\n", check_fidelity(facts, under, *match, o.frees.mode(), o.frees.fence_latency_us).line.c_str());
+    if (match) {
+      fid = check_fidelity(facts, under, *match, o.frees.mode(), o.frees.fence_latency_us);
+      const std::string advice = under_ok ? fidelity_advice(loaded.prepared, cfg, fid) : "";
+      if ((!o.quiet || o.check) && o.json != "-")
+        std::printf("%s\n%s", fid.line.c_str(), advice.empty() ? "" : (advice + "\n").c_str());
+    }
+  }
+  if (o.check) {
+    if (!o.json.empty()) {
+      const std::string j = "{\n  \"trace\": " + json_string(o.trace) +
+                            ",\n  \"fidelity\": " + fidelity_json(facts, fid, match) + "\n}\n";
+      if (!emit_json(o.json, j, "cudapool replay")) return kExitNoInput;
+    }
+    return fid.compared && !fid.within ? kExitFailedRuns : 0;
   }
   Table t = policy_table(names, results);
   std::vector<std::string> fails{"failed allocations"}, served{"device memory"};
@@ -151,11 +204,14 @@ int replay_main(const ReplayCliOptions& in) {
   t.add(units);
   t.add(served);
   progress.done();
-  if (o.json == "-")
-    std::fputs(t.to_json().c_str(), stdout);
-  else
-    std::printf("%s", t.to_text().c_str());
-  if (!o.json.empty() && o.json != "-" && !write_text_file(o.json, t.to_json(), "cudapool replay")) return kExitNoInput;
+  if (o.json != "-") std::printf("%s", t.to_text().c_str());
+  if (!o.json.empty()) {
+    std::string j = "{\n  \"trace\": " + json_string(o.trace) + ",\n  \"policies\": [";
+    for (std::size_t i = 0; i < raw.size(); ++i)
+      j += std::string(i ? ",\n    " : "\n    ") + policy_json(names[i], policies[i].conf, results[i], raw[i]);
+    j += "\n  ],\n  \"fidelity\": " + fidelity_json(facts, fid, match) + "\n}\n";
+    if (!emit_json(o.json, j, "cudapool replay")) return kExitNoInput;
+  }
   if (!o.quiet)
     std::printf(
         "replayed %zu events x %zu policies in %s (%.2f M events/s); reading the trace took %s "
@@ -183,7 +239,7 @@ int replay_main(const ReplayCliOptions& in) {
     d.driver_total_bytes = raw.front().device_memory;
     s.devices.push_back(d);
     if (std::string err = write_summary_file(stats_path, s); !err.empty()) {
-      std::fprintf(stderr, "cudapool replay: %s\n", err.c_str());
+      print_error("cudapool replay: %s\n", err.c_str());
       return kExitNoInput;
     }
   }
@@ -207,7 +263,12 @@ void add_replay_command(CLI::App& root, int* exit_status) {
   sub->add_option("--device", o->device, "device to replay (default: the busiest)");
   sub->add_option("--stats", o->stats, "write the first policy's JSON summary here (default: its stats_file)");
   sub->add_flag("--quiet", o->quiet, "print only the table");
-  sub->add_option("--json", o->json, "also write the table as JSON here ('-': print only the JSON)");
+  sub->add_flag("--check", o->check,
+                "only compare a replay under the recorded policy with the recorded peak reserved: print the "
+                "fidelity line, exit 1 when it is not within 3 %");
+  sub->add_option("--json", o->json,
+                  "also write each policy's figures (numbers) and the fidelity check as JSON here ('-': print only "
+                  "the JSON)");
   sub->callback([o, exit_status] { *exit_status = replay_main(*o); });
 }
 

@@ -65,26 +65,25 @@ int report_main(const ReportOptions& o) {
   ReplayResult replayed;
   const std::int64_t duration_ns = f.end_ns - f.start_ns;
   if (o.at_s && o.snapshot.empty()) {
-    std::fprintf(stderr, "cudapool report: --at chooses the moment of --snapshot; give --snapshot FILE.pickle too\n");
+    print_error("cudapool report: --at chooses the moment of --snapshot; give --snapshot FILE.pickle too\n");
     return kExitUsage;
   }
   if (o.at_s && (*o.at_s < 0 || *o.at_s * 1e9 > static_cast<double>(duration_ns) + 0.5)) {
-    std::fprintf(stderr, "cudapool report: --at %g is outside the trace, which lasts %.6f s (give 0 to %.6f)\n",
-                 *o.at_s, static_cast<double>(duration_ns) * 1e-9, static_cast<double>(duration_ns) * 1e-9);
+    print_error("cudapool report: --at %g is outside the trace, which lasts %.6f s (give 0 to %.6f)\n", *o.at_s,
+                static_cast<double>(duration_ns) * 1e-9, static_cast<double>(duration_ns) * 1e-9);
     return kExitUsage;
   }
-  // The snapshot's segments are the pool's placement in a replay; the report then shows that
-  // same replay, so that its figures and the snapshot's agree.
+  // A plain allocation log has no segments: replay it to show what the pool would reserve. So
+  // do --replay and --conf; --snapshot alone does not change what the report shows.
   const bool snapshot = !o.snapshot.empty();
-  // A plain allocation log has no segments: replay it to show what the pool would reserve.
-  if (f.rmm_only || o.replay || !o.conf.empty() || snapshot) {
+  if (f.rmm_only || o.replay || !o.conf.empty()) {
     const BasePolicy base = !o.conf.empty() ? BasePolicy{o.conf, "from --conf", false}
                             : o.replay      ? BasePolicy{"", "", false}
                                             : choose_base_policy(f, std::nullopt);
     ReplayConfig cfg;
     std::string err;
     if (!pool_options_from_conf(base.conf, &cfg.pool, &err)) {
-      std::fprintf(stderr, "cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
+      print_error("cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
     o.frees.apply(&cfg);
@@ -95,39 +94,56 @@ int report_main(const ReportOptions& o) {
                       (base.conf.empty() ? std::string("the default policy") : base.conf) +
                       (base.recorded ? " (the trace's own)" : "") +
                       (f.rmm_only ? " (the trace records allocations only)" : "");
-    if (snapshot) {
-      cfg.collect_rows = false;
-      SnapshotFigures fig;
-      std::optional<std::int64_t> at;
-      if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
-      std::string bytes = snapshot_from_replay(loaded.prepared, cfg, at, base.conf, &fig);
-      if (!write_text_file(o.snapshot, bytes, "cudapool report")) return kExitNoInput;
-      std::printf(
-          "snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
-          "%zu of %zu blocks active, %zu trace events\n",
-          static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at", fig.segments,
-          static_cast<unsigned long long>(fig.reserved), static_cast<unsigned long long>(fig.allocated),
-          static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events);
-      std::printf("wrote %s (PyTorch memory snapshot: pytorch.org/memory_viz or torch.cuda._memory_viz)\n",
-                  o.snapshot.c_str());
-    }
     ctx.device_memory = replayed.device_memory == kUnknownDeviceMemory ? 0 : replayed.device_memory;
   } else {
     ctx.device_memory = f.device_memory.value_or(0);
   }
-  TraceReport rep = analyze_rows(*rows, f.device);
-  if (o.json == "-") {  // the JSON alone on stdout
-    std::fputs(report_json(rep, o.trace, ctx.source_note).c_str(), stdout);
-  } else {
-    std::printf("%s", render_text_summary(rep, ctx).c_str());
+  if (snapshot) {
+    // A trace records events, not where the pool placed each block: the snapshot's segments and
+    // blocks come from a replay (under --conf, else the trace's policy), and the line says so
+    // with how closely that replay matches the recording.
+    const BasePolicy base = !o.conf.empty() ? BasePolicy{o.conf, "from --conf", false}
+                            : o.replay      ? BasePolicy{"", "", false}
+                                            : choose_base_policy(f, std::nullopt);
+    ReplayConfig cfg;
+    std::string err;
+    if (!pool_options_from_conf(base.conf, &cfg.pool, &err)) {
+      print_error("cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
+      return kPolicyErrorExitStatus;
+    }
+    o.frees.apply(&cfg);
+    SnapshotFigures fig;
+    std::optional<std::int64_t> at;
+    if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
+    std::string bytes = snapshot_from_replay(loaded.prepared, cfg, at, base.conf, &fig);
+    if (!write_text_file(o.snapshot, bytes, "cudapool report")) return kExitNoInput;
+    const bool say = o.json != "-";  // with --json - stdout is the JSON alone
+    if (say)
+      std::printf(
+          "snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
+          "%zu of %zu blocks active, %zu trace events, %zu active blocks with call sites\n",
+          static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at", fig.segments,
+          static_cast<unsigned long long>(fig.reserved), static_cast<unsigned long long>(fig.allocated),
+          static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events,
+          fig.blocks_with_frames);
+    const Fidelity fid = check_fidelity(f, base, replay_trace(loaded.prepared, cfg), o.frees.mode(),
+                                        o.frees.fence_latency_us);
+    if (say)
+      std::printf(
+          "wrote %s (PyTorch memory snapshot: pytorch.org/memory_viz or torch.cuda._memory_viz): block placement "
+          "from a replay under %s, since a trace records events, not placement%s%s\n",
+          o.snapshot.c_str(), base.conf.empty() ? "the defaults" : base.conf.c_str(), fid.compared ? "; " : "",
+          fid.compared ? fid.line.substr(fid.line.find(':') + 2, fid.line.find('\n') - fid.line.find(':') - 2).c_str()
+                       : "");
   }
+  TraceReport rep = analyze_rows(*rows, f.device);
+  if (o.json != "-") std::printf("%s", render_text_summary(rep, ctx).c_str());
   bool ok = true;
-  if (!o.json.empty() && o.json != "-")
-    ok &= write_text_file(o.json, report_json(rep, o.trace, ctx.source_note), "cudapool report");
+  if (!o.json.empty()) ok &= emit_json(o.json, report_json(rep, o.trace, ctx.source_note), "cudapool report");
   if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report")))
-    std::printf("wrote %s\n", o.html.c_str());
+    if (o.json != "-") std::printf("wrote %s\n", o.html.c_str());
   if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))
-    std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());
+    if (o.json != "-") std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());
   return ok ? 0 : kExitNoInput;
 }
 
@@ -142,7 +158,8 @@ void add_report_command(CLI::App& root, int* exit_status) {
   sub->add_option("--conf", o->conf, "replay under this policy and report the replay");
   sub->add_flag("--replay", o->replay, "report a replay under the defaults instead of the recorded pool");
   sub->add_option("--snapshot", o->snapshot,
-                  "write a PyTorch memory snapshot (pickle) of a replay under the trace's policy (or --conf)");
+                  "also write a PyTorch memory snapshot (pickle); its block placement comes from a replay under the "
+                  "trace's policy (or --conf), the report itself stays the recorded pool's");
   sub->add_option("--json", o->json, "also write the summary's figures as JSON here ('-': print only the JSON)");
   sub->add_option("--at", o->at_s,
                   "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "config/policy.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/launch.h"
 #include "tools/process.h"
@@ -20,13 +21,13 @@ struct RunOptions {
 int run_main(const RunOptions& o, const CommandTail& tail) {
   std::vector<std::string> command = tail.present ? tail.words : o.command;
   if (command.empty()) {
-    std::fprintf(stderr, "cudapool run: no command given (usage: cudapool run [options] -- CMD ...)\n");
+    print_error("cudapool run: no command given (usage: cudapool run [options] -- CMD ...)\n");
     return kExitUsage;
   }
   std::vector<std::string> searched;
   auto library = find_library(&searched);
   if (!library) {
-    std::fprintf(stderr, "cudapool run: cannot find libcudapool.so; looked at:\n");
+    print_error("cudapool run: cannot find libcudapool.so; looked at:\n");
     for (const auto& s : searched) std::fprintf(stderr, "  %s\n", s.c_str());
     std::fprintf(stderr, "build it with `make` or set CUDAPOOL_LIBRARY=/path/libcudapool.so\n");
     return kExitNoInput;
@@ -34,12 +35,12 @@ int run_main(const RunOptions& o, const CommandTail& tail) {
   for (const std::string* path : {&o.launch.trace, &o.launch.stats})
     if (path->find(',') != std::string::npos) {
       // They travel inside CUDAPOOL_CONF, where ',' separates keys.
-      std::fprintf(stderr, "cudapool run: '%s': output paths cannot contain ','\n", path->c_str());
+      print_error("cudapool run: '%s': output paths cannot contain ','\n", path->c_str());
       return kExitUsage;
     }
   // Refuse an invalid policy here, where the message is easy to see, rather than inside the child.
   if (std::string err = validate_launch_policy(o.launch, command); !err.empty()) {
-    std::fprintf(stderr, "cudapool run: invalid policy: %s\n", err.c_str());
+    print_error("cudapool run: invalid policy: %s\n", err.c_str());
     return kPolicyErrorExitStatus;
   }
   auto env = build_environment(launch_environment(*library, o.launch));

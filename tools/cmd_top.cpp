@@ -1,4 +1,4 @@
-// `cudapool top [--once] [--json] [--interval S]`: every pooled process of this user on this
+// `cudapool top [--once] [--json PATH] [--interval S]`: every pooled process of this user on this
 // machine, from the stats records the shim publishes (telemetry/share.h), refreshed like top.
 #include <signal.h>
 #include <time.h>
@@ -12,9 +12,11 @@
 
 #include "config/printable.h"
 #include "telemetry/share.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/json_text.h"
 #include "tools/top.h"
+#include "tools/metrics.h"
 
 namespace cudapool::tools {
 
@@ -22,7 +24,7 @@ namespace {
 
 struct TopSettings {
   bool once = false;
-  bool json = false;
+  std::string json;  // --json PATH ('-' = stdout), as in every command
   double interval = 1.0;
 };
 
@@ -35,11 +37,16 @@ std::string mib(std::uint64_t b) {
   return buf;
 }
 
-std::string fragmentation(const share::RecordDevice& d) {
+// Fragmentation as every command defines it (tools/metrics.h): the unused share of reserved
+// memory, 1 - allocated / reserved, here at this moment.
+double frag(const share::RecordDevice& d) {
+  return d.reserved == 0 ? 0.0 : fragmentation(static_cast<double>(d.allocated), static_cast<double>(d.reserved));
+}
+
+std::string fragmentation_text(const share::RecordDevice& d) {
   if (d.reserved == 0) return "-";
   char buf[16];
-  std::snprintf(buf, sizeof buf, "%.1f%%",
-                100.0 * static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved));
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * frag(d));
   return buf;
 }
 
@@ -59,11 +66,9 @@ std::string to_json(const std::vector<share::ProcInfo>& procs) {
       o += "{\"device\":" + std::to_string(d.device) + ",\"reserved_bytes\":" + json_u(d.reserved) +
            ",\"allocated_bytes\":" + json_u(d.allocated) + ",\"cached_bytes\":" + json_u(d.cached) +
            ",\"external_bytes\":" + json_u(d.external) + ",\"inactive_split_bytes\":" + json_u(d.inactive_split) +
-           ",\"fragmentation\":" +
-           json_number(d.reserved == 0 ? 0.0
-                                       : static_cast<double>(d.inactive_split) / static_cast<double>(d.reserved)) +
-           ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) + ",\"ooms\":" + json_u(d.ooms) +
-           ",\"fence_waits\":" + json_u(d.fence_waits) + ",\"group_budget_bytes\":" + json_u(d.group_budget) +
+           ",\"fragmentation\":" + json_number(frag(d)) + ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) +
+           ",\"ooms\":" + json_u(d.ooms) + ",\"fence_waits\":" + json_u(d.fence_waits) +
+           ",\"group_budget_bytes\":" + json_u(d.group_budget) +
            ",\"group_reserved_bytes\":" + json_u(d.group_reserved) + "}";
     }
     o += "]}";
@@ -101,8 +106,9 @@ std::string top_table(const std::vector<share::ProcInfo>& procs) {
       const std::string budget = d.group_budget != 0 ? mib(d.group_reserved) + "/" + mib(d.group_budget) : "-";
       std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid, d.device,
                     mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(), mib(d.external).c_str(),
-                    fragmentation(d).c_str(), group.c_str(), budget.c_str(), static_cast<unsigned long long>(d.ooms),
-                    static_cast<unsigned long long>(d.fence_waits), cmd.c_str());
+                    fragmentation_text(d).c_str(), group.c_str(), budget.c_str(),
+                    static_cast<unsigned long long>(d.ooms), static_cast<unsigned long long>(d.fence_waits),
+                    cmd.c_str());
       o += line;
     }
   }
@@ -113,26 +119,32 @@ namespace {
 
 int top_main(const TopSettings& s) {
   if (!(s.interval >= 0.1 && s.interval <= 3600)) {
-    std::fprintf(stderr, "cudapool top: --interval %g is outside [0.1, 3600] seconds\n", s.interval);
+    print_error("cudapool top: --interval %g is outside [0.1, 3600] seconds\n", s.interval);
     return kExitUsage;
   }
   const std::string dir = share::shm_dir();
   if (std::string why = share::check_dir(dir); !why.empty()) {
-    std::fprintf(stderr, "cudapool top: %s %s; set CUDAPOOL_SHM_DIR to the directory the processes use\n",
-                 printable(dir).c_str(), why.c_str());
+    print_error("cudapool top: %s %s; set CUDAPOOL_SHM_DIR to the directory the processes use\n",
+                printable(dir).c_str(), why.c_str());
     return kExitNoInput;
   }
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
-  const bool tty = !s.once && !s.json && isatty(1) != 0;
+  if (!output_option_ok(s.json, "--json", "cudapool top")) return kExitNoInput;
+  const bool tty = !s.once && s.json.empty() && isatty(1) != 0;
   for (;;) {
     std::vector<std::string> warnings;
     std::vector<share::ProcInfo> procs = share::read_records(::geteuid(), true, &warnings);
     std::sort(procs.begin(), procs.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
-    std::string out = s.json ? to_json(procs) : top_table(procs);
-    if (tty) out = "\x1b[H\x1b[2J" + out + "(" + std::to_string(procs.size()) + " pooled process(es); Ctrl-C ends)\n";
-    std::fputs(out.c_str(), stdout);
-    std::fflush(stdout);
+    if (!s.json.empty()) {
+      // '-': one object per refresh on stdout; a file: rewritten with the latest each refresh.
+      if (!emit_json(s.json, to_json(procs), "cudapool top")) return kExitNoInput;
+    } else {
+      std::string out = top_table(procs);
+      if (tty) out = "\x1b[H\x1b[2J" + out + "(" + std::to_string(procs.size()) + " pooled process(es); Ctrl-C ends)\n";
+      std::fputs(out.c_str(), stdout);
+      std::fflush(stdout);
+    }
     for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", printable(w).c_str());
     if (s.once || g_stop) return 0;
     const auto us = static_cast<useconds_t>(s.interval * 1e6);
@@ -148,7 +160,9 @@ void add_top_command(CLI::App& root, int* exit_status) {
   CLI::App* sub = root.add_subcommand("top",
                                       "live table of this user's pooled processes (reserved, cached, group budget)");
   sub->add_flag("--once", s->once, "print one table (or JSON object) and exit");
-  sub->add_flag("--json", s->json, "JSON instead of the table (one object per refresh)");
+  sub->add_option("--json", s->json,
+                  "write JSON instead of the table here, as every command does ('-': stdout, one object per "
+                  "refresh; a file: rewritten each refresh)");
   sub->add_option("--interval", s->interval, "seconds between refreshes");
   sub->callback([s, exit_status] { *exit_status = top_main(*s); });
 }

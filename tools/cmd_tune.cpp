@@ -1,6 +1,7 @@
 // `cudapool tune TRACE [--conf BASE] [--budget N] [--bound X] [--device-memory SIZE]
 //  [--free-as recorded|async|sync] [--fence-latency-us X] [--top N]`
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -47,7 +48,7 @@ int tune_main(const TuneCliOptions& o) {
     Policy p;
     std::string err;
     if (!policy_from_conf(*o.conf, &p, &err)) {
-      std::fprintf(stderr, "cudapool tune: invalid --conf '%s': %s\n", o.conf->c_str(), err.c_str());
+      print_error("cudapool tune: invalid --conf '%s': %s\n", o.conf->c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
   }
@@ -64,8 +65,8 @@ int tune_main(const TuneCliOptions& o) {
     Policy p;
     std::string err;
     if (!policy_from_conf(base.conf, &p, &err)) {
-      std::fprintf(stderr, "cudapool tune: invalid base policy '%s' (%s; give another with --conf): %s\n",
-                   base.conf.c_str(), base.origin.c_str(), err.c_str());
+      print_error("cudapool tune: invalid base policy '%s' (%s; give another with --conf): %s\n", base.conf.c_str(),
+                  base.origin.c_str(), err.c_str());
       return kPolicyErrorExitStatus;
     }
   }
@@ -83,26 +84,45 @@ int tune_main(const TuneCliOptions& o) {
   const bool tuned = tune(loaded.prepared, default_search_space(facts, sync_frees), cfg, &result, &error);
   progress.done();
   if (!tuned) {
-    std::fprintf(stderr, "cudapool tune: %s\n", error.c_str());
+    print_error("cudapool tune: %s\n", error.c_str());
     return kPolicyErrorExitStatus;
   }
-  const Candidate& def = result.ranked[result.default_index];
-  // Fidelity: against the base's replay when the base is the recorded policy, else one more.
+  // Fidelity: against the base's replay when the base is the recorded policy, else one more. Its
+  // gap is the replay error: a change that saves less is not told from the replay's own error.
+  Fidelity fid;
   {
+    const Candidate& def = result.ranked[result.default_index];
     BasePolicy under = facts.recorded_policy ? BasePolicy{*facts.recorded_policy, "", true} : base;
+    ReplayConfig rc = cfg.replay;
+    std::string err;
+    const bool under_ok = pool_options_from_conf(under.conf, &rc.pool, &err);
     if (under.recorded && !base.recorded) {
-      ReplayConfig rc = cfg.replay;
-      std::string err;
-      if (pool_options_from_conf(under.conf, &rc.pool, &err))
-        say(check_fidelity(facts, under, replay_trace(loaded.prepared, rc), mode, o.frees.fence_latency_us).line);
+      if (under_ok)
+        fid = check_fidelity(facts, under, replay_trace(loaded.prepared, rc), mode, o.frees.fence_latency_us);
     } else {
-      say(check_fidelity(facts, under, def.result, mode, o.frees.fence_latency_us).line);
+      fid = check_fidelity(facts, under, def.result, mode, o.frees.fence_latency_us);
+    }
+    if (!fid.line.empty()) say(fid.line);
+    if (under_ok) {
+      const std::string advice = fidelity_advice(loaded.prepared, rc, fid);
+      if (!advice.empty()) say(advice);
     }
   }
+  const std::optional<double> replay_error = fid.compared ? std::optional<double>(std::fabs(fid.gap)) : std::nullopt;
+  apply_replay_error(&result, replay_error);
+  if (replay_error) {
+    char b[200];
+    std::snprintf(b, sizeof b, "replay error: %.1f %% of peak reserved; a change that saves less is not recommended",
+                  *replay_error * 100.0);
+    say(b);
+  } else {
+    say("replay error: unknown (the trace records no peak reserved to compare with); rank with care");
+  }
+  const Candidate& def = result.ranked[result.default_index];
   double def_peak = static_cast<double>(def.result.stats.reserved_bytes[kAll].peak);
   Table t;
-  t.header = {"rank",           "change from the base", "peak reserved", "vs base",
-              "upstream calls", "fragmentation",        "OOMs",          "within bound"};
+  t.header = {"rank", "change from the base", "peak reserved", "vs base", "upstream calls", "fragmentation",
+              "OOMs", "within bound",         "beyond error"};
   for (std::size_t i = 0; i < result.ranked.size() && static_cast<int>(i) < o.top; ++i) {
     const Candidate& c = result.ranked[i];
     const Stats& s = c.result.stats;
@@ -112,7 +132,8 @@ int tune_main(const TuneCliOptions& o) {
     std::snprintf(vs, sizeof vs, "%+.1f %%", def_peak > 0 ? (peak / def_peak - 1.0) * 100.0 : 0.0);
     std::snprintf(frag, sizeof frag, "%.1f %%", fragmentation(alloc, peak) * 100.0);
     t.add({std::to_string(i + 1), c.changes.empty() ? "(base)" : c.changes, format_bytes(peak), vs,
-           std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms), c.feasible ? "yes" : "no"});
+           std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms), c.feasible ? "yes" : "no",
+           c.beyond_error ? "yes" : "no"});
   }
   if (text)
     std::printf(
@@ -128,18 +149,34 @@ int tune_main(const TuneCliOptions& o) {
   if (best.changes.empty())
     say(std::string("recommended: the base policy") +
         (best.conf.empty() ? " (the defaults)" : ": CUDAPOOL_CONF=\"" + best.conf + "\"") +
-        " (no searched policy lowers peak reserved within the bound)");
+        (replay_error ? " (no searched policy lowers peak reserved by more than the replay error within the bound)"
+                      : " (no searched policy lowers peak reserved within the bound)"));
   else
     say("recommended: CUDAPOOL_CONF=\"" + best.conf + "\"");
   if (!o.json.empty()) {
     std::string j = "{\n  \"base\": " + json_string(base.conf) + ",\n  \"recommended\": " + json_string(best.conf) +
-                    ",\n  \"changes\": " + json_string(best.changes) + ",\n  \"why\": [";
+                    ",\n  \"changes\": " + json_string(best.changes) +
+                    ",\n  \"replay_error\": " + (replay_error ? json_number(*replay_error) : std::string("null")) +
+                    ",\n  \"why\": [";
     for (std::size_t i = 0; i < why.size(); ++i) j += (i ? ", " : "") + json_string(why[i]);
-    j += "],\n  \"table\": " + t.to_json() + "}\n";
-    if (o.json == "-")
-      std::fputs(j.c_str(), stdout);
-    else if (!write_text_file(o.json, j, "cudapool tune"))
-      return kExitNoInput;
+    j += "],\n  \"candidates\": [";
+    for (std::size_t i = 0; i < result.ranked.size() && static_cast<int>(i) < o.top; ++i) {
+      const Candidate& c = result.ranked[i];
+      const Stats& s = c.result.stats;
+      const double peak = static_cast<double>(s.reserved_bytes[kAll].peak);
+      j += std::string(i ? ",\n    " : "\n    ") + "{\"rank\": " + std::to_string(i + 1) +
+           ", \"changes\": " + json_string(c.changes) + ", \"conf\": " + json_string(c.conf) +
+           ", \"peak_reserved_bytes\": " + std::to_string(s.reserved_bytes[kAll].peak) +
+           ", \"peak_allocated_bytes\": " + std::to_string(s.allocated_bytes[kAll].peak) +
+           ", \"vs_base\": " + json_number(def_peak > 0 ? peak / def_peak - 1.0 : 0.0) +
+           ", \"upstream_calls\": " + std::to_string(upstream_calls(s)) +
+           ", \"fence_waits\": " + std::to_string(s.fence_waits) + ", \"fragmentation\": " +
+           json_number(fragmentation(static_cast<double>(s.allocated_bytes[kAll].peak), peak)) +
+           ", \"ooms\": " + std::to_string(s.num_ooms) + ", \"within_bound\": " + (c.feasible ? "true" : "false") +
+           ", \"beyond_replay_error\": " + (c.beyond_error ? "true" : "false") + "}";
+    }
+    j += "\n  ]\n}\n";
+    if (!emit_json(o.json, j, "cudapool tune")) return kExitNoInput;
   }
   return 0;
 }

@@ -19,7 +19,11 @@ BasePolicy choose_base_policy(const TraceFacts& facts, const std::optional<std::
     return {conf, "from $CUDAPOOL_CONF",
             facts.recorded_policy && canonical_conf(conf) == canonical_conf(*facts.recorded_policy)};
   }
-  if (facts.recorded_policy) return {*facts.recorded_policy, "from the trace's policy row", true};
+  if (facts.recorded_policy)
+    return {*facts.recorded_policy,
+            facts.policy_assumed ? "assumed: the trace records no policy; its segment rows show expandable_segments"
+                                 : "from the trace's policy row",
+            true};
   return {"", "the trace records no policy", false};
 }
 
@@ -68,7 +72,7 @@ Fidelity check_fidelity(const TraceFacts& f, const BasePolicy& base, const Repla
   out.gap = got / rec - 1.0;
   out.within = std::fabs(out.gap) <= kFidelityTolerance;
   char buf[600];
-  std::string under = base.recorded ? "the recorded policy"
+  std::string under = base.recorded ? (f.policy_assumed ? "the assumed policy" : "the recorded policy")
                                     : (base.conf.empty() ? "the defaults" : "'" + base.conf + "'");
   std::snprintf(buf, sizeof buf,
                 "fidelity: under %s the replay peaks at %s reserved, the trace recorded %s (%+.1f %%): %s",
@@ -81,19 +85,90 @@ Fidelity check_fidelity(const TraceFacts& f, const BasePolicy& base, const Repla
   auto add = [&](const std::string& s) { why += (why.empty() ? "" : "; ") + s; };
   if (!f.recorded_policy)
     add("the trace records no policy, so the recorded peak may be another policy's");
+  else if (f.policy_assumed)
+    add("the trace records no policy; only expandable_segments could be read from its rows");
   else if (!base.recorded)
     add("the replayed policy is not the recorded one (" + *f.recorded_policy + ")");
   if (mode == FreeMode::recorded && f.unknown_frees > 0)
-    add("the trace does not say which call freed, so frees replayed as cudaFreeAsync (try --free-as sync)");
+    add("the trace does not say which call freed, so frees replayed as cudaFreeAsync");
   if (mode != FreeMode::recorded && f.sync_frees + f.async_frees > 0)
     add("--free-as overrides the recorded free calls");
+  if (!f.rmm_only && !f.device_facts) add("the trace does not record the device's page size (2 MiB assumed)");
+  if (!f.unit_mismatches.empty()) add("the recording pool's allocation units differ from this build's");
   if (f.upstream_durations)
     add(std::string("recorded on a real GPU: when each fence completed is not in the trace") +
-        (fence_latency_us == 0 ? " (try --fence-latency-us 100 or 1000)" : ""));
+        (fence_latency_us == 0 ? " (the replay's fences complete by the next call)" : ""));
   if (f.threads > 1) add("the program allocated from " + std::to_string(f.threads) + " threads, the replay uses one");
   if (!out.within && why.empty()) add("the pool's placement rules changed since the trace was recorded");
   if (!why.empty() && (!out.within || !base.recorded)) out.line += "\n  why it may differ: " + why;
   return out;
+}
+
+}  // namespace cudapool::tools
+
+namespace cudapool::tools {
+
+std::string fidelity_advice(const PreparedTrace& trace, const ReplayConfig& config, const Fidelity& fidelity) {
+  if (!fidelity.compared || fidelity.within) return "";
+  const TraceFacts& f = trace.facts;
+  const double rec = static_cast<double>(*f.recorded_peak_reserved);
+  struct Try {
+    std::string flags;
+    ReplayConfig cfg;
+  };
+  // The replay's own assumptions that a flag can change: how frees replay, and how far the GPU
+  // lagged. Each is tried; only what brings the replay within the tolerance is advised.
+  std::vector<Try> tries;
+  const char* modes[] = {"recorded", "sync", "async"};
+  const FreeMode values[] = {FreeMode::recorded, FreeMode::sync, FreeMode::async};
+  for (int m = 0; m < 3; ++m) {
+    for (double lat : {0.0, 100.0, 1000.0}) {
+      if (values[m] == config.free_mode && static_cast<std::int64_t>(lat * 1000) == config.fence_latency_ns) continue;
+      Try t{"", config};
+      t.cfg.free_mode = values[m];
+      t.cfg.fence_latency_ns = static_cast<std::int64_t>(lat * 1000);
+      if (values[m] != FreeMode::recorded) t.flags = std::string("--free-as ") + modes[m];
+      if (lat > 0) {
+        char b[48];
+        std::snprintf(b, sizeof b, "%s--fence-latency-us %g", t.flags.empty() ? "" : " ", lat);
+        t.flags += b;
+      }
+      if (t.flags.empty()) t.flags = "--free-as recorded --fence-latency-us 0";
+      tries.push_back(std::move(t));
+    }
+  }
+  std::string best_flags;
+  double best_gap = 0;
+  bool found = false;
+  double closest = fidelity.gap;
+  for (const Try& t : tries) {
+    const double got = static_cast<double>(replay_trace(trace, t.cfg).stats.reserved_bytes[kAll].peak);
+    const double gap = got / rec - 1.0;
+    if (std::fabs(gap) < std::fabs(closest)) closest = gap;
+    if (std::fabs(gap) <= kFidelityTolerance && (!found || std::fabs(gap) < std::fabs(best_gap))) {
+      found = true;
+      best_gap = gap;
+      best_flags = t.flags;
+    }
+  }
+  char buf[400];
+  if (found) {
+    std::snprintf(buf, sizeof buf, "  advice: with %s the replay is within 3 %% (%+.1f %%); use it for this trace",
+                  best_flags.c_str(), best_gap * 100.0);
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "  advice: no --free-as or --fence-latency-us setting brings it within 3 %% (closest %+.1f %%); "
+                  "%s",
+                  closest * 100.0,
+                  f.device_facts && f.recorded_policy && !f.policy_assumed ? "read its peaks as the pool's ranking of "
+                                                                             "policies, not as exact figures"
+                                                                           : "record the trace again with this "
+                                                                             "cudapool (it then records its policy, "
+                                                                             "free calls and "
+                                                                             "page size), or give the recording's "
+                                                                             "policy with --conf");
+  }
+  return buf;
 }
 
 }  // namespace cudapool::tools

@@ -41,4 +41,10 @@ struct Fidelity {
 Fidelity check_fidelity(const TraceFacts& facts, const BasePolicy& base, const ReplayResult& replayed, FreeMode mode,
                         double fence_latency_us);
 
+// When `fidelity` is outside the tolerance: replays `trace` under `config` (the compared replay's
+// policy and flags) with the other --free-as and --fence-latency-us settings, and returns one
+// "  advice: …" line: the setting that brings the replay within the tolerance, or that none
+// does and what to do instead. "" when within (or nothing was compared).
+std::string fidelity_advice(const PreparedTrace& trace, const ReplayConfig& config, const Fidelity& fidelity);
+
 }  // namespace cudapool::tools

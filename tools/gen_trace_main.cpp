@@ -7,6 +7,7 @@
 #include "config/version.h"
 #include "tools/cli_io.h"
 #include "tools/policies.h"
+#include "tools/sim_device.h"
 #include "tools/synth.h"
 #include "tools/units.h"
 
@@ -52,7 +53,11 @@ int main(int argc, char** argv) {
   policy_row.action = TraceAction::policy;
   policy_row.detail = TraceDetail::policy;
   f += format_trace_row(policy_row, to_conf_string(policy)) + "\n";
-  for (const auto& row : r.rows) f += format_trace_row(row) + "\n";
+  // The device row says what a replay needs to map pages as this device did: the simulated
+  // device's page size and the pool's allocation units.
+  for (const auto& row : r.rows)
+    f += format_trace_row(row, row.detail == TraceDetail::device_facts ? device_facts_text(kSimGranularity) : "") +
+         "\n";
   if (!write_text_file(out, f, "cudapool-gen-trace")) return 1;
   std::fprintf(stderr, "cudapool-gen-trace: %zu rows to %s (%d failed allocations)\n", r.rows.size(), out.c_str(),
                r.failed_allocations);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "config/version.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
 
 using namespace cudapool::tools;
@@ -41,12 +42,20 @@ int main(int argc, char** argv) {
   add_top_command(app, &exit_status);
   // `cudapool replay --version` answers as `cudapool --version` does.
   for (CLI::App* sub : app.get_subcommands({})) sub->set_version_flag("-V,--version", version);
+  // With --json, a failure is JSON too (tools/cli_io.h): usage errors included.
+  const std::string json = json_flag(parsed_argc, argv);
   try {
     app.parse(parsed_argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     // --help is success; every other parse error is a usage error with one status.
+    if (rc != 0) {
+      const std::string sub = argc > 1 ? argv[1] : "";
+      remember_error(std::string("cudapool") + (sub.empty() ? "" : " ") + sub + ": " + e.what());
+      finish_json(json, kExitUsage);
+    }
     return rc == 0 ? 0 : kExitUsage;
   }
+  finish_json(json, exit_status);
   return exit_status;
 }

@@ -45,8 +45,19 @@ INSTALL_BINS += $(CUDAPOOL_BIN) $(GEN_TRACE_BIN)
 # The demo on the sample traces (no GPU needed): `make demo` builds the programs, then runs this.
 TOOLS_DEMO_DIR := $(BUILD)/demo
 .PHONY: tools-demo
+# The sample traces the project ships; the demo first checks that each replays within 3 % of
+# its recorded peak reserved (the gzipped one is unpacked into the build tree first).
+TOOLS_SAMPLE_TRACES := $(sort $(wildcard tests/traces/*.csv))
+TOOLS_SAMPLE_TRACES_GZ := $(sort $(wildcard tests/traces/*.csv.gz))
 tools-demo: $(CUDAPOOL_BIN)
 	@mkdir -p $(TOOLS_DEMO_DIR)
+	@echo; echo "== cudapool replay --check: does a replay reproduce each sample trace's recorded peak?"
+	@set -e; failed=0; \
+	for gz in $(TOOLS_SAMPLE_TRACES_GZ); do zcat $$gz > $(TOOLS_DEMO_DIR)/$$(basename $$gz .gz); done; \
+	for t in $(TOOLS_SAMPLE_TRACES) $(patsubst tests/traces/%.gz,$(TOOLS_DEMO_DIR)/%,$(TOOLS_SAMPLE_TRACES_GZ)); do \
+	  printf '%s: ' $$t; $(CUDAPOOL_BIN) replay --check --quiet $$t 2>/dev/null || failed=1; done; \
+	if [ $$failed = 0 ]; then echo "every sample trace replays within 3 % of its recorded peak (or records none to compare)"; \
+	else echo "a sample trace is NOT within 3 % (above)"; exit 1; fi
 	@echo; echo "== cudapool replay: a training trace under two policies (simulated 16 GiB device)"
 	$(CUDAPOOL_BIN) replay tests/traces/train.csv --conf "" --conf "max_split_size_mb:256"
 	@echo; echo "== cudapool replay --sweep: one key, several values, on a serving trace"

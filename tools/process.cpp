@@ -1,12 +1,14 @@
 #include "tools/process.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 extern char** environ;
@@ -109,6 +111,52 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
     result.exit_status = WEXITSTATUS(status);
   }
   return result;
+}
+
+std::string check_program(const std::string& argv0, int* status) {
+  auto usable = [](const std::string& path, std::string* why) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      *why = "no such file";
+      return 127;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      *why = "is a directory";
+      return 126;
+    }
+    if (::access(path.c_str(), X_OK) != 0) {
+      *why = "not executable";
+      return 126;
+    }
+    return 0;
+  };
+  std::string why;
+  if (argv0.empty()) {
+    *status = 127;
+    return "an empty command";
+  }
+  if (argv0.find('/') != std::string::npos) {
+    *status = usable(argv0, &why);
+    return *status == 0 ? "" : "'" + argv0 + "': " + why;
+  }
+  const char* path_env = std::getenv("PATH");
+  const std::string path = path_env != nullptr ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  int best = 127;
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    std::size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string dir = end > start ? path.substr(start, end - start) : ".";
+    const int st = usable(dir + "/" + argv0, &why);
+    if (st == 0) {
+      *status = 0;
+      return "";
+    }
+    if (st == 126) best = 126;
+    start = end + 1;
+  }
+  *status = best;
+  return "'" + argv0 + "': " + (best == 127 ? "not found in PATH" : "found in PATH but not executable");
 }
 
 }  // namespace cudapool::tools

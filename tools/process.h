@@ -17,6 +17,10 @@ std::vector<std::string> build_environment(const EnvChanges& changes);
 // after printing why to stderr.
 int exec_replace(const std::vector<std::string>& argv, const std::vector<std::string>& env);
 
+// Whether argv0 can be started as execvp would find it (a path with '/', else searched in PATH):
+// "" when it can; else why not, with *status the shell's 127 (not found) or 126 (not executable).
+std::string check_program(const std::string& argv0, int* status);
+
 struct ChildResult {
   bool started = false;  // false: exec failed (exit_status is then 126/127)
   int exit_status = 0;   // the child's exit status, or 128 + signal when killed by one

@@ -73,7 +73,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         allocated += r.size;
         f.recorded_peak_allocated = std::max(f.recorded_peak_allocated, allocated);
         f.largest_allocation = std::max(f.largest_allocation, r.requested);
-        out.ops.push_back({ReplayOp::allocate, slot, r.requested, r.stream, r.time_ns});
+        out.ops.push_back({ReplayOp::allocate, slot, r.requested, r.stream, r.time_ns, TraceDetail::none, r.site});
         ++f.allocations;
         streams.insert(r.stream);
         break;
@@ -106,6 +106,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         break;
       case TraceAction::segment_alloc:
       case TraceAction::segment_map:
+        (r.action == TraceAction::segment_map ? f.expandable_rows : f.classic_rows) = true;
         saw_segments = true;
         reserved = add_bytes(reserved, r.size);
         peak_reserved = std::max(peak_reserved, reserved);
@@ -183,12 +184,14 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   ReplayResult res;
   res.device_memory = config.device_memory ? *config.device_memory
                                            : trace.facts.device_memory.value_or(kUnknownDeviceMemory);
-  SimUpstream upstream(res.device_memory);
+  SimUpstream upstream(res.device_memory,
+                       config.granularity.value_or(trace.facts.granularity.value_or(kAssumedGranularity)));
   SimFences fences(config.fence_latency_ns, trace.facts.legacy_order_only);
   std::int64_t now = trace.facts.start_ns;
   RowSink collector(&res.rows, &now);
   TraceClock clock(&now);
   std::vector<void*> slots(trace.slots, nullptr);
+  std::vector<std::uint32_t> slot_sites;  // call site per slot, when the trace has any
   auto start = std::chrono::steady_clock::now();
   const bool counting = config.track_peak || config.snapshot_after_op;
   CountingSink counter(config.collect_rows ? &collector : nullptr);
@@ -202,11 +205,23 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
       now = op.time_ns;
       switch (op.kind) {
         case ReplayOp::allocate: {
+          const std::size_t before = res.rows.size();
           AllocResult a = pool.allocate(op.size, op.stream);
           if (a.status == AllocStatus::ok)
             slots[op.slot] = a.ptr;
           else
             ++res.failed_allocations;
+          if (op.site != 0 && a.status == AllocStatus::ok) {
+            if (slot_sites.empty()) slot_sites.resize(trace.slots, 0);
+            slot_sites[op.slot] = op.site;
+            // The collected allocate row is this allocation's: it gets the call site too.
+            for (std::size_t i = res.rows.size(); i > before; --i)
+              if (res.rows[i - 1].action == TraceAction::allocate &&
+                  res.rows[i - 1].ptr == reinterpret_cast<std::uintptr_t>(a.ptr)) {
+                res.rows[i - 1].site = op.site;
+                break;
+              }
+          }
           break;
         }
         case ReplayOp::free: {
@@ -239,6 +254,9 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
       }
       if (config.snapshot_after_op && *config.snapshot_after_op == done) {
         res.snapshot = pool.snapshot();
+        for (std::size_t i = 0; i < slot_sites.size(); ++i)
+          if (slot_sites[i] != 0 && slots[i] != nullptr)
+            res.block_sites[reinterpret_cast<std::uintptr_t>(slots[i])] = slot_sites[i];
         counter.stop_forwarding();  // the rows end where the snapshot is taken
       }
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "allocator/options.h"
@@ -23,6 +24,7 @@ struct ReplayOp {
   std::uintptr_t stream;
   std::int64_t time_ns;
   TraceDetail detail = TraceDetail::none;  // free: the recorded call (free_sync / free_async / none)
+  std::uint32_t site = 0;                  // allocate: TraceRow::site (PreparedTrace::sites)
 };
 
 // What the trace itself says, before any replay.
@@ -52,12 +54,22 @@ struct TraceFacts {
   std::optional<std::string> recorded_policy;  // the trace's policy row (set by load_trace)
   std::size_t threads = 0;                     // distinct Thread values on the replayed device's rows
   bool upstream_durations = false;             // segment rows carry driver times: recorded on a real GPU
+  bool expandable_rows = false;                // segment_map/segment_unmap rows: expandable segments
+  bool classic_rows = false;                   // segment_alloc/segment_free rows: classic segments
+  // From the device row's facts (set by load_trace): the recording driver's page size for
+  // expandable segments, and the allocation units of the recording pool that differ from this
+  // build's ("small_buffer 2097152 (here 4194304)"). Older traces have no facts.
+  bool device_facts = false;
+  std::optional<std::size_t> granularity;
+  std::vector<std::string> unit_mismatches;
+  bool policy_assumed = false;  // recorded_policy was inferred from the rows (no policy row)
 };
 
 struct PreparedTrace {
   std::vector<ReplayOp> ops;
   std::uint32_t slots = 0;
   TraceFacts facts;
+  std::vector<std::string> sites;  // the trace's call sites (TraceMeta::sites; set by load_trace)
 };
 
 // Chooses the device (`device` < 0: the one with the most allocations) and builds the ops.
@@ -70,9 +82,14 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device = -1);
 // what an RMM log means. `async` and `sync` replay every free one way, whatever the trace says.
 enum class FreeMode : std::uint8_t { recorded, async, sync };
 
+// The page size assumed for expandable segments when the trace does not record one (what
+// datacenter GPUs report; the generator's simulated device uses it too).
+inline constexpr std::size_t kAssumedGranularity = std::size_t{2} << 20;
+
 struct ReplayConfig {
   PoolOptions pool;
   std::optional<std::size_t> device_memory;  // default: the trace's, else kUnknownDeviceMemory
+  std::optional<std::size_t> granularity;    // default: the trace's, else kAssumedGranularity
   std::int64_t fence_latency_ns = 0;
   FreeMode free_mode = FreeMode::recorded;
   bool collect_rows = false;  // keep the pool's own events as trace rows (for report)
@@ -103,7 +120,9 @@ struct ReplayResult {
   std::uint64_t device_calls = 0;    // as the simulated device counted them (equal to the above)
   std::vector<TraceRow> rows;        // when collect_rows
   std::optional<Snapshot> snapshot;  // when snapshot_after_op
-  std::size_t peak_op = 0;           // when track_peak
+  // With the snapshot: the call site (ReplayOp::site) of each live block, by its address.
+  std::unordered_map<std::uintptr_t, std::uint32_t> block_sites;
+  std::size_t peak_op = 0;  // when track_peak
 };
 
 // The index of the last op at or before `ns_since_start` of trace time (0 when none is).

@@ -12,11 +12,14 @@
 
 namespace cudapool::tools {
 
+// The simulated device's page size for expandable segments (what datacenter GPUs report).
+inline constexpr std::size_t kSimGranularity = std::size_t{2} << 20;
+
 class SimUpstream : public Upstream {
  public:
   // `total_bytes`: the device's memory; allocations beyond it fail with out_of_memory.
   // `granularity`: page size for expandable segments (0 = expandable unsupported).
-  explicit SimUpstream(std::size_t total_bytes, std::size_t granularity = 2 * 1024 * 1024);
+  explicit SimUpstream(std::size_t total_bytes, std::size_t granularity = kSimGranularity);
 
   UpstreamStatus allocate(std::size_t bytes, void** out) override;
   void release(void* base, std::size_t bytes) override;

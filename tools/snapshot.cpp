@@ -8,10 +8,37 @@
 namespace cudapool::tools {
 namespace {
 
+// PyTorch's frames: a list of {"filename", "line", "name"}, innermost first. A recorded call site
+// ("module+0xoffset symbol;…", telemetry/trace.h) gives one per frame: filename the module and
+// offset (what addr2line takes), name the symbol where the module exports one, line 0 (a trace
+// has no debug information). No site: an empty list, as PyTorch writes without context.
+void frames(PickleWriter& w, const std::string* site) {
+  w.begin_list();
+  if (site != nullptr) {
+    std::size_t start = 0;
+    while (start < site->size()) {
+      std::size_t end = site->find(';', start);
+      if (end == std::string::npos) end = site->size();
+      const std::string frame = site->substr(start, end - start);
+      const std::size_t space = frame.find(' ');
+      w.begin_dict();
+      w.key("filename");
+      w.str(frame.substr(0, space));
+      w.key("line");
+      w.integer(0);
+      w.key("name");
+      w.str(space == std::string::npos ? "??" : frame.substr(space + 1));
+      w.end();
+      start = end + 1;
+    }
+  }
+  w.end();
+}
+
 // One device_traces entry. PyTorch's fields: action, addr, size, stream, time_us, frames,
 // compile_context and user_metadata (the last two empty here: a trace has neither).
 void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
-                 std::int64_t time_ns, const std::int64_t* device_free = nullptr) {
+                 std::int64_t time_ns, const std::int64_t* device_free = nullptr, const std::string* site = nullptr) {
   w.begin_dict();
   w.key("action");
   w.str(action);
@@ -24,8 +51,7 @@ void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::
   w.key("time_us");
   w.integer(time_ns / 1000);
   w.key("frames");
-  w.begin_list();
-  w.end();
+  frames(w, site);
   w.key("compile_context");
   w.str("N/A");
   w.key("user_metadata");
@@ -41,11 +67,15 @@ void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::
 
 std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& rows, int device,
                             std::size_t device_memory, const std::string& conf, const PoolOptions& options,
-                            SnapshotFigures* figures) {
+                            SnapshotFigures* figures, const std::vector<std::string>* sites,
+                            const std::unordered_map<std::uintptr_t, std::uint32_t>* block_sites) {
+  auto site_of = [&](std::uint32_t id) -> const std::string* {
+    return sites != nullptr && id != 0 && id <= sites->size() ? &(*sites)[id - 1] : nullptr;
+  };
   SnapshotFigures fig = figures ? *figures : SnapshotFigures{};
   fig.segments = snap.segments.size();
   fig.reserved = fig.allocated = fig.requested = 0;
-  fig.blocks = fig.active_blocks = fig.events = 0;
+  fig.blocks = fig.active_blocks = fig.events = fig.blocks_with_frames = 0;
   PickleWriter w;
   w.begin_dict();
   w.key("segments");
@@ -95,9 +125,12 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
       w.uinteger(b.requested_size);
       w.key("state");
       w.str(to_string(b.state));
-      w.key("frames");
-      w.begin_list();
-      w.end();
+      w.key("frames");  // where the live block was allocated, when the trace says
+      const std::string* site = nullptr;
+      if (block_sites != nullptr && b.state == BlockState::active_allocated)
+        if (auto it = block_sites->find(b.address); it != block_sites->end()) site = site_of(it->second);
+      if (site != nullptr) ++fig.blocks_with_frames;
+      frames(w, site);
       w.end();
     }
     w.end();
@@ -121,7 +154,7 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
     if (r.device != device) continue;
     switch (r.action) {
       case TraceAction::allocate:
-        trace_entry(w, "alloc", r.ptr, r.requested, r.stream, r.time_ns);
+        trace_entry(w, "alloc", r.ptr, r.requested, r.stream, r.time_ns, nullptr, site_of(r.site));
         ++fig.events;
         break;
       case TraceAction::free:
@@ -201,7 +234,7 @@ std::string snapshot_from_replay(const PreparedTrace& trace, const ReplayConfig&
   take.snapshot_after_op = fig.op;
   ReplayResult r = replay_trace(trace, take);
   std::string out = snapshot_pickle(r.snapshot.value_or(Snapshot{}), r.rows, trace.facts.device, r.device_memory, conf,
-                                    config.pool, &fig);
+                                    config.pool, &fig, &trace.sites, &r.block_sites);
   if (figures) *figures = fig;
   return out;
 }

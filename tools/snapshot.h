@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "allocator/stats.h"
@@ -24,14 +25,18 @@ struct SnapshotFigures {
   std::uint64_t allocated = 0;  // sum of allocated_size
   std::uint64_t requested = 0;  // sum of requested_size
   std::size_t blocks = 0, active_blocks = 0;
-  std::size_t events = 0;  // device_traces entries
+  std::size_t events = 0;              // device_traces entries
+  std::size_t blocks_with_frames = 0;  // active blocks whose frames name their call site
 };
 
 // The pickle of `snapshot` with `rows` (the pool's events up to it) as device `device`'s trace.
 // `conf` and `options` fill allocator_settings.
+// With `sites` (the trace's call sites) the alloc entries of `rows` with a site, and the active
+// blocks that `block_sites` maps to one, get frames naming it.
 std::string snapshot_pickle(const Snapshot& snapshot, const std::vector<TraceRow>& rows, int device,
                             std::size_t device_memory, const std::string& conf, const PoolOptions& options,
-                            SnapshotFigures* figures);
+                            SnapshotFigures* figures, const std::vector<std::string>* sites = nullptr,
+                            const std::unordered_map<std::uintptr_t, std::uint32_t>* block_sites = nullptr);
 
 // Replays `trace` under `config` up to the moment (the peak reserved, or `at_ns` of trace time
 // since its start) and builds the pickle there. `conf` is the policy string config was made from.

@@ -181,8 +181,10 @@ bool synthesize_trace(const SynthOptions& o, const PoolOptions& pool_options, Sy
   dev.time_ns = now;
   dev.action = TraceAction::device;
   dev.size = o.device_memory;
+  dev.requested = o.device_memory;
+  dev.detail = TraceDetail::device_facts;  // the text: device_facts_text(kSimGranularity)
   out->rows.push_back(dev);
-  SimUpstream upstream(o.device_memory);
+  SimUpstream upstream(o.device_memory, kSimGranularity);
   SimFences fences;
   RowSink sink(&out->rows, &now);
   TraceClock clock(&now);

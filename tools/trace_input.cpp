@@ -4,8 +4,13 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <charconv>
+
+#include "allocator/types.h"
 #include "config/policy.h"
+#include "tools/cli_io.h"
 #include "tools/commands.h"
+#include "tools/policies.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
@@ -28,31 +33,80 @@ std::optional<std::string> recorded_policy(const std::optional<std::string>& row
   return kept.conf;
 }
 
+// The device row's facts ("granularity:N,min_block:512,…"): the granularity into *facts, and
+// every allocation unit that differs from this build's (a replay cannot change those).
+void apply_device_facts(const std::string& text, TraceFacts* facts) {
+  facts->device_facts = true;
+  const std::pair<const char*, std::size_t> units[] = {
+      {"min_block", kMinBlockSize},        {"small_size", kSmallSize},     {"small_buffer", kSmallBuffer},
+      {"min_large_alloc", kMinLargeAlloc}, {"large_buffer", kLargeBuffer}, {"round_large", kRoundLarge}};
+  for (const std::string& part : split_conf(text)) {
+    const auto colon = part.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = part.substr(0, colon);
+    std::size_t value = 0;
+    const char* v = part.c_str() + colon + 1;
+    auto [end, ec] = std::from_chars(v, part.c_str() + part.size(), value);
+    if (ec != std::errc() || end != part.c_str() + part.size()) continue;
+    if (key == "granularity") facts->granularity = value;
+    for (const auto& [name, here] : units)
+      if (key == name && value != here)
+        facts->unit_mismatches.push_back(key + " " + std::to_string(value) + " (here " + std::to_string(here) + ")");
+  }
+}
+
 }  // namespace
 
 int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    std::fprintf(stderr, "%s: cannot open trace '%s': %s\n", who, path.c_str(),
-                 std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
+    print_error("%s: cannot open trace '%s': %s\n", who, path.c_str(),
+                std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
     return kExitNoInput;
   }
   auto start = std::chrono::steady_clock::now();
   std::string error;
   TraceMeta meta;
   if (!read_trace_file(path, &out->rows, &error, &meta)) {
-    std::fprintf(stderr, "%s: %s\n", who, error.c_str());
+    print_error("%s: %s\n", who, error.c_str());
     return kExitBadInput;
   }
   auto parsed = std::chrono::steady_clock::now();
   out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
   out->prepared = prepare_trace(out->rows, device);
-  out->prepared.facts.recorded_policy = recorded_policy(meta.policy, who);
+  TraceFacts& facts = out->prepared.facts;
+  out->prepared.sites = std::move(meta.sites);
+  facts.recorded_policy = recorded_policy(meta.policy, who);
   out->columns = meta.columns;
+  if (!meta.warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", who, meta.warning.c_str());
+  // What a faithful replay needs that older traces lack: say what is assumed instead.
+  if (auto it = meta.device_facts.find(facts.device); it != meta.device_facts.end())
+    apply_device_facts(it->second, &facts);
+  if (!facts.unit_mismatches.empty()) {
+    std::string list;
+    for (const auto& m : facts.unit_mismatches) list += (list.empty() ? "" : ", ") + m;
+    std::fprintf(stderr,
+                 "%s: warning: the trace was recorded by a pool with other allocation units (%s); this build "
+                 "replays with its own, so the peaks may differ\n",
+                 who, list.c_str());
+  }
+  if (!facts.rmm_only && !facts.device_facts)
+    std::fprintf(stderr,
+                 "%s: warning: the trace does not record the device's page size or the pool's allocation units "
+                 "(written by an older cudapool); assuming %zu MiB pages and this build's units\n",
+                 who, kAssumedGranularity >> 20);
+  if (!facts.rmm_only && !meta.policy && (facts.classic_rows != facts.expandable_rows)) {
+    // No policy row: whether segments were expandable shows in the rows themselves.
+    facts.recorded_policy = facts.expandable_rows ? "expandable_segments:True" : "expandable_segments:False";
+    facts.policy_assumed = true;
+    std::fprintf(stderr,
+                 "%s: warning: the trace records no policy (written by an older cudapool); assuming the defaults "
+                 "with %s, as its segment rows show\n",
+                 who, facts.recorded_policy->c_str());
+  }
   out->prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - parsed).count();
   if (out->prepared.facts.allocations == 0) {
-    std::fprintf(stderr, "%s: %s: no allocation to replay%s\n", who, path.c_str(),
-                 device >= 0 ? " on that device" : "");
+    print_error("%s: %s: no allocation to replay%s\n", who, path.c_str(), device >= 0 ? " on that device" : "");
     return kExitBadInput;
   }
   return 0;

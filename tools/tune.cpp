@@ -184,6 +184,22 @@ bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const T
   return true;
 }
 
+void apply_replay_error(TuneResult* r, std::optional<double> error) {
+  r->replay_error = error;
+  if (!error || r->ranked.empty()) return;
+  const double base_peak = static_cast<double>(r->ranked[r->default_index].result.stats.reserved_bytes[kAll].peak);
+  for (Candidate& c : r->ranked) {
+    const double peak = static_cast<double>(c.result.stats.reserved_bytes[kAll].peak);
+    // (with a margin for rounding: a saving equal to the error is inside it)
+    c.beyond_error = c.changes.empty() || (base_peak > 0 && 1.0 - peak / base_peak > *error + 1e-12);
+  }
+  // Feasible and beyond the error first (the base among them), in their order; then the rest.
+  std::stable_partition(r->ranked.begin(), r->ranked.end(),
+                        [](const Candidate& c) { return c.feasible && c.beyond_error; });
+  for (std::size_t i = 0; i < r->ranked.size(); ++i)
+    if (r->ranked[i].changes.empty()) r->default_index = i;
+}
+
 std::vector<std::string> explain_pick(const TuneResult& r) {
   std::vector<std::string> lines;
   if (r.ranked.empty()) return lines;
@@ -203,7 +219,13 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
   };
   const std::string name = pick.changes.empty() ? "the base policy" : pick.changes;
   if (pick.changes.empty()) {
-    lines.push_back("why: nothing searched lowers peak reserved within the bound; the base: " + numbers(base));
+    std::string within = "within the bound";
+    if (r.replay_error) {
+      std::snprintf(buf, sizeof buf, "by more than the replay error (%.1f %%) within the bound",
+                    *r.replay_error * 100.0);
+      within = buf;
+    }
+    lines.push_back("why: nothing searched lowers peak reserved " + within + "; the base: " + numbers(base));
   } else {
     std::snprintf(buf, sizeof buf,
                   "why: %s saves %s of peak reserved (%+.1f %%) against the base, for %+lld upstream calls and "
@@ -222,7 +244,11 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
   if (r.ranked.size() > 1) {
     const Candidate& ru = r.ranked[1];
     std::string why;
-    if (!ru.feasible && pick.feasible) {
+    if (ru.feasible && !ru.beyond_error && r.replay_error) {
+      std::snprintf(buf, sizeof buf, "its saving (%.1f %%) is inside the replay error (%.1f %%)",
+                    -pct(peak(ru), peak(base)), *r.replay_error * 100.0);
+      why = buf;
+    } else if (!ru.feasible && pick.feasible) {
       why = ru.result.stats.num_ooms > base.result.stats.num_ooms ? "more OOMs than the base"
                                                                   : "over the bound on upstream calls";
     } else if (peak(ru) != peak(pick)) {

@@ -3,6 +3,7 @@
 // no more OOMs than it. Ties go to fewer upstream calls, then to fewer changed keys.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,12 +34,18 @@ struct Candidate {
   int changed_keys = 0;
   ReplayResult result;
   bool feasible = false;
+  // It saves more peak reserved against the base than the replay is off from the recording (the
+  // base itself always is): only such a candidate is recommended.
+  bool beyond_error = true;
 };
 
 struct TuneResult {
   std::vector<Candidate> ranked;  // best first; ranked[0] is the recommendation when feasible
   std::size_t default_index = 0;  // where the base policy landed in `ranked`
   double call_limit = 0;          // the bound in upstream calls
+  // |replayed / recorded - 1| of peak reserved under the recorded policy (apply_replay_error);
+  // unknown for a trace that records no peak (an allocation log).
+  std::optional<double> replay_error;
 };
 
 struct TuneConfig {
@@ -55,6 +62,11 @@ struct TuneConfig {
 // false with *error when a candidate string is rejected by config/ (the base, or a bug in the space).
 bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const TuneConfig& config, TuneResult* out,
           std::string* error);
+
+// Marks the candidates whose saving against the base is not more than `error` (a fraction of the
+// base's peak reserved) and ranks them after every feasible candidate beyond it, so that
+// ranked[0] is never a change the replay cannot tell from noise. nullopt: unknown, nothing moves.
+void apply_replay_error(TuneResult* result, std::optional<double> error);
 
 // The reasons for the pick, in numbers: its trade-off against the base, the runner-up and why it
 // ranks lower, and what each changed key of the pick is worth (from replays already made). Lines

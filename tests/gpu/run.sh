@@ -11,7 +11,7 @@
 # Knobs: GPU_SUITE_BUDGET_S (default 540: a run's time limit shrinks to what is left of it, and
 # runs with under 10 s left are skipped and reported as MISS), LAT_REPS / TORCH_REPS (default 3:
 # processes per latency mode / per timed PyTorch mode, interleaved; the best counts),
-# TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: CHANGELOG.md),
+# TORCH_D_MODEL (default 2048; 512 makes the step almost all host time: docs/history.md),
 # TORCH_PIN_CPU (default 2: the CPU the PyTorch training processes are pinned to; "none"),
 # CNN_REPS (default 3: interleaved processes per mode of the CPU-bound PyTorch workloads),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),

@@ -41,7 +41,7 @@ time.sleep(40)
   for _ in $(seq 1 600); do [ -f "$OUT/jax.ready" ] && break; sleep 0.1; done
   [ -f "$OUT/jax.ready" ] || { echo "JAX never got ready (see $OUT/jax.log)"; kill $jax_pid; return 1; }
   sleep 0.6  # two publications of its stats record
-  "$REPO/build/release/cudapool" top --once --json >"$OUT/top.json" 2>"$OUT/top.err"
+  "$REPO/build/release/cudapool" top --once --json - >"$OUT/top.json" 2>"$OUT/top.err"
   # The PyTorch member, without PyTorch's cache: asks for SIZE_GIB at once, prints ok or oom.
   local left
   left=$(python3 - "$OUT/top.json" "$BUDGET_GIB" <<'PY'

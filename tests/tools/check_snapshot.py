@@ -37,7 +37,7 @@ def fields(d, spec, where):
 
 def check(snap):
     fields(snap, {"segments": list, "device_traces": list, "external_annotations": list}, "snapshot")
-    figures = {"segments": 0, "reserved": 0, "allocated": 0, "requested": 0, "blocks": 0, "active": 0}
+    figures = {"segments": 0, "reserved": 0, "allocated": 0, "requested": 0, "blocks": 0, "active": 0, "framed": 0}
     live_blocks = set()
     for i, s in enumerate(snap["segments"]):
         where = f"segments[{i}]"
@@ -54,7 +54,12 @@ def check(snap):
             need(b["address"] == at, f"{bw} starts at {b['address']:#x}, the previous block ends at {at:#x}")
             need(b["size"] > 0, f"{bw} is empty")
             at += b["size"]
+            for k, fr in enumerate(b["frames"]):  # PyTorch's frame: filename, line, name
+                fields(fr, {"filename": str, "line": int, "name": str}, f"{bw}.frames[{k}]")
+                need(fr["filename"], f"{bw}.frames[{k}] has no filename")
+            need(not b["frames"] or b["state"] == "active_allocated", f"{bw} is not active but has frames")
             if b["state"] == "active_allocated":
+                figures["framed"] += 1 if b["frames"] else 0
                 need(b["requested_size"] <= b["size"], f"{bw} requested more than its size")
                 alloc += b["size"]
                 live_blocks.add(b["address"])
@@ -109,10 +114,11 @@ def check(snap):
 
 def check_report(figures, text):
     m = re.search(r"^snapshot at [0-9.]+ s \(([^)]*)\): (\d+) segments, (\d+) B reserved, (\d+) B allocated, "
-                  r"(\d+) B requested, (\d+) of (\d+) blocks active, (\d+) trace events$", text, re.M)
+                  r"(\d+) B requested, (\d+) of (\d+) blocks active, (\d+) trace events, "
+                  r"(\d+) active blocks with call sites$", text, re.M)
     need(m, "the report output has no 'snapshot at …' line")
     said = dict(segments=int(m[2]), reserved=int(m[3]), allocated=int(m[4]), requested=int(m[5]),
-                active=int(m[6]), blocks=int(m[7]), events=int(m[8]))
+                active=int(m[6]), blocks=int(m[7]), events=int(m[8]), framed=int(m[9]))
     for k, v in said.items():
         need(figures[k] == v, f"report says {v} for {k}, the snapshot has {figures[k]}")
     if m[1] == "the moment of peak reserved":

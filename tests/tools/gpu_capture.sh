@@ -19,19 +19,27 @@ echo "== run: trace and summary of the legacy program (static cudart)"
 $cp run --trace "$out/legacy.csv" --stats "$out/legacy.json" -- "$out/legacy_app" 300
 echo "run exit status: $?"
 ls -l "$out"/legacy.*
-echo "== replay the GPU trace under its own (default) policy"
+echo "== what the trace and summary carry: the driver's page size, a normal exit's status"
+grep -o ',device,.*"granularity:[0-9]*' "$out/legacy.csv" || echo "FAIL: no granularity on the device row"
+grep -q '"exit_status": 0,' "$out/legacy.json" && echo "exit_status 0" || echo "FAIL: exit_status is not 0"
+echo "== replay the GPU trace under its own (default) policy; --check: within 3 % of the recording?"
 $cp replay "$out/legacy.csv"
+$cp replay --check --quiet "$out/legacy.csv"
+echo "replay --check exit status: $?"
 echo "== ab on the GPU"
 $cp ab --a "" --b "max_split_size_mb:64" -n 3 --hide-output --json "$out/ab.json" -- "$out/legacy_app" 300
 echo "ab exit status: $?"
 if python3 -c 'import torch' 2>/dev/null; then
   echo "== PyTorch transformer (no caching in torch: every tensor goes to the pool)"
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $cp run --trace "$out/torch.csv" --stats "$out/torch.json" -- \
-    python3 tests/gpu/torch_train.py --steps 12 --warmup 2 --out "$out/torch_result.json"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $cp run --conf trace_call_sites:True --trace "$out/torch.csv" \
+    --stats "$out/torch.json" -- python3 tests/gpu/torch_train.py --steps 12 --warmup 2 --out "$out/torch_result.json"
   echo "run exit status: $?"
   ls -l "$out"/torch.*
   $cp replay "$out/torch.csv"
-  $cp report "$out/torch.csv" -o "$out/torch.html"
+  $cp replay --check --quiet "$out/torch.csv"
+  echo "replay --check exit status: $?"
+  # Call sites: the snapshot's live blocks name where PyTorch allocated them (memory_viz frames).
+  $cp report "$out/torch.csv" -o "$out/torch.html" --snapshot "$out/torch.pickle"
 else
   echo "torch not importable: no PyTorch trace"
 fi

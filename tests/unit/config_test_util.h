@@ -66,6 +66,7 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.log_file, b.log_file);
   EXPECT_EQ(a.trace_file, b.trace_file);
+  EXPECT_EQ(a.trace_call_sites, b.trace_call_sites);
   EXPECT_EQ(a.stats_file, b.stats_file);
   EXPECT_EQ(a.dump_signal, b.dump_signal);
   EXPECT_EQ(a.expandable_peer_access, b.expandable_peer_access);

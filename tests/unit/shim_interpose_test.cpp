@@ -459,14 +459,23 @@ TEST(Shim, StatsAndTraceFilesAreWritten) {
   }
   EXPECT_NE(json.find("\"backend\": \"native\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"allocation.all.allocated\": 1000"), std::string::npos) << json;
+  // A normal exit reports its status (not -1, "unknown"); no max split is -1, as PyTorch says.
+  EXPECT_NE(json.find("\"exit_status\": 0,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"max_split_size\": -1"), std::string::npos) << json;
   int rows = 0;
+  std::string device_row;
   if (FILE* f = std::fopen(trace.c_str(), "r")) {
     char line[512];
-    while (std::fgets(line, sizeof line, f) != nullptr)
+    while (std::fgets(line, sizeof line, f) != nullptr) {
       if (std::strstr(line, ",allocate,") != nullptr) ++rows;
+      if (std::strstr(line, ",device,") != nullptr) device_row = line;
+    }
     std::fclose(f);
   }
   EXPECT_EQ(rows, 1000);
+  // The device row carries what a replay needs: the driver's page size (the fake driver's is
+  // 4 MiB) and the pool's allocation units.
+  EXPECT_NE(device_row.find(",\"granularity:4194304,min_block:512,"), std::string::npos) << device_row;
   std::remove(stats.c_str());
   std::remove(trace.c_str());
   // The short form: CUDAPOOL_STATS=path.

@@ -336,7 +336,7 @@ TEST_F(Share, LockHeldByAStoppedMemberTimesOut) {
   stop(holder);
 }
 
-// `cudapool top --once --json` lists the live processes with their reserved bytes (and the
+// `cudapool top --once --json -` lists the live processes with their reserved bytes (and the
 // memory a member created itself with cuMemCreate, which the group's ledger counts), drops a
 // killed one and removes its record.
 TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
@@ -346,7 +346,8 @@ TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
   const int bpid = b.pid, cpid = c.pid, vpid = v.pid;
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // two publications
   auto top = [&] {
-    return test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}}, false);
+    return test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json", "-"}, {{"CUDAPOOL_SHM_DIR", dir_}},
+                                false);
   };
   ChildResult t = top();
   ASSERT_EQ(t.exit_status, 0) << t.output;

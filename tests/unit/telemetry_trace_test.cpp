@@ -40,7 +40,7 @@ TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
   std::string err;
   auto w = TraceWriter::open(path.str(), &err);
   ASSERT_TRUE(w) << err;
-  w->note_device(1, 141 * GiB);
+  w->note_device(1, 141 * GiB, 4 * MiB);
   w->on_event(ev(EventKind::segment_alloc, 0x7f0000000000, 2 * MiB, 2 * MiB, 0, 1, 1500));
   w->on_event(ev(EventKind::allocate, 0x7f0000000000, 1024, 1000, 0, 1));
   w->on_event(ev(EventKind::allocate, 0x7f0000000400, 512, 3, 0x2, 1));
@@ -73,6 +73,12 @@ TEST(TelemetryTrace, ScriptedEventsGiveExactRows) {
   const char* details[] = {"", "", "", "", "sync", "async", "", "", "", "non_blocking"};
   const std::int64_t durations[] = {0, 1500, 0, 0, 0, 0, 0, 700, 0, 0};
   std::int64_t prev_time = 0;
+  // The device row's detail: the granularity and the pool's units, quoted (it holds commas).
+  const std::string facts = "\"" + device_facts_text(4 * MiB) + "\"";
+  EXPECT_EQ(facts.substr(0, 27), "\"granularity:4194304,min_bl");
+  ASSERT_GT(lines[1].size(), facts.size());
+  EXPECT_EQ(lines[1].substr(lines[1].size() - facts.size()), facts);
+  lines[1].resize(lines[1].size() - facts.size());
   for (std::size_t i = 0; i < 10; ++i) {
     auto c = split(lines[i + 1], ',');
     ASSERT_EQ(c.size(), 11u) << lines[i + 1];
@@ -534,6 +540,91 @@ TEST(TelemetryTrace, PathPatternIsExpanded) {
   ASSERT_EQ(stamp.find_first_not_of("0123456789"), std::string::npos) << p;
   EXPECT_GE(std::stoll(stamp), before);
   EXPECT_LE(std::stoll(stamp), before + 5);
+}
+
+TEST(TelemetryTrace, ACutLastLineEndsTheReadWithAWarning) {
+  // A program killed while its trace was written leaves a partial last row, without a newline.
+  const std::string row = "1,00:00:00.000001,allocate,0x10,512,0x0,0,500,1,0,\n";
+  const std::string text = std::string(trace_header()) + "\n" + row + row + "1,00:00:00.000001,allocate,0x10,51";
+  std::istringstream in(text);
+  TraceReader reader(in);
+  TraceRow r;
+  int n = 0;
+  while (reader.next(&r)) ++n;
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(reader.error(), "");
+  EXPECT_NE(reader.warning().find("line 4: the last line is cut short"), std::string::npos) << reader.warning();
+  EXPECT_NE(reader.warning().find("read up to line 3"), std::string::npos) << reader.warning();
+  // The same bytes with a newline after them are a malformed row, not a cut one.
+  std::istringstream whole(text + "\n");
+  TraceReader strict(whole);
+  while (strict.next(&r)) {
+  }
+  EXPECT_NE(strict.error().find("line 4:"), std::string::npos) << strict.error();
+  EXPECT_EQ(strict.warning(), "");
+}
+
+TEST(TelemetryTrace, ABinaryHeaderIsShownEscaped) {
+  std::istringstream in(
+      std::string("\x7f"
+                  "ELF\x02\x01\x01\x1b[2J\xff\n",
+                  14));
+  TraceReader reader(in);
+  TraceRow r;
+  EXPECT_FALSE(reader.next(&r));
+  EXPECT_NE(reader.error().find("'\\x7fELF\\x02\\x01\\x01\\x1b[2J\\xff'"), std::string::npos) << reader.error();
+  for (char c : reader.error()) EXPECT_TRUE(c == '\n' || (static_cast<unsigned char>(c) >= 0x20)) << reader.error();
+  EXPECT_EQ(reader.error().find('\x1b'), std::string::npos);
+}
+
+TEST(TelemetryTrace, DeviceFactsRoundTripThroughReader) {
+  TraceRow dev;
+  dev.action = TraceAction::device;
+  dev.device = 3;
+  dev.size = 16 * GiB;
+  dev.requested = dev.size;
+  dev.detail = TraceDetail::device_facts;
+  const std::string text = std::string(trace_header()) + "\n" + format_trace_row(dev, device_facts_text(4 * MiB)) +
+                           "\n1,00:00:00.000001,device,0x0,100,0x0,5,100,1,0,\n";
+  std::istringstream in(text);
+  TraceReader reader(in);
+  TraceRow r;
+  ASSERT_TRUE(reader.next(&r)) << reader.error();
+  EXPECT_EQ(r.detail, TraceDetail::device_facts);
+  ASSERT_TRUE(reader.next(&r)) << reader.error();  // an older device row: no facts
+  EXPECT_EQ(r.detail, TraceDetail::none);
+  EXPECT_FALSE(reader.next(&r));
+  EXPECT_EQ(reader.error(), "");
+  ASSERT_EQ(reader.device_facts().size(), 1u);
+  EXPECT_EQ(reader.device_facts().at(3), device_facts_text(4 * MiB));
+  EXPECT_NE(device_facts_text(4 * MiB).find("granularity:4194304,min_block:512,"), std::string::npos);
+}
+
+TEST(TelemetryTrace, CallSitesRoundTripOncePerSite) {
+  TraceRow a;
+  a.action = TraceAction::allocate;
+  a.ptr = 0x1000;
+  a.size = 512;
+  a.requested = 500;
+  a.site = 1;
+  const std::string site = "app+0x6464 main;libc.so.6+0x27249";
+  std::string text = std::string(trace_header()) + "\n" + format_trace_row(a, site) + "\n";
+  a.ptr = 0x2000;
+  text += format_trace_row(a, site) + "\n";
+  a.ptr = 0x3000;
+  text += format_trace_row(a, "app+0x10") + "\n";
+  a.site = 0;
+  text += format_trace_row(a) + "\n";
+  std::istringstream in(text);
+  TraceReader reader(in);
+  TraceRow r;
+  std::vector<std::uint32_t> ids;
+  while (reader.next(&r)) ids.push_back(r.site);
+  ASSERT_EQ(reader.error(), "");
+  EXPECT_EQ(ids, (std::vector<std::uint32_t>{1, 1, 2, 0}));
+  ASSERT_EQ(reader.sites().size(), 2u);
+  EXPECT_EQ(reader.sites()[0], site);
+  EXPECT_EQ(reader.sites()[1], "app+0x10");
 }
 
 }  // namespace
