@@ -387,7 +387,7 @@ constexpr std::string_view kPinnedBackground =
     "a pooled free records a fence and returns at once, so there is nothing to move to a thread";
 
 using K = ValueKind;
-const std::array<KeySpec, 37> kKeys{{
+const std::array<KeySpec, 38> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb",
      K::integer,
