@@ -7,6 +7,13 @@
 // EOWNERDEAD: the total is recounted from the slots, which are only written under the lock.
 // A lock that cannot be had within 2 s (a member stopped while holding it) makes this process
 // leave the group and keep its own caps: nothing wedges the group for good.
+// The ledger is a file another process of the user can truncate at any time; a mapped page past
+// its end raises SIGBUS. Every path that touches the mapping first checks the file's size
+// (share::still_whole, one fstat): a truncated ledger makes the member leave the group with a
+// warning. A ledger someone else could have written (another user's, a symbolic link, a mode
+// other than 0600) is never used: the member is closed, and every allocation its budget would
+// gate is refused with an error naming the file, its owner and the fix (fail closed: running
+// without the budget would let the group exceed it).
 // Lock order: pool lock -> ledger mutex (the upstream calls the gate under the pool lock). No
 // one waits for another process while holding either: the cooperative wait runs in the hook,
 // after the pool returned.
@@ -15,6 +22,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -100,7 +108,22 @@ class Member final : public ReserveGate {
         group_(std::move(name)),
         wait_ms_(wait_ms) {}
 
+  // A member that refuses everything: the ledger at `path` cannot be trusted (`why`).
+  static Member* closed(const std::string& path, const std::string& name, int device, std::uint64_t budget,
+                        std::string why) noexcept {
+    auto* m = new (std::nothrow) Member(share::Mapping{}, -1, device, path, name, 0);
+    if (m == nullptr) return nullptr;
+    m->closed_budget_ = budget;
+    m->closed_why_ = std::move(why);
+    return m;
+  }
+  bool closed() const noexcept { return l_ == nullptr; }
+
   bool acquire(std::size_t bytes) noexcept override {
+    if (closed()) {
+      refuse_closed(bytes);
+      return false;
+    }
     if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
     if (!lock()) return true;
     share::LedgerSlot& me = l_->slot[slot_];
@@ -126,7 +149,7 @@ class Member final : public ReserveGate {
   }
 
   void release(std::size_t bytes) noexcept override {
-    if (broken_.load(std::memory_order_relaxed)) return;
+    if (closed() || broken_.load(std::memory_order_relaxed)) return;
     if (!lock()) return;
     share::LedgerSlot& me = l_->slot[slot_];
     const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
@@ -145,8 +168,8 @@ class Member final : public ReserveGate {
   // cache of the group; later rounds ask everyone for all of it (the published figures may be up
   // to 250 ms old).
   bool ask_release(std::int64_t deadline, int round, std::size_t request) noexcept {
-    if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
-    if (share::monotonic_ns() >= deadline) return false;
+    if (closed() || broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
+    if (share::monotonic_ns() >= deadline || !whole()) return false;
     const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
     std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
     int nc = 0;
@@ -216,12 +239,15 @@ class Member final : public ReserveGate {
   // The helper thread: waits for a release request up to `timeout_ns`; returns the request to
   // answer, or `last` when none came.
   std::uint32_t wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept {
+    if (!whole()) return last;
     share::LedgerSlot& me = l_->slot[slot_];
-    futex_wait(&me.release_req, last, timeout_ns);
+    futex_wait(&me.release_req, last, timeout_ns);  // a truncated page: EFAULT, no signal
+    if (!whole()) return last;
     return me.release_req.load(std::memory_order_acquire);
   }
 
   void answered(std::uint32_t req, std::size_t freed) noexcept {
+    if (!whole()) return;
     share::LedgerSlot& me = l_->slot[slot_];
     if (freed != 0) {
       me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
@@ -231,11 +257,14 @@ class Member final : public ReserveGate {
     futex_wake(&l_->released, INT_MAX);
   }
 
-  std::uint32_t acked() const noexcept { return l_->slot[slot_].release_ack.load(std::memory_order_acquire); }
+  std::uint32_t acked() noexcept { return whole() ? l_->slot[slot_].release_ack.load(std::memory_order_acquire) : 0; }
   // The bytes the askers want back since the last call (0: asked by a member that names none).
-  std::uint64_t take_want() noexcept { return l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel); }
+  std::uint64_t take_want() noexcept {
+    return whole() ? l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel) : 0;
+  }
 
   void publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
+    if (!whole()) return;
     share::LedgerSlot& me = l_->slot[slot_];
     me.cached.store(cached, std::memory_order_relaxed);
     me.allocated.store(allocated, std::memory_order_relaxed);
@@ -246,14 +275,40 @@ class Member final : public ReserveGate {
   static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
                       std::uint64_t budget, int wait_ms) noexcept;
 
-  std::uint64_t budget() const noexcept { return l_->budget; }
-  std::uint64_t total() const noexcept { return l_->total.load(std::memory_order_relaxed); }
+  // A closed member reports its budget as all taken (nothing can be had under it).
+  std::uint64_t budget() noexcept { return closed() ? closed_budget_ : whole() ? l_->budget : 0; }
+  std::uint64_t total() noexcept {
+    return closed() ? closed_budget_ : whole() ? l_->total.load(std::memory_order_relaxed) : 0;
+  }
   int device() const noexcept { return device_; }
   const std::string& name() const noexcept { return group_; }
+  // Left the group (its ledger could not be locked, or was truncated): own caps only.
   bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
 
  private:
+  // The ledger's file still covers the mapping; else (truncated under us) the member leaves the
+  // group, once, with a warning, and nothing touches the mapping again.
+  bool whole() noexcept {
+    if (closed() || broken_.load(std::memory_order_relaxed)) return false;
+    if (share::still_whole(map_)) return true;
+    if (!broken_.exchange(true, std::memory_order_relaxed))
+      log_warn(
+          "group {}: the ledger {} was truncated by another process of this user (or removed and replaced); this "
+          "process leaves the group and keeps only its own caps. Stop the group's processes and remove the file",
+          group_, path_);
+    return false;
+  }
+
+  void refuse_closed(std::size_t bytes) noexcept {
+    const std::int64_t t = share::monotonic_ns();
+    std::int64_t logged = last_log_.load(std::memory_order_relaxed);
+    if ((logged == 0 || t - logged > 1'000'000'000) && last_log_.compare_exchange_strong(logged, t))
+      log_warn("group {}: refused {} on device {}: the group ledger {} {}", group_, mib(bytes), device_, path_,
+               closed_why_);
+  }
+
   bool lock() noexcept {
+    if (!whole()) return false;
     timespec abs{};
     clock_gettime(CLOCK_REALTIME, &abs);
     abs.tv_sec += 2;
@@ -297,17 +352,24 @@ class Member final : public ReserveGate {
     l_->total.store(total - std::min(n, total), std::memory_order_relaxed);
   }
 
-  // Under the lock: frees the slots of processes that are gone (pid and start time) and returns
-  // how many. A slot with this process's own pid that is not ours was left by the program this
-  // process was before an exec (its memory went with its CUDA context): gone too.
+  // Under the lock: frees the slots of processes that are certainly gone and returns how many.
+  // A slot of another PID namespace is never reclaimed here: its pid names no process of this
+  // one, and whether it lives cannot be told (share::process_liveness). A slot with this
+  // process's own pid and namespace that is not ours was left by the program this process was
+  // before an exec (its memory went with its CUDA context): gone too.
   int reclaim_dead() noexcept {
     int n = 0;
     const int self = static_cast<int>(::getpid());
+    const std::uint64_t ns = share::pid_namespace();
     for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
       share::LedgerSlot& s = l_->slot[i];
       if (i == slot_ || s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
       const int pid = s.pid.load(std::memory_order_relaxed);
-      if (pid != self && share::process_alive(pid, s.start_time.load(std::memory_order_relaxed))) continue;
+      const std::uint64_t slot_ns = s.pid_ns.load(std::memory_order_relaxed);
+      const bool own_pid = pid == self && slot_ns != 0 && slot_ns == ns;
+      if (!own_pid &&
+          share::process_liveness(pid, s.start_time.load(std::memory_order_relaxed), slot_ns) != share::Liveness::gone)
+        continue;
       const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
       sub_total(r);
       s.reserved.store(0, std::memory_order_relaxed);
@@ -322,7 +384,9 @@ class Member final : public ReserveGate {
   }
 
   share::Mapping map_;
-  share::Ledger* l_;
+  share::Ledger* l_;  // null: a closed member
+  std::uint64_t closed_budget_ = 0;
+  std::string closed_why_;
   int slot_;
   int device_;
   std::string path_;
@@ -348,6 +412,16 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   if (std::string why = share::check_dir(share::shm_dir()); !why.empty())
     return refuse("cannot be used: its directory " + share::shm_dir() + " " + why);
   share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
+  if (!m && m.foreign) {
+    struct stat st {};
+    const std::string owner = ::lstat(path.c_str(), &st) == 0 ? std::to_string(st.st_uid) : std::string("?");
+    const std::string why = m.error + " (owner uid " + owner +
+                            "): another user could have written it, so its budget "
+                            "cannot be trusted. Fix: remove the file (as its owner or root), or give this group "
+                            "another name (group:NAME), or point CUDAPOOL_SHM_DIR at a directory of your own";
+    log_warn("group {}: allocations on device {} will be refused: the group ledger {} {}", name, device, path, why);
+    return closed(path, name, device, budget, why);
+  }
   if (!m) return refuse(m.error);
   auto* l = static_cast<share::Ledger*>(m.addr);
   if (m.created) {
@@ -370,6 +444,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   mem->reclaim_dead();
   const int pid = static_cast<int>(::getpid());
   const std::uint64_t start = share::process_start_time(pid);
+  const std::uint64_t ns = share::pid_namespace();
   int live = 0, slot = -1;
   for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
     const bool free = l->slot[i].state.load(std::memory_order_relaxed) != share::kSlotLive;
@@ -393,6 +468,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   share::LedgerSlot& s = l->slot[slot];
   s.pid.store(pid, std::memory_order_relaxed);
   s.start_time.store(start, std::memory_order_relaxed);
+  s.pid_ns.store(ns, std::memory_order_relaxed);
   s.reserved.store(0, std::memory_order_relaxed);
   s.cached.store(0, std::memory_order_relaxed);
   s.allocated.store(0, std::memory_order_relaxed);
@@ -473,7 +549,7 @@ void responder(Runtime* rt, Member* m) {
   bool gave_nothing = false;
   for (;;) {
     const std::uint32_t req = m->wait_request(last, 1'000'000'000);
-    if (Runtime::exiting() || m->broken()) return;
+    if (Runtime::exiting() || m->broken() || m->closed()) return;
     if (req == last) continue;
     std::size_t idle = 0, freed = 0;
     rt->for_each_pool([&](ContextPool& cp) {
@@ -499,7 +575,15 @@ void responder(Runtime* rt, Member* m) {
   }
 }
 
-void write_record(Runtime& rt, State& st) {
+// false: the record's file was truncated (by another process of the user): it is written no more.
+bool write_record(Runtime& rt, State& st) {
+  if (!share::still_whole(st.record)) {
+    log_warn(
+        "publish_stats: the stats record {} was truncated by another process; `cudapool top` will not list "
+        "this process any more",
+        st.record_path);
+    return false;
+  }
   auto* r = static_cast<share::ProcRecord*>(st.record.addr);
   int devices[kMaxDevices];
   int n = 0;
@@ -537,6 +621,7 @@ void write_record(Runtime& rt, State& st) {
   r->devices = static_cast<std::uint32_t>(n);
   r->updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
   r->seq.fetch_add(1, std::memory_order_release);  // even: done
+  return true;
 }
 
 bool open_record(Runtime& rt, State& st) {
@@ -561,6 +646,7 @@ bool open_record(Runtime& rt, State& st) {
   r->size = sizeof(share::ProcRecord);
   r->pid = pid;
   r->start_time = share::process_start_time(pid);
+  r->pid_ns = share::pid_namespace();
   const std::string cmd = own_command();
   std::snprintf(r->command, sizeof r->command, "%s", cmd.c_str());
   std::snprintf(r->group, sizeof r->group, "%s", rt.policy().group.c_str());
@@ -582,7 +668,7 @@ void publisher(Runtime* rt) {
   }
   for (;;) {
     if (Runtime::exiting()) return;
-    if (record) write_record(*rt, st);
+    if (record) record = write_record(*rt, st);
     for (int d = 0; d < kMaxDevices; ++d) {
       Member* m = st.members[d].load();
       if (m == nullptr || m->broken()) continue;
@@ -636,8 +722,8 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
   }
 }
 
-std::size_t budget(const Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
-std::size_t group_reserved(const Member& m) noexcept { return m.total(); }
+std::size_t budget(Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
+std::size_t group_reserved(Member& m) noexcept { return m.total(); }
 
 void note_oom(int device) noexcept {
   if (device >= 0 && device < kMaxDevices) state().ooms[device].fetch_add(1, std::memory_order_relaxed);
@@ -652,7 +738,7 @@ void on_pool_created(Runtime& rt, ContextPool& cp) noexcept {
     if (cp.device >= 0 && cp.device < kMaxDevices) m = st.members[cp.device].load();
     if (!st.publisher && (rt.policy().publish_stats || m != nullptr)) st.publisher = start_publisher = true;
     // One responder per member: the first pool of its device starts it.
-    if (m != nullptr && !st.responders[cp.device]) st.responders[cp.device] = start_responder = true;
+    if (m != nullptr && !m->closed() && !st.responders[cp.device]) st.responders[cp.device] = start_responder = true;
   }
   if (start_publisher) start_thread([r = &rt] { publisher(r); });
   if (start_responder) start_thread([r = &rt, m] { responder(r, m); });

@@ -41,9 +41,10 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 // An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
 void note_oom(int device) noexcept;
 // What cuMemGetInfo reports for a member: the group's budget (0 once it left the group) and
-// the bytes all members reserve together.
-std::size_t budget(const Member& m) noexcept;
-std::size_t group_reserved(const Member& m) noexcept;
+// the bytes all members reserve together (the whole budget for a member whose ledger cannot be
+// trusted: nothing can be had under it).
+std::size_t budget(Member& m) noexcept;
+std::size_t group_reserved(Member& m) noexcept;
 
 // Starts the helper threads with the first pool (stats record; one per group member to answer
 // release requests). Called by Runtime::create_pool after the pool is registered.
