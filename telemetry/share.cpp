@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 namespace cudapool::share {
 
@@ -273,6 +274,69 @@ bool read_record(int fd, unsigned char (&buf)[sizeof(ProcRecord)]) {
 }
 
 }  // namespace
+
+bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView* out, std::string* why) {
+  if (bytes != sizeof(Ledger)) {
+    *why = std::to_string(bytes) + " bytes, not the " + std::to_string(sizeof(Ledger)) + " of this version's layout";
+    return false;
+  }
+  // A copy: the bytes need not be aligned, and nothing here touches the mutex.
+  auto l = std::make_unique<Ledger>();
+  std::memcpy(static_cast<void*>(l.get()), data, sizeof(Ledger));
+  const std::string group = bounded_string(l->group, sizeof l->group), gpu = bounded_string(l->gpu, sizeof l->gpu);
+  if (std::string w = validate_ledger(*l, uid, gpu, group); !w.empty()) {
+    *why = w;
+    return false;
+  }
+  out->group = group;
+  out->gpu = gpu;
+  out->budget = l->budget;
+  out->total = l->total.load(std::memory_order_relaxed);
+  out->live.clear();
+  for (std::uint32_t i = 0; i < kLedgerSlots; ++i) {
+    const LedgerSlot& sl = l->slot[i];
+    if (sl.state.load(std::memory_order_relaxed) != kSlotLive) continue;
+    SlotView v;
+    v.slot = static_cast<int>(i);
+    v.pid = sl.pid.load(std::memory_order_relaxed);
+    v.start_time = sl.start_time.load(std::memory_order_relaxed);
+    v.pid_ns = sl.pid_ns.load(std::memory_order_relaxed);
+    v.reserved = sl.reserved.load(std::memory_order_relaxed);
+    v.cached = sl.cached.load(std::memory_order_relaxed);
+    v.allocated = sl.allocated.load(std::memory_order_relaxed);
+    out->live.push_back(v);
+  }
+  return true;
+}
+
+std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* warnings) {
+  std::vector<LedgerView> out;
+  const std::string dir = shm_dir(), prefix = "cudapool-" + std::to_string(uid) + "-g-";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string path = dir + "/" + name;
+    Mapping m = open_file(path, sizeof(Ledger), false, 0);
+    if (m.fd < 0) {
+      if (warnings != nullptr) warnings->push_back(path + " " + m.error + "; skipped");
+      continue;
+    }
+    auto buf = std::make_unique<unsigned char[]>(sizeof(Ledger));
+    const ssize_t n = ::pread(m.fd, buf.get(), sizeof(Ledger), 0);
+    unmap(m);
+    LedgerView v;
+    std::string why;
+    if (!parse_ledger(buf.get(), n > 0 ? static_cast<std::size_t>(n) : 0, uid, &v, &why)) {
+      if (warnings != nullptr) warnings->push_back(path + " is not a valid group ledger (" + why + "); skipped");
+      continue;
+    }
+    out.push_back(std::move(v));
+  }
+  ::closedir(d);
+  return out;
+}
 
 bool parse_record(const void* data, std::size_t bytes, int pid, ProcRecord* out, std::string* why) {
   if (bytes != sizeof(ProcRecord)) {

@@ -136,6 +136,26 @@ std::string validate_ledger(const Ledger& l, unsigned uid, std::string_view gpu,
 // Creator side: initialise a zeroed, freshly created ledger (mutex, header) and publish it.
 bool init_ledger(Ledger& l, unsigned uid, std::string_view gpu, std::string_view group, std::uint64_t budget);
 
+// A checked copy of a ledger's figures, for readers that only look (`cudapool top`).
+struct SlotView {
+  int slot = 0;
+  int pid = 0;
+  std::uint64_t start_time = 0, pid_ns = 0;
+  std::uint64_t reserved = 0, cached = 0, allocated = 0;
+};
+struct LedgerView {
+  std::string group, gpu;
+  std::uint64_t budget = 0, total = 0;
+  std::vector<SlotView> live;  // the slots in the live state, in slot order
+};
+// `bytes` bytes of a ledger file of `uid` (read with pread: a file that shrank reads short) into
+// *out; false with *why set when they are not a whole, valid ledger of this layout (the checks of
+// validate_ledger, with the names taken up to their bounds).
+bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView* out, std::string* why);
+// Every ledger of `uid` in shm_dir(), read with pread; files that are not valid ledgers go into
+// *warnings (when given).
+std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* warnings);
+
 // ---- the per-process stats records -------------------------------------------------------------
 
 inline constexpr std::uint64_t kRecordMagic = 0x3154535050555043ULL;  // "CUPPST1" + '1'
