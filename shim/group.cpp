@@ -95,12 +95,17 @@ std::string own_command() {
 
 bool seq_after_or_equal(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }
 
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
 }  // namespace
 
 class Member final : public ReserveGate {
  public:
-  Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms)
-      : map_(map),
+  Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms,
+         const RealDriver* driver = nullptr, std::int64_t outside = -1)
+      : driver_(driver),
+        outside_(outside),
+        map_(map),
         l_(static_cast<share::Ledger*>(map.addr)),
         slot_(slot),
         device_(device),
@@ -127,6 +132,7 @@ class Member final : public ReserveGate {
     if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
     if (!lock()) return true;
     share::LedgerSlot& me = l_->slot[slot_];
+    charge_unexplained();
     bool ok = false;
     for (int pass = 0; pass < 2 && !ok; ++pass) {
       const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
@@ -273,7 +279,11 @@ class Member final : public ReserveGate {
 
   // Joins the ledger (creating it) as a new slot. nullptr (after a warning) when it cannot.
   static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                      std::uint64_t budget, int wait_ms) noexcept;
+                      std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept;
+  std::uint64_t own_outside() noexcept { return whole() ? l_->slot[slot_].outside.load(std::memory_order_relaxed) : 0; }
+  static std::int64_t outside_setting(const Policy& p) noexcept {
+    return p.group_pool_only ? kPoolOnly : p.group_outside < 0 ? kMeasure : p.group_outside;
+  }
 
   // A closed member reports its budget as all taken (nothing can be had under it).
   std::uint64_t budget() noexcept { return closed() ? closed_budget_ : whole() ? l_->budget : 0; }
@@ -297,6 +307,34 @@ class Member final : public ReserveGate {
           "process leaves the group and keeps only its own caps. Stop the group's processes and remove the file",
           group_, path_);
     return false;
+  }
+
+  // The device's used memory as the driver reports it (every process on it); false when it
+  // cannot be had (no context current, no entry point).
+  bool device_used(std::uint64_t* used) const noexcept {
+    if (driver_ == nullptr || driver_->cuMemGetInfo_v2 == nullptr) return false;
+    std::size_t f = 0, t = 0;
+    if (driver_->cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS || t == 0 || f > t) return false;
+    *used = t - f;
+    return true;
+  }
+
+  // Under the lock, with a footprint budget measured from the device (group_outside_mb:auto):
+  // memory in use on the device beyond what the group has counted — a context or library
+  // workspace that appeared since, allocations the pool does not serve — is charged to this
+  // member as memory outside its pool, so the total the budget bounds covers what the driver
+  // shows. Memory the group counted but the device does not show (reservations about to be
+  // made, members about to be reclaimed) is left alone: the charge only grows, until the member
+  // is gone.
+  void charge_unexplained() noexcept {
+    if (outside_ != kMeasure) return;
+    std::uint64_t used = 0;
+    if (!device_used(&used)) return;
+    const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+    if (used <= total) return;
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), used - total), std::memory_order_relaxed);
+    l_->total.store(used, std::memory_order_relaxed);
   }
 
   void refuse_closed(std::size_t bytes) noexcept {
@@ -336,8 +374,8 @@ class Member final : public ReserveGate {
     std::uint64_t sum = 0;
     for (share::LedgerSlot& s : l_->slot) {
       if (s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
-      const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
-      sum = sum + r < sum ? UINT64_MAX : sum + r;
+      sum = sat_add(sat_add(sum, s.reserved.load(std::memory_order_relaxed)),
+                    s.outside.load(std::memory_order_relaxed));
     }
     const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
     if (sum != total) {
@@ -371,8 +409,9 @@ class Member final : public ReserveGate {
           share::process_liveness(pid, s.start_time.load(std::memory_order_relaxed), slot_ns) != share::Liveness::gone)
         continue;
       const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
-      sub_total(r);
+      sub_total(sat_add(r, s.outside.load(std::memory_order_relaxed)));
       s.reserved.store(0, std::memory_order_relaxed);
+      s.outside.store(0, std::memory_order_relaxed);
       s.cached.store(0, std::memory_order_relaxed);
       s.allocated.store(0, std::memory_order_relaxed);
       s.pid.store(0, std::memory_order_relaxed);
@@ -383,6 +422,10 @@ class Member final : public ReserveGate {
     return n;
   }
 
+  static constexpr std::int64_t kMeasure = -1;   // outside_: measured from the device
+  static constexpr std::int64_t kPoolOnly = -2;  // outside_: the budget counts the pools only
+  const RealDriver* driver_;
+  std::int64_t outside_;  // bytes charged per process outside the pool, or kMeasure / kPoolOnly
   share::Mapping map_;
   share::Ledger* l_;  // null: a closed member
   std::uint64_t closed_budget_ = 0;
@@ -399,7 +442,7 @@ class Member final : public ReserveGate {
 };
 
 Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                     std::uint64_t budget, int wait_ms) noexcept {
+                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
   const unsigned uid = ::geteuid();
   auto refuse = [&](const std::string& why) -> Member* {
     log_warn(
@@ -438,7 +481,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
     share::unmap(m);
     return refuse("is not usable: " + why);
   }
-  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms);
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
   if (mem == nullptr) return nullptr;
   if (!mem->lock()) return nullptr;  // warned; the member is leaked with its mapping (rare)
   mem->reclaim_dead();
@@ -470,6 +513,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   s.start_time.store(start, std::memory_order_relaxed);
   s.pid_ns.store(ns, std::memory_order_relaxed);
   s.reserved.store(0, std::memory_order_relaxed);
+  s.outside.store(0, std::memory_order_relaxed);
   s.cached.store(0, std::memory_order_relaxed);
   s.allocated.store(0, std::memory_order_relaxed);
   s.released_bytes.store(0, std::memory_order_relaxed);
@@ -478,8 +522,26 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
   s.state.store(share::kSlotLive, std::memory_order_release);
   mem->slot_ = slot;
+  // Memory the pool cannot give back (the context, libraries loaded with it) is charged now, so
+  // that a process that cannot fit is refused at its first allocation, not after it grew.
+  if (outside >= 0) {
+    s.outside.store(static_cast<std::uint64_t>(outside), std::memory_order_relaxed);
+    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
+                   std::memory_order_relaxed);
+  } else {
+    mem->charge_unexplained();
+  }
+  const std::uint64_t own = s.outside.load(std::memory_order_relaxed), total = l->total.load(std::memory_order_relaxed);
   mem->unlock();
-  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s))", name, path, slot, mib(l->budget), live);
+  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s); {} outside the pool charged)", name, path,
+           slot, mib(l->budget), live, mib(own));
+  if (total > l->budget)
+    log_warn(
+        "group {}: this process's memory outside the pool (its CUDA context and libraries: {}) brings the group to "
+        "{} of its {} budget: its allocations are refused until other members give memory back. Raise "
+        "group_budget_mb, run fewer processes in the group, or set group_budget_counts:pool to bound the pools "
+        "only",
+        name, mib(own), mib(total), mib(l->budget));
   return mem;
 }
 
@@ -610,6 +672,7 @@ bool write_record(Runtime& rt, State& st) {
       if (Member* m = st.members[slot].load(); m != nullptr && !m->broken()) {
         d.group_budget = m->budget();
         d.group_reserved = m->total();
+        d.outside = m->own_outside();
       }
     }
   }
@@ -702,7 +765,8 @@ Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept {
   const std::string path = share::ledger_path(::geteuid(), gpu, p.group);
   Member* m = nullptr;
   try {
-    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms);
+    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms, &rt.driver(),
+                     Member::outside_setting(p));
   } catch (...) {
     m = nullptr;
   }

@@ -302,6 +302,7 @@ bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView*
     v.start_time = sl.start_time.load(std::memory_order_relaxed);
     v.pid_ns = sl.pid_ns.load(std::memory_order_relaxed);
     v.reserved = sl.reserved.load(std::memory_order_relaxed);
+    v.outside = sl.outside.load(std::memory_order_relaxed);
     v.cached = sl.cached.load(std::memory_order_relaxed);
     v.allocated = sl.allocated.load(std::memory_order_relaxed);
     out->live.push_back(v);

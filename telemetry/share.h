@@ -100,6 +100,7 @@ struct alignas(64) LedgerSlot {
   std::atomic<std::uint64_t> start_time;    // process_start_time(pid) when it joined
   std::atomic<std::uint64_t> pid_ns;        // pid_namespace() of the member (its pid means a process there)
   std::atomic<std::uint64_t> reserved;      // bytes this member holds from the device
+  std::atomic<std::uint64_t> outside;       // its memory outside the pool, as charged (footprint budgets)
   std::atomic<std::uint64_t> cached;        // of which idle in its pool (published every ~250 ms)
   std::atomic<std::uint64_t> allocated;     // live bytes (published with cached)
   std::atomic<std::uint64_t> heartbeat_ns;  // monotonic_ns() of the last publication
@@ -124,7 +125,7 @@ struct Ledger {
   char group[kNameBytes];               // NUL-terminated
   char gpu[kNameBytes];                 // the GPU's UUID, NUL-terminated
   pthread_mutex_t mu;                   // process-shared, robust
-  std::atomic<std::uint64_t> total;     // sum of the live slots' reserved (written under mu)
+  std::atomic<std::uint64_t> total;     // sum of the live slots' reserved + outside (written under mu)
   std::atomic<std::uint32_t> released;  // futex word: incremented after every cooperative release
   std::uint32_t pad;
   LedgerSlot slot[kLedgerSlots];
@@ -141,7 +142,7 @@ struct SlotView {
   int slot = 0;
   int pid = 0;
   std::uint64_t start_time = 0, pid_ns = 0;
-  std::uint64_t reserved = 0, cached = 0, allocated = 0;
+  std::uint64_t reserved = 0, outside = 0, cached = 0, allocated = 0;
 };
 struct LedgerView {
   std::string group, gpu;
@@ -175,6 +176,7 @@ struct RecordDevice {
   std::uint64_t group_budget;    // 0: not in a group on this device
   std::uint64_t group_reserved;  // the group ledger's total at the last update
   std::uint64_t external;        // device memory the program mapped itself (cuMemCreate), counted under caps
+  std::uint64_t outside;         // memory outside the pool charged to it by the group's budget
 };
 
 struct ProcRecord {

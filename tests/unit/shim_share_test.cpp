@@ -18,6 +18,7 @@
 #include <list>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -373,6 +374,9 @@ TEST_F(Share, SlotOfAnotherPidNamespaceIsNotReclaimed) {
 TEST_F(Share, TruncatedLedgerAndRecordDoNotKillTheMember) {
   RunningChild& b = start_ready({kApp, "hold", "40"}, env(group_conf(100), 100));
   const std::string record = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(b.pid);
+  // The helper thread creates the record with the first pool; give it a moment.
+  for (int i = 0; i < 100 && !std::filesystem::exists(record); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_TRUE(std::filesystem::exists(record));
   ASSERT_EQ(truncate(ledger().c_str(), 0), 0);
   ASSERT_EQ(truncate(record.c_str(), 100), 0);
@@ -479,6 +483,73 @@ TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
   EXPECT_EQ(br.exit_status, 0);
   const std::string brecord = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(bpid);
   EXPECT_FALSE(std::filesystem::exists(brecord)) << "a process removes its own record at exit";
+}
+
+// The fake driver gives every context 30 MiB of its own (FAKECUDA_CONTEXT_MB), outside any
+// allocation, as a CUDA context and its libraries take on a GPU. Under a 200 MiB budget A keeps
+// 100 MiB live and B asks for 100 MiB more. Counting the whole footprint (the default), B gets
+// only what is left after both contexts (40 MiB) and the device never holds more than the
+// budget; counting the pools only, B gets its 100 MiB and the device holds 260 MiB.
+TEST_F(Share, BudgetBoundsTheWholeFootprint) {
+  auto run = [&](const std::string& extra) {
+    const std::string machine = dir_ + "/machine";
+    { std::ofstream(machine, std::ios::binary | std::ios::trunc) << std::string(16, '\0'); }
+    std::filesystem::remove(ledger());
+    auto e = env(group_conf(200, extra), 1 << 20);
+    e["FAKECUDA_MACHINE_FILE"] = machine;
+    e["FAKECUDA_CONTEXT_MB"] = "30";
+    RunningChild& a = start_ready({kApp, "hold-live", "100"}, e);
+    ChildResult b = test::run_under_shim({kApp, "need", "100"}, e);
+    ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}},
+                                         false);
+    stop(a);
+    std::uint64_t counts[2] = {};
+    std::ifstream(machine, std::ios::binary).read(reinterpret_cast<char*>(counts), sizeof counts);
+    return std::make_tuple(b, counts[1], t.output);
+  };
+  const auto [b, peak, top] = run("");
+  EXPECT_EQ(b.exit_status, 3) << b.output;
+  EXPECT_NE(b.output.find("out of memory after 40 MiB"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("30.0 MiB outside the pool charged"), std::string::npos) << b.output;
+  EXPECT_LE(peak, 200 * kMiB);
+  EXPECT_EQ(peak, 200 * kMiB) << "the budget was used up to the byte";
+  // top: the group's pool and outside bytes against its budget (A's 100 MiB and context; B left).
+  EXPECT_NE(top.find("\"budget_bytes\":209715200,\"reserved_bytes\":104857600,\"outside_bytes\":31457280"),
+            std::string::npos)
+      << top;
+  EXPECT_NE(top.find("\"outside_bytes\":31457280,\"inactive_split_bytes\""), std::string::npos) << top;
+  EXPECT_NE(top.find("\"gone_members\":1"), std::string::npos) << "B exited; its slot waits\n" << top;
+
+  const auto [pb, ppeak, ptop] = run("group_budget_counts:pool");
+  EXPECT_EQ(pb.exit_status, 0) << pb.output;
+  EXPECT_EQ(ppeak, 260 * kMiB) << "counting the pools only, the contexts come on top of the budget";
+}
+
+// A process whose own context does not fit what the group has left is refused at its first
+// allocation, with a warning that says why and what to change.
+TEST_F(Share, ProcessWhoseContextDoesNotFitIsRefusedAtOnce) {
+  const std::string machine = dir_ + "/machine";
+  { std::ofstream(machine, std::ios::binary) << std::string(16, '\0'); }
+  auto e = env(group_conf(50), 1 << 20);
+  e["FAKECUDA_MACHINE_FILE"] = machine;
+  e["FAKECUDA_CONTEXT_MB"] = "30";
+  RunningChild& a = start_ready({kApp, "hold-live", "20"}, e);
+  ChildResult b = test::run_under_shim({kApp, "need", "20"}, e);
+  EXPECT_EQ(b.exit_status, 3) << b.output;
+  EXPECT_NE(b.output.find("out of memory after 0 MiB"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("brings the group to 80.0 MiB of its 50.0 MiB budget"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("group_budget_counts:pool"), std::string::npos) << b.output;
+  stop(a);
+  // A fixed charge instead of the measured one (group_outside_mb:N, for a GPU shared with
+  // processes outside the group): 5 MiB each, so both fit, whatever the device shows.
+  std::filesystem::remove(ledger());
+  auto f = e;
+  f["CUDAPOOL_CONF"] = group_conf(50, "group_outside_mb:5");
+  RunningChild& a2 = start_ready({kApp, "hold-live", "20"}, f);
+  ChildResult c = test::run_under_shim({kApp, "need", "20"}, f);
+  EXPECT_EQ(c.exit_status, 0) << c.output;
+  EXPECT_NE(c.output.find("5.0 MiB outside the pool charged"), std::string::npos) << c.output;
+  stop(a2);
 }
 
 // A program that never touches CUDA starts nothing: no thread, no file.
