@@ -47,7 +47,8 @@ std::string json_u(std::uint64_t v) { return std::to_string(v); }
 
 // One group on one GPU, from its ledger: what the budget bounds, summed over the members that
 // may still live (slots of processes that are certainly gone wait for the next member to join or
-// be refused, which reclaims them; they are left out here and only counted).
+// be refused, which reclaims them; they are left out here and only counted). A group with no
+// member left is not shown at all.
 struct GroupFigures {
   std::string group, gpu;
   std::uint64_t budget = 0, total = 0, reserved = 0, outside = 0;
@@ -71,6 +72,7 @@ std::vector<GroupFigures> group_figures(const std::vector<share::LedgerView>& le
       g.reserved += s.reserved;
       g.outside += s.outside;
     }
+    if (g.members == 0) continue;  // a group that ended: its file waits for the next member
     out.push_back(std::move(g));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.group + a.gpu < b.group + b.gpu; });
