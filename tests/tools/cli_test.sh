@@ -77,7 +77,7 @@ mkdir -m 700 "$tmp/shm"
 expect_rc 0 "top --once on no processes" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once
 expect_out "PID +GPU +RESERVED" "top prints the header"
 expect_rc 0 "top --once --json on no processes" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json
-expect_out '^\{"processes":\[\]\}' "top --json prints an empty list"
+expect_out '^\{"processes":\[\],"groups":\[\]\}' "top --json prints an empty list"
 printf 'junk' > "$tmp/shm/cudapool-$(id -u)-p-1"
 chmod 600 "$tmp/shm/cudapool-$(id -u)-p-1"
 expect_rc 0 "top skips a file that is not a record" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json
