@@ -1,7 +1,8 @@
 // Sharing one GPU between processes (docs/design.md, "The group ledger"):
 //  * a group budget: the processes of one user on one GPU with the same `group` keep their
-//    reserved bytes in a ledger in shared memory, and the sum stays under the budget
-//    (group::Member, the ReserveGate of every upstream of that device);
+//    reserved bytes, and (group_budget_counts:footprint, the default) their memory outside the
+//    pool as the device shows it, in a ledger in shared memory, and the sum stays under the
+//    budget (group::Member, the ReserveGate of every upstream of that device);
 //  * cooperative release: an allocation the budget refuses asks the other members to give back
 //    idle cached memory and waits a bounded time (ask_release), each member answering from its
 //    helper thread with its pool's own empty_cache;
