@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "config/printable.h"
@@ -186,6 +187,7 @@ int top_main(const TopSettings& s) {
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   const bool tty = !s.once && !s.json && isatty(1) != 0;
+  std::set<std::string> warned;  // each warning once per session, not on every refresh
   for (;;) {
     std::vector<std::string> warnings;
     std::vector<share::ProcInfo> procs = share::read_records(::geteuid(), true, &warnings);
@@ -195,7 +197,9 @@ int top_main(const TopSettings& s) {
     if (tty) out = "\x1b[H\x1b[2J" + out + "(" + std::to_string(procs.size()) + " pooled process(es); Ctrl-C ends)\n";
     std::fputs(out.c_str(), stdout);
     std::fflush(stdout);
-    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", printable(w).c_str());
+    for (const std::string& w : warnings)
+      if (warned.insert(w).second) std::fprintf(stderr, "warning: %s
+", printable(w).c_str());
     if (s.once || g_stop) return 0;
     const auto us = static_cast<useconds_t>(s.interval * 1e6);
     for (useconds_t slept = 0; slept < us && !g_stop; slept += 50000) usleep(std::min<useconds_t>(50000, us - slept));

@@ -82,6 +82,10 @@ printf 'junk' > "$tmp/shm/cudapool-$(id -u)-p-1"
 chmod 600 "$tmp/shm/cudapool-$(id -u)-p-1"
 expect_rc 0 "top skips a file that is not a record" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json
 expect_out "not the .* bytes of this version's layout; skipped" "top names the bad record"
+# Refreshing (every 0.2 s for 1.5 s, then stopped): the same bad file is named once, not on every refresh.
+env CUDAPOOL_SHM_DIR="$tmp/shm" timeout -s INT 1.5 "$cp" top --interval 0.2 >"$tmp/out" 2>"$tmp/err"
+n=$(grep -c "this version's layout; skipped" "$tmp/err")
+if [ "$(grep -c '^ *PID' "$tmp/out")" -ge 3 ] && [ "$n" -eq 1 ]; then ok; else fail "top warns once per session: $n warnings"; fi
 mkdir -m 777 "$tmp/open"
 expect_rc 66 "top refuses a directory others can write" -- env CUDAPOOL_SHM_DIR="$tmp/open" "$cp" top --once
 expect_out "writable by other users" "top says why"
