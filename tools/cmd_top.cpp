@@ -198,8 +198,7 @@ int top_main(const TopSettings& s) {
     std::fputs(out.c_str(), stdout);
     std::fflush(stdout);
     for (const std::string& w : warnings)
-      if (warned.insert(w).second) std::fprintf(stderr, "warning: %s
-", printable(w).c_str());
+      if (warned.insert(w).second) std::fprintf(stderr, "warning: %s\n", printable(w).c_str());
     if (s.once || g_stop) return 0;
     const auto us = static_cast<useconds_t>(s.interval * 1e6);
     for (useconds_t slept = 0; slept < us && !g_stop; slept += 50000) usleep(std::min<useconds_t>(50000, us - slept));
