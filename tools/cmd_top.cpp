@@ -121,9 +121,10 @@ std::string group_lines(const std::vector<GroupFigures>& groups) {
   char line[512];
   std::string o;
   for (const GroupFigures& g : groups) {
-    std::snprintf(line, sizeof line, "group %s on %s: pool %s MiB + outside the pools %s MiB = %s of %s MiB (%d member(s)",
-                  printable(g.group).c_str(), printable(g.gpu).c_str(), mib(g.reserved).c_str(),
-                  mib(g.outside).c_str(), mib(g.total).c_str(), mib(g.budget).c_str(), g.members);
+    std::snprintf(line, sizeof line,
+                  "group %s on %s: pool %s MiB + outside the pools %s MiB = %s of %s MiB (%d member(s)",
+                  printable(g.group).c_str(), printable(g.gpu).c_str(), mib(g.reserved).c_str(), mib(g.outside).c_str(),
+                  mib(g.total).c_str(), mib(g.budget).c_str(), g.members);
     o += line;
     if (g.gone != 0) o += "; " + std::to_string(g.gone) + " exited, reclaimed at the next join";
     o += ")\n";
