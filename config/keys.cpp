@@ -289,6 +289,34 @@ std::string apply_call_sites(Policy& p, std::string_view v, Warnings&) { return 
 std::string format_call_sites(const Policy& p) { return p.trace_call_sites ? "True" : "False"; }
 bool default_call_sites(const Policy& p) { return !p.trace_call_sites; }
 
+std::string apply_group_counts(Policy& p, std::string_view v, Warnings&) {
+  const std::string l = lower(v);
+  if (l == "footprint")
+    p.group_pool_only = false;
+  else if (l == "pool")
+    p.group_pool_only = true;
+  else
+    return "not footprint or pool";
+  return {};
+}
+std::string format_group_counts(const Policy& p) { return p.group_pool_only ? "pool" : "footprint"; }
+bool default_group_counts(const Policy& p) { return !p.group_pool_only; }
+
+std::string apply_group_outside(Policy& p, std::string_view v, Warnings&) {
+  if (lower(v) == "auto") {
+    p.group_outside = -1;
+    return {};
+  }
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why + " (or auto)";
+  p.group_outside = static_cast<std::int64_t>(std::min(n, kMaxMiB) * MiB);
+  return {};
+}
+std::string format_group_outside(const Policy& p) {
+  return p.group_outside < 0 ? "auto" : std::to_string(static_cast<std::uint64_t>(p.group_outside) / MiB);
+}
+bool default_group_outside(const Policy& p) { return p.group_outside < 0; }
+
 std::string apply_publish_stats(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.publish_stats); }
 std::string format_publish_stats(const Policy& p) { return p.publish_stats ? "True" : "False"; }
 bool default_publish_stats(const Policy& p) { return p.publish_stats; }
@@ -387,7 +415,7 @@ constexpr std::string_view kPinnedBackground =
     "a pooled free records a fence and returns at once, so there is nothing to move to a thread";
 
 using K = ValueKind;
-const std::array<KeySpec, 38> kKeys{{
+const std::array<KeySpec, 40> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb",
      K::integer,
@@ -670,6 +698,31 @@ const std::array<KeySpec, 38> kKeys{{
      apply_group_wait,
      format_group_wait,
      default_group_wait},
+    {"group_budget_counts",
+     K::choice,
+     Reach::process,
+     "footprint or pool",
+     "pool",
+     "with group: what the budget bounds: footprint = each process's whole device memory as the driver "
+     "sees it (its pool, and its CUDA context, libraries and other memory outside the pool, charged when it "
+     "joins and whenever the device shows more in use than the group has counted); pool = the pools' "
+     "reserved memory only",
+     {},
+     apply_group_counts,
+     format_group_counts,
+     default_group_counts},
+    {"group_outside_mb",
+     K::text,
+     Reach::process,
+     "auto or a whole number of MiB",
+     "600",
+     "with group and group_budget_counts:footprint: the memory outside the pool charged to each process: "
+     "auto = measured from the device's used memory (assumes the GPU runs only the group); N = N MiB per "
+     "process, never measured (for a GPU shared with processes outside the group)",
+     {},
+     apply_group_outside,
+     format_group_outside,
+     default_group_outside},
     {"publish_stats",
      K::boolean,
      Reach::process,

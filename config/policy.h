@@ -47,6 +47,13 @@ struct Policy {
   // How long an allocation that the group's budget refuses waits for other members to give
   // back idle cached memory before it returns out-of-memory.
   int group_release_wait_ms = 100;
+  // What the group's budget bounds: every member's whole device footprint (its pool's reserved
+  // memory and its memory outside the pool: the CUDA context, libraries, allocations the pool
+  // does not serve) or, with `pool_only`, the pools' reserved memory alone.
+  bool group_pool_only = false;
+  // The memory outside the pool charged to each member: measured from the device's used memory
+  // (-1, the default) or this many bytes per process.
+  std::int64_t group_outside = -1;
   // Publish a small per-process stats record for `cudapool top` (every 250 ms, from a helper
   // thread started with the first pool).
   bool publish_stats = true;

@@ -7,6 +7,13 @@
 // EOWNERDEAD: the total is recounted from the slots, which are only written under the lock.
 // A lock that cannot be had within 2 s (a member stopped while holding it) makes this process
 // leave the group and keep its own caps: nothing wedges the group for good.
+// The ledger is a file another process of the user can truncate at any time; a mapped page past
+// its end raises SIGBUS. Every path that touches the mapping first checks the file's size
+// (share::still_whole, one fstat): a truncated ledger makes the member leave the group with a
+// warning. A ledger someone else could have written (another user's, a symbolic link, a mode
+// other than 0600) is never used: the member is closed, and every allocation its budget would
+// gate is refused with an error naming the file, its owner and the fix (fail closed: running
+// without the budget would let the group exceed it).
 // Lock order: pool lock -> ledger mutex (the upstream calls the gate under the pool lock). No
 // one waits for another process while holding either: the cooperative wait runs in the hook,
 // after the pool returned.
@@ -15,6 +22,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,12 +95,17 @@ std::string own_command() {
 
 bool seq_after_or_equal(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }
 
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
 }  // namespace
 
 class Member final : public ReserveGate {
  public:
-  Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms)
-      : map_(map),
+  Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms,
+         const RealDriver* driver = nullptr, std::int64_t outside = -1)
+      : driver_(driver),
+        outside_(outside),
+        map_(map),
         l_(static_cast<share::Ledger*>(map.addr)),
         slot_(slot),
         device_(device),
@@ -100,10 +113,26 @@ class Member final : public ReserveGate {
         group_(std::move(name)),
         wait_ms_(wait_ms) {}
 
+  // A member that refuses everything: the ledger at `path` cannot be trusted (`why`).
+  static Member* closed(const std::string& path, const std::string& name, int device, std::uint64_t budget,
+                        std::string why) noexcept {
+    auto* m = new (std::nothrow) Member(share::Mapping{}, -1, device, path, name, 0);
+    if (m == nullptr) return nullptr;
+    m->closed_budget_ = budget;
+    m->closed_why_ = std::move(why);
+    return m;
+  }
+  bool closed() const noexcept { return l_ == nullptr; }
+
   bool acquire(std::size_t bytes) noexcept override {
+    if (closed()) {
+      refuse_closed(bytes);
+      return false;
+    }
     if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
     if (!lock()) return true;
     share::LedgerSlot& me = l_->slot[slot_];
+    charge_unexplained();
     bool ok = false;
     for (int pass = 0; pass < 2 && !ok; ++pass) {
       const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
@@ -126,7 +155,7 @@ class Member final : public ReserveGate {
   }
 
   void release(std::size_t bytes) noexcept override {
-    if (broken_.load(std::memory_order_relaxed)) return;
+    if (closed() || broken_.load(std::memory_order_relaxed)) return;
     if (!lock()) return;
     share::LedgerSlot& me = l_->slot[slot_];
     const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
@@ -145,8 +174,8 @@ class Member final : public ReserveGate {
   // cache of the group; later rounds ask everyone for all of it (the published figures may be up
   // to 250 ms old).
   bool ask_release(std::int64_t deadline, int round, std::size_t request) noexcept {
-    if (broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
-    if (share::monotonic_ns() >= deadline) return false;
+    if (closed() || broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
+    if (share::monotonic_ns() >= deadline || !whole()) return false;
     const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
     std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
     int nc = 0;
@@ -216,12 +245,15 @@ class Member final : public ReserveGate {
   // The helper thread: waits for a release request up to `timeout_ns`; returns the request to
   // answer, or `last` when none came.
   std::uint32_t wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept {
+    if (!whole()) return last;
     share::LedgerSlot& me = l_->slot[slot_];
-    futex_wait(&me.release_req, last, timeout_ns);
+    futex_wait(&me.release_req, last, timeout_ns);  // a truncated page: EFAULT, no signal
+    if (!whole()) return last;
     return me.release_req.load(std::memory_order_acquire);
   }
 
   void answered(std::uint32_t req, std::size_t freed) noexcept {
+    if (!whole()) return;
     share::LedgerSlot& me = l_->slot[slot_];
     if (freed != 0) {
       me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
@@ -231,11 +263,14 @@ class Member final : public ReserveGate {
     futex_wake(&l_->released, INT_MAX);
   }
 
-  std::uint32_t acked() const noexcept { return l_->slot[slot_].release_ack.load(std::memory_order_acquire); }
+  std::uint32_t acked() noexcept { return whole() ? l_->slot[slot_].release_ack.load(std::memory_order_acquire) : 0; }
   // The bytes the askers want back since the last call (0: asked by a member that names none).
-  std::uint64_t take_want() noexcept { return l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel); }
+  std::uint64_t take_want() noexcept {
+    return whole() ? l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel) : 0;
+  }
 
   void publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
+    if (!whole()) return;
     share::LedgerSlot& me = l_->slot[slot_];
     me.cached.store(cached, std::memory_order_relaxed);
     me.allocated.store(allocated, std::memory_order_relaxed);
@@ -244,16 +279,74 @@ class Member final : public ReserveGate {
 
   // Joins the ledger (creating it) as a new slot. nullptr (after a warning) when it cannot.
   static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                      std::uint64_t budget, int wait_ms) noexcept;
+                      std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept;
+  std::uint64_t own_outside() noexcept { return whole() ? l_->slot[slot_].outside.load(std::memory_order_relaxed) : 0; }
+  static std::int64_t outside_setting(const Policy& p) noexcept {
+    return p.group_pool_only ? kPoolOnly : p.group_outside < 0 ? kMeasure : p.group_outside;
+  }
 
-  std::uint64_t budget() const noexcept { return l_->budget; }
-  std::uint64_t total() const noexcept { return l_->total.load(std::memory_order_relaxed); }
+  // A closed member reports its budget as all taken (nothing can be had under it).
+  std::uint64_t budget() noexcept { return closed() ? closed_budget_ : whole() ? l_->budget : 0; }
+  std::uint64_t total() noexcept {
+    return closed() ? closed_budget_ : whole() ? l_->total.load(std::memory_order_relaxed) : 0;
+  }
   int device() const noexcept { return device_; }
   const std::string& name() const noexcept { return group_; }
+  // Left the group (its ledger could not be locked, or was truncated): own caps only.
   bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
 
  private:
+  // The ledger's file still covers the mapping; else (truncated under us) the member leaves the
+  // group, once, with a warning, and nothing touches the mapping again.
+  bool whole() noexcept {
+    if (closed() || broken_.load(std::memory_order_relaxed)) return false;
+    if (share::still_whole(map_)) return true;
+    if (!broken_.exchange(true, std::memory_order_relaxed))
+      log_warn(
+          "group {}: the ledger {} was truncated by another process of this user (or removed and replaced); this "
+          "process leaves the group and keeps only its own caps. Stop the group's processes and remove the file",
+          group_, path_);
+    return false;
+  }
+
+  // The device's used memory as the driver reports it (every process on it); false when it
+  // cannot be had (no context current, no entry point).
+  bool device_used(std::uint64_t* used) const noexcept {
+    if (driver_ == nullptr || driver_->cuMemGetInfo_v2 == nullptr) return false;
+    std::size_t f = 0, t = 0;
+    if (driver_->cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS || t == 0 || f > t) return false;
+    *used = t - f;
+    return true;
+  }
+
+  // Under the lock, with a footprint budget measured from the device (group_outside_mb:auto):
+  // memory in use on the device beyond what the group has counted — a context or library
+  // workspace that appeared since, allocations the pool does not serve — is charged to this
+  // member as memory outside its pool, so the total the budget bounds covers what the driver
+  // shows. Memory the group counted but the device does not show (reservations about to be
+  // made, members about to be reclaimed) is left alone: the charge only grows, until the member
+  // is gone.
+  void charge_unexplained() noexcept {
+    if (outside_ != kMeasure) return;
+    std::uint64_t used = 0;
+    if (!device_used(&used)) return;
+    const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+    if (used <= total) return;
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), used - total), std::memory_order_relaxed);
+    l_->total.store(used, std::memory_order_relaxed);
+  }
+
+  void refuse_closed(std::size_t bytes) noexcept {
+    const std::int64_t t = share::monotonic_ns();
+    std::int64_t logged = last_log_.load(std::memory_order_relaxed);
+    if ((logged == 0 || t - logged > 1'000'000'000) && last_log_.compare_exchange_strong(logged, t))
+      log_warn("group {}: refused {} on device {}: the group ledger {} {}", group_, mib(bytes), device_, path_,
+               closed_why_);
+  }
+
   bool lock() noexcept {
+    if (!whole()) return false;
     timespec abs{};
     clock_gettime(CLOCK_REALTIME, &abs);
     abs.tv_sec += 2;
@@ -281,8 +374,8 @@ class Member final : public ReserveGate {
     std::uint64_t sum = 0;
     for (share::LedgerSlot& s : l_->slot) {
       if (s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
-      const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
-      sum = sum + r < sum ? UINT64_MAX : sum + r;
+      sum = sat_add(sat_add(sum, s.reserved.load(std::memory_order_relaxed)),
+                    s.outside.load(std::memory_order_relaxed));
     }
     const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
     if (sum != total) {
@@ -297,20 +390,28 @@ class Member final : public ReserveGate {
     l_->total.store(total - std::min(n, total), std::memory_order_relaxed);
   }
 
-  // Under the lock: frees the slots of processes that are gone (pid and start time) and returns
-  // how many. A slot with this process's own pid that is not ours was left by the program this
-  // process was before an exec (its memory went with its CUDA context): gone too.
+  // Under the lock: frees the slots of processes that are certainly gone and returns how many.
+  // A slot of another PID namespace is never reclaimed here: its pid names no process of this
+  // one, and whether it lives cannot be told (share::process_liveness). A slot with this
+  // process's own pid and namespace that is not ours was left by the program this process was
+  // before an exec (its memory went with its CUDA context): gone too.
   int reclaim_dead() noexcept {
     int n = 0;
     const int self = static_cast<int>(::getpid());
+    const std::uint64_t ns = share::pid_namespace();
     for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
       share::LedgerSlot& s = l_->slot[i];
       if (i == slot_ || s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
       const int pid = s.pid.load(std::memory_order_relaxed);
-      if (pid != self && share::process_alive(pid, s.start_time.load(std::memory_order_relaxed))) continue;
+      const std::uint64_t slot_ns = s.pid_ns.load(std::memory_order_relaxed);
+      const bool own_pid = pid == self && slot_ns != 0 && slot_ns == ns;
+      if (!own_pid &&
+          share::process_liveness(pid, s.start_time.load(std::memory_order_relaxed), slot_ns) != share::Liveness::gone)
+        continue;
       const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
-      sub_total(r);
+      sub_total(sat_add(r, s.outside.load(std::memory_order_relaxed)));
       s.reserved.store(0, std::memory_order_relaxed);
+      s.outside.store(0, std::memory_order_relaxed);
       s.cached.store(0, std::memory_order_relaxed);
       s.allocated.store(0, std::memory_order_relaxed);
       s.pid.store(0, std::memory_order_relaxed);
@@ -321,8 +422,14 @@ class Member final : public ReserveGate {
     return n;
   }
 
+  static constexpr std::int64_t kMeasure = -1;   // outside_: measured from the device
+  static constexpr std::int64_t kPoolOnly = -2;  // outside_: the budget counts the pools only
+  const RealDriver* driver_;
+  std::int64_t outside_;  // bytes charged per process outside the pool, or kMeasure / kPoolOnly
   share::Mapping map_;
-  share::Ledger* l_;
+  share::Ledger* l_;  // null: a closed member
+  std::uint64_t closed_budget_ = 0;
+  std::string closed_why_;
   int slot_;
   int device_;
   std::string path_;
@@ -335,7 +442,7 @@ class Member final : public ReserveGate {
 };
 
 Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                     std::uint64_t budget, int wait_ms) noexcept {
+                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
   const unsigned uid = ::geteuid();
   auto refuse = [&](const std::string& why) -> Member* {
     log_warn(
@@ -348,6 +455,16 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   if (std::string why = share::check_dir(share::shm_dir()); !why.empty())
     return refuse("cannot be used: its directory " + share::shm_dir() + " " + why);
   share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
+  if (!m && m.foreign) {
+    struct stat st {};
+    const std::string owner = ::lstat(path.c_str(), &st) == 0 ? std::to_string(st.st_uid) : std::string("?");
+    const std::string why = m.error + " (owner uid " + owner +
+                            "): another user could have written it, so its budget "
+                            "cannot be trusted. Fix: remove the file (as its owner or root), or give this group "
+                            "another name (group:NAME), or point CUDAPOOL_SHM_DIR at a directory of your own";
+    log_warn("group {}: allocations on device {} will be refused: the group ledger {} {}", name, device, path, why);
+    return closed(path, name, device, budget, why);
+  }
   if (!m) return refuse(m.error);
   auto* l = static_cast<share::Ledger*>(m.addr);
   if (m.created) {
@@ -364,12 +481,13 @@ Member* Member::join(const std::string& path, const std::string& name, const std
     share::unmap(m);
     return refuse("is not usable: " + why);
   }
-  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms);
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
   if (mem == nullptr) return nullptr;
   if (!mem->lock()) return nullptr;  // warned; the member is leaked with its mapping (rare)
   mem->reclaim_dead();
   const int pid = static_cast<int>(::getpid());
   const std::uint64_t start = share::process_start_time(pid);
+  const std::uint64_t ns = share::pid_namespace();
   int live = 0, slot = -1;
   for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
     const bool free = l->slot[i].state.load(std::memory_order_relaxed) != share::kSlotLive;
@@ -393,7 +511,9 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   share::LedgerSlot& s = l->slot[slot];
   s.pid.store(pid, std::memory_order_relaxed);
   s.start_time.store(start, std::memory_order_relaxed);
+  s.pid_ns.store(ns, std::memory_order_relaxed);
   s.reserved.store(0, std::memory_order_relaxed);
+  s.outside.store(0, std::memory_order_relaxed);
   s.cached.store(0, std::memory_order_relaxed);
   s.allocated.store(0, std::memory_order_relaxed);
   s.released_bytes.store(0, std::memory_order_relaxed);
@@ -402,8 +522,26 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
   s.state.store(share::kSlotLive, std::memory_order_release);
   mem->slot_ = slot;
+  // Memory the pool cannot give back (the context, libraries loaded with it) is charged now, so
+  // that a process that cannot fit is refused at its first allocation, not after it grew.
+  if (outside >= 0) {
+    s.outside.store(static_cast<std::uint64_t>(outside), std::memory_order_relaxed);
+    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
+                   std::memory_order_relaxed);
+  } else {
+    mem->charge_unexplained();
+  }
+  const std::uint64_t own = s.outside.load(std::memory_order_relaxed), total = l->total.load(std::memory_order_relaxed);
   mem->unlock();
-  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s))", name, path, slot, mib(l->budget), live);
+  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s); {} outside the pool charged)", name, path,
+           slot, mib(l->budget), live, mib(own));
+  if (total > l->budget)
+    log_warn(
+        "group {}: this process's memory outside the pool (its CUDA context and libraries: {}) brings the group to "
+        "{} of its {} budget: its allocations are refused until other members give memory back. Raise "
+        "group_budget_mb, run fewer processes in the group, or set group_budget_counts:pool to bound the pools "
+        "only",
+        name, mib(own), mib(total), mib(l->budget));
   return mem;
 }
 
@@ -473,7 +611,7 @@ void responder(Runtime* rt, Member* m) {
   bool gave_nothing = false;
   for (;;) {
     const std::uint32_t req = m->wait_request(last, 1'000'000'000);
-    if (Runtime::exiting() || m->broken()) return;
+    if (Runtime::exiting() || m->broken() || m->closed()) return;
     if (req == last) continue;
     std::size_t idle = 0, freed = 0;
     rt->for_each_pool([&](ContextPool& cp) {
@@ -499,7 +637,15 @@ void responder(Runtime* rt, Member* m) {
   }
 }
 
-void write_record(Runtime& rt, State& st) {
+// false: the record's file was truncated (by another process of the user): it is written no more.
+bool write_record(Runtime& rt, State& st) {
+  if (!share::still_whole(st.record)) {
+    log_warn(
+        "publish_stats: the stats record {} was truncated by another process; `cudapool top` will not list "
+        "this process any more",
+        st.record_path);
+    return false;
+  }
   auto* r = static_cast<share::ProcRecord*>(st.record.addr);
   int devices[kMaxDevices];
   int n = 0;
@@ -526,6 +672,7 @@ void write_record(Runtime& rt, State& st) {
       if (Member* m = st.members[slot].load(); m != nullptr && !m->broken()) {
         d.group_budget = m->budget();
         d.group_reserved = m->total();
+        d.outside = m->own_outside();
       }
     }
   }
@@ -537,6 +684,7 @@ void write_record(Runtime& rt, State& st) {
   r->devices = static_cast<std::uint32_t>(n);
   r->updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
   r->seq.fetch_add(1, std::memory_order_release);  // even: done
+  return true;
 }
 
 bool open_record(Runtime& rt, State& st) {
@@ -561,6 +709,7 @@ bool open_record(Runtime& rt, State& st) {
   r->size = sizeof(share::ProcRecord);
   r->pid = pid;
   r->start_time = share::process_start_time(pid);
+  r->pid_ns = share::pid_namespace();
   const std::string cmd = own_command();
   std::snprintf(r->command, sizeof r->command, "%s", cmd.c_str());
   std::snprintf(r->group, sizeof r->group, "%s", rt.policy().group.c_str());
@@ -582,7 +731,7 @@ void publisher(Runtime* rt) {
   }
   for (;;) {
     if (Runtime::exiting()) return;
-    if (record) write_record(*rt, st);
+    if (record) record = write_record(*rt, st);
     for (int d = 0; d < kMaxDevices; ++d) {
       Member* m = st.members[d].load();
       if (m == nullptr || m->broken()) continue;
@@ -616,7 +765,8 @@ Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept {
   const std::string path = share::ledger_path(::geteuid(), gpu, p.group);
   Member* m = nullptr;
   try {
-    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms);
+    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms, &rt.driver(),
+                     Member::outside_setting(p));
   } catch (...) {
     m = nullptr;
   }
@@ -636,8 +786,8 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
   }
 }
 
-std::size_t budget(const Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
-std::size_t group_reserved(const Member& m) noexcept { return m.total(); }
+std::size_t budget(Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
+std::size_t group_reserved(Member& m) noexcept { return m.total(); }
 
 void note_oom(int device) noexcept {
   if (device >= 0 && device < kMaxDevices) state().ooms[device].fetch_add(1, std::memory_order_relaxed);
@@ -652,7 +802,7 @@ void on_pool_created(Runtime& rt, ContextPool& cp) noexcept {
     if (cp.device >= 0 && cp.device < kMaxDevices) m = st.members[cp.device].load();
     if (!st.publisher && (rt.policy().publish_stats || m != nullptr)) st.publisher = start_publisher = true;
     // One responder per member: the first pool of its device starts it.
-    if (m != nullptr && !st.responders[cp.device]) st.responders[cp.device] = start_responder = true;
+    if (m != nullptr && !m->closed() && !st.responders[cp.device]) st.responders[cp.device] = start_responder = true;
   }
   if (start_publisher) start_thread([r = &rt] { publisher(r); });
   if (start_responder) start_thread([r = &rt, m] { responder(r, m); });

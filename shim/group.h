@@ -1,7 +1,8 @@
 // Sharing one GPU between processes (docs/design.md, "The group ledger"):
 //  * a group budget: the processes of one user on one GPU with the same `group` keep their
-//    reserved bytes in a ledger in shared memory, and the sum stays under the budget
-//    (group::Member, the ReserveGate of every upstream of that device);
+//    reserved bytes, and (group_budget_counts:footprint, the default) their memory outside the
+//    pool as the device shows it, in a ledger in shared memory, and the sum stays under the
+//    budget (group::Member, the ReserveGate of every upstream of that device);
 //  * cooperative release: an allocation the budget refuses asks the other members to give back
 //    idle cached memory and waits a bounded time (ask_release), each member answering from its
 //    helper thread with its pool's own empty_cache;
@@ -41,9 +42,10 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 // An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
 void note_oom(int device) noexcept;
 // What cuMemGetInfo reports for a member: the group's budget (0 once it left the group) and
-// the bytes all members reserve together.
-std::size_t budget(const Member& m) noexcept;
-std::size_t group_reserved(const Member& m) noexcept;
+// the bytes all members reserve together (the whole budget for a member whose ledger cannot be
+// trusted: nothing can be had under it).
+std::size_t budget(Member& m) noexcept;
+std::size_t group_reserved(Member& m) noexcept;
 
 // Starts the helper threads with the first pool (stats record; one per group member to answer
 // release requests). Called by Runtime::create_pool after the pool is registered.

@@ -4,7 +4,12 @@
 //
 // Rules:
 // - Only processes of the same user are served (SO_PEERCRED on every connection); others get a
-//   refusal and a log line here.
+//   refusal, and a log line here at most every 10 s (with the count refused since), so another
+//   user cannot flood the log.
+// - Importers are untrusted: a request is checked before anything is done for it, at most
+//   kMaxConnections are served at once, and nothing sent to them ever blocks.
+// - A failed accept (out of descriptors: EMFILE, ENFILE; out of memory) pauses accepting for
+//   100 ms instead of spinning on the pending connection.
 // - A block stays allocated while any importer holds it open. When the program frees it
 //   earlier (CUDA calls that undefined behaviour; with a pool it would hand the bytes to the next
 //   allocation while another process still writes them) the free is deferred: the block is freed
@@ -136,7 +141,7 @@ void drop_connection(Exporter& e, int conn) {
 // One request from a connection. false: the connection is done (closed by the peer, or broken).
 bool serve(Exporter& e, int conn) {
   Request req;
-  if (!recv_message(conn, &req, sizeof req, 0) || req.magic != kWireMagic) return false;
+  if (!recv_message(conn, &req, sizeof req, 0) || !check_request(req).empty()) return false;
   if (req.op == Op::release) {
     std::lock_guard<std::mutex> lock(e.mu);
     auto it = e.by_id.find(req.id);
@@ -189,36 +194,101 @@ bool serve(Exporter& e, int conn) {
   return ok;  // a failed send drops the connection, and with it the hold just taken
 }
 
+constexpr std::size_t kMaxConnections = 1024;
+constexpr std::int64_t kAcceptPauseNs = 100'000'000;
+constexpr std::int64_t kLogEveryNs = 10'000'000'000;
+
+std::int64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// A kind of event that is logged at most every 10 s, each line with the count since the last.
+struct Throttle {
+  std::uint64_t total = 0, unlogged = 0;
+  std::int64_t last_ns = 0;
+  // true: log this one; *since holds the events since the last line (this one included).
+  bool tick(std::uint64_t* since) {
+    ++total;
+    ++unlogged;
+    const std::int64_t t = now_ns();
+    if (last_ns != 0 && t - last_ns < kLogEveryNs) return false;
+    last_ns = t;
+    *since = unlogged;
+    unlogged = 0;
+    return true;
+  }
+};
+
+void refuse(int c, pid_t pid, uid_t uid, Throttle& refused) {
+  std::uint64_t since = 0;
+  if (refused.tick(&since))
+    log_warn(
+        "CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this process's "
+        "memory ({} refused since the last such line, {} in all; logged at most every 10 s)",
+        static_cast<long>(pid), static_cast<long>(uid), static_cast<long>(::getuid()), since, refused.total);
+  Reply r;
+  r.status = Status::refused_uid;
+  send_message(c, &r, sizeof r);
+  ::close(c);
+}
+
 void server_loop(Exporter* e, int listen_fd) {
   std::vector<pollfd> fds{{listen_fd, POLLIN, 0}};
+  Throttle refused, accept_failed, too_many;
+  std::int64_t paused_until = 0;  // accepting resumes then (after a failed accept)
   for (;;) {
-    const int n = ::poll(fds.data(), fds.size(), -1);
+    int timeout = -1;
+    if (paused_until != 0) {
+      const std::int64_t left = paused_until - now_ns();
+      if (left <= 0) {
+        paused_until = 0;
+        fds[0].events = POLLIN;
+      } else {
+        timeout = static_cast<int>(left / 1'000'000 + 1);
+      }
+    }
+    const int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       log_warn("CUDA IPC: the server stopped: poll failed: {}", std::strerror(errno));
       return;
     }
     if ((fds[0].revents & POLLIN) != 0) {
-      const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (c >= 0) {
         pid_t pid = 0;
         uid_t uid = 0;
         if (!peer_credentials(c, &pid, &uid) || uid != ::getuid()) {
-          log_warn(
-              "CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this "
-              "process's memory",
-              static_cast<long>(pid), static_cast<long>(uid), static_cast<long>(::getuid()));
+          refuse(c, pid, uid, refused);
+        } else if (fds.size() > kMaxConnections) {
+          std::uint64_t since = 0;
+          if (too_many.tick(&since))
+            log_warn("CUDA IPC: refused a connection from pid {}: {} importers are connected already ({} refused)",
+                     static_cast<long>(pid), kMaxConnections, since);
           Reply r;
-          r.status = Status::refused_uid;
+          r.status = Status::error;
           send_message(c, &r, sizeof r);
           ::close(c);
         } else {
           fds.push_back({c, POLLIN, 0});
         }
+      } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        // Out of descriptors or memory: the pending connection stays pending and poll would
+        // report it again at once. Stop listening for a while (connections keep being served).
+        const int err = errno;
+        std::uint64_t since = 0;
+        if (accept_failed.tick(&since))
+          log_warn("CUDA IPC: cannot accept an importer's connection: {}; pausing for 100 ms ({} failed accepts)",
+                   std::strerror(err), since);
+        fds[0].events = 0;
+        paused_until = now_ns() + kAcceptPauseNs;
       }
     } else if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
       return;  // the socket was closed (after fork in a child)
     }
+    fds[0].revents = 0;
     for (std::size_t i = 1; i < fds.size();) {
       const short ev = fds[i].revents;
       fds[i].revents = 0;

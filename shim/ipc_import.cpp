@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -33,15 +34,18 @@ namespace {
 
 using detail::g_imports;
 
-constexpr int kReplyTimeoutMs = 10000;         // an exporter that does not answer in time is treated as gone
-constexpr std::uint32_t kMaxUnits = 1u << 16;  // 1 TiB of 16 MiB units: more is no reply of ours
+constexpr int kReplyTimeoutMs = 10000;  // an exporter that does not answer in time is treated as gone
 
+// One connection to one exporter. Its exchanges (a request and its reply) take turns on `io`,
+// which is held across the wait for the peer; the importer's own mutex never is.
 struct Conn {
   int fd = -1;
   std::uint32_t pid = 0;
   std::uint64_t nonce = 0;
   int imports = 0;
+  int users = 0;        // threads between finding it and the end of their exchange (under mu)
   bool broken = false;  // an exchange on it failed half-way: kept only for the holds of its imports
+  std::timed_mutex io;
 };
 
 struct Import {
@@ -99,26 +103,35 @@ unsigned long long u(CUdeviceptr p) { return static_cast<unsigned long long>(p);
 
 // Under mu.
 void drop_conn_if_idle(Importer& s, Conn* c) {
-  if (c->imports > 0) return;
+  if (c->imports > 0 || c->users > 0) return;
   ::close(c->fd);
   std::erase(s.conns, c);
   delete c;
 }
 
-// Under mu: the connection to the exporter of `h`, opened if needed, its identity checked.
+// The connection to the exporter of `h` (opened if needed, its peer's identity checked), with
+// one more user. Takes mu only to look up and to insert: the connect itself waits (a bounded
+// time) for the peer without it.
 CUresult connect_to(Importer& s, const Handle& h, Conn** out) {
-  for (Conn* c : s.conns) {
-    if (c->pid == h.pid && c->nonce == h.nonce && !c->broken) {
-      *out = c;
-      return CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (Conn* c : s.conns) {
+      if (c->pid == h.pid && c->nonce == h.nonce && !c->broken) {
+        ++c->users;
+        *out = c;
+        return CUDA_SUCCESS;
+      }
     }
   }
   const int fd = connect_abstract(socket_name(h.uid, h.pid, h.nonce));
   if (fd < 0) {
+    const int e = errno;
     log_warn(
-        "cuIpcOpenMemHandle: the process that exported this block (pid {}) cannot be reached ({}): it has "
-        "exited, or runs in another network namespace; returning CUDA_ERROR_INVALID_HANDLE",
-        h.pid, std::strerror(errno));
+        "cuIpcOpenMemHandle: the process that exported this block (pid {}) cannot be reached ({}): {}; returning "
+        "CUDA_ERROR_INVALID_HANDLE",
+        h.pid, std::strerror(e),
+        e == ETIMEDOUT ? "it accepts no connection (stopped, or too busy)"
+                       : "it has exited, or runs in another network namespace");
     return CUDA_ERROR_INVALID_HANDLE;
   }
   pid_t pid = 0;
@@ -131,7 +144,20 @@ CUresult connect_to(Importer& s, const Handle& h, Conn** out) {
         static_cast<long>(pid), static_cast<long>(uid), h.pid, static_cast<long>(::getuid()));
     return CUDA_ERROR_NOT_PERMITTED;
   }
-  auto* c = new Conn{fd, h.pid, h.nonce, 0};
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (Conn* c : s.conns) {  // another thread connected meanwhile: one connection per exporter
+    if (c->pid == h.pid && c->nonce == h.nonce && !c->broken) {
+      ::close(fd);
+      ++c->users;
+      *out = c;
+      return CUDA_SUCCESS;
+    }
+  }
+  auto* c = new Conn;
+  c->fd = fd;
+  c->pid = h.pid;
+  c->nonce = h.nonce;
+  c->users = 1;
   s.conns.push_back(c);
   *out = c;
   return CUDA_SUCCESS;
@@ -157,25 +183,38 @@ void unmap_units(const RealDriver& d, Import& im, std::size_t mapped) {
   im.va = 0;
 }
 
-// Expandable: receives the unit descriptors, imports and maps them. Closes every descriptor.
-CUresult map_units(const RealDriver& d, Conn* c, const Reply& rep, Import& im) {
-  if (!d.has_vmm() || d.cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  if (rep.units == 0 || rep.units > kMaxUnits) return CUDA_ERROR_INVALID_HANDLE;
-  std::vector<int> fds;
-  std::vector<std::size_t> sizes;
-  while (sizes.size() < rep.units) {
+// Expandable, under the connection's io: receives the block's unit descriptors and sizes,
+// each message checked (add_units). On failure every descriptor received is closed.
+std::string receive_units(Conn* c, const Reply& rep, std::vector<int>* fds, std::vector<std::uint64_t>* sizes) {
+  std::uint64_t total = 0;
+  while (sizes->size() < rep.units) {
     UnitBatch b;
     std::vector<int> got;
-    if (!recv_message(c->fd, &b, sizeof b, kReplyTimeoutMs, &got) || b.magic != kWireMagic || got.size() != b.count ||
-        b.count == 0 || b.count > kUnitsPerMessage) {
+    std::string why;
+    if (!recv_message(c->fd, &b, sizeof b, kReplyTimeoutMs, &got))
+      why = errno != 0 ? std::strerror(errno) : "no unit message in time";
+    else
+      why = add_units(b, got.size(), rep.units - static_cast<std::uint32_t>(sizes->size()), sizes, &total);
+    if (!why.empty()) {
       for (int f : got) ::close(f);
-      for (int f : fds) ::close(f);
-      return CUDA_ERROR_INVALID_HANDLE;
+      for (int f : *fds) ::close(f);
+      fds->clear();
+      return why;
     }
-    fds.insert(fds.end(), got.begin(), got.end());
-    sizes.insert(sizes.end(), b.bytes, b.bytes + b.count);
+    fds->insert(fds->end(), got.begin(), got.end());
   }
-  CUresult r = CUDA_SUCCESS;
+  if (std::string why = check_inside(rep.offset, rep.size, total); !why.empty()) {
+    for (int f : *fds) ::close(f);
+    fds->clear();
+    return why;
+  }
+  return {};
+}
+
+// Expandable: imports the received units and maps them. Closes every descriptor.
+CUresult map_units(const RealDriver& d, const std::vector<int>& fds, const std::vector<std::uint64_t>& sizes,
+                   Import& im) {
+  CUresult r = !d.has_vmm() || d.cuMemImportFromShareableHandle == nullptr ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
   for (std::size_t i = 0; i < fds.size(); ++i) {
     CUmemGenericAllocationHandle h = 0;
     if (r == CUDA_SUCCESS) {
@@ -190,8 +229,7 @@ CUresult map_units(const RealDriver& d, Conn* c, const Reply& rep, Import& im) {
   }
   CUdevice dev = 0;
   if (r == CUDA_SUCCESS) r = d.cuCtxGetDevice(&dev);
-  // The block must lie inside the units sent for it.
-  if (r == CUDA_SUCCESS && (im.units.empty() || rep.offset + rep.size > im.va_bytes)) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && im.units.empty()) r = CUDA_ERROR_INVALID_HANDLE;
   if (r == CUDA_SUCCESS) r = d.cuMemAddressReserve(&im.va, im.va_bytes, 0, 0, 0);
   std::size_t mapped = 0;
   std::size_t off = 0;
@@ -258,9 +296,14 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   CUcontext ctx = nullptr;
   if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   Importer& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  for (auto& [p, im] : s.by_ptr) {
-    if (im->pid == h.pid && im->nonce == h.nonce && im->id == h.id && im->ctx == ctx) {
+  auto find_open = [&]() -> Import* {
+    for (auto& [p, im] : s.by_ptr)
+      if (im->pid == h.pid && im->nonce == h.nonce && im->id == h.id && im->ctx == ctx) return im;
+    return nullptr;
+  };
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (Import* im = find_open()) {
       ++im->refs;
       *out = im->ptr;
       return CUDA_SUCCESS;
@@ -269,20 +312,42 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   Conn* c = nullptr;
   CUresult r = connect_to(s, h, &c);
   if (r != CUDA_SUCCESS) return r;
-  Request req;
-  req.op = Op::open;
-  req.id = h.id;
+  // The exchange, under the connection's io only (other threads keep importing, closing and
+  // querying meanwhile); every wait on the peer is bounded.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyTimeoutMs);
   Reply rep;
-  errno = 0;
-  if (!send_message(c->fd, &req, sizeof req) || !recv_message(c->fd, &rep, sizeof rep, kReplyTimeoutMs) ||
-      rep.magic != kWireMagic) {
+  std::vector<int> fds;
+  std::vector<std::uint64_t> sizes;
+  std::string why;
+  bool broken = false;
+  if (!c->io.try_lock_until(deadline)) {
+    why = "another exchange with it did not end in time";
+  } else {
+    Request req;
+    req.op = Op::open;
+    req.id = h.id;
+    errno = 0;
+    if (!send_message(c->fd, &req, sizeof req) || !recv_message(c->fd, &rep, sizeof rep, kReplyTimeoutMs)) {
+      why = errno != 0 ? std::strerror(errno) : "no answer in time";
+      broken = true;
+    } else if (why = check_reply(h, rep); !why.empty()) {
+      broken = true;
+    } else if (rep.status == Status::ok && rep.kind == Kind::expandable) {
+      why = receive_units(c, rep, &fds, &sizes);
+      broken = !why.empty();
+    }
+    c->io.unlock();
+  }
+  std::unique_lock<std::mutex> lock(s.mu);
+  --c->users;
+  if (!why.empty()) {
     log_warn(
-        "cuIpcOpenMemHandle: the exporting process (pid {}) did not answer ({}); returning "
+        "cuIpcOpenMemHandle: the exporting process (pid {}) did not answer properly ({}); returning "
         "CUDA_ERROR_INVALID_HANDLE",
-        h.pid, errno != 0 ? std::strerror(errno) : "timed out");
-    // A half-finished exchange leaves the connection unusable for requests; it stays open while
-    // it holds earlier imports (closing it would let the exporter reuse their bytes).
-    c->broken = true;
+        h.pid, why);
+    // A half-finished or garbled exchange leaves the connection unusable for requests; it stays
+    // open while it holds earlier imports (closing it would let the exporter reuse their bytes).
+    if (broken) c->broken = true;
     drop_conn_if_idle(s, c);
     return CUDA_ERROR_INVALID_HANDLE;
   }
@@ -292,6 +357,14 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
              code == CUDA_ERROR_NOT_PERMITTED ? "CUDA_ERROR_NOT_PERMITTED" : "CUDA_ERROR_INVALID_HANDLE");
     drop_conn_if_idle(s, c);
     return code;
+  }
+  if (Import* im = find_open()) {  // another thread opened it meanwhile: one import, this hold goes back
+    for (int f : fds) ::close(f);
+    send_release(c, h.id);
+    ++im->refs;
+    *out = im->ptr;
+    drop_conn_if_idle(s, c);
+    return CUDA_SUCCESS;
   }
   auto* im = new Import;
   im->pid = h.pid;
@@ -303,13 +376,28 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   im->conn = c;
   if (rep.kind == Kind::classic) {
     r = open_segment(d, s, rep.segment, ctx, flags, &im->segment_base);
+    // The block must lie inside the segment the driver mapped for it.
+    CUdeviceptr seg = 0;
+    std::size_t seg_bytes = 0;
+    if (r == CUDA_SUCCESS &&
+        (d.cuMemGetAddressRange_v2 == nullptr ||
+         d.cuMemGetAddressRange_v2(&seg, &seg_bytes, im->segment_base) != CUDA_SUCCESS || seg != im->segment_base)) {
+      why = "the driver does not say how large the segment is";
+    } else if (r == CUDA_SUCCESS) {
+      why = check_inside(rep.offset, rep.size, seg_bytes);
+    }
+    if (r == CUDA_SUCCESS && !why.empty()) {
+      close_segment(d, s, ctx, im->segment_base);
+      r = CUDA_ERROR_INVALID_HANDLE;
+    }
     im->ptr = im->segment_base + rep.offset;
   } else {
-    r = map_units(d, c, rep, *im);
+    r = map_units(d, fds, sizes, *im);
     im->ptr = im->va + rep.offset;
   }
   if (r != CUDA_SUCCESS) {
-    log_warn("cuIpcOpenMemHandle: mapping export {} of pid {} failed: CUDA error {}", h.id, h.pid, r);
+    log_warn("cuIpcOpenMemHandle: mapping export {} of pid {} failed: {}", h.id, h.pid,
+             why.empty() ? "CUDA error " + std::to_string(r) : why);
     send_release(c, h.id);
     delete im;
     drop_conn_if_idle(s, c);

@@ -4,8 +4,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -38,6 +40,58 @@ const char* to_string(Status s) noexcept {
   return "?";
 }
 
+std::string check_reply(const Handle& h, const Reply& rep) {
+  if (rep.magic != kWireMagic) return "not a reply of this protocol (bad magic)";
+  switch (rep.status) {
+    case Status::ok: break;
+    case Status::unknown:
+    case Status::refused_uid:
+    case Status::error: return {};  // a refusal: nothing in it is used but the status
+    default: return "unknown status " + std::to_string(static_cast<std::int32_t>(rep.status));
+  }
+  if (rep.kind != Kind::classic && rep.kind != Kind::expandable)
+    return "unknown kind " + std::to_string(static_cast<unsigned>(rep.kind));
+  if (rep.kind != h.kind) return "a block of another kind than the handle names";
+  if (rep.size != h.size)
+    return "a block of " + std::to_string(rep.size) + " bytes where the handle names " + std::to_string(h.size);
+  if (rep.size == 0) return "an empty block";
+  if (rep.kind == Kind::classic && rep.units != 0) return "units with a classic block";
+  if (rep.kind == Kind::expandable && (rep.units == 0 || rep.units > kMaxUnits))
+    return std::to_string(rep.units) + " units (1 to " + std::to_string(kMaxUnits) + " expected)";
+  if (rep.kind == Kind::expandable && rep.offset >= kMaxMappedBytes) return "an offset past any unit";
+  return {};
+}
+
+std::string add_units(const UnitBatch& b, std::size_t nfds, std::uint32_t left, std::vector<std::uint64_t>* sizes,
+                      std::uint64_t* total) {
+  if (b.magic != kWireMagic) return "not a unit message of this protocol (bad magic)";
+  if (b.count == 0 || b.count > kUnitsPerMessage || b.count > left)
+    return "a batch of " + std::to_string(b.count) + " units where " + std::to_string(left) + " were due";
+  if (nfds != b.count)
+    return std::to_string(nfds) + " descriptors with a batch of " + std::to_string(b.count) + " units";
+  for (std::uint32_t i = 0; i < b.count; ++i) {
+    const std::uint64_t n = b.bytes[i];
+    if (n == 0) return "a unit of 0 bytes";
+    if (n > kMaxMappedBytes - *total) return "units larger than any device together";
+    *total += n;
+    sizes->push_back(n);
+  }
+  return {};
+}
+
+std::string check_inside(std::uint64_t offset, std::uint64_t size, std::uint64_t range) {
+  if (offset > range || size > range - offset)
+    return "the block (offset " + std::to_string(offset) + ", " + std::to_string(size) +
+           " bytes) does not lie inside the " + std::to_string(range) + " bytes mapped for it";
+  return {};
+}
+
+std::string check_request(const Request& r) {
+  if (r.magic != kWireMagic) return "bad magic";
+  if (r.op != Op::open && r.op != Op::release) return "unknown op " + std::to_string(static_cast<std::uint32_t>(r.op));
+  return {};
+}
+
 namespace {
 
 socklen_t fill_address(const std::string& name, sockaddr_un* a) noexcept {
@@ -64,15 +118,52 @@ int listen_abstract(const std::string& name) noexcept {
   return fd;
 }
 
-int connect_abstract(const std::string& name) noexcept {
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+int connect_abstract(const std::string& name, int timeout_ms) noexcept {
+  // Non-blocking: a Unix socket whose queue of pending connections is full makes a blocking
+  // connect wait for as long as the listener does not accept (forever, for a stopped or hostile
+  // one); here it is retried until the deadline.
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   sockaddr_un a{};
   const socklen_t len = fill_address(name, &a);
+  timespec t0{};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const auto elapsed_ms = [&t0] {
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+  };
   int r;
-  do {
+  for (;;) {
     r = ::connect(fd, reinterpret_cast<sockaddr*>(&a), len);
-  } while (r != 0 && errno == EINTR);
+    if (r == 0 || errno == EISCONN) {
+      r = 0;
+      break;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EINPROGRESS) {  // not what Unix sockets do today; handled all the same
+      const long left = timeout_ms - elapsed_ms();
+      pollfd p{fd, POLLOUT, 0};
+      int soerr = 0;
+      socklen_t sl = sizeof soerr;
+      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) {
+        errno = ETIMEDOUT;
+      } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) {
+        r = 0;
+      } else {
+        errno = soerr != 0 ? soerr : errno;
+      }
+      break;
+    }
+    if (errno != EAGAIN) break;
+    const long left = timeout_ms - elapsed_ms();
+    if (left <= 0) {
+      errno = ETIMEDOUT;
+      break;
+    }
+    timespec nap{0, static_cast<long>(std::min<long>(left, 10)) * 1000000L};
+    ::nanosleep(&nap, nullptr);
+  }
   if (r != 0) {
     const int e = errno;
     ::close(fd);

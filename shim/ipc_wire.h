@@ -86,10 +86,32 @@ struct UnitBatch {
   std::uint64_t bytes[kUnitsPerMessage] = {};
 };
 
+// What an importer accepts from an exporter (a peer of the same user, but not trusted: it may be
+// broken, hostile or another program at that socket). Each returns "" when the message may be
+// used, else what is wrong with it, for a log line.
+//  * check_reply: the answer to `open` for the export `h` names: a known status and kind, the
+//    kind and size the handle names, no units with a classic block, 1..kMaxUnits with an
+//    expandable one.
+//  * add_units: one batch of an expandable block's units (`nfds` descriptors came with it):
+//    its count matches the descriptors, is no more than the `left` units still expected, and
+//    every unit's size is non-zero and keeps the running *total within kMaxMappedBytes.
+//  * check_inside: the block [offset, offset + size) lies inside the `range` bytes mapped for
+//    it (the classic segment, or the expandable units), with no wrap-around.
+inline constexpr std::uint32_t kMaxUnits = 1u << 16;
+inline constexpr std::uint64_t kMaxMappedBytes = std::uint64_t{1} << 46;  // 64 TiB: no device has more
+std::string check_reply(const Handle& h, const Reply& rep);
+std::string add_units(const UnitBatch& b, std::size_t nfds, std::uint32_t left, std::vector<std::uint64_t>* sizes,
+                      std::uint64_t* total);
+std::string check_inside(std::uint64_t offset, std::uint64_t size, std::uint64_t range);
+// The requests an exporter serves: the magic and a known op ("" when it may be served).
+std::string check_request(const Request& r);
+
 // Socket helpers. Sends never block (a peer that does not read is dropped, not waited for);
-// receives wait at most `timeout_ms`.
-int listen_abstract(const std::string& name) noexcept;   // -1 on failure (errno set)
-int connect_abstract(const std::string& name) noexcept;  // -1 on failure (errno set)
+// receives wait at most `timeout_ms`; a connect waits at most `timeout_ms` for an exporter whose
+// queue of pending connections is full (then fails with ETIMEDOUT). Sockets are non-blocking.
+inline constexpr int kConnectTimeoutMs = 3000;
+int listen_abstract(const std::string& name) noexcept;  // -1 on failure (errno set)
+int connect_abstract(const std::string& name, int timeout_ms = kConnectTimeoutMs) noexcept;  // -1 on failure
 bool send_message(int fd, const void* data, std::size_t bytes, const int* fds = nullptr, int nfds = 0) noexcept;
 // Exactly `bytes` bytes in one message, and the descriptors that came with it (close-on-exec).
 bool recv_message(int fd, void* data, std::size_t bytes, int timeout_ms, std::vector<int>* fds = nullptr) noexcept;

@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 namespace cudapool::share {
 
@@ -69,11 +71,24 @@ std::uint64_t process_start_time(int pid) {
   return std::strtoull(p, nullptr, 10);
 }
 
-bool process_alive(int pid, std::uint64_t start_time) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+std::uint64_t pid_namespace() {
+  struct stat st {};
+  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.st_ino);
+}
+
+Liveness process_liveness(int pid, std::uint64_t start_time, std::uint64_t pid_ns) {
+  const std::uint64_t own = pid_namespace();
+  if (pid_ns == 0 || own == 0 || pid_ns != own) return Liveness::unknown;  // its pid means nothing here
+  if (pid <= 0) return Liveness::gone;  // no process ever had it: a record of nothing
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return Liveness::gone;
   const std::uint64_t now = process_start_time(pid);
-  return now != 0 && now == start_time;
+  if (now == 0 || start_time == 0) {
+    // The pid exists, or kill could not tell; /proc may be hidden (hidepid) or raced an exit;
+    // or the caller knows no start time. Only a second look that finds no such process settles it.
+    return ::kill(pid, 0) != 0 && errno == ESRCH ? Liveness::gone : Liveness::unknown;
+  }
+  return now == start_time ? Liveness::alive : Liveness::gone;
 }
 
 std::int64_t monotonic_ns() {
@@ -92,8 +107,9 @@ std::string describe_mode(mode_t m) {
 
 }  // namespace
 
-Mapping map_file(const std::string& path, std::size_t size, bool create, int wait_ms) {
+Mapping open_file(const std::string& path, std::size_t size, bool create, int wait_ms, long owner) {
   Mapping m;
+  const auto uid = static_cast<uid_t>(owner == kEffectiveUid ? static_cast<long>(::geteuid()) : owner);
   int fd = -1;
   if (create) {
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -107,13 +123,15 @@ Mapping map_file(const std::string& path, std::size_t size, bool create, int wai
       }
       m.created = true;
     } else if (errno != EEXIST) {
+      m.foreign = errno == ELOOP;
       m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be created: ") + std::strerror(errno);
       return m;
     }
   }
   if (fd < 0) {
-    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
+      m.foreign = errno == ELOOP;
       m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be opened: ") + std::strerror(errno);
       return m;
     }
@@ -127,12 +145,12 @@ Mapping map_file(const std::string& path, std::size_t size, bool create, int wai
     }
     if (!S_ISREG(st.st_mode))
       m.error = "is not a regular file";
-    else if (st.st_uid != ::geteuid())
-      m.error = "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
-                std::to_string(::geteuid()) + ")";
+    else if (st.st_uid != uid)
+      m.error = "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " + std::to_string(uid) + ")";
     else if ((st.st_mode & 07777) != 0600)
-      m.error = "has mode " + describe_mode(st.st_mode) + ", not 0600";
+      m.error = "has mode " + describe_mode(st.st_mode) + ", not 0600 (other users could write it)";
     if (!m.error.empty()) {
+      m.foreign = true;
       ::close(fd);
       return m;
     }
@@ -146,16 +164,28 @@ Mapping map_file(const std::string& path, std::size_t size, bool create, int wai
     }
     ::usleep(1000);
   }
-  void* a = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  m.fd = fd;
+  m.size = size;
+  return m;
+}
+
+Mapping map_file(const std::string& path, std::size_t size, bool create, int wait_ms, long owner) {
+  Mapping m = open_file(path, size, create, wait_ms, owner);
+  if (m.fd < 0) return m;
+  void* a = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
   if (a == MAP_FAILED) {
     m.error = std::string("cannot be mapped: ") + std::strerror(errno);
-    ::close(fd);
+    ::close(m.fd);
+    m.fd = -1;
     return m;
   }
   m.addr = a;
-  m.size = size;
-  m.fd = fd;
   return m;
+}
+
+bool still_whole(const Mapping& m) {
+  struct stat st {};
+  return m.fd >= 0 && ::fstat(m.fd, &st) == 0 && st.st_size >= 0 && static_cast<std::size_t>(st.st_size) >= m.size;
 }
 
 void unmap(Mapping& m) {
@@ -219,27 +249,117 @@ bool init_ledger(Ledger& l, unsigned uid, std::string_view gpu, std::string_view
 
 namespace {
 
-// A consistent copy of a record (the owner may be writing): the seqlock's even value before and
-// after the copy must match. false after a few tries (a writer that died mid-update).
-bool copy_record(const ProcRecord* src, ProcRecord* out) {
+std::string bounded_string(const char* field, std::size_t n) {
+  const void* nul = std::memchr(field, '\0', n);
+  return std::string(field, nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - field) : n);
+}
+
+// A consistent copy of the record in `fd` (the owner may be writing): the seqlock's even value
+// before and after the copy must match. false after a few tries (a writer that died mid-update),
+// or when the file reads short (truncated).
+bool read_record(int fd, unsigned char (&buf)[sizeof(ProcRecord)]) {
+  constexpr std::size_t kSeqAt = offsetof(ProcRecord, seq);
   for (int attempt = 0; attempt < 50; ++attempt) {
-    const std::uint32_t s1 = src->seq.load(std::memory_order_acquire);
+    if (::pread(fd, buf, sizeof buf, 0) != static_cast<ssize_t>(sizeof buf)) return false;
+    std::uint32_t s1 = 0, s2 = 0;
+    std::memcpy(&s1, buf + kSeqAt, sizeof s1);
     if ((s1 & 1) == 0) {
-      std::memcpy(static_cast<void*>(out), static_cast<const void*>(src), sizeof *out);
       seqlock_fence(std::memory_order_acquire);
-      if (src->seq.load(std::memory_order_relaxed) == s1) return true;
+      if (::pread(fd, &s2, sizeof s2, static_cast<off_t>(kSeqAt)) != static_cast<ssize_t>(sizeof s2)) return false;
+      if (s1 == s2) return true;
     }
     ::usleep(200);
   }
   return false;
 }
 
-std::string bounded_string(const char* field, std::size_t n) {
-  const void* nul = std::memchr(field, '\0', n);
-  return std::string(field, nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - field) : n);
+}  // namespace
+
+bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView* out, std::string* why) {
+  if (bytes != sizeof(Ledger)) {
+    *why = std::to_string(bytes) + " bytes, not the " + std::to_string(sizeof(Ledger)) + " of this version's layout";
+    return false;
+  }
+  // A copy: the bytes need not be aligned, and nothing here touches the mutex.
+  auto l = std::make_unique<Ledger>();
+  std::memcpy(static_cast<void*>(l.get()), data, sizeof(Ledger));
+  const std::string group = bounded_string(l->group, sizeof l->group), gpu = bounded_string(l->gpu, sizeof l->gpu);
+  if (std::string w = validate_ledger(*l, uid, gpu, group); !w.empty()) {
+    *why = w;
+    return false;
+  }
+  out->group = group;
+  out->gpu = gpu;
+  out->budget = l->budget;
+  out->total = l->total.load(std::memory_order_relaxed);
+  out->live.clear();
+  for (std::uint32_t i = 0; i < kLedgerSlots; ++i) {
+    const LedgerSlot& sl = l->slot[i];
+    if (sl.state.load(std::memory_order_relaxed) != kSlotLive) continue;
+    SlotView v;
+    v.slot = static_cast<int>(i);
+    v.pid = sl.pid.load(std::memory_order_relaxed);
+    v.start_time = sl.start_time.load(std::memory_order_relaxed);
+    v.pid_ns = sl.pid_ns.load(std::memory_order_relaxed);
+    v.reserved = sl.reserved.load(std::memory_order_relaxed);
+    v.outside = sl.outside.load(std::memory_order_relaxed);
+    v.cached = sl.cached.load(std::memory_order_relaxed);
+    v.allocated = sl.allocated.load(std::memory_order_relaxed);
+    out->live.push_back(v);
+  }
+  return true;
 }
 
-}  // namespace
+std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* warnings) {
+  std::vector<LedgerView> out;
+  const std::string dir = shm_dir(), prefix = "cudapool-" + std::to_string(uid) + "-g-";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string path = dir + "/" + name;
+    Mapping m = open_file(path, sizeof(Ledger), false, 0);
+    if (m.fd < 0) {
+      if (warnings != nullptr) warnings->push_back(path + " " + m.error + "; skipped");
+      continue;
+    }
+    auto buf = std::make_unique<unsigned char[]>(sizeof(Ledger));
+    const ssize_t n = ::pread(m.fd, buf.get(), sizeof(Ledger), 0);
+    unmap(m);
+    LedgerView v;
+    std::string why;
+    if (!parse_ledger(buf.get(), n > 0 ? static_cast<std::size_t>(n) : 0, uid, &v, &why)) {
+      if (warnings != nullptr) warnings->push_back(path + " is not a valid group ledger (" + why + "); skipped");
+      continue;
+    }
+    out.push_back(std::move(v));
+  }
+  ::closedir(d);
+  return out;
+}
+
+bool parse_record(const void* data, std::size_t bytes, int pid, ProcRecord* out, std::string* why) {
+  if (bytes != sizeof(ProcRecord)) {
+    *why = std::to_string(bytes) + " bytes, not " + std::to_string(sizeof(ProcRecord));
+    return false;
+  }
+  std::memcpy(static_cast<void*>(out), data, sizeof *out);
+  if (out->magic != kRecordMagic)
+    *why = "bad magic";
+  else if (out->version != kRecordVersion)
+    *why = "layout version " + std::to_string(out->version) + ", this program reads version " +
+           std::to_string(kRecordVersion);
+  else if (out->size != sizeof(ProcRecord))
+    *why = "header says " + std::to_string(out->size) + " bytes";
+  else if (out->pid != pid)
+    *why = "names pid " + std::to_string(out->pid);
+  else if (out->devices > kRecordDevices)
+    *why = std::to_string(out->devices) + " devices (at most " + std::to_string(kRecordDevices) + ")";
+  else
+    return true;
+  return false;
+}
 
 std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings) {
   std::vector<ProcInfo> out;
@@ -249,6 +369,7 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     if (warnings != nullptr) warnings->push_back(dir + ": " + std::strerror(errno));
     return out;
   }
+  const std::uint64_t own_ns = pid_namespace();
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.rfind(prefix, 0) != 0) continue;
@@ -256,30 +377,39 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     if (rest.empty() || rest.size() > 9 || rest.find_first_not_of("0123456789") != std::string::npos) continue;
     const int pid = std::atoi(rest.c_str());
     const std::string path = dir + "/" + name;
-    Mapping m = map_file(path, sizeof(ProcRecord), false, 0);
-    if (!m) {
+    Mapping m = open_file(path, sizeof(ProcRecord), false, 0);
+    if (m.fd < 0) {
       if (warnings != nullptr)
         warnings->push_back(path + " " + m.error + "; skipped (remove it if no cudapool process uses it)");
       continue;
     }
-    ProcRecord r;
-    const bool copied = copy_record(static_cast<const ProcRecord*>(m.addr), &r);
+    alignas(ProcRecord) unsigned char buf[sizeof(ProcRecord)];
+    const bool copied = read_record(m.fd, buf);
     unmap(m);
-    const bool valid = copied && r.magic == kRecordMagic && r.version == kRecordVersion &&
-                       r.size == sizeof(ProcRecord) && r.pid == pid && r.devices <= kRecordDevices;
+    ProcRecord r;
+    std::string why = copied ? "" : "changing or truncated while read";
+    const bool valid = copied && parse_record(buf, sizeof buf, pid, &r, &why);
     if (!valid) {
       // A record its creator has not finished (magic 0) is skipped quietly: it is a few
-      // microseconds old, or its creator died, which the liveness check below will find.
-      if (r.magic != 0 && warnings != nullptr) warnings->push_back(path + " is not a valid stats record; skipped");
-      if (!process_alive(pid, process_start_time(pid)) && remove_dead) ::unlink(path.c_str());
+      // microseconds old, or its creator died, which the liveness check below will find. Its
+      // start time is unknown: only a pid that no process has any more settles that.
+      const bool unfinished = copied && r.magic == 0;
+      const Liveness l = process_liveness(pid, 0, own_ns);
+      if (remove_dead && l == Liveness::gone) {
+        ::unlink(path.c_str());
+      } else if (!unfinished && warnings != nullptr) {
+        warnings->push_back(path + " is not a valid stats record (" + why + "); skipped");
+      }
       continue;
     }
-    if (!process_alive(pid, r.start_time)) {
+    const Liveness l = process_liveness(pid, r.start_time, r.pid_ns);
+    if (l == Liveness::gone) {
       if (remove_dead) ::unlink(path.c_str());
       continue;
     }
     ProcInfo p;
     p.pid = pid;
+    p.other_namespace = r.pid_ns != own_ns;
     p.command = bounded_string(r.command, sizeof r.command);
     p.group = bounded_string(r.group, sizeof r.group);
     p.updated_unix_ns = static_cast<std::int64_t>(r.updated_unix_ns);

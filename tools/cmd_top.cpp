@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "config/printable.h"
@@ -52,28 +53,87 @@ std::string fragmentation_text(const share::RecordDevice& d) {
 
 std::string json_u(std::uint64_t v) { return std::to_string(v); }
 
-std::string to_json(const std::vector<share::ProcInfo>& procs) {
+// One group on one GPU, from its ledger: what the budget bounds, summed over the members that
+// may still live (slots of processes that are certainly gone wait for the next member to join or
+// be refused, which reclaims them; they are left out here and only counted). A group with no
+// member left is not shown at all.
+struct GroupFigures {
+  std::string group, gpu;
+  std::uint64_t budget = 0, total = 0, reserved = 0, outside = 0;
+  int members = 0, gone = 0;
+};
+
+std::vector<GroupFigures> group_figures(const std::vector<share::LedgerView>& ledgers) {
+  std::vector<GroupFigures> out;
+  for (const share::LedgerView& l : ledgers) {
+    GroupFigures g;
+    g.group = l.group;
+    g.gpu = l.gpu;
+    g.budget = l.budget;
+    g.total = l.total;
+    for (const share::SlotView& s : l.live) {
+      if (share::process_liveness(s.pid, s.start_time, s.pid_ns) == share::Liveness::gone) {
+        ++g.gone;
+        continue;
+      }
+      ++g.members;
+      g.reserved += s.reserved;
+      g.outside += s.outside;
+    }
+    if (g.members == 0) continue;  // a group that ended: its file waits for the next member
+    out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.group + a.gpu < b.group + b.gpu; });
+  return out;
+}
+
+std::string to_json(const std::vector<share::ProcInfo>& procs, const std::vector<GroupFigures>& groups) {
   std::string o = "{\"processes\":[";
   for (std::size_t i = 0; i < procs.size(); ++i) {
     const share::ProcInfo& p = procs[i];
     if (i != 0) o += ",";
-    o += "{\"pid\":" + std::to_string(p.pid) + ",\"command\":" + json_string(p.command) +
-         ",\"group\":" + json_string(p.group) + ",\"updated_unix_ns\":" + std::to_string(p.updated_unix_ns) +
-         ",\"devices\":[";
+    o += "{\"pid\":" + std::to_string(p.pid) + (p.other_namespace ? ",\"other_pid_namespace\":true" : "") +
+         ",\"command\":" + json_string(p.command) + ",\"group\":" + json_string(p.group) +
+         ",\"updated_unix_ns\":" + std::to_string(p.updated_unix_ns) + ",\"devices\":[";
     for (std::size_t k = 0; k < p.devices.size(); ++k) {
       const share::RecordDevice& d = p.devices[k];
       if (k != 0) o += ",";
       o += "{\"device\":" + std::to_string(d.device) + ",\"reserved_bytes\":" + json_u(d.reserved) +
            ",\"allocated_bytes\":" + json_u(d.allocated) + ",\"cached_bytes\":" + json_u(d.cached) +
-           ",\"external_bytes\":" + json_u(d.external) + ",\"inactive_split_bytes\":" + json_u(d.inactive_split) +
-           ",\"fragmentation\":" + json_number(frag(d)) + ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) +
-           ",\"ooms\":" + json_u(d.ooms) + ",\"fence_waits\":" + json_u(d.fence_waits) +
-           ",\"group_budget_bytes\":" + json_u(d.group_budget) +
+           ",\"external_bytes\":" + json_u(d.external) + ",\"outside_bytes\":" + json_u(d.outside) +
+           ",\"inactive_split_bytes\":" + json_u(d.inactive_split) + ",\"fragmentation\":" + json_number(frag(d)) +
+           ",\"peak_reserved_bytes\":" + json_u(d.peak_reserved) + ",\"ooms\":" + json_u(d.ooms) +
+           ",\"fence_waits\":" + json_u(d.fence_waits) + ",\"group_budget_bytes\":" + json_u(d.group_budget) +
            ",\"group_reserved_bytes\":" + json_u(d.group_reserved) + "}";
     }
     o += "]}";
   }
+  o += "],\"groups\":[";
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const GroupFigures& g = groups[i];
+    if (i != 0) o += ",";
+    o += "{\"group\":" + json_string(g.group) + ",\"gpu\":" + json_string(g.gpu) +
+         ",\"budget_bytes\":" + json_u(g.budget) + ",\"reserved_bytes\":" + json_u(g.reserved) +
+         ",\"outside_bytes\":" + json_u(g.outside) + ",\"total_bytes\":" + json_u(g.total) +
+         ",\"members\":" + std::to_string(g.members) + ",\"gone_members\":" + std::to_string(g.gone) + "}";
+  }
   o += "]}\n";
+  return o;
+}
+
+// One line per group under the table (names from a ledger: another process's, so printable()).
+std::string group_lines(const std::vector<GroupFigures>& groups) {
+  char line[512];
+  std::string o;
+  for (const GroupFigures& g : groups) {
+    std::snprintf(line, sizeof line,
+                  "group %s on %s: pool %s MiB + outside the pools %s MiB = %s of %s MiB (%d member(s)",
+                  printable(g.group).c_str(), printable(g.gpu).c_str(), mib(g.reserved).c_str(), mib(g.outside).c_str(),
+                  mib(g.total).c_str(), mib(g.budget).c_str(), g.members);
+    o += line;
+    if (g.gone != 0) o += "; " + std::to_string(g.gone) + " exited, reclaimed at the next join";
+    o += ")\n";
+  }
   return o;
 }
 
@@ -84,8 +144,9 @@ std::string to_json(const std::vector<share::ProcInfo>& procs) {
 std::string top_table(const std::vector<share::ProcInfo>& procs) {
   char line[512];
   std::string o;
-  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU", "RESERVED",
-                "ALLOCATED", "CACHED", "EXTERNAL", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS", "FWAITS", "COMMAND");
+  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %9s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU",
+                "RESERVED", "ALLOCATED", "CACHED", "EXTERNAL", "OUTSIDE", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS",
+                "FWAITS", "COMMAND");
   o += line;
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
@@ -97,18 +158,19 @@ std::string top_table(const std::vector<share::ProcInfo>& procs) {
     // stuck (its figures are that old).
     if (const std::int64_t age = now_ns - p.updated_unix_ns; p.updated_unix_ns != 0 && age > 2'000'000'000LL)
       cmd = "[not updated for " + std::to_string(age / 1'000'000'000LL) + " s] " + cmd;
+    if (p.other_namespace) cmd = "[pid of another PID namespace] " + cmd;
     if (p.devices.empty()) {
-      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-", "-",
-                    "-", "-", "-", group.c_str(), "-", "-", "-", cmd.c_str());
+      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %9s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-",
+                    "-", "-", "-", "-", "-", group.c_str(), "-", "-", "-", cmd.c_str());
       o += line;
     }
     for (const share::RecordDevice& d : p.devices) {
       const std::string budget = d.group_budget != 0 ? mib(d.group_reserved) + "/" + mib(d.group_budget) : "-";
-      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid, d.device,
-                    mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(), mib(d.external).c_str(),
-                    fragmentation_text(d).c_str(), group.c_str(), budget.c_str(),
-                    static_cast<unsigned long long>(d.ooms), static_cast<unsigned long long>(d.fence_waits),
-                    cmd.c_str());
+      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid,
+                    d.device, mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(),
+                    mib(d.external).c_str(), mib(d.outside).c_str(), fragmentation_text(d).c_str(), group.c_str(),
+                    budget.c_str(), static_cast<unsigned long long>(d.ooms),
+                    static_cast<unsigned long long>(d.fence_waits), cmd.c_str());
       o += line;
     }
   }
@@ -132,20 +194,23 @@ int top_main(const TopSettings& s) {
   signal(SIGTERM, on_signal);
   if (!output_option_ok(s.json, "--json", "cudapool top")) return kExitNoInput;
   const bool tty = !s.once && s.json.empty() && isatty(1) != 0;
+  std::set<std::string> warned;  // each warning once per session, not on every refresh
   for (;;) {
     std::vector<std::string> warnings;
     std::vector<share::ProcInfo> procs = share::read_records(::geteuid(), true, &warnings);
     std::sort(procs.begin(), procs.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
+    const std::vector<GroupFigures> groups = group_figures(share::read_ledgers(::geteuid(), &warnings));
     if (!s.json.empty()) {
       // '-': one object per refresh on stdout; a file: rewritten with the latest each refresh.
-      if (!emit_json(s.json, to_json(procs), "cudapool top")) return kExitNoInput;
+      if (!emit_json(s.json, to_json(procs, groups), "cudapool top")) return kExitNoInput;
     } else {
-      std::string out = top_table(procs);
+      std::string out = top_table(procs) + group_lines(groups);
       if (tty) out = "\x1b[H\x1b[2J" + out + "(" + std::to_string(procs.size()) + " pooled process(es); Ctrl-C ends)\n";
       std::fputs(out.c_str(), stdout);
       std::fflush(stdout);
     }
-    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", printable(w).c_str());
+    for (const std::string& w : warnings)
+      if (warned.insert(w).second) std::fprintf(stderr, "warning: %s\n", printable(w).c_str());
     if (s.once || g_stop) return 0;
     const auto us = static_cast<useconds_t>(s.interval * 1e6);
     for (useconds_t slept = 0; slept < us && !g_stop; slept += 50000) usleep(std::min<useconds_t>(50000, us - slept));

@@ -186,6 +186,7 @@ struct Context {
   bool primary;
   bool alive;
   int refs;
+  bool charged = false;  // its FAKECUDA_CONTEXT_MB are counted as device memory in use
 };
 
 struct Stream {
@@ -358,9 +359,35 @@ void machine_sub(std::size_t bytes) {
 // At process exit the driver frees what the process still holds (the machine's count drops).
 void machine_exit();
 
+// FAKECUDA_CONTEXT_MB=N: every live context holds N MiB of device memory of its own (the
+// context, its modules and library workspaces on a real GPU: memory outside any allocation),
+// shown by cuMemGetInfo and counted in the machine file.
+std::size_t context_bytes() {
+  static const std::size_t n = [] {
+    const char* e = std::getenv("FAKECUDA_CONTEXT_MB");
+    return e != nullptr ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) << 20 : std::size_t{0};
+  }();
+  return n;
+}
+std::vector<Context*> charged_contexts;
+void charge_context(Context* c) {
+  if (c->charged || context_bytes() == 0) return;
+  c->charged = true;
+  charged_contexts.push_back(c);
+  machine_add(context_bytes());
+}
+void uncharge_context(Context* c) {
+  if (!c->charged) return;
+  c->charged = false;
+  std::erase(charged_contexts, c);
+  machine_sub(context_bytes());
+}
+
 std::size_t vmm_used_on(int dev);  // physical VMM handles (below)
 std::size_t used_on(int dev) {
   std::size_t u = vmm_used_on(dev);
+  for (const Context* c : charged_contexts)
+    if (c->device == dev) u += context_bytes();
   for (auto& [p, a] : allocs)
     if (a.ctx->device == dev && !a.imported) u += a.size;
   return u;
@@ -444,6 +471,7 @@ void destroy_context(Context* c) {
       ++it;
     }
   }
+  uncharge_context(c);
   c->alive = false;
   c->refs = 0;
   if (tl_current == c) tl_current = nullptr;
@@ -568,6 +596,7 @@ FAKE_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (dev < 0 || dev >= kDevices) return CUDA_ERROR_INVALID_VALUE;
   Context& c = primaries[dev];
   c.alive = true;  // same handle after a reset, as the real driver often gives
+  charge_context(&c);
   ++c.refs;
   *pctx = reinterpret_cast<CUcontext>(&c);
   return CUDA_SUCCESS;
@@ -662,6 +691,7 @@ static CUresult create_context(CUcontext* ctx, int dev) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
   if (ctx == nullptr || dev < 0 || dev >= kDevices) return CUDA_ERROR_INVALID_VALUE;
   auto* c = new Context{dev, false, true, 1};
+  charge_context(c);
   tl_current = c;
   *ctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
@@ -732,7 +762,10 @@ FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
   std::lock_guard<std::mutex> lock(mu);
   if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const std::size_t t = total_bytes();
-  if (free_bytes != nullptr) *free_bytes = t - used_on(tl_current->device);
+  // With a machine file the device is shared: free is what no process holds, as on a GPU.
+  std::size_t used = used_on(tl_current->device);
+  if (MachineCounts* m = machine(); m != nullptr && !machine_gone) used = std::max<std::size_t>(used, m->live.load());
+  if (free_bytes != nullptr) *free_bytes = t - std::min(used, t);
   if (total != nullptr) *total = t;
   return CUDA_SUCCESS;
 }
@@ -1020,6 +1053,7 @@ void machine_exit() {
   for (auto& [p, a] : allocs)
     if (!a.imported) held += a.size;
   for (int d = 0; d < kDevices; ++d) held += vmm_used_on(d);
+  held += charged_contexts.size() * context_bytes();
   machine_sub(held);
   machine_gone = true;
 }

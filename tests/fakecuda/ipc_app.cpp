@@ -22,11 +22,26 @@
 //   reset     the exporter's context is reset: handles made before name nothing any more.
 //   noexport  (run with FAKECUDA_VMM_NO_EXPORT=1 and expandable segments) the driver refused
 //             exportable pages: the handle is refused with CUDA_ERROR_NOT_SUPPORTED.
+//   stall     an "exporter" that never accepts (its queue of pending connections full): the
+//             open of its handle fails after the connect timeout, and meanwhile another thread
+//             opens, reads and closes a block of a working exporter without waiting for it.
+//   evil      an "exporter" answering with crafted replies (offsets and sizes that wrap or lie
+//             outside the segment or units, sizes the handle does not name, unit counts that
+//             do not match their descriptors, unknown kinds): every open is refused and maps
+//             nothing; a well-formed reply from it is accepted (the checks are not blanket).
+//   emfile    the exporter runs out of file descriptors with a connection pending: its server
+//             does not spin (CPU time over a second), and serves the importer once it has
+//             descriptors again.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -316,6 +331,130 @@ void scenario_noexport() {
   CHECK_OK(cuMemFree_v2(x));
 }
 
+namespace w = cudapool::shim::ipc;
+
+// A handle of the shim's format naming export `id` (of `size` bytes, of `kind`) of process `pid`,
+// whose socket uses `nonce`.
+CUipcMemHandle crafted(pid_t pid, std::uint64_t nonce, std::uint64_t id, std::uint64_t size, w::Kind kind) {
+  w::Handle h{};
+  std::memcpy(h.marker, w::kMarker, sizeof h.marker);
+  h.version = w::kVersion;
+  h.kind = kind;
+  h.pid = static_cast<std::uint32_t>(pid);
+  h.uid = static_cast<std::uint32_t>(getuid());
+  h.nonce = nonce;
+  h.id = id;
+  h.size = size;
+  CUipcMemHandle out{};
+  w::encode(h, &out);
+  return out;
+}
+constexpr std::uint64_t kFakeNonce = 0x5eed;
+
+double seconds_since(const timespec& t0, clockid_t clock = CLOCK_MONOTONIC) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec - t0.tv_sec) + static_cast<double>(t.tv_nsec - t0.tv_nsec) * 1e-9;
+}
+
+std::string read_line(const Child& c) {
+  std::string s;
+  for (char b; (b = hear(c)) != '\n';) s += b;
+  return s;
+}
+
+void scenario_stall() {
+  start();
+  Child good = spawn({"export_wait"});
+  const CUipcMemHandle gh = unhex(read_line(good));
+  Child stalled = spawn({"stall_server"}, /*with_shim=*/false);
+  CHECK(hear(stalled) == 'r');
+  CUresult stalled_result = CUDA_SUCCESS;
+  double stalled_s = 0;
+  std::thread t([&] {
+    start();
+    timespec t0{};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CUdeviceptr p = 0;
+    stalled_result = cuIpcOpenMemHandle_v2(&p, crafted(stalled.pid, kFakeNonce, 1, 4096, w::Kind::classic),
+                                           kLazyPeerAccess);
+    stalled_s = seconds_since(t0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the thread waits on the stalled peer
+  timespec t0{};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  CUdeviceptr p = 0;
+  CHECK_OK(cuIpcOpenMemHandle_v2(&p, gh, kLazyPeerAccess));
+  CHECK(holds(p, 4096, 0x3c));
+  CHECK_OK(cuIpcCloseMemHandle(p));
+  const double good_s = seconds_since(t0);
+  std::printf("stall: the working exporter's block took %.3f s\n", good_s);
+  CHECK(good_s < 1.0);  // not behind the stalled connect
+  t.join();
+  std::printf("stall: the stalled open answered %d after %.3f s\n", static_cast<int>(stalled_result), stalled_s);
+  CHECK(stalled_result == kInvalidHandle);
+  CHECK(stalled_s > 2.0 && stalled_s < 8.0);
+  tell(good, 'q');
+  tell(stalled, 'q');
+  CHECK(wait_exit(good) == 0);
+  CHECK(wait_exit(stalled) == 0);
+}
+
+// The replies of child_evil_server, by export id (1..7); 7 is well-formed.
+void scenario_evil() {
+  start();
+  Child evil = spawn({"evil_server"}, /*with_shim=*/false);
+  CHECK(hear(evil) == 'r');
+  for (std::uint64_t id = 1; id <= 7; ++id) {
+    const w::Kind kind = id >= 4 && id <= 5 ? w::Kind::expandable : w::Kind::classic;
+    CUdeviceptr p = 0;
+    const CUresult r = cuIpcOpenMemHandle_v2(&p, crafted(evil.pid, kFakeNonce, id, 4096, kind), kLazyPeerAccess);
+    std::printf("evil: reply %llu answered %d\n", static_cast<unsigned long long>(id), static_cast<int>(r));
+    if (id == 7) {
+      CHECK_OK(r);
+      CHECK(holds(p, 4096, 0x6d));
+      CHECK_OK(cuIpcCloseMemHandle(p));
+    } else {
+      CHECK(r == kInvalidHandle);
+    }
+    CHECK(fakecuda_ipc_mapped() == 0 && fakecuda_vmm_mapped_bytes() == 0);
+  }
+  tell(evil, 'q');
+  CHECK(wait_exit(evil) == 0);
+}
+
+void scenario_emfile() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4096));
+  fill(x, 4096, 0x3c);
+  const CUipcMemHandle h = export_of(x);                  // starts the server
+  Child c = spawn({"open_on_go", hex(h), "4096", "60"});  // 0x3c
+  rlimit old{};
+  CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = 256;
+  CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::vector<int> filler;
+  for (int f; (f = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) filler.push_back(f);
+  CHECK(errno == EMFILE);
+  tell(c, 'g');  // the child connects and asks; the server cannot accept
+  timespec cpu0{}, wall0{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+  clock_gettime(CLOCK_MONOTONIC, &wall0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu = seconds_since(cpu0, CLOCK_PROCESS_CPUTIME_ID), wall = seconds_since(wall0);
+  for (int f : filler) close(f);
+  CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  std::printf("emfile: %.3f s of CPU in %.3f s while out of descriptors\n", cpu, wall);
+  CHECK(cpu < 0.25 * wall);
+  CHECK(hear(c) == 'o');  // served once descriptors were back
+  tell(c, 'g');
+  CHECK(hear(c) == 'c');
+  CHECK(wait_exit(c) == 0);
+  CHECK_OK(cuMemFree_v2(x));
+}
+
 // --- the children
 
 CUdeviceptr open_checked(const std::string& hx, std::size_t n, int v) {
@@ -411,6 +550,129 @@ int child_export_exit() {
   return 0;
 }
 
+// export_wait: exports a 4 KiB block of 0x3c bytes, sends its handle, waits for a byte, exits.
+int child_export_wait() {
+  start();
+  CUdeviceptr x = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, 4096));
+  fill(x, 4096, 0x3c);
+  CUipcMemHandle h{};
+  CHECK_OK(cuIpcGetMemHandle(&h, x));
+  const std::string s = hex(h) + "\n";
+  CHECK(write(3, s.data(), s.size()) == static_cast<ssize_t>(s.size()));
+  pollfd pf{4, POLLIN, 0};
+  poll(&pf, 1, 30000);
+  return 0;
+}
+
+// open_on_go HANDLE SIZE VALUE: waits for 'g', then as `hold` (says 'o', waits 'g', closes, 'c').
+int child_open_on_go(const std::vector<std::string>& a) {
+  start();
+  char b = 0;
+  pollfd pf{4, POLLIN, 0};
+  CHECK(poll(&pf, 1, 10000) == 1 && read(4, &b, 1) == 1 && b == 'g');
+  return child_hold(a);
+}
+
+// The socket an exporter with pid getpid() and kFakeNonce listens on, with a queue of `backlog`.
+int fake_listen(int backlog) {
+  const std::string name = w::socket_name(static_cast<std::uint32_t>(getuid()), static_cast<std::uint32_t>(getpid()),
+                                          kFakeNonce);
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  CHECK(fd >= 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, name.data(), name.size());
+  CHECK(bind(fd, reinterpret_cast<sockaddr*>(&a),
+             static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) == 0);
+  CHECK(listen(fd, backlog) == 0);
+  return fd;
+}
+
+void wait_for_parent() {
+  pollfd pf{4, POLLIN, 0};
+  poll(&pf, 1, 30000);
+}
+
+// stall_server (without the shim): listens, never accepts, and fills its queue itself; says 'r'.
+int child_stall_server() {
+  const int lfd = fake_listen(0);
+  const std::string name = w::socket_name(static_cast<std::uint32_t>(getuid()), static_cast<std::uint32_t>(getpid()),
+                                          kFakeNonce);
+  const int self = w::connect_abstract(name, 1000);  // takes the queue's one place
+  CHECK(self >= 0);
+  char b = 'r';
+  CHECK(write(3, &b, 1) == 1);
+  wait_for_parent();
+  close(self);
+  close(lfd);
+  return 0;
+}
+
+// evil_server (without the shim, on the fake driver): answers each `open` by its export id.
+int child_evil_server() {
+  start();
+  CUdeviceptr seg = 0;
+  CHECK_OK(cuMemAlloc_v2(&seg, 4096));  // the driver's own allocation: 4 KiB
+  fill(seg, 4096, 0x6d);
+  CUipcMemHandle segh{};
+  CHECK_OK(cuIpcGetMemHandle(&segh, seg));
+  const int unit = memfd_create("evil-unit", MFD_CLOEXEC);  // one 4 MiB "physical unit"
+  CHECK(unit >= 0 && ftruncate(unit, 4 << 20) == 0);
+  const int lfd = fake_listen(16);
+  char b = 'r';
+  CHECK(write(3, &b, 1) == 1);
+  std::vector<pollfd> fds{{lfd, POLLIN, 0}, {4, POLLIN, 0}};
+  for (;;) {
+    CHECK(poll(fds.data(), fds.size(), 30000) > 0);
+    if (fds[1].revents != 0) break;  // the parent is done
+    if ((fds[0].revents & POLLIN) != 0) fds.push_back({accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC), POLLIN, 0});
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      w::Request req;
+      if (!w::recv_message(fds[i].fd, &req, sizeof req, 0)) {
+        close(fds[i].fd);
+        fds.erase(fds.begin() + static_cast<long>(i--));
+        continue;
+      }
+      if (req.op != w::Op::open) continue;
+      w::Reply rep;
+      rep.status = w::Status::ok;
+      rep.kind = w::Kind::classic;
+      rep.size = 4096;
+      rep.segment = segh;
+      w::UnitBatch batch;
+      int nfds = 0;
+      switch (req.id) {
+        case 1: rep.offset = ~std::uint64_t{0} - 2047; break;  // offset + size wraps to 2048
+        case 2: rep.offset = kMiB; break;                      // past the 4 KiB segment
+        case 3: rep.size = 8192; break;                        // not the size the handle names
+        case 4:                                                // expandable, offset + size wraps
+          rep.kind = w::Kind::expandable;
+          rep.units = 1;
+          rep.offset = ~std::uint64_t{0} - 4095;
+          batch.count = 1;
+          batch.bytes[0] = 4 << 20;
+          nfds = 1;
+          break;
+        case 5:  // expandable: two units announced, one descriptor sent
+          rep.kind = w::Kind::expandable;
+          rep.units = 2;
+          batch.count = 2;
+          batch.bytes[0] = batch.bytes[1] = 4 << 20;
+          nfds = 1;
+          break;
+        case 6: rep.kind = static_cast<w::Kind>(9); break;
+        default: break;  // 7: the whole segment, well-formed
+      }
+      w::send_message(fds[i].fd, &rep, sizeof rep);
+      if (nfds > 0) w::send_message(fds[i].fd, &batch, sizeof batch, &unit, nfds);
+    }
+    for (auto& f : fds) f.revents = 0;
+  }
+  return 0;
+}
+
 // foreign HANDLE (run as root): as user 65534, the open is refused by this side (the socket is
 // not this user's), and the exporter refuses a connection from this user outright.
 int child_foreign(const std::vector<std::string>& a) {
@@ -419,7 +681,6 @@ int child_foreign(const std::vector<std::string>& a) {
   start();
   CUdeviceptr p = 0;
   CHECK(cuIpcOpenMemHandle_v2(&p, unhex(a[0]), kLazyPeerAccess) == kNotPermitted);
-  namespace w = cudapool::shim::ipc;
   w::Handle h{};
   CHECK(w::decode(unhex(a[0]), &h));
   const int fd = w::connect_abstract(w::socket_name(h.uid, h.pid, h.nonce));
@@ -429,6 +690,13 @@ int child_foreign(const std::vector<std::string>& a) {
   CHECK(w::recv_message(fd, &rep, sizeof rep, 5000));
   CHECK(rep.magic == w::kWireMagic && rep.status == w::Status::refused_uid && rep.units == 0);
   close(fd);
+  // Many more: each is refused, and the exporter's log does not grow with them.
+  for (int i = 0; i < 50; ++i) {
+    const int f = w::connect_abstract(w::socket_name(h.uid, h.pid, h.nonce));
+    CHECK(f >= 0);
+    CHECK(w::recv_message(f, &rep, sizeof rep, 5000) && rep.status == w::Status::refused_uid);
+    close(f);
+  }
   return 0;
 }
 
@@ -443,6 +711,10 @@ int main(int argc, char** argv) {
     if (op == "fail") return child_fail(a);
     if (op == "export_exit") return child_export_exit();
     if (op == "foreign") return child_foreign(a);
+    if (op == "export_wait") return child_export_wait();
+    if (op == "open_on_go") return child_open_on_go(a);
+    if (op == "stall_server") return child_stall_server();
+    if (op == "evil_server") return child_evil_server();
     return 2;
   }
   if (argc != 2) {
@@ -455,7 +727,8 @@ int main(int argc, char** argv) {
     void (*fn)();
   } scenarios[] = {{"share", scenario_share},       {"held", scenario_held},     {"crash", scenario_crash},
                    {"gone", scenario_gone},         {"noshim", scenario_noshim}, {"foreign", scenario_foreign},
-                   {"noexport", scenario_noexport}, {"reset", scenario_reset}};
+                   {"noexport", scenario_noexport}, {"reset", scenario_reset},   {"stall", scenario_stall},
+                   {"evil", scenario_evil},         {"emfile", scenario_emfile}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

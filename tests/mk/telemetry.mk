@@ -30,3 +30,13 @@ $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/t
     telemetry/spdlog_fmt_impl.o config/output_file.o config/path_pattern.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary
+# The readers of the files processes of one user share (telemetry/share.cpp): the group ledger
+# and the stats records, as `cudapool top` reads them.
+$(BUILD)/fuzz/share_%: $(TELEMETRY_FUZZ_OBJ)/tests/fuzz/share_fuzz_%.o $(TELEMETRY_FUZZ_OBJ)/telemetry/share.o
+	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
+FUZZ_TARGETS += $(BUILD)/fuzz/share_ledger $(BUILD)/fuzz/share_record
+# The CUDA IPC wire checks (shim/ipc_wire.cpp): what an importer and an exporter accept from
+# their peer. Here rather than in shim.mk, which is read before this file's fuzzer settings.
+$(BUILD)/fuzz/shim_ipc_wire: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/shim_fuzz_ipc_wire.o shim/ipc_wire.o)
+	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
+FUZZ_TARGETS += $(BUILD)/fuzz/shim_ipc_wire

@@ -77,13 +77,17 @@ mkdir -m 700 "$tmp/shm"
 expect_rc 0 "top --once on no processes" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once
 expect_out "PID +GPU +RESERVED" "top prints the header"
 expect_rc 0 "top --once --json - on no processes" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json -
-expect_out '^\{"processes":\[\]\}' "top --json prints an empty list"
+expect_out '^\{"processes":\[\],"groups":\[\]\}' "top --json prints an empty list"
 expect_rc 0 "top --once --json FILE" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json "$tmp/top.json"
-grep -q '^{"processes":\[\]}' "$tmp/top.json" && ok || fail "top --json FILE writes the object there"
+grep -q '^{"processes":\[\],"groups":\[\]}' "$tmp/top.json" && ok || fail "top --json FILE writes the object there"
 printf 'junk' > "$tmp/shm/cudapool-$(id -u)-p-1"
 chmod 600 "$tmp/shm/cudapool-$(id -u)-p-1"
 expect_rc 0 "top skips a file that is not a record" -- env CUDAPOOL_SHM_DIR="$tmp/shm" "$cp" top --once --json -
 expect_out "not the .* bytes of this version's layout; skipped" "top names the bad record"
+# Refreshing (every 0.2 s for 1.5 s, then stopped): the same bad file is named once, not on every refresh.
+env CUDAPOOL_SHM_DIR="$tmp/shm" timeout -s INT 1.5 "$cp" top --interval 0.2 >"$tmp/out" 2>"$tmp/err"
+n=$(grep -c "this version's layout; skipped" "$tmp/err")
+if [ "$(grep -c '^ *PID' "$tmp/out")" -ge 3 ] && [ "$n" -eq 1 ]; then ok; else fail "top warns once per session: $n warnings"; fi
 mkdir -m 777 "$tmp/open"
 expect_rc 66 "top refuses a directory others can write" -- env CUDAPOOL_SHM_DIR="$tmp/open" "$cp" top --once
 expect_out "writable by other users" "top says why"

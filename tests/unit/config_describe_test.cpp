@@ -53,6 +53,8 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.group_budget = 4 * GiB;
   p.group_budget_fraction = 0.5;
   p.group_release_wait_ms = 250;
+  p.group_pool_only = true;
+  p.group_outside = static_cast<std::int64_t>(600 * MiB);
   p.publish_stats = false;
   p.pinned.enabled = true;
   p.pinned.use_host_register = true;

@@ -35,6 +35,25 @@ TEST(GroupKeys, ParseAndRoundTrip) {
   EXPECT_TRUE(has(describe(p), "group_budget_mb              = 4096")) << describe(p);
 }
 
+// What the budget counts: the whole footprint by default (outside memory measured), the pools
+// only with group_budget_counts:pool, or a fixed charge per process.
+TEST(GroupKeys, BudgetCountsAndOutsideCharge) {
+  Policy d = must_parse("group:s,group_budget_mb:100");
+  EXPECT_FALSE(d.group_pool_only);
+  EXPECT_EQ(d.group_outside, -1);
+  Policy p = must_parse("group:s,group_budget_mb:100,group_budget_counts:pool,group_outside_mb:600");
+  EXPECT_TRUE(p.group_pool_only);
+  EXPECT_EQ(p.group_outside, static_cast<std::int64_t>(600 * MiB));
+  testing::expect_same_policy(must_parse(to_conf_string(p)), p);
+  EXPECT_EQ(must_parse("group:s,group_budget_mb:100,group_outside_mb:auto").group_outside, -1);
+  EXPECT_TRUE(has(must_fail("group_budget_counts:all"), "not footprint or pool"));
+  EXPECT_TRUE(has(must_fail("group_outside_mb:lots"), "(or auto)"));
+  PolicyResult r = load_conf("group_budget_counts:pool");
+  ASSERT_TRUE(r.policy) << r.error;
+  ASSERT_EQ(r.policy->warnings.size(), 1u);
+  EXPECT_TRUE(has(r.policy->warnings[0], "group_budget_counts has no effect without group"));
+}
+
 TEST(GroupKeys, BadValuesSayWhatIsAllowed) {
   std::string e = must_fail("group:a/b");
   EXPECT_TRUE(has(e, "bad value 'a/b' for group")) << e;

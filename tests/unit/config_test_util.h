@@ -45,7 +45,7 @@ constexpr std::size_t count_fields(Fields... f) {
 // value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
   static_assert(count_fields<PoolOptions>() == 15, "a PoolOptions field is not compared below");
-  static_assert(count_fields<Policy>() == 21, "a Policy field is not compared below");
+  static_assert(count_fields<Policy>() == 23, "a Policy field is not compared below");
   static_assert(count_fields<HostPoolOptions>() == 6, "a HostPoolOptions field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
   EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);
@@ -75,6 +75,8 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.group, b.group);
   EXPECT_EQ(a.group_budget, b.group_budget);
   EXPECT_EQ(a.group_budget_fraction, b.group_budget_fraction);
+  EXPECT_EQ(a.group_pool_only, b.group_pool_only);
+  EXPECT_EQ(a.group_outside, b.group_outside);
   EXPECT_EQ(a.group_release_wait_ms, b.group_release_wait_ms);
   EXPECT_EQ(a.publish_stats, b.publish_stats);
   EXPECT_EQ(a.pinned.enabled, b.pinned.enabled);

@@ -58,12 +58,17 @@ TEST_P(ShimIpc, ExportsEndWithTheirContext) {
   EXPECT_NE(o.output.find("no such block"), std::string::npos) << o.output;
 }
 
+// Refused by both ends; the 51 connections of the other user make one log line, not 51.
 TEST_P(ShimIpc, OtherUsersAreRefusedByBothEnds) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run the importer as another user";
   const auto o = run_app("foreign", GetParam());
   expect_pass(o, "foreign");
   EXPECT_NE(o.output.find("only processes of uid 0 may open"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("CUDA_ERROR_NOT_PERMITTED"), std::string::npos) << o.output;
+  int lines = 0;
+  for (std::size_t at = 0; (at = o.output.find("refused a connection from", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_GE(lines, 1);
+  EXPECT_LE(lines, 2) << "refusals are logged at most every 10 s\n" << o.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, ShimIpc, ::testing::Values("expandable_segments:False", ""),
@@ -77,6 +82,32 @@ TEST(ShimIpcFallback, DriverWithoutExportablePagesRefusesTheExport) {
   const auto o = run_app("noexport", "expandable_segments:True,log_level:info", {{"FAKECUDA_VMM_NO_EXPORT", "1"}});
   expect_pass(o, "noexport");
   EXPECT_NE(o.output.find("refused exportable pages"), std::string::npos) << o.output;
+}
+
+// An exporter that never accepts: the open fails after the connect timeout, and other threads'
+// imports do not wait for it.
+TEST(ShimIpcPeers, StalledExporterBlocksNoOtherImport) {
+  const auto o = run_app("stall", "");
+  expect_pass(o, "stall");
+  EXPECT_NE(o.output.find("accepts no connection"), std::string::npos) << o.output;
+}
+
+// Crafted replies (wrapping or out-of-range offsets and sizes, sizes the handle does not name,
+// unit counts without their descriptors, unknown kinds) are refused and map nothing.
+TEST(ShimIpcPeers, CraftedRepliesAreRefused) {
+  const auto o = run_app("evil", "");
+  expect_pass(o, "evil");
+  EXPECT_NE(o.output.find("does not lie inside"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("where the handle names"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("unknown kind"), std::string::npos) << o.output;
+}
+
+// Out of descriptors with a connection pending, the exporter's server pauses instead of spinning,
+// and serves the importer once descriptors are back.
+TEST(ShimIpcPeers, ExporterOutOfDescriptorsDoesNotSpin) {
+  const auto o = run_app("emfile", "log_level:warn");
+  expect_pass(o, "emfile");
+  EXPECT_NE(o.output.find("cannot accept an importer's connection"), std::string::npos) << o.output;
 }
 
 }  // namespace

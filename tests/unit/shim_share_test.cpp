@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <list>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -268,38 +270,126 @@ TEST_F(Share, CorruptLedgerIsIgnoredWithAWarning) {
 }
 
 // A ledger another user could have written (wrong mode, wrong owner) or a symbolic link at its
-// name is refused the same way; the file is left untouched.
-TEST_F(Share, ForeignLedgerIsRefused) {
-  // A valid ledger but readable by others.
+// name fails closed: the allocation is refused, with an error naming the file, its owner and the
+// fix; the file is left untouched.
+TEST_F(Share, ForeignLedgerFailsClosed) {
+  // A valid ledger but writable by others.
   {
     ChildResult make = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
     ASSERT_EQ(make.exit_status, 0) << make.output;
   }
-  ASSERT_EQ(chmod(ledger().c_str(), 0644), 0);
-  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
-  EXPECT_EQ(a.exit_status, 0) << a.output;
-  EXPECT_NE(a.output.find("has mode 0644, not 0600"), std::string::npos) << a.output;
+  ASSERT_EQ(chmod(ledger().c_str(), 0666), 0);
+  ChildResult a = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
+  EXPECT_EQ(a.exit_status, 3) << "refused at the first allocation\n" << a.output;
+  EXPECT_NE(a.output.find("out of memory after 0 MiB"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("the group ledger " + ledger() + " has mode 0666"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("(owner uid " + std::to_string(geteuid()) + ")"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("give this group another name"), std::string::npos) << a.output;
   struct stat st {};
   ASSERT_EQ(stat(ledger().c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0644u) << "refused, not repaired";
+  EXPECT_EQ(st.st_mode & 0777, 0666u) << "refused, not repaired";
   ASSERT_EQ(chmod(ledger().c_str(), 0600), 0);
   if (geteuid() == 0) {
     ASSERT_EQ(chown(ledger().c_str(), 4321, 4321), 0);
-    ChildResult o = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
-    EXPECT_EQ(o.exit_status, 0) << o.output;
+    ChildResult o = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
+    EXPECT_EQ(o.exit_status, 3) << o.output;
     EXPECT_NE(o.output.find("belongs to uid 4321"), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("(owner uid 4321)"), std::string::npos) << o.output;
   }
   std::filesystem::remove(ledger());
   const std::string target = dir_ + "/elsewhere";
   { std::ofstream(target) << "x"; }
   ASSERT_EQ(symlink(target.c_str(), ledger().c_str()), 0);
-  ChildResult l = test::run_under_shim({kApp, "need", "60"}, env(group_conf(40), 40));
-  EXPECT_EQ(l.exit_status, 0) << l.output;
+  ChildResult l = test::run_under_shim({kApp, "need", "20"}, env(group_conf(40), 40));
+  EXPECT_EQ(l.exit_status, 3) << l.output;
   EXPECT_NE(l.output.find("is a symbolic link"), std::string::npos) << l.output;
   std::ifstream in(target);
   std::string content;
   in >> content;
   EXPECT_EQ(content, "x") << "the link's target is never written";
+}
+
+// The owner check compares with the uid it is given (the effective uid unless a caller says
+// otherwise), so it is tested without a second user: a file of this user is foreign to any other.
+TEST_F(Share, LedgerOfAnotherOwnerIsRefused) {
+  const std::string path = dir_ + "/owned";
+  share::Mapping mine = share::map_file(path, 4096, true);
+  ASSERT_TRUE(mine) << mine.error;
+  share::unmap(mine);
+  const long other = static_cast<long>(geteuid()) + 1;
+  share::Mapping m = share::map_file(path, 4096, false, 0, other);
+  EXPECT_FALSE(m);
+  EXPECT_TRUE(m.foreign);
+  EXPECT_NE(m.error.find("belongs to uid " + std::to_string(geteuid()) + ", not to this user (uid " +
+                         std::to_string(other) + ")"),
+            std::string::npos)
+      << m.error;
+  share::Mapping again = share::map_file(path, 4096, false, 0);
+  EXPECT_TRUE(again) << again.error;
+  share::unmap(again);
+}
+
+// A slot left by a member in another PID namespace (a container sharing /dev/shm): its pid names
+// no process here, yet it may well live. It is not reclaimed, so the budget holds; a slot of this
+// namespace whose process is gone is.
+TEST_F(Share, SlotOfAnotherPidNamespaceIsNotReclaimed) {
+  ChildResult make = test::run_under_shim({kApp, "need", "20"}, env(group_conf(100), 100));
+  ASSERT_EQ(make.exit_status, 0) << make.output;
+  // A pid that names no process here.
+  int ghost = 4'000'000;
+  while (kill(ghost, 0) == 0 || errno != ESRCH) --ghost;
+  auto plant = [&](std::uint64_t ns) {
+    share::Mapping m = share::map_file(ledger(), sizeof(share::Ledger), false, 0);
+    ASSERT_TRUE(m) << m.error;
+    auto* l = static_cast<share::Ledger*>(m.addr);
+    share::LedgerSlot* free_slot = nullptr;
+    for (share::LedgerSlot& sl : l->slot)
+      if (sl.state.load() != share::kSlotLive && free_slot == nullptr) free_slot = &sl;
+    ASSERT_NE(free_slot, nullptr);
+    free_slot->pid.store(ghost);
+    free_slot->start_time.store(12345);
+    free_slot->pid_ns.store(ns);
+    free_slot->reserved.store(80 * kMiB);
+    free_slot->state.store(share::kSlotLive);
+    l->total.store(l->total.load() + 80 * kMiB);
+    share::unmap(m);
+  };
+  plant(share::pid_namespace() + 1);
+  ChildResult a = test::run_under_shim({kApp, "need", "40"}, env(group_conf(100), 100));
+  EXPECT_EQ(a.exit_status, 3) << "the other namespace's 80 MiB still count\n" << a.output;
+  EXPECT_EQ(a.output.find("reclaimed the slot of pid " + std::to_string(ghost)), std::string::npos) << a.output;
+  EXPECT_EQ(slot_reserved(ghost), static_cast<long long>(80 * kMiB));
+  std::filesystem::remove(ledger());
+  ChildResult remake = test::run_under_shim({kApp, "need", "20"}, env(group_conf(100), 100));
+  ASSERT_EQ(remake.exit_status, 0) << remake.output;
+  plant(share::pid_namespace());
+  ChildResult b = test::run_under_shim({kApp, "need", "40"}, env(group_conf(100), 100));
+  EXPECT_EQ(b.exit_status, 0) << b.output;
+  EXPECT_NE(b.output.find("reclaimed the slot of pid " + std::to_string(ghost)), std::string::npos) << b.output;
+}
+
+// Another process of the user truncates the ledger and the stats record under a running member:
+// the member leaves the group with a warning and stops publishing, instead of dying of SIGBUS on
+// its next touch of the mapping; `top` reads the short record without harm.
+TEST_F(Share, TruncatedLedgerAndRecordDoNotKillTheMember) {
+  RunningChild& b = start_ready({kApp, "hold", "40"}, env(group_conf(100), 100));
+  const std::string record = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(b.pid);
+  // The helper thread creates the record with the first pool; give it a moment.
+  for (int i = 0; i < 100 && !std::filesystem::exists(record); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(record));
+  ASSERT_EQ(truncate(ledger().c_str(), 0), 0);
+  ASSERT_EQ(truncate(record.c_str(), 100), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // publications touch both
+  ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}},
+                                       false);
+  EXPECT_EQ(t.exit_status, 0) << t.output;
+  EXPECT_NE(t.output.find("has 100 bytes"), std::string::npos) << t.output;
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.signal, 0) << "killed by signal " << br.signal << "\n" << br.output;
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+  EXPECT_NE(br.output.find("was truncated by another process of this user"), std::string::npos) << br.output;
+  EXPECT_NE(br.output.find("the stats record " + record + " was truncated"), std::string::npos) << br.output;
 }
 
 // A member that died holding the ledger's lock wedges nothing: the next one gets EOWNERDEAD,
@@ -394,6 +484,73 @@ TEST_F(Share, TopListsLiveProcessesWithTheirFigures) {
   EXPECT_EQ(br.exit_status, 0);
   const std::string brecord = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(bpid);
   EXPECT_FALSE(std::filesystem::exists(brecord)) << "a process removes its own record at exit";
+}
+
+// The fake driver gives every context 30 MiB of its own (FAKECUDA_CONTEXT_MB), outside any
+// allocation, as a CUDA context and its libraries take on a GPU. Under a 200 MiB budget A keeps
+// 100 MiB live and B asks for 100 MiB more. Counting the whole footprint (the default), B gets
+// only what is left after both contexts (40 MiB) and the device never holds more than the
+// budget; counting the pools only, B gets its 100 MiB and the device holds 260 MiB.
+TEST_F(Share, BudgetBoundsTheWholeFootprint) {
+  auto run = [&](const std::string& extra) {
+    const std::string machine = dir_ + "/machine";
+    { std::ofstream(machine, std::ios::binary | std::ios::trunc) << std::string(16, '\0'); }
+    std::filesystem::remove(ledger());
+    auto e = env(group_conf(200, extra), 1 << 20);
+    e["FAKECUDA_MACHINE_FILE"] = machine;
+    e["FAKECUDA_CONTEXT_MB"] = "30";
+    RunningChild& a = start_ready({kApp, "hold-live", "100"}, e);
+    ChildResult b = test::run_under_shim({kApp, "need", "100"}, e);
+    ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}},
+                                         false);
+    stop(a);
+    std::uint64_t counts[2] = {};
+    std::ifstream(machine, std::ios::binary).read(reinterpret_cast<char*>(counts), sizeof counts);
+    return std::make_tuple(b, counts[1], t.output);
+  };
+  const auto [b, peak, top] = run("");
+  EXPECT_EQ(b.exit_status, 3) << b.output;
+  EXPECT_NE(b.output.find("out of memory after 40 MiB"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("30.0 MiB outside the pool charged"), std::string::npos) << b.output;
+  EXPECT_LE(peak, 200 * kMiB);
+  EXPECT_EQ(peak, 200 * kMiB) << "the budget was used up to the byte";
+  // top: the group's pool and outside bytes against its budget (A's 100 MiB and context; B left).
+  EXPECT_NE(top.find("\"budget_bytes\":209715200,\"reserved_bytes\":104857600,\"outside_bytes\":31457280"),
+            std::string::npos)
+      << top;
+  EXPECT_NE(top.find("\"outside_bytes\":31457280,\"inactive_split_bytes\""), std::string::npos) << top;
+  EXPECT_NE(top.find("\"gone_members\":1"), std::string::npos) << "B exited; its slot waits\n" << top;
+
+  const auto [pb, ppeak, ptop] = run("group_budget_counts:pool");
+  EXPECT_EQ(pb.exit_status, 0) << pb.output;
+  EXPECT_EQ(ppeak, 260 * kMiB) << "counting the pools only, the contexts come on top of the budget";
+}
+
+// A process whose own context does not fit what the group has left is refused at its first
+// allocation, with a warning that says why and what to change.
+TEST_F(Share, ProcessWhoseContextDoesNotFitIsRefusedAtOnce) {
+  const std::string machine = dir_ + "/machine";
+  { std::ofstream(machine, std::ios::binary) << std::string(16, '\0'); }
+  auto e = env(group_conf(50), 1 << 20);
+  e["FAKECUDA_MACHINE_FILE"] = machine;
+  e["FAKECUDA_CONTEXT_MB"] = "30";
+  RunningChild& a = start_ready({kApp, "hold-live", "20"}, e);
+  ChildResult b = test::run_under_shim({kApp, "need", "20"}, e);
+  EXPECT_EQ(b.exit_status, 3) << b.output;
+  EXPECT_NE(b.output.find("out of memory after 0 MiB"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("brings the group to 80.0 MiB of its 50.0 MiB budget"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("group_budget_counts:pool"), std::string::npos) << b.output;
+  stop(a);
+  // A fixed charge instead of the measured one (group_outside_mb:N, for a GPU shared with
+  // processes outside the group): 5 MiB each, so both fit, whatever the device shows.
+  std::filesystem::remove(ledger());
+  auto f = e;
+  f["CUDAPOOL_CONF"] = group_conf(50, "group_outside_mb:5");
+  RunningChild& a2 = start_ready({kApp, "hold-live", "20"}, f);
+  ChildResult c = test::run_under_shim({kApp, "need", "20"}, f);
+  EXPECT_EQ(c.exit_status, 0) << c.output;
+  EXPECT_NE(c.output.find("5.0 MiB outside the pool charged"), std::string::npos) << c.output;
+  stop(a2);
 }
 
 // A program that never touches CUDA starts nothing: no thread, no file.
