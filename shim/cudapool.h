@@ -6,12 +6,13 @@
 #define CUDAPOOL_H
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CUDAPOOL_API_VERSION 2
+#define CUDAPOOL_API_VERSION 3
 
 /* A few headline counters of one device's pool (PyTorch memory_stats names in comments). */
 struct cudapool_stats {
@@ -55,6 +56,28 @@ size_t cudapool_snapshot_json(char* buf, size_t size);
 /* Waits for pending frees and releases every fully free segment of every pool. Returns the
  * bytes given back to the driver. */
 size_t cudapool_empty_cache(void);
+/* PyTorch's pluggable allocator (since API version 3):
+ *   torch.cuda.memory.CUDAPluggableAllocator("libcudapool.so", "cudapool_torch_alloc", "cudapool_torch_free")
+ * (the Python module's cudapool.torch.use() does this, and turns a failed allocation into
+ * torch.OutOfMemoryError). The pool serves `size` bytes for `stream` of `device` (which must be
+ * the current context's device) as a stream-ordered allocation; the free makes the block
+ * reusable at once on `stream`, by other streams once an event on `stream` has completed. NULL
+ * for size <= 0 and when the pool cannot serve it (cudapool_last_oom_message() says why). On a
+ * capturing stream, under backend:passthrough or without a current context the driver's
+ * cuMemAllocAsync serves it (and cuMemFreeAsync frees it). A pointer of the pool may also be
+ * freed with cudaFree (and memory from cudaMalloc under the preloaded library with
+ * cudapool_torch_free): one pool serves both. */
+void* cudapool_torch_alloc(ssize_t size, int device, void* stream);
+void cudapool_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* The calling thread's last out-of-memory diagnosis (else the process's; "" when none): the
+ * requested size, the device's capacity and free memory, what the pool reserved, allocated and
+ * holds freed, and its cap. snprintf-style like cudapool_snapshot_json. Since API version 3. */
+size_t cudapool_last_oom_message(char* buf, size_t size);
+/* The file this library was loaded from. snprintf-style. Since API version 3. */
+size_t cudapool_library_path(char* buf, size_t size);
+/* The driver's device count, or -1 when CUDA is not initialised in this process (never
+ * initialises it). Since API version 3. */
+int cudapool_device_count(void);
 /* Changes the log level ("trace" "debug" "info" "warn" "error" "critical" "off").
  * Returns 0, or -1 for an unknown name. */
 int cudapool_set_log_level(const char* level);
