@@ -78,6 +78,13 @@ size_t cudapool_library_path(char* buf, size_t size);
 /* The driver's device count, or -1 when CUDA is not initialised in this process (never
  * initialises it). Since API version 3. */
 int cudapool_device_count(void);
+/* Resets the peak counters (the *.peak values) of `device`'s pools to their current values.
+ * 0, or -1 when no pool of that device exists yet. Since API version 3. */
+int cudapool_reset_peak_stats(int device);
+/* `device`'s free and total memory as cuMemGetInfo reports them to the program: the pool's cached
+ * bytes count as free, and a cap (max_reserved_mb, per_process_memory_fraction) is the total
+ * (the group budget aside). 0, or -1 when no pool of that device exists yet. Since API version 3. */
+int cudapool_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
 /* Changes the log level ("trace" "debug" "info" "warn" "error" "critical" "off").
  * Returns 0, or -1 for an unknown name. */
 int cudapool_set_log_level(const char* level);

@@ -24,9 +24,9 @@
 #include "shim/export.h"
 #include "shim/hooks.h"
 #include "shim/log.h"
-#include "telemetry/logging.h"
 #include "shim/oom_note.h"
 #include "shim/streams.h"
+#include "telemetry/logging.h"
 
 using namespace cudapool;
 using namespace cudapool::shim;
@@ -97,9 +97,10 @@ void* driver_alloc(const RealDriver& d, std::size_t bytes, CUstream s) {
   CUdeviceptr p = 0;
   const CUresult r = d.cuMemAllocAsync != nullptr ? d.cuMemAllocAsync(&p, bytes, s) : d.cuMemAlloc_v2(&p, bytes);
   if (r == CUDA_SUCCESS) return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
-  note_oom(fmt::format("CUDA out of memory. Tried to allocate {} bytes: the driver answered CUDA error {} "
-                       "(the allocation was not the pool's: a graph capture, backend:passthrough, no context)",
-                       bytes, static_cast<int>(r)));
+  note_oom(
+      fmt::format("CUDA out of memory. Tried to allocate {} bytes: the driver answered CUDA error {} "
+                  "(the allocation was not the pool's: a graph capture, backend:passthrough, no context)",
+                  bytes, static_cast<int>(r)));
   return nullptr;
 }
 

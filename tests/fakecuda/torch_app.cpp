@@ -247,10 +247,11 @@ void second_copy() {
   CHECK(copy != nullptr);
   auto alloc = reinterpret_cast<void* (*)(ssize_t, int, void*)>(dlsym(copy, "cudapool_torch_alloc"));
   auto free = reinterpret_cast<void (*)(void*, ssize_t, int, void*)>(dlsym(copy, "cudapool_torch_free"));
-  CHECK(alloc != nullptr && free != nullptr && reinterpret_cast<void*>(alloc) != dlsym(RTLD_DEFAULT, "cudapool_torch_alloc"));
+  CHECK(alloc != nullptr && free != nullptr &&
+        reinterpret_cast<void*>(alloc) != dlsym(RTLD_DEFAULT, "cudapool_torch_alloc"));
   void* p = alloc(static_cast<ssize_t>(kMiB), 0, nullptr);
   CHECK(p != nullptr && stats(0).allocations == 1);  // the preloaded copy's pool
-  CHECK_OK(cuMemFree_v2(dp(p)));                    // and so its hooks take it back
+  CHECK_OK(cuMemFree_v2(dp(p)));                     // and so its hooks take it back
   CHECK(stats(0).allocations == 0);
   void* q = alloc(static_cast<ssize_t>(kMiB), 0, nullptr);
   free(q, static_cast<ssize_t>(kMiB), 0, nullptr);
@@ -277,11 +278,16 @@ int main(int argc, char** argv) {
     const char* name;
     void (*fn)();
   };
-  const Scenario all[] = {{"stream_reuse", stream_reuse}, {"default_stream", default_stream},
-                          {"oom", oom},                   {"glue_oom", glue_oom},
-                          {"mixed_preloaded", mixed_preloaded}, {"mixed_loaded", mixed_loaded},
-                          {"capture", capture},           {"wrong_device", wrong_device},
-                          {"passthrough", passthrough},   {"second_copy", second_copy},
+  const Scenario all[] = {{"stream_reuse", stream_reuse},
+                          {"default_stream", default_stream},
+                          {"oom", oom},
+                          {"glue_oom", glue_oom},
+                          {"mixed_preloaded", mixed_preloaded},
+                          {"mixed_loaded", mixed_loaded},
+                          {"capture", capture},
+                          {"wrong_device", wrong_device},
+                          {"passthrough", passthrough},
+                          {"second_copy", second_copy},
                           {"c_api", c_api}};
   for (const Scenario& sc : all) {
     if (s != sc.name) continue;

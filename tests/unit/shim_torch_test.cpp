@@ -18,7 +18,8 @@ namespace {
 const std::string kShim = CUDAPOOL_SHIM_SO;
 const std::string kApp = std::string(CUDAPOOL_FAKECUDA_DIR) + "/torch_app";
 
-cudapool::test::ChildResult run(const std::string& scenario, bool preload, std::map<std::string, std::string> env = {}) {
+cudapool::test::ChildResult run(const std::string& scenario, bool preload,
+                                std::map<std::string, std::string> env = {}) {
   if (!preload) env["TORCH_APP_LIB"] = kShim;
   return cudapool::test::run_under_shim({kApp, scenario}, env, preload);
 }
@@ -49,9 +50,7 @@ TEST_P(TorchPath, GlueRaisesOutOfMemoryErrorWithTheDiagnosis) {
 
 TEST_P(TorchPath, CapturedAllocationsAreGraphNodes) { expect_pass(run("capture", GetParam()), "capture"); }
 
-TEST_P(TorchPath, AnotherDevicesAllocationIsRefused) {
-  expect_pass(run("wrong_device", GetParam()), "wrong_device");
-}
+TEST_P(TorchPath, AnotherDevicesAllocationIsRefused) { expect_pass(run("wrong_device", GetParam()), "wrong_device"); }
 
 TEST_P(TorchPath, BackendPassthroughUsesTheDriversAllocator) {
   expect_pass(run("passthrough", GetParam(), {{"CUDAPOOL_CONF", "backend:passthrough"}}), "passthrough");

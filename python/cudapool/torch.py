@@ -1,0 +1,172 @@
+"""PyTorch on the pool through PyTorch's pluggable allocator.
+
+    import cudapool.torch
+    cudapool.torch.use()        # before the first CUDA tensor
+
+switches the process's CUDA tensors to cudapool's pool (torch.cuda.memory.CUDAPluggableAllocator
+with change_current_allocator): PyTorch hands each allocation its stream, so memory freed on a
+stream is reused on it at once and by other streams only after an event on it. An allocation
+the pool cannot serve raises torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) whose message
+is the pool's diagnosis (also cudapool.last_oom_message()).
+
+With libcudapool.so preloaded (LD_PRELOAD), that copy serves PyTorch too; everything else in the
+process (cuBLAS workspaces, NCCL, other libraries' cudaMalloc) keeps going through its hooks
+into the same pool: one pool, nothing counted twice. Without it, use() loads the library itself
+(`library=`, else $CUDAPOOL_LIBRARY, else the loader's search path): then only PyTorch's tensors
+are pooled.
+
+PyTorch does not check a pluggable allocator's answer (a NULL would become a tensor without
+memory), so use() compiles a small glue file against the installed PyTorch's headers (a C++
+compiler is needed once: $CXX, else c++, g++ or clang++; the result is cached in
+$CUDAPOOL_CACHE_DIR, else $XDG_CACHE_HOME/cudapool, else ~/.cache/cudapool) that raises
+torch.OutOfMemoryError instead.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+
+import cudapool as _cp
+
+__all__ = ["use", "in_use", "TooLateError"]
+
+_state = {}  # what must stay alive while PyTorch uses the allocator: the libraries, the allocator
+_GLUE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_glue.cpp")
+
+
+class TooLateError(RuntimeError):
+    """PyTorch's CUDA allocator was already in use when cudapool.torch.use() was called."""
+
+
+def in_use():
+    """True once use() switched this process's PyTorch allocator to the pool."""
+    return "allocator" in _state
+
+
+def _addr(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def _pool_library(library):
+    """(ctypes library, how it was found): the preloaded copy if there is one, else one loaded."""
+    scope = ctypes.CDLL(None)
+    try:
+        scope.cudapool_torch_alloc
+        return scope, "preloaded"
+    except AttributeError:
+        pass
+    if _cp._loaded is not None:
+        return _cp._loaded, "loaded"
+    path = library or os.environ.get("CUDAPOOL_LIBRARY") or "libcudapool.so"
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        hint = ("preload it instead (LD_PRELOAD=/path/to/libcudapool.so python3 ...): a library loaded after "
+                "start needs room in the static TLS block, which GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096 "
+                "also gives" if "static TLS" in str(e) else
+                "pass cudapool.torch.use(library='/path/to/libcudapool.so'), set CUDAPOOL_LIBRARY, or install it "
+                "(make install) where the loader finds it")
+        raise _cp.NotLoadedError(f"cannot load {path}: {e}; {hint}") from None
+    try:
+        lib.cudapool_torch_alloc
+    except AttributeError:
+        raise _cp.NotLoadedError(f"{path} has no cudapool_torch_alloc: it is an older cudapool; use a newer build") \
+            from None
+    _cp._adopt(lib)
+    return lib, "loaded"
+
+
+def _compiler():
+    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if c and shutil.which(c.split()[0]):
+            return c.split()
+    return None
+
+
+def _cache_dir():
+    base = os.environ.get("CUDAPOOL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cudapool")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    st = os.stat(base)
+    # A library loaded from here runs in this process: only a directory of this user that nobody
+    # else may write to.
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(f"refusing the cache directory {base}: it must belong to you and not be writable by "
+                           "others (set CUDAPOOL_CACHE_DIR to another one)")
+    return base
+
+
+def build_glue(torch_module=None, compiler=None):
+    """The path of the glue library for the installed PyTorch, compiled once and cached."""
+    torch = torch_module or sys.modules["torch"]
+    root = os.path.dirname(os.path.abspath(torch.__file__))
+    include, libdir = os.path.join(root, "include"), os.path.join(root, "lib")
+    if not os.path.isfile(os.path.join(include, "c10", "util", "Exception.h")):
+        raise RuntimeError(f"PyTorch's C++ headers are missing ({include}/c10/util/Exception.h): install a PyTorch "
+                           "build that ships them (the wheels from pytorch.org do)")
+    cxx = compiler.split() if isinstance(compiler, str) else (compiler or _compiler())
+    if not cxx:
+        raise RuntimeError("cudapool.torch.use() compiles a small glue file once and needs a C++ compiler: install "
+                           "one (apt-get install g++) or set CXX")
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    with open(_GLUE, "rb") as f:
+        source = f.read()
+    key = hashlib.sha256(b"\0".join([source, str(getattr(torch, "__version__", "")).encode(), root.encode(),
+                                     " ".join(cxx).encode(), str(abi).encode()])).hexdigest()[:24]
+    cache = _cache_dir()
+    out = os.path.join(cache, f"torch_glue-{key}.so")
+    if os.path.isfile(out):
+        return out
+    link = ["-L", libdir, "-lc10", "-Wl,-rpath," + libdir] if os.path.exists(os.path.join(libdir, "libc10.so")) else []
+    errors = []
+    for std in ("-std=c++17", "-std=c++20"):
+        fd, tmp = tempfile.mkstemp(prefix=".torch_glue-", suffix=".so", dir=cache)
+        os.close(fd)
+        cmd = cxx + [std, "-O2", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", include, _GLUE,
+                     "-o", tmp] + link
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            os.unlink(tmp)
+            raise RuntimeError(f"cannot run the C++ compiler {cxx[0]}: {e}; install one (apt-get install g++) or set "
+                               "CXX") from None
+        if r.returncode == 0:
+            os.replace(tmp, out)
+            return out
+        os.unlink(tmp)
+        errors.append(" ".join(cmd) + "\n" + r.stdout[-4000:])
+    raise RuntimeError("compiling cudapool's PyTorch glue failed:\n" + "\n".join(errors))
+
+
+def use(library=None, compiler=None):
+    """Switch this process's PyTorch CUDA allocations to cudapool's pool. Call it before the first
+    CUDA tensor; calling it again is a no-op. Returns the path of the libcudapool.so in use."""
+    if in_use():
+        return _cp.library_path()
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError("cudapool.torch.use() needs PyTorch (import torch failed)") from None
+    lib, how = _pool_library(library)
+    glue = ctypes.CDLL(build_glue(torch, compiler), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    glue.cudapool_glue_init.restype = ctypes.c_int
+    glue.cudapool_glue_init.argtypes = [ctypes.c_void_p] * 3
+    if glue.cudapool_glue_init(_addr(lib, "cudapool_torch_alloc"), _addr(lib, "cudapool_torch_free"),
+                               _addr(lib, "cudapool_last_oom_message")) != 0:
+        raise RuntimeError("cudapool's PyTorch glue refused the library's entry points")
+    raw = torch._C._cuda_customAllocator(_addr(glue, "cudapool_glue_alloc"), _addr(glue, "cudapool_glue_free"))
+    allocator = torch.cuda.memory._CUDAAllocator(raw)
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise TooLateError(
+            f"cudapool.torch.use() came too late: PyTorch's CUDA allocator is already in use ({e}). Call it before "
+            "the first CUDA tensor is made (right after `import torch`, before model.cuda() / .to('cuda')), or run "
+            "the whole program under the library instead: PYTORCH_NO_CUDA_MEMORY_CACHING=1 "
+            "LD_PRELOAD=/path/to/libcudapool.so python3 ...") from None
+    _state.update(lib=lib, glue=glue, allocator=allocator, how=how)
+    return _cp.library_path()
