@@ -176,6 +176,9 @@ class TorchPath(unittest.TestCase):
         self.run_scenario("devices_and_parity")
         self.run_scenario("devices_and_parity", preload=False)
 
+    def test_run_module(self):
+        self.run_scenario("run_module", preload=False)
+
     def test_glue_is_cached(self):
         self.run_scenario("glue_is_cached")
 

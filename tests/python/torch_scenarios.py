@@ -179,10 +179,31 @@ def glue_is_cached():
         raise AssertionError("a world-writable cache directory was used")
 
 
+def run_module():
+    """python3 -m cudapool.run PROGRAM ARGS: the program runs as __main__ with its arguments,
+    after use()."""
+    start_cuda()
+    import runpy
+    prog = os.path.join(_tmp, "prog.py")
+    with open(prog, "w") as f:
+        f.write("import sys, cudapool, cudapool.torch, torch\n"
+                "assert __name__ == '__main__' and sys.argv[1:] == ['--steps', '3'], sys.argv\n"
+                "assert cudapool.torch.in_use()\n"
+                "p = torch.cuda.current_allocator.malloc(1 << 20, 0, None)\n"
+                "assert cudapool.memory_allocated(0) == 1 << 20\n"
+                "print('program ran')\n")
+    sys.argv = ["-m", prog, "--steps", "3"]
+    runpy.run_module("cudapool.run", run_name="__main__", alter_sys=True)
+
+
 if __name__ == "__main__":
     name = sys.argv[1]
     try:
-        globals()[name]()
+        try:
+            globals()[name]()
+        except SystemExit as e:  # cudapool.run ends with sys.exit(main())
+            if e.code not in (0, None):
+                raise
     finally:
         shutil.rmtree(_tmp, ignore_errors=True)
     print("PASS " + name)
