@@ -14,7 +14,7 @@ import sys
 __all__ = ["NotLoadedError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache", "snapshot",
            "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
            "reset_peak_memory_stats", "mem_get_info", "memory_snapshot", "last_oom_message", "library_path"]
-__version__ = "0.8.0"
+__version__ = "0.7.0"
 
 _HINT = ("libcudapool.so is not in this process: start Python with "
          "LD_PRELOAD=/path/to/libcudapool.so (for example build/release/libcudapool.so), "
