@@ -69,6 +69,10 @@ size_t cudapool_empty_cache(void);
  * cudapool_torch_free): one pool serves both. */
 void* cudapool_torch_alloc(ssize_t size, int device, void* stream);
 void cudapool_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* The same free with cudaFree's meaning (reused only behind a device-wide fence, per free_sync),
+ * for programs that use tensors on other streams with Tensor.record_stream, which PyTorch does
+ * not pass to pluggable allocators. */
+void cudapool_torch_free_device(void* ptr, ssize_t size, int device, void* stream);
 /* The calling thread's last out-of-memory diagnosis (else the process's; "" when none): the
  * requested size, the device's capacity and free memory, what the pool reserved, allocated and
  * holds freed, and its cap. snprintf-style like cudapool_snapshot_json. Since API version 3. */

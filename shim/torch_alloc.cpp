@@ -43,6 +43,7 @@ using TextFn = size_t (*)(char*, size_t);
 struct Forward {
   AllocFn alloc = nullptr;
   FreeFn free = nullptr;
+  FreeFn free_device = nullptr;
   TextFn last_oom = nullptr;
 };
 
@@ -64,16 +65,19 @@ const Forward& forward() {
     if (a == nullptr || in_this_copy(a)) return out;
     out.alloc = reinterpret_cast<AllocFn>(a);
     out.free = reinterpret_cast<FreeFn>(sym(RTLD_DEFAULT, "cudapool_torch_free"));
+    out.free_device = reinterpret_cast<FreeFn>(sym(RTLD_DEFAULT, "cudapool_torch_free_device"));
     out.last_oom = reinterpret_cast<TextFn>(sym(RTLD_DEFAULT, "cudapool_last_oom_message"));
-    if (out.free == nullptr || out.last_oom == nullptr) return Forward{};
+    // A preloaded copy too old for any of them: this copy serves alone rather than half forwarding.
+    if (out.free == nullptr || out.free_device == nullptr || out.last_oom == nullptr) return Forward{};
     return out;
   }();
   return f;
 }
 
-// The hooks see every capture begin only when this copy interposes the driver (preloaded): its
-// cuStreamBeginCapture_v2 is the process's. Otherwise each allocation asks the driver.
-bool hooks_see_captures() {
+// This copy interposes the driver (preloaded): its cuStreamBeginCapture_v2 is the process's. Then
+// its hooks see every capture begin and every stream created; otherwise each allocation asks the
+// driver whether its stream captures, and device fences cannot know the program's streams.
+bool interposing() {
   static const bool yes = [] {
     DlsymFn sym = real_dlsym();
     return sym != nullptr && in_this_copy(sym(RTLD_DEFAULT, "cuStreamBeginCapture_v2"));
@@ -111,7 +115,7 @@ void driver_free(const RealDriver& d, void* p, CUstream s) {
 }
 
 bool capturing(const RealDriver& d, CUstream s) {
-  if (hooks_see_captures() && !capture_ever_began()) return false;
+  if (interposing() && !capture_ever_began()) return false;
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   return d.cuStreamIsCapturing != nullptr && d.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
          st != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -170,6 +174,29 @@ CUDAPOOL_EXPORT void cudapool_torch_free(void* ptr, ssize_t size, int device, vo
   const StreamId id = stream_id(s, false);
   const CUresult r = pool_free(*rt, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr)), &id, s);
   if (r == kPassThrough) driver_free(d, ptr, s);  // a graph allocation, or memory the driver gave
+}
+
+// The free for programs whose tensors are used on other streams than their own with
+// Tensor.record_stream, which PyTorch does not pass to pluggable allocators: cudaFree's meaning
+// (the policy's free_sync: reused only behind a device-wide fence), whatever stream PyTorch names.
+// Preloaded, that fence covers every stream the program created; loaded alone, the host waits for
+// the device first (cuCtxSynchronize, as CUDA's own cudaFree).
+CUDAPOOL_EXPORT void cudapool_torch_free_device(void* ptr, ssize_t size, int device, void* stream) {
+  if (const Forward& f = forward(); f.free_device != nullptr) return f.free_device(ptr, size, device, stream);
+  if (ptr == nullptr) return;
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return;
+  const RealDriver& d = rt->driver();
+  auto* s = static_cast<CUstream>(stream);
+  if (!rt->native()) {
+    rt->count_pass(PassKind::backend);
+    return driver_free(d, ptr, s);
+  }
+  // Loaded without LD_PRELOAD, the pool's device fence covers only the streams its hooks saw
+  // created (none): wait for the device as CUDA's cudaFree does.
+  if (!interposing() && d.cuCtxSynchronize != nullptr && !Runtime::exiting()) d.cuCtxSynchronize();
+  const CUresult r = pool_free(*rt, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr)), nullptr, nullptr);
+  if (r == kPassThrough) driver_free(d, ptr, s);
 }
 
 CUDAPOOL_EXPORT size_t cudapool_last_oom_message(char* buf, size_t size) {

@@ -142,11 +142,21 @@ def build_glue(torch_module=None, compiler=None):
     raise RuntimeError("compiling cudapool's PyTorch glue failed:\n" + "\n".join(errors))
 
 
-def use(library=None, compiler=None):
+def use(library=None, compiler=None, free=None):
     """Switch this process's PyTorch CUDA allocations to cudapool's pool. Call it before the first
-    CUDA tensor; calling it again is a no-op. Returns the path of the libcudapool.so in use."""
+    CUDA tensor; calling it again is a no-op. Returns the path of the libcudapool.so in use.
+
+    free: "stream" (the default; $CUDAPOOL_TORCH_FREE when not given) reuses a freed tensor's
+    memory at once on its stream, on other streams after an event on it: PyTorch's rule.
+    "device" reuses it only behind a device-wide fence (the policy's free_sync, as for cudaFree),
+    for programs that use tensors on other streams with Tensor.record_stream, which PyTorch does
+    not pass to pluggable allocators; without LD_PRELOAD each such free waits for the device."""
     if in_use():
         return _cp.library_path()
+    free = free or os.environ.get("CUDAPOOL_TORCH_FREE") or "stream"
+    if free not in ("stream", "device"):
+        raise ValueError(f"free={free!r}: use 'stream' (PyTorch's stream-ordered reuse) or 'device' (reuse behind "
+                         "a device-wide fence, for programs that rely on Tensor.record_stream)")
     try:
         import torch
     except ImportError:
@@ -155,7 +165,8 @@ def use(library=None, compiler=None):
     glue = ctypes.CDLL(build_glue(torch, compiler), mode=os.RTLD_NOW | os.RTLD_LOCAL)
     glue.cudapool_glue_init.restype = ctypes.c_int
     glue.cudapool_glue_init.argtypes = [ctypes.c_void_p] * 3
-    if glue.cudapool_glue_init(_addr(lib, "cudapool_torch_alloc"), _addr(lib, "cudapool_torch_free"),
+    free_fn = "cudapool_torch_free" if free == "stream" else "cudapool_torch_free_device"
+    if glue.cudapool_glue_init(_addr(lib, "cudapool_torch_alloc"), _addr(lib, free_fn),
                                _addr(lib, "cudapool_last_oom_message")) != 0:
         raise RuntimeError("cudapool's PyTorch glue refused the library's entry points")
     raw = torch._C._cuda_customAllocator(_addr(glue, "cudapool_glue_alloc"), _addr(glue, "cudapool_glue_free"))
@@ -168,5 +179,5 @@ def use(library=None, compiler=None):
             "the first CUDA tensor is made (right after `import torch`, before model.cuda() / .to('cuda')), or run "
             "the whole program under the library instead: PYTORCH_NO_CUDA_MEMORY_CACHING=1 "
             "LD_PRELOAD=/path/to/libcudapool.so python3 ...") from None
-    _state.update(lib=lib, glue=glue, allocator=allocator, how=how)
+    _state.update(lib=lib, glue=glue, allocator=allocator, how=how, free=free)
     return _cp.library_path()

@@ -8,6 +8,7 @@
 // "PASS <scenario>" when all passed.
 #include <dlfcn.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -107,6 +108,41 @@ void stream_reuse() {
   CHECK(stats(0).allocations == 0);
   CHECK_OK(cuStreamDestroy_v2(s));
   CHECK_OK(cuStreamDestroy_v2(t));
+}
+
+// The device-fenced free: under free_sync:fenced nothing freed is handed out, on any stream,
+// while work issued before the free still runs; once it has finished the block comes back.
+void free_device() {
+  start_primary(0);
+  CUstream s = new_stream();
+  auto fdev = sym<void (*)(void*, ssize_t, int, void*)>("cudapool_torch_free_device");
+  constexpr std::size_t n = 4 * kMiB;
+  void* p = talloc(n, 0, s);
+  void* q = nullptr;
+  if (lib() != RTLD_DEFAULT) {
+    // Loaded alone: the hooks saw no stream, so the free waits for the device, as cudaFree does.
+    const long syncs = fakecuda_ctx_syncs();
+    fdev(p, static_cast<ssize_t>(n), 0, s);
+    CHECK(fakecuda_ctx_syncs() == syncs + 1);
+    q = talloc(n, 0, s);
+  } else {
+    fakecuda_hold_stream(s);  // a side stream still reads p (PyTorch's record_stream)
+    fdev(p, static_cast<ssize_t>(n), 0, s);
+    q = talloc(n, 0, s);  // even its own stream may not take it now
+    CHECK(q != nullptr && q != p);
+    fakecuda_release_stream(s);
+  }
+  void* r = nullptr;
+  for (int i = 0; i < 100 && q != p && r != p; ++i) {  // the fence passes, then the batch window closes
+    if (r != nullptr) tfree(r, n, 0, s);
+    usleep(1000);
+    r = talloc(n, 0, s);
+  }
+  CHECK(r == p || q == p);
+  tfree(q, n, 0, s);
+  if (r != nullptr) tfree(r, n, 0, s);
+  CHECK(stats(0).allocations == 0);
+  CHECK_OK(cuStreamDestroy_v2(s));
 }
 
 // The legacy default stream (PyTorch's default stream, handle 0) is a stream like any other.
@@ -279,6 +315,7 @@ int main(int argc, char** argv) {
     void (*fn)();
   };
   const Scenario all[] = {{"stream_reuse", stream_reuse},
+                          {"free_device", free_device},
                           {"default_stream", default_stream},
                           {"oom", oom},
                           {"glue_oom", glue_oom},

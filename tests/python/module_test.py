@@ -165,6 +165,9 @@ class TorchPath(unittest.TestCase):
         self.run_scenario("use_and_allocate")
         self.run_scenario("use_and_allocate", preload=False)
 
+    def test_free_device(self):
+        self.run_scenario("free_device", conf="free_sync:fenced")
+
     def test_too_late(self):
         self.run_scenario("too_late")
 

@@ -66,6 +66,30 @@ def use_and_allocate():
     assert cudapool.memory_stats(0)["num_ooms"] == 0
 
 
+def free_device():
+    """use(free="device") (CUDAPOOL_CONF=free_sync:fenced): while work issued before the free runs,
+    a freed tensor's memory waits for its device-wide fence even on its own stream, so the next
+    tensor of its size gets other memory."""
+    cu = start_cuda()
+    try:
+        cudapool.torch.use(free="sideways")
+    except ValueError as e:
+        assert "record_stream" in str(e), e
+    else:
+        raise AssertionError("a bad free= was accepted")
+    cudapool.torch.use(free="device")
+    assert cudapool.torch._state["free"] == "device"
+    alloc = torch.cuda.current_allocator
+    p = alloc.malloc(4 * MiB, 0, None)
+    cu.fakecuda_hold_stream(None)  # work issued before the free still runs (the device fence waits)
+    alloc.release(p)
+    q = alloc.malloc(4 * MiB, 0, None)
+    assert q != p, hex(p)
+    assert cudapool.memory_stats(0)["pending_bytes"] == 4 * MiB
+    cu.fakecuda_release_stream(None)
+    alloc.release(q)
+
+
 def too_late():
     """Once PyTorch's allocator was initialised, use() says so and how to fix it."""
     torch.cuda._initialized = True

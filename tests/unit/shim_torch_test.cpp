@@ -35,6 +35,10 @@ TEST_P(TorchPath, SameStreamReusesWithoutAFenceOtherStreamsAfterAnEvent) {
   expect_pass(run("stream_reuse", GetParam()), "stream_reuse");
 }
 
+TEST_P(TorchPath, DeviceFencedFreeWaitsForEveryStream) {
+  expect_pass(run("free_device", GetParam(), {{"CUDAPOOL_CONF", "free_sync:fenced"}}), "free_device");
+}
+
 TEST_P(TorchPath, DefaultStreamAndEmptyTensors) { expect_pass(run("default_stream", GetParam()), "default_stream"); }
 
 TEST_P(TorchPath, OutOfMemoryIsNullWithThePoolsDiagnosis) {
