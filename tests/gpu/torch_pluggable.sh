@@ -15,6 +15,17 @@ CAP_MB=$(python3 -c "print(int($CAP * 1024))")
 mkdir -p "$OUT"
 P=(python3 tests/gpu/torch_pluggable.py)
 fail=0
+# side NAME must|info ENV...: tests/gpu/torch_side_stream.py through cudapool.torch.use(); the
+# line is its totals. must: no corrupted case.
+side() {
+  local name=$1 kind=$2; shift 2
+  timeout 300 env "$@" python3 tests/gpu/with_pool.py tests/gpu/torch_side_stream.py >"$OUT/$name.out" 2>&1
+  local rc=$? tot
+  tot=$(grep -m1 '^corrupted_cases=' "$OUT/$name.out")
+  printf '%-22s %-4s %s %s\n' "$name" "$kind" "${tot:-no totals (exit $rc; see $OUT/$name.out)}" \
+    "$(grep -m1 '^reused_cases=' "$OUT/$name.out")"
+  if [ "$kind" = must ] && [[ "$tot" != corrupted_cases=0\ * ]]; then fail=1; fi
+}
 check() {  # check NAME must|info ENV... -- CMD...
   local name=$1 kind=$2; shift 2
   local envs=()
@@ -30,6 +41,11 @@ check stats_preloaded must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" stats
 check stats_loaded must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" stats
 check oom_preloaded must "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" oom
 check oom_loaded must "CUDAPOOL_LIBRARY=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" oom
+# record_stream does not reach pluggable allocators: the stream-ordered free may corrupt this
+# program (INFO, it shows the limit); free=device must not.
+side side_stream_cppt info "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=
+side side_stream_cppt_device must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= CUDAPOOL_TORCH_FREE=device
+side side_stream_cpptl_device must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= CUDAPOOL_TORCH_FREE=device
 check oomtype_native info -- "${P[@]}" oomtype
 check oomtype_ldpreload info PYTORCH_NO_CUDA_MEMORY_CACHING=1 "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" oomtype
 check maxbatch_native must -- "${P[@]}" maxbatch --cap-gib "$CAP"
