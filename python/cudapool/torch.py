@@ -54,11 +54,12 @@ def _addr(lib, name):
 def _pool_library(library):
     """(ctypes library, how it was found): the preloaded copy if there is one, else one loaded."""
     scope = ctypes.CDLL(None)
-    try:
-        scope.cudapool_torch_alloc
+    if hasattr(scope, "cudapool_torch_alloc"):
         return scope, "preloaded"
-    except AttributeError:
-        pass
+    if hasattr(scope, "cudapool_api_version"):
+        # Loading a newer copy beside it would give the process two pools.
+        raise _cp.NotLoadedError("the preloaded libcudapool.so is too old for cudapool.torch (it has no "
+                                 "cudapool_torch_alloc): preload a newer build, or none")
     if _cp._loaded is not None:
         return _cp._loaded, "loaded"
     path = library or os.environ.get("CUDAPOOL_LIBRARY") or "libcudapool.so"

@@ -168,6 +168,18 @@ class TorchPath(unittest.TestCase):
     def test_free_device(self):
         self.run_scenario("free_device", conf="free_sync:fenced")
 
+    def test_old_preloaded_library_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            src, lib = os.path.join(tmp, "old.c"), os.path.join(tmp, "libcudapool.so")
+            with open(src, "w") as f:
+                f.write("int cudapool_api_version(void) { return 2; }\n")
+            subprocess.run(["cc", "-shared", "-fPIC", src, "-o", lib], check=True)
+            env = dict(os.environ, LD_PRELOAD=lib, CUDAPOOL_LIBRARY=os.environ["CUDAPOOL_TEST_SHIM"])
+            r = subprocess.run([sys.executable, os.path.join(HERE, "torch_scenarios.py"), "old_preloaded"], env=env,
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("PASS old_preloaded", r.stdout)
+
     def test_too_late(self):
         self.run_scenario("too_late")
 

@@ -90,6 +90,18 @@ def free_device():
     alloc.release(q)
 
 
+def old_preloaded():
+    """A preloaded libcudapool.so without the PyTorch entry points: use() refuses rather than load
+    a second copy (two pools in one process)."""
+    try:
+        cudapool.torch.use()
+    except cudapool.NotLoadedError as e:
+        assert "too old" in str(e), e
+    else:
+        raise AssertionError("use() loaded a second copy beside the preloaded one")
+    assert not cudapool.torch.in_use()
+
+
 def too_late():
     """Once PyTorch's allocator was initialised, use() says so and how to fix it."""
     torch.cuda._initialized = True
