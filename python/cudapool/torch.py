@@ -21,6 +21,7 @@ compiler is needed once: $CXX, else c++, g++ or clang++; the result is cached in
 $CUDAPOOL_CACHE_DIR, else $XDG_CACHE_HOME/cudapool, else ~/.cache/cudapool) that raises
 torch.OutOfMemoryError instead.
 """
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -32,7 +33,7 @@ import tempfile
 
 import cudapool as _cp
 
-__all__ = ["use", "in_use", "TooLateError"]
+__all__ = ["use", "in_use", "translate_oom", "TooLateError"]
 
 _state = {}  # what must stay alive while PyTorch uses the allocator: the libraries, the allocator
 _GLUE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_glue.cpp")
@@ -182,3 +183,22 @@ def use(library=None, compiler=None, free=None):
             "LD_PRELOAD=/path/to/libcudapool.so python3 ...") from None
     _state.update(lib=lib, glue=glue, allocator=allocator, how=how, free=free)
     return _cp.library_path()
+
+
+@contextlib.contextmanager
+def translate_oom():
+    """For the LD_PRELOAD path (PYTORCH_NO_CUDA_MEMORY_CACHING=1), where PyTorch reports the pool's
+    out-of-memory answer to cudaMalloc as a plain RuntimeError ("CUDA error: out of memory"):
+    inside `with cudapool.torch.translate_oom():` (or on a function it decorates) such an error
+    is raised again as torch.OutOfMemoryError with the pool's diagnosis as its message, so code
+    that catches torch.OutOfMemoryError (batch-size finders, retrying servers) sees it."""
+    import torch
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as e:
+        if "out of memory" not in str(e):
+            raise
+        msg = _cp.last_oom_message() if _cp.is_loaded() else ""
+        raise torch.OutOfMemoryError(msg or str(e)) from e

@@ -11,6 +11,10 @@
   torch_pluggable.py oomtype   no use(): what PyTorch raises for an allocation over the device in
                                the current mode (LD_PRELOAD with PYTORCH_NO_CUDA_MEMORY_CACHING=1:
                                the uncached allocator's RuntimeError; PyTorch's cache: OOM).
+  torch_pluggable.py oomtranslate
+                               the LD_PRELOAD path: inside cudapool.torch.translate_oom() that
+                               RuntimeError comes out as torch.OutOfMemoryError with the pool's
+                               diagnosis.
   torch_pluggable.py maxbatch [--pool] [--cap-gib 12]
                                the largest GPT-2 small batch (sequence 1024, bf16 autocast, AdamW)
                                whose training step fits under the cap, found as automatic
@@ -115,6 +119,25 @@ def check_oomtype():
     verdict("oomtype", False, type="none")
 
 
+def check_oomtranslate():
+    """The LD_PRELOAD path: translate_oom() turns PyTorch's RuntimeError into OutOfMemoryError."""
+    import torch
+    import cudapool
+    import cudapool.torch
+    dev = torch.device("cuda", 0)
+    total = torch.cuda.get_device_properties(0).total_memory
+    try:
+        with cudapool.torch.translate_oom():
+            torch.empty(total + GiB, dtype=torch.uint8, device=dev)
+    except torch.OutOfMemoryError as e:
+        ok = "Tried to allocate" in str(e) and str(e) == cudapool.last_oom_message()
+        verdict("oomtranslate", ok, type=type(e).__name__, cause=type(e.__cause__).__name__,
+                message=repr(str(e)[:200]))
+    except Exception as e:  # noqa: BLE001
+        verdict("oomtranslate", False, type=type(e).__name__, message=repr(str(e)[:200]))
+    verdict("oomtranslate", False, type="none")
+
+
 def check_maxbatch(pool, cap_gib):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
@@ -166,11 +189,11 @@ def check_maxbatch(pool, cap_gib):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("check", choices=("stats", "oom", "oomtype", "maxbatch"))
+    ap.add_argument("check", choices=("stats", "oom", "oomtype", "oomtranslate", "maxbatch"))
     ap.add_argument("--pool", action="store_true", help="maxbatch through cudapool.torch.use()")
     ap.add_argument("--cap-gib", type=float, default=12.0)
     args = ap.parse_args()
-    {"stats": check_stats, "oom": check_oom, "oomtype": check_oomtype}.get(
+    {"stats": check_stats, "oom": check_oom, "oomtype": check_oomtype, "oomtranslate": check_oomtranslate}.get(
         args.check, lambda: check_maxbatch(args.pool, args.cap_gib))()
 
 

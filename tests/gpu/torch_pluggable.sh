@@ -48,6 +48,7 @@ side side_stream_cppt_device must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= CUDAPOOL_TOR
 side side_stream_cpptl_device must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= CUDAPOOL_TORCH_FREE=device
 check oomtype_native info -- "${P[@]}" oomtype
 check oomtype_ldpreload info PYTORCH_NO_CUDA_MEMORY_CACHING=1 "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" oomtype
+check oomtranslate_ldpreload must PYTORCH_NO_CUDA_MEMORY_CACHING=1 "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" oomtranslate
 check maxbatch_native must -- "${P[@]}" maxbatch --cap-gib "$CAP"
 check maxbatch_ptexp must PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "${P[@]}" maxbatch --cap-gib "$CAP"
 check maxbatch_cppt must "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" maxbatch --pool --cap-gib "$CAP"

@@ -15,6 +15,10 @@ _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctype
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 
 
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
 class device:
     def __init__(self, kind, index=None):
         if ":" in kind:

@@ -180,6 +180,9 @@ class TorchPath(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             self.assertIn("PASS old_preloaded", r.stdout)
 
+    def test_translate_oom(self):
+        self.run_scenario("translate_oom", conf="max_reserved_mb:64")
+
     def test_too_late(self):
         self.run_scenario("too_late")
 

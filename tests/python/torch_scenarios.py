@@ -102,6 +102,32 @@ def old_preloaded():
     assert not cudapool.torch.in_use()
 
 
+def translate_oom():
+    """translate_oom(): the LD_PRELOAD path's RuntimeError("CUDA error: out of memory") becomes
+    torch.OutOfMemoryError with the pool's diagnosis; other errors pass unchanged."""
+    cu = start_cuda()
+    p = ctypes.c_uint64()
+    assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(128 * MiB)) == 2  # over the cap
+    try:
+        with cudapool.torch.translate_oom():
+            raise RuntimeError("CUDA error: out of memory")
+    except torch.OutOfMemoryError as e:
+        assert str(e).startswith("CUDA out of memory. Tried to allocate 128.00 MiB"), e
+        assert isinstance(e.__cause__, RuntimeError)
+    else:
+        raise AssertionError("not translated")
+
+    @cudapool.torch.translate_oom()
+    def other():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    try:
+        other()
+    except torch.OutOfMemoryError:
+        raise AssertionError("a non-OOM error was translated")
+    except RuntimeError as e:
+        assert "illegal memory access" in str(e)
+
+
 def too_late():
     """Once PyTorch's allocator was initialised, use() says so and how to fix it."""
     torch.cuda._initialized = True
