@@ -69,9 +69,14 @@ size_t cudapool_empty_cache(void);
  * cudapool_torch_free): one pool serves both. */
 void* cudapool_torch_alloc(ssize_t size, int device, void* stream);
 void cudapool_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* Tensor.record_stream(stream) of the pool's block at `ptr` (PyTorch's
+ * CUDAPluggableAllocator::set_record_stream_fn; cudapool.torch.use() wires it): the block is used
+ * on `stream` too, so cudapool_torch_free of it takes cudapool_torch_free_device's fenced path
+ * rather than being reused at once on its own stream. A pointer not of the pool is ignored. */
+void cudapool_torch_record_stream(void* ptr, void* stream);
 /* The same free with cudaFree's meaning (reused only behind a device-wide fence, per free_sync),
- * for programs that use tensors on other streams with Tensor.record_stream, which PyTorch does
- * not pass to pluggable allocators. */
+ * for blocks used on other streams than their own: those recorded with
+ * cudapool_torch_record_stream, or every block where record_stream cannot be passed on. */
 void cudapool_torch_free_device(void* ptr, ssize_t size, int device, void* stream);
 /* The calling thread's last out-of-memory diagnosis (else the process's; "" when none): the
  * requested size, the device's capacity and free memory, what the pool reserved, allocated and

@@ -18,7 +18,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "shim/cudapool.h"
 #include "shim/export.h"
@@ -114,6 +116,37 @@ void driver_free(const RealDriver& d, void* p, CUstream s) {
   if (r != CUDA_SUCCESS) log_warn("cudapool_torch_free({}): the driver answered CUDA error {}", p, static_cast<int>(r));
 }
 
+// Live blocks that Tensor.record_stream said are used on another stream than their own (PyTorch
+// passes those calls to pluggable allocators only through its C++ set_record_stream_fn, which
+// cudapool.torch.use() wires to cudapool_torch_record_stream). A stream-ordered free of such a
+// block would let its own stream reuse it at once while the other stream still reads it: it takes
+// the device-fenced free instead. The map holds the block's one recorded stream, or kSeveral. The
+// atomic count keeps every free of a program that never calls record_stream off the mutex.
+// Kept by the copy of the library that takes the calls: its free decides, then forwards.
+void* const kSeveral = reinterpret_cast<void*>(~std::uintptr_t{0});
+struct Recorded {
+  std::mutex mu;
+  std::unordered_map<void*, void*> streams;  // block -> the other stream it is used on, or kSeveral
+  std::atomic<std::size_t> count{0};
+};
+Recorded& recorded() {
+  static auto* r = new Recorded;  // never destroyed: frees may come during exit
+  return *r;
+}
+
+// Forgets `ptr`'s record; true when it was recorded on another stream than `stream`.
+bool take_recorded(void* ptr, void* stream) {
+  Recorded& r = recorded();
+  if (r.count.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.streams.find(ptr);
+  if (it == r.streams.end()) return false;
+  const bool elsewhere = it->second != stream;
+  r.streams.erase(it);
+  r.count.store(r.streams.size(), std::memory_order_release);
+  return elsewhere;
+}
+
 bool capturing(const RealDriver& d, CUstream s) {
   if (interposing() && !capture_ever_began()) return false;
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -121,9 +154,20 @@ bool capturing(const RealDriver& d, CUstream s) {
          st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+void* torch_alloc(ssize_t size, int device, void* stream);
+
 }  // namespace
 
+// A block handed out anew has no record yet (one left by a block freed through cudaFree is stale).
 CUDAPOOL_EXPORT void* cudapool_torch_alloc(ssize_t size, int device, void* stream) {
+  void* p = torch_alloc(size, device, stream);
+  if (p != nullptr) take_recorded(p, nullptr);
+  return p;
+}
+
+namespace {
+
+void* torch_alloc(ssize_t size, int device, void* stream) {
   if (const Forward& f = forward(); f.alloc != nullptr) return f.alloc(size, device, stream);
   if (size <= 0) return nullptr;  // PyTorch asks for 0 bytes for empty tensors: no memory
   Runtime* rt = Runtime::get();
@@ -160,7 +204,10 @@ CUDAPOOL_EXPORT void* cudapool_torch_alloc(ssize_t size, int device, void* strea
   return nullptr;
 }
 
+}  // namespace
+
 CUDAPOOL_EXPORT void cudapool_torch_free(void* ptr, ssize_t size, int device, void* stream) {
+  if (take_recorded(ptr, stream)) return cudapool_torch_free_device(ptr, size, device, stream);
   if (const Forward& f = forward(); f.free != nullptr) return f.free(ptr, size, device, stream);
   if (ptr == nullptr) return;
   Runtime* rt = Runtime::get();
@@ -176,14 +223,30 @@ CUDAPOOL_EXPORT void cudapool_torch_free(void* ptr, ssize_t size, int device, vo
   if (r == kPassThrough) driver_free(d, ptr, s);  // a graph allocation, or memory the driver gave
 }
 
-// The free for programs whose tensors are used on other streams than their own with
-// Tensor.record_stream, which PyTorch does not pass to pluggable allocators: cudaFree's meaning
-// (the policy's free_sync: reused only behind a device-wide fence), whatever stream PyTorch names.
+// Tensor.record_stream(stream) for the block at `ptr`: its free will not be stream-ordered.
+// A pointer that is not the pool's is ignored (forwarding, the preloaded copy's pool owns it).
+CUDAPOOL_EXPORT void cudapool_torch_record_stream(void* ptr, void* stream) {
+  if (ptr == nullptr) return;
+  if (forward().alloc == nullptr) {
+    Runtime* rt = Runtime::peek();
+    if (rt == nullptr || rt->owner_of(ptr) == nullptr) return;
+  }
+  Recorded& r = recorded();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto [it, fresh] = r.streams.try_emplace(ptr, stream);
+  if (!fresh && it->second != stream) it->second = kSeveral;
+  r.count.store(r.streams.size(), std::memory_order_release);
+}
+
+// cudaFree's meaning (the policy's free_sync: reused only behind a device-wide fence), whatever
+// stream PyTorch names: for a block recorded with cudapool_torch_record_stream, and for every free
+// of programs whose allocator cannot pass record_stream on (cudapool.torch.use(free="device")).
 // Preloaded, that fence covers every stream the program created; loaded alone, the host waits for
 // the device first (cuCtxSynchronize, as CUDA's own cudaFree).
 CUDAPOOL_EXPORT void cudapool_torch_free_device(void* ptr, ssize_t size, int device, void* stream) {
-  if (const Forward& f = forward(); f.free_device != nullptr) return f.free_device(ptr, size, device, stream);
   if (ptr == nullptr) return;
+  take_recorded(ptr, nullptr);
+  if (const Forward& f = forward(); f.free_device != nullptr) return f.free_device(ptr, size, device, stream);
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return;
   const RealDriver& d = rt->driver();

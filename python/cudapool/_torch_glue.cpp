@@ -1,6 +1,12 @@
 // cudapool's PyTorch glue: the allocation and free functions handed to PyTorch's pluggable
 // allocator by cudapool.torch.use(). Compiled there against the installed PyTorch's headers
-// (only c10/util/Exception.h) and cached; see python/cudapool/torch.py.
+// and cached; see python/cudapool/torch.py.
+//
+// With CUDAPOOL_GLUE_PLUGGABLE (the installed PyTorch ships torch/csrc/cuda/
+// CUDAPluggableAllocator.h, and the glue is linked with its libraries) the glue also registers the
+// allocator itself, in C++, so that Tensor.record_stream reaches the pool
+// (set_record_stream_fn, which PyTorch's Python API does not offer). Without it only
+// c10/util/Exception.h is needed, and Python registers the two functions.
 //
 // PyTorch does not check what a pluggable allocator returns: a NULL would become a tensor with no
 // memory. This glue turns the pool's NULL into c10::OutOfMemoryError, which PyTorch raises in
@@ -14,6 +20,13 @@
 #include <string>
 
 #include <c10/util/Exception.h>
+
+#ifdef CUDAPOOL_GLUE_PLUGGABLE
+#include <exception>
+#include <memory>
+
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#endif
 
 namespace {
 
@@ -56,5 +69,50 @@ void* cudapool_glue_alloc(ssize_t size, int device, void* stream) {
 }
 
 void cudapool_glue_free(void* ptr, ssize_t size, int device, void* stream) { g_free(ptr, size, device, stream); }
+
+#ifdef CUDAPOOL_GLUE_PLUGGABLE
+// Makes a CUDAPluggableAllocator of cudapool_glue_alloc / cudapool_glue_free whose record_stream
+// calls `record_stream` (the library's cudapool_torch_record_stream), and makes it PyTorch's
+// current CUDA allocator. 0 when done; 1 when PyTorch refused the change (its allocator is already
+// in use), -1 for anything else, with PyTorch's message in `err` (snprintf-style).
+int cudapool_glue_register(void* record_stream, char* err, std::size_t err_size) {
+  namespace pa = torch::cuda::CUDAPluggableAllocator;
+  const auto put = [&](int rc, const char* what) {
+    if (err != nullptr && err_size > 0) {
+      const std::string m(what);
+      const std::size_t n = m.size() < err_size - 1 ? m.size() : err_size - 1;
+      m.copy(err, n);
+      err[n] = '\0';
+    }
+    return rc;
+  };
+  if (record_stream == nullptr || g_alloc == nullptr) return put(-1, "cudapool_glue_init was not called");
+  using RecordFn = void (*)(void*, void*);
+  const auto record = reinterpret_cast<RecordFn>(record_stream);
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator;
+  try {
+    allocator = pa::createCustomAllocator(
+        [](std::size_t size, int device, cudaStream_t stream) {
+          return cudapool_glue_alloc(static_cast<ssize_t>(size), device, stream);
+        },
+        [](void* ptr, std::size_t size, int device, cudaStream_t stream) {
+          cudapool_glue_free(ptr, static_cast<ssize_t>(size), device, stream);
+        });
+    auto* pluggable = dynamic_cast<pa::CUDAPluggableAllocator*>(allocator.get());
+    if (pluggable == nullptr) return put(-1, "createCustomAllocator did not make a CUDAPluggableAllocator");
+    pluggable->set_record_stream_fn([record](void* ptr, cudaStream_t stream) { record(ptr, stream); });
+  } catch (const std::exception& e) {
+    return put(-1, e.what());
+  }
+  try {
+    pa::changeCurrentAllocator(allocator);
+  } catch (const std::exception& e) {
+    return put(1, e.what());
+  }
+  // Held for the process's lifetime (never destroyed at exit); PyTorch holds it as well.
+  new std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>(allocator);
+  return put(0, "");
+}
+#endif
 
 }  // extern "C"

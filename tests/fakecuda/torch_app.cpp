@@ -28,6 +28,14 @@ CUresult cuStreamEndCapture(CUstream, CUgraph*);
 int cudapool_glue_init(void* alloc, void* free, void* last_oom_message);
 void* cudapool_glue_alloc(ssize_t size, int device, void* stream);
 void cudapool_glue_free(void* ptr, ssize_t size, int device, void* stream);
+int cudapool_glue_register(void* record_stream, char* err, std::size_t err_size);
+// The stand-in torch/csrc/cuda/CUDAPluggableAllocator.h's handles on the allocator the glue made
+// current (tests/support/fake_torch_cuda).
+int fake_torch_has_allocator(void);
+void* fake_torch_alloc(std::size_t size, int device, void* stream);
+void fake_torch_free(void* ptr, std::size_t size, int device, void* stream);
+int fake_torch_record_stream(void* ptr, void* stream);
+void fake_torch_set_initialized(int initialized);
 }
 
 namespace {
@@ -143,6 +151,90 @@ void free_device() {
   if (r != nullptr) tfree(r, n, 0, s);
   CHECK(stats(0).allocations == 0);
   CHECK_OK(cuStreamDestroy_v2(s));
+}
+
+// Alloc / free / record_stream as PyTorch calls them: the library's entry points, or the
+// allocator the glue registered.
+struct TorchCalls {
+  void* (*alloc)(std::size_t, int, CUstream);
+  void (*free)(void*, std::size_t, int, CUstream);
+  void (*record)(void*, CUstream);
+};
+
+// A tensor allocated on A, read on B (B's work still runs) and recorded there, freed on A: A may
+// not reuse its block until B's read is done. Preloaded (no host wait), the block comes back only
+// with A ordered behind B's pending work, or not at all; loaded alone, the free waited for the
+// device (cuCtxSynchronize). Negative control: the same without the record is reused on A at
+// once with nothing ordering A behind B, which is what the record must prevent.
+void check_recorded_block_waits(const TorchCalls& c) {
+  CUstream a = new_stream(), b = new_stream();
+  constexpr std::size_t n = 4 * kMiB;
+  const bool alone = lib() != RTLD_DEFAULT;
+  fakecuda_hold_stream(b);  // B's read runs from here on
+  void* p = c.alloc(n, 0, a);
+  CHECK(p != nullptr);
+  long syncs = fakecuda_ctx_syncs();
+  c.free(p, n, 0, a);  // not recorded: stream-ordered, reused on A at once
+  void* q = c.alloc(n, 0, a);
+  CHECK(q == p && fakecuda_would_wait(a, b) == 0 && fakecuda_ctx_syncs() == syncs);
+  c.record(q, a);  // its own stream: still stream-ordered
+  c.free(q, n, 0, a);
+  q = c.alloc(n, 0, a);
+  CHECK(q == p && fakecuda_would_wait(a, b) == 0 && fakecuda_ctx_syncs() == syncs);
+  c.record(q, b);
+  c.free(q, n, 0, a);
+  void* r = c.alloc(n, 0, a);
+  CHECK(r != nullptr);
+  if (alone) {
+    CHECK(fakecuda_ctx_syncs() == syncs + 1);
+  } else {
+    CHECK(r != p || fakecuda_would_wait(a, b) == 1);
+    CHECK(fakecuda_ctx_syncs() == syncs);
+  }
+  fakecuda_release_stream(b);
+  c.free(r, n, 0, a);
+  // The record was consumed by that free: the block's next life is stream-ordered again.
+  void* x = nullptr;
+  for (int i = 0; i < 100 && x != p; ++i) {  // the fence passes, then the batch window closes
+    if (x != nullptr) c.free(x, n, 0, a);
+    usleep(1000);
+    x = c.alloc(n, 0, a);
+  }
+  CHECK(x == p);
+  syncs = fakecuda_ctx_syncs();
+  c.free(x, n, 0, a);
+  CHECK(c.alloc(n, 0, a) == p && fakecuda_ctx_syncs() == syncs);
+  c.free(p, n, 0, a);
+  c.record(reinterpret_cast<void*>(std::uintptr_t{0x1000}), b);  // not the pool's: ignored
+  CHECK(stats(0).allocations == 0);
+  CHECK_OK(cuStreamDestroy_v2(a));
+  CHECK_OK(cuStreamDestroy_v2(b));
+}
+
+void record_stream() {
+  start_primary(0);
+  check_recorded_block_waits(
+      {talloc, tfree, [](void* p, CUstream s) { sym<void (*)(void*, void*)>("cudapool_torch_record_stream")(p, s); }});
+}
+
+// The glue's C++ registration (against the stand-in CUDAPluggableAllocator.h): refused while
+// PyTorch's allocator is in use, with PyTorch's message; then the allocator it made current
+// passes record_stream to the library, with the same effect as above.
+void glue_record_stream() {
+  start_primary(0);
+  char err[256] = "untouched";
+  CHECK(cudapool_glue_register(dlsym(lib(), "cudapool_torch_record_stream"), err, sizeof err) == -1);
+  CHECK(cudapool_glue_init(dlsym(lib(), "cudapool_torch_alloc"), dlsym(lib(), "cudapool_torch_free"),
+                           dlsym(lib(), "cudapool_last_oom_message")) == 0);
+  fake_torch_set_initialized(1);
+  CHECK(cudapool_glue_register(dlsym(lib(), "cudapool_torch_record_stream"), err, sizeof err) == 1);
+  CHECK(contains(err, "already initialized") && !fake_torch_has_allocator());
+  fake_torch_set_initialized(0);
+  CHECK(cudapool_glue_register(dlsym(lib(), "cudapool_torch_record_stream"), err, sizeof err) == 0);
+  CHECK(fake_torch_has_allocator());
+  check_recorded_block_waits({[](std::size_t n, int d, CUstream s) { return fake_torch_alloc(n, d, s); },
+                              [](void* p, std::size_t n, int d, CUstream s) { fake_torch_free(p, n, d, s); },
+                              [](void* p, CUstream s) { CHECK(fake_torch_record_stream(p, s) == 1); }});
 }
 
 // The legacy default stream (PyTorch's default stream, handle 0) is a stream like any other.
@@ -316,6 +408,8 @@ int main(int argc, char** argv) {
   };
   const Scenario all[] = {{"stream_reuse", stream_reuse},
                           {"free_device", free_device},
+                          {"record_stream", record_stream},
+                          {"glue_record_stream", glue_record_stream},
                           {"default_stream", default_stream},
                           {"oom", oom},
                           {"glue_oom", glue_oom},

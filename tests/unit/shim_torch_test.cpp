@@ -39,6 +39,14 @@ TEST_P(TorchPath, DeviceFencedFreeWaitsForEveryStream) {
   expect_pass(run("free_device", GetParam(), {{"CUDAPOOL_CONF", "free_sync:fenced"}}), "free_device");
 }
 
+TEST_P(TorchPath, ARecordedBlockIsNotReusedOnItsStreamWhileTheOtherStreamRuns) {
+  expect_pass(run("record_stream", GetParam()), "record_stream");
+}
+
+TEST_P(TorchPath, GlueRegistersInCppAndPassesRecordStreamToThePool) {
+  expect_pass(run("glue_record_stream", GetParam()), "glue_record_stream");
+}
+
 TEST_P(TorchPath, DefaultStreamAndEmptyTensors) { expect_pass(run("default_stream", GetParam()), "default_stream"); }
 
 TEST_P(TorchPath, OutOfMemoryIsNullWithThePoolsDiagnosis) {
