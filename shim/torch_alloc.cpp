@@ -58,17 +58,27 @@ bool in_this_copy(void* p) {
          mine.dli_fbase == theirs.dli_fbase;
 }
 
+// The process's global scope (the program, what was loaded with it, RTLD_GLOBAL libraries).
+// Not RTLD_DEFAULT: looked up from in here, that also searches this copy's own local scope, so a
+// copy loaded RTLD_LOCAL (as Python's ctypes loads it) would find itself and take itself for the
+// preloaded one.
+void* global_scope() {
+  static void* const h = dlopen(nullptr, RTLD_LAZY);
+  return h;
+}
+
 const Forward& forward() {
   static const Forward f = [] {
     Forward out;
     DlsymFn sym = real_dlsym();
-    if (sym == nullptr) return out;
-    void* a = sym(RTLD_DEFAULT, "cudapool_torch_alloc");
+    void* global = global_scope();
+    if (sym == nullptr || global == nullptr) return out;
+    void* a = sym(global, "cudapool_torch_alloc");
     if (a == nullptr || in_this_copy(a)) return out;
     out.alloc = reinterpret_cast<AllocFn>(a);
-    out.free = reinterpret_cast<FreeFn>(sym(RTLD_DEFAULT, "cudapool_torch_free"));
-    out.free_device = reinterpret_cast<FreeFn>(sym(RTLD_DEFAULT, "cudapool_torch_free_device"));
-    out.last_oom = reinterpret_cast<TextFn>(sym(RTLD_DEFAULT, "cudapool_last_oom_message"));
+    out.free = reinterpret_cast<FreeFn>(sym(global, "cudapool_torch_free"));
+    out.free_device = reinterpret_cast<FreeFn>(sym(global, "cudapool_torch_free_device"));
+    out.last_oom = reinterpret_cast<TextFn>(sym(global, "cudapool_last_oom_message"));
     // A preloaded copy too old for any of them: this copy serves alone rather than half forwarding.
     if (out.free == nullptr || out.free_device == nullptr || out.last_oom == nullptr) return Forward{};
     return out;
@@ -82,7 +92,7 @@ const Forward& forward() {
 bool interposing() {
   static const bool yes = [] {
     DlsymFn sym = real_dlsym();
-    return sym != nullptr && in_this_copy(sym(RTLD_DEFAULT, "cuStreamBeginCapture_v2"));
+    return sym != nullptr && global_scope() != nullptr && in_this_copy(sym(global_scope(), "cuStreamBeginCapture_v2"));
   }();
   return yes;
 }
