@@ -3,9 +3,13 @@
     import cudapool.torch
     cudapool.torch.use()        # before the first CUDA tensor
 
-switches the process's CUDA tensors to cudapool's pool (torch.cuda.memory.CUDAPluggableAllocator
-with change_current_allocator): PyTorch hands each allocation its stream, so memory freed on a
-stream is reused on it at once and by other streams only after an event on it. An allocation
+switches the process's CUDA tensors to cudapool's pool (PyTorch's CUDAPluggableAllocator made
+the current allocator): PyTorch hands each allocation its stream, so memory freed on a stream is
+reused on it at once and by other streams only after an event on it; a tensor that
+Tensor.record_stream marked as used on another stream is reused only behind a device-wide fence.
+Passing record_stream on needs PyTorch's C++ API (torch/csrc/cuda/CUDAPluggableAllocator.h and
+the CUDA headers); where the installed PyTorch lacks them, use() registers through the Python
+API, warns, and makes every free device-fenced (free="device"). status() says which. An allocation
 the pool cannot serve raises torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) whose message
 is the pool's diagnosis (also cudapool.last_oom_message()).
 
@@ -33,7 +37,9 @@ import tempfile
 
 import cudapool as _cp
 
-__all__ = ["use", "in_use", "translate_oom", "TooLateError"]
+import warnings
+
+__all__ = ["use", "in_use", "status", "translate_oom", "TooLateError"]
 
 _state = {}  # what must stay alive while PyTorch uses the allocator: the libraries, the allocator
 _GLUE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_glue.cpp")
@@ -46,6 +52,14 @@ class TooLateError(RuntimeError):
 def in_use():
     """True once use() switched this process's PyTorch allocator to the pool."""
     return "allocator" in _state
+
+
+def status():
+    """How use() set PyTorch up: {"in_use": bool, "free": "stream" or "device" (None before use()),
+    "record_stream": whether Tensor.record_stream reaches the pool, "registration": "c++" or
+    "python", "library": "preloaded" or "loaded"}."""
+    return {"in_use": in_use(), "free": _state.get("free"), "record_stream": _state.get("record_stream", False),
+            "registration": _state.get("registration"), "library": _state.get("how")}
 
 
 def _addr(lib, name):
@@ -102,14 +116,45 @@ def _cache_dir():
     return base
 
 
-def build_glue(torch_module=None, compiler=None):
-    """The path of the glue library for the installed PyTorch, compiled once and cached."""
+_PLUGGABLE_H = os.path.join("torch", "csrc", "cuda", "CUDAPluggableAllocator.h")
+
+
+def _pluggable_flags(torch, include, libdir):
+    """Compiler flags for the glue's C++ registration (CUDAPOOL_GLUE_PLUGGABLE): the include and
+    library directories torch.utils.cpp_extension uses, the CUDA headers, PyTorch's CUDA libraries."""
+    includes, libdirs, cuda_home = [include], [libdir], os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    try:
+        from torch.utils import cpp_extension
+        includes, libdirs = list(cpp_extension.include_paths()), list(cpp_extension.library_paths())
+        cuda_home = cuda_home or cpp_extension.CUDA_HOME
+    except Exception:  # a PyTorch without cpp_extension: its own include/ and lib/
+        pass
+    cuda = [os.path.join(cuda_home, "include")] if cuda_home else []
+    for base in sys.path:  # the CUDA headers of the nvidia-* wheels PyTorch depends on
+        nv = os.path.join(base or ".", "nvidia")
+        if os.path.isdir(nv):
+            cuda += sorted(os.path.join(nv, d, "include") for d in os.listdir(nv))
+    includes += [d for d in cuda if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
+    flags = ["-DCUDAPOOL_GLUE_PLUGGABLE"] + [f for d in includes for f in ("-I", d)]
+    for d in libdirs:
+        flags += ["-L", d, "-Wl,-rpath," + d]
+    for name in ("c10", "c10_cuda", "torch_cuda"):
+        if any(os.path.exists(os.path.join(d, f"lib{name}.so")) for d in libdirs):
+            flags.append("-l" + name)
+    return flags
+
+
+def build_glue(torch_module=None, compiler=None, pluggable=None):
+    """The path of the glue library for the installed PyTorch, compiled once and cached. pluggable:
+    with the C++ registration (cudapool_glue_register); None: when PyTorch ships its header."""
     torch = torch_module or sys.modules["torch"]
     root = os.path.dirname(os.path.abspath(torch.__file__))
     include, libdir = os.path.join(root, "include"), os.path.join(root, "lib")
     if not os.path.isfile(os.path.join(include, "c10", "util", "Exception.h")):
         raise RuntimeError(f"PyTorch's C++ headers are missing ({include}/c10/util/Exception.h): install a PyTorch "
                            "build that ships them (the wheels from pytorch.org do)")
+    if pluggable is None:
+        pluggable = os.path.isfile(os.path.join(include, _PLUGGABLE_H))
     cxx = compiler.split() if isinstance(compiler, str) else (compiler or _compiler())
     if not cxx:
         raise RuntimeError("cudapool.torch.use() compiles a small glue file once and needs a C++ compiler: install "
@@ -118,18 +163,22 @@ def build_glue(torch_module=None, compiler=None):
     with open(_GLUE, "rb") as f:
         source = f.read()
     key = hashlib.sha256(b"\0".join([source, str(getattr(torch, "__version__", "")).encode(), root.encode(),
-                                     " ".join(cxx).encode(), str(abi).encode()])).hexdigest()[:24]
+                                     " ".join(cxx).encode(), str(abi).encode(), str(pluggable).encode()]))
     cache = _cache_dir()
-    out = os.path.join(cache, f"torch_glue-{key}.so")
+    out = os.path.join(cache, f"torch_glue-{key.hexdigest()[:24]}.so")
     if os.path.isfile(out):
         return out
-    link = ["-L", libdir, "-lc10", "-Wl,-rpath," + libdir] if os.path.exists(os.path.join(libdir, "libc10.so")) else []
+    if pluggable:
+        extra = _pluggable_flags(torch, include, libdir)
+    else:
+        extra = ["-I", include]
+        if os.path.exists(os.path.join(libdir, "libc10.so")):
+            extra += ["-L", libdir, "-lc10", "-Wl,-rpath," + libdir]
     errors = []
     for std in ("-std=c++17", "-std=c++20"):
         fd, tmp = tempfile.mkstemp(prefix=".torch_glue-", suffix=".so", dir=cache)
         os.close(fd)
-        cmd = cxx + [std, "-O2", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", include, _GLUE,
-                     "-o", tmp] + link
+        cmd = cxx + [std, "-O2", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", _GLUE, "-o", tmp] + extra
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except OSError as e:
@@ -144,19 +193,44 @@ def build_glue(torch_module=None, compiler=None):
     raise RuntimeError("compiling cudapool's PyTorch glue failed:\n" + "\n".join(errors))
 
 
+def _too_late(e):
+    return TooLateError(
+        f"cudapool.torch.use() came too late: PyTorch's CUDA allocator is already in use ({e}). Call it before "
+        "the first CUDA tensor is made (right after `import torch`, before model.cuda() / .to('cuda')), or run "
+        "the whole program under the library instead: PYTORCH_NO_CUDA_MEMORY_CACHING=1 "
+        "LD_PRELOAD=/path/to/libcudapool.so python3 ...")
+
+
+def _cpp_glue(torch, lib, compiler):
+    """(path of the glue with the C++ registration, None), or (None, why it cannot be had)."""
+    include = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
+    if not os.path.isfile(os.path.join(include, _PLUGGABLE_H)):
+        return None, f"PyTorch's C++ header {_PLUGGABLE_H} is missing"
+    if not hasattr(lib, "cudapool_torch_record_stream"):
+        return None, "the preloaded libcudapool.so has no cudapool_torch_record_stream (preload a newer build)"
+    try:
+        return build_glue(torch, compiler, pluggable=True), None
+    except RuntimeError as e:
+        last = [line for line in str(e).splitlines() if "error" in line][:1] or [str(e).splitlines()[0]]
+        return None, ("compiling the glue against PyTorch's C++ allocator API failed (are the CUDA headers there? "
+                      f"set CUDA_HOME): {last[0][:200]}")
+
+
 def use(library=None, compiler=None, free=None):
     """Switch this process's PyTorch CUDA allocations to cudapool's pool. Call it before the first
     CUDA tensor; calling it again is a no-op. Returns the path of the libcudapool.so in use.
 
-    free: "stream" (the default; $CUDAPOOL_TORCH_FREE when not given) reuses a freed tensor's
-    memory at once on its stream, on other streams after an event on it: PyTorch's rule.
-    "device" reuses it only behind a device-wide fence (the policy's free_sync, as for cudaFree),
-    for programs that use tensors on other streams with Tensor.record_stream, which PyTorch does
-    not pass to pluggable allocators; without LD_PRELOAD each such free waits for the device."""
+    free: "stream" ($CUDAPOOL_TORCH_FREE when not given) reuses a freed tensor's memory at once on
+    its stream, on other streams after an event on it: PyTorch's rule; a tensor marked with
+    Tensor.record_stream waits for a device-wide fence instead. "device" reuses every tensor's
+    memory only behind a device-wide fence (the policy's free_sync, as for cudaFree); without
+    LD_PRELOAD each such free waits for the device. The default is "stream" when record_stream can
+    reach the pool (PyTorch's C++ allocator API compiled into the glue), else "device", with a
+    warning saying why. status() tells which mode is active."""
     if in_use():
         return _cp.library_path()
-    free = free or os.environ.get("CUDAPOOL_TORCH_FREE") or "stream"
-    if free not in ("stream", "device"):
+    free = free or os.environ.get("CUDAPOOL_TORCH_FREE") or None
+    if free not in (None, "stream", "device"):
         raise ValueError(f"free={free!r}: use 'stream' (PyTorch's stream-ordered reuse) or 'device' (reuse behind "
                          "a device-wide fence, for programs that rely on Tensor.record_stream)")
     try:
@@ -164,24 +238,42 @@ def use(library=None, compiler=None, free=None):
     except ImportError:
         raise RuntimeError("cudapool.torch.use() needs PyTorch (import torch failed)") from None
     lib, how = _pool_library(library)
-    glue = ctypes.CDLL(build_glue(torch, compiler), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    path, why = _cpp_glue(torch, lib, compiler)
+    if path is None:
+        path = build_glue(torch, compiler, pluggable=False)
+        if free is None:
+            free = "device"
+            warnings.warn(f"cudapool.torch: {why}, so Tensor.record_stream cannot reach the pool: every free waits for "
+                          "a device-wide fence (free='device'; pass free='stream' if no tensor is used on a stream "
+                          "other than its own)", RuntimeWarning, stacklevel=2)
+    free = free or "stream"
+    glue = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
     glue.cudapool_glue_init.restype = ctypes.c_int
     glue.cudapool_glue_init.argtypes = [ctypes.c_void_p] * 3
     free_fn = "cudapool_torch_free" if free == "stream" else "cudapool_torch_free_device"
     if glue.cudapool_glue_init(_addr(lib, "cudapool_torch_alloc"), _addr(lib, free_fn),
                                _addr(lib, "cudapool_last_oom_message")) != 0:
         raise RuntimeError("cudapool's PyTorch glue refused the library's entry points")
-    raw = torch._C._cuda_customAllocator(_addr(glue, "cudapool_glue_alloc"), _addr(glue, "cudapool_glue_free"))
-    allocator = torch.cuda.memory._CUDAAllocator(raw)
-    try:
-        torch.cuda.memory.change_current_allocator(allocator)
-    except RuntimeError as e:
-        raise TooLateError(
-            f"cudapool.torch.use() came too late: PyTorch's CUDA allocator is already in use ({e}). Call it before "
-            "the first CUDA tensor is made (right after `import torch`, before model.cuda() / .to('cuda')), or run "
-            "the whole program under the library instead: PYTORCH_NO_CUDA_MEMORY_CACHING=1 "
-            "LD_PRELOAD=/path/to/libcudapool.so python3 ...") from None
-    _state.update(lib=lib, glue=glue, allocator=allocator, how=how, free=free)
+    if why is None:
+        glue.cudapool_glue_register.restype = ctypes.c_int
+        glue.cudapool_glue_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+        err = ctypes.create_string_buffer(2048)
+        rc = glue.cudapool_glue_register(_addr(lib, "cudapool_torch_record_stream"), err, len(err))
+        msg = err.value.decode(errors="replace")
+        if rc == 1:
+            raise _too_late(msg) from None
+        if rc != 0:
+            raise RuntimeError(f"registering cudapool's allocator with PyTorch failed: {msg}")
+        allocator = None  # PyTorch and the glue hold it
+    else:
+        raw = torch._C._cuda_customAllocator(_addr(glue, "cudapool_glue_alloc"), _addr(glue, "cudapool_glue_free"))
+        allocator = torch.cuda.memory._CUDAAllocator(raw)
+        try:
+            torch.cuda.memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            raise _too_late(e) from None
+    _state.update(lib=lib, glue=glue, allocator=allocator, how=how, free=free, record_stream=why is None,
+                  registration="c++" if why is None else "python")
     return _cp.library_path()
 
 

@@ -15,16 +15,19 @@ CAP_MB=$(python3 -c "print(int($CAP * 1024))")
 mkdir -p "$OUT"
 P=(python3 tests/gpu/torch_pluggable.py)
 fail=0
-# side NAME must|info ENV...: tests/gpu/torch_side_stream.py through cudapool.torch.use(); the
-# line is its totals. must: no corrupted case.
+# side NAME must|info|must_rs ENV...: tests/gpu/torch_side_stream.py through cudapool.torch.use();
+# the line is its totals and use()'s mode. must: no corrupted case; must_rs: that, with the
+# default stream-ordered free and record_stream reaching the pool (the C++ registration).
 side() {
   local name=$1 kind=$2; shift 2
   timeout 300 env "$@" python3 tests/gpu/with_pool.py tests/gpu/torch_side_stream.py >"$OUT/$name.out" 2>&1
-  local rc=$? tot
+  local rc=$? tot mode
   tot=$(grep -m1 '^corrupted_cases=' "$OUT/$name.out")
-  printf '%-22s %-4s %s %s\n' "$name" "$kind" "${tot:-no totals (exit $rc; see $OUT/$name.out)}" \
-    "$(grep -m1 '^reused_cases=' "$OUT/$name.out")"
-  if [ "$kind" = must ] && [[ "$tot" != corrupted_cases=0\ * ]]; then fail=1; fi
+  mode=$(grep -m1 '^with_pool: free=' "$OUT/$name.out")
+  printf '%-26s %-7s %s %s [%s]\n' "$name" "$kind" "${tot:-no totals (exit $rc; see $OUT/$name.out)}" \
+    "$(grep -m1 '^reused_cases=' "$OUT/$name.out")" "${mode#with_pool: }"
+  if [ "$kind" != info ] && [[ "$tot" != corrupted_cases=0\ * ]]; then fail=1; fi
+  if [ "$kind" = must_rs ] && [ "$mode" != "with_pool: free=stream record_stream=1 registration=c++" ]; then fail=1; fi
 }
 check() {  # check NAME must|info ENV... -- CMD...
   local name=$1 kind=$2; shift 2
@@ -41,9 +44,10 @@ check stats_preloaded must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" stats
 check stats_loaded must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" stats
 check oom_preloaded must "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" oom
 check oom_loaded must "CUDAPOOL_LIBRARY=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" oom
-# record_stream does not reach pluggable allocators: the stream-ordered free may corrupt this
-# program (INFO, it shows the limit); free=device must not.
-side side_stream_cppt info "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=
+# use() registers in C++ so that Tensor.record_stream reaches the pool: the default stream-ordered
+# free must not corrupt this program (preloaded or loaded alone); neither must free=device.
+side side_stream_cppt must_rs "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=
+side side_stream_cpptl must_rs "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF=
 side side_stream_cppt_device must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= CUDAPOOL_TORCH_FREE=device
 side side_stream_cpptl_device must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= CUDAPOOL_TORCH_FREE=device
 check oomtype_native info -- "${P[@]}" oomtype

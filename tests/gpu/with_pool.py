@@ -7,7 +7,8 @@ libcudapool.so preloaded that copy serves it; without, the library named by CUDA
 
 torch.cuda's memory counters raise under any pluggable allocator, so the few the workloads read
 (max_memory_reserved, max_memory_allocated, memory_allocated, memory_reserved) are answered by
-the pool's counters here. Prints "with_pool: <library> (<how>)" on stderr.
+the pool's counters here. Prints "with_pool: <library> (<how>)" and "with_pool: free=<mode>
+record_stream=<0|1> registration=<c++|python>" (cudapool.torch.status()) on stderr.
 """
 import os
 import runpy
@@ -24,7 +25,10 @@ import cudapool  # noqa: E402
 import cudapool.torch  # noqa: E402
 
 path = cudapool.torch.use()
-print(f"with_pool: {path} ({cudapool.torch._state['how']})", file=sys.stderr)
+st = cudapool.torch.status()
+print(f"with_pool: {path} ({st['library']})", file=sys.stderr)
+print(f"with_pool: free={st['free']} record_stream={int(st['record_stream'])} registration={st['registration']}",
+      file=sys.stderr)
 for name in ("max_memory_reserved", "max_memory_allocated", "memory_allocated", "memory_reserved"):
     setattr(torch.cuda, name, getattr(cudapool, name))
 sys.argv = sys.argv[1:]

@@ -149,8 +149,8 @@ class Preloaded(unittest.TestCase):
 class TorchPath(unittest.TestCase):
     """tests/python/torch_scenarios.py, one process each, preloaded and loaded by use() alone."""
 
-    def run_scenario(self, name, preload=True, conf=""):
-        env = dict(os.environ, CUDAPOOL_CONF=conf)
+    def run_scenario(self, name, preload=True, conf="", **extra):
+        env = dict(os.environ, CUDAPOOL_CONF=conf, **extra)
         shim = env.get("LD_PRELOAD", "") or os.environ["CUDAPOOL_TEST_SHIM"]
         env["EXPECT_LIBRARY"] = shim
         if not preload:
@@ -164,6 +164,17 @@ class TorchPath(unittest.TestCase):
     def test_use_and_allocate(self):
         self.run_scenario("use_and_allocate")
         self.run_scenario("use_and_allocate", preload=False)
+
+    def test_mode_without_the_cpp_header_is_device_fenced(self):
+        self.run_scenario("mode_python")
+        self.run_scenario("mode_python", preload=False)
+
+    def test_mode_with_the_cpp_header_passes_record_stream_on(self):
+        self.run_scenario("mode_cpp", FAKE_TORCH_PLUGGABLE="1")
+        self.run_scenario("mode_cpp", preload=False, FAKE_TORCH_PLUGGABLE="1")
+
+    def test_too_late_through_the_cpp_registration(self):
+        self.run_scenario("too_late", FAKE_TORCH_PLUGGABLE="1", FAKE_TORCH_ALLOCATOR_IN_USE="1")
 
     def test_free_device(self):
         self.run_scenario("free_device", conf="free_sync:fenced")

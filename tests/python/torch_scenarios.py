@@ -8,16 +8,21 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MiB = 1 << 20
 
-# The stand-in PyTorch as the package `torch`, with the stand-in c10 header as its include/.
+# The stand-in PyTorch as the package `torch`, with the stand-in c10 header as its include/, and
+# with FAKE_TORCH_PLUGGABLE=1 the stand-in torch/csrc/cuda/CUDAPluggableAllocator.h too.
 _tmp = tempfile.mkdtemp(prefix="cudapool-fake-torch-")
 os.makedirs(os.path.join(_tmp, "torch"))
 shutil.copy(os.path.join(HERE, "fake_torch.py"), os.path.join(_tmp, "torch", "__init__.py"))
 shutil.copytree(os.path.join(ROOT, "tests", "support", "fake_c10"), os.path.join(_tmp, "torch", "include"))
+if os.environ.get("FAKE_TORCH_PLUGGABLE") == "1":
+    shutil.copytree(os.path.join(ROOT, "tests", "support", "fake_torch_cuda"), os.path.join(_tmp, "torch", "include"),
+                    dirs_exist_ok=True)
 sys.path.insert(0, _tmp)
 os.environ["CUDAPOOL_CACHE_DIR"] = os.path.join(_tmp, "cache")
 
@@ -42,10 +47,10 @@ def use_and_allocate():
     cu = start_cuda()
     preloaded = os.environ.get("LD_PRELOAD", "") != ""
     assert cudapool.is_loaded() == preloaded
-    path = cudapool.torch.use()
+    path = cudapool.torch.use(free="stream")
     assert cudapool.torch.in_use() and cudapool.is_loaded()
     assert os.path.samefile(path, os.environ["EXPECT_LIBRARY"]), path
-    assert cudapool.torch.use() == path  # again: a no-op
+    assert cudapool.torch.use(free="stream") == path  # again: a no-op
     alloc = torch.cuda.current_allocator
     assert alloc is not None
     assert cudapool.torch._state["how"] == ("preloaded" if preloaded else "loaded")
@@ -88,6 +93,71 @@ def free_device():
     assert cudapool.memory_stats(0)["pending_bytes"] == 4 * MiB
     cu.fakecuda_release_stream(None)
     alloc.release(q)
+
+
+def mode_python():
+    """Without PyTorch's C++ allocator header, record_stream cannot reach the pool: use() registers
+    through the Python API, says why in a warning, and makes every free device-fenced."""
+    start_cuda()
+    assert cudapool.torch.status() == {"in_use": False, "free": None, "record_stream": False, "registration": None,
+                                       "library": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudapool.torch.use()
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 1 and "CUDAPluggableAllocator.h is missing" in msgs[0] and "record_stream" in msgs[0], msgs
+    st = cudapool.torch.status()
+    assert st["in_use"] and st["free"] == "device" and not st["record_stream"] and st["registration"] == "python", st
+    assert torch.cuda.current_allocator is not None
+
+
+def _stream(cu):
+    s = ctypes.c_void_p()
+    assert cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+    return s.value
+
+
+def mode_cpp():
+    """With the header (FAKE_TORCH_PLUGGABLE=1), use() registers in C++ with record_stream wired to
+    the pool, and the default free stays stream-ordered: a tensor recorded on a side stream whose
+    work still runs is not reused on its own stream behind that work's back; one not recorded is
+    (the negative control: what the record prevents)."""
+    cu = start_cuda()
+    for name, res, args in (("fakecuda_hold_stream", None, [ctypes.c_void_p]),
+                            ("fakecuda_release_stream", None, [ctypes.c_void_p]),
+                            ("fakecuda_would_wait", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+                            ("fakecuda_ctx_syncs", ctypes.c_long, [])):
+        getattr(cu, name).restype, getattr(cu, name).argtypes = res, args
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudapool.torch.use()
+    assert not caught, [str(w.message) for w in caught]
+    st = cudapool.torch.status()
+    assert st["free"] == "stream" and st["record_stream"] and st["registration"] == "c++", st
+    assert torch.cuda.current_allocator is None  # not the Python API's registration
+    glue = cudapool.torch._state["glue"]
+    glue.fake_torch_alloc.restype = ctypes.c_void_p
+    glue.fake_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    glue.fake_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    glue.fake_torch_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    assert glue.fake_torch_has_allocator() == 1
+    a, b, n = _stream(cu), _stream(cu), 4 * MiB
+    alone = os.environ.get("LD_PRELOAD", "") == ""
+    cu.fakecuda_hold_stream(b)
+    p = glue.fake_torch_alloc(n, 0, a)
+    syncs = cu.fakecuda_ctx_syncs()
+    glue.fake_torch_free(p, n, 0, a)
+    q = glue.fake_torch_alloc(n, 0, a)
+    assert q == p and cu.fakecuda_would_wait(a, b) == 0 and cu.fakecuda_ctx_syncs() == syncs
+    assert glue.fake_torch_record_stream(q, b) == 1
+    glue.fake_torch_free(q, n, 0, a)
+    r = glue.fake_torch_alloc(n, 0, a)
+    if alone:
+        assert cu.fakecuda_ctx_syncs() == syncs + 1  # the free waited for the device
+    else:
+        assert r != p or cu.fakecuda_would_wait(a, b) == 1, hex(r)
+    cu.fakecuda_release_stream(b)
+    glue.fake_torch_free(r, n, 0, a)
 
 
 def old_preloaded():

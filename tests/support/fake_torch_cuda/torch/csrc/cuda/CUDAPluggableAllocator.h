@@ -5,10 +5,11 @@
 // (tests/fakecuda/torch_app.cpp, tests/python/torch_scenarios.py). Header-only, for the one file
 // that includes it. The allocator made current is reachable through the fake_torch_* functions,
 // which call its functions the way PyTorch's allocator does (allocate, recordStream, raw delete).
-// fake_torch_set_initialized(1) makes changeCurrentAllocator refuse, as PyTorch does once its
-// allocator is in use.
+// fake_torch_set_initialized(1), or FAKE_TORCH_ALLOCATOR_IN_USE set in the environment, makes
+// changeCurrentAllocator refuse, as PyTorch does once its allocator is in use.
 #pragma once
 #include <cstddef>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -47,7 +48,7 @@ inline std::shared_ptr<CUDAPluggableAllocator>& fake_current() {
   return current;
 }
 inline bool& fake_initialized() {
-  static bool initialized = false;
+  static bool initialized = std::getenv("FAKE_TORCH_ALLOCATOR_IN_USE") != nullptr;
   return initialized;
 }
 
