@@ -98,9 +98,11 @@ int cudapool_glue_register(void* record_stream, char* err, std::size_t err_size)
         [](void* ptr, std::size_t size, int device, cudaStream_t stream) {
           cudapool_glue_free(ptr, static_cast<ssize_t>(size), device, stream);
         });
-    auto* pluggable = dynamic_cast<pa::CUDAPluggableAllocator*>(allocator.get());
-    if (pluggable == nullptr) return put(-1, "createCustomAllocator did not make a CUDAPluggableAllocator");
-    pluggable->set_record_stream_fn([record](void* ptr, cudaStream_t stream) { record(ptr, stream); });
+    if (allocator == nullptr) return put(-1, "createCustomAllocator made no allocator");
+    // createCustomAllocator makes a CUDAPluggableAllocator (its declared type is the base class).
+    // Not dynamic_cast: PyTorch's libraries need not export that class's type information.
+    static_cast<pa::CUDAPluggableAllocator*>(allocator.get())
+        ->set_record_stream_fn([record](void* ptr, cudaStream_t stream) { record(ptr, stream); });
   } catch (const std::exception& e) {
     return put(-1, e.what());
   }
