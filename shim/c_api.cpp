@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -142,4 +143,45 @@ CUDAPOOL_EXPORT size_t cudapool_empty_cache(void) {
 CUDAPOOL_EXPORT int cudapool_set_log_level(const char* level) {
   if (level == nullptr) return -1;
   return set_log_level(level) ? 0 : -1;
+}
+
+CUDAPOOL_EXPORT int cudapool_reset_peak_stats(int device) {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr) return -1;
+  bool any = false;
+  rt->for_each_pool([&](ContextPool& cp) {
+    if (cp.device != device) return;
+    cp.pool.reset_peak_stats();
+    any = true;
+  });
+  return any ? 0 : -1;
+}
+
+CUDAPOOL_EXPORT int cudapool_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr || free_bytes == nullptr || total_bytes == nullptr || Runtime::exiting()) return -1;
+  size_t f = 0, t = 0, cached = 0, reserved = 0;
+  bool any = false;
+  rt->for_each_pool([&](ContextPool& cp) {
+    if (cp.device != device) return;
+    if (!any) cp.upstream.mem_info(&f, &t);  // the driver's figures for the device
+    any = true;
+    cached += cp.pool.cached_bytes();
+    reserved += static_cast<size_t>(cp.pool.stats().reserved_bytes[kAll].current) + cp.pool.external_bytes();
+  });
+  if (!any) return -1;
+  // As cuMemGetInfo under the shim: the pool's cache is free memory, a cap is the total.
+  f += cached;
+  const PoolOptions& po = rt->policy().pool;
+  size_t cap = po.max_reserved;
+  if (po.per_process_memory_fraction > 0.0)
+    cap = std::min(cap, static_cast<size_t>(po.per_process_memory_fraction * static_cast<double>(t)));
+  if (cap < t) {
+    t = cap;
+    const size_t room = cap > reserved ? cap - reserved : 0;
+    f = std::min(f, room + cached);
+  }
+  *free_bytes = f;
+  *total_bytes = t;
+  return 0;
 }

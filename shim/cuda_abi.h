@@ -36,6 +36,7 @@ inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
+inline constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
 inline constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
 inline constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
 inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;

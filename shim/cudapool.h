@@ -6,12 +6,13 @@
 #define CUDAPOOL_H
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CUDAPOOL_API_VERSION 2
+#define CUDAPOOL_API_VERSION 3
 
 /* A few headline counters of one device's pool (PyTorch memory_stats names in comments). */
 struct cudapool_stats {
@@ -55,6 +56,44 @@ size_t cudapool_snapshot_json(char* buf, size_t size);
 /* Waits for pending frees and releases every fully free segment of every pool. Returns the
  * bytes given back to the driver. */
 size_t cudapool_empty_cache(void);
+/* PyTorch's pluggable allocator (since API version 3):
+ *   torch.cuda.memory.CUDAPluggableAllocator("libcudapool.so", "cudapool_torch_alloc", "cudapool_torch_free")
+ * (the Python module's cudapool.torch.use() does this, and turns a failed allocation into
+ * torch.OutOfMemoryError). The pool serves `size` bytes for `stream` of `device` (which must be
+ * the current context's device) as a stream-ordered allocation; the free makes the block
+ * reusable at once on `stream`, by other streams once an event on `stream` has completed. NULL
+ * for size <= 0 and when the pool cannot serve it (cudapool_last_oom_message() says why). On a
+ * capturing stream, under backend:passthrough or without a current context the driver's
+ * cuMemAllocAsync serves it (and cuMemFreeAsync frees it). A pointer of the pool may also be
+ * freed with cudaFree (and memory from cudaMalloc under the preloaded library with
+ * cudapool_torch_free): one pool serves both. */
+void* cudapool_torch_alloc(ssize_t size, int device, void* stream);
+void cudapool_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* Tensor.record_stream(stream) of the pool's block at `ptr` (PyTorch's
+ * CUDAPluggableAllocator::set_record_stream_fn; cudapool.torch.use() wires it): the block is used
+ * on `stream` too, so cudapool_torch_free of it takes cudapool_torch_free_device's fenced path
+ * rather than being reused at once on its own stream. A pointer not of the pool is ignored. */
+void cudapool_torch_record_stream(void* ptr, void* stream);
+/* The same free with cudaFree's meaning (reused only behind a device-wide fence, per free_sync),
+ * for blocks used on other streams than their own: those recorded with
+ * cudapool_torch_record_stream, or every block where record_stream cannot be passed on. */
+void cudapool_torch_free_device(void* ptr, ssize_t size, int device, void* stream);
+/* The calling thread's last out-of-memory diagnosis (else the process's; "" when none): the
+ * requested size, the device's capacity and free memory, what the pool reserved, allocated and
+ * holds freed, and its cap. snprintf-style like cudapool_snapshot_json. Since API version 3. */
+size_t cudapool_last_oom_message(char* buf, size_t size);
+/* The file this library was loaded from. snprintf-style. Since API version 3. */
+size_t cudapool_library_path(char* buf, size_t size);
+/* The driver's device count, or -1 when CUDA is not initialised in this process (never
+ * initialises it). Since API version 3. */
+int cudapool_device_count(void);
+/* Resets the peak counters (the *.peak values) of `device`'s pools to their current values.
+ * 0, or -1 when no pool of that device exists yet. Since API version 3. */
+int cudapool_reset_peak_stats(int device);
+/* `device`'s free and total memory as cuMemGetInfo reports them to the program: the pool's cached
+ * bytes count as free, and a cap (max_reserved_mb, per_process_memory_fraction) is the total
+ * (the group budget aside). 0, or -1 when no pool of that device exists yet. Since API version 3. */
+int cudapool_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
 /* Changes the log level ("trace" "debug" "info" "warn" "error" "critical" "off").
  * Returns 0, or -1 for an unknown name. */
 int cudapool_set_log_level(const char* level);

@@ -12,7 +12,9 @@ namespace cudapool::shim {
 inline constexpr CUresult kPassThrough = -1;
 
 // Allocates from the current context's pool. kPassThrough when there is no current context.
-CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream);
+// With `device` >= 0 (the pluggable allocator's entry points), CUDA_ERROR_INVALID_DEVICE when the
+// current context belongs to another device.
+CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream, int device = -1);
 // cudaFree meaning (stream == nullptr) or cudaFreeAsync meaning. kPassThrough for memory the
 // pool does not own.
 CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream);

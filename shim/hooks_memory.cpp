@@ -8,6 +8,7 @@
 #include "shim/hooked.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
+#include "shim/oom_note.h"
 #include "shim/streams.h"
 #include "telemetry/oom.h"
 #include "telemetry/share.h"
@@ -24,8 +25,10 @@ CUresult report_oom(ContextPool& cp, std::size_t bytes, bool reached_upstream) {
   cp.upstream.mem_info(&f, &t);
   // The segment size the pool would have asked for (0: a size no segment can hold).
   const std::size_t seg = reached_upstream ? segment_size_for(round_size(bytes, cp.pool.options())) : 0;
-  log_warn("{}", format_oom(make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t,
-                                          cp.pool.external_bytes())));
+  const std::string msg = format_oom(
+      make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t, cp.pool.external_bytes()));
+  log_warn("{}", msg);
+  note_oom(msg);  // cudapool_last_oom_message: the pluggable allocator's exception text
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -39,7 +42,7 @@ CUresult finish_free(FreeStatus s, const ContextPool& cp, void* p, bool on_strea
 
 }  // namespace
 
-CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream, int device) {
   // Once the process is exiting no pool work starts (it may record or wait on fences, or grow a
   // segment, in a driver that may be tearing down): the driver serves the allocation, and a later
   // free of that pointer is not the pool's, so it goes to the driver too.
@@ -53,6 +56,7 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
     rt.count_pass(PassKind::no_context);
     return kPassThrough;
   }
+  if (device >= 0 && cp->device != device) return CUDA_ERROR_INVALID_DEVICE;
   // The context is current (current_pool just read it): fence recording skips its own check.
   CudaFences::ContextGuard known(cp->ctx);
   if (cp->member != nullptr) CudaUpstream::clear_budget_refused();

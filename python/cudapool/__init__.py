@@ -1,20 +1,24 @@
 """Python view of cudapool, the caching device-memory pool preloaded in front of CUDA programs.
 
 Pure ctypes over the library's C API (shim/cudapool.h): the functions find libcudapool.so in
-the process (it is preloaded with LD_PRELOAD) and never load it themselves.
+the process (preloaded with LD_PRELOAD, or loaded by cudapool.torch.use()) and never load it
+themselves. The names and answers follow torch.cuda's memory functions where they apply.
 """
 import ctypes
 import errno
 import json
 import os
 import pickle
+import sys
 
-__all__ = ["NotLoadedError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache", "snapshot"]
+__all__ = ["NotLoadedError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache", "snapshot",
+           "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+           "reset_peak_memory_stats", "mem_get_info", "memory_snapshot", "last_oom_message", "library_path"]
 __version__ = "0.7.0"
 
-_HINT = ("libcudapool.so is not preloaded in this process: start Python with "
+_HINT = ("libcudapool.so is not in this process: start Python with "
          "LD_PRELOAD=/path/to/libcudapool.so (for example build/release/libcudapool.so), "
-         "or run it with `cudapool run -- python3 ...`")
+         "run it with `cudapool run -- python3 ...`, or call cudapool.torch.use() first")
 
 
 class NotLoadedError(RuntimeError):
@@ -22,25 +26,40 @@ class NotLoadedError(RuntimeError):
 
 
 _lib = None
+_loaded = None  # the library loaded by cudapool.torch.use() in a process without LD_PRELOAD
+
+
+def _declare(scope):
+    scope.cudapool_api_version.restype = ctypes.c_int
+    scope.cudapool_active.restype = ctypes.c_int
+    scope.cudapool_snapshot_json.restype = ctypes.c_size_t
+    scope.cudapool_snapshot_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    scope.cudapool_empty_cache.restype = ctypes.c_size_t
+    scope.cudapool_empty_cache.argtypes = []
+    return scope
 
 
 def _library():
-    """The process's own symbol scope, if it holds the C API; else None."""
+    """The C API: the process's own symbol scope if it holds it (preloaded), else the copy
+    cudapool.torch.use() loaded; else None."""
     global _lib
     if _lib is None:
         scope = ctypes.CDLL(None)
         try:
             scope.cudapool_api_version
         except AttributeError:
-            return None
-        scope.cudapool_api_version.restype = ctypes.c_int
-        scope.cudapool_active.restype = ctypes.c_int
-        scope.cudapool_snapshot_json.restype = ctypes.c_size_t
-        scope.cudapool_snapshot_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        scope.cudapool_empty_cache.restype = ctypes.c_size_t
-        scope.cudapool_empty_cache.argtypes = []
-        _lib = scope
+            scope = _loaded
+            if scope is None:
+                return None
+        _lib = _declare(scope)
     return _lib
+
+
+def _adopt(lib):
+    """cudapool.torch.use() loaded `lib` (a ctypes.CDLL of libcudapool.so) into this process."""
+    global _loaded, _lib
+    _loaded = lib
+    _lib = None
 
 
 def _need(version=1):
@@ -58,7 +77,7 @@ def _text(fn, *args):
     n = fn(*args, None, 0)
     buf = ctypes.create_string_buffer(n + 1)
     fn(*args, buf, n + 1)
-    return buf.value.decode("utf-8")
+    return buf.value.decode("utf-8", errors="replace")
 
 
 def is_loaded():
@@ -73,13 +92,133 @@ def is_active():
     return lib is not None and lib.cudapool_active() == 1
 
 
-def memory_stats(device=0):
-    """The pool's counters for `device` under torch.cuda.memory_stats()'s names."""
+def _device_count(lib):
+    """The devices this process sees, or None when that cannot be told without starting CUDA."""
+    if lib.cudapool_api_version() >= 3:
+        fn = lib.cudapool_device_count
+        fn.restype = ctypes.c_int
+        n = fn()
+        if n >= 0:
+            return n
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.device_count()
+    return None
+
+
+def _device(device, lib=None):
+    """The device index of `device`: None (the current device), an int, "cuda", "cuda:N" or a
+    torch.device (torch is never imported here). ValueError for a device that does not exist."""
+    torch = sys.modules.get("torch")
+    if device is None:
+        index = None
+    elif isinstance(device, bool):
+        raise TypeError(f"device must be an int, 'cuda:N' or a torch.device, not {device!r}")
+    elif isinstance(device, int):
+        index = device
+    elif isinstance(device, str):
+        kind, _, num = device.partition(":")
+        if kind != "cuda" or (num and not num.isdigit()):
+            raise ValueError(f"device {device!r} is not a CUDA device: give an int, 'cuda' or 'cuda:N'")
+        index = int(num) if num else None
+    elif getattr(device, "type", None) is not None and hasattr(device, "index"):  # a torch.device
+        if device.type != "cuda":
+            raise ValueError(f"device {device!r} is not a CUDA device")
+        index = device.index
+    else:
+        raise TypeError(f"device must be an int, 'cuda:N' or a torch.device, not {device!r}")
+    if index is None:
+        index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
+    if index < 0:
+        raise ValueError(f"device {index} does not exist: device indexes start at 0")
+    n = _device_count(lib) if lib is not None else None
+    if n is not None and index >= n:
+        raise ValueError(f"device {index} does not exist: this process sees {n} CUDA device(s)"
+                         + (f" (0..{n - 1})" if n else "") + "; CUDA_VISIBLE_DEVICES selects and renumbers them")
+    return index
+
+
+def memory_stats(device=None):
+    """The pool's counters for `device` under torch.cuda.memory_stats()'s names ({} before the
+    device's pool exists)."""
     lib = _need(2)
+    index = _device(device, lib)
     fn = lib.cudapool_memory_stats_json
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    return json.loads(_text(fn, int(device)))
+    return json.loads(_text(fn, index))
+
+
+def memory_allocated(device=None):
+    """Bytes of live allocations from the pool on `device` (torch.cuda.memory_allocated)."""
+    return int(memory_stats(device).get("allocated_bytes.all.current", 0))
+
+
+def max_memory_allocated(device=None):
+    """Peak of memory_allocated since start or reset_peak_memory_stats (torch.cuda.max_memory_allocated)."""
+    return int(memory_stats(device).get("allocated_bytes.all.peak", 0))
+
+
+def memory_reserved(device=None):
+    """Bytes the pool holds from the device on `device` (torch.cuda.memory_reserved)."""
+    return int(memory_stats(device).get("reserved_bytes.all.current", 0))
+
+
+def max_memory_reserved(device=None):
+    """Peak of memory_reserved since start or reset_peak_memory_stats (torch.cuda.max_memory_reserved)."""
+    return int(memory_stats(device).get("reserved_bytes.all.peak", 0))
+
+
+def reset_peak_memory_stats(device=None):
+    """Peaks (every *.peak counter) start again from the current values (torch.cuda.reset_peak_memory_stats)."""
+    lib = _need(3)
+    index = _device(device, lib)
+    fn = lib.cudapool_reset_peak_stats
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int]
+    fn(index)  # no pool yet: nothing to reset
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes of `device` as the program sees them under the pool, as
+    torch.cuda.mem_get_info: the pool's cached memory counts as free, a cap is the total."""
+    lib = _need(3)
+    index = _device(device, lib)
+    fn = lib.cudapool_mem_get_info
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    if fn(index, ctypes.byref(free), ctypes.byref(total)) != 0:  # no pool there yet
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.mem_get_info(index)
+        raise RuntimeError(f"no pool on device {index} yet (CUDA not used there): nothing to report")
+    return free.value, total.value
+
+
+def memory_snapshot():
+    """The pool's segments as torch.cuda.memory_snapshot() lists them."""
+    return snapshot()["segments"]
+
+
+def last_oom_message():
+    """The pool's diagnosis of the last allocation it could not serve (this thread's, else the
+    process's): requested size, device capacity and free memory, reserved, allocated and cached
+    bytes, the cap. "" when there was none."""
+    lib = _need(3)
+    fn = lib.cudapool_last_oom_message
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return _text(fn)
+
+
+def library_path():
+    """The libcudapool.so file this process uses."""
+    lib = _need(3)
+    fn = lib.cudapool_library_path
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return _text(fn)
 
 
 def empty_cache():
@@ -126,8 +265,10 @@ def _fmt(n):
     return str(n)
 
 
-def memory_summary(device=0):
+def memory_summary(device=None):
     """A table of the pool's counters in torch.cuda.memory_summary()'s layout."""
+    lib = _need(2)
+    device = _device(device, lib)
     st = memory_stats(device)
     width = 81
     lines = ["=" * width, f"|{'cudapool memory summary, device ' + str(device):^{width - 2}}|", "-" * width]

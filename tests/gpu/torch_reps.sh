@@ -2,8 +2,8 @@
 # Step-time A/B of PyTorch modes with many interleaved processes: the suite's best-of-3 cannot
 # resolve a few percent on the lent VMs (one mode's processes spread by 10-25 %).
 #   bash tests/gpu/torch_reps.sh [REPS] MODE...
-# MODE: a name (native, ptexp, async, nocache, cpdef, cpcls, cpimm) or NAME=CUDAPOOL_CONF for
-# cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
+# MODE: a name (native, ptexp, async, nocache, cpdef, cpcls, cpimm, cppt, cpptl) or
+# NAME=CUDAPOOL_CONF for cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
 # h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
 # one trace per process, for tests/gpu/step_events.py).
 # Environment: TORCH_WORKLOAD (unset or "torch": torch_train.py --d-model TORCH_D_MODEL --steps 60;
@@ -13,6 +13,9 @@
 # REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files),
 # NVML_PEAK (path of tests/gpu/nvml_peak, built by build.sh: each process's NVML peak is taken),
 # TORCH_PIN_CPU (the CPU each training process is pinned to, default 2, "none": tests/gpu/pin.sh).
+# cppt: PyTorch's pluggable allocator on the pool (tests/gpu/with_pool.py, cudapool.torch.use())
+# with the library preloaded; cpptl: the same with the library loaded by cudapool.torch.use()
+# alone (no LD_PRELOAD); both under the default policy.
 # tests/gpu/step_table.py shows the same files step by step.
 # Prints, per mode, the median / mean / min of the per-process median step times (ms), every
 # value and the median host share of a step, then each mode's median relative to the fastest
@@ -21,7 +24,7 @@ set -u
 cd "$(dirname "$0")/../.."
 REPS=10
 if [[ "${1:-}" =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
-[ $# -gt 0 ] || { sed -n 2,13p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,22p "$0"; exit 2; }
 SHIM=${CUDAPOOL_SHIM:-$PWD/build/release/libcudapool.so}
 OUT=${OUT:-build/torch-reps}
 mkdir -p "$OUT"
@@ -43,6 +46,8 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
     cpcls) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=expandable_segments:False ;;
     cpimm) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF=free_sync:immediate ;;
     cpdef) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
+    cppt) printf '%s\n' "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
+    cpptl) printf '%s\n' "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= ;;
     *=*) printf '%s\n' $NC "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=}" ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
   esac
@@ -59,7 +64,9 @@ for rep in $(seq 1 "$REPS"); do
     mapfile -t envs < <(env_of "$m")
     peak=()
     [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
-    timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" "${PROG[@]}" \
+    prog=("${PROG[@]}")
+    case $m in cppt | cpptl) prog=(python3 tests/gpu/with_pool.py "${PROG[@]:1}") ;; esac
+    timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" "${prog[@]}" \
       --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
   done
 done

@@ -62,3 +62,15 @@ $(SHIM_APP_SHARE): tests/fakecuda/share_app.cpp telemetry/share.cpp telemetry/sh
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): $(BUILD)/telemetry/share.o | $(SHIM_APP_SHARE) $(CUDAPOOL_BIN)
 $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o): CPPFLAGS += -DCUDAPOOL_BIN_PATH='"$(abspath $(CUDAPOOL_BIN))"'
+
+# PyTorch's pluggable-allocator entry points and the Python module's PyTorch glue (built in with
+# stand-in c10 and CUDAPluggableAllocator headers): a -lcuda program run by
+# tests/unit/shim_torch_test.cpp, preloaded or with the library loaded by dlopen alone.
+SHIM_APP_TORCH := $(FAKECUDA_DIR)/torch_app
+$(SHIM_APP_TORCH): tests/fakecuda/torch_app.cpp python/cudapool/_torch_glue.cpp tests/support/fake_c10/c10/util/Exception.h \
+  tests/support/fake_torch_cuda/torch/csrc/cuda/CUDAPluggableAllocator.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h \
+  shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -Itests/support/fake_c10 -Itests/support/fake_torch_cuda -DCUDAPOOL_GLUE_PLUGGABLE -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/torch_app.cpp \
+	  python/cudapool/_torch_glue.cpp -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
+$(SHIM_TEST_BIN): | $(SHIM_APP_TORCH)

@@ -76,7 +76,7 @@ class Preloaded(unittest.TestCase):
     def test_1_before_cuda(self):
         self.assertFalse(self.before_cuda_active)  # no pool until CUDA is used
         self.assertEqual(self.before_cuda_stats, {})
-        self.assertIn("no pool on this device", cudapool.memory_summary(3))
+        self.assertIn("no pool on this device", cudapool.memory_summary(1))
 
     def test_2_stats_follow_allocations(self):
         d = self.drv
@@ -144,6 +144,72 @@ class Preloaded(unittest.TestCase):
         self.assertEqual(st4["reserved_bytes.all.peak"], st2["reserved_bytes.all.peak"])  # peaks stay
         d.free(small)
         self.assertEqual(cudapool.memory_stats()["allocation.all.current"], base.get("allocation.all.current", 0))
+
+
+class TorchPath(unittest.TestCase):
+    """tests/python/torch_scenarios.py, one process each, preloaded and loaded by use() alone."""
+
+    def run_scenario(self, name, preload=True, conf="", **extra):
+        env = dict(os.environ, CUDAPOOL_CONF=conf, **extra)
+        shim = env.get("LD_PRELOAD", "") or os.environ["CUDAPOOL_TEST_SHIM"]
+        env["EXPECT_LIBRARY"] = shim
+        if not preload:
+            env.pop("LD_PRELOAD", None)
+            env["CUDAPOOL_LIBRARY"] = shim
+        r = subprocess.run([sys.executable, os.path.join(HERE, "torch_scenarios.py"), name], env=env,
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("PASS " + name, r.stdout)
+
+    def test_use_and_allocate(self):
+        self.run_scenario("use_and_allocate")
+        self.run_scenario("use_and_allocate", preload=False)
+
+    def test_mode_without_the_cpp_header_is_device_fenced(self):
+        self.run_scenario("mode_python")
+        self.run_scenario("mode_python", preload=False)
+
+    def test_mode_with_the_cpp_header_passes_record_stream_on(self):
+        self.run_scenario("mode_cpp", FAKE_TORCH_PLUGGABLE="1")
+        self.run_scenario("mode_cpp", preload=False, FAKE_TORCH_PLUGGABLE="1")
+
+    def test_too_late_through_the_cpp_registration(self):
+        self.run_scenario("too_late", FAKE_TORCH_PLUGGABLE="1", FAKE_TORCH_ALLOCATOR_IN_USE="1")
+
+    def test_free_device(self):
+        self.run_scenario("free_device", conf="free_sync:fenced")
+
+    def test_old_preloaded_library_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            src, lib = os.path.join(tmp, "old.c"), os.path.join(tmp, "libcudapool.so")
+            with open(src, "w") as f:
+                f.write("int cudapool_api_version(void) { return 2; }\n")
+            subprocess.run(["cc", "-shared", "-fPIC", src, "-o", lib], check=True)
+            env = dict(os.environ, LD_PRELOAD=lib, CUDAPOOL_LIBRARY=os.environ["CUDAPOOL_TEST_SHIM"])
+            r = subprocess.run([sys.executable, os.path.join(HERE, "torch_scenarios.py"), "old_preloaded"], env=env,
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("PASS old_preloaded", r.stdout)
+
+    def test_translate_oom(self):
+        self.run_scenario("translate_oom", conf="max_reserved_mb:64")
+
+    def test_too_late(self):
+        self.run_scenario("too_late")
+
+    def test_oom_message(self):
+        self.run_scenario("oom_message", conf="max_reserved_mb:64")
+        self.run_scenario("oom_message", preload=False, conf="max_reserved_mb:64")
+
+    def test_devices_and_parity(self):
+        self.run_scenario("devices_and_parity")
+        self.run_scenario("devices_and_parity", preload=False)
+
+    def test_run_module(self):
+        self.run_scenario("run_module", preload=False)
+
+    def test_glue_is_cached(self):
+        self.run_scenario("glue_is_cached")
 
 
 if __name__ == "__main__":
