@@ -166,6 +166,22 @@ bool capturing(const RealDriver& d, CUstream s) {
 
 void* torch_alloc(ssize_t size, int device, void* stream);
 
+// PyTorch's autograd threads name the device but may have no context current: c10 skips
+// cudaSetDevice when the runtime already reports that device (it reports device 0 on a fresh
+// thread), and the runtime binds its context only at the thread's next runtime call. The pool
+// works through the driver API and needs the context now: make the device's primary context
+// current, as the runtime would. true when it did (there was none).
+bool adopt_primary_context(const RealDriver& d, int device) {
+  if (device < 0 || d.cuCtxGetCurrent == nullptr || d.cuDevicePrimaryCtxRetain == nullptr ||
+      d.cuCtxPushCurrent_v2 == nullptr)
+    return false;
+  CUcontext current = nullptr;
+  if (d.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != nullptr) return false;
+  CUcontext primary = nullptr;
+  if (d.cuDevicePrimaryCtxRetain(&primary, static_cast<CUdevice>(device)) != CUDA_SUCCESS) return false;
+  return d.cuCtxPushCurrent_v2(primary) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 // A block handed out anew has no record yet (one left by a block freed through cudaFree is stale).
@@ -197,7 +213,9 @@ void* torch_alloc(ssize_t size, int device, void* stream) {
     return driver_alloc(d, bytes, s);
   }
   CUdeviceptr p = 0;
-  const CUresult r = pool_allocate(*rt, &p, bytes, stream_id(s, false), device);
+  CUresult r = pool_allocate(*rt, &p, bytes, stream_id(s, false), device);
+  if (r == kPassThrough && adopt_primary_context(d, device))
+    r = pool_allocate(*rt, &p, bytes, stream_id(s, false), device);
   if (r == CUDA_SUCCESS) return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
   if (r == kPassThrough) return driver_alloc(d, bytes, s);
   if (r == CUDA_ERROR_INVALID_DEVICE) {
@@ -267,7 +285,10 @@ CUDAPOOL_EXPORT void cudapool_torch_free_device(void* ptr, ssize_t size, int dev
   }
   // Loaded without LD_PRELOAD, the pool's device fence covers only the streams its hooks saw
   // created (none): wait for the device as CUDA's cudaFree does.
-  if (!interposing() && d.cuCtxSynchronize != nullptr && !Runtime::exiting()) d.cuCtxSynchronize();
+  if (!interposing() && d.cuCtxSynchronize != nullptr && !Runtime::exiting()) {
+    adopt_primary_context(d, device);  // a thread with no context would synchronize nothing
+    d.cuCtxSynchronize();
+  }
   const CUresult r = pool_free(*rt, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr)), nullptr, nullptr);
   if (r == kPassThrough) driver_free(d, ptr, s);
 }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include <c10/util/Exception.h>
 
@@ -25,6 +26,7 @@
 extern "C" {
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
+CUresult cuCtxGetCurrent(CUcontext*);
 int cudapool_glue_init(void* alloc, void* free, void* last_oom_message);
 void* cudapool_glue_alloc(ssize_t size, int device, void* stream);
 void cudapool_glue_free(void* ptr, ssize_t size, int device, void* stream);
@@ -248,6 +250,33 @@ void default_stream() {
   tfree(nullptr, 0, 0, nullptr);
 }
 
+// PyTorch's autograd thread allocates with no context current (c10 skips cudaSetDevice when the
+// runtime already reports the device): the pool serves it in the device's primary context, and
+// the thread's free goes back to the same pool.
+void thread_without_context() {
+  start_primary(0);
+  void* warm = talloc(kMiB, 0, nullptr);
+  CHECK(warm != nullptr);
+  const cudapool_stats before = stats(0);
+  void* p = nullptr;
+  CUcontext seen = nullptr;
+  std::thread t([&] {
+    CUcontext none = nullptr;
+    CHECK(cuCtxGetCurrent(&none) == CUDA_SUCCESS && none == nullptr);
+    p = talloc(2 * kMiB, 0, nullptr);
+    cuCtxGetCurrent(&seen);
+  });
+  t.join();
+  CHECK(p != nullptr);
+  CHECK(seen != nullptr);
+  CHECK(stats(0).allocated_bytes ==
+        before.allocated_bytes + static_cast<std::int64_t>(2 * kMiB));  // the pool's, not the driver's
+  std::thread u([&] { tfree(p, 2 * kMiB, 0, nullptr); });
+  u.join();
+  CHECK(stats(0).allocated_bytes == before.allocated_bytes);
+  tfree(warm, kMiB, 0, nullptr);
+}
+
 // Out of memory (CUDAPOOL_CONF caps the pool at 64 MiB): NULL, and the pool's diagnosis.
 void oom() {
   start_primary(0);
@@ -411,6 +440,7 @@ int main(int argc, char** argv) {
                           {"record_stream", record_stream},
                           {"glue_record_stream", glue_record_stream},
                           {"default_stream", default_stream},
+                          {"thread_without_context", thread_without_context},
                           {"oom", oom},
                           {"glue_oom", glue_oom},
                           {"mixed_preloaded", mixed_preloaded},

@@ -47,6 +47,10 @@ TEST_P(TorchPath, GlueRegistersInCppAndPassesRecordStreamToThePool) {
   expect_pass(run("glue_record_stream", GetParam()), "glue_record_stream");
 }
 
+TEST_P(TorchPath, AThreadWithNoContextIsServedInThePrimaryContext) {
+  expect_pass(run("thread_without_context", GetParam()), "thread_without_context");
+}
+
 TEST_P(TorchPath, DefaultStreamAndEmptyTensors) { expect_pass(run("default_stream", GetParam()), "default_stream"); }
 
 TEST_P(TorchPath, OutOfMemoryIsNullWithThePoolsDiagnosis) {
