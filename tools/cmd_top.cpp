@@ -16,8 +16,8 @@
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/json_text.h"
-#include "tools/top.h"
 #include "tools/metrics.h"
+#include "tools/top.h"
 
 namespace cudapool::tools {
 
