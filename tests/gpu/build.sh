@@ -9,6 +9,7 @@
 # Exit status: 0 when every CUDA program built; the PyTorch benchmark may fail on its own (its
 # absence shows up as MISS rows, not as a build failure). Logs: DIR/build-*.log.
 set -u
+read -r -a CXXV <<< "${CXX:-g++}"  # CXX may be a command with arguments ("ccache g++")
 cd "$(dirname "$0")/../.."
 DIR=${1:-build/gpu-bin}
 WHAT=${2:-all}
@@ -39,16 +40,16 @@ done
 # What the driver's VMM calls cost (no shim): the numbers behind expandable_page_mb.
 [ "$WHAT" = torch ] || build vmm_costs "$NVCC" "${FLAGS[@]}" -o "$DIR/vmm_costs" tests/gpu/vmm_costs.cu -lcuda
 # The latency floor (a one-size free list behind the same hooks), preloaded by run.sh.
-[ "$WHAT" = torch ] || build floor_shim.so "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -shared -fPIC \
+[ "$WHAT" = torch ] || build floor_shim.so "${CXXV[@]}" -std=c++17 -O2 -Wall -Wextra -shared -fPIC \
   -o "$DIR/floor_shim.so" tests/gpu/floor_shim.cpp -ldl
-[ "$WHAT" = torch ] || build nvml_peak "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -o "$DIR/nvml_peak" tests/gpu/nvml_peak.cpp -ldl
+[ "$WHAT" = torch ] || build nvml_peak "${CXXV[@]}" -std=c++17 -O2 -Wall -Wextra -o "$DIR/nvml_peak" tests/gpu/nvml_peak.cpp -ldl
 
 torch_pid=
 if [ "$WHAT" != cuda ] && [ "${TORCH_BENCH:-1}" != 0 ]; then
   TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
   if [ -n "$TORCH_DIR" ]; then
     rm -f "$DIR/torch_alloc_bench"
-    ( timeout 150 "${CXX:-g++}" -std=c++20 -O2 -I"$TORCH_DIR/include" -I"$(dirname "$NVCC")/../include" \
+    ( timeout 150 "${CXXV[@]}" -std=c++20 -O2 -I"$TORCH_DIR/include" -I"$(dirname "$NVCC")/../include" \
         tests/gpu/torch_alloc_bench.cpp -o "$DIR/torch_alloc_bench" \
         -L"$TORCH_DIR/lib" -lc10_cuda -lc10 -Wl,-rpath,"$TORCH_DIR/lib" -pthread \
         >"$DIR/build-torch_alloc_bench.log" 2>&1 || echo "torch_alloc_bench did not build (see $DIR/build-torch_alloc_bench.log)" ) &

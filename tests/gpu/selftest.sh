@@ -4,6 +4,7 @@
 # checks that guard against it must FAIL. This tests the suite's plumbing and its verdicts,
 # not the shim. Run by `make test` (tests/mk/gpu.mk).
 set -u
+read -r -a CXXV <<< "${CXX:-g++}"  # CXX may be a command with arguments ("ccache g++")
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -112,7 +113,7 @@ expect "$work/noreuse/results.tsv" "reuse race, free_sync:fenced" PASS
 
 # The latency harness itself, over host malloc: it must end (bounded bursts and loops) and print
 # one well-formed line per size x pattern and per thread count.
-if "${CXX:-g++}" -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$work/host_bench" tests/gpu/mock/host_bench.cpp; then
+if "${CXXV[@]}" -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$work/host_bench" tests/gpu/mock/host_bench.cpp; then
   timeout 30 "$work/host_bench" >"$work/host_bench.csv"
   lines=$(awk -F, 'NR > 1 && NF == 11 && $10 == 0 && ($3 == "threads" ? $9 > 0 : $6 > 0 && $7 > 0 && $11 >= $7)' "$work/host_bench.csv" | wc -l)
   if [ "$lines" = 19 ]; then echo "PASS latency harness: 19 measurements"
