@@ -381,8 +381,8 @@ TEST_F(Share, TruncatedLedgerAndRecordDoNotKillTheMember) {
   ASSERT_EQ(truncate(ledger().c_str(), 0), 0);
   ASSERT_EQ(truncate(record.c_str(), 100), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // publications touch both
-  ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}},
-                                       false);
+  ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json", "-"},
+                                       {{"CUDAPOOL_SHM_DIR", dir_}}, false);
   EXPECT_EQ(t.exit_status, 0) << t.output;
   EXPECT_NE(t.output.find("has 100 bytes"), std::string::npos) << t.output;
   ChildResult br = stop(b);
@@ -501,8 +501,8 @@ TEST_F(Share, BudgetBoundsTheWholeFootprint) {
     e["FAKECUDA_CONTEXT_MB"] = "30";
     RunningChild& a = start_ready({kApp, "hold-live", "100"}, e);
     ChildResult b = test::run_under_shim({kApp, "need", "100"}, e);
-    ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json"}, {{"CUDAPOOL_SHM_DIR", dir_}},
-                                         false);
+    ChildResult t = test::run_under_shim({CUDAPOOL_BIN_PATH, "top", "--once", "--json", "-"},
+                                         {{"CUDAPOOL_SHM_DIR", dir_}}, false);
     stop(a);
     std::uint64_t counts[2] = {};
     std::ifstream(machine, std::ios::binary).read(reinterpret_cast<char*>(counts), sizeof counts);
