@@ -19,6 +19,7 @@
 #include <mutex>
 #include <vector>
 
+#include "config/timed_lock.h"
 #include "shim/hooks.h"
 #include "shim/ipc.h"
 #include "shim/ipc_wire.h"
@@ -320,7 +321,7 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   std::vector<std::uint64_t> sizes;
   std::string why;
   bool broken = false;
-  if (!c->io.try_lock_until(deadline)) {
+  if (!lock_until(c->io, deadline)) {
     why = "another exchange with it did not end in time";
   } else {
     Request req;

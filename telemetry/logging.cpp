@@ -19,6 +19,7 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "config/output_file.h"
+#include "config/timed_lock.h"
 
 namespace cudapool {
 namespace {
@@ -90,10 +91,10 @@ void register_sink(FdSink* sink) {
 }
 
 void before_fork() {
-  g_init_held = g_init_mutex.try_lock_for(kForkLockWait);
+  g_init_held = lock_within(g_init_mutex, kForkLockWait);
   for (std::size_t i = 0; i < kMaxSinks; ++i) {
     FdSink* s = g_sinks[i].load(std::memory_order_acquire);
-    g_sink_held[i] = s != nullptr && s->lock_for_fork().try_lock_for(kForkLockWait);
+    g_sink_held[i] = s != nullptr && lock_within(s->lock_for_fork(), kForkLockWait);
   }
 }
 
