@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Runs each test binary or script given, counts GoogleTest cases, prints one closing line.
+# Runs each test binary or script given (saying how long each took), counts GoogleTest cases,
+# prints one closing line.
 # A GoogleTest binary that ran no test fails (a filter or a build that lost its tests would
 # otherwise pass); skipped tests are counted and named in the closing line, not hidden.
 set -u
 passed=0; failed=0; skipped=0; failed_names=(); skipped_names=()
 for t in "$@"; do
   echo "== $t"
+  t0=$SECONDS
   out=$("$t" 2>&1); rc=$?
+  echo "   ($((SECONDS - t0)) s)"
   printf '%s\n' "$out" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |^\[ RUN|^FAIL|^PASS' | grep -v '^\[ RUN' | tail -n 20
   p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n 1)
   f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n 1)
