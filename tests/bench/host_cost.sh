@@ -59,7 +59,7 @@ mkdir -p "$out" "$out/retry"
 # host, context reads as a thread-local lookup, memory calls (allocation, mapping, freeing) 5 us.
 default_costs="cuEventRecord=250,cuEventQuery=400,cuStreamWaitEvent=300,cuEventSynchronize=400"
 default_costs+=",cuCtxGetCurrent=20,cuCtxSetCurrent=20,cuCtxGetDevice=20,cuCtxPushCurrent=20,cuCtxPopCurrent=20"
-default_costs+=",cuMemAlloc=5000,cuMemFree=5000,cuMemCreate=5000,cuMemMap=5000,cuMemSetAccess=5000"
+default_costs+=",cuMemAlloc=5000,cuMemFree=5000,cuMemAllocAsync=5000,cuMemFreeAsync=5000,cuMemCreate=5000,cuMemMap=5000,cuMemSetAccess=5000"
 default_costs+=",cuMemUnmap=5000,cuMemRelease=5000"
 costs=${FAKECUDA_CALL_COST_NS:-$default_costs}
 

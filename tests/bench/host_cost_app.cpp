@@ -9,7 +9,9 @@
 //
 // Scenarios: pair_4k .. pair_64m (one thread, cuMemAlloc(n)/cuMemFree in a loop), cross (one
 // thread allocates batches, another thread frees them, both running), mix (a fixed pseudo-random
-// sequence of tensor-like sizes with 50-200 live). Each runs once untimed (the pool grows to its
+// sequence of tensor-like sizes with 50-200 live), mix_async (the same through cuMemAllocAsync /
+// cuMemFreeAsync on the legacy default stream), mix_torch (the same through the library's
+// PyTorch pluggable-allocator entry points, when it is preloaded). Each runs once untimed (the pool grows to its
 // steady state), then C chunks of N pairs; next to each chunk the same pattern runs through
 // `floor`, a minimal best-fit free list inside this program that pays one cuCtxGetCurrent per
 // allocation like the shim's hook. The floor, timed in the same process right next to the
@@ -57,6 +59,8 @@ struct Api {
   CUresult (*cuCtxGetCurrent)(CUcontext*);
   PFN_cuMemAlloc_v2 cuMemAlloc;
   PFN_cuMemFree_v2 cuMemFree;
+  PFN_cuMemAllocAsync cuMemAllocAsync;
+  PFN_cuMemFreeAsync cuMemFreeAsync;
   PFN_cuGetProcAddress_v2 cuGetProcAddress;
   long (*calls)(const char*);     // fakecuda_calls
   const char* (*call_name)(int);  // fakecuda_call_name
@@ -88,6 +92,8 @@ CUcontext start_cuda() {
   get(api.cuCtxGetCurrent, "cuCtxGetCurrent", 4000);
   get(api.cuMemAlloc, "cuMemAlloc", 3020);
   get(api.cuMemFree, "cuMemFree", 3020);
+  get(api.cuMemAllocAsync, "cuMemAllocAsync", 11020);
+  get(api.cuMemFreeAsync, "cuMemFreeAsync", 11020);
   CHECK_OK(api.cuInit(0));
   CUcontext ctx = nullptr;
   CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
@@ -123,6 +129,41 @@ struct Driver {
     return p;
   }
   void free(CUdeviceptr p) { CHECK_OK(api.cuMemFree(p)); }
+};
+
+// The program's cudaMallocAsync/cudaFreeAsync on the legacy default stream.
+struct DriverAsync {
+  CUdeviceptr alloc(std::size_t n) {
+    CUdeviceptr p = 0;
+    CHECK_OK(api.cuMemAllocAsync(&p, n, nullptr));
+    return p;
+  }
+  void free(CUdeviceptr p) { CHECK_OK(api.cuMemFreeAsync(p, nullptr)); }
+};
+
+// PyTorch's pluggable allocator on the pool (cudapool.torch.use()): the library's
+// cudapool_torch_alloc/cudapool_torch_free, as CUDAPluggableAllocator calls them for device 0 and
+// the default stream. Present only when the library is preloaded.
+struct Torch {
+  using AllocFn = void* (*)(ssize_t, int, void*);
+  using FreeFn = void (*)(void*, ssize_t, int, void*);
+  AllocFn alloc_fn = reinterpret_cast<AllocFn>(dlsym(RTLD_DEFAULT, "cudapool_torch_alloc"));
+  FreeFn free_fn = reinterpret_cast<FreeFn>(dlsym(RTLD_DEFAULT, "cudapool_torch_free"));
+  std::unordered_map<CUdeviceptr, std::size_t> sizes;  // PyTorch passes the size back at free
+  bool present() const { return alloc_fn != nullptr && free_fn != nullptr; }
+  CUdeviceptr alloc(std::size_t n) {
+    void* p = alloc_fn(static_cast<ssize_t>(n), 0, nullptr);
+    CHECK(p != nullptr);
+    const auto d = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+    sizes[d] = n;
+    return d;
+  }
+  void free(CUdeviceptr p) {
+    auto it = sizes.find(p);
+    CHECK(it != sizes.end());
+    free_fn(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)), static_cast<ssize_t>(it->second), 0, nullptr);
+    sizes.erase(it);
+  }
 };
 
 // A test-and-test-and-set lock that yields after a few rounds: what a pool's lock costs when
@@ -442,6 +483,21 @@ int main(int argc, char** argv) {
     MixRun<Driver> driver_mix(driver, ops);
     measure(
         "mix", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return driver_mix.run(pairs); });
+  }
+  if (wanted(only, "mix_async")) {
+    const std::vector<MixOp> ops = make_mix((chunks + 1) * pairs);
+    MixRun<Floor> floor_mix(floor, ops);
+    DriverAsync async;
+    MixRun<DriverAsync> async_mix(async, ops);
+    measure(
+        "mix_async", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return async_mix.run(pairs); });
+  }
+  if (Torch torch; torch.present() && wanted(only, "mix_torch")) {
+    const std::vector<MixOp> ops = make_mix((chunks + 1) * pairs);
+    MixRun<Floor> floor_mix(floor, ops);
+    MixRun<Torch> torch_mix(torch, ops);
+    measure(
+        "mix_torch", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return torch_mix.run(pairs); });
   }
   std::printf("PASS host_cost_app\n");
   return 0;
