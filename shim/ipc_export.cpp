@@ -9,7 +9,8 @@
 // - Importers are untrusted: a request is checked before anything is done for it, at most
 //   kMaxConnections are served at once, and nothing sent to them ever blocks.
 // - A failed accept (out of descriptors: EMFILE, ENFILE; out of memory) pauses accepting for
-//   100 ms instead of spinning on the pending connection.
+//   100 ms instead of spinning on the pending connection. A request that needs descriptors the
+//   process cannot get right now is answered `busy`, and the importer asks again.
 // - A block stays allocated while any importer holds it open. When the program frees it
 //   earlier (CUDA calls that undefined behaviour; with a pool it would hand the bytes to the next
 //   allocation while another process still writes them) the free is deferred: the block is freed
@@ -167,7 +168,8 @@ bool serve(Exporter& e, int conn) {
       for (const auto& u : r.units) {
         const int d = ::fcntl(u.fd, F_DUPFD_CLOEXEC, 0);
         if (d < 0) {
-          rep.status = Status::error;
+          // Out of descriptors (or memory) is passing: the importer asks again until its deadline.
+          rep.status = errno == EMFILE || errno == ENFILE || errno == ENOMEM ? Status::busy : Status::error;
           break;
         }
         fds.push_back(d);
@@ -179,6 +181,10 @@ bool serve(Exporter& e, int conn) {
         ++r.holds;
       }
     }
+  }
+  if (rep.status != Status::ok) {  // a refusal carries no units
+    for (int d : fds) ::close(d);
+    fds.clear();
   }
   bool ok = send_message(conn, &rep, sizeof rep);
   for (std::size_t i = 0; ok && i < fds.size(); i += kUnitsPerMessage) {

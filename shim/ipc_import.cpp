@@ -12,11 +12,13 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "config/timed_lock.h"
@@ -35,7 +37,8 @@ namespace {
 
 using detail::g_imports;
 
-constexpr int kReplyTimeoutMs = 10000;  // an exporter that does not answer in time is treated as gone
+constexpr int kReplyTimeoutMs = 10000;               // an exporter that does not answer in time is treated as gone
+constexpr std::chrono::milliseconds kBusyRetry{20};  // between asks while the exporter answers `busy`
 
 // One connection to one exporter. Its exchanges (a request and its reply) take turns on `io`,
 // which is held across the wait for the peer; the importer's own mutex never is.
@@ -327,15 +330,24 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
     Request req;
     req.op = Op::open;
     req.id = h.id;
-    errno = 0;
-    if (!send_message(c->fd, &req, sizeof req) || !recv_message(c->fd, &rep, sizeof rep, kReplyTimeoutMs)) {
-      why = errno != 0 ? std::strerror(errno) : "no answer in time";
-      broken = true;
-    } else if (why = check_reply(h, rep); !why.empty()) {
-      broken = true;
-    } else if (rep.status == Status::ok && rep.kind == Kind::expandable) {
-      why = receive_units(c, rep, &fds, &sizes);
-      broken = !why.empty();
+    for (;;) {
+      errno = 0;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                              std::chrono::steady_clock::now());
+      if (!send_message(c->fd, &req, sizeof req) ||
+          !recv_message(c->fd, &rep, sizeof rep, static_cast<int>(std::max<std::int64_t>(1, left.count())))) {
+        why = errno != 0 ? std::strerror(errno) : "no answer in time";
+        broken = true;
+      } else if (why = check_reply(h, rep); !why.empty()) {
+        broken = true;
+      } else if (rep.status == Status::busy && std::chrono::steady_clock::now() + kBusyRetry < deadline) {
+        std::this_thread::sleep_for(kBusyRetry);  // the exporter is short of descriptors for now
+        continue;
+      } else if (rep.status == Status::ok && rep.kind == Kind::expandable) {
+        why = receive_units(c, rep, &fds, &sizes);
+        broken = !why.empty();
+      }
+      break;
     }
     c->io.unlock();
   }

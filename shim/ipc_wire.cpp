@@ -36,6 +36,7 @@ const char* to_string(Status s) noexcept {
     case Status::unknown: return "no such block (freed, or never exported by that process)";
     case Status::refused_uid: return "refused: the importing process runs as another user";
     case Status::error: return "the exporting process could not serve it (see its log)";
+    case Status::busy: return "the exporting process stayed out of file descriptors or memory";
   }
   return "?";
 }
@@ -46,7 +47,8 @@ std::string check_reply(const Handle& h, const Reply& rep) {
     case Status::ok: break;
     case Status::unknown:
     case Status::refused_uid:
-    case Status::error: return {};  // a refusal: nothing in it is used but the status
+    case Status::error:
+    case Status::busy: return {};  // a refusal: nothing in it is used but the status
     default: return "unknown status " + std::to_string(static_cast<std::int32_t>(rep.status));
   }
   if (rep.kind != Kind::classic && rep.kind != Kind::expandable)

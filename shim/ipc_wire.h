@@ -65,6 +65,7 @@ enum class Status : std::int32_t {
   unknown = 1,      // no live export with that id: the block was freed, or never exported here
   refused_uid = 2,  // the importer runs as another user
   error = 3,        // the exporter could not serve it (see its log)
+  busy = 4,         // the exporter is out of descriptors or memory for now: ask again shortly
 };
 const char* to_string(Status s) noexcept;
 struct Reply {

@@ -31,7 +31,8 @@
 //             nothing; a well-formed reply from it is accepted (the checks are not blanket).
 //   emfile    the exporter runs out of file descriptors with a connection pending: its server
 //             does not spin (CPU time over a second), and serves the importer once it has
-//             descriptors again.
+//             descriptors again; an importer connected already that asks meanwhile is told to
+//             ask again (busy) and is served once descriptors are back.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -452,6 +453,27 @@ void scenario_emfile() {
   tell(c, 'g');
   CHECK(hear(c) == 'c');
   CHECK(wait_exit(c) == 0);
+
+  // An importer connected already asks while the exporter has no descriptor to send it the
+  // block's pages: it is told to ask again, and is served once descriptors are back.
+  CUdeviceptr y = 0;
+  CHECK_OK(cuMemAlloc_v2(&y, 4096));
+  fill(y, 4096, 0x5a);
+  Child d = spawn({"open_second_on_go", hex(h), hex(export_of(y)), "4096", "60", "90"});
+  CHECK(hear(d) == 'o');  // the first block is open: the connection stands
+  CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  filler.clear();
+  for (int f; (f = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) filler.push_back(f);
+  CHECK(errno == EMFILE);
+  tell(d, 'g');
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int f : filler) close(f);
+  CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  CHECK(hear(d) == 'o');
+  tell(d, 'g');
+  CHECK(hear(d) == 'c');
+  CHECK(wait_exit(d) == 0);
+  CHECK_OK(cuMemFree_v2(y));
   CHECK_OK(cuMemFree_v2(x));
 }
 
@@ -572,6 +594,33 @@ int child_open_on_go(const std::vector<std::string>& a) {
   pollfd pf{4, POLLIN, 0};
   CHECK(poll(&pf, 1, 10000) == 1 && read(4, &b, 1) == 1 && b == 'g');
   return child_hold(a);
+}
+
+// open_second_on_go HANDLE1 HANDLE2 SIZE VALUE1 VALUE2: opens HANDLE1 and says 'o'; on 'g' opens
+// HANDLE2, which must take at least 0.2 s (the parent keeps its exporter out of descriptors for
+// 0.3 s) and then hold VALUE2, says 'o'; on 'g' closes both and says 'c'.
+int child_open_second_on_go(const std::vector<std::string>& a) {
+  start();
+  const std::size_t n = std::stoul(a[2]);
+  const CUdeviceptr p = open_checked(a[0], n, std::stoi(a[3]));
+  char b = 'o';
+  CHECK(write(3, &b, 1) == 1);
+  pollfd pf{4, POLLIN, 0};
+  CHECK(poll(&pf, 1, 10000) == 1 && read(4, &b, 1) == 1 && b == 'g');
+  timespec t0{};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const CUdeviceptr q = open_checked(a[1], n, std::stoi(a[4]));
+  const double took = seconds_since(t0);
+  std::printf("child: the second open took %.3f s\n", took);
+  CHECK(took >= 0.2);
+  b = 'o';
+  CHECK(write(3, &b, 1) == 1);
+  CHECK(poll(&pf, 1, 10000) == 1 && read(4, &b, 1) == 1 && b == 'g');
+  CHECK_OK(cuIpcCloseMemHandle(q));
+  CHECK_OK(cuIpcCloseMemHandle(p));
+  b = 'c';
+  CHECK(write(3, &b, 1) == 1);
+  return 0;
 }
 
 // The socket an exporter with pid getpid() and kFakeNonce listens on, with a queue of `backlog`.
@@ -713,6 +762,7 @@ int main(int argc, char** argv) {
     if (op == "foreign") return child_foreign(a);
     if (op == "export_wait") return child_export_wait();
     if (op == "open_on_go") return child_open_on_go(a);
+    if (op == "open_second_on_go") return child_open_second_on_go(a);
     if (op == "stall_server") return child_stall_server();
     if (op == "evil_server") return child_evil_server();
     return 2;
