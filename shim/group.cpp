@@ -69,8 +69,8 @@ std::string mib(std::uint64_t bytes) {
 // point.
 std::string gpu_name(const RealDriver& d, int device) {
   CUuuid u{};
-  if (d.cuDeviceGetUuid == nullptr || d.cuDeviceGetUuid(&u, device) != CUDA_SUCCESS)
-    return "dev" + std::to_string(device);
+  const auto get_uuid = d.device_get_uuid();
+  if (get_uuid == nullptr || get_uuid(&u, device) != CUDA_SUCCESS) return "dev" + std::to_string(device);
   std::string s = "GPU-";
   static const char* hex = "0123456789abcdef";
   for (int i = 0; i < 16; ++i) {

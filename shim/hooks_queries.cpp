@@ -203,9 +203,9 @@ CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
 namespace {
 CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned flags) {
   const RealDriver* d = real_driver();
-  if (d == nullptr || d->cuIpcOpenMemHandle_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d == nullptr || d->ipc_open_mem_handle() == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult r = ipc::open(*d, pdptr, handle, flags);
-  return r == kPassThrough ? d->cuIpcOpenMemHandle_v2(pdptr, handle, flags) : r;
+  return r == kPassThrough ? d->ipc_open_mem_handle()(pdptr, handle, flags) : r;
 }
 }  // namespace
 

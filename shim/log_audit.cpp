@@ -91,12 +91,12 @@ const char* pass_reason(PassKind k) {
 }  // namespace
 
 const char* hooked_entry_points() noexcept {
-  // Every exported name of shim/hooked.def, in its order, each after one space (the first space
+  // Every exported name of shim/entry_points.def, in its order, each after one space (the first space
   // is skipped).
   static constexpr char kList[] =
 #define CUDAPOOL_INTERPOSED(abi) " " #abi
 #define CUDAPOOL_HOOK(base, min_version, max_version, flavour, abi, params) " " #abi
-#include "shim/hooked.def"
+#include "shim/entry_points.def"
       ;
   return kList + 1;
 }

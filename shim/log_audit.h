@@ -25,7 +25,7 @@ EventSink* start_audit(const Policy& policy, bool native, EventSink* trace) noex
 // The trace writer start_audit() was given (nullptr when tracing is off), whatever sink wraps it.
 TraceWriter* trace_writer_of(EventSink* sink) noexcept;
 
-// The hooked entry points, as the start line lists them: every name of shim/hooked.def, which
+// The hooked entry points, as the start line lists them: every name of shim/entry_points.def, which
 // are also the names libcudapool.so exports besides the C API.
 const char* hooked_entry_points() noexcept;
 

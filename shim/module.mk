@@ -1,6 +1,6 @@
 # shim/: libcudapool.so, the LD_PRELOAD library (the only code that talks to CUDA).
 # Hidden by default, exports only what the version script made from shim/exports.map.in and
-# shim/hooked.def lists, libstdc++/libgcc linked in, the pool, config and telemetry archives
+# shim/entry_points.def lists, libstdc++/libgcc linked in, the pool, config and telemetry archives
 # linked in (they are built with -fPIC).
 SHIM_SRCS := $(wildcard shim/*.cpp)
 SHIM_OBJS := $(SHIM_SRCS:%.cpp=$(BUILD)/%.o)
@@ -9,8 +9,8 @@ SHIM_EXPORTS := $(BUILD)/shim/exports.map
 # initial-exec TLS: the shim is loaded at process start (LD_PRELOAD), so its few thread-locals
 # can live in the static TLS block and skip __tls_get_addr on the hot path.
 $(SHIM_OBJS): CXXFLAGS += -fvisibility=hidden -fvisibility-inlines-hidden -ftls-model=initial-exec
-# The version script: shim/exports.map.in with the names of shim/hooked.def, by the preprocessor.
-$(SHIM_EXPORTS): shim/exports.map.in shim/hooked.def
+# The version script: shim/exports.map.in with the names of shim/entry_points.def, by the preprocessor.
+$(SHIM_EXPORTS): shim/exports.map.in shim/entry_points.def
 	@mkdir -p $(@D)
 	$(call say,GEN,$@)$(CXX) -E -P -x c -I. $< -o $@
 $(SHIM_SO): $(SHIM_OBJS) $(ALLOCATOR_LIB) $(CONFIG_LIB) $(TELEMETRY_LIB) $(SHIM_EXPORTS)

@@ -33,6 +33,10 @@ $(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_S
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(SHIM_TEST_BIN)
+# The real-driver table is checked in the test process itself against the fake libcuda.so.1
+# (tests/unit/shim_driver_test.cpp), so the tests link shim/driver.o.
+$(SHIM_TEST_BIN): $(BUILD)/shim/driver.o
+$(SHIM_TEST_BIN): LDFLAGS += -ldl
 
 # Expandable segments: a -lcuda program checking the fake driver's VMM accounting,
 # run by tests/unit/shim_vmm_test.cpp (part of SHIM_TEST_BIN via the shim_*.cpp wildcard).

@@ -237,7 +237,7 @@ TEST(ShimSignal, StartReportListsVersionOriginsAndHookedEntryPoints) {
   EXPECT_NE(line_of("log_level").find("= info   (CUDAPOOL_CONF"), std::string::npos) << out;
   EXPECT_NE(line_of("free_sync").find("(default)"), std::string::npos) << out;
   EXPECT_NE(line_of("dump_signal").find("= off   (default)"), std::string::npos) << out;
-  // The start report names exactly the hooked entry points of shim/hooked.def, in its order.
+  // The start report names exactly the hooked entry points of shim/entry_points.def, in its order.
   const auto hooked_at = out.find("hooked entry points: ");
   ASSERT_NE(hooked_at, std::string::npos) << out;
   const auto names_at = hooked_at + std::strlen("hooked entry points: ");
