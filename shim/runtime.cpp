@@ -39,7 +39,8 @@ const char* to_string(PassKind k) noexcept {
   return "?";
 }
 
-Runtime::Runtime(const RealDriver& d, Policy p, bool native) : driver_(d), policy_(std::move(p)), native_(native) {}
+Runtime::Runtime(const RealDriver& d, Policy p, bool native)
+    : driver_(d), policy_(std::move(p)), pool_options_(policy_.pool), native_(native) {}
 
 namespace {
 
@@ -119,6 +120,24 @@ bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
   _exit(kPolicyErrorExitStatus);
 }
 
+// The options of every pool: the policy's, and the one choice the shim makes itself, which no
+// policy key sets. Under free_sync:immediate thread caches engage from a pool's first thread, so
+// a single-threaded program gets their hit path too (the stream-local reuse PyTorch programs rely
+// on; fenced frees keep the pool's own batches). A traced run has an event sink, which turns the
+// caches off, so a replay of its trace still places blocks as it did. Said once, at info, when
+// the pool runs (`native`).
+PoolOptions pool_options_for(const Policy& policy, bool native) {
+  PoolOptions opt = policy.pool;
+  if (!opt.cache_from_first_thread && opt.free_sync == FreeSync::immediate) {
+    opt.cache_from_first_thread = true;
+    if (native)
+      log_info(
+          "thread caches engage from a pool's first thread (free_sync:immediate): a single-threaded program gets "
+          "their hit path too");
+  }
+  return opt;
+}
+
 }  // namespace
 
 Runtime* Runtime::start() noexcept {
@@ -176,6 +195,7 @@ Runtime* Runtime::start() noexcept {
   rt->sink_ = start_audit(rt->policy_, native, rt->sink_);  // start report, dump signal, log sink
   log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",
            to_conf_string(rt->policy_));
+  rt->pool_options_ = pool_options_for(rt->policy_, native);
   pthread_atfork(nullptr, nullptr, &Runtime::on_fork_child);
   // on_exit rather than atexit: its handler gets the status the program passes to exit() (or
   // returns from main), which the summary reports.
@@ -329,10 +349,7 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   CUdevice dev = -1;
   if (driver_.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0) return nullptr;
   try {
-    PoolOptions opt = policy_.pool;
-    // A single-threaded program gets the thread cache's hit path too, for immediate frees (the
-    // stream-local reuse PyTorch programs rely on; fenced frees keep the pool's own batches).
-    opt.cache_from_first_thread = opt.free_sync == FreeSync::immediate;
+    const PoolOptions& opt = pool_options_;
     auto* cp = new ContextPool(driver_, ctx, dev, opt, sink_);
     if (opt.expandable_segments && policy_.expandable_peer_access) grant_peers(*cp);
     if (opt.expandable_segments)

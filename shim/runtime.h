@@ -128,7 +128,8 @@ class Runtime {
   static std::atomic<bool> exiting_;
   const RealDriver& driver_;
   Policy policy_;
-  bool call_sites_ = false;  // see call_sites()
+  PoolOptions pool_options_;  // of every pool: policy_.pool and the shim's own choice (runtime.cpp)
+  bool call_sites_ = false;   // see call_sites()
   bool native_;
   EventSink* sink_ = nullptr;
   std::int64_t start_unix_ns_ = 0;

@@ -255,4 +255,18 @@ TEST(ShimSignal, StartReportListsVersionOriginsAndHookedEntryPoints) {
   EXPECT_NE(out.find("exit summary"), std::string::npos) << out;
 }
 
+// The one pool option the shim sets itself (thread caches from a pool's first thread under
+// free_sync:immediate) is said at info, and only where it applies.
+TEST(ShimSignal, StartSaysWhenThreadCachesEngageFromTheFirstThread) {
+  const std::string line = "thread caches engage from a pool's first thread (free_sync:immediate)";
+  RunResult immediate = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,free_sync:immediate"}});
+  ASSERT_EQ(immediate.exit_status, 0) << immediate.output;
+  const auto at = immediate.output.find(line);
+  EXPECT_NE(at, std::string::npos) << immediate.output;
+  EXPECT_EQ(immediate.output.find(line, at + 1), std::string::npos) << "said more than once\n" << immediate.output;
+  RunResult fenced = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,free_sync:fenced"}});
+  ASSERT_EQ(fenced.exit_status, 0) << fenced.output;
+  EXPECT_EQ(fenced.output.find(line), std::string::npos) << fenced.output;
+}
+
 }  // namespace
