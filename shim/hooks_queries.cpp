@@ -96,7 +96,7 @@ CUresult mem_info(const RealDriver& d, std::size_t* free_out, std::size_t* total
     // The member is the device's (joined here if no pool has joined yet; the same one the pools
     // are gated by), so the budget shows before the first allocation too.
     std::size_t group_room = SIZE_MAX;
-    if (group::Member* m = group::member_for(*rt, dev, t)) {
+    if (group::Member* m = group::member_for(rt->policy(), rt->driver(), dev, t)) {
       const std::size_t b = group::budget(*m);
       if (b != 0) {  // 0: left the group
         const std::size_t used = group::group_reserved(*m);

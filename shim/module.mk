@@ -20,5 +20,11 @@ $(SHIM_SO): $(SHIM_OBJS) $(ALLOCATOR_LIB) $(CONFIG_LIB) $(TELEMETRY_LIB) $(SHIM_
 	  -Wl,--version-script=$(SHIM_EXPORTS) -Wl,--exclude-libs,ALL -Wl,-z,now -Wl,-z,defs \
 	  -static-libstdc++ -static-libgcc $(LDFLAGS) -ldl
 PROGRAMS += $(SHIM_SO)
+# The group ledger's layout and its checked readers (plain POSIX, no CUDA): also linked by the
+# tools (`cudapool top`) and the tests that read ledgers.
+SHIM_LEDGER_LIB := $(BUILD)/libcudapool_ledger.a
+$(SHIM_LEDGER_LIB): $(BUILD)/shim/group_ledger_layout.o
+	@mkdir -p $(@D)
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 INSTALL_LIBS += $(SHIM_SO)
 INSTALL_HEADERS += shim/cudapool.h

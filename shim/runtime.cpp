@@ -120,6 +120,25 @@ bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
   _exit(kPolicyErrorExitStatus);
 }
 
+// The runtime's pools as the group's helper threads see them (shim/group.h).
+class GroupView final : public group::ProcessPools {
+ public:
+  explicit GroupView(Runtime& rt) : rt_(rt) {}
+  void for_each(const std::function<void(int device, DevicePool& pool)>& fn) override {
+    rt_.for_each_pool([&](ContextPool& cp) { fn(cp.device, cp.pool); });
+  }
+  bool exiting() const noexcept override { return Runtime::exiting(); }
+
+ private:
+  Runtime& rt_;
+};
+
+// One for the process (there is one runtime), never destroyed: helper threads outlive exit.
+group::ProcessPools& group_view(Runtime& rt) {
+  static auto* view = new GroupView(rt);
+  return *view;
+}
+
 // The options of every pool: the policy's, and the one choice the shim makes itself, which no
 // policy key sets. Under free_sync:immediate thread caches engage from a pool's first thread, so
 // a single-threaded program gets their hit path too (the stream-local reuse PyTorch programs rely
@@ -360,13 +379,13 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     // With the page size of expandable segments, so that a replay maps pages as this device does.
     if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total, cp->upstream.granularity());
     // The group budget gates every physical allocation of the pool, from the first one on.
-    if (group::Member* m = group::member_for(*this, dev, cp->driver_total)) {
+    if (group::Member* m = group::member_for(policy_, driver_, dev, cp->driver_total)) {
       cp->member = m;
       cp->upstream.set_gate(group::gate_of(m));
     }
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
-    group::on_pool_created(*this, *cp);
+    group::on_pool_created(group_view(*this), policy_, cp->device);
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));
     return cp;
   } catch (const std::bad_alloc&) {
