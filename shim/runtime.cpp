@@ -14,9 +14,9 @@
 #include "config/secure.h"
 #include "config/version.h"
 #include "shim/group.h"
-#include "shim/hooks.h"
 #include "shim/log.h"
 #include "shim/log_audit.h"
+#include "shim/signal_dump.h"
 #include "shim/streams.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
@@ -120,6 +120,32 @@ bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
   _exit(kPolicyErrorExitStatus);
 }
 
+// The dump signal's text (shim/signal_dump.h): the runtime's figures and its pools' snapshots,
+// gathered with CPU-only pool calls, never CUDA.
+std::string dump_text(int signo) {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr) return {};
+  Summary s;
+  s.pid = getpid();
+  s.backend = rt->native() ? "native" : "passthrough";
+  s.policy = to_conf_string(rt->policy());
+  s.wall_time_s = seconds_since_start();
+  std::vector<DeviceSnapshot> snapshots;
+  rt->for_each_pool([&](ContextPool& cp) {
+    DeviceSummary d;
+    d.device = cp.device;
+    d.stats = cp.pool.stats();
+    d.driver_total_bytes = cp.driver_total;
+    s.devices.push_back(d);
+    snapshots.push_back(DeviceSnapshot{cp.device, cp.pool.snapshot()});
+  });
+  for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
+    const std::int64_t n = rt->passes(static_cast<PassKind>(k));
+    if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
+  }
+  return format_dump(signo, s, snapshots);
+}
+
 // The runtime's pools as the group's helper threads see them (shim/group.h).
 class GroupView final : public group::ProcessPools {
  public:
@@ -211,7 +237,7 @@ Runtime* Runtime::start() noexcept {
       log_warn("trace file: {}", err);
     }
   }
-  rt->sink_ = start_audit(rt->policy_, native, rt->sink_);  // start report, dump signal, log sink
+  rt->sink_ = start_audit(rt->policy_, native, rt->sink_, &dump_text);  // start report, dump signal, log sink
   log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",
            to_conf_string(rt->policy_));
   rt->pool_options_ = pool_options_for(rt->policy_, native);
@@ -266,7 +292,7 @@ void Runtime::write_exit_summary() noexcept {
           s.devices.push_back(d);
         },
         /*include_retired=*/true);
-    host_summary(&s.pinned_host);
+    if (SummaryPart part = summary_part_.load(std::memory_order_acquire)) part(s);
     for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
       const std::int64_t n = passes(static_cast<PassKind>(k));
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
@@ -292,7 +318,6 @@ void Runtime::on_fork_child() noexcept {
   Runtime* rt = instance_.load(std::memory_order_relaxed);
   reset_captures_in_child();
   group::on_fork_child();
-  vmm::on_fork_child();
   if (rt == nullptr) return;
   rt->count_.store(0, std::memory_order_relaxed);
   rt->generation_.fetch_add(1, std::memory_order_relaxed);

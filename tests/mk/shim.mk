@@ -33,6 +33,8 @@ $(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_S
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(SHIM_TEST_BIN)
+# The shim's layers: nothing the runtime is built on includes the runtime or the hooks.
+TEST_BINS += tests/shim_layers.sh
 # The real-driver table is checked in the test process itself against the fake libcuda.so.1
 # (tests/unit/shim_driver_test.cpp), so the tests link shim/driver.o.
 $(SHIM_TEST_BIN): $(BUILD)/shim/driver.o
