@@ -70,14 +70,14 @@ std::string command_line() {
 // owned a freed pointer (the cudaFree fast path). Both valid only while `generation` matches
 // Runtime::generation_, which every retire (context destroy/reset) and fork bumps, so a reset
 // context whose new primary context reuses the old handle can never hit a stale entry.
-struct ThreadCache {
+struct PoolLookupCache {
   CUcontext ctx = nullptr;
   ContextPool* pool = nullptr;
   unsigned generation = 0;
   ContextPool* owner = nullptr;
   unsigned owner_generation = 0;
 };
-thread_local ThreadCache tl_cache;
+thread_local PoolLookupCache tl_lookup;
 
 std::atomic<int> g_next_shard{0};
 std::atomic<int> g_exit_status{-1};  // the status given to exit(), once the on_exit handler ran
@@ -431,7 +431,7 @@ std::int64_t Runtime::passes(PassKind k) const noexcept {
 }
 
 ContextPool* Runtime::last_owner() const noexcept {
-  const ThreadCache& c = tl_cache;
+  const PoolLookupCache& c = tl_lookup;
   return c.owner_generation == generation_.load(std::memory_order_acquire) ? c.owner : nullptr;
 }
 
@@ -441,7 +441,7 @@ ContextPool* Runtime::current_pool() noexcept {
   CUcontext ctx = nullptr;
   if (driver_.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
   const unsigned g = generation_.load(std::memory_order_acquire);
-  ThreadCache& c = tl_cache;
+  PoolLookupCache& c = tl_lookup;
   if (c.ctx == ctx && c.generation == g) {
     c.owner = c.pool;  // the next cudaFree most likely returns memory of this pool
     c.owner_generation = g;
@@ -455,7 +455,7 @@ ContextPool* Runtime::current_pool() noexcept {
 
 ContextPool* Runtime::owner_of(const void* p) noexcept {
   const unsigned g = generation_.load(std::memory_order_acquire);
-  ThreadCache& c = tl_cache;
+  PoolLookupCache& c = tl_lookup;
   ContextPool* last = c.owner_generation == g ? c.owner : nullptr;
   if (last != nullptr && !last->retired.load(std::memory_order_acquire) && last->pool.owns(p)) return last;
   ContextPool* found = nullptr;
