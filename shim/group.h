@@ -2,32 +2,47 @@
 //  * a group budget: the processes of one user on one GPU with the same `group` keep their
 //    reserved bytes, and (group_budget_counts:footprint, the default) their memory outside the
 //    pool as the device shows it, in a ledger in shared memory, and the sum stays under the
-//    budget (group::Member, the ReserveGate of every upstream of that device);
+//    budget (group::Member in shim/group_ledger.h, the ReserveGate of every upstream of that
+//    device; the ledger's layout in shim/group_ledger_layout.h);
 //  * cooperative release: an allocation the budget refuses asks the other members to give back
 //    idle cached memory and waits a bounded time (ask_release), each member answering from its
-//    helper thread with its pool's own empty_cache;
-//  * the per-process stats record that `cudapool top` reads (publish_stats).
-// Nothing here runs before the first pool of the process is created.
+//    responder thread with its pools' own release_idle (shim/group_responder.cpp);
+//  * the per-process stats record that `cudapool top` reads (publish_stats), and each member's
+//    published figures (shim/group_publisher.cpp).
+// This file is what the runtime and the hooks call: the process's memberships, one per device,
+// and the helper threads' start. Nothing here runs before the first pool of the process is
+// created, and nothing here knows the runtime: the pools come through ProcessPools.
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <string>
+#include <functional>
 
+#include "allocator/pool.h"
+#include "config/policy.h"
 #include "shim/cuda_upstream.h"
+#include "shim/driver.h"
 
-namespace cudapool::shim {
-
-struct ContextPool;
-class Runtime;
-
-namespace group {
+namespace cudapool::shim::group {
 
 class Member;
 
+// What the group's helper threads need of the process's pools (the runtime gives it).
+class ProcessPools {
+ public:
+  // fn(device, pool) for every live pool of the process.
+  virtual void for_each(const std::function<void(int device, DevicePool& pool)>& fn) = 0;
+  // The process is exiting: helper threads stop touching the pools.
+  virtual bool exiting() const noexcept = 0;
+
+ protected:
+  ~ProcessPools() = default;
+};
+
 // The member for `device` in the policy's group, joining the ledger on first use; nullptr when
 // the policy has no group or the ledger cannot be used (a warning says why; the pool then keeps
-// only its own caps). `device_total`: the device's memory, for group_budget_fraction.
-Member* member_for(Runtime& rt, int device, std::size_t device_total) noexcept;
+// only its own caps). `device_total`: the device's memory, for group_budget_fraction. `driver`
+// names the GPU (its UUID) and measures memory outside the pool.
+Member* member_for(const Policy& policy, const RealDriver& driver, int device, std::size_t device_total) noexcept;
 // The member as its upstreams' gate.
 ReserveGate* gate_of(Member* m) noexcept;
 
@@ -47,14 +62,15 @@ void note_oom(int device) noexcept;
 std::size_t budget(Member& m) noexcept;
 std::size_t group_reserved(Member& m) noexcept;
 
-// Starts the helper threads with the first pool (stats record; one per group member to answer
-// release requests). Called by Runtime::create_pool after the pool is registered.
-void on_pool_created(Runtime& rt, ContextPool& cp) noexcept;
+// Starts the helper threads with the first pool of `device` (the publisher: stats record and
+// members' figures; one responder per group member to answer release requests). Called by the
+// runtime after the pool is registered, so `pools` already lists it. `pools` lives as long as
+// the process.
+void on_pool_created(ProcessPools& pools, const Policy& policy, int device) noexcept;
 
 // At exit (no CUDA): the stats record goes away. After fork in the child: forget everything
 // the parent had (its slots, its threads), without touching the shared files.
 void on_exit() noexcept;
 void on_fork_child() noexcept;
 
-}  // namespace group
-}  // namespace cudapool::shim
+}  // namespace cudapool::shim::group

@@ -1,4 +1,4 @@
-// The declarations of every hooked entry point's wrapper, made from shim/hooked.def. The
+// The declarations of every hooked entry point's wrapper, made from shim/entry_points.def. The
 // hooks_*.cpp files that define them include this, so a definition whose signature differs from
 // the list's does not compile.
 #pragma once
@@ -10,4 +10,4 @@
 using namespace cudaabi;
 
 #define CUDAPOOL_HOOK(base, min_version, max_version, flavour, abi, params) CUDAPOOL_EXPORT CUresult abi params;
-#include "shim/hooked.def"
+#include "shim/entry_points.def"

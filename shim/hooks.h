@@ -1,8 +1,6 @@
 // Shared pieces of the hook files (internal).
 #pragma once
-#include <cstdint>
-#include <map>
-#include <string>
+#include <cstddef>
 
 #include "shim/runtime.h"
 
@@ -25,12 +23,5 @@ void* wrapper_for_symbol(const char* abi_name) noexcept;
 
 // shim/hooks_host.cpp: the context is gone, and its pinned host memory with it.
 void host_forget_context(CUcontext ctx) noexcept;
-// The pinned host pool's counters for the exit summary (no CUDA); nothing when it never started.
-void host_summary(std::map<std::string, std::int64_t>* out) noexcept;
-
-namespace vmm {
-// shim/hooks_vmm.cpp: forget the parent's counted cuMemCreate handles in a forked child.
-void on_fork_child() noexcept;
-}  // namespace vmm
 
 }  // namespace cudapool::shim

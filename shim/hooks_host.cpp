@@ -16,8 +16,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -29,6 +31,7 @@
 #include "shim/hooked.h"
 #include "shim/hooks.h"
 #include "shim/log.h"
+#include "telemetry/summary.h"
 
 namespace cudapool::shim {
 namespace {
@@ -244,6 +247,39 @@ void log_at_exit() noexcept {
   }
 }
 
+// The pool's counters in the exit summary (Runtime::set_summary_part): nothing when it never
+// started (or a forked child did not start its own).
+void host_summary(Summary& summary) noexcept {
+  std::map<std::string, std::int64_t>* out = &summary.pinned_host;
+  HostState* h = g_host.load(std::memory_order_acquire);
+  if (h == nullptr) return;
+  try {
+    const HostStats s = h->pool.stats();
+    auto counter = [&](const char* name, const StatCounter& c) {
+      (*out)[std::string(name) + ".current"] = c.current;
+      (*out)[std::string(name) + ".peak"] = c.peak;
+      (*out)[std::string(name) + ".allocated"] = c.allocated;
+      (*out)[std::string(name) + ".freed"] = c.freed;
+    };
+    counter("requested_bytes", s.requested_bytes);
+    counter("allocated_bytes", s.allocated_bytes);
+    counter("reserved_bytes", s.reserved_bytes);
+    counter("cached_bytes", s.cached_bytes);
+    counter("blocks", s.blocks);
+    (*out)["cache_hits"] = s.cache_hits;
+    (*out)["cache_misses"] = s.cache_misses;
+    (*out)["fence_skips"] = s.fence_skips;
+    (*out)["num_host_alloc"] = s.upstream_allocs;
+    (*out)["num_host_free"] = s.upstream_frees;
+    (*out)["upstream_ns"] = s.upstream_ns;
+    (*out)["fence_waits"] = s.fence_waits;
+    (*out)["bad_frees"] = s.bad_frees;
+    (*out)["bound_releases"] = s.bound_releases;
+  } catch (...) {
+    out->clear();  // at exit nothing may escape; the summary goes without it
+  }
+}
+
 // The pool, started with the first pooled allocation; nullptr when the policy keeps pinned memory
 // with the driver.
 HostState* host_state(Runtime& rt) {
@@ -254,9 +290,10 @@ HostState* host_state(Runtime& rt) {
   HostState* h = new (std::nothrow) HostState(rt, rt.policy().pinned);  // leaked: no teardown at exit
   if (h == nullptr) return nullptr;
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [&rt] {
     pthread_atfork(nullptr, nullptr, &on_fork_child);
     std::atexit(&log_at_exit);
+    rt.set_summary_part(&host_summary);
   });
   const HostPoolOptions& o = rt.policy().pinned;
   log_info("pinned host pool started (host_register={}, reserve {} B, cap {})", o.use_host_register, o.reserve_segment,
@@ -293,36 +330,6 @@ CUresult pooled_alloc(void** pp, std::size_t bytes, unsigned flags) {
 void host_forget_context(CUcontext ctx) noexcept {
   if (HostState* h = g_host.load(std::memory_order_acquire))
     h->pool.forget_owner(reinterpret_cast<HostPool::Owner>(ctx));
-}
-
-void host_summary(std::map<std::string, std::int64_t>* out) noexcept {
-  HostState* h = g_host.load(std::memory_order_acquire);
-  if (h == nullptr) return;
-  try {
-    const HostStats s = h->pool.stats();
-    auto counter = [&](const char* name, const StatCounter& c) {
-      (*out)[std::string(name) + ".current"] = c.current;
-      (*out)[std::string(name) + ".peak"] = c.peak;
-      (*out)[std::string(name) + ".allocated"] = c.allocated;
-      (*out)[std::string(name) + ".freed"] = c.freed;
-    };
-    counter("requested_bytes", s.requested_bytes);
-    counter("allocated_bytes", s.allocated_bytes);
-    counter("reserved_bytes", s.reserved_bytes);
-    counter("cached_bytes", s.cached_bytes);
-    counter("blocks", s.blocks);
-    (*out)["cache_hits"] = s.cache_hits;
-    (*out)["cache_misses"] = s.cache_misses;
-    (*out)["fence_skips"] = s.fence_skips;
-    (*out)["num_host_alloc"] = s.upstream_allocs;
-    (*out)["num_host_free"] = s.upstream_frees;
-    (*out)["upstream_ns"] = s.upstream_ns;
-    (*out)["fence_waits"] = s.fence_waits;
-    (*out)["bad_frees"] = s.bad_frees;
-    (*out)["bound_releases"] = s.bound_releases;
-  } catch (...) {
-    out->clear();  // at exit nothing may escape; the summary goes without it
-  }
 }
 
 }  // namespace cudapool::shim

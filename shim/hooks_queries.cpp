@@ -96,7 +96,7 @@ CUresult mem_info(const RealDriver& d, std::size_t* free_out, std::size_t* total
     // The member is the device's (joined here if no pool has joined yet; the same one the pools
     // are gated by), so the budget shows before the first allocation too.
     std::size_t group_room = SIZE_MAX;
-    if (group::Member* m = group::member_for(*rt, dev, t)) {
+    if (group::Member* m = group::member_for(rt->policy(), rt->driver(), dev, t)) {
       const std::size_t b = group::budget(*m);
       if (b != 0) {  // 0: left the group
         const std::size_t used = group::group_reserved(*m);
@@ -203,9 +203,9 @@ CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
 namespace {
 CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned flags) {
   const RealDriver* d = real_driver();
-  if (d == nullptr || d->cuIpcOpenMemHandle_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d == nullptr || d->ipc_open_mem_handle() == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult r = ipc::open(*d, pdptr, handle, flags);
-  return r == kPassThrough ? d->cuIpcOpenMemHandle_v2(pdptr, handle, flags) : r;
+  return r == kPassThrough ? d->ipc_open_mem_handle()(pdptr, handle, flags) : r;
 }
 }  // namespace
 

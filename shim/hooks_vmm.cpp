@@ -8,7 +8,10 @@
 // handle (the driver frees the memory once it is also unmapped, so this may count it a little
 // early). Without a cap, both calls go to the driver untouched. The pool's own pages never come
 // through here: its upstream calls the driver directly.
+#include <pthread.h>
+
 #include <mutex>
+#include <new>
 #include <unordered_map>
 
 #include "shim/group.h"
@@ -36,6 +39,14 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry;  // never destroyed: hooks may run during exit
   return *r;
+}
+
+void forget_in_child() noexcept {
+  // The parent's handles are not the child's; the lock may have been held at fork.
+  Registry& reg = registry();
+  new (&reg.mu) std::mutex;
+  reg.handles.clear();
+  reg.count.store(0, std::memory_order_relaxed);
 }
 
 bool caps_apply(const Policy& p) {
@@ -79,6 +90,10 @@ CUresult create_counted(const RealDriver& d, ContextPool& cp, CUmemGenericAlloca
     return r;
   }
   Registry& reg = registry();
+  // A forked child forgets the parent's handles: registered with the first one counted (before
+  // it, there is nothing to forget).
+  static std::once_flag fork_handler;
+  std::call_once(fork_handler, [] { pthread_atfork(nullptr, nullptr, &forget_in_child); });
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.handles[*handle] = c;
   reg.count.store(reg.handles.size(), std::memory_order_relaxed);
@@ -86,16 +101,6 @@ CUresult create_counted(const RealDriver& d, ContextPool& cp, CUmemGenericAlloca
 }
 
 }  // namespace
-
-namespace vmm {
-void on_fork_child() noexcept {
-  // The parent's handles are not the child's; the lock may have been held at fork.
-  Registry& reg = registry();
-  new (&reg.mu) std::mutex;
-  reg.handles.clear();
-  reg.count.store(0, std::memory_order_relaxed);
-}
-}  // namespace vmm
 
 }  // namespace cudapool::shim
 

@@ -261,12 +261,13 @@ CUresult open_segment(const RealDriver& d, Importer& s, const CUipcMemHandle& se
       return CUDA_SUCCESS;
     }
   }
-  if (d.cuIpcOpenMemHandle_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const auto open_mem_handle = d.ipc_open_mem_handle();
+  if (open_mem_handle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   SegmentOpen o;
   o.handle = seg;
   o.ctx = ctx;
   o.refs = 1;
-  const CUresult r = d.cuIpcOpenMemHandle_v2(&o.base, seg, flags);
+  const CUresult r = open_mem_handle(&o.base, seg, flags);
   if (r != CUDA_SUCCESS) return r;
   *base = o.base;
   s.segments.push_back(o);

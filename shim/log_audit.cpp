@@ -91,12 +91,12 @@ const char* pass_reason(PassKind k) {
 }  // namespace
 
 const char* hooked_entry_points() noexcept {
-  // Every exported name of shim/hooked.def, in its order, each after one space (the first space
+  // Every exported name of shim/entry_points.def, in its order, each after one space (the first space
   // is skipped).
   static constexpr char kList[] =
 #define CUDAPOOL_INTERPOSED(abi) " " #abi
 #define CUDAPOOL_HOOK(base, min_version, max_version, flavour, abi, params) " " #abi
-#include "shim/hooked.def"
+#include "shim/entry_points.def"
       ;
   return kList + 1;
 }
@@ -111,13 +111,13 @@ std::string start_report(const Policy& policy, bool native) {
   return s;
 }
 
-EventSink* start_audit(const Policy& policy, bool native, EventSink* trace) noexcept {
+EventSink* start_audit(const Policy& policy, bool native, EventSink* trace, DumpTextFn dump_text) noexcept {
   try {
     g_start_ns = monotonic_ns();
     g_trace = static_cast<TraceWriter*>(trace);  // Runtime::start only ever passes a TraceWriter
     auto& lg = log();
     if (lg.should_log(spdlog::level::info)) lg.info("{}", start_report(policy, native));
-    if (policy.dump_signal != 0) start_signal_dump(policy.dump_signal, g_trace);
+    if (policy.dump_signal != 0) start_signal_dump(policy.dump_signal, g_trace, dump_text);
     if (!lg.should_log(spdlog::level::info)) return trace;
     return new LoggingSink(trace);  // leaked with the runtime, like the trace writer
   } catch (...) {

@@ -23,11 +23,11 @@ struct Hook {
   void* wrapper;
 };
 
-// Every CUDAPOOL_HOOK row of shim/hooked.def, in its order (the first match wins).
+// Every CUDAPOOL_HOOK row of shim/entry_points.def, in its order (the first match wins).
 const Hook kHooks[] = {
 #define CUDAPOOL_HOOK(base, min_version, max_version, flavour, abi, params) \
   {#base, min_version, max_version, k##flavour, #abi, reinterpret_cast<void*>(&::abi)},
-#include "shim/hooked.def"
+#include "shim/entry_points.def"
 };
 
 bool same_object(const void* a, const void* b) {

@@ -14,9 +14,9 @@
 #include "config/secure.h"
 #include "config/version.h"
 #include "shim/group.h"
-#include "shim/hooks.h"
 #include "shim/log.h"
 #include "shim/log_audit.h"
+#include "shim/signal_dump.h"
 #include "shim/streams.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
@@ -39,7 +39,8 @@ const char* to_string(PassKind k) noexcept {
   return "?";
 }
 
-Runtime::Runtime(const RealDriver& d, Policy p, bool native) : driver_(d), policy_(std::move(p)), native_(native) {}
+Runtime::Runtime(const RealDriver& d, Policy p, bool native)
+    : driver_(d), policy_(std::move(p)), pool_options_(policy_.pool), native_(native) {}
 
 namespace {
 
@@ -69,14 +70,14 @@ std::string command_line() {
 // owned a freed pointer (the cudaFree fast path). Both valid only while `generation` matches
 // Runtime::generation_, which every retire (context destroy/reset) and fork bumps, so a reset
 // context whose new primary context reuses the old handle can never hit a stale entry.
-struct ThreadCache {
+struct PoolLookupCache {
   CUcontext ctx = nullptr;
   ContextPool* pool = nullptr;
   unsigned generation = 0;
   ContextPool* owner = nullptr;
   unsigned owner_generation = 0;
 };
-thread_local ThreadCache tl_cache;
+thread_local PoolLookupCache tl_lookup;
 
 std::atomic<int> g_next_shard{0};
 std::atomic<int> g_exit_status{-1};  // the status given to exit(), once the on_exit handler ran
@@ -117,6 +118,69 @@ bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
                r.error.c_str(), kPolicyErrorExitStatus);
   std::fflush(stderr);
   _exit(kPolicyErrorExitStatus);
+}
+
+// The dump signal's text (shim/signal_dump.h): the runtime's figures and its pools' snapshots,
+// gathered with CPU-only pool calls, never CUDA.
+std::string dump_text(int signo) {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr) return {};
+  Summary s;
+  s.pid = getpid();
+  s.backend = rt->native() ? "native" : "passthrough";
+  s.policy = to_conf_string(rt->policy());
+  s.wall_time_s = seconds_since_start();
+  std::vector<DeviceSnapshot> snapshots;
+  rt->for_each_pool([&](ContextPool& cp) {
+    DeviceSummary d;
+    d.device = cp.device;
+    d.stats = cp.pool.stats();
+    d.driver_total_bytes = cp.driver_total;
+    s.devices.push_back(d);
+    snapshots.push_back(DeviceSnapshot{cp.device, cp.pool.snapshot()});
+  });
+  for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
+    const std::int64_t n = rt->passes(static_cast<PassKind>(k));
+    if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
+  }
+  return format_dump(signo, s, snapshots);
+}
+
+// The runtime's pools as the group's helper threads see them (shim/group.h).
+class GroupView final : public group::ProcessPools {
+ public:
+  explicit GroupView(Runtime& rt) : rt_(rt) {}
+  void for_each(const std::function<void(int device, DevicePool& pool)>& fn) override {
+    rt_.for_each_pool([&](ContextPool& cp) { fn(cp.device, cp.pool); });
+  }
+  bool exiting() const noexcept override { return Runtime::exiting(); }
+
+ private:
+  Runtime& rt_;
+};
+
+// One for the process (there is one runtime), never destroyed: helper threads outlive exit.
+group::ProcessPools& group_view(Runtime& rt) {
+  static auto* view = new GroupView(rt);
+  return *view;
+}
+
+// The options of every pool: the policy's, and the one choice the shim makes itself, which no
+// policy key sets. Under free_sync:immediate thread caches engage from a pool's first thread, so
+// a single-threaded program gets their hit path too (the stream-local reuse PyTorch programs rely
+// on; fenced frees keep the pool's own batches). A traced run has an event sink, which turns the
+// caches off, so a replay of its trace still places blocks as it did. Said once, at info, when
+// the pool runs (`native`).
+PoolOptions pool_options_for(const Policy& policy, bool native) {
+  PoolOptions opt = policy.pool;
+  if (!opt.cache_from_first_thread && opt.free_sync == FreeSync::immediate) {
+    opt.cache_from_first_thread = true;
+    if (native)
+      log_info(
+          "thread caches engage from a pool's first thread (free_sync:immediate): a single-threaded program gets "
+          "their hit path too");
+  }
+  return opt;
 }
 
 }  // namespace
@@ -173,9 +237,10 @@ Runtime* Runtime::start() noexcept {
       log_warn("trace file: {}", err);
     }
   }
-  rt->sink_ = start_audit(rt->policy_, native, rt->sink_);  // start report, dump signal, log sink
+  rt->sink_ = start_audit(rt->policy_, native, rt->sink_, &dump_text);  // start report, dump signal, log sink
   log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",
            to_conf_string(rt->policy_));
+  rt->pool_options_ = pool_options_for(rt->policy_, native);
   pthread_atfork(nullptr, nullptr, &Runtime::on_fork_child);
   // on_exit rather than atexit: its handler gets the status the program passes to exit() (or
   // returns from main), which the summary reports.
@@ -227,7 +292,7 @@ void Runtime::write_exit_summary() noexcept {
           s.devices.push_back(d);
         },
         /*include_retired=*/true);
-    host_summary(&s.pinned_host);
+    if (SummaryPart part = summary_part_.load(std::memory_order_acquire)) part(s);
     for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
       const std::int64_t n = passes(static_cast<PassKind>(k));
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
@@ -253,7 +318,6 @@ void Runtime::on_fork_child() noexcept {
   Runtime* rt = instance_.load(std::memory_order_relaxed);
   reset_captures_in_child();
   group::on_fork_child();
-  vmm::on_fork_child();
   if (rt == nullptr) return;
   rt->count_.store(0, std::memory_order_relaxed);
   rt->generation_.fetch_add(1, std::memory_order_relaxed);
@@ -329,10 +393,7 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
   CUdevice dev = -1;
   if (driver_.cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev < 0) return nullptr;
   try {
-    PoolOptions opt = policy_.pool;
-    // A single-threaded program gets the thread cache's hit path too, for immediate frees (the
-    // stream-local reuse PyTorch programs rely on; fenced frees keep the pool's own batches).
-    opt.cache_from_first_thread = opt.free_sync == FreeSync::immediate;
+    const PoolOptions& opt = pool_options_;
     auto* cp = new ContextPool(driver_, ctx, dev, opt, sink_);
     if (opt.expandable_segments && policy_.expandable_peer_access) grant_peers(*cp);
     if (opt.expandable_segments)
@@ -343,13 +404,13 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
     // With the page size of expandable segments, so that a replay maps pages as this device does.
     if (TraceWriter* tw = trace_writer_of(sink_)) tw->note_device(dev, cp->driver_total, cp->upstream.granularity());
     // The group budget gates every physical allocation of the pool, from the first one on.
-    if (group::Member* m = group::member_for(*this, dev, cp->driver_total)) {
+    if (group::Member* m = group::member_for(policy_, driver_, dev, cp->driver_total)) {
       cp->member = m;
       cp->upstream.set_gate(group::gate_of(m));
     }
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
-    group::on_pool_created(*this, *cp);
+    group::on_pool_created(group_view(*this), policy_, cp->device);
     log_info("pool for device {} (context {}) started", dev, static_cast<void*>(ctx));
     return cp;
   } catch (const std::bad_alloc&) {
@@ -370,7 +431,7 @@ std::int64_t Runtime::passes(PassKind k) const noexcept {
 }
 
 ContextPool* Runtime::last_owner() const noexcept {
-  const ThreadCache& c = tl_cache;
+  const PoolLookupCache& c = tl_lookup;
   return c.owner_generation == generation_.load(std::memory_order_acquire) ? c.owner : nullptr;
 }
 
@@ -380,7 +441,7 @@ ContextPool* Runtime::current_pool() noexcept {
   CUcontext ctx = nullptr;
   if (driver_.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
   const unsigned g = generation_.load(std::memory_order_acquire);
-  ThreadCache& c = tl_cache;
+  PoolLookupCache& c = tl_lookup;
   if (c.ctx == ctx && c.generation == g) {
     c.owner = c.pool;  // the next cudaFree most likely returns memory of this pool
     c.owner_generation = g;
@@ -394,7 +455,7 @@ ContextPool* Runtime::current_pool() noexcept {
 
 ContextPool* Runtime::owner_of(const void* p) noexcept {
   const unsigned g = generation_.load(std::memory_order_acquire);
-  ThreadCache& c = tl_cache;
+  PoolLookupCache& c = tl_lookup;
   ContextPool* last = c.owner_generation == g ? c.owner : nullptr;
   if (last != nullptr && !last->retired.load(std::memory_order_acquire) && last->pool.owns(p)) return last;
   ContextPool* found = nullptr;

@@ -13,6 +13,11 @@
 #include "config/policy.h"
 #include "shim/cuda_fences.h"
 #include "shim/cuda_upstream.h"
+#include "shim/pass_kind.h"
+
+namespace cudapool {
+struct Summary;
+}
 
 namespace cudapool::shim {
 
@@ -33,18 +38,6 @@ struct ContextPool {
   // The context was destroyed/reset: the pool was abandoned and is no longer found by lookups.
   std::atomic<bool> retired{false};
 };
-
-// Why a call went straight to the driver (counted; the exit summary lists them).
-enum class PassKind : std::uint8_t {
-  backend,          // policy backend=passthrough (or on_error=passthrough after a bad policy)
-  foreign_pointer,  // a free/query of memory the pool does not own
-  capture,          // allocation on a capturing stream / during a global-mode capture
-  no_context,       // calling thread has no current context
-  exiting,          // the process is exiting: frees of pool memory are leaked, allocations go to the driver
-  count_
-};
-const char* to_string(PassKind k) noexcept;
-void log_first_pass(PassKind k) noexcept;  // shim/log_audit.cpp: logs the first of each kind
 
 class Runtime {
  public:
@@ -101,6 +94,11 @@ class Runtime {
   }
   std::int64_t passes(PassKind k) const noexcept;
 
+  // A part of the exit summary kept outside the runtime (the pinned host pool's counters,
+  // shim/hooks_host.cpp), set by its owner when it starts; called at exit, no CUDA.
+  using SummaryPart = void (*)(Summary& s) noexcept;
+  void set_summary_part(SummaryPart part) noexcept { summary_part_.store(part, std::memory_order_release); }
+
  private:
   static constexpr int kMaxPools = 256;
   static constexpr int kShards = 16;
@@ -128,7 +126,8 @@ class Runtime {
   static std::atomic<bool> exiting_;
   const RealDriver& driver_;
   Policy policy_;
-  bool call_sites_ = false;  // see call_sites()
+  PoolOptions pool_options_;  // of every pool: policy_.pool and the shim's own choice (runtime.cpp)
+  bool call_sites_ = false;   // see call_sites()
   bool native_;
   EventSink* sink_ = nullptr;
   std::int64_t start_unix_ns_ = 0;
@@ -140,6 +139,7 @@ class Runtime {
   // the hot path).
   std::atomic<unsigned> generation_{1};
   PassShard shards_[kShards];
+  std::atomic<SummaryPart> summary_part_{nullptr};
 };
 
 }  // namespace cudapool::shim

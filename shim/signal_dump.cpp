@@ -15,8 +15,6 @@
 #include <fmt/format.h>
 
 #include "shim/log.h"
-#include "shim/log_audit.h"
-#include "shim/runtime.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
 #include "telemetry/trace.h"
@@ -30,6 +28,7 @@ int g_read_fd = -1;
 int g_signo = 0;
 struct sigaction g_previous {};
 TraceWriter* g_trace = nullptr;
+DumpTextFn g_text = nullptr;
 std::atomic<bool> g_started{false};
 
 // Async-signal-safe: write(2) and reading globals only. A full pipe means a dump is already
@@ -58,14 +57,13 @@ const char* state_letter(BlockState s) {
 }
 
 void dump_now() {
-  Runtime* rt = Runtime::peek();
-  if (rt == nullptr) return;
   std::string text;
   try {
-    text = format_dump(*rt, g_signo);
+    text = g_text(g_signo);
   } catch (...) {
     return;  // out of host memory: no dump this time
   }
+  if (text.empty()) return;
   // Visible at the configured level: at least info, raised to the logger's level (warn by
   // default) so a user who asked for the dump sees it without changing log_level.
   auto& lg = log();
@@ -90,20 +88,10 @@ void* reader(void*) {
 
 }  // namespace
 
-std::string format_dump(Runtime& rt, int signo) {
-  Summary s;
-  s.pid = getpid();
-  s.backend = rt.native() ? "native" : "passthrough";
-  s.policy = to_conf_string(rt.policy());
-  s.wall_time_s = seconds_since_start();
+std::string format_dump(int signo, const Summary& s, const std::vector<DeviceSnapshot>& snapshots) {
   std::string snap;
-  rt.for_each_pool([&](ContextPool& cp) {
-    DeviceSummary d;
-    d.device = cp.device;
-    d.stats = cp.pool.stats();
-    d.driver_total_bytes = cp.driver_total;
-    s.devices.push_back(d);
-    const Snapshot sn = cp.pool.snapshot();
+  for (const DeviceSnapshot& ds : snapshots) {
+    const Snapshot& sn = ds.snapshot;
     std::size_t reserved = 0, allocated = 0, blocks = 0;
     for (const SegmentInfo& seg : sn.segments) {
       reserved += seg.total_size;
@@ -111,7 +99,7 @@ std::string format_dump(Runtime& rt, int signo) {
       blocks += seg.blocks.size();
     }
     fmt::format_to(std::back_inserter(snap), "snapshot device {}: segments={} blocks={} reserved={} allocated={}\n",
-                   cp.device, sn.segments.size(), blocks, reserved, allocated);
+                   ds.device, sn.segments.size(), blocks, reserved, allocated);
     // One line per segment; blocks as size+state (A allocated, P pending free, F free).
     for (const SegmentInfo& seg : sn.segments) {
       fmt::format_to(std::back_inserter(snap), "  segment {:#x} size={} allocated={} {}{} stream={:#x}:", seg.address,
@@ -121,10 +109,6 @@ std::string format_dump(Runtime& rt, int signo) {
         fmt::format_to(std::back_inserter(snap), " {}{}", b.size, state_letter(b.state));
       snap += '\n';
     }
-  });
-  for (int k = 0; k < static_cast<int>(PassKind::count_); ++k) {
-    const std::int64_t n = rt.passes(static_cast<PassKind>(k));
-    if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
   }
   std::string out = fmt::format("dump on signal {} (the program keeps running)\n", signo);
   out += format_summary_table(s);
@@ -134,8 +118,8 @@ std::string format_dump(Runtime& rt, int signo) {
   return out;
 }
 
-bool start_signal_dump(int signo, TraceWriter* trace) noexcept {
-  if (signo <= 0 || g_started.exchange(true)) return false;
+bool start_signal_dump(int signo, TraceWriter* trace, DumpTextFn text) noexcept {
+  if (signo <= 0 || text == nullptr || g_started.exchange(true)) return false;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     log_warn("dump_signal {}: no pipe ({}); the signal keeps its previous action", signo, std::strerror(errno));
@@ -147,6 +131,7 @@ bool start_signal_dump(int signo, TraceWriter* trace) noexcept {
   g_write_fd = fds[1];
   g_signo = signo;
   g_trace = trace;
+  g_text = text;
 
   // The reader runs with every signal blocked, so the dump signal lands on a program thread and
   // the reader is never interrupted mid-dump by signals the program expects to handle itself.

@@ -1,8 +1,11 @@
 // Files that the pooled processes of one user share on one machine, in shared memory (/dev/shm):
 //  * the group ledger: one per (user, GPU, group), the reserved bytes of every member process,
-//    whose sum stays under the group's budget (docs/design.md, "The group ledger");
+//    whose sum stays under the group's budget; its layout is beside the code that keeps it,
+//    shim/group_ledger_layout.h (docs/design.md, "The group ledger");
 //  * the stats records: one per pooled process, its pool figures, read by `cudapool top`.
-// Plain POSIX (open, fstat, mmap), no CUDA: the shim writes these files, the tools read them.
+// This file has their names, the checks every opener makes, process liveness and the stats
+// record's layout. Plain POSIX (open, fstat, mmap), no CUDA: the shim writes these files, the
+// tools read them.
 //
 // Everything read from these files may have been written by a crashed or hostile process of the
 // same user: readers validate every field (magic, version, sizes, slot indices, string bounds)
@@ -24,8 +27,6 @@ namespace cudapool::share {
 // The directory of the files: $CUDAPOOL_SHM_DIR when set (tests, or a private directory), else
 // /dev/shm.
 std::string shm_dir();
-// <dir>/cudapool-<uid>-g-<gpu uuid>-<group>: the ledger of one group on one GPU.
-std::string ledger_path(unsigned uid, std::string_view gpu_uuid, std::string_view group);
 // "cudapool-<uid>-p-": the stats records of one user are the files of shm_dir() with this prefix
 // followed by the process id.
 std::string record_prefix(unsigned uid);
@@ -51,6 +52,13 @@ std::uint64_t pid_namespace();
 enum class Liveness { alive, gone, unknown };
 Liveness process_liveness(int pid, std::uint64_t start_time, std::uint64_t pid_ns);
 std::int64_t monotonic_ns();
+
+// NUL-terminated names in these files (a group's, a GPU's) have this many bytes at most,
+// the NUL included.
+inline constexpr std::size_t kNameBytes = 64;
+// The characters of a name field up to its NUL, or all `n` when it has none (a reader never
+// trusts a writer to have terminated it).
+std::string bounded_string(const char* field, std::size_t n);
 
 // ---- opening -----------------------------------------------------------------------------------
 
@@ -82,80 +90,6 @@ void unmap(Mapping& m);
 // keeps a mapping checks this before touching it (a window remains between the check and the
 // access; it is as short as a few loads and stores).
 bool still_whole(const Mapping& m);
-
-// ---- the group ledger --------------------------------------------------------------------------
-
-inline constexpr std::uint64_t kLedgerMagic = 0x3152474c4c4f4f50ULL;  // "POOLLGR1"
-inline constexpr std::uint32_t kLedgerVersion = 3;
-inline constexpr std::uint32_t kLedgerSlots = 64;
-inline constexpr std::size_t kNameBytes = 64;
-
-enum SlotState : std::uint32_t { kSlotFree = 0, kSlotLive = 1 };
-
-// One member process. Written by the member under the ledger's mutex (reserved, state, pid,
-// start_time) or by itself alone (cached, allocated, heartbeat, acks); read by anyone.
-struct alignas(64) LedgerSlot {
-  std::atomic<std::uint32_t> state;
-  std::atomic<std::int32_t> pid;
-  std::atomic<std::uint64_t> start_time;    // process_start_time(pid) when it joined
-  std::atomic<std::uint64_t> pid_ns;        // pid_namespace() of the member (its pid means a process there)
-  std::atomic<std::uint64_t> reserved;      // bytes this member holds from the device
-  std::atomic<std::uint64_t> outside;       // its memory outside the pool, as charged (footprint budgets)
-  std::atomic<std::uint64_t> cached;        // of which idle in its pool (published every ~250 ms)
-  std::atomic<std::uint64_t> allocated;     // live bytes (published with cached)
-  std::atomic<std::uint64_t> heartbeat_ns;  // monotonic_ns() of the last publication
-  // Cooperative release: another member that needs memory adds the bytes it wants from this one
-  // to release_want, increments release_req and wakes the word (futex); this member's helper
-  // thread takes release_want (back to 0), gives back about that much idle cached memory, the
-  // longest-cached first (all of it when release_want was 0), and stores the request it
-  // answered in release_ack.
-  std::atomic<std::uint32_t> release_req;
-  std::atomic<std::uint32_t> release_ack;
-  std::atomic<std::uint64_t> release_want;
-  std::atomic<std::uint64_t> released_bytes;  // given back on request, in total
-};
-
-struct Ledger {
-  std::atomic<std::uint64_t> magic;  // stored last by the creator (release)
-  std::uint32_t version;
-  std::uint32_t size;   // sizeof(Ledger)
-  std::uint32_t slots;  // kLedgerSlots
-  std::uint32_t uid;
-  std::uint64_t budget;                 // bytes; set by the creator, fixed for the ledger's life
-  char group[kNameBytes];               // NUL-terminated
-  char gpu[kNameBytes];                 // the GPU's UUID, NUL-terminated
-  pthread_mutex_t mu;                   // process-shared, robust
-  std::atomic<std::uint64_t> total;     // sum of the live slots' reserved + outside (written under mu)
-  std::atomic<std::uint32_t> released;  // futex word: incremented after every cooperative release
-  std::uint32_t pad;
-  LedgerSlot slot[kLedgerSlots];
-};
-
-// "" when the header is a ledger of this layout for (uid, gpu, group) that a creator finished
-// setting up; else what is wrong ("bad magic", "version 7, expected 1", ...).
-std::string validate_ledger(const Ledger& l, unsigned uid, std::string_view gpu, std::string_view group);
-// Creator side: initialise a zeroed, freshly created ledger (mutex, header) and publish it.
-bool init_ledger(Ledger& l, unsigned uid, std::string_view gpu, std::string_view group, std::uint64_t budget);
-
-// A checked copy of a ledger's figures, for readers that only look (`cudapool top`).
-struct SlotView {
-  int slot = 0;
-  int pid = 0;
-  std::uint64_t start_time = 0, pid_ns = 0;
-  std::uint64_t reserved = 0, outside = 0, cached = 0, allocated = 0;
-};
-struct LedgerView {
-  std::string group, gpu;
-  std::uint64_t budget = 0, total = 0;
-  std::vector<SlotView> live;  // the slots in the live state, in slot order
-};
-// `bytes` bytes of a ledger file of `uid` (read with pread: a file that shrank reads short) into
-// *out; false with *why set when they are not a whole, valid ledger of this layout (the checks of
-// validate_ledger, with the names taken up to their bounds).
-bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView* out, std::string* why);
-// Every ledger of `uid` in shm_dir(), read with pread; files that are not valid ledgers go into
-// *warnings (when given).
-std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* warnings);
 
 // ---- the per-process stats records -------------------------------------------------------------
 

@@ -12,9 +12,11 @@
 // is the pool's order. `flush_mu` serialises everything that writes to the file and buffers are
 // taken oldest first under it, so the file keeps that order.
 //
-// Exit and signals: flush() (atexit) and flush_from_signal() drain filled buffers and the active
-// one directly, using only preallocated memory and write(2). The formatter thread blocks all
-// signals, so a handler never runs on it while it holds `flush_mu`.
+// Exit and signals: at exit (atexit) flush_all_writers() writes out every open writer's rows;
+// flush_all_writers_from_signal() drains filled buffers and the active one directly, with
+// bounded lock waits, only preallocated memory and write(2) (its rows go without their call
+// sites: no symbol lookup in a handler). The formatter thread blocks all signals, so a handler
+// never runs on it while it holds `flush_mu`.
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>

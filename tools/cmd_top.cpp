@@ -12,6 +12,7 @@
 #include <string>
 
 #include "config/printable.h"
+#include "shim/group_ledger_layout.h"
 #include "telemetry/share.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"

@@ -3,8 +3,9 @@
 TOOLS_MAINS := tools/main.cpp tools/gen_trace_main.cpp tools/gen_docs_main.cpp
 TOOLS_SRCS := $(filter-out $(TOOLS_MAINS),$(wildcard tools/*.cpp))
 TOOLS_LIB := $(BUILD)/libcudapool_tools.a
-# Link order: tools use telemetry (its readers too) and config, which use the pool core.
-TOOLS_LINK := $(TOOLS_LIB) $(TELEMETRY_READER_LIB) $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB)
+# Link order: tools use the group ledger's layout and telemetry (its readers too) and config,
+# which use the pool core.
+TOOLS_LINK := $(TOOLS_LIB) $(SHIM_LEDGER_LIB) $(TELEMETRY_READER_LIB) $(TELEMETRY_LIB) $(CONFIG_LIB) $(ALLOCATOR_LIB)
 TOOLS_LDLIBS := -ltomlplusplus
 CUDAPOOL_BIN := $(BUILD)/cudapool
 GEN_TRACE_BIN := $(BUILD)/cudapool-gen-trace

@@ -33,6 +33,12 @@ $(SHIM_TEST_BIN): $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_SO) $(FAKECUDA_S
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) $(GTEST_LIBS)
 TEST_BINS += $(SHIM_TEST_BIN)
+# The shim's layers: nothing the runtime is built on includes the runtime or the hooks.
+TEST_BINS += tests/shim_layers.sh
+# The real-driver table is checked in the test process itself against the fake libcuda.so.1
+# (tests/unit/shim_driver_test.cpp), so the tests link shim/driver.o.
+$(SHIM_TEST_BIN): $(BUILD)/shim/driver.o
+$(SHIM_TEST_BIN): LDFLAGS += -ldl
 
 # Expandable segments: a -lcuda program checking the fake driver's VMM accounting,
 # run by tests/unit/shim_vmm_test.cpp (part of SHIM_TEST_BIN via the shim_*.cpp wildcard).
@@ -54,13 +60,14 @@ $(SHIM_TEST_BIN): | $(SHIM_APP_IPC)
 
 # Processes sharing one GPU (group budget, cooperative release, `cudapool top`): a -lcuda program
 # run several times at once by tests/unit/shim_share_test.cpp; it reads the group ledger itself,
-# so it links telemetry/share.cpp, and so do the tests.
+# so it links telemetry/share.cpp and the ledger's layout, and so do the tests.
 SHIM_APP_SHARE := $(FAKECUDA_DIR)/share_app
-$(SHIM_APP_SHARE): tests/fakecuda/share_app.cpp telemetry/share.cpp telemetry/share.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cuda_abi.h $(FAKECUDA_SO)
+SHIM_SHARE_SRCS := telemetry/share.cpp shim/group_ledger_layout.cpp
+$(SHIM_APP_SHARE): tests/fakecuda/share_app.cpp $(SHIM_SHARE_SRCS) telemetry/share.h shim/group_ledger_layout.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/share_app.cpp telemetry/share.cpp -o $@ \
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/share_app.cpp $(SHIM_SHARE_SRCS) -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
-$(SHIM_TEST_BIN): $(BUILD)/telemetry/share.o | $(SHIM_APP_SHARE) $(CUDAPOOL_BIN)
+$(SHIM_TEST_BIN): $(SHIM_SHARE_SRCS:%.cpp=$(BUILD)/%.o) | $(SHIM_APP_SHARE) $(CUDAPOOL_BIN)
 $(SHIM_TEST_SRCS:%.cpp=$(BUILD)/%.o): CPPFLAGS += -DCUDAPOOL_BIN_PATH='"$(abspath $(CUDAPOOL_BIN))"'
 
 # PyTorch's pluggable-allocator entry points and the Python module's PyTorch glue (built in with

@@ -30,9 +30,11 @@ $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/t
     telemetry/spdlog_fmt_impl.o config/output_file.o config/path_pattern.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary
-# The readers of the files processes of one user share (telemetry/share.cpp): the group ledger
-# and the stats records, as `cudapool top` reads them.
-$(BUILD)/fuzz/share_%: $(TELEMETRY_FUZZ_OBJ)/tests/fuzz/share_fuzz_%.o $(TELEMETRY_FUZZ_OBJ)/telemetry/share.o
+# The readers of the files processes of one user share (telemetry/share.cpp and the ledger's
+# layout, shim/group_ledger_layout.cpp): the group ledger and the stats records, as
+# `cudapool top` reads them.
+$(BUILD)/fuzz/share_%: $(TELEMETRY_FUZZ_OBJ)/tests/fuzz/share_fuzz_%.o $(TELEMETRY_FUZZ_OBJ)/telemetry/share.o \
+    $(TELEMETRY_FUZZ_OBJ)/shim/group_ledger_layout.o
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/share_ledger $(BUILD)/fuzz/share_record
 # The CUDA IPC wire checks (shim/ipc_wire.cpp): what an importer and an exporter accept from

@@ -1,4 +1,4 @@
-// The exported names of shim/hooked.def (the hooked entry points), in its order, for the tests
+// The exported names of shim/entry_points.def (the hooked entry points), in its order, for the tests
 // that check what the library exports and what its start report lists.
 #pragma once
 #include <string>
@@ -10,7 +10,7 @@ inline std::vector<std::string> hooked_names() {
   return {
 #define CUDAPOOL_INTERPOSED(abi) #abi,
 #define CUDAPOOL_HOOK(base, min_version, max_version, flavour, abi, params) #abi,
-#include "shim/hooked.def"
+#include "shim/entry_points.def"
   };
 }
 

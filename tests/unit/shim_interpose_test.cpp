@@ -638,11 +638,11 @@ std::string joined(const std::set<std::string>& names) {
   return s;
 }
 
-// Exactly the names of shim/hooked.def and the functions of shim/cudapool.h, nothing else.
+// Exactly the names of shim/entry_points.def and the functions of shim/cudapool.h, nothing else.
 TEST(ShimLibrary, ExportsOnlyHooksAndTheCApi) {
   const std::vector<std::string> list = cudapool::test::hooked_names();
   const std::set<std::string> hooked(list.begin(), list.end());
-  ASSERT_EQ(hooked.size(), list.size()) << "a name is listed twice in shim/hooked.def";
+  ASSERT_EQ(hooked.size(), list.size()) << "a name is listed twice in shim/entry_points.def";
   ASSERT_GE(hooked.size(), 20u);
   ASSERT_TRUE(hooked.count("dlsym"));
   const std::set<std::string> c_api = c_api_names();

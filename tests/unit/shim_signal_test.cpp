@@ -237,7 +237,7 @@ TEST(ShimSignal, StartReportListsVersionOriginsAndHookedEntryPoints) {
   EXPECT_NE(line_of("log_level").find("= info   (CUDAPOOL_CONF"), std::string::npos) << out;
   EXPECT_NE(line_of("free_sync").find("(default)"), std::string::npos) << out;
   EXPECT_NE(line_of("dump_signal").find("= off   (default)"), std::string::npos) << out;
-  // The start report names exactly the hooked entry points of shim/hooked.def, in its order.
+  // The start report names exactly the hooked entry points of shim/entry_points.def, in its order.
   const auto hooked_at = out.find("hooked entry points: ");
   ASSERT_NE(hooked_at, std::string::npos) << out;
   const auto names_at = hooked_at + std::strlen("hooked entry points: ");
@@ -253,6 +253,20 @@ TEST(ShimSignal, StartReportListsVersionOriginsAndHookedEntryPoints) {
   EXPECT_NE(pass, std::string::npos) << out;
   // The exit summary table.
   EXPECT_NE(out.find("exit summary"), std::string::npos) << out;
+}
+
+// The one pool option the shim sets itself (thread caches from a pool's first thread under
+// free_sync:immediate) is said at info, and only where it applies.
+TEST(ShimSignal, StartSaysWhenThreadCachesEngageFromTheFirstThread) {
+  const std::string line = "thread caches engage from a pool's first thread (free_sync:immediate)";
+  RunResult immediate = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,free_sync:immediate"}});
+  ASSERT_EQ(immediate.exit_status, 0) << immediate.output;
+  const auto at = immediate.output.find(line);
+  EXPECT_NE(at, std::string::npos) << immediate.output;
+  EXPECT_EQ(immediate.output.find(line, at + 1), std::string::npos) << "said more than once\n" << immediate.output;
+  RunResult fenced = run_child("start", {{"CUDAPOOL_CONF", "log_level:info,free_sync:fenced"}});
+  ASSERT_EQ(fenced.exit_status, 0) << fenced.output;
+  EXPECT_EQ(fenced.output.find(line), std::string::npos) << fenced.output;
 }
 
 }  // namespace

@@ -1,0 +1,447 @@
+// A process's place in a group ledger (shim/group_ledger.h): the budget gate, asking for and
+// answering release requests, joining.
+#include "shim/group_ledger.h"
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "shim/log.h"
+
+namespace cudapool::shim::group {
+
+namespace {
+
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  // Not FUTEX_PRIVATE: the word lives in a mapping shared with other processes.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake(std::atomic<std::uint32_t>* word, int n) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
+
+bool seq_after_or_equal(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }
+
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
+}  // namespace
+
+std::string mib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+Member* Member::closed(const std::string& path, const std::string& name, int device, std::uint64_t budget,
+                       std::string why) noexcept {
+  auto* m = new (std::nothrow) Member(share::Mapping{}, -1, device, path, name, 0);
+  if (m == nullptr) return nullptr;
+  m->closed_budget_ = budget;
+  m->closed_why_ = std::move(why);
+  return m;
+}
+
+bool Member::acquire(std::size_t bytes) noexcept {
+  if (closed()) {
+    refuse_closed(bytes);
+    return false;
+  }
+  if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
+  if (!lock()) return true;
+  share::LedgerSlot& me = l_->slot[slot_];
+  charge_unexplained();
+  bool ok = false;
+  for (int pass = 0; pass < 2 && !ok; ++pass) {
+    const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
+    if (bytes <= budget && total <= budget - bytes) {
+      l_->total.store(total + bytes, std::memory_order_relaxed);
+      me.reserved.store(me.reserved.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+      ok = true;
+    } else if (pass == 0) {
+      // Refused: first make sure the total is what the slots say (a hostile or broken writer
+      // could have left anything there), and give back the shares of members that are gone.
+      recount_if_wrong();
+      reclaim_dead();
+    } else {
+      shortfall_.store(total > budget - std::min(bytes, budget) ? total + bytes - budget : bytes,
+                       std::memory_order_relaxed);
+    }
+  }
+  unlock();
+  return ok;
+}
+
+void Member::release(std::size_t bytes) noexcept {
+  if (closed() || broken_.load(std::memory_order_relaxed)) return;
+  if (!lock()) return;
+  share::LedgerSlot& me = l_->slot[slot_];
+  const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
+  const std::uint64_t n = std::min<std::uint64_t>(bytes, held);
+  me.reserved.store(held - n, std::memory_order_relaxed);
+  sub_total(n);
+  unlock();
+}
+
+// One round: asks every other live member to give back idle cached memory, then waits for a
+// release, or for every asked member to have answered and then up to 10 ms more (memory that
+// becomes idle meanwhile is asked for in the next round). true: try the allocation again (a
+// release happened, or time is left); false: the deadline passed, or nobody could give.
+// The first two rounds ask only the members with the most idle memory (as last published) that
+// together cover the shortfall, each for its share, so one allocation does not empty every
+// cache of the group; later rounds ask everyone for all of it (the published figures may be up
+// to 250 ms old).
+bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) noexcept {
+  if (closed() || broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
+  if (share::monotonic_ns() >= deadline || !whole()) return false;
+  const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
+  std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
+  int nc = 0;
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    share::LedgerSlot& s = l_->slot[i];
+    if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive ||
+        s.pid.load(std::memory_order_relaxed) <= 0)
+      continue;
+    cand[nc++] = {i, s.cached.load(std::memory_order_relaxed)};
+  }
+  if (nc == 0) return false;  // alone in the group: nobody to ask
+  std::sort(cand, cand + nc, [](const auto& a, const auto& b) { return a.second > b.second; });
+  // The gate sees one physical unit at a time (expandable growth maps 16 MiB units), so its
+  // shortfall can be a unit where the allocation needs gigabytes: ask for the whole request's
+  // excess over the budget, or members give back one unit per round until the wait runs out.
+  const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
+  const std::uint64_t over = total + request > budget ? total + request - budget : 0;
+  const std::uint64_t need = std::max<std::uint64_t>(shortfall_.load(std::memory_order_relaxed), over);
+  std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
+  int n = 0;
+  std::uint64_t covered = 0;
+  for (int k = 0; k < nc; ++k) {
+    const bool covering = round <= 1;
+    if (covering && k > 0 && (covered >= need || cand[k].second == 0)) break;
+    share::LedgerSlot& s = l_->slot[cand[k].first];
+    // What this member is asked to give: in a covering round its share of the shortfall (what
+    // the members before it do not cover, at most its idle bytes as published; the whole rest
+    // if it published none), later the whole shortfall (the figures may be stale).
+    const std::uint64_t rest = need > covered ? need - covered : 0;
+    const std::uint64_t portion = covering && cand[k].second != 0 ? std::min(rest, cand[k].second) : need;
+    s.release_want.fetch_add(std::max<std::uint64_t>(portion, 1), std::memory_order_relaxed);
+    const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
+    futex_wake(&s.release_req, 1);
+    asked[n++] = {cand[k].first, req};
+    covered += cand[k].second;
+  }
+  const std::int64_t t = share::monotonic_ns();
+  std::int64_t logged = last_log_.load(std::memory_order_relaxed);
+  if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
+      last_log_.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
+    log_info(
+        "group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
+        "other member(s) for idle cached memory",
+        group_, device_, mib(l_->total.load()), mib(l_->budget), n);
+  }
+  std::int64_t answered_at = 0;
+  for (;;) {
+    if (l_->released.load(std::memory_order_acquire) != seen) return true;
+    const std::int64_t now = share::monotonic_ns();
+    if (now >= deadline) return false;
+    if (answered_at == 0) {
+      bool all = true;
+      for (int k = 0; k < n && all; ++k) {
+        share::LedgerSlot& s = l_->slot[asked[k].first];
+        if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
+            !seq_after_or_equal(s.release_ack.load(std::memory_order_acquire), asked[k].second))
+          all = false;
+      }
+      if (all) answered_at = now;
+    } else if (now - answered_at >= 10'000'000) {
+      return true;  // another round: ask again
+    }
+    futex_wait(&l_->released, seen, std::min<std::int64_t>(deadline - now, 2'000'000));
+  }
+}
+
+// The helper thread: waits for a release request up to `timeout_ns`; returns the request to
+// answer, or `last` when none came.
+std::uint32_t Member::wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept {
+  if (!whole()) return last;
+  share::LedgerSlot& me = l_->slot[slot_];
+  futex_wait(&me.release_req, last, timeout_ns);  // a truncated page: EFAULT, no signal
+  if (!whole()) return last;
+  return me.release_req.load(std::memory_order_acquire);
+}
+
+void Member::answered(std::uint32_t req, std::size_t freed) noexcept {
+  if (!whole()) return;
+  share::LedgerSlot& me = l_->slot[slot_];
+  if (freed != 0) {
+    me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
+    l_->released.fetch_add(1, std::memory_order_acq_rel);
+  }
+  me.release_ack.store(req, std::memory_order_release);
+  futex_wake(&l_->released, INT_MAX);
+}
+
+// The bytes the askers want back since the last call (0: asked by a member that names none).
+std::uint64_t Member::take_want() noexcept {
+  return whole() ? l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel) : 0;
+}
+
+void Member::publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
+  if (!whole()) return;
+  share::LedgerSlot& me = l_->slot[slot_];
+  me.cached.store(cached, std::memory_order_relaxed);
+  me.allocated.store(allocated, std::memory_order_relaxed);
+  me.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_release);
+}
+
+std::int64_t Member::outside_setting(const Policy& p) noexcept {
+  return p.group_pool_only ? kPoolOnly : p.group_outside < 0 ? kMeasure : p.group_outside;
+}
+
+std::uint64_t Member::total() noexcept {
+  return closed() ? closed_budget_ : whole() ? l_->total.load(std::memory_order_relaxed) : 0;
+}
+
+// The ledger's file still covers the mapping; else (truncated under us) the member leaves the
+// group, once, with a warning, and nothing touches the mapping again.
+bool Member::whole() noexcept {
+  if (closed() || broken_.load(std::memory_order_relaxed)) return false;
+  if (share::still_whole(map_)) return true;
+  if (!broken_.exchange(true, std::memory_order_relaxed))
+    log_warn(
+        "group {}: the ledger {} was truncated by another process of this user (or removed and replaced); this "
+        "process leaves the group and keeps only its own caps. Stop the group's processes and remove the file",
+        group_, path_);
+  return false;
+}
+
+// The device's used memory as the driver reports it (every process on it); false when it
+// cannot be had (no context current, no entry point).
+bool Member::device_used(std::uint64_t* used) const noexcept {
+  if (driver_ == nullptr || driver_->cuMemGetInfo_v2 == nullptr) return false;
+  std::size_t f = 0, t = 0;
+  if (driver_->cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS || t == 0 || f > t) return false;
+  *used = t - f;
+  return true;
+}
+
+// Under the lock, with a footprint budget measured from the device (group_outside_mb:auto):
+// memory in use on the device beyond what the group has counted — a context or library
+// workspace that appeared since, allocations the pool does not serve — is charged to this
+// member as memory outside its pool, so the total the budget bounds covers what the driver
+// shows. Memory the group counted but the device does not show (reservations about to be
+// made, members about to be reclaimed) is left alone: the charge only grows, until the member
+// is gone.
+void Member::charge_unexplained() noexcept {
+  if (outside_ != kMeasure) return;
+  std::uint64_t used = 0;
+  if (!device_used(&used)) return;
+  const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+  if (used <= total) return;
+  share::LedgerSlot& me = l_->slot[slot_];
+  me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), used - total), std::memory_order_relaxed);
+  l_->total.store(used, std::memory_order_relaxed);
+}
+
+void Member::refuse_closed(std::size_t bytes) noexcept {
+  const std::int64_t t = share::monotonic_ns();
+  std::int64_t logged = last_log_.load(std::memory_order_relaxed);
+  if ((logged == 0 || t - logged > 1'000'000'000) && last_log_.compare_exchange_strong(logged, t))
+    log_warn("group {}: refused {} on device {}: the group ledger {} {}", group_, mib(bytes), device_, path_,
+             closed_why_);
+}
+
+bool Member::lock() noexcept {
+  if (!whole()) return false;
+  timespec abs{};
+  clock_gettime(CLOCK_REALTIME, &abs);
+  abs.tv_sec += 2;
+  const int r = pthread_mutex_timedlock(&l_->mu, &abs);
+  if (r == 0) return true;
+  if (r == EOWNERDEAD) {
+    // The owner died inside a critical section: the slots are the truth.
+    recount_if_wrong();
+    pthread_mutex_consistent(&l_->mu);
+    log_warn("group {}: a member died holding the ledger's lock ({}); its figures were recounted", group_, path_);
+    return true;
+  }
+  broken_.store(true, std::memory_order_relaxed);
+  log_warn(
+      "group {}: the ledger {} could not be locked ({}); this process leaves the group and keeps only its "
+      "own caps. If a member is stopped (SIGSTOP, a debugger), resume or kill it; if no member runs, "
+      "remove the file",
+      group_, path_, r == ETIMEDOUT ? std::string("held for more than 2 s") : std::string(std::strerror(r)));
+  return false;
+}
+
+// Under the lock.
+void Member::recount_if_wrong() noexcept {
+  std::uint64_t sum = 0;
+  for (share::LedgerSlot& s : l_->slot) {
+    if (s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
+    sum = sat_add(sat_add(sum, s.reserved.load(std::memory_order_relaxed)), s.outside.load(std::memory_order_relaxed));
+  }
+  const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+  if (sum != total) {
+    log_warn("group {}: the ledger's total ({}) did not match its members' ({}); corrected", group_, mib(total),
+             mib(sum));
+    l_->total.store(sum, std::memory_order_relaxed);
+  }
+}
+
+// Under the lock: the total never goes below zero, whatever the file said.
+void Member::sub_total(std::uint64_t n) noexcept {
+  const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
+  l_->total.store(total - std::min(n, total), std::memory_order_relaxed);
+}
+
+// Under the lock: frees the slots of processes that are certainly gone and returns how many.
+// A slot of another PID namespace is never reclaimed here: its pid names no process of this
+// one, and whether it lives cannot be told (share::process_liveness). A slot with this
+// process's own pid and namespace that is not ours was left by the program this process was
+// before an exec (its memory went with its CUDA context): gone too.
+int Member::reclaim_dead() noexcept {
+  int n = 0;
+  const int self = static_cast<int>(::getpid());
+  const std::uint64_t ns = share::pid_namespace();
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    share::LedgerSlot& s = l_->slot[i];
+    if (i == slot_ || s.state.load(std::memory_order_relaxed) != share::kSlotLive) continue;
+    const int pid = s.pid.load(std::memory_order_relaxed);
+    const std::uint64_t slot_ns = s.pid_ns.load(std::memory_order_relaxed);
+    const bool own_pid = pid == self && slot_ns != 0 && slot_ns == ns;
+    if (!own_pid &&
+        share::process_liveness(pid, s.start_time.load(std::memory_order_relaxed), slot_ns) != share::Liveness::gone)
+      continue;
+    const std::uint64_t r = s.reserved.load(std::memory_order_relaxed);
+    sub_total(sat_add(r, s.outside.load(std::memory_order_relaxed)));
+    s.reserved.store(0, std::memory_order_relaxed);
+    s.outside.store(0, std::memory_order_relaxed);
+    s.cached.store(0, std::memory_order_relaxed);
+    s.allocated.store(0, std::memory_order_relaxed);
+    s.pid.store(0, std::memory_order_relaxed);
+    s.state.store(share::kSlotFree, std::memory_order_release);
+    log_info("group {}: reclaimed the slot of pid {} (gone), {} reserved", group_, pid, mib(r));
+    ++n;
+  }
+  return n;
+}
+
+Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
+                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
+  const unsigned uid = ::geteuid();
+  auto refuse = [&](const std::string& why) -> Member* {
+    log_warn(
+        "group {}: the ledger {} {}; this process keeps only its own caps (max_reserved_mb, "
+        "per_process_memory_fraction). Fix: stop the group's processes and remove the file, or use "
+        "another group name",
+        name, path, why);
+    return nullptr;
+  };
+  if (std::string why = share::check_dir(share::shm_dir()); !why.empty())
+    return refuse("cannot be used: its directory " + share::shm_dir() + " " + why);
+  share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
+  if (!m && m.foreign) {
+    struct stat st {};
+    const std::string owner = ::lstat(path.c_str(), &st) == 0 ? std::to_string(st.st_uid) : std::string("?");
+    const std::string why = m.error + " (owner uid " + owner +
+                            "): another user could have written it, so its budget "
+                            "cannot be trusted. Fix: remove the file (as its owner or root), or give this group "
+                            "another name (group:NAME), or point CUDAPOOL_SHM_DIR at a directory of your own";
+    log_warn("group {}: allocations on device {} will be refused: the group ledger {} {}", name, device, path, why);
+    return closed(path, name, device, budget, why);
+  }
+  if (!m) return refuse(m.error);
+  auto* l = static_cast<share::Ledger*>(m.addr);
+  if (m.created) {
+    if (!share::init_ledger(*l, uid, gpu, name, budget)) {
+      share::unmap(m);
+      ::unlink(path.c_str());
+      return refuse("could not be set up (robust process-shared mutexes unavailable)");
+    }
+  } else {
+    // Its creator may still be initialising it: a moment for the magic to appear.
+    for (int i = 0; i < 1000 && l->magic.load(std::memory_order_acquire) == 0; ++i) ::usleep(1000);
+  }
+  if (std::string why = share::validate_ledger(*l, uid, gpu, name); !why.empty()) {
+    share::unmap(m);
+    return refuse("is not usable: " + why);
+  }
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
+  if (mem == nullptr) return nullptr;
+  if (!mem->lock()) return nullptr;  // warned; the member is leaked with its mapping (rare)
+  mem->reclaim_dead();
+  const int pid = static_cast<int>(::getpid());
+  const std::uint64_t start = share::process_start_time(pid);
+  const std::uint64_t ns = share::pid_namespace();
+  int live = 0, slot = -1;
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    const bool free = l->slot[i].state.load(std::memory_order_relaxed) != share::kSlotLive;
+    if (free && slot < 0) slot = i;
+    if (!free) ++live;
+  }
+  if (slot < 0) {
+    mem->unlock();
+    return refuse("has no free slot (" + std::to_string(share::kLedgerSlots) + " live members)");
+  }
+  // Nobody else is in the group: the ledger outlived its members, and this policy sets the budget.
+  if (live == 0 && l->budget != budget) {
+    l->budget = budget;
+    l->total.store(0, std::memory_order_relaxed);
+  }
+  if (l->budget != budget)
+    log_warn(
+        "group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
+        "the group's holds",
+        name, mib(l->budget), mib(budget));
+  share::LedgerSlot& s = l->slot[slot];
+  s.pid.store(pid, std::memory_order_relaxed);
+  s.start_time.store(start, std::memory_order_relaxed);
+  s.pid_ns.store(ns, std::memory_order_relaxed);
+  s.reserved.store(0, std::memory_order_relaxed);
+  s.outside.store(0, std::memory_order_relaxed);
+  s.cached.store(0, std::memory_order_relaxed);
+  s.allocated.store(0, std::memory_order_relaxed);
+  s.released_bytes.store(0, std::memory_order_relaxed);
+  s.release_want.store(0, std::memory_order_relaxed);
+  s.release_ack.store(s.release_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
+  s.state.store(share::kSlotLive, std::memory_order_release);
+  mem->slot_ = slot;
+  // Memory the pool cannot give back (the context, libraries loaded with it) is charged now, so
+  // that a process that cannot fit is refused at its first allocation, not after it grew.
+  if (outside >= 0) {
+    s.outside.store(static_cast<std::uint64_t>(outside), std::memory_order_relaxed);
+    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
+                   std::memory_order_relaxed);
+  } else {
+    mem->charge_unexplained();
+  }
+  const std::uint64_t own = s.outside.load(std::memory_order_relaxed), total = l->total.load(std::memory_order_relaxed);
+  mem->unlock();
+  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s); {} outside the pool charged)", name, path,
+           slot, mib(l->budget), live, mib(own));
+  if (total > l->budget)
+    log_warn(
+        "group {}: this process's memory outside the pool (its CUDA context and libraries: {}) brings the group to "
+        "{} of its {} budget: its allocations are refused until other members give memory back. Raise "
+        "group_budget_mb, run fewer processes in the group, or set group_budget_counts:pool to bound the pools "
+        "only",
+        name, mib(own), mib(total), mib(l->budget));
+  return mem;
+}
+
+}  // namespace cudapool::shim::group

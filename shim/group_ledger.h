@@ -1,0 +1,122 @@
+// A process's place in a group ledger (docs/design.md, "The group ledger"; the layout is
+// shim/group_ledger_layout.h): the gate of one device's upstreams that keeps the group's bytes
+// under its budget, the asking side of cooperative release, the ledger words the answering side
+// (shim/group_responder.cpp) and the publisher (shim/group_publisher.cpp) use.
+//
+// Locking: the ledger's robust, process-shared mutex guards `total` and every slot's `reserved`
+// and `state`; it is held for a few loads and stores (plus, only when the budget refuses, a
+// liveness check of the other members). A member that dies holding it hands the next locker
+// EOWNERDEAD: the total is recounted from the slots, which are only written under the lock.
+// A lock that cannot be had within 2 s (a member stopped while holding it) makes this process
+// leave the group and keep its own caps: nothing wedges the group for good.
+// The ledger is a file another process of the user can truncate at any time; a mapped page past
+// its end raises SIGBUS. Every path that touches the mapping first checks the file's size
+// (share::still_whole, one fstat): a truncated ledger makes the member leave the group with a
+// warning. A ledger someone else could have written (another user's, a symbolic link, a mode
+// other than 0600) is never used: the member is closed, and every allocation its budget would
+// gate is refused with an error naming the file, its owner and the fix (fail closed: running
+// without the budget would let the group exceed it).
+// Lock order: pool lock -> ledger mutex (the upstream calls the gate under the pool lock). No
+// one waits for another process while holding either: the cooperative wait runs in the hook,
+// after the pool returned.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "config/policy.h"
+#include "shim/cuda_upstream.h"
+#include "shim/driver.h"
+#include "shim/group_ledger_layout.h"
+
+namespace cudapool::shim::group {
+
+// "12.5 MiB": sizes in the group's messages.
+std::string mib(std::uint64_t bytes);
+
+class Member final : public ReserveGate {
+ public:
+  // What the member charges as its memory outside the pool: bytes (group_outside_mb), or:
+  static constexpr std::int64_t kMeasure = -1;   // measured from the device (group_outside_mb:auto)
+  static constexpr std::int64_t kPoolOnly = -2;  // nothing: the budget counts the pools only
+  static std::int64_t outside_setting(const Policy& p) noexcept;
+
+  // Joins the ledger at `path` (creating it) as a new slot. nullptr (after a warning) when it
+  // cannot; a closed member (below) when the ledger cannot be trusted.
+  static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
+                      std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept;
+  // A member that refuses everything: the ledger at `path` cannot be trusted (`why`).
+  static Member* closed(const std::string& path, const std::string& name, int device, std::uint64_t budget,
+                        std::string why) noexcept;
+  bool closed() const noexcept { return l_ == nullptr; }
+
+  // The gate: `bytes` more for this member, if the group's total stays under the budget.
+  bool acquire(std::size_t bytes) noexcept override;
+  void release(std::size_t bytes) noexcept override;
+
+  // One round of asking the other members for idle cached memory (group::ask_release).
+  bool ask_release(std::int64_t deadline, int round, std::size_t request) noexcept;
+
+  // The answering side, for the responder thread: waits up to `timeout_ns` for a release request
+  // and returns the one to answer, or `last` when none came.
+  std::uint32_t wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;
+  // Request `req` was answered, `freed` bytes given back.
+  void answered(std::uint32_t req, std::size_t freed) noexcept;
+  std::uint32_t acked() noexcept { return whole() ? l_->slot[slot_].release_ack.load(std::memory_order_acquire) : 0; }
+  // The bytes the askers want back since the last call (0: asked by a member that names none).
+  std::uint64_t take_want() noexcept;
+
+  // The member's idle and live bytes, for the others' choice of whom to ask (every ~250 ms).
+  void publish(std::uint64_t cached, std::uint64_t allocated) noexcept;
+  std::uint64_t own_outside() noexcept { return whole() ? l_->slot[slot_].outside.load(std::memory_order_relaxed) : 0; }
+  // A closed member reports its budget as all taken (nothing can be had under it).
+  std::uint64_t budget() noexcept { return closed() ? closed_budget_ : whole() ? l_->budget : 0; }
+  std::uint64_t total() noexcept;
+  int device() const noexcept { return device_; }
+  const std::string& name() const noexcept { return group_; }
+  int wait_ms() const noexcept { return wait_ms_; }  // group_release_wait_ms
+  // Left the group (its ledger could not be locked, or was truncated): own caps only.
+  bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
+
+ private:
+  Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms,
+         const RealDriver* driver = nullptr, std::int64_t outside = kMeasure)
+      : driver_(driver),
+        outside_(outside),
+        map_(map),
+        l_(static_cast<share::Ledger*>(map.addr)),
+        slot_(slot),
+        device_(device),
+        path_(std::move(path)),
+        group_(std::move(name)),
+        wait_ms_(wait_ms) {}
+
+  bool whole() noexcept;
+  bool device_used(std::uint64_t* used) const noexcept;
+  void charge_unexplained() noexcept;
+  void refuse_closed(std::size_t bytes) noexcept;
+  bool lock() noexcept;
+  void unlock() noexcept { pthread_mutex_unlock(&l_->mu); }
+  void recount_if_wrong() noexcept;
+  void sub_total(std::uint64_t n) noexcept;
+  int reclaim_dead() noexcept;
+
+  const RealDriver* driver_;
+  std::int64_t outside_;  // bytes charged per process outside the pool, or kMeasure / kPoolOnly
+  share::Mapping map_;
+  share::Ledger* l_;  // null: a closed member
+  std::uint64_t closed_budget_ = 0;
+  std::string closed_why_;
+  int slot_;
+  int device_;
+  std::string path_;
+  std::string group_;
+  int wait_ms_;
+  std::atomic<bool> broken_{false};
+  std::atomic<std::uint64_t> requests_{0};   // release rounds asked for
+  std::atomic<std::uint64_t> shortfall_{0};  // bytes over the budget at the last refusal
+  std::atomic<std::int64_t> last_log_{0};    // rounds are logged at most once a second
+};
+
+}  // namespace cudapool::shim::group

@@ -1,0 +1,133 @@
+// The group ledger's layout: names, setting up, checking and reading (group_ledger_layout.h).
+#include "shim/group_ledger_layout.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+namespace cudapool::share {
+
+std::string ledger_path(unsigned uid, std::string_view gpu_uuid, std::string_view group) {
+  return shm_dir() + "/cudapool-" + std::to_string(uid) + "-g-" + std::string(gpu_uuid) + "-" + std::string(group);
+}
+
+namespace {
+
+bool bounded_equal(const char (&field)[kNameBytes], std::string_view want) {
+  const void* nul = std::memchr(field, '\0', kNameBytes);
+  if (nul == nullptr) return false;
+  return std::string_view(field) == want;
+}
+
+void copy_name(char (&field)[kNameBytes], std::string_view s) {
+  const std::size_t n = std::min(s.size(), kNameBytes - 1);
+  std::memcpy(field, s.data(), n);
+  field[n] = '\0';
+}
+
+}  // namespace
+
+std::string validate_ledger(const Ledger& l, unsigned uid, std::string_view gpu, std::string_view group) {
+  const std::uint64_t magic = l.magic.load(std::memory_order_acquire);
+  if (magic != kLedgerMagic) return "bad magic (not a cudapool group ledger, or its creator died setting it up)";
+  if (l.version != kLedgerVersion)
+    return "layout version " + std::to_string(l.version) + ", this library reads version " +
+           std::to_string(kLedgerVersion);
+  if (l.size != sizeof(Ledger))
+    return "header says " + std::to_string(l.size) + " bytes, expected " + std::to_string(sizeof(Ledger));
+  if (l.slots != kLedgerSlots)
+    return "header says " + std::to_string(l.slots) + " slots, expected " + std::to_string(kLedgerSlots);
+  if (l.uid != uid) return "header names uid " + std::to_string(l.uid);
+  if (l.budget == 0) return "budget 0";
+  if (!bounded_equal(l.group, group)) return "header names another group";
+  if (!bounded_equal(l.gpu, gpu)) return "header names another GPU";
+  return {};
+}
+
+bool init_ledger(Ledger& l, unsigned uid, std::string_view gpu, std::string_view group, std::uint64_t budget) {
+  l.version = kLedgerVersion;
+  l.size = sizeof(Ledger);
+  l.slots = kLedgerSlots;
+  l.uid = uid;
+  l.budget = budget;
+  copy_name(l.group, group);
+  copy_name(l.gpu, gpu);
+  pthread_mutexattr_t a;
+  if (pthread_mutexattr_init(&a) != 0) return false;
+  bool ok = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) == 0 &&
+            pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) == 0 && pthread_mutex_init(&l.mu, &a) == 0;
+  pthread_mutexattr_destroy(&a);
+  if (!ok) return false;
+  l.total.store(0, std::memory_order_relaxed);
+  l.magic.store(kLedgerMagic, std::memory_order_release);
+  return true;
+}
+
+bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView* out, std::string* why) {
+  if (bytes != sizeof(Ledger)) {
+    *why = std::to_string(bytes) + " bytes, not the " + std::to_string(sizeof(Ledger)) + " of this version's layout";
+    return false;
+  }
+  // A copy: the bytes need not be aligned, and nothing here touches the mutex.
+  auto l = std::make_unique<Ledger>();
+  std::memcpy(static_cast<void*>(l.get()), data, sizeof(Ledger));
+  const std::string group = bounded_string(l->group, sizeof l->group), gpu = bounded_string(l->gpu, sizeof l->gpu);
+  if (std::string w = validate_ledger(*l, uid, gpu, group); !w.empty()) {
+    *why = w;
+    return false;
+  }
+  out->group = group;
+  out->gpu = gpu;
+  out->budget = l->budget;
+  out->total = l->total.load(std::memory_order_relaxed);
+  out->live.clear();
+  for (std::uint32_t i = 0; i < kLedgerSlots; ++i) {
+    const LedgerSlot& sl = l->slot[i];
+    if (sl.state.load(std::memory_order_relaxed) != kSlotLive) continue;
+    SlotView v;
+    v.slot = static_cast<int>(i);
+    v.pid = sl.pid.load(std::memory_order_relaxed);
+    v.start_time = sl.start_time.load(std::memory_order_relaxed);
+    v.pid_ns = sl.pid_ns.load(std::memory_order_relaxed);
+    v.reserved = sl.reserved.load(std::memory_order_relaxed);
+    v.outside = sl.outside.load(std::memory_order_relaxed);
+    v.cached = sl.cached.load(std::memory_order_relaxed);
+    v.allocated = sl.allocated.load(std::memory_order_relaxed);
+    out->live.push_back(v);
+  }
+  return true;
+}
+
+std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* warnings) {
+  std::vector<LedgerView> out;
+  const std::string dir = shm_dir(), prefix = "cudapool-" + std::to_string(uid) + "-g-";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string path = dir + "/" + name;
+    Mapping m = open_file(path, sizeof(Ledger), false, 0);
+    if (m.fd < 0) {
+      if (warnings != nullptr) warnings->push_back(path + " " + m.error + "; skipped");
+      continue;
+    }
+    auto buf = std::make_unique<unsigned char[]>(sizeof(Ledger));
+    const ssize_t n = ::pread(m.fd, buf.get(), sizeof(Ledger), 0);
+    unmap(m);
+    LedgerView v;
+    std::string why;
+    if (!parse_ledger(buf.get(), n > 0 ? static_cast<std::size_t>(n) : 0, uid, &v, &why)) {
+      if (warnings != nullptr) warnings->push_back(path + " is not a valid group ledger (" + why + "); skipped");
+      continue;
+    }
+    out.push_back(std::move(v));
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace cudapool::share

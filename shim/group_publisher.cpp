@@ -1,0 +1,189 @@
+// The stats record and the members' published figures (shim/group_publisher.h).
+#include "shim/group_publisher.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "shim/log.h"
+
+namespace cudapool::shim::group {
+
+namespace {
+
+constexpr std::int64_t kPublishNs = 250'000'000;  // stats record and slot figures
+
+// The record of this process, under `mu` (remove_record reads the path at exit).
+struct Record {
+  std::mutex mu;
+  share::Mapping map;
+  std::string path;
+  int pid = 0;
+};
+
+// Made by the publisher thread when it starts, never destroyed (it may run while the process
+// exits). An atomic pointer rather than a function-local static: a fork while the publisher
+// thread was initialising one would leave the child's fork handler waiting on its guard.
+std::atomic<Record*> g_record{nullptr};
+
+std::string own_command() {
+  std::string out;
+  if (FILE* f = std::fopen("/proc/self/cmdline", "r")) {
+    int c;
+    while ((c = std::fgetc(f)) != EOF && out.size() < 1024) out += c == '\0' ? ' ' : static_cast<char>(c);
+    std::fclose(f);
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+struct DeviceFigures {
+  std::uint64_t reserved = 0, allocated = 0, inactive_split = 0, peak = 0, fence_waits = 0, external = 0;
+};
+
+DeviceFigures figures(ProcessPools& pools, int device) {
+  DeviceFigures f;
+  pools.for_each([&](int pool_device, DevicePool& pool) {
+    if (pool_device != device) return;
+    const Stats s = pool.stats();
+    f.reserved += static_cast<std::uint64_t>(s.reserved_bytes[kAll].current);
+    f.allocated += static_cast<std::uint64_t>(s.allocated_bytes[kAll].current);
+    f.inactive_split += static_cast<std::uint64_t>(s.inactive_split_bytes[kAll].current);
+    f.peak += static_cast<std::uint64_t>(s.reserved_bytes[kAll].peak);
+    f.fence_waits += static_cast<std::uint64_t>(s.fence_waits);
+    f.external += pool.external_bytes();
+  });
+  return f;
+}
+
+bool open_record(Record& rec, const std::string& group) {
+  const int pid = static_cast<int>(::getpid());
+  const std::string path = share::record_path(::geteuid(), pid);
+  if (std::string why = share::check_dir(share::shm_dir()); !why.empty()) {
+    log_warn("publish_stats: {} {}; `cudapool top` will not list this process", share::shm_dir(), why);
+    return false;
+  }
+  ::unlink(path.c_str());  // a record left by a dead process that had this pid
+  // Records of this user's processes that are gone (killed, or ended by _exit) go too.
+  share::read_records(::geteuid(), true, nullptr);
+  share::Mapping m = share::map_file(path, sizeof(share::ProcRecord), true);
+  if (!m || !m.created) {
+    log_warn("publish_stats: the stats record {} {}; `cudapool top` will not list this process", path,
+             m ? std::string("appeared while it was being created") : m.error);
+    share::unmap(m);
+    return false;
+  }
+  auto* r = static_cast<share::ProcRecord*>(m.addr);
+  r->version = share::kRecordVersion;
+  r->size = sizeof(share::ProcRecord);
+  r->pid = pid;
+  r->start_time = share::process_start_time(pid);
+  r->pid_ns = share::pid_namespace();
+  const std::string cmd = own_command();
+  std::snprintf(r->command, sizeof r->command, "%s", cmd.c_str());
+  std::snprintf(r->group, sizeof r->group, "%s", group.c_str());
+  share::seqlock_fence(std::memory_order_release);
+  r->magic = share::kRecordMagic;
+  rec.map = m;
+  rec.path = path;
+  rec.pid = pid;
+  return true;
+}
+
+// false: the record's file was truncated (by another process of the user): it is written no more.
+bool write_record(ProcessPools& pools, const Memberships& devices, Record& rec) {
+  if (!share::still_whole(rec.map)) {
+    log_warn(
+        "publish_stats: the stats record {} was truncated by another process; `cudapool top` will not list "
+        "this process any more",
+        rec.path);
+    return false;
+  }
+  auto* r = static_cast<share::ProcRecord*>(rec.map.addr);
+  int listed[kMaxDevices];
+  int n = 0;
+  pools.for_each([&](int device, DevicePool&) {
+    for (int i = 0; i < n; ++i)
+      if (listed[i] == device) return;
+    if (n < kMaxDevices) listed[n++] = device;
+  });
+  share::RecordDevice dev[kMaxDevices] = {};
+  for (int i = 0; i < n; ++i) {
+    const DeviceFigures f = figures(pools, listed[i]);
+    share::RecordDevice& d = dev[i];
+    d.device = listed[i];
+    d.reserved = f.reserved;
+    d.allocated = f.allocated;
+    d.cached = f.reserved > f.allocated ? f.reserved - f.allocated : 0;
+    d.inactive_split = f.inactive_split;
+    d.peak_reserved = f.peak;
+    d.fence_waits = f.fence_waits;
+    d.external = f.external;
+    const int slot = listed[i] >= 0 && listed[i] < kMaxDevices ? listed[i] : -1;
+    if (slot >= 0) {
+      d.ooms = devices.ooms[slot].load(std::memory_order_relaxed);
+      if (Member* m = devices.members[slot].load(); m != nullptr && !m->broken()) {
+        d.group_budget = m->budget();
+        d.group_reserved = m->total();
+        d.outside = m->own_outside();
+      }
+    }
+  }
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  r->seq.fetch_add(1, std::memory_order_acq_rel);  // odd: writing
+  share::seqlock_fence(std::memory_order_release);
+  std::memcpy(r->dev, dev, sizeof dev);
+  r->devices = static_cast<std::uint32_t>(n);
+  r->updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+  r->seq.fetch_add(1, std::memory_order_release);  // even: done
+  return true;
+}
+
+}  // namespace
+
+void publish(ProcessPools& pools, const Memberships& devices, bool publish_stats, const std::string& group) {
+  auto* made = new (std::nothrow) Record;
+  if (made == nullptr) return;
+  g_record.store(made, std::memory_order_release);
+  Record& rec = *made;
+  bool writing = false;
+  if (publish_stats) {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    writing = open_record(rec, group);
+  }
+  for (;;) {
+    if (pools.exiting()) return;
+    if (writing) writing = write_record(pools, devices, rec);
+    for (int d = 0; d < kMaxDevices; ++d) {
+      Member* m = devices.members[d].load();
+      if (m == nullptr || m->broken()) continue;
+      const DeviceFigures f = figures(pools, d);
+      m->publish(f.reserved > f.allocated ? f.reserved - f.allocated : 0, f.allocated);
+    }
+    timespec ts{0, kPublishNs};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+}
+
+void remove_record() noexcept {
+  Record* rec = g_record.load(std::memory_order_acquire);
+  if (rec == nullptr) return;
+  std::unique_lock<std::mutex> lock(rec->mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  if (!rec->path.empty() && rec->pid == static_cast<int>(::getpid())) ::unlink(rec->path.c_str());
+}
+
+void forget_record_in_child() noexcept {
+  // The parent's record object is left as it was (its mutex may have been held at fork); a
+  // publisher the child starts makes its own.
+  g_record.store(nullptr, std::memory_order_relaxed);
+}
+
+}  // namespace cudapool::shim::group

@@ -1,0 +1,14 @@
+// The answering side of cooperative release (shim/group.h): one thread per group member.
+#pragma once
+#include "shim/group.h"
+#include "shim/group_ledger.h"
+
+namespace cudapool::shim::group {
+
+// Answers `m`'s release requests for as long as the process runs: its device's pools give back
+// about what was asked of idle cached memory, the longest-cached first (DevicePool::release_idle:
+// whole free segments and units, pending memory only after its fence; never a live block). Runs
+// on its own thread; returns when the process exits or the member leaves the group.
+void respond(ProcessPools& pools, Member& m);
+
+}  // namespace cudapool::shim::group
