@@ -151,8 +151,8 @@ class FenceBatches {
 
   // ---- streams with an outstanding promotion fence ----
   const std::vector<StreamFree*>& promos() const { return promo_; }
-  void promo_add(StreamFree* sf) { promo_.push_back(sf); }
-  void promo_remove(StreamFree* sf);
+  void promo_add(StreamFree* stream_free) { promo_.push_back(stream_free); }
+  void promo_remove(StreamFree* stream_free);
 
   // ---- service_fences()' query back-off ----
   bool query_due(std::int64_t now) const { return now >= query_after_; }

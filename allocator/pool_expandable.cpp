@@ -131,10 +131,10 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
     // Pages move between the two ranges only when they have the same page size: a page is one
     // physical allocation upstream, which cannot be split, and merging small ones into a large
     // page would break the whole-page promise made at reserve().
-    if (xr.seg[k] == nullptr || xr.seg[k]->page != seg->page) continue;
+    if (ranges.seg[k] == nullptr || ranges.seg[k]->page != seg->page) continue;
     const FreeSet& set = shared[k];
     // Blocks smaller than a page hold no whole page.
-    for (auto it = set.lower_bound(detail::BySizeAddr::Key{xr.seg[k]->page, 0}); it != set.end(); ++it) {
+    for (auto it = set.lower_bound(detail::BySizeAddr::Key{ranges.seg[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
@@ -178,7 +178,7 @@ void DevicePool::Impl::pick_hot_units(const std::vector<Block*>& cands, std::siz
 }
 
 void DevicePool::Impl::drop_aliases() {
-  for (Drain& d : xr.draining) {
+  for (Drain& d : ranges.draining) {
     if (d.dropped || d.b->hot > batches.order_done()) continue;
     const std::int64_t t0 = now_ns();
     up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
@@ -190,16 +190,16 @@ void DevicePool::Impl::drop_aliases() {
 
 void DevicePool::Impl::reclaim_drained() {
   std::size_t keep = 0;
-  for (const Drain& d : xr.draining) {
+  for (const Drain& d : ranges.draining) {
     if (!d.dropped) {
-      xr.draining[keep++] = d;
+      ranges.draining[keep++] = d;
       continue;
     }
     // Later entries are still draining while this one merges: merging never takes them.
     d.b->state = BState::unmapped;
     merge_unmapped(d.b);
   }
-  xr.draining.resize(keep);
+  ranges.draining.resize(keep);
 }
 
 std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
@@ -249,16 +249,16 @@ std::size_t DevicePool::Impl::recycle_pages(const std::vector<Block*>& cands, st
 // together (what separate pools, PyTorch's, would hold); a hard limit still moves the pages.
 std::size_t DevicePool::Impl::bounce_allowance(const Segment* seg, std::size_t short_by) const {
   const int k = detail::kind_index(seg->small);
-  const Segment* other = xr.seg[1 - k];
+  const Segment* other = ranges.seg[1 - k];
   if (other == nullptr || other->page != seg->page) return 0;
-  return std::min({short_by, xr.lent[k], other->mapped});
+  return std::min({short_by, ranges.lent[k], other->mapped});
 }
 
 // Mapping is free below the high-water mark, and below the live peak plus the headroom (a bound
 // that does not move with the pool's own mapping, so growth into it cannot ratchet).
 std::size_t DevicePool::Impl::growth_cap() const {
   const auto live_peak = static_cast<double>(ledger.allocated_peak());
-  return std::max(xr.hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
+  return std::max(ranges.hwm, static_cast<std::size_t>(live_peak * (1.0 + opt.expandable_headroom)));
 }
 
 // Within the slack (PoolOptions::expandable_slack says why) growth past the cap still recycles
@@ -278,7 +278,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   *out = nullptr;
   const int k = detail::kind_index(small);
   const std::size_t g = limits.page_bytes(small, opt);
-  if (xr.seg[k] == nullptr) {
+  if (ranges.seg[k] == nullptr) {
     // About 9/8 of the device, like PyTorch: the mapped part can never fill the range, and one
     // range per pool kind keeps address space use bounded however many streams there are.
     const std::size_t total = limits.device_total();
@@ -290,10 +290,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     seg->expandable = true;
     seg->page = g;
     seg->head->state = BState::unmapped;
-    xr.seg[k] = seg;
-    xr.alias_ok = up.can_alias();
+    ranges.seg[k] = seg;
+    ranges.alias_ok = up.can_alias();
   }
-  Segment* seg = xr.seg[k];
+  Segment* seg = ranges.seg[k];
   note_reserved();
 
   // Plan; if the plan would take the mapped total above its high-water mark (or the limit),
@@ -305,7 +305,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   bool fences_tried = false;
   std::size_t bounced = 0;  // mapped fresh past the cap by the bounce rule
   for (;;) {
-    if (!xr.draining.empty()) reclaim_drained();  // before planning: it merges holes
+    if (!ranges.draining.empty()) reclaim_drained();  // before planning: it merges holes
     plan = plan_expandable(seg, rounded, stream);
     if (!plan) return UpstreamStatus::ok;  // range exhausted: classic segment instead
     const std::size_t reserved = ledger.reserved_bytes();
@@ -318,7 +318,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     hot_cands.clear();
     if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0, own = 0;
-    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, &own, xr.alias_ok ? &hot_cands : nullptr);
+    const std::size_t avail = recycle_candidates(seg, plan, cands, &hot, &own, ranges.alias_ok ? &hot_cands : nullptr);
     // What the own range's free pages cannot cover would come from the other range: pages it
     // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
     bounced = past_cap > own ? bounce_allowance(seg, past_cap - own) : 0;
@@ -342,7 +342,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       // Free pages reused under a GPU-side wait cannot move until its fences complete: past the
       // high-water mark, expandable_wait prefers waiting for them to mapping new memory, unless
       // the upstream can alias them (below), which needs no wait at all.
-      if (!changed && wait && !xr.alias_ok && avail + hot >= over && hot != 0) {
+      if (!changed && wait && !ranges.alias_ok && avail + hot >= over && hot != 0) {
         settle_ordered();
         changed = true;
       }
@@ -359,7 +359,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     if (avail < over) pick_hot_units(hot_cands, over - avail, hot_units);
     break;
   }
-  xr.lent[k] -= bounced;  // the other range keeps those pages as its own from now on
+  ranges.lent[k] -= bounced;  // the other range keeps those pages as its own from now on
   // Units recycled and not moved into the growth (a failure, more than needed, or too large
   // for what is left of a hole) are unmapped when this function returns, whatever the path.
   struct SpareGuard {
@@ -388,7 +388,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     return UpstreamStatus::out_of_memory;
   }
 
-  StreamFree* sf = stream_get(stream);
+  StreamFree* stream_free = stream_get(stream);
   UpstreamStatus failed = UpstreamStatus::ok;
   const std::size_t unit_cap = max_unit(seg);
   std::size_t placed = 0;  // bytes of the plan mapped or moved into place so far
@@ -422,7 +422,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         spare[q].used = true;
         if (us != UpstreamStatus::ok) continue;
         seg->units.emplace(at + done + (spare[q].base - from), spare[q].size);
-        if (!seg->holds(spare[q].base)) xr.moved_across(1 - k, spare[q].size);  // from the other range
+        if (!seg->holds(spare[q].base)) ranges.moved_across(1 - k, spare[q].size);  // from the other range
       }
       if (us == UpstreamStatus::ok) done += n;
       i = j;
@@ -451,7 +451,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
         ledger.device_map();
         ledger.device_alias();
         Block* old = release_page_range(src, h.base, h.base + n, none, nullptr, /*drain=*/true);
-        xr.draining.push_back(Drain{old});
+        ranges.draining.push_back(Drain{old});
         alias_hot = std::max(alias_hot, old->hot);
         emit(EventKind::segment_unmap, h.base, n, n, 0, now_ns() - t0);  // gone from the pool's view
         for (std::size_t q = i; q < j; ++q)
@@ -541,7 +541,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     // beside it makes one run.
     auto own = [&](const Block* n) { return n != nullptr && n->state == BState::local && n->owner == stream; };
     if (own(u->prev) || own(u->next))
-      insert_free(u, BState::local, stream, sf->sets[k]);
+      insert_free(u, BState::local, stream, stream_free->sets[k]);
     else
       insert_free(u, BState::shared, 0, shared[k]);
     return u;

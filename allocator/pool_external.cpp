@@ -5,23 +5,23 @@
 namespace cudapool {
 
 bool DevicePool::reserve_external(std::size_t bytes) {
-  Impl& I = *impl_;
+  Impl& pool = *impl_;
   std::size_t excess = 0;
   {
-    Impl::Guard lock(I.mu);
-    I.limits.ensure(I.up, I.opt);
-    if (I.limits.limit() != kNoLimit && bytes > I.limits.limit()) return false;  // larger than the limit itself
-    excess = I.limits.excess(I.ledger.reserved_bytes(), bytes);
+    Impl::Guard lock(pool.mu);
+    pool.limits.ensure(pool.up, pool.opt);
+    if (pool.limits.limit() != kNoLimit && bytes > pool.limits.limit()) return false;  // larger than the limit itself
+    excess = pool.limits.excess(pool.ledger.reserved_bytes(), bytes);
     if (excess == 0) {
-      I.limits.add_external(bytes);
+      pool.limits.add_external(bytes);
       return true;
     }
   }
   // Room from the pool's own idle cache, as an allocation of the pool would make it.
   release_idle(excess);
-  Impl::Guard lock(I.mu);
-  if (I.limits.excess(I.ledger.reserved_bytes(), bytes) != 0) return false;
-  I.limits.add_external(bytes);
+  Impl::Guard lock(pool.mu);
+  if (pool.limits.excess(pool.ledger.reserved_bytes(), bytes) != 0) return false;
+  pool.limits.add_external(bytes);
   return true;
 }
 

@@ -47,25 +47,25 @@ void DevicePool::Impl::complete_batch(Batch* batch) {
 }
 
 // The stream's promotion fence completed: its local blocks freed before it became shared.
-void DevicePool::Impl::complete_promo(StreamFree* sf) {
+void DevicePool::Impl::complete_promo(StreamFree* stream_free) {
   std::vector<Block*> covered;
-  for (FreeSet& set : sf->sets)
+  for (FreeSet& set : stream_free->sets)
     for (Block* b : set)
-      if (b->epoch <= sf->promo_epoch) covered.push_back(b);
+      if (b->epoch <= stream_free->promo_epoch) covered.push_back(b);
   for (Block* b : covered) {
-    FreeSet& set = sf->sets[detail::kind_index(b->seg->small)];
+    FreeSet& set = stream_free->sets[detail::kind_index(b->seg->small)];
     set.erase(b);
     if (b->is_split()) count_inactive_split(b, -1);
     insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
   }
-  drop_promo(sf);
+  drop_promo(stream_free);
 }
 
-void DevicePool::Impl::drop_promo(StreamFree* sf) {
-  if (sf->promo_fence == 0) return;
-  fences.release(sf->promo_fence);
-  sf->promo_fence = 0;
-  batches.promo_remove(sf);
+void DevicePool::Impl::drop_promo(StreamFree* stream_free) {
+  if (stream_free->promo_fence == 0) return;
+  fences.release(stream_free->promo_fence);
+  stream_free->promo_fence = 0;
+  batches.promo_remove(stream_free);
 }
 
 // Called by allocate() only when some fence work exists. The open batch stays open (no fence
@@ -89,9 +89,9 @@ void DevicePool::Impl::service_fences() {
   if (batches.sweep_retire(fences, complete)) running = true;
   const std::vector<StreamFree*>& promos = batches.promos();
   for (std::size_t i = 0; i < promos.size();) {
-    StreamFree* sf = promos[i];
-    if (fences.query(sf->promo_fence)) {
-      complete_promo(sf);  // removes promos[i]
+    StreamFree* stream_free = promos[i];
+    if (fences.query(stream_free->promo_fence)) {
+      complete_promo(stream_free);  // removes promos[i]
     } else {
       ++i;
       running = true;
@@ -101,7 +101,7 @@ void DevicePool::Impl::service_fences() {
     poll_ordered();
     batches.ordered_polled(now);
   }
-  if (!xr.draining.empty()) reclaim_drained();
+  if (!ranges.draining.empty()) reclaim_drained();
   batches.queried(now, running);
 }
 
@@ -129,13 +129,13 @@ bool DevicePool::Impl::drain_device_batches(bool urgent) {
   return completed;
 }
 
-// sf's promotion fence, recorded now on its stream: it covers the local blocks freed so far.
-void DevicePool::Impl::record_promo(StreamFree* sf, StreamId stream) {
-  sf->promo_fence = fences.record_stream(stream);
-  sf->promo_miss = slow_calls;
-  sf->promo_epoch = epoch;
+// stream_free's promotion fence, recorded now on its stream: it covers the local blocks freed so far.
+void DevicePool::Impl::record_promo(StreamFree* stream_free, StreamId stream) {
+  stream_free->promo_fence = fences.record_stream(stream);
+  stream_free->promo_miss = slow_calls;
+  stream_free->promo_epoch = epoch;
   ledger.fence_recorded();
-  batches.promo_add(sf);
+  batches.promo_add(stream_free);
 }
 
 // A miss on `stream`: other streams' local blocks that could serve `rounded` get a fence on
@@ -144,12 +144,12 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
   const int k = detail::kind_index(is_small(rounded));
   bool promoted = false;
   for (auto& [sid, owned] : streams) {
-    StreamFree* sf = owned.get();
-    if (sid == stream || sf->sets[k].empty()) continue;
-    if ((*sf->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
-    if (sf->promo_fence == 0) record_promo(sf, sid);
-    if (fences.query(sf->promo_fence)) {
-      complete_promo(sf);
+    StreamFree* stream_free = owned.get();
+    if (sid == stream || stream_free->sets[k].empty()) continue;
+    if ((*stream_free->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
+    if (stream_free->promo_fence == 0) record_promo(stream_free, sid);
+    if (fences.query(stream_free->promo_fence)) {
+      complete_promo(stream_free);
       promoted = true;
     }
   }
@@ -225,13 +225,13 @@ bool DevicePool::Impl::order_scratch_batches() {
 
 void DevicePool::Impl::poll_ordered() {
   batches.poll_ordered(fences);
-  if (!xr.draining.empty()) drop_aliases();
+  if (!ranges.draining.empty()) drop_aliases();
 }
 
 void DevicePool::Impl::settle_ordered() {
   // Runs inside FenceBatches, which does not know the pool lock; this function holds it.
   batches.settle_ordered(fences, [&](FenceHandle f) NO_THREAD_SAFETY_ANALYSIS { return wait_fence(f, 0); });
-  if (!xr.draining.empty()) drop_aliases();
+  if (!ranges.draining.empty()) drop_aliases();
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`
@@ -267,25 +267,25 @@ bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
 }
 
 bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_wait) {
-  StreamFree* sf = stream_find(stream);
-  if (sf == nullptr || sf->empty()) return false;
-  if (sf->promo_fence == 0) {
+  StreamFree* stream_free = stream_find(stream);
+  if (stream_free == nullptr || stream_free->empty()) return false;
+  if (stream_free->promo_fence == 0) {
     // Recorded now, it will have passed by a later growth; waiting on it now would be a stream
     // synchronize, which this path never does.
-    record_promo(sf, stream);
+    record_promo(stream_free, stream);
     return false;
   }
-  if (fences.query(sf->promo_fence)) {
-    complete_promo(sf);
+  if (fences.query(stream_free->promo_fence)) {
+    complete_promo(stream_free);
     return true;
   }
-  if (!may_wait || sf->promo_miss == slow_calls) return false;  // recorded by this very miss
+  if (!may_wait || stream_free->promo_miss == slow_calls) return false;  // recorded by this very miss
   std::size_t covered = 0;
-  for (const FreeSet& set : sf->sets)
+  for (const FreeSet& set : stream_free->sets)
     for (const Block* b : set)
-      if (b->seg->expandable && b->epoch <= sf->promo_epoch) covered += b->size;
-  if (covered < need || !wait_fence(sf->promo_fence, stream)) return false;
-  complete_promo(sf);
+      if (b->seg->expandable && b->epoch <= stream_free->promo_epoch) covered += b->size;
+  if (covered < need || !wait_fence(stream_free->promo_fence, stream)) return false;
+  complete_promo(stream_free);
   return true;
 }
 
@@ -293,23 +293,24 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
 // cover `need`, a fence on the stream recorded now is waited for (a stream synchronize: what
 // PyTorch does before every unmap of expandable pages) and they all become shared.
 bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
-  StreamFree* sf = stream_find(stream);
-  if (sf == nullptr || sf->empty()) return false;
+  StreamFree* stream_free = stream_find(stream);
+  if (stream_free == nullptr || stream_free->empty()) return false;
   std::size_t local = 0;
-  for (const FreeSet& set : sf->sets)
+  for (const FreeSet& set : stream_free->sets)
     for (const Block* b : set)
       if (b->seg->expandable) local += b->size;
   if (local < need) return false;
-  return promote_all_now(sf, stream);
+  return promote_all_now(stream_free, stream);
 }
 
 // Every local block of the stream becomes shared: its promotion fence, recorded now unless the
 // outstanding one already covers them all, is waited for.
-bool DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
-  if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
-  if (sf->promo_fence == 0) record_promo(sf, stream);
-  if (!wait_fence(sf->promo_fence, stream)) return false;
-  complete_promo(sf);
+bool DevicePool::Impl::promote_all_now(StreamFree* stream_free, StreamId stream) {
+  if (stream_free->promo_fence != 0 && stream_free->promo_epoch != epoch)
+    drop_promo(stream_free);  // too old to cover all
+  if (stream_free->promo_fence == 0) record_promo(stream_free, stream);
+  if (!wait_fence(stream_free->promo_fence, stream)) return false;
+  complete_promo(stream_free);
   return true;
 }
 
@@ -321,41 +322,41 @@ void DevicePool::Impl::wait_all() {
   while (batches.retire_head() != nullptr && wait_fence(batches.retire_head()->fence, 0))
     complete_batch(batches.pop_retire());
   for (auto& [sid, owned] : streams) {
-    StreamFree* sf = owned.get();
-    if (sf->empty()) {
-      drop_promo(sf);
+    StreamFree* stream_free = owned.get();
+    if (stream_free->empty()) {
+      drop_promo(stream_free);
       continue;
     }
-    promote_all_now(sf, sid);
+    promote_all_now(stream_free, sid);
   }
 }
 
 void DevicePool::retire_stream(StreamId stream) {
-  Impl& I = *impl_;
-  Impl::Lock lk(I.mu);
-  I.tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
-  I.close_open();    // the open batch gets its fence before anything is waited on or retired
-  I.retired.insert(stream);
-  auto it = I.streams.find(stream);
-  if (it == I.streams.end()) return;
-  Impl::StreamFree* sf = it->second.get();
-  if (!sf->empty()) {
-    Impl::Batch* batch = I.batches.new_batch();
+  Impl& pool = *impl_;
+  Impl::Lock lk(pool.mu);
+  pool.tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
+  pool.close_open();    // the open batch gets its fence before anything is waited on or retired
+  pool.retired.insert(stream);
+  auto it = pool.streams.find(stream);
+  if (it == pool.streams.end()) return;
+  Impl::StreamFree* stream_free = it->second.get();
+  if (!stream_free->empty()) {
+    Impl::Batch* batch = pool.batches.new_batch();
     batch->stream = stream;
-    batch->fence = I.fences.record_stream(stream);
-    I.ledger.fence_recorded();
-    for (Impl::FreeSet& set : sf->sets) {
+    batch->fence = pool.fences.record_stream(stream);
+    pool.ledger.fence_recorded();
+    for (Impl::FreeSet& set : stream_free->sets) {
       for (Impl::Block* b : set) {
         b->state = BState::retiring;  // stays inactive (and counted so) but in no set
         batch->push(b);
       }
       set.clear();
     }
-    I.batches.add_retire(batch);
+    pool.batches.add_retire(batch);
   }
-  I.drop_promo(sf);
-  if (I.last_sf == sf) I.last_sf = nullptr;
-  I.streams.erase(it);
+  pool.drop_promo(stream_free);
+  if (pool.last_stream_free == stream_free) pool.last_stream_free = nullptr;
+  pool.streams.erase(it);
 }
 
 }  // namespace cudapool

@@ -92,7 +92,7 @@ struct DevicePool::Impl {
   std::map<std::uintptr_t, Segment*> segments GUARDED_BY(mu);  // by base; slow paths and queries only
   FreeSet shared[2] GUARDED_BY(mu);
   std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams GUARDED_BY(mu);
-  StreamFree* last_sf GUARDED_BY(mu) = nullptr;  // one-entry cache in front of `streams`
+  StreamFree* last_stream_free GUARDED_BY(mu) = nullptr;  // one-entry cache in front of `streams`
   StreamId last_sid GUARDED_BY(mu) = 0;
 
   detail::FenceBatches batches GUARDED_BY(mu);  // what waits on which fence (fence_batches.h)
@@ -107,8 +107,8 @@ struct DevicePool::Impl {
   std::uint64_t searches[2] GUARDED_BY(mu) = {0, 0};
   detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
 
-  detail::Limits limits GUARDED_BY(mu);        // the reserve limit and the device facts it needs (limits.h)
-  detail::ExpandableRanges xr GUARDED_BY(mu);  // the expandable ranges' state (expandable_ranges.h)
+  detail::Limits limits GUARDED_BY(mu);            // the reserve limit and the device facts it needs (limits.h)
+  detail::ExpandableRanges ranges GUARDED_BY(mu);  // the expandable ranges' state (expandable_ranges.h)
 
   // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
   static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
@@ -123,23 +123,23 @@ struct DevicePool::Impl {
   }
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !xr.draining.empty(); }
+  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !ranges.draining.empty(); }
 
   StreamFree* stream_find(StreamId s) REQUIRES(mu) {
-    if (last_sf != nullptr && last_sid == s) return last_sf;
+    if (last_stream_free != nullptr && last_sid == s) return last_stream_free;
     auto it = streams.find(s);
     if (it == streams.end()) return nullptr;
-    last_sf = it->second.get();
+    last_stream_free = it->second.get();
     last_sid = s;
-    return last_sf;
+    return last_stream_free;
   }
   StreamFree* stream_get(StreamId s) REQUIRES(mu) {
-    if (StreamFree* sf = stream_find(s)) return sf;
+    if (StreamFree* stream_free = stream_find(s)) return stream_free;
     auto& slot = streams[s];
     slot = std::make_unique<StreamFree>(s, &arena);
-    last_sf = slot.get();
+    last_stream_free = slot.get();
     last_sid = s;
-    return last_sf;
+    return last_stream_free;
   }
 
   bool fits_oversize_rules(std::size_t rounded, std::size_t block) const {
@@ -160,8 +160,8 @@ struct DevicePool::Impl {
       auto it = sh.lower_bound(key);
       if (it != sh.end()) best = Fit{&sh, it};
     }
-    if (StreamFree* sf = stream_find(stream)) {
-      FreeSet& ls = sf->sets[k];
+    if (StreamFree* stream_free = stream_find(stream)) {
+      FreeSet& ls = stream_free->sets[k];
       if (!ls.empty()) {
         auto it = ls.lower_bound(key);
         if (it != ls.end() && (!best || detail::BySizeAddr{}(*it, *best.it))) best = Fit{&ls, it};
@@ -272,10 +272,10 @@ struct DevicePool::Impl {
 
   // An active block becomes free and local to `stream` (cudaFreeAsync meaning).
   void make_local(Block* b, StreamId stream) REQUIRES(mu) {
-    StreamFree* sf = stream_get(stream);
+    StreamFree* stream_free = stream_get(stream);
     deactivate(b);
     b->epoch = ++epoch;
-    insert_free(b, BState::local, stream, sf->sets[detail::kind_index(b->seg->small)]);
+    insert_free(b, BState::local, stream, stream_free->sets[detail::kind_index(b->seg->small)]);
   }
 
   void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
@@ -369,7 +369,7 @@ struct DevicePool::Impl {
   // its range lent the other one (ExpandableRanges::lent): at most `short_by`, the part of the
   // excess over the cap that its own free pages cannot cover.
   std::size_t bounce_allowance(const Segment* seg, std::size_t short_by) const REQUIRES(mu);
-  void note_reserved() REQUIRES(mu) { xr.note_reserved(ledger.reserved_bytes()); }
+  void note_reserved() REQUIRES(mu) { ranges.note_reserved(ledger.reserved_bytes()); }
   void merge_unmapped(Block* b) REQUIRES(mu);
   void count_runs_change(Block* piece, int sign) REQUIRES(mu);
   void destroy_expandable(Segment* seg) REQUIRES(mu);
@@ -377,7 +377,7 @@ struct DevicePool::Impl {
   // ---- aliased pages (pool_expandable.cpp; docs/design.md, "Moving pages still in use") ----
   // A growth past the high-water mark may take the pages of hot free blocks: the upstream maps
   // them a second time at the growth (Upstream::alias), the old range becomes a draining block
-  // (xr.draining), and its old mapping is removed once the GPU-side wait that made it hot
+  // (ranges.draining), and its old mapping is removed once the GPU-side wait that made it hot
   // completed. Memory then moves where a larger request needs it without a host wait and
   // without new pages.
   using Drain = detail::ExpandableRanges::Drain;
@@ -401,29 +401,32 @@ struct DevicePool::Impl {
       multi_threaded = true;
   }
   const std::uint64_t uid = new_pool_uid();  // this pool's key in every thread's cache list (never reused)
-  std::vector<std::shared_ptr<detail::ThreadCache>> tcaches GUARDED_BY(mu);  // registered caches, under mu
+  std::vector<std::shared_ptr<detail::ThreadBlockCache>> tcaches GUARDED_BY(mu);  // registered caches, under mu
   // This thread's cache for this pool, or null (no lock needed: thread-local list).
-  detail::ThreadCache* tc_find() const;
+  detail::ThreadBlockCache* tc_find() const;
   // Under mu: this thread's cache, created and registered on first use.
-  detail::ThreadCache* tc_create() REQUIRES(mu);
+  detail::ThreadBlockCache* tc_create() REQUIRES(mu);
   bool caches_on() const REQUIRES(mu) { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
   bool tc_may_cache(const Block* b) const REQUIRES(mu) {
-    return caches_on() && b->size <= detail::ThreadCache::kMaxBlock && b->size < opt.max_split_size;
+    return caches_on() && b->size <= detail::ThreadBlockCache::kMaxBlock && b->size < opt.max_split_size;
   }
-  // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.
-  void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded) REQUIRES(mu, tc.mu);
-  // Under mu and tc.mu: a lent entry becomes an ordinary allocated block again.
-  void tc_return_lent(detail::ThreadCache& tc, int i) REQUIRES(mu, tc.mu);
-  void tc_unlend(const detail::TcEntry& e) REQUIRES(mu);       // under mu: e's block is an allocated block again
-  void tc_merge(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: apply the stat deltas
-  // Under tc.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
+  // Under mu and cache.mu: hand an allocated block (just taken) to cache as lent.
+  void tc_checkout(detail::ThreadBlockCache& cache, Block* b, std::size_t rounded) REQUIRES(mu, cache.mu);
+  // Under mu and cache.mu: a lent entry becomes an ordinary allocated block again.
+  void tc_return_lent(detail::ThreadBlockCache& cache, int i) REQUIRES(mu, cache.mu);
+  void tc_unlend(const detail::CachedBlock& e) REQUIRES(mu);  // under mu: e's block is an allocated block again
+  void tc_merge(detail::ThreadBlockCache& cache)
+      REQUIRES(mu, cache.mu);  // under mu and cache.mu: apply the stat deltas
+  // Under cache.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
   // the open batch. True if blocks became free. Fence calls are made without the pool lock.
-  bool tc_service(detail::ThreadCache& tc) REQUIRES(tc.mu);
+  bool tc_service(detail::ThreadBlockCache& cache) REQUIRES(cache.mu);
   static constexpr std::int64_t kTcQueryGapNs = 2'000;
-  static constexpr std::int64_t kTcStaleNs = 1'000'000;        // a cache's batch untouched this long: its owner is idle
-  void tc_flush(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: merge, then return every block
-  void tc_flush_all() REQUIRES(mu);                            // under mu: every thread's cache
-  void tc_flush_fenced(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: its fenced batches only
+  static constexpr std::int64_t kTcStaleNs = 1'000'000;  // a cache's batch untouched this long: its owner is idle
+  void tc_flush(detail::ThreadBlockCache& cache)
+      REQUIRES(mu, cache.mu);        // under mu and cache.mu: merge, then return every block
+  void tc_flush_all() REQUIRES(mu);  // under mu: every thread's cache
+  void tc_flush_fenced(detail::ThreadBlockCache& cache)
+      REQUIRES(mu, cache.mu);  // under mu and cache.mu: its fenced batches only
   // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
   // into the pool's open batch (a miss: only their owner would close them otherwise). True if
   // any moved.
@@ -432,8 +435,8 @@ struct DevicePool::Impl {
   // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
   // allocated block; true if found.
   bool tc_reclaim_lent(std::uintptr_t p) REQUIRES(mu);
-  void tc_detach_all() EXCLUDES(mu);                   // pool teardown
-  static void tc_exit_flush(detail::ThreadCache& tc);  // thread exit (registry mutex held)
+  void tc_detach_all() EXCLUDES(mu);                           // pool teardown
+  static void tc_exit_flush(detail::ThreadBlockCache& cache);  // thread exit (registry mutex held)
 
   // ---- fences (pool_fences.cpp) ----
   void service_fences() REQUIRES(mu);
@@ -441,8 +444,8 @@ struct DevicePool::Impl {
   bool drain_device_batches(bool urgent = false) REQUIRES(mu);
   void close_open() REQUIRES(mu);
   void complete_batch(Batch* b) REQUIRES(mu);
-  void complete_promo(StreamFree* sf) REQUIRES(mu);
-  void drop_promo(StreamFree* sf) REQUIRES(mu);
+  void complete_promo(StreamFree* stream_free) REQUIRES(mu);
+  void drop_promo(StreamFree* stream_free) REQUIRES(mu);
   bool try_promote_for(std::size_t rounded, StreamId stream) REQUIRES(mu);
   bool wait_device_batches() REQUIRES(mu);
   // Expandable growth: the bytes of expandable-range blocks in recorded device batches, and the
@@ -458,9 +461,9 @@ struct DevicePool::Impl {
   bool sync_own(StreamId stream, std::size_t need) REQUIRES(mu);
   // Wait for a fence covering all of the stream's local blocks (recorded now unless the
   // outstanding one does), then they become shared. False when it cannot be waited for.
-  bool promote_all_now(StreamFree* sf, StreamId stream) REQUIRES(mu);
-  // sf->promo_fence = a fence recorded on `stream` now.
-  void record_promo(StreamFree* sf, StreamId stream) REQUIRES(mu);
+  bool promote_all_now(StreamFree* stream_free, StreamId stream) REQUIRES(mu);
+  // stream_free->promo_fence = a fence recorded on `stream` now.
+  void record_promo(StreamFree* stream_free, StreamId stream) REQUIRES(mu);
   // Memory pressure: every pending, retiring and local block becomes shared (host waits).
   void wait_all() REQUIRES(mu);
   // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at

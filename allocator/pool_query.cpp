@@ -12,7 +12,7 @@ DevicePool::Impl::~Impl() {
   tc_detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
   batches.release_all(fences);
-  for (const Drain& d : xr.draining)
+  for (const Drain& d : ranges.draining)
     if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
   for (auto& [base, seg] : segments) {
     if (seg->expandable)
@@ -42,12 +42,12 @@ FreeStatus DevicePool::Impl::diagnose_bad_free(std::uintptr_t p) {
 }
 
 std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
-  Impl& I = *impl_;
+  Impl& pool = *impl_;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  Impl::Guard lock(I.mu);
-  Impl::Segment* seg = I.segment_containing(p);
+  Impl::Guard lock(pool.mu);
+  Impl::Segment* seg = pool.segment_containing(p);
   if (seg == nullptr) return std::nullopt;
-  if (!I.tcaches.empty() && I.live.find(p) == nullptr) I.tc_reclaim_lent(p);  // lent via a thread cache
+  if (!pool.tcaches.empty() && pool.live.find(p) == nullptr) pool.tc_reclaim_lent(p);  // lent via a thread cache
   for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
     if (p < b->ptr || p >= b->ptr + b->size) continue;
     if (b->state != BState::allocated) return std::nullopt;
@@ -107,12 +107,12 @@ void DevicePool::reset_accumulated_stats() {
 }
 
 Snapshot DevicePool::snapshot() const {
-  Impl& I = *impl_;
-  Impl::Guard lock(I.mu);
-  I.tc_flush_all();
+  Impl& pool = *impl_;
+  Impl::Guard lock(pool.mu);
+  pool.tc_flush_all();
   Snapshot snap;
-  snap.segments.reserve(I.segments.size());
-  for (auto& [base, seg] : I.segments) {
+  snap.segments.reserve(pool.segments.size());
+  for (auto& [base, seg] : pool.segments) {
     // A classic segment is one entry; an expandable range one entry per mapped run.
     for (Impl::Block* first = seg->head; first != nullptr;) {
       if (!first->mapped()) {
@@ -120,7 +120,7 @@ Snapshot DevicePool::snapshot() const {
         continue;
       }
       SegmentInfo si;
-      si.device = I.device;
+      si.device = pool.device;
       si.address = first->ptr;
       si.stream = seg->stream;
       si.is_small = seg->small;
@@ -169,10 +169,10 @@ void DevicePool::Impl::forget_all() {
     segment_pool.put(seg);
   }
   segments.clear();
-  xr.forget();
+  ranges.forget();
   live.clear();
   for (FreeSet& s : shared) s.clear();
-  last_sf = nullptr;
+  last_stream_free = nullptr;
   streams.clear();
   retired.clear();
   batches.forget_all();
@@ -263,7 +263,7 @@ std::string DevicePool::Impl::check() const {
         case BState::draining:
           if (!seg->expandable) return fail("draining block in a classic segment", b);
           if (b->requested != 0) return fail("draining block keeps a requested size", b);
-          if (std::none_of(xr.draining.begin(), xr.draining.end(), [&](const Drain& d) { return d.b == b; }))
+          if (std::none_of(ranges.draining.begin(), ranges.draining.end(), [&](const Drain& d) { return d.b == b; }))
             return fail("draining block missing from the draining list", b);
           ++draining_blocks;
           break;
@@ -297,7 +297,7 @@ std::string DevicePool::Impl::check() const {
   const Stats& recount = recount_ledger.view();
   const Stats& st = ledger.view();
   std::size_t in_sets = shared[0].size() + shared[1].size();
-  for (auto& [sid, sf] : streams) in_sets += sf->sets[0].size() + sf->sets[1].size();
+  for (auto& [sid, stream_free] : streams) in_sets += stream_free->sets[0].size() + stream_free->sets[1].size();
   if (in_sets != free_blocks) return fail("free sets hold blocks that are not free", nullptr);
   if (live.size() != static_cast<std::size_t>(recount.allocation[kAll].current))
     return fail("pointer map size", nullptr);
@@ -305,7 +305,7 @@ std::string DevicePool::Impl::check() const {
   const std::size_t retire_batched = batches.retiring_count();
   if (batched != pending_blocks) return fail("pending blocks and batches disagree", nullptr);
   if (retire_batched != retiring_blocks) return fail("retiring blocks and batches disagree", nullptr);
-  if (xr.draining.size() != draining_blocks) return fail("draining list and draining blocks disagree", nullptr);
+  if (ranges.draining.size() != draining_blocks) return fail("draining list and draining blocks disagree", nullptr);
   if (pending_bytes != st.pending_bytes) return fail("pending_bytes stat", nullptr);
   auto same = [&](const StatArray& a, const StatArray& b, const char* name) {
     for (std::size_t i = 0; i < kNumStatPools; ++i)

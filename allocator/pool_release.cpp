@@ -120,17 +120,17 @@ std::size_t DevicePool::Impl::release_cached(Lock& lk) {
 }
 
 std::size_t DevicePool::release_idle(std::size_t want) {
-  Impl& I = *impl_;
+  Impl& pool = *impl_;
   if (want == 0) return 0;
-  Impl::Lock lk(I.mu);
-  I.tc_flush_all();    // blocks parked in threads' caches count as idle too
-  I.service_fences();  // fences that have passed, without waiting
-  std::size_t got = I.release_idle_now(lk, want);
+  Impl::Lock lk(pool.mu);
+  pool.tc_flush_all();    // blocks parked in threads' caches count as idle too
+  pool.service_fences();  // fences that have passed, without waiting
+  std::size_t got = pool.release_idle_now(lk, want);
   if (got < want) {
-    I.wait_all();
-    got += I.release_idle_now(lk, want - got);
+    pool.wait_all();
+    got += pool.release_idle_now(lk, want - got);
   }
-  I.emit(EventKind::empty_cache, 0, got, 0, 0);
+  pool.emit(EventKind::empty_cache, 0, got, 0, 0);
   return got;
 }
 
@@ -214,12 +214,12 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
 }
 
 std::size_t DevicePool::empty_cache() {
-  Impl& I = *impl_;
-  Impl::Lock lk(I.mu);
-  I.wait_all();
-  const std::size_t bytes = I.release_cached(lk);
-  I.ledger.empty_cache_call();
-  I.emit(EventKind::empty_cache, 0, bytes, 0, 0);
+  Impl& pool = *impl_;
+  Impl::Lock lk(pool.mu);
+  pool.wait_all();
+  const std::size_t bytes = pool.release_cached(lk);
+  pool.ledger.empty_cache_call();
+  pool.emit(EventKind::empty_cache, 0, bytes, 0, 0);
   return bytes;
 }
 

@@ -12,8 +12,8 @@
 namespace cudapool {
 
 using detail::BState;
-using detail::TcEntry;
-using detail::ThreadCache;
+using detail::CachedBlock;
+using detail::ThreadBlockCache;
 
 namespace {
 
@@ -28,70 +28,70 @@ std::atomic<std::uint64_t> next_uid{1};
 
 // This thread's caches, one per pool it used. At thread exit every cache still attached to a
 // live pool is flushed into it, so blocks parked here are never lost.
-struct ThreadCaches {
-  std::vector<std::shared_ptr<ThreadCache>> list;
-  ThreadCache* last = nullptr;  // one-entry cache: most threads use one pool
+struct ThisThreadCaches {
+  std::vector<std::shared_ptr<ThreadBlockCache>> list;
+  ThreadBlockCache* last = nullptr;  // one-entry cache: most threads use one pool
 
-  ~ThreadCaches() {
+  ~ThisThreadCaches() {
     std::lock_guard<std::mutex> reg(registry_mutex());
-    for (auto& tc : list)
-      if (tc->pool.load(std::memory_order_acquire) != nullptr) tc->exit_flush(*tc);  // else its pool is gone
+    for (auto& cache : list)
+      if (cache->pool.load(std::memory_order_acquire) != nullptr) cache->exit_flush(*cache);  // else its pool is gone
   }
 };
 
-thread_local ThreadCaches t_caches;
+thread_local ThisThreadCaches t_caches;
 
 }  // namespace
 
 std::uint64_t new_pool_uid() { return next_uid.fetch_add(1, std::memory_order_relaxed); }
 
-ThreadCache* DevicePool::Impl::tc_find() const {
-  ThreadCaches& tl = t_caches;
+ThreadBlockCache* DevicePool::Impl::tc_find() const {
+  ThisThreadCaches& tl = t_caches;
   if (tl.last != nullptr && tl.last->pool_uid == uid) return tl.last;
-  for (auto& tc : tl.list) {
-    if (tc->pool_uid == uid) {
-      tl.last = tc.get();
+  for (auto& cache : tl.list) {
+    if (cache->pool_uid == uid) {
+      tl.last = cache.get();
       return tl.last;
     }
   }
   return nullptr;
 }
 
-ThreadCache* DevicePool::Impl::tc_create() {
-  if (ThreadCache* tc = tc_find()) return tc;
-  ThreadCaches& tl = t_caches;
+ThreadBlockCache* DevicePool::Impl::tc_create() {
+  if (ThreadBlockCache* cache = tc_find()) return cache;
+  ThisThreadCaches& tl = t_caches;
   // Caches of destroyed pools are dead weight: drop them now.
-  std::erase_if(tl.list, [](const std::shared_ptr<ThreadCache>& c) {
+  std::erase_if(tl.list, [](const std::shared_ptr<ThreadBlockCache>& c) {
     return c->pool.load(std::memory_order_acquire) == nullptr;
   });
-  auto tc = std::make_shared<ThreadCache>();
-  tc->pool_uid = uid;
-  tc->exit_flush = &Impl::tc_exit_flush;
-  tc->pool.store(this, std::memory_order_release);
-  tcaches.push_back(tc);
-  tl.list.push_back(tc);
-  tl.last = tc.get();
+  auto cache = std::make_shared<ThreadBlockCache>();
+  cache->pool_uid = uid;
+  cache->exit_flush = &Impl::tc_exit_flush;
+  cache->pool.store(this, std::memory_order_release);
+  tcaches.push_back(cache);
+  tl.list.push_back(cache);
+  tl.last = cache.get();
   return tl.last;
 }
 
-void DevicePool::Impl::tc_exit_flush(ThreadCache& tc) {
-  auto* impl = static_cast<Impl*>(tc.pool.load(std::memory_order_acquire));
+void DevicePool::Impl::tc_exit_flush(ThreadBlockCache& cache) {
+  auto* impl = static_cast<Impl*>(cache.pool.load(std::memory_order_acquire));
   Guard pool_lock(impl->mu);
   {
-    Guard cache_lock(tc.mu);
-    impl->tc_flush(tc);
+    Guard cache_lock(cache.mu);
+    impl->tc_flush(cache);
   }
   auto& v = impl->tcaches;
-  std::erase_if(v, [&](const std::shared_ptr<ThreadCache>& c) { return c.get() == &tc; });
-  tc.pool.store(nullptr, std::memory_order_release);
+  std::erase_if(v, [&](const std::shared_ptr<ThreadBlockCache>& c) { return c.get() == &cache; });
+  cache.pool.store(nullptr, std::memory_order_release);
 }
 
-void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounded) {
+void DevicePool::Impl::tc_checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
   // A full table: one older block goes back to the pool (it stays allocated, uncached).
-  if (tc.nlent >= ThreadCache::kMaxLent) tc_return_lent(tc, tc.lent_any(b->ptr));
+  if (cache.nlent >= ThreadBlockCache::kMaxLent) tc_return_lent(cache, cache.lent_any(b->ptr));
   live.take(b->ptr);
   b->state = BState::tcache;
-  TcEntry e;
+  CachedBlock e;
   e.block = b;
   e.ptr = b->ptr;
   e.size = b->size;
@@ -100,10 +100,10 @@ void DevicePool::Impl::tc_checkout(ThreadCache& tc, Block* b, std::size_t rounde
   e.stream = b->owner;
   e.small = b->seg->small;
   e.split = b->is_split();
-  tc.lent_insert(e);
+  cache.lent_insert(e);
 }
 
-void DevicePool::Impl::tc_unlend(const TcEntry& e) {
+void DevicePool::Impl::tc_unlend(const CachedBlock& e) {
   Block* b = e.block;
   b->state = BState::allocated;
   b->owner = e.stream;
@@ -111,28 +111,28 @@ void DevicePool::Impl::tc_unlend(const TcEntry& e) {
   live.insert(b->ptr, b);
 }
 
-void DevicePool::Impl::tc_return_lent(ThreadCache& tc, int i) {
-  tc_unlend(tc.lent[i]);
-  tc.lent_erase(i);
+void DevicePool::Impl::tc_return_lent(ThreadBlockCache& cache, int i) {
+  tc_unlend(cache.lent[i]);
+  cache.lent_erase(i);
 }
 
-void DevicePool::Impl::tc_merge(ThreadCache& tc) {
-  if (!tc.dirty.load(std::memory_order_relaxed)) return;
-  ledger.merge(tc.delta);
-  tc.dirty.store(false, std::memory_order_relaxed);
+void DevicePool::Impl::tc_merge(ThreadBlockCache& cache) {
+  if (!cache.dirty.load(std::memory_order_relaxed)) return;
+  ledger.merge(cache.delta);
+  cache.dirty.store(false, std::memory_order_relaxed);
 }
 
-void DevicePool::Impl::tc_flush(ThreadCache& tc) {
-  tc_merge(tc);
+void DevicePool::Impl::tc_flush(ThreadBlockCache& cache) {
+  tc_merge(cache);
   // Every lent block back (no erase while walking: erasing shifts entries backwards).
-  for (TcEntry& e : tc.lent) {
+  for (CachedBlock& e : cache.lent) {
     if (e.ptr == 0) continue;
     tc_unlend(e);
-    e = TcEntry{};
+    e = CachedBlock{};
   }
-  tc.nlent = 0;
-  for (int i = 0; i < tc.nfree; ++i) {
-    const TcEntry& e = tc.free_[i];
+  cache.nlent = 0;
+  for (int i = 0; i < cache.nfree; ++i) {
+    const CachedBlock& e = cache.free_[i];
     Block* b = e.block;
     // Already counted inactive (and in inactive_split) by the merged deltas; insert_free
     // recounts the split after merging with neighbours.
@@ -142,34 +142,34 @@ void DevicePool::Impl::tc_flush(ThreadCache& tc) {
       insert_free(b, BState::shared, 0, shared[detail::kind_index(e.small)]);
       continue;
     }
-    StreamFree* sf = stream_get(e.stream);
+    StreamFree* stream_free = stream_get(e.stream);
     b->epoch = ++epoch;  // freed "now" as far as promotion fences go: later is only safer
-    insert_free(b, BState::local, e.stream, sf->sets[detail::kind_index(e.small)]);
+    insert_free(b, BState::local, e.stream, stream_free->sets[detail::kind_index(e.small)]);
   }
-  tc.nfree = 0;
-  tc.free_bytes = 0;
-  tc_flush_fenced(tc);
+  cache.nfree = 0;
+  cache.free_bytes = 0;
+  tc_flush_fenced(cache);
 }
 
 // Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
 // the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
 // and unallocated by the deltas, which are merged first.
-void DevicePool::Impl::tc_flush_fenced(ThreadCache& tc) {
-  if ((tc.npend | tc.nclosed) == 0) return;
-  tc_merge(tc);
-  auto to_pool_batch = [&](const TcEntry& e) REQUIRES(mu) {
+void DevicePool::Impl::tc_flush_fenced(ThreadBlockCache& cache) {
+  if ((cache.npend | cache.nclosed) == 0) return;
+  tc_merge(cache);
+  auto to_pool_batch = [&](const CachedBlock& e) REQUIRES(mu) {
     Block* b = e.block;
     b->state = BState::pending;
     b->requested = e.requested;
     b->owner = e.stream;
     add_pending_counted(b);
   };
-  for (int i = 0; i < tc.nclosed; ++i) to_pool_batch(tc.closed[i]);
-  for (int i = 0; i < tc.npend; ++i) to_pool_batch(tc.pend[i]);
-  tc.nclosed = tc.npend = 0;
-  if (tc.fence != 0) {
-    fences.release(tc.fence);
-    tc.fence = 0;
+  for (int i = 0; i < cache.nclosed; ++i) to_pool_batch(cache.closed[i]);
+  for (int i = 0; i < cache.npend; ++i) to_pool_batch(cache.pend[i]);
+  cache.nclosed = cache.npend = 0;
+  if (cache.fence != 0) {
+    fences.release(cache.fence);
+    cache.fence = 0;
   }
 }
 
@@ -181,45 +181,45 @@ void DevicePool::Impl::tc_flush_fenced(ThreadCache& tc) {
 bool DevicePool::Impl::tc_collect_fenced() {
   bool moved = false;
   std::int64_t now = 0;
-  for (auto& tc : tcaches) {
-    Guard g(tc->mu);
-    if ((tc->npend | tc->nclosed) == 0) continue;
+  for (auto& cache : tcaches) {
+    Guard g(cache->mu);
+    if ((cache->npend | cache->nclosed) == 0) continue;
     if (now == 0) now = clock_ns();
-    const bool open_stale = tc->npend == 0 || now - tc->pend_since >= kTcStaleNs;
-    const bool closed_stale = tc->nclosed == 0 || now - tc->closed_since >= kTcStaleNs;
+    const bool open_stale = cache->npend == 0 || now - cache->pend_since >= kTcStaleNs;
+    const bool closed_stale = cache->nclosed == 0 || now - cache->closed_since >= kTcStaleNs;
     if (!open_stale || !closed_stale) continue;
-    tc_flush_fenced(*tc);
+    tc_flush_fenced(*cache);
     moved = true;
   }
   return moved;
 }
 
 void DevicePool::Impl::tc_flush_all() {
-  for (auto& tc : tcaches) {
-    Guard g(tc->mu);
-    tc_flush(*tc);
+  for (auto& cache : tcaches) {
+    Guard g(cache->mu);
+    tc_flush(*cache);
   }
 }
 
 void DevicePool::Impl::tc_merge_own() {
-  ThreadCache* tc = tc_find();
-  if (tc != nullptr && tc->dirty.load(std::memory_order_relaxed)) {
-    Guard g(tc->mu);
-    tc_merge(*tc);
+  ThreadBlockCache* cache = tc_find();
+  if (cache != nullptr && cache->dirty.load(std::memory_order_relaxed)) {
+    Guard g(cache->mu);
+    tc_merge(*cache);
   }
 }
 
 bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
-  auto reclaim_from = [&](ThreadCache& tc) REQUIRES(mu) {
-    Guard g(tc.mu);
-    if (tc.nlent == 0) return false;
-    const int home = ThreadCache::slot_of(p);
-    for (int k = 0; k < ThreadCache::kLentSlots; ++k) {  // from p's home slot (p is usually a start)
-      const int i = (home + k) % ThreadCache::kLentSlots;
-      const TcEntry& e = tc.lent[i];
+  auto reclaim_from = [&](ThreadBlockCache& cache) REQUIRES(mu) {
+    Guard g(cache.mu);
+    if (cache.nlent == 0) return false;
+    const int home = ThreadBlockCache::slot_of(p);
+    for (int k = 0; k < ThreadBlockCache::kLentSlots; ++k) {  // from p's home slot (p is usually a start)
+      const int i = (home + k) % ThreadBlockCache::kLentSlots;
+      const CachedBlock& e = cache.lent[i];
       if (e.ptr != 0 && p >= e.ptr && p < e.ptr + e.size) {
-        tc_merge(tc);  // its deltas describe this block's history
-        tc_return_lent(tc, i);
+        tc_merge(cache);  // its deltas describe this block's history
+        tc_return_lent(cache, i);
         return true;
       }
     }
@@ -227,26 +227,26 @@ bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
   };
   // Usually the freeing thread lent it itself (e.g. free() of a lent block in a fenced pool):
   // look there first; other threads' caches only for cross-thread frees.
-  ThreadCache* own = tc_find();
+  ThreadBlockCache* own = tc_find();
   if (own != nullptr && reclaim_from(*own)) return true;
-  for (auto& tc : tcaches)
-    if (tc.get() != own && reclaim_from(*tc)) return true;
+  for (auto& cache : tcaches)
+    if (cache.get() != own && reclaim_from(*cache)) return true;
   return false;
 }
 
 void DevicePool::Impl::tc_detach_all() {
   std::lock_guard<std::mutex> reg(registry_mutex());
   Guard pool_lock(mu);
-  for (auto& tc : tcaches) {
-    Guard g(tc->mu);
-    for (TcEntry& e : tc->lent) e = TcEntry{};
-    if (tc->fence != 0) fences.release(tc->fence);
-    tc->fence = 0;
-    tc->nfree = tc->nlent = tc->npend = tc->nclosed = 0;
-    tc->free_bytes = 0;
-    tc->delta = detail::StatsDelta{};
-    tc->dirty.store(false, std::memory_order_relaxed);
-    tc->pool.store(nullptr, std::memory_order_release);
+  for (auto& cache : tcaches) {
+    Guard g(cache->mu);
+    for (CachedBlock& e : cache->lent) e = CachedBlock{};
+    if (cache->fence != 0) fences.release(cache->fence);
+    cache->fence = 0;
+    cache->nfree = cache->nlent = cache->npend = cache->nclosed = 0;
+    cache->free_bytes = 0;
+    cache->delta = detail::StatsDelta{};
+    cache->dirty.store(false, std::memory_order_relaxed);
+    cache->pool.store(nullptr, std::memory_order_release);
   }
   tcaches.clear();
 }

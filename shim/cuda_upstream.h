@@ -45,8 +45,6 @@ class CudaUpstream final : public Upstream {
   const RealDriver& driver() const noexcept { return d_; }
   // Set before the pool's first allocation (nullptr = no gate).
   void set_gate(ReserveGate* gate) noexcept { gate_ = gate; }
-  // Physical bytes taken through the gate and not given back (the context's share of the budget).
-  std::size_t gated_bytes() const noexcept { return gated_.load(std::memory_order_relaxed); }
   // The context is gone: its memory went with it, so its share of the budget goes back too.
   void drop_gated() noexcept;
   // The gate refused an allocation on this thread since the last clear (the hook then asks the
