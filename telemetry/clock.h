@@ -31,7 +31,6 @@ class StampClock {
 #endif
     return static_cast<std::uint64_t>(clock_ns(CLOCK_MONOTONIC));
   }
-  bool uses_tsc() const { return use_tsc_; }
 
   // Converts stamps taken since init() to epoch ns. begin_batch() takes a fresh anchor; the
   // conversion is linear between the two anchors. Results never go backwards (clamped).

@@ -24,7 +24,6 @@ bool SimUpstream::charge(std::size_t bytes) {
     return false;
   }
   used_ += bytes;
-  if (used_ > peak_used_) peak_used_ = used_;
   return true;
 }
 

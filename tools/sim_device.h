@@ -35,7 +35,6 @@ class SimUpstream : public Upstream {
   void unalias(void* addr, std::size_t bytes) override;
 
   std::size_t used() const { return used_; }
-  std::size_t peak_used() const { return peak_used_; }
   std::uint64_t calls() const { return calls_; }  // allocate + release + map + unmap
   std::uint64_t refusals() const { return refusals_; }
   // Expandable segments: physical allocations created, moved and released. Each costs the
@@ -47,7 +46,7 @@ class SimUpstream : public Upstream {
   std::uintptr_t take_addresses(std::size_t bytes);
   bool charge(std::size_t bytes);
   std::size_t total_, granularity_;
-  std::size_t used_ = 0, peak_used_ = 0;
+  std::size_t used_ = 0;
   std::uint64_t calls_ = 0, refusals_ = 0, unit_ops_ = 0;
   std::map<std::uintptr_t, std::size_t> units_;  // mapped physical allocations: base -> bytes
   // Takes the units inside [lo, hi) out of units_; returns them (address order).
