@@ -273,8 +273,10 @@ bool DevicePool::Impl::growth_within_slack(std::size_t rounded, bool small) cons
   return reserved + need <= bound && limits.admits(reserved, need);
 }
 
-UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream,
-                                                 Block** out, bool may_wait) {
+UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) {
+  const std::size_t rounded = req.rounded;
+  const bool small = req.small;
+  const StreamId stream = req.stream;
   *out = nullptr;
   const int k = detail::kind_index(small);
   const std::size_t g = limits.page_bytes(small, opt);
@@ -329,25 +331,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
       std::stable_partition(cands.begin(), cands.end(), [seg](const Block* c) { return c->seg == seg; });
     if (avail < over && !fences_tried && !growth_within_slack(rounded, small)) {
       fences_tried = true;
-      // Cheapest first: own-stream local blocks whose stream fence (recorded by an earlier miss)
-      // has passed, or will (a wait on an older fence); pending free()s, the oldest device fence
-      // that frees enough; last, a fence on this stream recorded now (a stream synchronize).
-      // Each changes the free sets: search again, then plan again.
-      const bool wait = may_wait && opt.expandable_wait;
-      bool changed = promote_own(stream, over - avail, wait);
-      // Pending free()d pages reused at once with the GPU waiting beat both a host wait and
-      // recycling: nothing moves and nothing blocks.
-      if (!changed && opt.free_sync == FreeSync::gpu_wait) changed = order_device_batches(over - avail, small, true);
-      if (!changed && wait) changed = wait_device_batches_for(over - avail);
-      // Free pages reused under a GPU-side wait cannot move until its fences complete: past the
-      // high-water mark, expandable_wait prefers waiting for them to mapping new memory, unless
-      // the upstream can alias them (below), which needs no wait at all.
-      if (!changed && wait && !ranges.alias_ok && avail + hot >= over && hot != 0) {
-        settle_ordered();
-        changed = true;
-      }
-      if (!changed && wait) changed = sync_own(stream, over - avail);
-      if (changed) {
+      // Free pages that fences hold back (make_room); they change the free sets: search again,
+      // then plan again.
+      req.hot_bytes = hot;
+      if (make_room(lk, req, over - avail, Room::pages, may_wait) != Made::nothing) {
         if (Fit fit = find_fit(rounded, stream)) {
           *out = *fit.it;
           return UpstreamStatus::ok;
@@ -385,6 +372,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
   const std::size_t reserved = ledger.reserved_bytes();
   if (limits.refuses(reserved, to_map)) {
     emit(EventKind::oom, 0, to_map, to_map, stream);
+    req.refused(Refusal::limit);
     return UpstreamStatus::out_of_memory;
   }
 
@@ -496,7 +484,10 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, std::size_t rounded, 
     const std::int64_t dt = now_ns() - t0;
     ledger.upstream_time(dt);
     if (us != UpstreamStatus::ok) {
-      if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, at, amount, amount, stream, dt);
+      if (us == UpstreamStatus::out_of_memory) {
+        emit(EventKind::oom, at, amount, amount, stream, dt);
+        req.refused(us);
+      }
       failed = us;
       return nullptr;  // pages mapped so far stay as free blocks: nothing is inconsistent
     }

@@ -295,9 +295,45 @@ struct DevicePool::Impl {
   }
 
   // ---- the miss path (pool_miss.cpp) ----
+  // One request for memory on a slow path: what it asks for, how far make_room has gone for
+  // it, and why it was refused (AllocResult).
+  struct Request {
+    std::size_t size = 0;  // what the caller asked for
+    std::size_t rounded = 0;
+    bool small = false;
+    StreamId stream = 0;
+    int reuse_step = 0;         // make_room's next step for Room::reuse
+    int upstream_step = 0;      // ... and for Room::upstream
+    std::size_t hot_bytes = 0;  // Room::pages: bytes of hot free pages the growth could move (aliasing off)
+    std::size_t released = 0;   // Room::idle: bytes given back
+    Refusal refusal = Refusal::none;
+    int upstream_error = 0;
+    // A refusal; the group budget's sticks (it says other processes may give memory back).
+    void refused(Refusal why, int error_code = 0) {
+      if (refusal != Refusal::budget) refusal = why;
+      if (error_code != 0) upstream_error = error_code;
+    }
+    void refused(const UpstreamStatus& us) { refused(us.budget ? Refusal::budget : Refusal::device, us.error_code); }
+  };
+  // What a path needs memory for (make_room):
+  //  reuse:    a free block that fits `bytes`, from memory that fences or other streams hold back;
+  //  pages:    expandable growth past its cap: `bytes` of free pages of the ranges;
+  //  upstream: the upstream (or the limit) refused a growth: cached memory goes back;
+  //  idle:     `bytes` of idle cached memory given back (release_idle, reserve_external).
+  enum class Room : std::uint8_t { reuse, pages, upstream, idle };
+  // What make_room did: nothing more to do, free blocks to search again, memory given back to grow again.
+  enum class Made : std::uint8_t { nothing, blocks_freed, memory_released };
+  // The one way every path makes room, cheapest first; each call takes the next step that
+  // changes something (the steps in pool_miss.cpp). `may_wait`: the host may wait for a fence.
+  Made make_room(Lock& lk, Request& req, std::size_t bytes, Room kind, bool may_wait) REQUIRES(mu);
+  bool reuse_step(Request& req) REQUIRES(mu);
+  Made upstream_step(Lock& lk, Request& req) REQUIRES(mu);
+  bool free_pages(Request& req, std::size_t bytes, bool may_wait) REQUIRES(mu);
   AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) REQUIRES(mu);
   Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) REQUIRES(mu);
-  UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) REQUIRES(mu);
+  // A fresh block for req: expandable growth, else a classic segment.
+  UpstreamStatus grow(Lock& lk, Request& req, bool may_wait, Block** out) REQUIRES(mu);
+  UpstreamStatus new_segment(Lock& lk, Request& req, std::size_t seg_size, Block** out) REQUIRES(mu);
   // A segment of [base, base + size) with one block spanning it (its head), entered in `segments`;
   // classic and expandable segments alike, the caller sets the rest.
   Segment* add_segment(std::uintptr_t base, std::size_t size, bool small, StreamId stream) REQUIRES(mu);
@@ -322,8 +358,7 @@ struct DevicePool::Impl {
   // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
   // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
   // frees instead; *out may then be a free block that became usable (no pages mapped).
-  UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out, bool may_wait)
-      REQUIRES(mu);
+  UpstreamStatus grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) REQUIRES(mu);
   // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
   struct GrowPlan {
     Block* start = nullptr;      // forward: the first block of the run that grows (hole or free)

@@ -123,15 +123,10 @@ std::size_t DevicePool::release_idle(std::size_t want) {
   Impl& pool = *impl_;
   if (want == 0) return 0;
   Impl::Lock lk(pool.mu);
-  pool.tc_flush_all();    // blocks parked in threads' caches count as idle too
-  pool.service_fences();  // fences that have passed, without waiting
-  std::size_t got = pool.release_idle_now(lk, want);
-  if (got < want) {
-    pool.wait_all();
-    got += pool.release_idle_now(lk, want - got);
-  }
-  pool.emit(EventKind::empty_cache, 0, got, 0, 0);
-  return got;
+  Impl::Request req;
+  pool.make_room(lk, req, want, Impl::Room::idle, true);
+  pool.emit(EventKind::empty_cache, 0, req.released, 0, 0);
+  return req.released;
 }
 
 std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
