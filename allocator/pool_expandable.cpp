@@ -52,13 +52,13 @@ void DevicePool::Impl::merge_unmapped(Block* b) {
       n->prev->next = b;
     else
       b->seg->head = b;
-    block_pool.put(n);
+    store.block_pool.put(n);
   }
   while ((n = b->next) != nullptr && n->state == BState::unmapped) {
     b->size += n->size;
     b->next = n->next;
     if (n->next != nullptr) n->next->prev = b;
-    block_pool.put(n);
+    store.block_pool.put(n);
   }
 }
 
@@ -132,7 +132,7 @@ std::size_t DevicePool::Impl::recycle_candidates(const Segment* seg, const GrowP
     // physical allocation upstream, which cannot be split, and merging small ones into a large
     // page would break the whole-page promise made at reserve().
     if (ranges.seg[k] == nullptr || ranges.seg[k]->page != seg->page) continue;
-    const FreeSet& set = shared[k];
+    const FreeSet& set = store.shared[k];
     // Blocks smaller than a page hold no whole page.
     for (auto it = set.lower_bound(detail::BySizeAddr::Key{ranges.seg[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
@@ -288,7 +288,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
     void* base = nullptr;
     UpstreamStatus us = up.reserve(bytes, g, &base);
     if (us != UpstreamStatus::ok) return UpstreamStatus::ok;  // no range: classic segments instead
-    Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(base), bytes, small, stream);
+    Segment* seg = store.add_segment(reinterpret_cast<std::uintptr_t>(base), bytes, small, stream);
     seg->expandable = true;
     seg->page = g;
     seg->head->state = BState::unmapped;
@@ -335,7 +335,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
       // then plan again.
       req.hot_bytes = hot;
       if (make_room(lk, req, over - avail, Room::pages, may_wait) != Made::nothing) {
-        if (Fit fit = find_fit(rounded, stream)) {
+        if (Fit fit = store.find_fit(rounded, stream)) {
           *out = *fit.it;
           return UpstreamStatus::ok;
         }
@@ -376,7 +376,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
     return UpstreamStatus::out_of_memory;
   }
 
-  StreamFree* stream_free = stream_get(stream);
+  StreamFree* stream_free = store.stream_get(stream);
   UpstreamStatus failed = UpstreamStatus::ok;
   const std::size_t unit_cap = max_unit(seg);
   std::size_t placed = 0;  // bytes of the plan mapped or moved into place so far
@@ -492,7 +492,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
       return nullptr;  // pages mapped so far stay as free blocks: nothing is inconsistent
     }
     if (amount < u->size) {  // split the hole: the mapped piece and the unmapped rest
-      Block* rest = block_pool.get();
+      Block* rest = store.block_pool.get();
       rest->seg = seg;
       rest->state = BState::unmapped;
       if (back) {  // rest = the front, before u
@@ -532,9 +532,9 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
     // beside it makes one run.
     auto own = [&](const Block* n) { return n != nullptr && n->state == BState::local && n->owner == stream; };
     if (own(u->prev) || own(u->next))
-      insert_free(u, BState::local, stream, stream_free->sets[k]);
+      store.insert_free(u, BState::local, stream, stream_free->sets[k]);
     else
-      insert_free(u, BState::shared, 0, shared[k]);
+      store.insert_free(u, BState::shared, 0, store.shared[k]);
     return u;
   };
 
@@ -588,10 +588,10 @@ DevicePool::Impl::Block* DevicePool::Impl::release_page_range(Block* b, std::uin
   const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;
   const int k = detail::kind_index(seg->small);
-  shared[k].erase(b);
-  if (b->is_split()) count_inactive_split(b, -1);
+  store.shared[k].erase(b);
+  if (b->is_split()) store.count_inactive_split(b, -1);
   auto cut_after = [&](Block* x, std::uintptr_t at) REQUIRES(mu) {  // split x at address `at`, return the back
-    Block* r = block_pool.get();
+    Block* r = store.block_pool.get();
     r->ptr = at;
     r->size = x->ptr + x->size - at;
     r->seg = seg;
@@ -621,8 +621,8 @@ DevicePool::Impl::Block* DevicePool::Impl::release_page_range(Block* b, std::uin
   seg->mapped -= bytes;
   ledger.pages_unmapped(seg->small, bytes);
   if (!drain) merge_unmapped(mid);
-  if (head != nullptr) insert_free(head, BState::shared, 0, shared[k]);
-  if (tail != nullptr) insert_free(tail, BState::shared, 0, shared[k]);
+  if (head != nullptr) store.insert_free(head, BState::shared, 0, store.shared[k]);
+  if (tail != nullptr) store.insert_free(tail, BState::shared, 0, store.shared[k]);
   if (!drain) out.push_back(Detached{lo, bytes, true});
   return mid;
 }

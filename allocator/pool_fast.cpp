@@ -11,13 +11,7 @@ using detail::BState;
 
 DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, FenceProvider& fence_provider,
                        EventSink* event_sink)
-    : device(dev),
-      opt(options),
-      up(upstream),
-      fences(fence_provider),
-      sink(event_sink),
-      shared{FreeSet(detail::BySizeAddr{}, detail::ArenaAllocator<Block*>(&arena)),
-             FreeSet(detail::BySizeAddr{}, detail::ArenaAllocator<Block*>(&arena))} {}
+    : device(dev), opt(options), up(upstream), fences(fence_provider), sink(event_sink) {}
 
 DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences,
                        EventSink* sink)
@@ -194,20 +188,20 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
     }
   }
   if (!pool.multi_threaded) pool.note_thread();
-  if (!pool.retired.empty()) pool.retired.erase(stream);
+  if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
   if (pool.has_fence_work()) pool.service_fences();
-  Impl::Fit fit = pool.find_fit(rounded, stream);
+  Impl::Fit fit = pool.store.find_fit(rounded, stream);
   AllocResult r;
   Impl::Block* b;
   if (fit) {
-    b = pool.take(fit, rounded, size, stream);
+    b = pool.store.take(fit, rounded, size, stream);
     pool.ledger.cache_hit();
     pool.emit(EventKind::allocate, b->ptr, b->size, size, stream);
     r = {reinterpret_cast<void*>(b->ptr), AllocStatus::ok};
   } else {
     r = pool.allocate_slow(lk, size, rounded, stream);
     if (r.status != AllocStatus::ok) return r;
-    b = pool.live.find(reinterpret_cast<std::uintptr_t>(r.ptr));
+    b = pool.store.live.find(reinterpret_cast<std::uintptr_t>(r.ptr));
   }
   // Lend it through this thread's cache when its free could be stream-local: then the free and
   // the next allocation of the same size on the same stream skip the pool lock.
@@ -241,13 +235,14 @@ FreeStatus DevicePool::free(void* ptr) {
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.tc_merge_own();
-  Impl::Block* b = p != 0 ? pool.live.take(p) : nullptr;
-  if (b == nullptr && p != 0 && !pool.tcaches.empty() && pool.tc_reclaim_lent(p)) b = pool.live.take(p);
-  if (b == nullptr) return pool.diagnose_bad_free(p);
-  pool.unallocate(b);
+  Impl::Block* b = p != 0 ? pool.store.live.take(p) : nullptr;
+  if (b == nullptr && p != 0 && !pool.tcaches.empty() && pool.tc_reclaim_lent(p)) b = pool.store.live.take(p);
+  if (b == nullptr) return pool.store.diagnose_bad_free(p);
+  pool.store.unallocate(b);
   pool.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
-  if (pool.opt.free_sync == FreeSync::immediate && (pool.retired.empty() || pool.retired.count(b->owner) == 0)) {
-    pool.make_local(b, b->owner);
+  if (pool.opt.free_sync == FreeSync::immediate &&
+      (pool.store.retired.empty() || pool.store.retired.count(b->owner) == 0)) {
+    pool.store.make_local(b, b->owner);
   } else {
     // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
     // The fence is recorded once for the whole batch, when its window closes (add_pending).
@@ -267,13 +262,13 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.tc_merge_own();
-  Impl::Block* b = p != 0 ? pool.live.take(p) : nullptr;
-  if (b == nullptr && p != 0 && !pool.tcaches.empty() && pool.tc_reclaim_lent(p)) b = pool.live.take(p);
-  if (b == nullptr) return pool.diagnose_bad_free(p);
-  pool.unallocate(b);
+  Impl::Block* b = p != 0 ? pool.store.live.take(p) : nullptr;
+  if (b == nullptr && p != 0 && !pool.tcaches.empty() && pool.tc_reclaim_lent(p)) b = pool.store.live.take(p);
+  if (b == nullptr) return pool.store.diagnose_bad_free(p);
+  pool.store.unallocate(b);
   pool.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);
-  if (!pool.retired.empty()) pool.retired.erase(stream);
-  pool.make_local(b, stream);
+  if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
+  pool.store.make_local(b, stream);
   if (!pool.multi_threaded) pool.note_thread();
   if (pool.caches_on()) {
     // This thread frees on streams: later allocations may be lent through its cache.

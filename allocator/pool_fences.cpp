@@ -32,14 +32,14 @@ void DevicePool::Impl::complete_batch(Batch* batch) {
     b->link = nullptr;
     if (b->state == BState::pending) {
       ledger.pending_removed(b->size);
-      deactivate(b);
+      store.deactivate(b);
       // Its own fence covers whatever an older GPU-side wait covered. (order_device_batches sets
       // hot again after this for the batches it orders.)
       if (batch->fence != 0) b->hot = 0;
     } else if (b->is_split()) {
-      count_inactive_split(b, -1);  // retiring blocks were counted; insert_free recounts
+      store.count_inactive_split(b, -1);  // retiring blocks were counted; insert_free recounts
     }
-    insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
+    store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(b->seg->small)]);
     b = next;
   }
   if (batch->fence != 0) fences.release(batch->fence);
@@ -55,8 +55,8 @@ void DevicePool::Impl::complete_promo(StreamFree* stream_free) {
   for (Block* b : covered) {
     FreeSet& set = stream_free->sets[detail::kind_index(b->seg->small)];
     set.erase(b);
-    if (b->is_split()) count_inactive_split(b, -1);
-    insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
+    if (b->is_split()) store.count_inactive_split(b, -1);
+    store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(b->seg->small)]);
   }
   drop_promo(stream_free);
 }
@@ -133,7 +133,7 @@ bool DevicePool::Impl::drain_device_batches(bool urgent) {
 void DevicePool::Impl::record_promo(StreamFree* stream_free, StreamId stream) {
   stream_free->promo_fence = fences.record_stream(stream);
   stream_free->promo_miss = slow_calls;
-  stream_free->promo_epoch = epoch;
+  stream_free->promo_epoch = store.epoch;
   ledger.fence_recorded();
   batches.promo_add(stream_free);
 }
@@ -143,7 +143,7 @@ void DevicePool::Impl::record_promo(StreamFree* stream_free, StreamId stream) {
 bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
   const int k = detail::kind_index(is_small(rounded));
   bool promoted = false;
-  for (auto& [sid, owned] : streams) {
+  for (auto& [sid, owned] : store.streams) {
     StreamFree* stream_free = owned.get();
     if (sid == stream || stream_free->sets[k].empty()) continue;
     if ((*stream_free->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
@@ -267,7 +267,7 @@ bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
 }
 
 bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_wait) {
-  StreamFree* stream_free = stream_find(stream);
+  StreamFree* stream_free = store.stream_find(stream);
   if (stream_free == nullptr || stream_free->empty()) return false;
   if (stream_free->promo_fence == 0) {
     // Recorded now, it will have passed by a later growth; waiting on it now would be a stream
@@ -293,7 +293,7 @@ bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_w
 // cover `need`, a fence on the stream recorded now is waited for (a stream synchronize: what
 // PyTorch does before every unmap of expandable pages) and they all become shared.
 bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
-  StreamFree* stream_free = stream_find(stream);
+  StreamFree* stream_free = store.stream_find(stream);
   if (stream_free == nullptr || stream_free->empty()) return false;
   std::size_t local = 0;
   for (const FreeSet& set : stream_free->sets)
@@ -306,7 +306,7 @@ bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
 // Every local block of the stream becomes shared: its promotion fence, recorded now unless the
 // outstanding one already covers them all, is waited for.
 bool DevicePool::Impl::promote_all_now(StreamFree* stream_free, StreamId stream) {
-  if (stream_free->promo_fence != 0 && stream_free->promo_epoch != epoch)
+  if (stream_free->promo_fence != 0 && stream_free->promo_epoch != store.epoch)
     drop_promo(stream_free);  // too old to cover all
   if (stream_free->promo_fence == 0) record_promo(stream_free, stream);
   if (!wait_fence(stream_free->promo_fence, stream)) return false;
@@ -321,7 +321,7 @@ void DevicePool::Impl::wait_all() {
   wait_device_batches();
   while (batches.retire_head() != nullptr && wait_fence(batches.retire_head()->fence, 0))
     complete_batch(batches.pop_retire());
-  for (auto& [sid, owned] : streams) {
+  for (auto& [sid, owned] : store.streams) {
     StreamFree* stream_free = owned.get();
     if (stream_free->empty()) {
       drop_promo(stream_free);
@@ -336,9 +336,9 @@ void DevicePool::retire_stream(StreamId stream) {
   Impl::Lock lk(pool.mu);
   pool.tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
   pool.close_open();    // the open batch gets its fence before anything is waited on or retired
-  pool.retired.insert(stream);
-  auto it = pool.streams.find(stream);
-  if (it == pool.streams.end()) return;
+  pool.store.retired.insert(stream);
+  auto it = pool.store.streams.find(stream);
+  if (it == pool.store.streams.end()) return;
   Impl::StreamFree* stream_free = it->second.get();
   if (!stream_free->empty()) {
     Impl::Batch* batch = pool.batches.new_batch();
@@ -355,8 +355,7 @@ void DevicePool::retire_stream(StreamId stream) {
     pool.batches.add_retire(batch);
   }
   pool.drop_promo(stream_free);
-  if (pool.last_stream_free == stream_free) pool.last_stream_free = nullptr;
-  pool.streams.erase(it);
+  pool.store.erase_stream(stream);
 }
 
 }  // namespace cudapool

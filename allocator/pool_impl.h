@@ -33,6 +33,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "allocator/block_store.h"
 #include "allocator/blocks.h"
 #include "allocator/expandable_ranges.h"
 #include "allocator/fence_batches.h"
@@ -83,29 +84,11 @@ struct DevicePool::Impl {
   // On its own cache line: waiters spin on it without disturbing the data the owner works on.
   alignas(64) mutable detail::SpinLock mu;
 
-  // ---- storage (arena first: the sets below allocate from it and must die before it) ----
-  alignas(64) detail::NodeArena arena GUARDED_BY(mu);
-  detail::ObjectPool<Block> block_pool GUARDED_BY(mu);
-  detail::ObjectPool<Segment> segment_pool GUARDED_BY(mu);
-
-  detail::PtrMap<Block*> live GUARDED_BY(mu);                  // allocated blocks by start address
-  std::map<std::uintptr_t, Segment*> segments GUARDED_BY(mu);  // by base; slow paths and queries only
-  FreeSet shared[2] GUARDED_BY(mu);
-  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams GUARDED_BY(mu);
-  StreamFree* last_stream_free GUARDED_BY(mu) = nullptr;  // one-entry cache in front of `streams`
-  StreamId last_sid GUARDED_BY(mu) = 0;
+  detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
+  detail::BlockStore store GUARDED_BY(mu){opt, ledger};           // blocks, segments, free sets (block_store.h)
 
   detail::FenceBatches batches GUARDED_BY(mu);  // what waits on which fence (fence_batches.h)
-  // Streams retired and not seen since: a block allocated there and freed with free() under
-  // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
-  // on it), so it takes the device-fenced path instead. A later use of the same handle value
-  // means CUDA reused it for a new stream: it leaves the set.
-  std::unordered_set<StreamId> retired GUARDED_BY(mu);
-
-  std::uint64_t epoch GUARDED_BY(mu) = 0;       // bumped by every stream-local free
   std::uint64_t slow_calls GUARDED_BY(mu) = 0;  // allocate_slow() calls so far (promote_own: "recorded just now")
-  std::uint64_t searches[2] GUARDED_BY(mu) = {0, 0};
-  detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
 
   detail::Limits limits GUARDED_BY(mu);            // the reserve limit and the device facts it needs (limits.h)
   detail::ExpandableRanges ranges GUARDED_BY(mu);  // the expandable ranges' state (expandable_ranges.h)
@@ -124,159 +107,6 @@ struct DevicePool::Impl {
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !ranges.draining.empty(); }
-
-  StreamFree* stream_find(StreamId s) REQUIRES(mu) {
-    if (last_stream_free != nullptr && last_sid == s) return last_stream_free;
-    auto it = streams.find(s);
-    if (it == streams.end()) return nullptr;
-    last_stream_free = it->second.get();
-    last_sid = s;
-    return last_stream_free;
-  }
-  StreamFree* stream_get(StreamId s) REQUIRES(mu) {
-    if (StreamFree* stream_free = stream_find(s)) return stream_free;
-    auto& slot = streams[s];
-    slot = std::make_unique<StreamFree>(s, &arena);
-    last_stream_free = slot.get();
-    last_sid = s;
-    return last_stream_free;
-  }
-
-  bool fits_oversize_rules(std::size_t rounded, std::size_t block) const {
-    const std::size_t m = opt.max_split_size;
-    if (rounded < m && block >= m) return false;  // oversize blocks are not for small requests
-    if (rounded >= m && block - rounded >= opt.max_non_split_rounding) return false;
-    return true;
-  }
-
-  // Best fit for `rounded` on `stream`: the smaller of t's local candidate and the shared one.
-  Fit find_fit(std::size_t rounded, StreamId stream) REQUIRES(mu) {
-    const int k = detail::kind_index(is_small(rounded));
-    ++searches[k];
-    const detail::BySizeAddr::Key key{rounded, 0};
-    Fit best;
-    FreeSet& sh = shared[k];
-    if (!sh.empty()) {
-      auto it = sh.lower_bound(key);
-      if (it != sh.end()) best = Fit{&sh, it};
-    }
-    if (StreamFree* stream_free = stream_find(stream)) {
-      FreeSet& ls = stream_free->sets[k];
-      if (!ls.empty()) {
-        auto it = ls.lower_bound(key);
-        if (it != ls.end() && (!best || detail::BySizeAddr{}(*it, *best.it))) best = Fit{&ls, it};
-      }
-    }
-    if (best && !fits_oversize_rules(rounded, (*best.it)->size)) return Fit{};
-    return best;
-  }
-
-  void count_inactive_split(Block* b, int sign) REQUIRES(mu) {
-    ledger.inactive_split_changed(b->seg->small, b->size, sign);
-  }
-
-  // Turn the free block at `fit` into an allocated block of `rounded` bytes for `stream`,
-  // splitting off the rest when PyTorch's rules say so.
-  Block* take(Fit fit, std::size_t rounded, std::size_t requested, StreamId stream) REQUIRES(mu) {
-    Block* b = *fit.it;
-    const bool small = b->seg->small;
-    if (b->is_split()) count_inactive_split(b, -1);
-    const std::size_t rest = b->size - rounded;
-    const bool split = small ? rest >= kMinBlockSize : (rounded < opt.max_split_size && rest > kSmallSize);
-    if (split) {
-      // The remainder keeps b's place in the same set: same class, larger address.
-      Block* r = block_pool.get();
-      r->ptr = b->ptr + rounded;
-      r->size = rest;
-      r->seg = b->seg;
-      r->prev = b;
-      r->next = b->next;
-      if (b->next != nullptr) b->next->prev = r;
-      b->next = r;
-      r->state = b->state;
-      r->owner = b->owner;
-      r->epoch = b->epoch;
-      r->gc_base = b->gc_base;
-      r->hot = b->hot;
-      auto hint = fit.set->erase(fit.it);  // before b->size changes: the set is ordered by size
-      b->size = rounded;
-      fit.set->insert(hint, r);
-      count_inactive_split(r, +1);
-    } else {
-      fit.set->erase(fit.it);
-    }
-    b->state = BState::allocated;
-    b->owner = stream;
-    b->requested = requested;
-    ledger.block_allocated(small, b->size, requested);
-    live.insert(b->ptr, b);
-    return b;
-  }
-
-  // Allocated -> no longer allocated (still active until it becomes free).
-  void unallocate(Block* b) REQUIRES(mu) { ledger.block_unallocated(b->seg->small, b->size); }
-  // Active (allocated or pending) -> inactive.
-  void deactivate(Block* b) REQUIRES(mu) {
-    ledger.block_deactivated(b->seg->small, b->size, b->requested);
-    b->requested = 0;
-  }
-
-  static bool same_class(const Block* a, const Block* b) {
-    return a->state == b->state && (a->state != BState::local || a->owner == b->owner);
-  }
-  // b (being inserted) may swallow free neighbour n: same class, or b is local and n shared
-  // (making shared memory local is only more restrictive, so always safe; the reverse is not).
-  static bool can_absorb(const Block* b, const Block* n) {
-    return same_class(b, n) || (b->state == BState::local && n->state == BState::shared);
-  }
-  FreeSet& set_of(Block* n) REQUIRES(mu) {
-    const int k = detail::kind_index(n->seg->small);
-    return n->state == BState::shared ? shared[k] : stream_find(n->owner)->sets[k];
-  }
-
-  // Put an inactive block that is in no set and not counted in inactive_split into `set` as
-  // `state`, merging with free neighbours of the same class first.
-  void insert_free(Block* b, BState state, StreamId owner, FreeSet& set) REQUIRES(mu) {
-    b->state = state;
-    b->owner = owner;
-    // Loops: a local block that swallows a shared neighbour may then touch a local one.
-    Block* n;
-    while ((n = b->prev) != nullptr && can_absorb(b, n)) {
-      set_of(n).erase(n);
-      count_inactive_split(n, -1);
-      b->ptr = n->ptr;
-      b->size += n->size;
-      b->prev = n->prev;
-      if (n->prev != nullptr)
-        n->prev->next = b;
-      else
-        b->seg->head = b;
-      if (n->epoch > b->epoch) b->epoch = n->epoch;
-      if (n->hot > b->hot) b->hot = n->hot;
-      block_pool.put(n);
-    }
-    while ((n = b->next) != nullptr && can_absorb(b, n)) {
-      set_of(n).erase(n);
-      count_inactive_split(n, -1);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
-      if (n->epoch > b->epoch) b->epoch = n->epoch;
-      if (n->hot > b->hot) b->hot = n->hot;
-      block_pool.put(n);
-    }
-    if (b->is_split()) count_inactive_split(b, +1);
-    b->gc_base = searches[detail::kind_index(b->seg->small)];
-    set.insert(b);
-  }
-
-  // An active block becomes free and local to `stream` (cudaFreeAsync meaning).
-  void make_local(Block* b, StreamId stream) REQUIRES(mu) {
-    StreamFree* stream_free = stream_get(stream);
-    deactivate(b);
-    b->epoch = ++epoch;
-    insert_free(b, BState::local, stream, stream_free->sets[detail::kind_index(b->seg->small)]);
-  }
 
   void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
             std::int64_t ns = 0, bool on_stream = false) REQUIRES(mu) {
@@ -334,12 +164,8 @@ struct DevicePool::Impl {
   // A fresh block for req: expandable growth, else a classic segment.
   UpstreamStatus grow(Lock& lk, Request& req, bool may_wait, Block** out) REQUIRES(mu);
   UpstreamStatus new_segment(Lock& lk, Request& req, std::size_t seg_size, Block** out) REQUIRES(mu);
-  // A segment of [base, base + size) with one block spanning it (its head), entered in `segments`;
-  // classic and expandable segments alike, the caller sets the rest.
-  Segment* add_segment(std::uintptr_t base, std::size_t size, bool small, StreamId stream) REQUIRES(mu);
 
   // ---- giving memory back: GC, release_idle, empty_cache, the OOM path (pool_release.cpp) ----
-  void detach_segment(Block* b, std::vector<Detached>& out) REQUIRES(mu);
   std::size_t release_segments(Lock& lk, std::vector<Detached>& list) REQUIRES(mu);
   bool release_oversize(Lock& lk, std::size_t rounded) REQUIRES(mu);
   std::size_t release_cached(Lock& lk) REQUIRES(mu);
@@ -518,8 +344,6 @@ struct DevicePool::Impl {
   void settle_ordered() REQUIRES(mu);  // host-wait for every one of them (before memory goes back)
 
   // ---- queries (pool_query.cpp) ----
-  FreeStatus diagnose_bad_free(std::uintptr_t p) REQUIRES(mu);
-  Segment* segment_containing(std::uintptr_t p) const REQUIRES(mu);
   std::string check() const REQUIRES(mu);
   void forget_all() REQUIRES(mu);
 };

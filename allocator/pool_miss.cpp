@@ -18,7 +18,7 @@ using detail::BState;
 using detail::now_ns;
 
 DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) {
-  Block* b = take(fit, rounded, size, stream);
+  Block* b = store.take(fit, rounded, size, stream);
   emit(EventKind::allocate, b->ptr, b->size, size, stream);
   return b;
 }
@@ -33,7 +33,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   // Memory that fences or other streams hold back, cheapest first: search again after each step
   // that freed blocks.
   while (make_room(lk, req, rounded, Room::reuse, true) != Made::nothing) {
-    if (Fit fit = find_fit(rounded, stream)) {
+    if (Fit fit = store.find_fit(rounded, stream)) {
       ledger.cache_hit();
       return allocated(serve(fit, rounded, size, stream));
     }
@@ -46,7 +46,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   for (Made made = Made::memory_released; made != Made::nothing;
        made = make_room(lk, req, rounded, Room::upstream, true)) {
     if (made == Made::blocks_freed) {
-      if (Fit fit = find_fit(rounded, stream)) return allocated(serve(fit, rounded, size, stream));
+      if (Fit fit = store.find_fit(rounded, stream)) return allocated(serve(fit, rounded, size, stream));
       continue;
     }
     Block* fresh = nullptr;
@@ -56,7 +56,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
     // for reusing cached blocks (a 5 MiB request gets its 20 MiB segment even when
     // max_split_size is 20 MiB). We hold the lock again here, so nobody else has taken it.
     if (us == UpstreamStatus::ok) {
-      FreeSet& set = set_of(fresh);
+      FreeSet& set = store.set_of(fresh);
       return allocated(serve(Fit{&set, set.find(fresh)}, rounded, size, stream));
     }
     if (us == UpstreamStatus::error)
@@ -173,22 +173,6 @@ UpstreamStatus DevicePool::Impl::grow(Lock& lk, Request& req, bool may_wait, Blo
   return new_segment(lk, req, segment_size_for(req.rounded), out);
 }
 
-DevicePool::Impl::Segment* DevicePool::Impl::add_segment(std::uintptr_t base, std::size_t size, bool small,
-                                                         StreamId stream) {
-  Segment* seg = segment_pool.get();
-  seg->base = base;
-  seg->size = size;
-  seg->stream = stream;
-  seg->small = small;
-  Block* b = block_pool.get();
-  b->ptr = base;
-  b->size = size;
-  b->seg = seg;
-  seg->head = b;
-  segments.emplace(base, seg);
-  return seg;
-}
-
 UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t seg_size, Block** out) {
   const bool small = req.small;
   const StreamId stream = req.stream;
@@ -223,14 +207,14 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
     }
     return us;
   }
-  Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(base), seg_size, small, stream);
+  Segment* seg = store.add_segment(reinterpret_cast<std::uintptr_t>(base), seg_size, small, stream);
   Block* b = seg->head;
   ledger.segment_added(small, seg_size);
   note_reserved();
   ledger.device_alloc();
   emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
   // Fresh memory has never been used by any stream: shared at once.
-  insert_free(b, BState::shared, 0, shared[detail::kind_index(small)]);
+  store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(small)]);
   *out = b;
   return UpstreamStatus::ok;
 }

@@ -89,7 +89,7 @@ void DevicePool::Impl::tc_exit_flush(ThreadBlockCache& cache) {
 void DevicePool::Impl::tc_checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
   // A full table: one older block goes back to the pool (it stays allocated, uncached).
   if (cache.nlent >= ThreadBlockCache::kMaxLent) tc_return_lent(cache, cache.lent_any(b->ptr));
-  live.take(b->ptr);
+  store.live.take(b->ptr);
   b->state = BState::tcache;
   CachedBlock e;
   e.block = b;
@@ -108,7 +108,7 @@ void DevicePool::Impl::tc_unlend(const CachedBlock& e) {
   b->state = BState::allocated;
   b->owner = e.stream;
   b->requested = e.requested;
-  live.insert(b->ptr, b);
+  store.live.insert(b->ptr, b);
 }
 
 void DevicePool::Impl::tc_return_lent(ThreadBlockCache& cache, int i) {
@@ -136,15 +136,15 @@ void DevicePool::Impl::tc_flush(ThreadBlockCache& cache) {
     Block* b = e.block;
     // Already counted inactive (and in inactive_split) by the merged deltas; insert_free
     // recounts the split after merging with neighbours.
-    if (e.split) count_inactive_split(b, -1);
+    if (e.split) store.count_inactive_split(b, -1);
     b->requested = 0;
     if (e.any_stream) {  // its device fence completed
-      insert_free(b, BState::shared, 0, shared[detail::kind_index(e.small)]);
+      store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(e.small)]);
       continue;
     }
-    StreamFree* stream_free = stream_get(e.stream);
-    b->epoch = ++epoch;  // freed "now" as far as promotion fences go: later is only safer
-    insert_free(b, BState::local, e.stream, stream_free->sets[detail::kind_index(e.small)]);
+    StreamFree* stream_free = store.stream_get(e.stream);
+    b->epoch = ++store.epoch;  // freed "now" as far as promotion fences go: later is only safer
+    store.insert_free(b, BState::local, e.stream, stream_free->sets[detail::kind_index(e.small)]);
   }
   cache.nfree = 0;
   cache.free_bytes = 0;
