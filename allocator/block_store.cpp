@@ -126,7 +126,8 @@ std::string BlockStore::check_segment(const Segment* seg, Tally& tally) const {
         return failure("mapped run end not page aligned", b);
     }
     if (b->seg != seg) return failure("block points at the wrong segment", b);
-    if (b->ptr != at || b->size == 0 || b->size % kMinBlockSize != 0) return failure("blocks do not tile the segment", b);
+    if (b->ptr != at || b->size == 0 || b->size % kMinBlockSize != 0)
+      return failure("blocks do not tile the segment", b);
     if (b->next != nullptr && b->next->prev != b) return failure("broken neighbour links", b);
     at += b->size;
     if (std::string e = check_block(b, tally); !e.empty()) return e;

@@ -13,8 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -31,7 +31,8 @@ namespace cudapool::detail {
 class BlockStore {
  public:
   BlockStore(const PoolOptions& opt, StatsLedger& ledger)
-      : shared{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena)), FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena))},
+      : shared{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena)),
+               FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena))},
         max_split_size_(opt.max_split_size),
         max_non_split_rounding_(opt.max_non_split_rounding),
         ledger_(ledger) {}
@@ -42,16 +43,16 @@ class BlockStore {
   NodeArena arena;
   ObjectPool<Block> block_pool;
   ObjectPool<Segment> segment_pool;
-  PtrMap<Block*> live;                             // allocated blocks by start address
-  std::map<std::uintptr_t, Segment*> segments;     // by base; slow paths and queries only
-  FreeSet shared[2];                               // by pool kind (kind_index)
+  PtrMap<Block*> live;                          // allocated blocks by start address
+  std::map<std::uintptr_t, Segment*> segments;  // by base; slow paths and queries only
+  FreeSet shared[2];                            // by pool kind (kind_index)
   std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams;
   // Streams retired and not seen since: a block allocated there and freed with free() under
   // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
   // on it), so it takes the device-fenced path instead. A later use of the same handle value
   // means CUDA reused it for a new stream: it leaves the set.
   std::unordered_set<StreamId> retired;
-  std::uint64_t epoch = 0;              // bumped by every stream-local free
+  std::uint64_t epoch = 0;             // bumped by every stream-local free
   std::uint64_t searches[2] = {0, 0};  // find_fit calls per pool kind (the GC age clock)
 
   // ---- streams ----

@@ -11,7 +11,7 @@ using detail::BState;
 
 DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, FenceProvider& fence_provider,
                        EventSink* event_sink)
-    : device(dev), opt(options), up(upstream), fences(fence_provider), sink(event_sink) {}
+    : device(dev), opt(options), up(upstream), fences(fence_provider), events{dev, event_sink} {}
 
 DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences,
                        EventSink* sink)
@@ -196,7 +196,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   if (fit) {
     b = pool.store.take(fit, rounded, size, stream);
     pool.ledger.cache_hit();
-    pool.emit(EventKind::allocate, b->ptr, b->size, size, stream);
+    pool.events.emit(EventKind::allocate, b->ptr, b->size, size, stream);
     r = {reinterpret_cast<void*>(b->ptr), AllocStatus::ok};
   } else {
     r = pool.allocate_slow(lk, size, rounded, stream);
@@ -239,7 +239,7 @@ FreeStatus DevicePool::free(void* ptr) {
   if (b == nullptr && p != 0 && !pool.tcaches.empty() && pool.tc_reclaim_lent(p)) b = pool.store.live.take(p);
   if (b == nullptr) return pool.store.diagnose_bad_free(p);
   pool.store.unallocate(b);
-  pool.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
+  pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
   if (pool.opt.free_sync == FreeSync::immediate &&
       (pool.store.retired.empty() || pool.store.retired.count(b->owner) == 0)) {
     pool.store.make_local(b, b->owner);
@@ -266,7 +266,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   if (b == nullptr && p != 0 && !pool.tcaches.empty() && pool.tc_reclaim_lent(p)) b = pool.store.live.take(p);
   if (b == nullptr) return pool.store.diagnose_bad_free(p);
   pool.store.unallocate(b);
-  pool.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);
+  pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);
   if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
   pool.store.make_local(b, stream);
   if (!pool.multi_threaded) pool.note_thread();

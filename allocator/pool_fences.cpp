@@ -101,7 +101,7 @@ void DevicePool::Impl::service_fences() {
     poll_ordered();
     batches.ordered_polled(now);
   }
-  if (!ranges.draining.empty()) reclaim_drained();
+  if (!ranges.draining.empty()) ranges.reclaim_drained();
   batches.queried(now, running);
 }
 
@@ -209,7 +209,7 @@ bool DevicePool::Impl::order_scratch_batches() {
   std::size_t bytes = 0;
   for (Batch* b = batches.device_head(); b != nullptr; b = b->next) bytes += b->bytes;
   ledger.gpu_wait();
-  emit(EventKind::gpu_wait, 0, bytes, 0, 0);
+  events.emit(EventKind::gpu_wait, 0, bytes, 0, 0);
   // The first order outstanding: service_fences() asks after kOrderedPollGapNs, not at once.
   if (!batches.has_ordered()) batches.ordered_polled(clock_ns());
   const std::uint64_t seq = batches.new_order();
@@ -225,13 +225,13 @@ bool DevicePool::Impl::order_scratch_batches() {
 
 void DevicePool::Impl::poll_ordered() {
   batches.poll_ordered(fences);
-  if (!ranges.draining.empty()) drop_aliases();
+  if (!ranges.draining.empty()) ranges.drop_aliases(batches.order_done());
 }
 
 void DevicePool::Impl::settle_ordered() {
   // Runs inside FenceBatches, which does not know the pool lock; this function holds it.
   batches.settle_ordered(fences, [&](FenceHandle f) NO_THREAD_SAFETY_ANALYSIS { return wait_fence(f, 0); });
-  if (!ranges.draining.empty()) drop_aliases();
+  if (!ranges.draining.empty()) ranges.drop_aliases(batches.order_done());
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`

@@ -46,16 +46,6 @@
 #include "allocator/thread_cache.h"
 
 namespace cudapool {
-namespace detail {
-
-// Host time of upstream calls (stats' upstream_ns, event durations): always the real clock, unlike
-// the pool's injectable clock_ns() that drives its fence timing.
-inline std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace detail
 
 std::uint64_t new_pool_uid();  // pool_tcache.cpp
 
@@ -79,7 +69,7 @@ struct DevicePool::Impl {
   const PoolOptions opt;
   Upstream& up;
   FenceProvider& fences;
-  EventSink* sink GUARDED_BY(mu);
+  detail::EventLog events GUARDED_BY(mu);  // the event sink (events.h)
 
   // On its own cache line: waiters spin on it without disturbing the data the owner works on.
   alignas(64) mutable detail::SpinLock mu;
@@ -90,8 +80,8 @@ struct DevicePool::Impl {
   detail::FenceBatches batches GUARDED_BY(mu);  // what waits on which fence (fence_batches.h)
   std::uint64_t slow_calls GUARDED_BY(mu) = 0;  // allocate_slow() calls so far (promote_own: "recorded just now")
 
-  detail::Limits limits GUARDED_BY(mu);            // the reserve limit and the device facts it needs (limits.h)
-  detail::ExpandableRanges ranges GUARDED_BY(mu);  // the expandable ranges' state (expandable_ranges.h)
+  detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
+  detail::ExpandableRanges ranges GUARDED_BY(mu){opt, up, limits, store, ledger, events};  // (expandable_ranges.h)
 
   // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
   static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
@@ -108,19 +98,15 @@ struct DevicePool::Impl {
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !ranges.draining.empty(); }
 
-  void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
-            std::int64_t ns = 0, bool on_stream = false) REQUIRES(mu) {
-    if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns, on_stream});
-  }
   // Every host wait on a fence goes through here: counted, and traced with its duration, since
   // a wait is where the pool can cost a program its CPU/GPU overlap. False, without waiting,
   // when the fence cannot be waited for now (FenceProvider::can_wait): its memory stays pending.
   [[nodiscard]] bool wait_fence(FenceHandle f, StreamId stream) REQUIRES(mu) {
     if (!fences.can_wait(f)) return false;
-    const std::int64_t t0 = sink != nullptr ? detail::now_ns() : 0;
+    const std::int64_t t0 = events.sink != nullptr ? detail::now_ns() : 0;
     fences.wait(f);
     ledger.fence_wait();
-    if (sink != nullptr) emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
+    if (events.sink != nullptr) events.emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
     return true;
   }
 
@@ -173,81 +159,20 @@ struct DevicePool::Impl {
   // release_idle's one pass over the free sets (no fence waits); bytes released.
   std::size_t release_idle_now(Lock& lk, std::size_t want) REQUIRES(mu);
 
-  // ---- expandable segments (pool_expandable.cpp) ----
-  // true: mapping what `rounded` needs stays within the slack above the live peak, where fresh
-  // pages are cheaper than a GPU-side wait (PoolOptions::expandable_slack).
-  bool growth_within_slack(std::size_t rounded, bool small) const REQUIRES(mu);
-  std::size_t growth_cap() const REQUIRES(mu);  // the mapped total growth may reach without fence work
-  // Map pages so that a free block usable by `stream` of >= rounded bytes exists; *out = it.
-  // Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with ok when
-  // the range has no room (the caller then falls back to a classic segment).
-  // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
-  // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
-  // frees instead; *out may then be a free block that became usable (no pages mapped).
+  // ---- expandable growth (pool_miss.cpp; the rules are ExpandableRanges') ----
+  // Map pages so that a free block usable by the request's stream of >= rounded bytes exists;
+  // *out = it. Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with
+  // ok when the range has no room (the caller then falls back to a classic segment).
+  // Before mapping beyond the high-water mark of reserved bytes it first makes room
+  // (make_room(pages), when `may_wait` it may wait) and recycles whole free pages elsewhere;
+  // *out may then be a free block that became usable (no pages mapped).
   UpstreamStatus grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) REQUIRES(mu);
-  // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
-  struct GrowPlan {
-    Block* start = nullptr;      // forward: the first block of the run that grows (hole or free)
-    Block* hole = nullptr;       // backward: the hole whose last pages join the free block after it
-    std::size_t to_map = 0;      // bytes of new pages
-    std::uintptr_t keep_lo = 0;  // [keep_lo, keep_hi): the blocks used and their neighbours,
-    std::uintptr_t keep_hi = 0;  // which recycling must not touch
-    explicit operator bool() const { return start != nullptr || hole != nullptr; }
-  };
-  GrowPlan plan_expandable(Segment* seg, std::size_t rounded, StreamId stream) REQUIRES(mu);
-  std::size_t releasable_pages(const Block* b) const REQUIRES(mu);
-  void release_pages(Block* b, std::vector<Detached>& out) REQUIRES(mu);
-  // Unmap the whole units [lo, hi) of shared free block b (lo, hi unit boundaries inside b);
-  // the units taken out are appended to `units_out` when given, in address order. With `drain`
-  // the pages were aliased elsewhere: the range becomes a draining block (nothing is appended to
-  // `out`: its old mapping goes later, through drop_aliases). Returns the block of [lo, hi).
-  Block* release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
-                            std::vector<detail::Unit>* units_out = nullptr, bool drain = false) REQUIRES(mu);
-  // The whole units inside [lo, hi) of a mapped run: [first unit's base, last unit's end), or
-  // an empty span (first == second) when no unit fits.
-  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const
-      REQUIRES(mu);
-  // The largest physical allocation growth may map in `seg` (a multiple of its page).
-  std::size_t max_unit(const Segment* seg) const {
-    const std::size_t want = opt.expandable_max_unit;
-    return want <= seg->page ? seg->page : want / seg->page * seg->page;
-  }
-  // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
-  // fewest whole pages first; returns their total releasable bytes. Hot blocks (Block::hot) are
-  // left out; *hot_bytes = what they would have added, and they go to `hot_out` (same order)
-  // when it is given. *own_bytes = the part of the total that lies in `seg` itself.
-  std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
-                                 std::size_t* hot_bytes, std::size_t* own_bytes,
-                                 std::vector<Block*>* hot_out = nullptr) const REQUIRES(mu);
-  // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
-  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const
-      REQUIRES(mu);
-  // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
-  // units are appended to `out`, to be moved into the growth.
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out)
-      REQUIRES(mu);
-  // The bytes past the growth cap that growth of `seg` maps fresh instead of taking back pages
-  // its range lent the other one (ExpandableRanges::lent): at most `short_by`, the part of the
-  // excess over the cap that its own free pages cannot cover.
-  std::size_t bounce_allowance(const Segment* seg, std::size_t short_by) const REQUIRES(mu);
-  void note_reserved() REQUIRES(mu) { ranges.note_reserved(ledger.reserved_bytes()); }
-  void merge_unmapped(Block* b) REQUIRES(mu);
-  void count_runs_change(Block* piece, int sign) REQUIRES(mu);
-  void destroy_expandable(Segment* seg) REQUIRES(mu);
-
-  // ---- aliased pages (pool_expandable.cpp; docs/design.md, "Moving pages still in use") ----
-  // A growth past the high-water mark may take the pages of hot free blocks: the upstream maps
-  // them a second time at the growth (Upstream::alias), the old range becomes a draining block
-  // (ranges.draining), and its old mapping is removed once the GPU-side wait that made it hot
-  // completed. Memory then moves where a larger request needs it without a host wait and
-  // without new pages.
+  bool plan_growth(Lock& lk, Request& req, detail::Growth& growth, bool may_wait, Block** out) REQUIRES(mu);
+  UpstreamStatus place_growth(Lock& lk, Request& req, detail::Growth& growth, Block** out) REQUIRES(mu);
+  Block* map_piece(Lock& lk, Request& req, detail::Growth& growth, Block* u, std::size_t amount, bool back,
+                   UpstreamStatus* failed) REQUIRES(mu);
+  UpstreamStatus fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) REQUIRES(mu);
   using Drain = detail::ExpandableRanges::Drain;
-  // Under mu, after order_done advanced: unalias every draining range whose order completed.
-  // Touches no block structure, so it may run anywhere.
-  void drop_aliases() REQUIRES(mu);
-  // Dropped draining blocks become unmapped holes, merged with their neighbours: only where no
-  // caller holds a pointer to an unmapped block (the start of growth, fence service).
-  void reclaim_drained() REQUIRES(mu);
 
   // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
   // Caches engage only once a second thread has used the pool: a single-threaded program (and a
@@ -267,7 +192,9 @@ struct DevicePool::Impl {
   detail::ThreadBlockCache* tc_find() const;
   // Under mu: this thread's cache, created and registered on first use.
   detail::ThreadBlockCache* tc_create() REQUIRES(mu);
-  bool caches_on() const REQUIRES(mu) { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
+  bool caches_on() const REQUIRES(mu) {
+    return (multi_threaded || opt.cache_from_first_thread) && events.sink == nullptr;
+  }
   bool tc_may_cache(const Block* b) const REQUIRES(mu) {
     return caches_on() && b->size <= detail::ThreadBlockCache::kMaxBlock && b->size < opt.max_split_size;
   }

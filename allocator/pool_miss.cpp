@@ -19,7 +19,7 @@ using detail::now_ns;
 
 DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) {
   Block* b = store.take(fit, rounded, size, stream);
-  emit(EventKind::allocate, b->ptr, b->size, size, stream);
+  events.emit(EventKind::allocate, b->ptr, b->size, size, stream);
   return b;
 }
 
@@ -63,7 +63,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
       return AllocResult{nullptr, AllocStatus::upstream_error, Refusal::none, us.error_code};
   }
   ledger.oom();
-  emit(EventKind::allocate_failure, 0, size, size, stream);
+  events.emit(EventKind::allocate_failure, 0, size, size, stream);
   return AllocResult{nullptr, AllocStatus::out_of_memory, req.refusal, req.upstream_error};
 }
 
@@ -96,7 +96,7 @@ DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::
 bool DevicePool::Impl::reuse_step(Request& req) {
   const std::size_t rounded = req.rounded;
   auto order = [&]() REQUIRES(mu) {
-    return opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, req.small) &&
+    return opt.free_sync == FreeSync::gpu_wait && !ranges.growth_within_slack(rounded, req.small) &&
            order_device_batches(rounded, req.small, false);
   };
   for (;;) {
@@ -179,7 +179,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
   limits.ensure(up, opt);
   if (limits.refuses(ledger.reserved_bytes(), seg_size)) {
     // Over the cap: refuse without asking the upstream, like PyTorch's memory fraction.
-    emit(EventKind::oom, 0, seg_size, seg_size, stream);
+    events.emit(EventKind::oom, 0, seg_size, seg_size, stream);
     req.refused(Refusal::limit);
     return UpstreamStatus::out_of_memory;
   }
@@ -202,7 +202,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
   ledger.upstream_time(dt);
   if (us != UpstreamStatus::ok) {
     if (us == UpstreamStatus::out_of_memory) {
-      emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
+      events.emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
       req.refused(us);
     }
     return us;
@@ -210,13 +210,173 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
   Segment* seg = store.add_segment(reinterpret_cast<std::uintptr_t>(base), seg_size, small, stream);
   Block* b = seg->head;
   ledger.segment_added(small, seg_size);
-  note_reserved();
+  ranges.note_reserved();
   ledger.device_alloc();
-  emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
+  events.emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
   // Fresh memory has never been used by any stream: shared at once.
   store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(small)]);
   *out = b;
   return UpstreamStatus::ok;
+}
+
+// ---- expandable growth: the order of the steps; expandable_ranges.cpp has the rules ----
+
+UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) {
+  *out = nullptr;
+  Segment* range = ranges.range_for(req.small, req.stream);
+  if (range == nullptr) return UpstreamStatus::ok;  // no range: classic segments instead
+  ranges.note_reserved();
+  detail::Growth growth;
+  growth.seg = range;
+  growth.kind = detail::kind_index(req.small);
+  growth.stream = req.stream;
+  if (!plan_growth(lk, req, growth, may_wait, out)) return UpstreamStatus::ok;  // *out, or range exhausted
+  ranges.lent[growth.kind] -= growth.bounced;  // the other range keeps those pages as its own from now on
+  // Units recycled and not moved into the growth (a failure, more than needed, or too large
+  // for what is left of a hole) are unmapped when this function returns, whatever the path.
+  struct SpareGuard {
+    Impl* impl;
+    Lock& lk;
+    std::vector<detail::Unit>& spare;
+    ~SpareGuard() {
+      std::vector<Detached> rest;
+      for (const detail::Unit& u : spare) {
+        if (u.used) continue;
+        if (!rest.empty() && rest.back().base + rest.back().size == u.base)
+          rest.back().size += u.size;  // one unmap call per contiguous run
+        else
+          rest.push_back(Detached{u.base, u.size, true});
+      }
+      impl->release_segments(lk, rest);
+    }
+  };
+  SpareGuard guard{this, lk, growth.spare};
+  // The limit, checked before any upstream call.
+  const std::size_t to_map = growth.plan.to_map;
+  if (limits.refuses(ledger.reserved_bytes(), to_map)) {
+    events.emit(EventKind::oom, 0, to_map, to_map, req.stream);
+    req.refused(Refusal::limit);
+    return UpstreamStatus::out_of_memory;
+  }
+  return place_growth(lk, req, growth, out);
+}
+
+// Plan; if the plan would take the mapped total above its high-water mark (or the limit), first
+// make room (once: memory that fences hold back), then recycle whole free pages. False: no plan
+// (the range is exhausted) or *out = a free block that became usable.
+bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growth, bool may_wait, Block** out) {
+  Segment* range = growth.seg;
+  bool room_tried = false;
+  for (;;) {
+    if (!ranges.draining.empty()) ranges.reclaim_drained();  // before planning: it merges holes
+    growth.plan = ranges.plan(range, req.rounded, req.stream);
+    if (!growth.plan) return false;  // range exhausted: classic segment instead
+    const std::size_t reserved = ledger.reserved_bytes();
+    const std::size_t to_map = growth.plan.to_map;
+    const std::size_t cap = ranges.growth_cap();
+    const std::size_t past_cap = reserved + to_map > cap ? reserved + to_map - cap : 0;
+    const std::size_t excess = limits.excess(reserved, to_map);
+    growth.bounced = 0;
+    if (std::max(past_cap, excess) == 0) return true;
+    growth.cands.clear();
+    growth.hot_cands.clear();
+    if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
+    std::size_t hot = 0, own = 0;
+    const std::size_t avail = ranges.recycle_candidates(range, growth.plan, batches.order_done(), growth.cands, &hot,
+                                                        &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
+    // What the own range's free pages cannot cover would come from the other range: pages it
+    // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
+    const std::size_t bounce = past_cap > own ? ranges.bounce_allowance(range, past_cap - own) : 0;
+    const std::size_t over = std::max(past_cap - bounce, excess);
+    growth.bounced = std::max(past_cap, excess) - over;  // what the rule really spares (a hard limit comes first)
+    if (over == 0) return true;
+    if (growth.bounced != 0)  // own pages first, the other range's only for what is left
+      std::stable_partition(growth.cands.begin(), growth.cands.end(),
+                            [range](const Block* c) { return c->seg == range; });
+    if (avail < over && !room_tried && !ranges.growth_within_slack(req.rounded, req.small)) {
+      room_tried = true;
+      // Free pages that fences hold back (make_room); they change the free sets: search again,
+      // then plan again.
+      req.hot_bytes = hot;
+      if (make_room(lk, req, over - avail, Room::pages, may_wait) != Made::nothing) {
+        if (Fit fit = store.find_fit(req.rounded, req.stream)) {
+          *out = *fit.it;
+          return false;
+        }
+        continue;
+      }
+    }
+    if (avail != 0) ranges.recycle_pages(growth.cands, std::min(over, avail), growth.spare);
+    if (avail < over) ranges.pick_hot_units(growth.hot_cands, over - avail, growth.hot_units);
+    return true;
+  }
+}
+
+// Map the plan: the back of its hole, or hole after hole from its start until the block that
+// grows covers the request.
+UpstreamStatus DevicePool::Impl::place_growth(Lock& lk, Request& req, detail::Growth& growth, Block** out) {
+  store.stream_get(req.stream);  // the pieces may become local to it
+  UpstreamStatus failed = UpstreamStatus::ok;
+  if (growth.plan.hole != nullptr) {
+    Block* cur = map_piece(lk, req, growth, growth.plan.hole, growth.plan.to_map, /*back=*/true, &failed);
+    if (cur == nullptr) return failed;
+    *out = cur;
+    return UpstreamStatus::ok;
+  }
+  const std::size_t page = growth.seg->page;
+  Block* cur = growth.plan.start;  // the block that grows to cover the request
+  while (cur->state == BState::unmapped || cur->size < req.rounded) {
+    Block* u = cur->state == BState::unmapped ? cur : cur->next;                  // the next hole to fill
+    if (u == nullptr || u->state != BState::unmapped) return UpstreamStatus::ok;  // cannot happen
+    const std::size_t have = cur->state == BState::unmapped ? 0 : cur->size;
+    const std::size_t want = (req.rounded - have + page - 1) / page * page;
+    cur = map_piece(lk, req, growth, u, std::min(u->size, want), /*back=*/false, &failed);
+    if (cur == nullptr) return failed;
+  }
+  *out = cur;
+  return UpstreamStatus::ok;
+}
+
+// Map `amount` bytes at the front (or the back) of hole u; the pages become a free block
+// (ExpandableRanges::add_mapped). Null on failure (*failed says why): the pages mapped so far
+// stay as free blocks, nothing is inconsistent.
+DevicePool::Impl::Block* DevicePool::Impl::map_piece(Lock& lk, Request& req, detail::Growth& growth, Block* u,
+                                                     std::size_t amount, bool back, UpstreamStatus* failed) {
+  const std::uintptr_t at = back ? u->ptr + u->size - amount : u->ptr;
+  const std::int64_t t0 = now_ns();
+  const UpstreamStatus us = fill(lk, growth, at, amount);
+  const std::int64_t dt = now_ns() - t0;
+  ledger.upstream_time(dt);
+  if (us != UpstreamStatus::ok) {
+    if (us == UpstreamStatus::out_of_memory) {
+      events.emit(EventKind::oom, at, amount, amount, req.stream, dt);
+      req.refused(us);
+    }
+    *failed = us;
+    return nullptr;
+  }
+  ranges.split_hole(u, amount, back);
+  return ranges.add_mapped(u, amount, req.stream, growth.alias_hot, dt);
+}
+
+// The pages of [at, at + amount): recycled units moved there first, then hot units aliased,
+// fresh units mapped for the rest; all or nothing.
+UpstreamStatus DevicePool::Impl::fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) {
+  std::size_t done = 0;
+  growth.alias_hot = 0;
+  UpstreamStatus us = ranges.move_spare(growth, at, amount, &done);
+  if (us == UpstreamStatus::ok) us = ranges.alias_hot_units(growth, at, amount, &done);
+  std::vector<Detached> unusable = ranges.take_unusable(growth, growth.plan.to_map - growth.placed - done);
+  release_segments(lk, unusable);
+  if (us == UpstreamStatus::ok) us = ranges.map_fresh(growth, at, amount, &done);
+  if (us != UpstreamStatus::ok && done != 0) {
+    // Fresh and recycled units only, but the rule stays simple: nothing goes back to the
+    // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
+    if (batches.has_ordered()) settle_ordered();
+    ranges.unmap_placed(growth.seg, at, done);
+  }
+  if (us == UpstreamStatus::ok) growth.placed += amount;
+  return us;
 }
 
 }  // namespace cudapool

@@ -16,7 +16,7 @@ DevicePool::Impl::~Impl() {
     if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
   for (auto& [base, seg] : store.segments) {
     if (seg->expandable)
-      destroy_expandable(seg);
+      ranges.destroy(seg);
     else
       up.release(reinterpret_cast<void*>(base), seg->size);
   }
@@ -135,7 +135,7 @@ int DevicePool::device() const { return impl_->device; }
 void DevicePool::set_event_sink(EventSink* sink) {
   Impl::Guard lock(impl_->mu);
   impl_->tc_flush_all();  // cached operations emit no events: none may continue under a new sink
-  impl_->sink = sink;
+  impl_->events.sink = sink;
 }
 
 // Forget every segment without calling the upstream or the fence provider: the context that

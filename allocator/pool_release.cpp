@@ -50,10 +50,10 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
     ledger.upstream_time(ns[i]);
     if (list[i].unmap) {
       ledger.device_unmap();
-      emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+      events.emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     } else {
       ledger.device_free();
-      emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+      events.emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     }
   }
   list.clear();
@@ -96,7 +96,7 @@ std::size_t DevicePool::Impl::release_cached(Lock& lk) {
   for (FreeSet& set : store.shared)
     for (Block* b : set) {
       if (b->seg->expandable) {
-        if (releasable_pages(b) != 0) paged.push_back(b);
+        if (ranges.releasable_pages(b) != 0) paged.push_back(b);
       } else if (!b->is_split()) {
         victims.push_back(b);
       }
@@ -104,7 +104,7 @@ std::size_t DevicePool::Impl::release_cached(Lock& lk) {
   std::vector<Detached> out;
   out.reserve(victims.size() + paged.size());
   for (Block* b : victims) store.detach_segment(b, out);
-  for (Block* b : paged) release_pages(b, out);
+  for (Block* b : paged) ranges.release_pages(b, out);
   return release_segments(lk, out);
 }
 
@@ -114,7 +114,7 @@ std::size_t DevicePool::release_idle(std::size_t want) {
   Impl::Lock lk(pool.mu);
   Impl::Request req;
   pool.make_room(lk, req, want, Impl::Room::idle, true);
-  pool.emit(EventKind::empty_cache, 0, req.released, 0, 0);
+  pool.events.emit(EventKind::empty_cache, 0, req.released, 0, 0);
   return req.released;
 }
 
@@ -124,7 +124,7 @@ std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
   std::vector<std::pair<std::uint64_t, Block*>> cands;
   for (int k = 0; k < 2; ++k)
     for (Block* b : store.shared[k])
-      if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split())
+      if (b->seg->expandable ? ranges.releasable_pages(b) != 0 : !b->is_split())
         cands.emplace_back(store.searches[k] - b->gc_base, b);
   std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<Detached> out;
@@ -137,13 +137,13 @@ std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
       continue;
     }
     // Whole units from the block's first one, until the rest of `want` is covered.
-    const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+    const auto [lo, hi] = ranges.unit_span(b->seg, b->ptr, b->ptr + b->size);
     std::uintptr_t end = lo;
     for (auto it = b->seg->units.lower_bound(lo);
          it != b->seg->units.end() && it->first < hi && planned + (end - lo) < want; ++it)
       end = it->first + it->second;
     planned += end - lo;
-    release_page_range(b, lo, end, out);
+    ranges.release_page_range(b, lo, end, out);
   }
   return release_segments(lk, out);
 }
@@ -160,9 +160,9 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
 
   // Whole free segments, and free blocks of the expandable range that hold whole pages.
   std::vector<Block*> candidates;
-  auto gain = [&](const Block* b) REQUIRES(mu) { return b->seg->expandable ? releasable_pages(b) : b->size; };
+  auto gain = [&](const Block* b) REQUIRES(mu) { return b->seg->expandable ? ranges.releasable_pages(b) : b->size; };
   for (Block* b : store.shared[1])
-    if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
+    if (b->seg->expandable ? ranges.releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
   if (candidates.empty()) return;
   const std::uint64_t now = store.searches[1];
   double total_age = 0;
@@ -187,14 +187,14 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
       total_age -= age;
       --count;
       if (candidates[i]->seg->expandable)
-        release_pages(candidates[i], out);
+        ranges.release_pages(candidates[i], out);
       else
         store.detach_segment(candidates[i], out);
     }
   }
   const std::size_t bytes = release_segments(lk, out);
   ledger.gc_pass(bytes);
-  emit(EventKind::gc, 0, bytes, 0, 0);
+  events.emit(EventKind::gc, 0, bytes, 0, 0);
 }
 
 std::size_t DevicePool::empty_cache() {
@@ -203,7 +203,7 @@ std::size_t DevicePool::empty_cache() {
   pool.wait_all();
   const std::size_t bytes = pool.release_cached(lk);
   pool.ledger.empty_cache_call();
-  pool.emit(EventKind::empty_cache, 0, bytes, 0, 0);
+  pool.events.emit(EventKind::empty_cache, 0, bytes, 0, 0);
   return bytes;
 }
 
