@@ -118,9 +118,8 @@ GrowPlan ExpandableRanges::plan(Segment* seg, std::size_t rounded, StreamId stre
 }
 
 std::size_t ExpandableRanges::recycle_candidates(const Segment* seg, const GrowPlan& plan, std::uint64_t order_done,
-                                                 std::vector<Block*>& out,
-                                                 std::size_t* hot_bytes, std::size_t* own_bytes,
-                                                 std::vector<Block*>* hot_out) const {
+                                                 std::vector<Block*>& out, std::size_t* hot_bytes,
+                                                 std::size_t* own_bytes, std::vector<Block*>* hot_out) const {
   std::size_t total = 0;
   *hot_bytes = 0;
   *own_bytes = 0;
@@ -296,9 +295,8 @@ void ExpandableRanges::release_pages(Block* b, std::vector<Detached>& out) {
   if (hi > lo) release_page_range(b, lo, hi, out);
 }
 
-Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi,
-                                                              std::vector<Detached>& out,
-                                                              std::vector<Unit>* units_out, bool drain) {
+Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
+                                            std::vector<Unit>* units_out, bool drain) {
   if (hi <= lo) return nullptr;
   const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;
@@ -430,15 +428,16 @@ UpstreamStatus ExpandableRanges::alias_hot_units(Growth& growth, std::uintptr_t 
       continue;
     }
     std::size_t n = 0, j = i;
-    for (; j < hot_units.size() && !hot_units[j].used && hot_units[j].seg == h.seg &&
-           hot_units[j].base == h.base + n && n + hot_units[j].size <= amount - *done;
+    for (; j < hot_units.size() && !hot_units[j].used && hot_units[j].seg == h.seg && hot_units[j].base == h.base + n &&
+           n + hot_units[j].size <= amount - *done;
          ++j)
       n += hot_units[j].size;
     Block* src = block_at(h.seg, h.base);
     const bool intact = src != nullptr && src->state == BState::shared && src->ptr + src->size >= h.base + n;
     const std::int64_t t0 = now_ns();
-    const UpstreamStatus ua = intact ? up_.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + *done), n)
-                                     : UpstreamStatus::error;
+    const UpstreamStatus ua = intact
+                                  ? up_.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + *done), n)
+                                  : UpstreamStatus::error;
     for (std::size_t q = i; q < j; ++q) hot_units[q].used = true;
     if (ua == UpstreamStatus::ok) {
       ledger_.device_map();

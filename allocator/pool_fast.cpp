@@ -120,7 +120,7 @@ bool tc_put_pending(ThreadBlockCache& cache, std::uintptr_t p) {
 // or older than the pool's batch window. True if blocks became free.
 bool DevicePool::Impl::tc_service(ThreadBlockCache& cache) {
   bool freed = false;
-  const std::int64_t now = clock_ns();
+  const std::int64_t now = detail::Reclaim::clock_ns();
   if (cache.fence != 0 && now - cache.last_query >= kTcQueryGapNs &&
       cache.nfree + cache.nclosed <= ThreadBlockCache::kMaxFree + ThreadBlockCache::kMaxPend) {
     cache.last_query = now;
@@ -189,7 +189,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   }
   if (!pool.multi_threaded) pool.note_thread();
   if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
-  if (pool.has_fence_work()) pool.service_fences();
+  if (pool.has_fence_work()) pool.reclaim.service_fences();
   Impl::Fit fit = pool.store.find_fit(rounded, stream);
   AllocResult r;
   Impl::Block* b;
@@ -227,7 +227,7 @@ FreeStatus DevicePool::free(void* ptr) {
     Impl::Guard g(cache->mu);
     if (tc_put_pending(*cache, p)) {
       if (cache->npend == 1)
-        cache->pend_since = Impl::clock_ns();  // the cache's batch opens: its window starts
+        cache->pend_since = detail::Reclaim::clock_ns();  // the cache's batch opens: its window starts
       else if (cache->npend == ThreadBlockCache::kMaxPend)
         pool.tc_service(*cache);  // full: recorded now unless the previous batch still waits
       return FreeStatus::ok;
@@ -247,7 +247,7 @@ FreeStatus DevicePool::free(void* ptr) {
     // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
     // The fence is recorded once for the whole batch, when its window closes (add_pending).
     b->state = BState::pending;
-    pool.add_pending(b);
+    pool.reclaim.add_pending(b);
   }
   return FreeStatus::ok;
 }

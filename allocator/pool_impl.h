@@ -41,6 +41,7 @@
 #include "allocator/node_pool.h"
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
+#include "allocator/reclaim.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
 #include "allocator/thread_cache.h"
@@ -77,38 +78,12 @@ struct DevicePool::Impl {
   detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
   detail::BlockStore store GUARDED_BY(mu){opt, ledger};           // blocks, segments, free sets (block_store.h)
 
-  detail::FenceBatches batches GUARDED_BY(mu);  // what waits on which fence (fence_batches.h)
-  std::uint64_t slow_calls GUARDED_BY(mu) = 0;  // allocate_slow() calls so far (promote_own: "recorded just now")
-
   detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
   detail::ExpandableRanges ranges GUARDED_BY(mu){opt, up, limits, store, ledger, events};  // (expandable_ranges.h)
-
-  // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
-  static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
-  // free(): block b (already pending) joins the open batch; closes it at the size bounds.
-  void add_pending(Block* b) REQUIRES(mu) {
-    ledger.pending_added(b->size);
-    add_pending_counted(b);
-  }
-  // The same for a block already counted in pending_bytes (a thread cache's fenced frees).
-  void add_pending_counted(Block* b) REQUIRES(mu) {
-    if (batches.add_open(b, ledger.reserved_bytes())) close_open();
-  }
+  detail::Reclaim reclaim GUARDED_BY(mu){opt, fences, store, ledger, events, ranges};      // fence rules (reclaim.h)
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !ranges.draining.empty(); }
-
-  // Every host wait on a fence goes through here: counted, and traced with its duration, since
-  // a wait is where the pool can cost a program its CPU/GPU overlap. False, without waiting,
-  // when the fence cannot be waited for now (FenceProvider::can_wait): its memory stays pending.
-  [[nodiscard]] bool wait_fence(FenceHandle f, StreamId stream) REQUIRES(mu) {
-    if (!fences.can_wait(f)) return false;
-    const std::int64_t t0 = events.sink != nullptr ? detail::now_ns() : 0;
-    fences.wait(f);
-    ledger.fence_wait();
-    if (events.sink != nullptr) events.emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
-    return true;
-  }
+  bool has_fence_work() const REQUIRES(mu) { return reclaim.batches.has_work() || !ranges.draining.empty(); }
 
   // ---- the miss path (pool_miss.cpp) ----
   // One request for memory on a slow path: what it asks for, how far make_room has gone for
@@ -214,7 +189,7 @@ struct DevicePool::Impl {
       REQUIRES(mu, cache.mu);        // under mu and cache.mu: merge, then return every block
   void tc_flush_all() REQUIRES(mu);  // under mu: every thread's cache
   void tc_flush_fenced(detail::ThreadBlockCache& cache)
-      REQUIRES(mu, cache.mu);  // under mu and cache.mu: its fenced batches only
+      REQUIRES(mu, cache.mu);  // under mu and cache.mu: its fenced reclaim.batches only
   // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
   // into the pool's open batch (a miss: only their owner would close them otherwise). True if
   // any moved.
@@ -225,50 +200,6 @@ struct DevicePool::Impl {
   bool tc_reclaim_lent(std::uintptr_t p) REQUIRES(mu);
   void tc_detach_all() EXCLUDES(mu);                           // pool teardown
   static void tc_exit_flush(detail::ThreadBlockCache& cache);  // thread exit (registry mutex held)
-
-  // ---- fences (pool_fences.cpp) ----
-  void service_fences() REQUIRES(mu);
-  bool service_miss() REQUIRES(mu);
-  bool drain_device_batches(bool urgent = false) REQUIRES(mu);
-  void close_open() REQUIRES(mu);
-  void complete_batch(Batch* b) REQUIRES(mu);
-  void complete_promo(StreamFree* stream_free) REQUIRES(mu);
-  void drop_promo(StreamFree* stream_free) REQUIRES(mu);
-  bool try_promote_for(std::size_t rounded, StreamId stream) REQUIRES(mu);
-  bool wait_device_batches() REQUIRES(mu);
-  // Expandable growth: the bytes of expandable-range blocks in recorded device batches, and the
-  // wait for the oldest batch that (with all before it) frees at least `need` of them.
-  std::size_t pending_expandable_bytes(std::size_t need, Batch** last) const REQUIRES(mu);
-  bool wait_device_batches_for(std::size_t need) REQUIRES(mu);
-  // Stream `stream`'s own local blocks (freed with cudaFreeAsync or under immediate) become
-  // shared once a fence on that stream completes: query (or record) its promotion fence, and
-  // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
-  // it. Returns true if blocks were promoted.
-  bool promote_own(StreamId stream, std::size_t need, bool may_wait) REQUIRES(mu);
-  // The stream's local blocks of expandable ranges cover `need`: promote_all_now.
-  bool sync_own(StreamId stream, std::size_t need) REQUIRES(mu);
-  // Wait for a fence covering all of the stream's local blocks (recorded now unless the
-  // outstanding one does), then they become shared. False when it cannot be waited for.
-  bool promote_all_now(StreamFree* stream_free, StreamId stream) REQUIRES(mu);
-  // stream_free->promo_fence = a fence recorded on `stream` now.
-  void record_promo(StreamFree* stream_free, StreamId stream) REQUIRES(mu);
-  // Memory pressure: every pending, retiring and local block becomes shared (host waits).
-  void wait_all() REQUIRES(mu);
-  // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
-  // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when
-  // `expandable_only`), the GPU is made to wait for all their fences (FenceProvider::order_after)
-  // and every batch becomes shared free memory at once. Their fences move to the ordered list
-  // (FenceBatches::add_ordered). Returns
-  // true if anything became free.
-  bool order_device_batches(std::size_t need, bool small, bool expandable_only) REQUIRES(mu);
-  // Where ordering is free (FenceProvider::orders_for_free): every recorded device batch is
-  // ordered after, with no query of its fence first (service_fences, after each record).
-  bool order_recorded_batches() REQUIRES(mu);
-  bool order_scratch_batches() REQUIRES(mu);  // the common tail: order the fences in order_scratch
-  bool is_hot(const Block* b) const REQUIRES(mu) { return batches.is_hot(b); }
-  // Both also unalias the draining ranges whose order completed (drop_aliases).
-  void poll_ordered() REQUIRES(mu);    // release the completed ones (oldest first, stop at a running one)
-  void settle_ordered() REQUIRES(mu);  // host-wait for every one of them (before memory goes back)
 
   // ---- queries (pool_query.cpp) ----
   std::string check() const REQUIRES(mu);

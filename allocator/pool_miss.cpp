@@ -29,7 +29,7 @@ AllocResult allocated(const detail::Block* b) { return AllocResult{reinterpret_c
 
 AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
   Request req{.size = size, .rounded = rounded, .small = is_small(rounded), .stream = stream};
-  ++slow_calls;
+  ++reclaim.slow_calls;
   // Memory that fences or other streams hold back, cheapest first: search again after each step
   // that freed blocks.
   while (make_room(lk, req, rounded, Room::reuse, true) != Made::nothing) {
@@ -74,11 +74,12 @@ DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::
     case Room::pages: return free_pages(req, bytes, may_wait) ? Made::blocks_freed : Made::nothing;
     case Room::upstream: return upstream_step(lk, req);
     case Room::idle:
-      tc_flush_all();    // blocks parked in threads' caches count as idle too
-      service_fences();  // fences that have passed, without waiting
+      tc_flush_all();            // blocks parked in threads' caches count as idle too
+      reclaim.service_fences();  // fences that have passed, without waiting
       req.released = release_idle_now(lk, bytes);
       if (req.released < bytes && may_wait) {
-        wait_all();
+        tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+        reclaim.wait_all();
         req.released += release_idle_now(lk, bytes - req.released);
       }
       return req.released != 0 ? Made::memory_released : Made::nothing;
@@ -97,27 +98,27 @@ bool DevicePool::Impl::reuse_step(Request& req) {
   const std::size_t rounded = req.rounded;
   auto order = [&]() REQUIRES(mu) {
     return opt.free_sync == FreeSync::gpu_wait && !ranges.growth_within_slack(rounded, req.small) &&
-           order_device_batches(rounded, req.small, false);
+           reclaim.order_device_batches(rounded, req.small, false);
   };
   for (;;) {
     switch (req.reuse_step++) {
       case 0:
-        if (service_miss()) return true;
+        if (reclaim.service_miss()) return true;
         break;
       case 1:
-        if (limits.granularity() != 0 && promote_own(req.stream, 0, false)) return true;
+        if (limits.granularity() != 0 && reclaim.promote_own(req.stream, 0, false)) return true;
         break;
       case 2:
-        if (try_promote_for(rounded, req.stream)) return true;
+        if (reclaim.try_promote_for(rounded, req.stream)) return true;
         break;
       case 3:
         if (order()) return true;
         break;
       case 4:
-        if (opt.free_sync == FreeSync::device && wait_device_batches()) return true;
+        if (opt.free_sync == FreeSync::device && reclaim.wait_device_batches()) return true;
         break;
       case 5:
-        if (!tcaches.empty() && tc_collect_fenced() && (service_miss() || order())) return true;
+        if (!tcaches.empty() && tc_collect_fenced() && (reclaim.service_miss() || order())) return true;
         break;
       default: return false;
     }
@@ -133,7 +134,10 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
       case 0:
         if (release_oversize(lk, req.rounded)) return Made::memory_released;
         break;
-      case 1: wait_all(); return Made::blocks_freed;
+      case 1:
+        tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+        reclaim.wait_all();
+        return Made::blocks_freed;
       case 2:
         release_cached(lk);
         ledger.alloc_retry();
@@ -152,15 +156,15 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
 // recorded now (a stream synchronize). True if free blocks changed.
 bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
   const bool wait = may_wait && opt.expandable_wait;
-  if (promote_own(req.stream, bytes, wait)) return true;
-  if (opt.free_sync == FreeSync::gpu_wait && order_device_batches(bytes, req.small, true)) return true;
+  if (reclaim.promote_own(req.stream, bytes, wait)) return true;
+  if (opt.free_sync == FreeSync::gpu_wait && reclaim.order_device_batches(bytes, req.small, true)) return true;
   if (!wait) return false;
-  if (wait_device_batches_for(bytes)) return true;
+  if (reclaim.wait_device_batches_for(bytes)) return true;
   if (!ranges.alias_ok && req.hot_bytes >= bytes && req.hot_bytes != 0) {
-    settle_ordered();
+    reclaim.settle_ordered();
     return true;
   }
-  return sync_own(req.stream, bytes);
+  return reclaim.sync_own(req.stream, bytes);
 }
 
 UpstreamStatus DevicePool::Impl::grow(Lock& lk, Request& req, bool may_wait, Block** out) {
@@ -280,10 +284,10 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
     if (std::max(past_cap, excess) == 0) return true;
     growth.cands.clear();
     growth.hot_cands.clear();
-    if (batches.has_ordered()) poll_ordered();  // blocks whose GPU-side wait has passed may move again
+    if (reclaim.batches.has_ordered()) reclaim.poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0, own = 0;
-    const std::size_t avail = ranges.recycle_candidates(range, growth.plan, batches.order_done(), growth.cands, &hot,
-                                                        &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
+    const std::size_t avail = ranges.recycle_candidates(range, growth.plan, reclaim.batches.order_done(), growth.cands,
+                                                        &hot, &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
     // What the own range's free pages cannot cover would come from the other range: pages it
     // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
     const std::size_t bounce = past_cap > own ? ranges.bounce_allowance(range, past_cap - own) : 0;
@@ -372,7 +376,7 @@ UpstreamStatus DevicePool::Impl::fill(Lock& lk, detail::Growth& growth, std::uin
   if (us != UpstreamStatus::ok && done != 0) {
     // Fresh and recycled units only, but the rule stays simple: nothing goes back to the
     // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
-    if (batches.has_ordered()) settle_ordered();
+    if (reclaim.batches.has_ordered()) reclaim.settle_ordered();
     ranges.unmap_placed(growth.seg, at, done);
   }
   if (us == UpstreamStatus::ok) growth.placed += amount;

@@ -11,7 +11,7 @@ using detail::BState;
 DevicePool::Impl::~Impl() {
   tc_detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
-  batches.release_all(fences);
+  reclaim.batches.release_all(fences);
   for (const Drain& d : ranges.draining)
     if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
   for (auto& [base, seg] : store.segments) {
@@ -143,8 +143,14 @@ void DevicePool::set_event_sink(EventSink* sink) {
 void DevicePool::Impl::forget_all() {
   store.forget_all();
   ranges.forget();
-  batches.forget_all();
+  reclaim.batches.forget_all();
   ledger.forget_all();
+}
+
+void DevicePool::retire_stream(StreamId stream) {
+  Impl::Lock lk(impl_->mu);
+  impl_->tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
+  impl_->reclaim.retire(stream);
 }
 
 void DevicePool::abandon() {
@@ -168,8 +174,8 @@ std::string DevicePool::Impl::check() const {
   };
   if (!std::all_of(tally.draining.begin(), tally.draining.end(), listed))
     return "draining block missing from the draining list";
-  if (batches.pending_count() != tally.pending_blocks) return "pending blocks and batches disagree";
-  if (batches.retiring_count() != tally.retiring_blocks) return "retiring blocks and batches disagree";
+  if (reclaim.batches.pending_count() != tally.pending_blocks) return "pending blocks and reclaim.batches disagree";
+  if (reclaim.batches.retiring_count() != tally.retiring_blocks) return "retiring blocks and reclaim.batches disagree";
   if (ranges.draining.size() != tally.draining.size()) return "draining list and draining blocks disagree";
   const Stats& st = ledger.view();
   if (tally.pending_bytes != st.pending_bytes) return "pending_bytes stat";

@@ -20,7 +20,7 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   if (list.empty()) return 0;
   // Memory handed out under a GPU-side wait may belong to a block whose old work still runs;
   // the driver's unmap would pull the pages from under it. Rare: releases are the cold path.
-  if (batches.has_ordered()) settle_ordered();
+  if (reclaim.batches.has_ordered()) reclaim.settle_ordered();
   std::vector<std::int64_t> ns(list.size());
   bool unmaps = false;
   for (const Detached& d : list) unmaps |= d.unmap;
@@ -200,7 +200,8 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
 std::size_t DevicePool::empty_cache() {
   Impl& pool = *impl_;
   Impl::Lock lk(pool.mu);
-  pool.wait_all();
+  pool.tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+  pool.reclaim.wait_all();
   const std::size_t bytes = pool.release_cached(lk);
   pool.ledger.empty_cache_call();
   pool.events.emit(EventKind::empty_cache, 0, bytes, 0, 0);

@@ -162,7 +162,7 @@ void DevicePool::Impl::tc_flush_fenced(ThreadBlockCache& cache) {
     b->state = BState::pending;
     b->requested = e.requested;
     b->owner = e.stream;
-    add_pending_counted(b);
+    reclaim.add_pending_counted(b);
   };
   for (int i = 0; i < cache.nclosed; ++i) to_pool_batch(cache.closed[i]);
   for (int i = 0; i < cache.npend; ++i) to_pool_batch(cache.pend[i]);
@@ -184,7 +184,7 @@ bool DevicePool::Impl::tc_collect_fenced() {
   for (auto& cache : tcaches) {
     Guard g(cache->mu);
     if ((cache->npend | cache->nclosed) == 0) continue;
-    if (now == 0) now = clock_ns();
+    if (now == 0) now = detail::Reclaim::clock_ns();
     const bool open_stale = cache->npend == 0 || now - cache->pend_since >= kTcStaleNs;
     const bool closed_stale = cache->nclosed == 0 || now - cache->closed_since >= kTcStaleNs;
     if (!open_stale || !closed_stale) continue;
