@@ -44,11 +44,9 @@
 #include "allocator/reclaim.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
-#include "allocator/thread_cache.h"
+#include "allocator/thread_caches.h"
 
 namespace cudapool {
-
-std::uint64_t new_pool_uid();  // pool_tcache.cpp
 
 struct DevicePool::Impl {
   using Block = detail::Block;
@@ -81,6 +79,10 @@ struct DevicePool::Impl {
   detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
   detail::ExpandableRanges ranges GUARDED_BY(mu){opt, up, limits, store, ledger, events};  // (expandable_ranges.h)
   detail::Reclaim reclaim GUARDED_BY(mu){opt, fences, store, ledger, events, ranges};      // fence rules (reclaim.h)
+  // This pool's key in every thread's cache list (never reused); read without the lock.
+  const std::uint64_t uid = detail::new_pool_uid();
+  detail::ThreadCaches caches GUARDED_BY(mu){uid,   mu,     opt,     fences,
+                                             store, ledger, reclaim, events};  // (thread_caches.h)
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const REQUIRES(mu) { return reclaim.batches.has_work() || !ranges.draining.empty(); }
@@ -148,58 +150,6 @@ struct DevicePool::Impl {
                    UpstreamStatus* failed) REQUIRES(mu);
   UpstreamStatus fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) REQUIRES(mu);
   using Drain = detail::ExpandableRanges::Drain;
-
-  // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
-  // Caches engage only once a second thread has used the pool: a single-threaded program (and a
-  // trace replay) keeps exactly the block placement it had without them. Under mu.
-  std::thread::id first_thread GUARDED_BY(mu){};
-  bool multi_threaded GUARDED_BY(mu) = false;
-  void note_thread() REQUIRES(mu) {
-    const std::thread::id me = std::this_thread::get_id();
-    if (first_thread == std::thread::id{})
-      first_thread = me;
-    else if (me != first_thread)
-      multi_threaded = true;
-  }
-  const std::uint64_t uid = new_pool_uid();  // this pool's key in every thread's cache list (never reused)
-  std::vector<std::shared_ptr<detail::ThreadBlockCache>> tcaches GUARDED_BY(mu);  // registered caches, under mu
-  // This thread's cache for this pool, or null (no lock needed: thread-local list).
-  detail::ThreadBlockCache* tc_find() const;
-  // Under mu: this thread's cache, created and registered on first use.
-  detail::ThreadBlockCache* tc_create() REQUIRES(mu);
-  bool caches_on() const REQUIRES(mu) {
-    return (multi_threaded || opt.cache_from_first_thread) && events.sink == nullptr;
-  }
-  bool tc_may_cache(const Block* b) const REQUIRES(mu) {
-    return caches_on() && b->size <= detail::ThreadBlockCache::kMaxBlock && b->size < opt.max_split_size;
-  }
-  // Under mu and cache.mu: hand an allocated block (just taken) to cache as lent.
-  void tc_checkout(detail::ThreadBlockCache& cache, Block* b, std::size_t rounded) REQUIRES(mu, cache.mu);
-  // Under mu and cache.mu: a lent entry becomes an ordinary allocated block again.
-  void tc_return_lent(detail::ThreadBlockCache& cache, int i) REQUIRES(mu, cache.mu);
-  void tc_unlend(const detail::CachedBlock& e) REQUIRES(mu);  // under mu: e's block is an allocated block again
-  void tc_merge(detail::ThreadBlockCache& cache)
-      REQUIRES(mu, cache.mu);  // under mu and cache.mu: apply the stat deltas
-  // Under cache.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
-  // the open batch. True if blocks became free. Fence calls are made without the pool lock.
-  bool tc_service(detail::ThreadBlockCache& cache) REQUIRES(cache.mu);
-  static constexpr std::int64_t kTcQueryGapNs = 2'000;
-  static constexpr std::int64_t kTcStaleNs = 1'000'000;  // a cache's batch untouched this long: its owner is idle
-  void tc_flush(detail::ThreadBlockCache& cache)
-      REQUIRES(mu, cache.mu);        // under mu and cache.mu: merge, then return every block
-  void tc_flush_all() REQUIRES(mu);  // under mu: every thread's cache
-  void tc_flush_fenced(detail::ThreadBlockCache& cache)
-      REQUIRES(mu, cache.mu);  // under mu and cache.mu: its fenced reclaim.batches only
-  // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
-  // into the pool's open batch (a miss: only their owner would close them otherwise). True if
-  // any moved.
-  bool tc_collect_fenced() REQUIRES(mu);
-  void tc_merge_own() REQUIRES(mu);  // under mu: this thread's cache's deltas (program order)
-  // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
-  // allocated block; true if found.
-  bool tc_reclaim_lent(std::uintptr_t p) REQUIRES(mu);
-  void tc_detach_all() EXCLUDES(mu);                           // pool teardown
-  static void tc_exit_flush(detail::ThreadBlockCache& cache);  // thread exit (registry mutex held)
 
   // ---- queries (pool_query.cpp) ----
   std::string check() const REQUIRES(mu);

@@ -74,11 +74,11 @@ DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::
     case Room::pages: return free_pages(req, bytes, may_wait) ? Made::blocks_freed : Made::nothing;
     case Room::upstream: return upstream_step(lk, req);
     case Room::idle:
-      tc_flush_all();            // blocks parked in threads' caches count as idle too
+      caches.flush_all();        // blocks parked in threads' caches count as idle too
       reclaim.service_fences();  // fences that have passed, without waiting
       req.released = release_idle_now(lk, bytes);
       if (req.released < bytes && may_wait) {
-        tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+        caches.flush_all();  // blocks parked in threads' caches are reclaimable too
         reclaim.wait_all();
         req.released += release_idle_now(lk, bytes - req.released);
       }
@@ -118,7 +118,7 @@ bool DevicePool::Impl::reuse_step(Request& req) {
         if (opt.free_sync == FreeSync::device && reclaim.wait_device_batches()) return true;
         break;
       case 5:
-        if (!tcaches.empty() && tc_collect_fenced() && (reclaim.service_miss() || order())) return true;
+        if (!caches.empty() && caches.collect_fenced() && (reclaim.service_miss() || order())) return true;
         break;
       default: return false;
     }
@@ -135,7 +135,7 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
         if (release_oversize(lk, req.rounded)) return Made::memory_released;
         break;
       case 1:
-        tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+        caches.flush_all();  // blocks parked in threads' caches are reclaimable too
         reclaim.wait_all();
         return Made::blocks_freed;
       case 2:

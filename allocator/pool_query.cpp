@@ -9,7 +9,7 @@ namespace cudapool {
 using detail::BState;
 
 DevicePool::Impl::~Impl() {
-  tc_detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
+  caches.detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
   reclaim.batches.release_all(fences);
   for (const Drain& d : ranges.draining)
@@ -28,7 +28,8 @@ std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
   Impl::Guard lock(pool.mu);
   Impl::Segment* seg = pool.store.segment_containing(p);
   if (seg == nullptr) return std::nullopt;
-  if (!pool.tcaches.empty() && pool.store.live.find(p) == nullptr) pool.tc_reclaim_lent(p);  // lent via a thread cache
+  if (!pool.caches.empty() && pool.store.live.find(p) == nullptr)
+    pool.caches.reclaim_lent(p);  // lent via a thread cache
   for (Impl::Block* b = seg->head; b != nullptr; b = b->next) {
     if (p < b->ptr || p >= b->ptr + b->size) continue;
     if (b->state != BState::allocated) return std::nullopt;
@@ -65,32 +66,32 @@ bool DevicePool::owns(const void* ptr) const {
 // exact, and cached blocks count as free.
 std::size_t DevicePool::cached_bytes() const {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();
+  impl_->caches.flush_all();
   return impl_->ledger.reserved_bytes() - impl_->ledger.allocated_bytes();
 }
 
 Stats DevicePool::stats() const {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();
+  impl_->caches.flush_all();
   return impl_->ledger.view();
 }
 
 void DevicePool::reset_peak_stats() {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();
+  impl_->caches.flush_all();
   impl_->ledger.reset_peaks();
 }
 
 void DevicePool::reset_accumulated_stats() {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();
+  impl_->caches.flush_all();
   impl_->ledger.reset_accumulated();
 }
 
 Snapshot DevicePool::snapshot() const {
   Impl& pool = *impl_;
   Impl::Guard lock(pool.mu);
-  pool.tc_flush_all();
+  pool.caches.flush_all();
   Snapshot snap;
   snap.segments.reserve(pool.store.segments.size());
   for (auto& [base, seg] : pool.store.segments) {
@@ -134,7 +135,7 @@ const PoolOptions& DevicePool::options() const { return impl_->opt; }
 int DevicePool::device() const { return impl_->device; }
 void DevicePool::set_event_sink(EventSink* sink) {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();  // cached operations emit no events: none may continue under a new sink
+  impl_->caches.flush_all();  // cached operations emit no events: none may continue under a new sink
   impl_->events.sink = sink;
 }
 
@@ -149,19 +150,19 @@ void DevicePool::Impl::forget_all() {
 
 void DevicePool::retire_stream(StreamId stream) {
   Impl::Lock lk(impl_->mu);
-  impl_->tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
+  impl_->caches.flush_all();  // no cache may keep (or later cache) a block of the dying stream
   impl_->reclaim.retire(stream);
 }
 
 void DevicePool::abandon() {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();
+  impl_->caches.flush_all();
   impl_->forget_all();
 }
 
 std::string DevicePool::check_consistency() const {
   Impl::Guard lock(impl_->mu);
-  impl_->tc_flush_all();
+  impl_->caches.flush_all();
   return impl_->check();
 }
 

@@ -200,7 +200,7 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
 std::size_t DevicePool::empty_cache() {
   Impl& pool = *impl_;
   Impl::Lock lk(pool.mu);
-  pool.tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+  pool.caches.flush_all();  // blocks parked in threads' caches are reclaimable too
   pool.reclaim.wait_all();
   const std::size_t bytes = pool.release_cached(lk);
   pool.ledger.empty_cache_call();

@@ -316,7 +316,6 @@ void Reclaim::wait_all() {
   }
 }
 
-
 bool Reclaim::wait_fence(FenceHandle f, StreamId stream) {
   if (!fences_.can_wait(f)) return false;
   const std::int64_t t0 = events_.sink != nullptr ? now_ns() : 0;

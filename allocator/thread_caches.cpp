@@ -1,19 +1,15 @@
-// The pool side of the per-thread caches (thread_cache.h has the model, docs/design.md the why):
-// registration, check-out, stat merging, flushing back into the pool, thread exit, teardown.
-// Lock order everywhere: cache registry mutex -> pool mu -> a cache's mu. The owner's fast path
-// (pool_fast.cpp) takes only its own cache's mu.
+// The pool side of the per-thread caches (thread_caches.h): registration, check-out, stat
+// merging, flushing back into the pool, thread exit, teardown. Lock order everywhere: cache
+// registry mutex -> pool lock -> a cache's mu. The owner's fast path (pool.cpp,
+// ThreadBlockCache's inline take / put / service) takes only its own cache's mu.
 #include <algorithm>
 #include <mutex>
 #include <utility>
 #include <vector>
 
-#include "allocator/pool_impl.h"
+#include "allocator/thread_caches.h"
 
-namespace cudapool {
-
-using detail::BState;
-using detail::CachedBlock;
-using detail::ThreadBlockCache;
+namespace cudapool::detail {
 
 namespace {
 
@@ -45,7 +41,7 @@ thread_local ThisThreadCaches t_caches;
 
 std::uint64_t new_pool_uid() { return next_uid.fetch_add(1, std::memory_order_relaxed); }
 
-ThreadBlockCache* DevicePool::Impl::tc_find() const {
+ThreadBlockCache* ThreadCaches::find(std::uint64_t uid) {
   ThisThreadCaches& tl = t_caches;
   if (tl.last != nullptr && tl.last->pool_uid == uid) return tl.last;
   for (auto& cache : tl.list) {
@@ -57,39 +53,39 @@ ThreadBlockCache* DevicePool::Impl::tc_find() const {
   return nullptr;
 }
 
-ThreadBlockCache* DevicePool::Impl::tc_create() {
-  if (ThreadBlockCache* cache = tc_find()) return cache;
+ThreadBlockCache* ThreadCaches::create() {
+  if (ThreadBlockCache* cache = find(uid_)) return cache;
   ThisThreadCaches& tl = t_caches;
   // Caches of destroyed pools are dead weight: drop them now.
   std::erase_if(tl.list, [](const std::shared_ptr<ThreadBlockCache>& c) {
     return c->pool.load(std::memory_order_acquire) == nullptr;
   });
   auto cache = std::make_shared<ThreadBlockCache>();
-  cache->pool_uid = uid;
-  cache->exit_flush = &Impl::tc_exit_flush;
+  cache->pool_uid = uid_;
+  cache->exit_flush = &ThreadCaches::exit_flush;
   cache->pool.store(this, std::memory_order_release);
-  tcaches.push_back(cache);
+  list_.push_back(cache);
   tl.list.push_back(cache);
   tl.last = cache.get();
   return tl.last;
 }
 
-void DevicePool::Impl::tc_exit_flush(ThreadBlockCache& cache) {
-  auto* impl = static_cast<Impl*>(cache.pool.load(std::memory_order_acquire));
-  Guard pool_lock(impl->mu);
+void ThreadCaches::exit_flush(ThreadBlockCache& cache) {
+  auto* caches = static_cast<ThreadCaches*>(cache.pool.load(std::memory_order_acquire));
+  SpinGuard pool_lock(caches->pool_mu_);
   {
-    Guard cache_lock(cache.mu);
-    impl->tc_flush(cache);
+    SpinGuard cache_lock(cache.mu);
+    caches->flush(cache);
   }
-  auto& v = impl->tcaches;
+  auto& v = caches->list_;
   std::erase_if(v, [&](const std::shared_ptr<ThreadBlockCache>& c) { return c.get() == &cache; });
   cache.pool.store(nullptr, std::memory_order_release);
 }
 
-void DevicePool::Impl::tc_checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
+void ThreadCaches::checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
   // A full table: one older block goes back to the pool (it stays allocated, uncached).
-  if (cache.nlent >= ThreadBlockCache::kMaxLent) tc_return_lent(cache, cache.lent_any(b->ptr));
-  store.live.take(b->ptr);
+  if (cache.nlent >= ThreadBlockCache::kMaxLent) return_lent(cache, cache.lent_any(b->ptr));
+  store_.live.take(b->ptr);
   b->state = BState::tcache;
   CachedBlock e;
   e.block = b;
@@ -103,31 +99,31 @@ void DevicePool::Impl::tc_checkout(ThreadBlockCache& cache, Block* b, std::size_
   cache.lent_insert(e);
 }
 
-void DevicePool::Impl::tc_unlend(const CachedBlock& e) {
+void ThreadCaches::unlend(const CachedBlock& e) {
   Block* b = e.block;
   b->state = BState::allocated;
   b->owner = e.stream;
   b->requested = e.requested;
-  store.live.insert(b->ptr, b);
+  store_.live.insert(b->ptr, b);
 }
 
-void DevicePool::Impl::tc_return_lent(ThreadBlockCache& cache, int i) {
-  tc_unlend(cache.lent[i]);
+void ThreadCaches::return_lent(ThreadBlockCache& cache, int i) {
+  unlend(cache.lent[i]);
   cache.lent_erase(i);
 }
 
-void DevicePool::Impl::tc_merge(ThreadBlockCache& cache) {
+void ThreadCaches::merge(ThreadBlockCache& cache) {
   if (!cache.dirty.load(std::memory_order_relaxed)) return;
-  ledger.merge(cache.delta);
+  ledger_.merge(cache.delta);
   cache.dirty.store(false, std::memory_order_relaxed);
 }
 
-void DevicePool::Impl::tc_flush(ThreadBlockCache& cache) {
-  tc_merge(cache);
+void ThreadCaches::flush(ThreadBlockCache& cache) {
+  merge(cache);
   // Every lent block back (no erase while walking: erasing shifts entries backwards).
   for (CachedBlock& e : cache.lent) {
     if (e.ptr == 0) continue;
-    tc_unlend(e);
+    unlend(e);
     e = CachedBlock{};
   }
   cache.nlent = 0;
@@ -136,39 +132,39 @@ void DevicePool::Impl::tc_flush(ThreadBlockCache& cache) {
     Block* b = e.block;
     // Already counted inactive (and in inactive_split) by the merged deltas; insert_free
     // recounts the split after merging with neighbours.
-    if (e.split) store.count_inactive_split(b, -1);
+    if (e.split) store_.count_inactive_split(b, -1);
     b->requested = 0;
     if (e.any_stream) {  // its device fence completed
-      store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(e.small)]);
+      store_.insert_free(b, BState::shared, 0, store_.shared[kind_index(e.small)]);
       continue;
     }
-    StreamFree* stream_free = store.stream_get(e.stream);
-    b->epoch = ++store.epoch;  // freed "now" as far as promotion fences go: later is only safer
-    store.insert_free(b, BState::local, e.stream, stream_free->sets[detail::kind_index(e.small)]);
+    StreamFree* stream_free = store_.stream_get(e.stream);
+    b->epoch = ++store_.epoch;  // freed "now" as far as promotion fences go: later is only safer
+    store_.insert_free(b, BState::local, e.stream, stream_free->sets[kind_index(e.small)]);
   }
   cache.nfree = 0;
   cache.free_bytes = 0;
-  tc_flush_fenced(cache);
+  flush_fenced(cache);
 }
 
 // Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
 // the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
 // and unallocated by the deltas, which are merged first.
-void DevicePool::Impl::tc_flush_fenced(ThreadBlockCache& cache) {
+void ThreadCaches::flush_fenced(ThreadBlockCache& cache) {
   if ((cache.npend | cache.nclosed) == 0) return;
-  tc_merge(cache);
-  auto to_pool_batch = [&](const CachedBlock& e) REQUIRES(mu) {
+  merge(cache);
+  auto to_pool_batch = [&](const CachedBlock& e) {
     Block* b = e.block;
     b->state = BState::pending;
     b->requested = e.requested;
     b->owner = e.stream;
-    reclaim.add_pending_counted(b);
+    reclaim_.add_pending_counted(b);
   };
   for (int i = 0; i < cache.nclosed; ++i) to_pool_batch(cache.closed[i]);
   for (int i = 0; i < cache.npend; ++i) to_pool_batch(cache.pend[i]);
   cache.nclosed = cache.npend = 0;
   if (cache.fence != 0) {
-    fences.release(cache.fence);
+    fences_.release(cache.fence);
     cache.fence = 0;
   }
 }
@@ -178,48 +174,48 @@ void DevicePool::Impl::tc_flush_fenced(ThreadBlockCache& cache) {
 // and two busy threads that miss in turn would keep emptying each other's caches (seen as a
 // bimodal 3-25 M pairs/s in BM_Pool_Contention_Fenced). A batch untouched for kTcStaleNs means
 // an owner that stopped allocating.
-bool DevicePool::Impl::tc_collect_fenced() {
+bool ThreadCaches::collect_fenced() {
   bool moved = false;
   std::int64_t now = 0;
-  for (auto& cache : tcaches) {
-    Guard g(cache->mu);
+  for (auto& cache : list_) {
+    SpinGuard g(cache->mu);
     if ((cache->npend | cache->nclosed) == 0) continue;
-    if (now == 0) now = detail::Reclaim::clock_ns();
-    const bool open_stale = cache->npend == 0 || now - cache->pend_since >= kTcStaleNs;
-    const bool closed_stale = cache->nclosed == 0 || now - cache->closed_since >= kTcStaleNs;
+    if (now == 0) now = Reclaim::clock_ns();
+    const bool open_stale = cache->npend == 0 || now - cache->pend_since >= kStaleNs;
+    const bool closed_stale = cache->nclosed == 0 || now - cache->closed_since >= kStaleNs;
     if (!open_stale || !closed_stale) continue;
-    tc_flush_fenced(*cache);
+    flush_fenced(*cache);
     moved = true;
   }
   return moved;
 }
 
-void DevicePool::Impl::tc_flush_all() {
-  for (auto& cache : tcaches) {
-    Guard g(cache->mu);
-    tc_flush(*cache);
+void ThreadCaches::flush_all() {
+  for (auto& cache : list_) {
+    SpinGuard g(cache->mu);
+    flush(*cache);
   }
 }
 
-void DevicePool::Impl::tc_merge_own() {
-  ThreadBlockCache* cache = tc_find();
+void ThreadCaches::merge_own() {
+  ThreadBlockCache* cache = find(uid_);
   if (cache != nullptr && cache->dirty.load(std::memory_order_relaxed)) {
-    Guard g(cache->mu);
-    tc_merge(*cache);
+    SpinGuard g(cache->mu);
+    merge(*cache);
   }
 }
 
-bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
-  auto reclaim_from = [&](ThreadBlockCache& cache) REQUIRES(mu) {
-    Guard g(cache.mu);
+bool ThreadCaches::reclaim_lent(std::uintptr_t p) {
+  auto reclaim_from = [&](ThreadBlockCache& cache) {
+    SpinGuard g(cache.mu);
     if (cache.nlent == 0) return false;
     const int home = ThreadBlockCache::slot_of(p);
     for (int k = 0; k < ThreadBlockCache::kLentSlots; ++k) {  // from p's home slot (p is usually a start)
       const int i = (home + k) % ThreadBlockCache::kLentSlots;
       const CachedBlock& e = cache.lent[i];
       if (e.ptr != 0 && p >= e.ptr && p < e.ptr + e.size) {
-        tc_merge(cache);  // its deltas describe this block's history
-        tc_return_lent(cache, i);
+        merge(cache);  // its deltas describe this block's history
+        return_lent(cache, i);
         return true;
       }
     }
@@ -227,28 +223,28 @@ bool DevicePool::Impl::tc_reclaim_lent(std::uintptr_t p) {
   };
   // Usually the freeing thread lent it itself (e.g. free() of a lent block in a fenced pool):
   // look there first; other threads' caches only for cross-thread frees.
-  ThreadBlockCache* own = tc_find();
+  ThreadBlockCache* own = find(uid_);
   if (own != nullptr && reclaim_from(*own)) return true;
-  for (auto& cache : tcaches)
+  for (auto& cache : list_)
     if (cache.get() != own && reclaim_from(*cache)) return true;
   return false;
 }
 
-void DevicePool::Impl::tc_detach_all() {
+void ThreadCaches::detach_all() {
   std::lock_guard<std::mutex> reg(registry_mutex());
-  Guard pool_lock(mu);
-  for (auto& cache : tcaches) {
-    Guard g(cache->mu);
+  SpinGuard pool_lock(pool_mu_);
+  for (auto& cache : list_) {
+    SpinGuard g(cache->mu);
     for (CachedBlock& e : cache->lent) e = CachedBlock{};
-    if (cache->fence != 0) fences.release(cache->fence);
+    if (cache->fence != 0) fences_.release(cache->fence);
     cache->fence = 0;
     cache->nfree = cache->nlent = cache->npend = cache->nclosed = 0;
     cache->free_bytes = 0;
-    cache->delta = detail::StatsDelta{};
+    cache->delta = StatsDelta{};
     cache->dirty.store(false, std::memory_order_relaxed);
     cache->pool.store(nullptr, std::memory_order_release);
   }
-  tcaches.clear();
+  list_.clear();
 }
 
-}  // namespace cudapool
+}  // namespace cudapool::detail
