@@ -57,6 +57,69 @@ FreeStatus BlockStore::diagnose_bad_free(std::uintptr_t p) {
   return FreeStatus::interior_pointer;
 }
 
+std::optional<AddressInfo> BlockStore::address_info(std::uintptr_t p) const {
+  const Segment* seg = segment_containing(p);
+  const Block* b = seg != nullptr ? block_at(const_cast<Segment*>(seg), p) : nullptr;
+  if (b == nullptr || b->state != BState::allocated) return std::nullopt;
+  AddressInfo info;
+  info.block_base = b->ptr;
+  info.block_size = b->requested;
+  info.segment_base = seg->base;
+  info.segment_size = seg->size;
+  info.whole_segment = !b->is_split();
+  info.expandable = seg->expandable;
+  if (seg->expandable) {
+    // The "segment" of an expandable block is its mapped run; never whole (no legacy IPC).
+    const Block* first = b;
+    while (first->prev != nullptr && first->prev->mapped()) first = first->prev;
+    const Block* last = b;
+    while (last->next != nullptr && last->next->mapped()) last = last->next;
+    info.segment_base = first->ptr;
+    info.segment_size = last->ptr + last->size - first->ptr;
+    info.whole_segment = false;
+  }
+  return info;
+}
+
+Snapshot BlockStore::snapshot(int device) const {
+  Snapshot snap;
+  snap.segments.reserve(segments.size());
+  for (auto& [base, seg] : segments) {
+    for (const Block* first = seg->head; first != nullptr;) {
+      if (!first->mapped()) {
+        first = first->next;
+        continue;
+      }
+      SegmentInfo si;
+      si.device = device;
+      si.address = first->ptr;
+      si.stream = seg->stream;
+      si.is_small = seg->small;
+      si.is_expandable = seg->expandable;
+      const Block* b = first;
+      for (; b != nullptr && b->mapped(); b = b->next) {
+        si.total_size += b->size;
+        BlockInfo bi;
+        bi.address = b->ptr;
+        bi.size = b->size;
+        bi.requested_size = b->requested;
+        bi.state = b->state == BState::allocated ? BlockState::active_allocated
+                   : b->state == BState::pending ? BlockState::active_pending_free
+                                                 : BlockState::inactive;
+        if (b->state == BState::allocated) si.allocated_size += b->size;
+        if (b->state == BState::allocated || b->state == BState::pending) {
+          si.active_size += b->size;
+          si.requested_size += b->requested;
+        }
+        si.blocks.push_back(bi);
+      }
+      snap.segments.push_back(std::move(si));
+      first = b;
+    }
+  }
+  return snap;
+}
+
 void BlockStore::forget_all() {
   for (auto& [base, seg] : segments) {
     for (Block* b = seg->head; b != nullptr;) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -227,6 +228,10 @@ class BlockStore {
   Segment* segment_containing(std::uintptr_t p) const;
   // The pointer is not the start of a live block: say why, touching nothing.
   FreeStatus diagnose_bad_free(std::uintptr_t p);
+  // The live block containing p (p inside one of the segments), as DevicePool::address_info says.
+  std::optional<AddressInfo> address_info(std::uintptr_t p) const;
+  // Every segment, block by block (an expandable range: one entry per mapped run).
+  Snapshot snapshot(int device) const;
   // Forget every segment and block (the context is gone).
   void forget_all();
   // What check() found that other structures must agree with.

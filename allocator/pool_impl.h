@@ -1,36 +1,20 @@
-// Internal: the pool's data structures and the primitives both the fast path (pool_fast.cpp)
-// and the slow paths (pool_miss.cpp, pool_release.cpp, pool_fences.cpp, ...) use. Not
-// installed, not for other modules.
-//
-// Picture (docs/design.md has the why):
-//   Segment  = one upstream allocation; its Blocks tile it in address order (prev/next).
-//   Block    = allocated | pending (freed by free(), waits for a device fence) |
-//              local (free, reusable at once by one stream) | shared (free, any stream) |
-//              retiring (free, its stream was retired; waits for a fence on that stream).
-//   Free sets: std::set ordered by (size, address) per pool kind (small/large) and per class:
-//              one shared set each, one local set each per stream. Best fit for a request on
-//              stream t = the smaller of lower_bound() in t's local set and in the shared set.
-//   live     = PtrMap from the start of each allocated block to the block (the free path).
-//   Batches  = blocks waiting on one fence: the open batch (free()s since the last allocate),
-//              recorded device batches (FIFO), retire batches (fence_batches.h). Local blocks
-//              are promoted to shared through one outstanding stream fence per stream
-//              (StreamFree::promo_*).
-// The pieces with their own state live in their own types: blocks.h (blocks, segments, free
-// sets), fence_batches.h (what waits on which fence), stats_ledger.h (every counter),
-// limits.h (the reserve limit), thread_cache.h (per-thread caches); Impl composes them.
+// Internal: DevicePool::Impl, the composition behind the pool's front (pool.cpp). Not
+// installed, not for other modules. Each concept owns its state in its own type and file:
+//   store    (block_store.h)       blocks, segments, free sets, the pointer map, streams' sets;
+//   ledger   (stats_ledger.h)      every statistics counter;
+//   limits   (limits.h)            the reserve limit and the device facts it needs;
+//   ranges   (expandable_ranges.h) expandable segments: plan, recycle, map, alias, release;
+//   reclaim  (reclaim.h)           what waits on which fence, and the rules that free it;
+//   caches   (thread_caches.h)     the threads' block caches (thread_cache.h: one cache);
+//   events   (events.h)            the event sink.
+// Impl itself holds the lock and the order of the slow paths: the miss path, make_room and
+// growth (pool_miss.cpp), giving memory back (pool_release.cpp). The lock guards every concept
+// as a whole (GUARDED_BY below); the concepts' own code knows nothing of it, and only Impl drops
+// it (around upstream calls). docs/design.md has the picture and the why.
 #pragma once
-#include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "allocator/block_store.h"
@@ -151,7 +135,7 @@ struct DevicePool::Impl {
   UpstreamStatus fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) REQUIRES(mu);
   using Drain = detail::ExpandableRanges::Drain;
 
-  // ---- queries (pool_query.cpp) ----
+  // ---- consistency and teardown (pool.cpp) ----
   std::string check() const REQUIRES(mu);
   void forget_all() REQUIRES(mu);
 };

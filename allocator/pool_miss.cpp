@@ -3,8 +3,8 @@
 //      at a time (reuse_step), with a search after each;
 //   2. garbage collection (garbage_collection_threshold; pool_release.cpp);
 //   3. grow: expandable ranges (recycling free pages, maybe making room past the high-water
-//      mark: pool_expandable.cpp); else / when full, a new segment from the upstream (unless a
-//      limit says no: then no upstream call; limits.h);
+//      mark: grow_expandable below, the rules in expandable_ranges.cpp); else / when full, a
+//      new segment from the upstream (unless a limit says no: then no upstream call; limits.h);
 //   4. on refusal, make_room(upstream) (upstream_step; the releases are in pool_release.cpp)
 //      and grow again; then out_of_memory, with the cause of the refusal.
 // Any upstream error other than out-of-memory is returned at once, with the upstream's code.

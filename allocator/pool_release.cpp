@@ -108,16 +108,6 @@ std::size_t DevicePool::Impl::release_cached(Lock& lk) {
   return release_segments(lk, out);
 }
 
-std::size_t DevicePool::release_idle(std::size_t want) {
-  Impl& pool = *impl_;
-  if (want == 0) return 0;
-  Impl::Lock lk(pool.mu);
-  Impl::Request req;
-  pool.make_room(lk, req, want, Impl::Room::idle, true);
-  pool.events.emit(EventKind::empty_cache, 0, req.released, 0, 0);
-  return req.released;
-}
-
 std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
   // Candidates: unsplit free segments, and free expandable blocks holding whole units; oldest
   // (longest since cached, in its pool kind's searches) first.
@@ -195,17 +185,6 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
   const std::size_t bytes = release_segments(lk, out);
   ledger.gc_pass(bytes);
   events.emit(EventKind::gc, 0, bytes, 0, 0);
-}
-
-std::size_t DevicePool::empty_cache() {
-  Impl& pool = *impl_;
-  Impl::Lock lk(pool.mu);
-  pool.caches.flush_all();  // blocks parked in threads' caches are reclaimable too
-  pool.reclaim.wait_all();
-  const std::size_t bytes = pool.release_cached(lk);
-  pool.ledger.empty_cache_call();
-  pool.events.emit(EventKind::empty_cache, 0, bytes, 0, 0);
-  return bytes;
 }
 
 }  // namespace cudapool

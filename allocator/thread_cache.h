@@ -1,4 +1,4 @@
-// Internal: a small per-thread, per-pool cache in front of the pool lock (pool_tcache.cpp has
+// Internal: a small per-thread, per-pool cache in front of the pool lock (thread_caches.cpp has
 // the pool side, docs/design.md "Thread caches" the why). Two kinds of freed blocks live here:
 //  * stream-local ones: blocks freed with free_on_stream(p, s) (reusable at once on s) or with
 //    free(p) under FreeSync::immediate (reusable at once on the allocation stream). Such a block

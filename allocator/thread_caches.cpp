@@ -118,6 +118,20 @@ void ThreadCaches::merge(ThreadBlockCache& cache) {
   cache.dirty.store(false, std::memory_order_relaxed);
 }
 
+std::uintptr_t ThreadCaches::merge_and_take(ThreadBlockCache& cache, bool slot_busy, std::size_t rounded,
+                                            std::size_t requested, StreamId stream) {
+  merge(cache);
+  if (!slot_busy) return 0;
+  // Runs inside take(), which knows nothing of this object: the caller holds cache.mu.
+  auto evict = [&](std::uintptr_t near) NO_THREAD_SAFETY_ANALYSIS {
+    return_lent(cache, cache.lent_any(near));
+    return true;
+  };
+  const std::uintptr_t p = cache.take(rounded, requested, stream, evict, &slot_busy);
+  if (p != 0) merge(cache);
+  return p;
+}
+
 void ThreadCaches::flush(ThreadBlockCache& cache) {
   merge(cache);
   // Every lent block back (no erase while walking: erasing shifts entries backwards).

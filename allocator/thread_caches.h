@@ -65,8 +65,13 @@ class ThreadCaches {
   // A lent entry becomes an ordinary allocated block again.
   void return_lent(ThreadBlockCache& cache, int i) REQUIRES(cache.mu);
   void merge(ThreadBlockCache& cache) REQUIRES(cache.mu);  // apply the stat deltas
-  void flush(ThreadBlockCache& cache) REQUIRES(cache.mu);  // merge, then return every block
-  void flush_all();                                         // every thread's cache
+  // The owner takes the pool lock: its cached operations come first (program order). With
+  // `slot_busy` a cached block fits but its lent slot is taken: room is made and the block lent
+  // (its address returned; else 0).
+  std::uintptr_t merge_and_take(ThreadBlockCache& cache, bool slot_busy, std::size_t rounded, std::size_t requested,
+                                StreamId stream) REQUIRES(cache.mu);
+  void flush(ThreadBlockCache& cache) REQUIRES(cache.mu);         // merge, then return every block
+  void flush_all();                                               // every thread's cache
   void flush_fenced(ThreadBlockCache& cache) REQUIRES(cache.mu);  // its fenced batches only
   // The fenced batches of caches whose owner has left them alone for kStaleNs go into the pool's
   // open batch (a miss: only their owner would close them otherwise). True if any moved.

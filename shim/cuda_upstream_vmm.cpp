@@ -14,7 +14,7 @@
 // 16 in 64 MiB units. One cuMemSetAccess covers a whole map() or move() call.
 //
 // Address space: the pool asks for one range per pool kind (small/large) of about 9/8 of the
-// device (allocator/pool_expandable.cpp), i.e. two per context, however many streams there are.
+// device (allocator/expandable_ranges.cpp), i.e. two per context, however many streams there are.
 // This upstream refuses (the pool then falls back to classic segments) a range larger than
 // 9/8 of the device plus two pages, and any reservation that would take this process's total
 // over kMaxReservedTotal (16 TiB: 8 devices x a few contexts of 141 GB GPUs fit many times, and
