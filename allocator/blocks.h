@@ -106,7 +106,7 @@ struct StreamFree {
   FreeSet sets[2];
   FenceHandle promo_fence = 0;    // outstanding fence on this stream, 0 = none
   std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
-  std::uint64_t promo_miss = 0;   // Impl::slow_calls when promo_fence was recorded
+  std::uint64_t promo_miss = 0;   // Reclaim::slow_calls when promo_fence was recorded
   StreamFree(StreamId s, NodeArena* arena)
       : id(s),
         sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),

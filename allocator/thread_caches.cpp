@@ -186,7 +186,7 @@ void ThreadCaches::flush_fenced(ThreadBlockCache& cache) {
 // Only stale batches: an active owner closes its open batch within the window and collects its
 // closed one at its next miss, so taking those away would only send it back to the pool lock —
 // and two busy threads that miss in turn would keep emptying each other's caches (seen as a
-// bimodal 3-25 M pairs/s in BM_Pool_Contention_Fenced). A batch untouched for kTcStaleNs means
+// bimodal 3-25 M pairs/s in BM_Pool_Contention_Fenced). A batch untouched for kStaleNs means
 // an owner that stopped allocating.
 bool ThreadCaches::collect_fenced() {
   bool moved = false;
