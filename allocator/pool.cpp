@@ -38,6 +38,157 @@ DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstrea
 
 DevicePool::~DevicePool() = default;
 
+namespace {
+
+using detail::CachedBlock;
+using detail::ThreadBlockCache;
+
+constexpr std::int64_t kCacheQueryGapNs = 2'000;  // a cache's closed batch is asked at most this often
+
+// A free cached entry is lent (+1): the pool's take() of it, or a lent entry is freed
+// stream-locally (-1): the pool's unallocate() and make_local(), in the ledger's terms.
+void count_lent(detail::StatsDelta& d, const CachedBlock& e, int sign) {
+  if (sign > 0) {
+    if (e.split) d.inactive_split_changed(e.small, e.size, -1);
+    d.block_allocated(e.small, e.size, e.requested);
+  } else {
+    d.block_unallocated(e.small, e.size);
+    d.block_deactivated(e.small, e.size, e.requested);
+    if (e.split) d.inactive_split_changed(e.small, e.size, +1);
+  }
+}
+
+// A fenced free of a lent entry: no longer allocated, still active (its fence is pending).
+void count_pend(detail::StatsDelta& d, const CachedBlock& e) {
+  d.block_unallocated(e.small, e.size);
+  d.pending_added(e.size);
+}
+
+// A fenced entry's fence completed: inactive now (the rest of count_lent(-1)).
+void count_fence_done(detail::StatsDelta& d, const CachedBlock& e) {
+  d.block_deactivated(e.small, e.size, e.requested);
+  if (e.split) d.inactive_split_changed(e.small, e.size, +1);
+  d.pending_removed(e.size);
+}
+
+// Under cache.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
+// `evict(ptr)` makes room in a full lent table; it can only when the pool lock is held.
+// *slot_busy: an entry matched but the lent table was full (the locked path can evict).
+template <class Evict>
+std::uintptr_t cache_take(ThreadBlockCache& cache, std::size_t rounded, std::size_t requested, StreamId stream,
+                          Evict evict, bool* slot_busy) REQUIRES(cache.mu) {
+  for (int i = cache.nfree - 1; i >= 0; --i) {  // newest first: the warmest block
+    if (cache.free_[i].rounded != rounded || (cache.free_[i].stream != stream && !cache.free_[i].any_stream)) continue;
+    if (cache.nlent >= ThreadBlockCache::kMaxLent && !evict(cache.free_[i].ptr)) {
+      *slot_busy = true;
+      return 0;
+    }
+    CachedBlock e = cache.free_[i];
+    cache.free_[i] = cache.free_[--cache.nfree];
+    cache.free_bytes -= e.size;
+    e.requested = requested;
+    e.stream = stream;  // lent: the allocation stream
+    e.any_stream = false;
+    cache.lent_insert(e);
+    count_lent(cache.delta, e, +1);
+    cache.delta.cache_hit();
+    cache.dirty.store(true, std::memory_order_relaxed);
+    cache.credit = std::min(cache.credit + ThreadBlockCache::kHitCredit, ThreadBlockCache::kMaxCredit);
+    return e.ptr;
+  }
+  return 0;
+}
+
+// Under cache.mu: the block lent at p becomes free in the cache, local to `stream` (or to its
+// allocation stream when use_owner). False: not lent by this cache, or no room.
+bool cache_put(ThreadBlockCache& cache, std::uintptr_t p, StreamId stream, bool use_owner) REQUIRES(cache.mu) {
+  const int i = cache.lent_find(p);
+  if (i < 0) return false;
+  if (cache.nfree >= ThreadBlockCache::kMaxFree ||
+      cache.free_bytes + cache.lent[i].size > ThreadBlockCache::kMaxFreeBytes)
+    return false;
+  CachedBlock e = cache.lent[i];
+  cache.lent_erase(i);
+  count_lent(cache.delta, e, -1);
+  cache.dirty.store(true, std::memory_order_relaxed);
+  if (!use_owner) e.stream = stream;
+  e.requested = 0;
+  cache.free_[cache.nfree++] = e;
+  cache.free_bytes += e.size;
+  return true;
+}
+
+// Under cache.mu: a fenced free(p) of the block lent at p joins the cache's open batch. False: not
+// lent by this cache, or the open batch is full (its fence waits for the closed one's).
+bool cache_put_pending(ThreadBlockCache& cache, std::uintptr_t p) REQUIRES(cache.mu) {
+  if (cache.npend == ThreadBlockCache::kMaxPend) return false;
+  const int i = cache.lent_find(p);
+  if (i < 0) return false;
+  CachedBlock e = cache.lent[i];
+  cache.lent_erase(i);
+  count_pend(cache.delta, e);
+  cache.dirty.store(true, std::memory_order_relaxed);
+  cache.pend[cache.npend++] = e;
+  return true;
+}
+
+// Under cache.mu only (fence calls need no pool lock: FenceProvider is thread-safe). The cache's
+// fenced batches move on: the closed batch's fence is asked (at most once per kCacheQueryGapNs, a
+// query costs ~0.3 us on an H200) and once complete its blocks become free for any stream; the
+// open batch is closed (its fence recorded) when the closed slot is empty and the batch is full
+// or older than the pool's batch window. True if blocks became free.
+bool cache_service(ThreadBlockCache& cache, FenceProvider& fences) REQUIRES(cache.mu) {
+  bool freed = false;
+  const std::int64_t now = detail::Reclaim::clock_ns();
+  if (cache.fence != 0 && now - cache.last_query >= kCacheQueryGapNs &&
+      cache.nfree + cache.nclosed <= ThreadBlockCache::kMaxFree + ThreadBlockCache::kMaxPend) {
+    cache.last_query = now;
+    if (fences.query(cache.fence)) {
+      fences.release(cache.fence);
+      cache.fence = 0;
+      for (int i = 0; i < cache.nclosed; ++i) {
+        CachedBlock e = cache.closed[i];
+        count_fence_done(cache.delta, e);
+        e.any_stream = true;
+        e.requested = 0;
+        cache.free_[cache.nfree++] = e;
+        cache.free_bytes += e.size;
+      }
+      freed = cache.nclosed > 0;
+      cache.nclosed = 0;
+      cache.dirty.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (cache.fence == 0 && cache.npend > 0 &&
+      (cache.npend == ThreadBlockCache::kMaxPend || now - cache.pend_since >= detail::FenceBatches::kBatchWindowNs)) {
+    cache.fence = fences.record_device();
+    cache.delta.fence_recorded();
+    cache.dirty.store(true, std::memory_order_relaxed);
+    for (int i = 0; i < cache.npend; ++i) cache.closed[i] = cache.pend[i];
+    cache.nclosed = cache.npend;
+    cache.npend = 0;
+    cache.last_query = now - kCacheQueryGapNs;  // the next miss may ask at once: an idle GPU is done already
+    cache.closed_since = now;
+  }
+  return freed;
+}
+
+}  // namespace
+
+// After a locked allocation: lend the block through this thread's cache when its free could be
+// stream-local; then the free and the next allocation of the same size on the same stream skip
+// the pool lock.
+inline void DevicePool::Impl::lend(ThreadBlockCache* cache, Block* b, std::size_t rounded) {
+  if ((opt.free_sync != FreeSync::device || (cache != nullptr && cache->async_seen)) && caches.may_cache(b)) {
+    if (cache == nullptr) cache = caches.create();
+    detail::SpinGuard g(cache->mu);
+    if (cache->wants_checkout())
+      caches.checkout(*cache, b, rounded);
+    else if (cache->nfree != 0)
+      caches.flush(*cache);  // the cache does not hit: its parked blocks are better off in the pool
+  }
+}
+
 AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   if (size == 0) return {};
   if (size > kMaxRequestSize) return {nullptr, AllocStatus::invalid_size};
@@ -48,18 +199,28 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   if (cache != nullptr) {
     Impl::Guard g(cache->mu);
     auto no_evict = [](std::uintptr_t) { return false; };
-    if (std::uintptr_t p = cache->take(rounded, size, stream, no_evict, &slot_busy))
+    if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
       return {reinterpret_cast<void*>(p), AllocStatus::ok};
-    if ((cache->npend | cache->nclosed) != 0 && cache->service(pool.fences)) {
-      if (std::uintptr_t p = cache->take(rounded, size, stream, no_evict, &slot_busy))
+    if ((cache->npend | cache->nclosed) != 0 && cache_service(*cache, pool.fences)) {
+      if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
         return {reinterpret_cast<void*>(p), AllocStatus::ok};
     }
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr && (slot_busy || cache->dirty.load(std::memory_order_relaxed))) {
     Impl::Guard g(cache->mu);
-    if (std::uintptr_t p = pool.caches.merge_and_take(*cache, slot_busy, rounded, size, stream))
-      return {reinterpret_cast<void*>(p), AllocStatus::ok};
+    pool.caches.merge(*cache);  // this thread's cached operations come first (program order)
+    if (slot_busy) {            // a cached block fits but its lent slot is taken: make room now
+      // Runs inside cache_take, which knows nothing of the pool lock: both locks are held here.
+      auto evict = [&](std::uintptr_t near) NO_THREAD_SAFETY_ANALYSIS {
+        pool.caches.return_lent(*cache, cache->lent_any(near));
+        return true;
+      };
+      if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, evict, &slot_busy)) {
+        pool.caches.merge(*cache);
+        return {reinterpret_cast<void*>(p), AllocStatus::ok};
+      }
+    }
   }
   if (!pool.caches.multi_threaded()) pool.caches.note_thread();
   if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
@@ -77,16 +238,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
     if (r.status != AllocStatus::ok) return r;
     b = pool.store.live.find(reinterpret_cast<std::uintptr_t>(r.ptr));
   }
-  // Lend it through this thread's cache when its free could be stream-local: then the free and
-  // the next allocation of the same size on the same stream skip the pool lock.
-  if ((pool.opt.free_sync != FreeSync::device || (cache != nullptr && cache->async_seen)) && pool.caches.may_cache(b)) {
-    if (cache == nullptr) cache = pool.caches.create();
-    Impl::Guard g(cache->mu);
-    if (cache->wants_checkout())
-      pool.caches.checkout(*cache, b, rounded);
-    else if (cache->nfree != 0)
-      pool.caches.flush(*cache);  // the cache does not hit: its parked blocks are better off in the pool
-  }
+  pool.lend(cache, b, rounded);
   return r;
 }
 
@@ -96,14 +248,14 @@ FreeStatus DevicePool::free(void* ptr) {
   ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
   if (cache != nullptr && pool.opt.free_sync == FreeSync::immediate) {
     Impl::Guard g(cache->mu);
-    if (cache->put(p, 0, true)) return FreeStatus::ok;
+    if (cache_put(*cache, p, 0, true)) return FreeStatus::ok;
   } else if (cache != nullptr && (pool.opt.free_sync == FreeSync::fenced || pool.opt.free_sync == FreeSync::gpu_wait)) {
     Impl::Guard g(cache->mu);
-    if (cache->put_pending(p)) {
+    if (cache_put_pending(*cache, p)) {
       if (cache->npend == 1)
         cache->pend_since = detail::Reclaim::clock_ns();  // the cache's batch opens: its window starts
       else if (cache->npend == ThreadBlockCache::kMaxPend)
-        cache->service(pool.fences);  // full: recorded now unless the previous batch still waits
+        cache_service(*cache, pool.fences);  // full: recorded now unless the previous batch still waits
       return FreeStatus::ok;
     }
   }
@@ -132,7 +284,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
   if (cache != nullptr) {
     Impl::Guard g(cache->mu);
-    if (cache->put(p, stream, false)) return FreeStatus::ok;
+    if (cache_put(*cache, p, stream, false)) return FreeStatus::ok;
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.caches.merge_own();

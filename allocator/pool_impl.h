@@ -70,6 +70,8 @@ struct DevicePool::Impl {
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const REQUIRES(mu) { return reclaim.batches.has_work() || !ranges.draining.empty(); }
+  // After a locked allocation: lend block b through this thread's cache (pool.cpp, inline there).
+  void lend(detail::ThreadBlockCache* cache, Block* b, std::size_t rounded) REQUIRES(mu);
 
   // ---- the miss path (pool_miss.cpp) ----
   // One request for memory on a slow path: what it asks for, how far make_room has gone for

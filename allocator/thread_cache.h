@@ -21,13 +21,10 @@
 // back to back at the moment of the merge" (each thread's program order is kept: the owner
 // merges its cache whenever it takes the pool lock itself).
 #pragma once
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/fence.h"
-#include "allocator/fence_batches.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
 #include "allocator/types.h"
@@ -146,16 +143,6 @@ struct ThreadBlockCache {
     while (lent[i].ptr == 0) i = next_slot(i);
     return i;
   }
-  // ---- the owner's fast path (no pool lock: fence calls need none, FenceProvider is
-  // thread-safe); defined below, inline ----
-  template <class Evict>
-  std::uintptr_t take(std::size_t rounded, std::size_t requested, StreamId stream, Evict evict, bool* slot_busy)
-      REQUIRES(mu);
-  bool put(std::uintptr_t p, StreamId stream, bool use_owner) REQUIRES(mu);
-  bool put_pending(std::uintptr_t p) REQUIRES(mu);
-  static constexpr std::int64_t kQueryGapNs = 2'000;  // the closed batch's fence is asked at most this often
-  bool service(FenceProvider& fences) REQUIRES(mu);
-
   // A locked allocation asks whether to lend its block through this cache.
   bool wants_checkout() {
     if (credit > 0) {
@@ -165,131 +152,5 @@ struct ThreadBlockCache {
     return ++probe % kProbeEvery == 0;
   }
 };
-
-// A free cached entry is lent (+1): the pool's take() of it, or a lent entry is freed
-// stream-locally (-1): the pool's unallocate() and make_local(), in the ledger's terms.
-inline void count_lent(StatsDelta& d, const CachedBlock& e, int sign) {
-  if (sign > 0) {
-    if (e.split) d.inactive_split_changed(e.small, e.size, -1);
-    d.block_allocated(e.small, e.size, e.requested);
-  } else {
-    d.block_unallocated(e.small, e.size);
-    d.block_deactivated(e.small, e.size, e.requested);
-    if (e.split) d.inactive_split_changed(e.small, e.size, +1);
-  }
-}
-
-// A fenced free of a lent entry: no longer allocated, still active (its fence is pending).
-inline void count_pend(StatsDelta& d, const CachedBlock& e) {
-  d.block_unallocated(e.small, e.size);
-  d.pending_added(e.size);
-}
-
-// A fenced entry's fence completed: inactive now (the rest of count_lent(-1)).
-inline void count_fence_done(StatsDelta& d, const CachedBlock& e) {
-  d.block_deactivated(e.small, e.size, e.requested);
-  if (e.split) d.inactive_split_changed(e.small, e.size, +1);
-  d.pending_removed(e.size);
-}
-
-// Under mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
-// `evict(ptr)` makes room in a full lent table; it can only when the pool lock is held.
-// *slot_busy: an entry matched but the lent table was full (the locked path can evict).
-template <class Evict>
-std::uintptr_t ThreadBlockCache::take(std::size_t rounded, std::size_t requested, StreamId stream, Evict evict,
-                                      bool* slot_busy) {
-  for (int i = nfree - 1; i >= 0; --i) {  // newest first: the warmest block
-    if (free_[i].rounded != rounded || (free_[i].stream != stream && !free_[i].any_stream)) continue;
-    if (nlent >= ThreadBlockCache::kMaxLent && !evict(free_[i].ptr)) {
-      *slot_busy = true;
-      return 0;
-    }
-    CachedBlock e = free_[i];
-    free_[i] = free_[--nfree];
-    free_bytes -= e.size;
-    e.requested = requested;
-    e.stream = stream;  // lent: the allocation stream
-    e.any_stream = false;
-    lent_insert(e);
-    count_lent(delta, e, +1);
-    delta.cache_hit();
-    dirty.store(true, std::memory_order_relaxed);
-    credit = std::min(credit + ThreadBlockCache::kHitCredit, ThreadBlockCache::kMaxCredit);
-    return e.ptr;
-  }
-  return 0;
-}
-
-// Under mu: the block lent at p becomes free in the cache, local to `stream` (or to its
-// allocation stream when use_owner). False: not lent by this cache, or no room.
-inline bool ThreadBlockCache::put(std::uintptr_t p, StreamId stream, bool use_owner) {
-  const int i = lent_find(p);
-  if (i < 0) return false;
-  if (nfree >= ThreadBlockCache::kMaxFree || free_bytes + lent[i].size > ThreadBlockCache::kMaxFreeBytes) return false;
-  CachedBlock e = lent[i];
-  lent_erase(i);
-  count_lent(delta, e, -1);
-  dirty.store(true, std::memory_order_relaxed);
-  if (!use_owner) e.stream = stream;
-  e.requested = 0;
-  free_[nfree++] = e;
-  free_bytes += e.size;
-  return true;
-}
-
-// Under mu: a fenced free(p) of the block lent at p joins the cache's open batch. False: not
-// lent by this cache, or the open batch is full (its fence waits for the closed one's).
-inline bool ThreadBlockCache::put_pending(std::uintptr_t p) {
-  if (npend == ThreadBlockCache::kMaxPend) return false;
-  const int i = lent_find(p);
-  if (i < 0) return false;
-  CachedBlock e = lent[i];
-  lent_erase(i);
-  count_pend(delta, e);
-  dirty.store(true, std::memory_order_relaxed);
-  pend[npend++] = e;
-  return true;
-}
-
-// Under mu only (fence calls need no pool lock: FenceProvider is thread-safe). The cache's
-// fenced batches move on: the closed batch's fence is asked (at most once per kQueryGapNs, a
-// query costs ~0.3 us on an H200) and once complete its blocks become free for any stream; the
-// open batch is closed (its fence recorded) when the closed slot is empty and the batch is full
-// or older than the pool's batch window. True if blocks became free.
-inline bool ThreadBlockCache::service(FenceProvider& fences) {
-  bool freed = false;
-  const std::int64_t now = FenceBatches::clock_ns();
-  if (fence != 0 && now - last_query >= kQueryGapNs &&
-      nfree + nclosed <= ThreadBlockCache::kMaxFree + ThreadBlockCache::kMaxPend) {
-    last_query = now;
-    if (fences.query(fence)) {
-      fences.release(fence);
-      fence = 0;
-      for (int i = 0; i < nclosed; ++i) {
-        CachedBlock e = closed[i];
-        count_fence_done(delta, e);
-        e.any_stream = true;
-        e.requested = 0;
-        free_[nfree++] = e;
-        free_bytes += e.size;
-      }
-      freed = nclosed > 0;
-      nclosed = 0;
-      dirty.store(true, std::memory_order_relaxed);
-    }
-  }
-  if (fence == 0 && npend > 0 &&
-      (npend == ThreadBlockCache::kMaxPend || now - pend_since >= FenceBatches::kBatchWindowNs)) {
-    fence = fences.record_device();
-    delta.fence_recorded();
-    dirty.store(true, std::memory_order_relaxed);
-    for (int i = 0; i < npend; ++i) closed[i] = pend[i];
-    nclosed = npend;
-    npend = 0;
-    last_query = now - kQueryGapNs;  // the next miss may ask at once: an idle GPU is done already
-    closed_since = now;
-  }
-  return freed;
-}
 
 }  // namespace cudapool::detail

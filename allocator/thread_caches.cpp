@@ -1,7 +1,7 @@
 // The pool side of the per-thread caches (thread_caches.h): registration, check-out, stat
 // merging, flushing back into the pool, thread exit, teardown. Lock order everywhere: cache
 // registry mutex -> pool lock -> a cache's mu. The owner's fast path (pool.cpp,
-// ThreadBlockCache's inline take / put / service) takes only its own cache's mu.
+// cache_take / cache_put / cache_service) takes only its own cache's mu.
 #include <algorithm>
 #include <mutex>
 #include <utility>
@@ -116,20 +116,6 @@ void ThreadCaches::merge(ThreadBlockCache& cache) {
   if (!cache.dirty.load(std::memory_order_relaxed)) return;
   ledger_.merge(cache.delta);
   cache.dirty.store(false, std::memory_order_relaxed);
-}
-
-std::uintptr_t ThreadCaches::merge_and_take(ThreadBlockCache& cache, bool slot_busy, std::size_t rounded,
-                                            std::size_t requested, StreamId stream) {
-  merge(cache);
-  if (!slot_busy) return 0;
-  // Runs inside take(), which knows nothing of this object: the caller holds cache.mu.
-  auto evict = [&](std::uintptr_t near) NO_THREAD_SAFETY_ANALYSIS {
-    return_lent(cache, cache.lent_any(near));
-    return true;
-  };
-  const std::uintptr_t p = cache.take(rounded, requested, stream, evict, &slot_busy);
-  if (p != 0) merge(cache);
-  return p;
 }
 
 void ThreadCaches::flush(ThreadBlockCache& cache) {

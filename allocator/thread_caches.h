@@ -1,6 +1,7 @@
 // Internal: the pool side of the per-thread block caches (thread_cache.h has one cache and its
 // fast path, docs/design.md "Thread caches" the why): which threads' caches a pool has,
 // registration, check-out, stat merging, flushing back into the pool, thread exit, teardown.
+// A cache's own fast path (no pool lock) is the front's: pool.cpp, cache_take / cache_put.
 // Lock order everywhere: cache registry mutex -> pool lock -> a cache's mu. The pool lock guards
 // this object, as everything else in the pool; each cache's own state its mu.
 #pragma once
@@ -64,12 +65,7 @@ class ThreadCaches {
   void checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) REQUIRES(cache.mu);
   // A lent entry becomes an ordinary allocated block again.
   void return_lent(ThreadBlockCache& cache, int i) REQUIRES(cache.mu);
-  void merge(ThreadBlockCache& cache) REQUIRES(cache.mu);  // apply the stat deltas
-  // The owner takes the pool lock: its cached operations come first (program order). With
-  // `slot_busy` a cached block fits but its lent slot is taken: room is made and the block lent
-  // (its address returned; else 0).
-  std::uintptr_t merge_and_take(ThreadBlockCache& cache, bool slot_busy, std::size_t rounded, std::size_t requested,
-                                StreamId stream) REQUIRES(cache.mu);
+  void merge(ThreadBlockCache& cache) REQUIRES(cache.mu);         // apply the stat deltas
   void flush(ThreadBlockCache& cache) REQUIRES(cache.mu);         // merge, then return every block
   void flush_all();                                               // every thread's cache
   void flush_fenced(ThreadBlockCache& cache) REQUIRES(cache.mu);  // its fenced batches only
