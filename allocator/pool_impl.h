@@ -57,8 +57,9 @@ struct DevicePool::Impl {
   // On its own cache line: waiters spin on it without disturbing the data the owner works on.
   alignas(64) mutable detail::SpinLock mu;
 
-  detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
-  detail::BlockStore store GUARDED_BY(mu){opt, ledger};           // blocks, segments, free sets (block_store.h)
+  // From the next cache line on: what the owner writes on every call stays off the lock's line.
+  alignas(64) detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every counter (stats_ledger.h)
+  detail::BlockStore store GUARDED_BY(mu){opt, ledger};  // blocks, segments, free sets (block_store.h)
 
   detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
   detail::ExpandableRanges ranges GUARDED_BY(mu){opt, up, limits, store, ledger, events};  // (expandable_ranges.h)

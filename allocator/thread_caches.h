@@ -29,7 +29,8 @@ class ThreadCaches {
                StatsLedger& ledger, Reclaim& reclaim, EventLog& events)
       : uid_(uid),
         pool_mu_(pool_mu),
-        opt_(opt),
+        from_first_thread_(opt.cache_from_first_thread),
+        max_split_size_(opt.max_split_size),
         fences_(fences),
         store_(store),
         ledger_(ledger),
@@ -57,9 +58,9 @@ class ThreadCaches {
     else if (me != first_thread_)
       multi_threaded_ = true;
   }
-  bool on() const { return (multi_threaded_ || opt_.cache_from_first_thread) && events_.sink == nullptr; }
+  bool on() const { return (multi_threaded_ || from_first_thread_) && events_.sink == nullptr; }
   bool may_cache(const Block* b) const {
-    return on() && b->size <= ThreadBlockCache::kMaxBlock && b->size < opt_.max_split_size;
+    return on() && b->size <= ThreadBlockCache::kMaxBlock && b->size < max_split_size_;
   }
   // Hand an allocated block (just taken) to the cache as lent.
   void checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) REQUIRES(cache.mu);
@@ -83,9 +84,10 @@ class ThreadCaches {
   static void exit_flush(ThreadBlockCache& cache);  // thread exit (registry mutex held)
   void unlend(const CachedBlock& e);                // e's block is an allocated block again
 
-  const std::uint64_t uid_;  // the pool's key in every thread's cache list (never reused)
-  SpinLock& pool_mu_;        // taken by thread exit and teardown only
-  const PoolOptions& opt_;
+  const std::uint64_t uid_;           // the pool's key in every thread's cache list (never reused)
+  SpinLock& pool_mu_;                 // taken by thread exit and teardown only
+  const bool from_first_thread_;      // PoolOptions::cache_from_first_thread
+  const std::size_t max_split_size_;  // PoolOptions::max_split_size
   FenceProvider& fences_;
   BlockStore& store_;
   StatsLedger& ledger_;
