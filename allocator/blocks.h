@@ -1,8 +1,8 @@
 // Internal: the pool's memory map. A Segment is one upstream allocation (or one expandable
 // range); its Blocks tile it in address order. Free blocks sit in free sets ordered by
 // (size, address): one shared set per pool kind, one local set per pool kind per stream
-// (StreamFree). These are plain data; the rules that move blocks between states are the
-// pool's (pool_impl.h: take / insert_free; pool_fences.cpp: promotion and batches).
+// (StreamFree). These are plain data; the rules that move blocks between states are the block
+// store's (block_store.h: take / insert_free) and reclaim's (reclaim.cpp: promotion, batches).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +50,7 @@ struct Segment {
   Block* head = nullptr;
   StreamId stream = 0;  // stream of the allocation that created it (snapshot only)
   bool small = false;
-  bool expandable = false;  // a reserved range grown by mapping pages (pool_expandable.cpp)
+  bool expandable = false;  // a reserved range grown by mapping pages (expandable_ranges.cpp)
   std::size_t mapped = 0;   // expandable: bytes with pages behind them
   std::size_t page = 0;     // expandable: the unit of mapping (Limits::page_bytes)
   // expandable: the physical allocations behind the mapped bytes, base -> size. Each is one
@@ -61,7 +61,7 @@ struct Segment {
   bool holds(std::uintptr_t p) const { return p >= base && p - base < size; }
 };
 
-// A physical allocation taken out of a range for recycling (pool_expandable.cpp).
+// A physical allocation taken out of a range for recycling (expandable_ranges.cpp).
 struct Unit {
   std::uintptr_t base;
   std::size_t size;
@@ -69,7 +69,7 @@ struct Unit {
 };
 
 // A physical allocation of a hot free block (Block::hot) chosen to be aliased into a growth:
-// still mapped and still part of its block until the alias is made (pool_expandable.cpp).
+// still mapped and still part of its block until the alias is made (expandable_ranges.cpp).
 struct HotUnit {
   Segment* seg;
   std::uintptr_t base;
@@ -106,7 +106,7 @@ struct StreamFree {
   FreeSet sets[2];
   FenceHandle promo_fence = 0;    // outstanding fence on this stream, 0 = none
   std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
-  std::uint64_t promo_miss = 0;   // Impl::slow_calls when promo_fence was recorded
+  std::uint64_t promo_miss = 0;   // Reclaim::slow_calls when promo_fence was recorded
   StreamFree(StreamId s, NodeArena* arena)
       : id(s),
         sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),

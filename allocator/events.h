@@ -45,4 +45,17 @@ class EventSink {
 
 const char* to_string(EventKind k) noexcept;
 
+namespace detail {
+
+// Where a pool's events go: its sink (nullptr = none) and its device. Guarded by the pool lock.
+struct EventLog {
+  int device = 0;
+  EventSink* sink = nullptr;
+  void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
+            std::int64_t ns = 0, bool on_stream = false) const {
+    if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns, on_stream});
+  }
+};
+
+}  // namespace detail
 }  // namespace cudapool

@@ -30,7 +30,9 @@ FenceBatches::FenceBatches() {
   promo_.reserve(16);
 }
 
-void FenceBatches::promo_remove(StreamFree* sf) { promo_.erase(std::find(promo_.begin(), promo_.end(), sf)); }
+void FenceBatches::promo_remove(StreamFree* stream_free) {
+  promo_.erase(std::find(promo_.begin(), promo_.end(), stream_free));
+}
 
 void FenceBatches::poll_ordered(FenceProvider& fences) {
   std::size_t done = 0;
@@ -61,7 +63,7 @@ void FenceBatches::release_all(FenceProvider& fences) {
   };
   drop_list(dev_head_);
   drop_list(retire_head_);
-  for (StreamFree* sf : promo_) fences.release(sf->promo_fence);
+  for (StreamFree* stream_free : promo_) fences.release(stream_free->promo_fence);
   for (const auto& [f, seq] : ordered_) fences.release(f);
 }
 

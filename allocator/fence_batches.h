@@ -10,7 +10,7 @@
 //  * the query back-off of service_fences() and the Batch objects themselves.
 // Its operations only move batches and fences between these lists. What a completed batch or
 // promotion does to blocks (they become shared free blocks, merged with their neighbours) needs
-// the free sets and the stats, so it stays in the pool (pool_fences.cpp: complete_batch,
+// the free sets and the stats, so it is Reclaim's (reclaim.cpp: complete_batch,
 // complete_promo and the policies built on them). Under the pool lock, as the rest of the pool.
 #pragma once
 #include <algorithm>
@@ -151,8 +151,8 @@ class FenceBatches {
 
   // ---- streams with an outstanding promotion fence ----
   const std::vector<StreamFree*>& promos() const { return promo_; }
-  void promo_add(StreamFree* sf) { promo_.push_back(sf); }
-  void promo_remove(StreamFree* sf);
+  void promo_add(StreamFree* stream_free) { promo_.push_back(stream_free); }
+  void promo_remove(StreamFree* stream_free);
 
   // ---- service_fences()' query back-off ----
   bool query_due(std::int64_t now) const { return now >= query_after_; }

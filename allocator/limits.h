@@ -10,7 +10,7 @@
 //  * external: device memory the program maps itself (cuMemCreate outside the pool), which the
 //    shim counts against the same limit, so that a cap holds whatever way the memory was taken.
 //  * device total: also the base of garbage_collection_threshold when no limit is set, and the
-//    size of an expandable range (pool_expandable.cpp).
+//    size of an expandable range (expandable_ranges.cpp).
 //  * granularity: the driver's page size for expandable segments; 0 = expandable segments off
 //    (not asked for, not ready yet, or the upstream cannot map pages).
 // The pool lock guards it, as everything else in the pool.

@@ -21,9 +21,6 @@ enum class FreeSync : std::uint8_t {
   immediate,  // reusable at once on the block's allocation stream (PyTorch's own semantics)
 };
 
-// free() records a device-wide fence for the block (every mode but immediate).
-inline bool device_fenced(FreeSync s) { return s != FreeSync::immediate; }
-
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
 
 struct PoolOptions {

@@ -29,6 +29,13 @@ namespace cudapool {
 struct AllocResult {
   void* ptr = nullptr;
   AllocStatus status = AllocStatus::ok;
+  // out_of_memory: who said no. `budget` when a budget outside the device refused any upstream
+  // call of this allocation (other processes sharing that budget may hold idle memory); else
+  // what refused last.
+  Refusal refusal = Refusal::none;
+  // upstream_error (and out_of_memory from the upstream): the upstream's own error code (the
+  // shim: the driver's CUresult), 0 when it has none.
+  int upstream_error = 0;
 };
 
 // Where an address lies, for cuMemGetAddressRange / cuPointerGetAttribute / IPC answers.

@@ -1,38 +1,23 @@
-// Internal: the pool's data structures and the primitives both the fast path (pool_fast.cpp)
-// and the slow paths (pool_miss.cpp, pool_release.cpp, pool_fences.cpp, ...) use. Not
-// installed, not for other modules.
-//
-// Picture (docs/design.md has the why):
-//   Segment  = one upstream allocation; its Blocks tile it in address order (prev/next).
-//   Block    = allocated | pending (freed by free(), waits for a device fence) |
-//              local (free, reusable at once by one stream) | shared (free, any stream) |
-//              retiring (free, its stream was retired; waits for a fence on that stream).
-//   Free sets: std::set ordered by (size, address) per pool kind (small/large) and per class:
-//              one shared set each, one local set each per stream. Best fit for a request on
-//              stream t = the smaller of lower_bound() in t's local set and in the shared set.
-//   live     = PtrMap from the start of each allocated block to the block (the free path).
-//   Batches  = blocks waiting on one fence: the open batch (free()s since the last allocate),
-//              recorded device batches (FIFO), retire batches (fence_batches.h). Local blocks
-//              are promoted to shared through one outstanding stream fence per stream
-//              (StreamFree::promo_*).
-// The pieces with their own state live in their own types: blocks.h (blocks, segments, free
-// sets), fence_batches.h (what waits on which fence), stats_ledger.h (every counter),
-// limits.h (the reserve limit), thread_cache.h (per-thread caches); Impl composes them.
+// Internal: DevicePool::Impl, the composition behind the pool's front (pool.cpp). Not
+// installed, not for other modules. Each concept owns its state in its own type and file:
+//   store    (block_store.h)       blocks, segments, free sets, the pointer map, streams' sets;
+//   ledger   (stats_ledger.h)      every statistics counter;
+//   limits   (limits.h)            the reserve limit and the device facts it needs;
+//   ranges   (expandable_ranges.h) expandable segments: plan, recycle, map, alias, release;
+//   reclaim  (reclaim.h)           what waits on which fence, and the rules that free it;
+//   caches   (thread_caches.h)     the threads' block caches (thread_cache.h: one cache);
+//   events   (events.h)            the event sink.
+// Impl itself holds the lock and the order of the slow paths: the miss path, make_room and
+// growth (pool_miss.cpp), giving memory back (pool_release.cpp). The lock guards every concept
+// as a whole (GUARDED_BY below); the concepts' own code knows nothing of it, and only Impl drops
+// it (around upstream calls). docs/design.md has the picture and the why.
 #pragma once
-#include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
+#include "allocator/block_store.h"
 #include "allocator/blocks.h"
 #include "allocator/expandable_ranges.h"
 #include "allocator/fence_batches.h"
@@ -40,23 +25,12 @@
 #include "allocator/node_pool.h"
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
+#include "allocator/reclaim.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
-#include "allocator/thread_cache.h"
+#include "allocator/thread_caches.h"
 
 namespace cudapool {
-namespace detail {
-
-// Host time of upstream calls (stats' upstream_ns, event durations): always the real clock, unlike
-// the pool's injectable clock_ns() that drives its fence timing.
-inline std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace detail
-
-std::uint64_t new_pool_uid();  // pool_tcache.cpp
 
 struct DevicePool::Impl {
   using Block = detail::Block;
@@ -78,232 +52,70 @@ struct DevicePool::Impl {
   const PoolOptions opt;
   Upstream& up;
   FenceProvider& fences;
-  EventSink* sink GUARDED_BY(mu);
+  detail::EventLog events GUARDED_BY(mu);  // the event sink (events.h)
 
   // On its own cache line: waiters spin on it without disturbing the data the owner works on.
   alignas(64) mutable detail::SpinLock mu;
 
-  // ---- storage (arena first: the sets below allocate from it and must die before it) ----
-  alignas(64) detail::NodeArena arena GUARDED_BY(mu);
-  detail::ObjectPool<Block> block_pool GUARDED_BY(mu);
-  detail::ObjectPool<Segment> segment_pool GUARDED_BY(mu);
+  // From the next cache line on: what the owner writes on every call stays off the lock's line.
+  alignas(64) detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every counter (stats_ledger.h)
+  detail::BlockStore store GUARDED_BY(mu){opt, ledger};  // blocks, segments, free sets (block_store.h)
 
-  detail::PtrMap<Block*> live GUARDED_BY(mu);                  // allocated blocks by start address
-  std::map<std::uintptr_t, Segment*> segments GUARDED_BY(mu);  // by base; slow paths and queries only
-  FreeSet shared[2] GUARDED_BY(mu);
-  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams GUARDED_BY(mu);
-  StreamFree* last_sf GUARDED_BY(mu) = nullptr;  // one-entry cache in front of `streams`
-  StreamId last_sid GUARDED_BY(mu) = 0;
-
-  detail::FenceBatches batches GUARDED_BY(mu);  // what waits on which fence (fence_batches.h)
-  // Streams retired and not seen since: a block allocated there and freed with free() under
-  // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
-  // on it), so it takes the device-fenced path instead. A later use of the same handle value
-  // means CUDA reused it for a new stream: it leaves the set.
-  std::unordered_set<StreamId> retired GUARDED_BY(mu);
-
-  std::uint64_t epoch GUARDED_BY(mu) = 0;       // bumped by every stream-local free
-  std::uint64_t slow_calls GUARDED_BY(mu) = 0;  // allocate_slow() calls so far (promote_own: "recorded just now")
-  std::uint64_t searches[2] GUARDED_BY(mu) = {0, 0};
-  detail::StatsLedger ledger GUARDED_BY(mu){opt.max_split_size};  // every stats counter (stats_ledger.h)
-
-  detail::Limits limits GUARDED_BY(mu);        // the reserve limit and the device facts it needs (limits.h)
-  detail::ExpandableRanges xr GUARDED_BY(mu);  // the expandable ranges' state (expandable_ranges.h)
-
-  // ---- the fence batch window (fence_batches.h; docs/design.md, "The batch window") ----
-  static std::int64_t clock_ns() { return detail::FenceBatches::clock_ns(); }
-  // free(): block b (already pending) joins the open batch; closes it at the size bounds.
-  void add_pending(Block* b) REQUIRES(mu) {
-    ledger.pending_added(b->size);
-    add_pending_counted(b);
-  }
-  // The same for a block already counted in pending_bytes (a thread cache's fenced frees).
-  void add_pending_counted(Block* b) REQUIRES(mu) {
-    if (batches.add_open(b, ledger.reserved_bytes())) close_open();
-  }
+  detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
+  detail::ExpandableRanges ranges GUARDED_BY(mu){opt, up, limits, store, ledger, events};  // (expandable_ranges.h)
+  detail::Reclaim reclaim GUARDED_BY(mu){opt, fences, store, ledger, events, ranges};      // fence rules (reclaim.h)
+  // This pool's key in every thread's cache list (never reused); read without the lock.
+  const std::uint64_t uid = detail::new_pool_uid();
+  detail::ThreadCaches caches GUARDED_BY(mu){uid,   mu,     opt,     fences,
+                                             store, ledger, reclaim, events};  // (thread_caches.h)
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const REQUIRES(mu) { return batches.has_work() || !xr.draining.empty(); }
-
-  StreamFree* stream_find(StreamId s) REQUIRES(mu) {
-    if (last_sf != nullptr && last_sid == s) return last_sf;
-    auto it = streams.find(s);
-    if (it == streams.end()) return nullptr;
-    last_sf = it->second.get();
-    last_sid = s;
-    return last_sf;
-  }
-  StreamFree* stream_get(StreamId s) REQUIRES(mu) {
-    if (StreamFree* sf = stream_find(s)) return sf;
-    auto& slot = streams[s];
-    slot = std::make_unique<StreamFree>(s, &arena);
-    last_sf = slot.get();
-    last_sid = s;
-    return last_sf;
-  }
-
-  bool fits_oversize_rules(std::size_t rounded, std::size_t block) const {
-    const std::size_t m = opt.max_split_size;
-    if (rounded < m && block >= m) return false;  // oversize blocks are not for small requests
-    if (rounded >= m && block - rounded >= opt.max_non_split_rounding) return false;
-    return true;
-  }
-
-  // Best fit for `rounded` on `stream`: the smaller of t's local candidate and the shared one.
-  Fit find_fit(std::size_t rounded, StreamId stream) REQUIRES(mu) {
-    const int k = detail::kind_index(is_small(rounded));
-    ++searches[k];
-    const detail::BySizeAddr::Key key{rounded, 0};
-    Fit best;
-    FreeSet& sh = shared[k];
-    if (!sh.empty()) {
-      auto it = sh.lower_bound(key);
-      if (it != sh.end()) best = Fit{&sh, it};
-    }
-    if (StreamFree* sf = stream_find(stream)) {
-      FreeSet& ls = sf->sets[k];
-      if (!ls.empty()) {
-        auto it = ls.lower_bound(key);
-        if (it != ls.end() && (!best || detail::BySizeAddr{}(*it, *best.it))) best = Fit{&ls, it};
-      }
-    }
-    if (best && !fits_oversize_rules(rounded, (*best.it)->size)) return Fit{};
-    return best;
-  }
-
-  void count_inactive_split(Block* b, int sign) REQUIRES(mu) {
-    ledger.inactive_split_changed(b->seg->small, b->size, sign);
-  }
-
-  // Turn the free block at `fit` into an allocated block of `rounded` bytes for `stream`,
-  // splitting off the rest when PyTorch's rules say so.
-  Block* take(Fit fit, std::size_t rounded, std::size_t requested, StreamId stream) REQUIRES(mu) {
-    Block* b = *fit.it;
-    const bool small = b->seg->small;
-    if (b->is_split()) count_inactive_split(b, -1);
-    const std::size_t rest = b->size - rounded;
-    const bool split = small ? rest >= kMinBlockSize : (rounded < opt.max_split_size && rest > kSmallSize);
-    if (split) {
-      // The remainder keeps b's place in the same set: same class, larger address.
-      Block* r = block_pool.get();
-      r->ptr = b->ptr + rounded;
-      r->size = rest;
-      r->seg = b->seg;
-      r->prev = b;
-      r->next = b->next;
-      if (b->next != nullptr) b->next->prev = r;
-      b->next = r;
-      r->state = b->state;
-      r->owner = b->owner;
-      r->epoch = b->epoch;
-      r->gc_base = b->gc_base;
-      r->hot = b->hot;
-      auto hint = fit.set->erase(fit.it);  // before b->size changes: the set is ordered by size
-      b->size = rounded;
-      fit.set->insert(hint, r);
-      count_inactive_split(r, +1);
-    } else {
-      fit.set->erase(fit.it);
-    }
-    b->state = BState::allocated;
-    b->owner = stream;
-    b->requested = requested;
-    ledger.block_allocated(small, b->size, requested);
-    live.insert(b->ptr, b);
-    return b;
-  }
-
-  // Allocated -> no longer allocated (still active until it becomes free).
-  void unallocate(Block* b) REQUIRES(mu) { ledger.block_unallocated(b->seg->small, b->size); }
-  // Active (allocated or pending) -> inactive.
-  void deactivate(Block* b) REQUIRES(mu) {
-    ledger.block_deactivated(b->seg->small, b->size, b->requested);
-    b->requested = 0;
-  }
-
-  static bool same_class(const Block* a, const Block* b) {
-    return a->state == b->state && (a->state != BState::local || a->owner == b->owner);
-  }
-  // b (being inserted) may swallow free neighbour n: same class, or b is local and n shared
-  // (making shared memory local is only more restrictive, so always safe; the reverse is not).
-  static bool can_absorb(const Block* b, const Block* n) {
-    return same_class(b, n) || (b->state == BState::local && n->state == BState::shared);
-  }
-  FreeSet& set_of(Block* n) REQUIRES(mu) {
-    const int k = detail::kind_index(n->seg->small);
-    return n->state == BState::shared ? shared[k] : stream_find(n->owner)->sets[k];
-  }
-
-  // Put an inactive block that is in no set and not counted in inactive_split into `set` as
-  // `state`, merging with free neighbours of the same class first.
-  void insert_free(Block* b, BState state, StreamId owner, FreeSet& set) REQUIRES(mu) {
-    b->state = state;
-    b->owner = owner;
-    // Loops: a local block that swallows a shared neighbour may then touch a local one.
-    Block* n;
-    while ((n = b->prev) != nullptr && can_absorb(b, n)) {
-      set_of(n).erase(n);
-      count_inactive_split(n, -1);
-      b->ptr = n->ptr;
-      b->size += n->size;
-      b->prev = n->prev;
-      if (n->prev != nullptr)
-        n->prev->next = b;
-      else
-        b->seg->head = b;
-      if (n->epoch > b->epoch) b->epoch = n->epoch;
-      if (n->hot > b->hot) b->hot = n->hot;
-      block_pool.put(n);
-    }
-    while ((n = b->next) != nullptr && can_absorb(b, n)) {
-      set_of(n).erase(n);
-      count_inactive_split(n, -1);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
-      if (n->epoch > b->epoch) b->epoch = n->epoch;
-      if (n->hot > b->hot) b->hot = n->hot;
-      block_pool.put(n);
-    }
-    if (b->is_split()) count_inactive_split(b, +1);
-    b->gc_base = searches[detail::kind_index(b->seg->small)];
-    set.insert(b);
-  }
-
-  // An active block becomes free and local to `stream` (cudaFreeAsync meaning).
-  void make_local(Block* b, StreamId stream) REQUIRES(mu) {
-    StreamFree* sf = stream_get(stream);
-    deactivate(b);
-    b->epoch = ++epoch;
-    insert_free(b, BState::local, stream, sf->sets[detail::kind_index(b->seg->small)]);
-  }
-
-  void emit(EventKind kind, std::uintptr_t ptr, std::size_t size, std::size_t requested, StreamId stream,
-            std::int64_t ns = 0, bool on_stream = false) REQUIRES(mu) {
-    if (sink != nullptr) sink->on_event(Event{kind, device, ptr, size, requested, stream, ns, on_stream});
-  }
-  // Every host wait on a fence goes through here: counted, and traced with its duration, since
-  // a wait is where the pool can cost a program its CPU/GPU overlap. False, without waiting,
-  // when the fence cannot be waited for now (FenceProvider::can_wait): its memory stays pending.
-  [[nodiscard]] bool wait_fence(FenceHandle f, StreamId stream) REQUIRES(mu) {
-    if (!fences.can_wait(f)) return false;
-    const std::int64_t t0 = sink != nullptr ? detail::now_ns() : 0;
-    fences.wait(f);
-    ledger.fence_wait();
-    if (sink != nullptr) emit(EventKind::fence_wait, 0, 0, 0, stream, detail::now_ns() - t0);
-    return true;
-  }
+  bool has_fence_work() const REQUIRES(mu) { return reclaim.batches.has_work() || !ranges.draining.empty(); }
+  // After a locked allocation: lend block b through this thread's cache (pool.cpp, inline there).
+  void lend(detail::ThreadBlockCache* cache, Block* b, std::size_t rounded) REQUIRES(mu);
 
   // ---- the miss path (pool_miss.cpp) ----
+  // One request for memory on a slow path: what it asks for, how far make_room has gone for
+  // it, and why it was refused (AllocResult).
+  struct Request {
+    std::size_t size = 0;  // what the caller asked for
+    std::size_t rounded = 0;
+    bool small = false;
+    StreamId stream = 0;
+    int reuse_step = 0;         // make_room's next step for Room::reuse
+    int upstream_step = 0;      // ... and for Room::upstream
+    std::size_t hot_bytes = 0;  // Room::pages: bytes of hot free pages the growth could move (aliasing off)
+    std::size_t released = 0;   // Room::idle: bytes given back
+    Refusal refusal = Refusal::none;
+    int upstream_error = 0;
+    // A refusal; the group budget's sticks (it says other processes may give memory back).
+    void refused(Refusal why, int error_code = 0) {
+      if (refusal != Refusal::budget) refusal = why;
+      if (error_code != 0) upstream_error = error_code;
+    }
+    void refused(const UpstreamStatus& us) { refused(us.budget ? Refusal::budget : Refusal::device, us.error_code); }
+  };
+  // What a path needs memory for (make_room):
+  //  reuse:    a free block that fits `bytes`, from memory that fences or other streams hold back;
+  //  pages:    expandable growth past its cap: `bytes` of free pages of the ranges;
+  //  upstream: the upstream (or the limit) refused a growth: cached memory goes back;
+  //  idle:     `bytes` of idle cached memory given back (release_idle, reserve_external).
+  enum class Room : std::uint8_t { reuse, pages, upstream, idle };
+  // What make_room did: nothing more to do, free blocks to search again, memory given back to grow again.
+  enum class Made : std::uint8_t { nothing, blocks_freed, memory_released };
+  // The one way every path makes room, cheapest first; each call takes the next step that
+  // changes something (the steps in pool_miss.cpp). `may_wait`: the host may wait for a fence.
+  Made make_room(Lock& lk, Request& req, std::size_t bytes, Room kind, bool may_wait) REQUIRES(mu);
+  bool reuse_step(Request& req) REQUIRES(mu);
+  Made upstream_step(Lock& lk, Request& req) REQUIRES(mu);
+  bool free_pages(Request& req, std::size_t bytes, bool may_wait) REQUIRES(mu);
   AllocResult allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) REQUIRES(mu);
   Block* serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) REQUIRES(mu);
-  UpstreamStatus new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) REQUIRES(mu);
-  // A segment of [base, base + size) with one block spanning it (its head), entered in `segments`;
-  // classic and expandable segments alike, the caller sets the rest.
-  Segment* add_segment(std::uintptr_t base, std::size_t size, bool small, StreamId stream) REQUIRES(mu);
+  // A fresh block for req: expandable growth, else a classic segment.
+  UpstreamStatus grow(Lock& lk, Request& req, bool may_wait, Block** out) REQUIRES(mu);
+  UpstreamStatus new_segment(Lock& lk, Request& req, std::size_t seg_size, Block** out) REQUIRES(mu);
 
   // ---- giving memory back: GC, release_idle, empty_cache, the OOM path (pool_release.cpp) ----
-  void detach_segment(Block* b, std::vector<Detached>& out) REQUIRES(mu);
   std::size_t release_segments(Lock& lk, std::vector<Detached>& list) REQUIRES(mu);
   bool release_oversize(Lock& lk, std::size_t rounded) REQUIRES(mu);
   std::size_t release_cached(Lock& lk) REQUIRES(mu);
@@ -311,177 +123,22 @@ struct DevicePool::Impl {
   // release_idle's one pass over the free sets (no fence waits); bytes released.
   std::size_t release_idle_now(Lock& lk, std::size_t want) REQUIRES(mu);
 
-  // ---- expandable segments (pool_expandable.cpp) ----
-  // true: mapping what `rounded` needs stays within the slack above the live peak, where fresh
-  // pages are cheaper than a GPU-side wait (PoolOptions::expandable_slack).
-  bool growth_within_slack(std::size_t rounded, bool small) const REQUIRES(mu);
-  std::size_t growth_cap() const REQUIRES(mu);  // the mapped total growth may reach without fence work
-  // Map pages so that a free block usable by `stream` of >= rounded bytes exists; *out = it.
-  // Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with ok when
-  // the range has no room (the caller then falls back to a classic segment).
-  // Before mapping beyond the high-water mark of reserved bytes it first unmaps whole free pages
-  // elsewhere (recycling) and, when `may_wait` (and opt.expandable_wait), may wait for pending
-  // frees instead; *out may then be a free block that became usable (no pages mapped).
-  UpstreamStatus grow_expandable(Lock& lk, std::size_t rounded, bool small, StreamId stream, Block** out, bool may_wait)
-      REQUIRES(mu);
-  // Where to grow: the placement that needs the fewest new pages (pool_expandable.cpp).
-  struct GrowPlan {
-    Block* start = nullptr;      // forward: the first block of the run that grows (hole or free)
-    Block* hole = nullptr;       // backward: the hole whose last pages join the free block after it
-    std::size_t to_map = 0;      // bytes of new pages
-    std::uintptr_t keep_lo = 0;  // [keep_lo, keep_hi): the blocks used and their neighbours,
-    std::uintptr_t keep_hi = 0;  // which recycling must not touch
-    explicit operator bool() const { return start != nullptr || hole != nullptr; }
-  };
-  GrowPlan plan_expandable(Segment* seg, std::size_t rounded, StreamId stream) REQUIRES(mu);
-  std::size_t releasable_pages(const Block* b) const REQUIRES(mu);
-  void release_pages(Block* b, std::vector<Detached>& out) REQUIRES(mu);
-  // Unmap the whole units [lo, hi) of shared free block b (lo, hi unit boundaries inside b);
-  // the units taken out are appended to `units_out` when given, in address order. With `drain`
-  // the pages were aliased elsewhere: the range becomes a draining block (nothing is appended to
-  // `out`: its old mapping goes later, through drop_aliases). Returns the block of [lo, hi).
-  Block* release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
-                            std::vector<detail::Unit>* units_out = nullptr, bool drain = false) REQUIRES(mu);
-  // The whole units inside [lo, hi) of a mapped run: [first unit's base, last unit's end), or
-  // an empty span (first == second) when no unit fits.
-  std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* seg, std::uintptr_t lo, std::uintptr_t hi) const
-      REQUIRES(mu);
-  // The largest physical allocation growth may map in `seg` (a multiple of its page).
-  std::size_t max_unit(const Segment* seg) const {
-    const std::size_t want = opt.expandable_max_unit;
-    return want <= seg->page ? seg->page : want / seg->page * seg->page;
-  }
-  // Shared free blocks of the expandable ranges with whole pages, outside `plan`'s keep range,
-  // fewest whole pages first; returns their total releasable bytes. Hot blocks (Block::hot) are
-  // left out; *hot_bytes = what they would have added, and they go to `hot_out` (same order)
-  // when it is given. *own_bytes = the part of the total that lies in `seg` itself.
-  std::size_t recycle_candidates(const Segment* seg, const GrowPlan& plan, std::vector<Block*>& out,
-                                 std::size_t* hot_bytes, std::size_t* own_bytes,
-                                 std::vector<Block*>* hot_out = nullptr) const REQUIRES(mu);
-  // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
-  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::HotUnit>& out) const
-      REQUIRES(mu);
-  // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
-  // units are appended to `out`, to be moved into the growth.
-  std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<detail::Unit>& out)
-      REQUIRES(mu);
-  // The bytes past the growth cap that growth of `seg` maps fresh instead of taking back pages
-  // its range lent the other one (ExpandableRanges::lent): at most `short_by`, the part of the
-  // excess over the cap that its own free pages cannot cover.
-  std::size_t bounce_allowance(const Segment* seg, std::size_t short_by) const REQUIRES(mu);
-  void note_reserved() REQUIRES(mu) { xr.note_reserved(ledger.reserved_bytes()); }
-  void merge_unmapped(Block* b) REQUIRES(mu);
-  void count_runs_change(Block* piece, int sign) REQUIRES(mu);
-  void destroy_expandable(Segment* seg) REQUIRES(mu);
-
-  // ---- aliased pages (pool_expandable.cpp; docs/design.md, "Moving pages still in use") ----
-  // A growth past the high-water mark may take the pages of hot free blocks: the upstream maps
-  // them a second time at the growth (Upstream::alias), the old range becomes a draining block
-  // (xr.draining), and its old mapping is removed once the GPU-side wait that made it hot
-  // completed. Memory then moves where a larger request needs it without a host wait and
-  // without new pages.
+  // ---- expandable growth (pool_miss.cpp; the rules are ExpandableRanges') ----
+  // Map pages so that a free block usable by the request's stream of >= rounded bytes exists;
+  // *out = it. Returns ok, out_of_memory (upstream or limit), error, or sets *out = nullptr with
+  // ok when the range has no room (the caller then falls back to a classic segment).
+  // Before mapping beyond the high-water mark of reserved bytes it first makes room
+  // (make_room(pages), when `may_wait` it may wait) and recycles whole free pages elsewhere;
+  // *out may then be a free block that became usable (no pages mapped).
+  UpstreamStatus grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) REQUIRES(mu);
+  bool plan_growth(Lock& lk, Request& req, detail::Growth& growth, bool may_wait, Block** out) REQUIRES(mu);
+  UpstreamStatus place_growth(Lock& lk, Request& req, detail::Growth& growth, Block** out) REQUIRES(mu);
+  Block* map_piece(Lock& lk, Request& req, detail::Growth& growth, Block* u, std::size_t amount, bool back,
+                   UpstreamStatus* failed) REQUIRES(mu);
+  UpstreamStatus fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) REQUIRES(mu);
   using Drain = detail::ExpandableRanges::Drain;
-  // Under mu, after order_done advanced: unalias every draining range whose order completed.
-  // Touches no block structure, so it may run anywhere.
-  void drop_aliases() REQUIRES(mu);
-  // Dropped draining blocks become unmapped holes, merged with their neighbours: only where no
-  // caller holds a pointer to an unmapped block (the start of growth, fence service).
-  void reclaim_drained() REQUIRES(mu);
 
-  // ---- thread caches (pool_tcache.cpp; thread_cache.h has the model) ----
-  // Caches engage only once a second thread has used the pool: a single-threaded program (and a
-  // trace replay) keeps exactly the block placement it had without them. Under mu.
-  std::thread::id first_thread GUARDED_BY(mu){};
-  bool multi_threaded GUARDED_BY(mu) = false;
-  void note_thread() REQUIRES(mu) {
-    const std::thread::id me = std::this_thread::get_id();
-    if (first_thread == std::thread::id{})
-      first_thread = me;
-    else if (me != first_thread)
-      multi_threaded = true;
-  }
-  const std::uint64_t uid = new_pool_uid();  // this pool's key in every thread's cache list (never reused)
-  std::vector<std::shared_ptr<detail::ThreadCache>> tcaches GUARDED_BY(mu);  // registered caches, under mu
-  // This thread's cache for this pool, or null (no lock needed: thread-local list).
-  detail::ThreadCache* tc_find() const;
-  // Under mu: this thread's cache, created and registered on first use.
-  detail::ThreadCache* tc_create() REQUIRES(mu);
-  bool caches_on() const REQUIRES(mu) { return (multi_threaded || opt.cache_from_first_thread) && sink == nullptr; }
-  bool tc_may_cache(const Block* b) const REQUIRES(mu) {
-    return caches_on() && b->size <= detail::ThreadCache::kMaxBlock && b->size < opt.max_split_size;
-  }
-  // Under mu and tc.mu: hand an allocated block (just taken) to tc as lent.
-  void tc_checkout(detail::ThreadCache& tc, Block* b, std::size_t rounded) REQUIRES(mu, tc.mu);
-  // Under mu and tc.mu: a lent entry becomes an ordinary allocated block again.
-  void tc_return_lent(detail::ThreadCache& tc, int i) REQUIRES(mu, tc.mu);
-  void tc_unlend(const detail::TcEntry& e) REQUIRES(mu);       // under mu: e's block is an allocated block again
-  void tc_merge(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: apply the stat deltas
-  // Under tc.mu: the cache's fenced batches (thread_cache.h): ask the closed batch's fence, close
-  // the open batch. True if blocks became free. Fence calls are made without the pool lock.
-  bool tc_service(detail::ThreadCache& tc) REQUIRES(tc.mu);
-  static constexpr std::int64_t kTcQueryGapNs = 2'000;
-  static constexpr std::int64_t kTcStaleNs = 1'000'000;        // a cache's batch untouched this long: its owner is idle
-  void tc_flush(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: merge, then return every block
-  void tc_flush_all() REQUIRES(mu);                            // under mu: every thread's cache
-  void tc_flush_fenced(detail::ThreadCache& tc) REQUIRES(mu, tc.mu);  // under mu and tc.mu: its fenced batches only
-  // Under mu: the fenced batches of caches whose owner has left them alone for kTcStaleNs go
-  // into the pool's open batch (a miss: only their owner would close them otherwise). True if
-  // any moved.
-  bool tc_collect_fenced() REQUIRES(mu);
-  void tc_merge_own() REQUIRES(mu);  // under mu: this thread's cache's deltas (program order)
-  // Under mu: the lent block containing p (any address inside) in any cache becomes an ordinary
-  // allocated block; true if found.
-  bool tc_reclaim_lent(std::uintptr_t p) REQUIRES(mu);
-  void tc_detach_all() EXCLUDES(mu);                   // pool teardown
-  static void tc_exit_flush(detail::ThreadCache& tc);  // thread exit (registry mutex held)
-
-  // ---- fences (pool_fences.cpp) ----
-  void service_fences() REQUIRES(mu);
-  bool service_miss() REQUIRES(mu);
-  bool drain_device_batches(bool urgent = false) REQUIRES(mu);
-  void close_open() REQUIRES(mu);
-  void complete_batch(Batch* b) REQUIRES(mu);
-  void complete_promo(StreamFree* sf) REQUIRES(mu);
-  void drop_promo(StreamFree* sf) REQUIRES(mu);
-  bool try_promote_for(std::size_t rounded, StreamId stream) REQUIRES(mu);
-  bool wait_device_batches() REQUIRES(mu);
-  // Expandable growth: the bytes of expandable-range blocks in recorded device batches, and the
-  // wait for the oldest batch that (with all before it) frees at least `need` of them.
-  std::size_t pending_expandable_bytes(std::size_t need, Batch** last) const REQUIRES(mu);
-  bool wait_device_batches_for(std::size_t need) REQUIRES(mu);
-  // Stream `stream`'s own local blocks (freed with cudaFreeAsync or under immediate) become
-  // shared once a fence on that stream completes: query (or record) its promotion fence, and
-  // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
-  // it. Returns true if blocks were promoted.
-  bool promote_own(StreamId stream, std::size_t need, bool may_wait) REQUIRES(mu);
-  // The stream's local blocks of expandable ranges cover `need`: promote_all_now.
-  bool sync_own(StreamId stream, std::size_t need) REQUIRES(mu);
-  // Wait for a fence covering all of the stream's local blocks (recorded now unless the
-  // outstanding one does), then they become shared. False when it cannot be waited for.
-  bool promote_all_now(StreamFree* sf, StreamId stream) REQUIRES(mu);
-  // sf->promo_fence = a fence recorded on `stream` now.
-  void record_promo(StreamFree* sf, StreamId stream) REQUIRES(mu);
-  // Memory pressure: every pending, retiring and local block becomes shared (host waits).
-  void wait_all() REQUIRES(mu);
-  // FreeSync::gpu_wait (docs/design.md, "GPU-side waits"). When recorded device batches hold at
-  // least `need` bytes of blocks of pool kind `small` (of the expandable ranges only, when
-  // `expandable_only`), the GPU is made to wait for all their fences (FenceProvider::order_after)
-  // and every batch becomes shared free memory at once. Their fences move to the ordered list
-  // (FenceBatches::add_ordered). Returns
-  // true if anything became free.
-  bool order_device_batches(std::size_t need, bool small, bool expandable_only) REQUIRES(mu);
-  // Where ordering is free (FenceProvider::orders_for_free): every recorded device batch is
-  // ordered after, with no query of its fence first (service_fences, after each record).
-  bool order_recorded_batches() REQUIRES(mu);
-  bool order_scratch_batches() REQUIRES(mu);  // the common tail: order the fences in order_scratch
-  bool is_hot(const Block* b) const REQUIRES(mu) { return batches.is_hot(b); }
-  // Both also unalias the draining ranges whose order completed (drop_aliases).
-  void poll_ordered() REQUIRES(mu);    // release the completed ones (oldest first, stop at a running one)
-  void settle_ordered() REQUIRES(mu);  // host-wait for every one of them (before memory goes back)
-
-  // ---- queries (pool_query.cpp) ----
-  FreeStatus diagnose_bad_free(std::uintptr_t p) REQUIRES(mu);
-  Segment* segment_containing(std::uintptr_t p) const REQUIRES(mu);
+  // ---- consistency and teardown (pool.cpp) ----
   std::string check() const REQUIRES(mu);
   void forget_all() REQUIRES(mu);
 };

@@ -1,18 +1,13 @@
 // The miss path of allocate(): no cached block fits. In order (docs/design.md):
-//   1. promote other streams' local blocks whose stream fence has completed (with expandable
-//      ranges, this stream's own too); search again;
-//   2. FreeSync::gpu_wait: pending free()d memory that could serve the request becomes free at
-//      once, with every stream made to wait on the GPU for its fences; FreeSync::device: the host
-//      waits for those fences instead; search again; fenced frees that idle threads left in
-//      their caches join the open batch (tc_collect_fenced); search again;
-//   3. garbage collection (garbage_collection_threshold; pool_release.cpp);
-//   4. expandable ranges: grow (recycling free pages, maybe waiting for a fence, past the
-//      high-water mark: pool_expandable.cpp); else / when full, a new segment from the upstream
-//      (unless a limit says no: then no upstream call; limits.h);
-//   5. on refusal (the releases are in pool_release.cpp): release oversize blocks (max_split_size) and retry; then wait for every
-//      fence, search the pool AGAIN (PyTorch skips this), release every
-//      unsplit free segment and retry; then out_of_memory.
-// Any upstream error other than out-of-memory is returned at once.
+//   1. make_room(reuse): memory that fences or other streams hold back becomes free, one step
+//      at a time (reuse_step), with a search after each;
+//   2. garbage collection (garbage_collection_threshold; pool_release.cpp);
+//   3. grow: expandable ranges (recycling free pages, maybe making room past the high-water
+//      mark: grow_expandable below, the rules in expandable_ranges.cpp); else / when full, a
+//      new segment from the upstream (unless a limit says no: then no upstream call; limits.h);
+//   4. on refusal, make_room(upstream) (upstream_step; the releases are in pool_release.cpp)
+//      and grow again; then out_of_memory, with the cause of the refusal.
+// Any upstream error other than out-of-memory is returned at once, with the upstream's code.
 #include <algorithm>
 
 #include "allocator/pool_impl.h"
@@ -23,134 +18,173 @@ using detail::BState;
 using detail::now_ns;
 
 DevicePool::Impl::Block* DevicePool::Impl::serve(Fit fit, std::size_t rounded, std::size_t size, StreamId stream) {
-  Block* b = take(fit, rounded, size, stream);
-  emit(EventKind::allocate, b->ptr, b->size, size, stream);
+  Block* b = store.take(fit, rounded, size, stream);
+  events.emit(EventKind::allocate, b->ptr, b->size, size, stream);
   return b;
 }
 
-AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
-  const bool small = is_small(rounded);
-  auto ok = [](Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; };
-  ++slow_calls;
+namespace {
+AllocResult allocated(const detail::Block* b) { return AllocResult{reinterpret_cast<void*>(b->ptr), AllocStatus::ok}; }
+}  // namespace
 
-  // A miss closes the open batch at once: its blocks may be what this request needs.
-  if (service_miss()) {
-    if (Fit fit = find_fit(rounded, stream)) {
+AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
+  Request req{.size = size, .rounded = rounded, .small = is_small(rounded), .stream = stream};
+  ++reclaim.slow_calls;
+  // Memory that fences or other streams hold back, cheapest first: search again after each step
+  // that freed blocks.
+  while (make_room(lk, req, rounded, Room::reuse, true) != Made::nothing) {
+    if (Fit fit = store.find_fit(rounded, stream)) {
       ledger.cache_hit();
-      return ok(serve(fit, rounded, size, stream));
-    }
-  }
-  // Expandable ranges: keep one fence on this stream in flight, so that its own local blocks
-  // become shared (and their pages recyclable) soon after they were freed.
-  if (limits.granularity() != 0 && promote_own(stream, 0, false)) {
-    if (Fit fit = find_fit(rounded, stream)) {
-      ledger.cache_hit();
-      return ok(serve(fit, rounded, size, stream));
-    }
-  }
-  if (try_promote_for(rounded, stream)) {
-    if (Fit fit = find_fit(rounded, stream)) {
-      ledger.cache_hit();
-      return ok(serve(fit, rounded, size, stream));
-    }
-  }
-  // A GPU-side wait costs driver calls on every stream; a page of growth within the slack is
-  // cheaper, and gives the pending blocks time to complete on their own.
-  if (opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, small) &&
-      order_device_batches(rounded, small, false)) {
-    if (Fit fit = find_fit(rounded, stream)) {
-      ledger.cache_hit();
-      return ok(serve(fit, rounded, size, stream));
-    }
-  }
-  if (opt.free_sync == FreeSync::device && wait_device_batches()) {
-    if (Fit fit = find_fit(rounded, stream)) {
-      ledger.cache_hit();
-      return ok(serve(fit, rounded, size, stream));
-    }
-  }
-  // Before anything costlier: fenced frees left in the caches of threads that stopped allocating
-  // (only their owner closes those batches) join the open batch, which is then closed and asked.
-  // Not earlier: taking other threads' cache locks on every miss slowed busy threads down.
-  if (!tcaches.empty() && tc_collect_fenced() &&
-      (service_miss() || (opt.free_sync == FreeSync::gpu_wait && !growth_within_slack(rounded, small) &&
-                          order_device_batches(rounded, small, false)))) {
-    if (Fit fit = find_fit(rounded, stream)) {
-      ledger.cache_hit();
-      return ok(serve(fit, rounded, size, stream));
+      return allocated(serve(fit, rounded, size, stream));
     }
   }
   if (opt.garbage_collection_threshold > 0.0) garbage_collect(lk);
-
   ledger.cache_miss();
-  const std::size_t seg_size = segment_size_for(rounded);
-  Block* fresh = nullptr;
-  // Expandable segments first (map pages into the range); a classic segment when off or full.
-  // Only the first attempt may wait for fences before growing (the OOM path below waits for all).
-  bool first = true;
-  auto grow = [&]() REQUIRES(mu) {
-    limits.ensure(up, opt);
-    const bool may_wait = first;
-    first = false;
-    if (limits.granularity() != 0) {
-      UpstreamStatus us = grow_expandable(lk, rounded, small, stream, &fresh, may_wait);
-      if (us != UpstreamStatus::ok || fresh != nullptr) return us;
+  // Grow; on refusal, make room with the upstream and grow again. Only the first growth may wait
+  // for fences (the refusal steps wait for all of them).
+  bool may_wait = true;
+  for (Made made = Made::memory_released; made != Made::nothing;
+       made = make_room(lk, req, rounded, Room::upstream, true)) {
+    if (made == Made::blocks_freed) {
+      if (Fit fit = store.find_fit(rounded, stream)) return allocated(serve(fit, rounded, size, stream));
+      continue;
     }
-    return new_segment(lk, seg_size, small, stream, &fresh);
-  };
-  UpstreamStatus us = grow();
-
-  // The fresh segment's block is taken directly, as PyTorch's alloc_block does: the oversize
-  // rules are for reusing cached blocks (a 5 MiB request gets its 20 MiB segment even when
-  // max_split_size is 20 MiB). We hold the lock again here, so nobody else has taken it.
-  auto finish = [&]() REQUIRES(mu) -> AllocResult {
-    FreeSet& set = set_of(fresh);
-    return ok(serve(Fit{&set, set.find(fresh)}, rounded, size, stream));
-  };
-  if (us == UpstreamStatus::ok) return finish();
-  if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
-
-  // Refused (out of memory or over a limit). Step 1: oversize blocks.
-  if (release_oversize(lk, rounded)) {
-    us = grow();
-    if (us == UpstreamStatus::ok) return finish();
-    if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
+    Block* fresh = nullptr;
+    const UpstreamStatus us = grow(lk, req, may_wait, &fresh);
+    may_wait = false;
+    // The fresh block is taken directly, as PyTorch's alloc_block does: the oversize rules are
+    // for reusing cached blocks (a 5 MiB request gets its 20 MiB segment even when
+    // max_split_size is 20 MiB). We hold the lock again here, so nobody else has taken it.
+    if (us == UpstreamStatus::ok) {
+      FreeSet& set = store.set_of(fresh);
+      return allocated(serve(Fit{&set, set.find(fresh)}, rounded, size, stream));
+    }
+    if (us == UpstreamStatus::error)
+      return AllocResult{nullptr, AllocStatus::upstream_error, Refusal::none, us.error_code};
   }
-  // Step 2: everything that waits on a fence becomes shared, then look again before releasing.
-  wait_all();
-  if (Fit fit = find_fit(rounded, stream)) return ok(serve(fit, rounded, size, stream));
-  release_cached(lk);
-  ledger.alloc_retry();
-  us = grow();
-  if (us == UpstreamStatus::ok) return finish();
-  if (us == UpstreamStatus::error) return AllocResult{nullptr, AllocStatus::upstream_error};
-  // Step 3: give up.
   ledger.oom();
-  emit(EventKind::allocate_failure, 0, size, size, stream);
-  return AllocResult{nullptr, AllocStatus::out_of_memory};
+  events.emit(EventKind::allocate_failure, 0, size, size, stream);
+  return AllocResult{nullptr, AllocStatus::out_of_memory, req.refusal, req.upstream_error};
 }
 
-DevicePool::Impl::Segment* DevicePool::Impl::add_segment(std::uintptr_t base, std::size_t size, bool small,
-                                                         StreamId stream) {
-  Segment* seg = segment_pool.get();
-  seg->base = base;
-  seg->size = size;
-  seg->stream = stream;
-  seg->small = small;
-  Block* b = block_pool.get();
-  b->ptr = base;
-  b->size = size;
-  b->seg = seg;
-  seg->head = b;
-  segments.emplace(base, seg);
-  return seg;
+DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::size_t bytes, Room kind,
+                                                   bool may_wait) {
+  switch (kind) {
+    case Room::reuse: return reuse_step(req) ? Made::blocks_freed : Made::nothing;
+    case Room::pages: return free_pages(req, bytes, may_wait) ? Made::blocks_freed : Made::nothing;
+    case Room::upstream: return upstream_step(lk, req);
+    case Room::idle:
+      caches.flush_all();        // blocks parked in threads' caches count as idle too
+      reclaim.service_fences();  // fences that have passed, without waiting
+      req.released = release_idle_now(lk, bytes);
+      if (req.released < bytes && may_wait) {
+        caches.flush_all();  // blocks parked in threads' caches are reclaimable too
+        reclaim.wait_all();
+        req.released += release_idle_now(lk, bytes - req.released);
+      }
+      return req.released != 0 ? Made::memory_released : Made::nothing;
+  }
+  return Made::nothing;
 }
 
-UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, bool small, StreamId stream, Block** out) {
+// Room::reuse, in order: the open batch closed and the device fences asked; this stream's own
+// local blocks (expandable ranges: keep one fence on it in flight, so they become shared and
+// their pages recyclable soon after they were freed); other streams' local blocks; pending
+// free()d memory under a GPU-side wait (gpu_wait; a page of growth within the slack is cheaper,
+// and gives the pending blocks time to complete on their own) or a host wait (device); fenced
+// frees that idle threads left in their caches (only their owner closes those batches; not
+// earlier: taking other threads' cache locks on every miss slowed busy threads down).
+bool DevicePool::Impl::reuse_step(Request& req) {
+  const std::size_t rounded = req.rounded;
+  auto order = [&]() REQUIRES(mu) {
+    return opt.free_sync == FreeSync::gpu_wait && !ranges.growth_within_slack(rounded, req.small) &&
+           reclaim.order_device_batches(rounded, req.small, false);
+  };
+  for (;;) {
+    switch (req.reuse_step++) {
+      case 0:
+        if (reclaim.service_miss()) return true;
+        break;
+      case 1:
+        if (limits.granularity() != 0 && reclaim.promote_own(req.stream, 0, false)) return true;
+        break;
+      case 2:
+        if (reclaim.try_promote_for(rounded, req.stream)) return true;
+        break;
+      case 3:
+        if (order()) return true;
+        break;
+      case 4:
+        if (opt.free_sync == FreeSync::device && reclaim.wait_device_batches()) return true;
+        break;
+      case 5:
+        if (!caches.empty() && caches.collect_fenced() && (reclaim.service_miss() || order())) return true;
+        break;
+      default: return false;
+    }
+  }
+}
+
+// Room::upstream, PyTorch's order: oversize cached blocks go back (max_split_size); then every
+// fence is waited for and the pool searched AGAIN (PyTorch skips this); then every unsplit free
+// segment and free page goes back.
+DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
+  for (;;) {
+    switch (req.upstream_step++) {
+      case 0:
+        if (release_oversize(lk, req.rounded)) return Made::memory_released;
+        break;
+      case 1:
+        caches.flush_all();  // blocks parked in threads' caches are reclaimable too
+        reclaim.wait_all();
+        return Made::blocks_freed;
+      case 2:
+        release_cached(lk);
+        ledger.alloc_retry();
+        return Made::memory_released;
+      default: return Made::nothing;
+    }
+  }
+}
+
+// Room::pages, cheapest first: own-stream local blocks whose stream fence (recorded by an
+// earlier miss) has passed, or will (a wait on an older fence); pending free()d pages reused at
+// once with the GPU waiting (nothing moves, nothing blocks); the oldest device fence that frees
+// enough; hot free pages (reused under a GPU-side wait: they cannot move until its fences
+// complete, and past the high-water mark expandable_wait prefers waiting to mapping new memory,
+// unless the upstream can alias them, which needs no wait); last, a fence on this stream
+// recorded now (a stream synchronize). True if free blocks changed.
+bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
+  const bool wait = may_wait && opt.expandable_wait;
+  if (reclaim.promote_own(req.stream, bytes, wait)) return true;
+  if (opt.free_sync == FreeSync::gpu_wait && reclaim.order_device_batches(bytes, req.small, true)) return true;
+  if (!wait) return false;
+  if (reclaim.wait_device_batches_for(bytes)) return true;
+  if (!ranges.alias_ok && req.hot_bytes >= bytes && req.hot_bytes != 0) {
+    reclaim.settle_ordered();
+    return true;
+  }
+  return reclaim.sync_own(req.stream, bytes);
+}
+
+UpstreamStatus DevicePool::Impl::grow(Lock& lk, Request& req, bool may_wait, Block** out) {
+  limits.ensure(up, opt);
+  if (limits.granularity() != 0) {
+    // Expandable segments first (map pages into the range); a classic segment when full.
+    const UpstreamStatus us = grow_expandable(lk, req, out, may_wait);
+    if (us != UpstreamStatus::ok || *out != nullptr) return us;
+  }
+  return new_segment(lk, req, segment_size_for(req.rounded), out);
+}
+
+UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t seg_size, Block** out) {
+  const bool small = req.small;
+  const StreamId stream = req.stream;
   limits.ensure(up, opt);
   if (limits.refuses(ledger.reserved_bytes(), seg_size)) {
     // Over the cap: refuse without asking the upstream, like PyTorch's memory fraction.
-    emit(EventKind::oom, 0, seg_size, seg_size, stream);
+    events.emit(EventKind::oom, 0, seg_size, seg_size, stream);
+    req.refused(Refusal::limit);
     return UpstreamStatus::out_of_memory;
   }
   void* base = nullptr;
@@ -171,19 +205,182 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, std::size_t seg_size, boo
   const std::int64_t dt = now_ns() - t0;
   ledger.upstream_time(dt);
   if (us != UpstreamStatus::ok) {
-    if (us == UpstreamStatus::out_of_memory) emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
+    if (us == UpstreamStatus::out_of_memory) {
+      events.emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
+      req.refused(us);
+    }
     return us;
   }
-  Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(base), seg_size, small, stream);
+  Segment* seg = store.add_segment(reinterpret_cast<std::uintptr_t>(base), seg_size, small, stream);
   Block* b = seg->head;
   ledger.segment_added(small, seg_size);
-  note_reserved();
+  ranges.note_reserved();
   ledger.device_alloc();
-  emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
+  events.emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
   // Fresh memory has never been used by any stream: shared at once.
-  insert_free(b, BState::shared, 0, shared[detail::kind_index(small)]);
+  store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(small)]);
   *out = b;
   return UpstreamStatus::ok;
+}
+
+// ---- expandable growth: the order of the steps; expandable_ranges.cpp has the rules ----
+
+UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) {
+  *out = nullptr;
+  Segment* range = ranges.range_for(req.small, req.stream);
+  if (range == nullptr) return UpstreamStatus::ok;  // no range: classic segments instead
+  ranges.note_reserved();
+  detail::Growth growth;
+  growth.seg = range;
+  growth.kind = detail::kind_index(req.small);
+  growth.stream = req.stream;
+  if (!plan_growth(lk, req, growth, may_wait, out)) return UpstreamStatus::ok;  // *out, or range exhausted
+  ranges.lent[growth.kind] -= growth.bounced;  // the other range keeps those pages as its own from now on
+  // Units recycled and not moved into the growth (a failure, more than needed, or too large
+  // for what is left of a hole) are unmapped when this function returns, whatever the path.
+  struct SpareGuard {
+    Impl* impl;
+    Lock& lk;
+    std::vector<detail::Unit>& spare;
+    ~SpareGuard() {
+      std::vector<Detached> rest;
+      for (const detail::Unit& u : spare) {
+        if (u.used) continue;
+        if (!rest.empty() && rest.back().base + rest.back().size == u.base)
+          rest.back().size += u.size;  // one unmap call per contiguous run
+        else
+          rest.push_back(Detached{u.base, u.size, true});
+      }
+      impl->release_segments(lk, rest);
+    }
+  };
+  SpareGuard guard{this, lk, growth.spare};
+  // The limit, checked before any upstream call.
+  const std::size_t to_map = growth.plan.to_map;
+  if (limits.refuses(ledger.reserved_bytes(), to_map)) {
+    events.emit(EventKind::oom, 0, to_map, to_map, req.stream);
+    req.refused(Refusal::limit);
+    return UpstreamStatus::out_of_memory;
+  }
+  return place_growth(lk, req, growth, out);
+}
+
+// Plan; if the plan would take the mapped total above its high-water mark (or the limit), first
+// make room (once: memory that fences hold back), then recycle whole free pages. False: no plan
+// (the range is exhausted) or *out = a free block that became usable.
+bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growth, bool may_wait, Block** out) {
+  Segment* range = growth.seg;
+  bool room_tried = false;
+  for (;;) {
+    if (!ranges.draining.empty()) ranges.reclaim_drained();  // before planning: it merges holes
+    growth.plan = ranges.plan(range, req.rounded, req.stream);
+    if (!growth.plan) return false;  // range exhausted: classic segment instead
+    const std::size_t reserved = ledger.reserved_bytes();
+    const std::size_t to_map = growth.plan.to_map;
+    const std::size_t cap = ranges.growth_cap();
+    const std::size_t past_cap = reserved + to_map > cap ? reserved + to_map - cap : 0;
+    const std::size_t excess = limits.excess(reserved, to_map);
+    growth.bounced = 0;
+    if (std::max(past_cap, excess) == 0) return true;
+    growth.cands.clear();
+    growth.hot_cands.clear();
+    if (reclaim.batches.has_ordered()) reclaim.poll_ordered();  // blocks whose GPU-side wait has passed may move again
+    std::size_t hot = 0, own = 0;
+    const std::size_t avail = ranges.recycle_candidates(range, growth.plan, reclaim.batches.order_done(), growth.cands,
+                                                        &hot, &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
+    // What the own range's free pages cannot cover would come from the other range: pages it
+    // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
+    const std::size_t bounce = past_cap > own ? ranges.bounce_allowance(range, past_cap - own) : 0;
+    const std::size_t over = std::max(past_cap - bounce, excess);
+    growth.bounced = std::max(past_cap, excess) - over;  // what the rule really spares (a hard limit comes first)
+    if (over == 0) return true;
+    if (growth.bounced != 0)  // own pages first, the other range's only for what is left
+      std::stable_partition(growth.cands.begin(), growth.cands.end(),
+                            [range](const Block* c) { return c->seg == range; });
+    if (avail < over && !room_tried && !ranges.growth_within_slack(req.rounded, req.small)) {
+      room_tried = true;
+      // Free pages that fences hold back (make_room); they change the free sets: search again,
+      // then plan again.
+      req.hot_bytes = hot;
+      if (make_room(lk, req, over - avail, Room::pages, may_wait) != Made::nothing) {
+        if (Fit fit = store.find_fit(req.rounded, req.stream)) {
+          *out = *fit.it;
+          return false;
+        }
+        continue;
+      }
+    }
+    if (avail != 0) ranges.recycle_pages(growth.cands, std::min(over, avail), growth.spare);
+    if (avail < over) ranges.pick_hot_units(growth.hot_cands, over - avail, growth.hot_units);
+    return true;
+  }
+}
+
+// Map the plan: the back of its hole, or hole after hole from its start until the block that
+// grows covers the request.
+UpstreamStatus DevicePool::Impl::place_growth(Lock& lk, Request& req, detail::Growth& growth, Block** out) {
+  store.stream_get(req.stream);  // the pieces may become local to it
+  UpstreamStatus failed = UpstreamStatus::ok;
+  if (growth.plan.hole != nullptr) {
+    Block* cur = map_piece(lk, req, growth, growth.plan.hole, growth.plan.to_map, /*back=*/true, &failed);
+    if (cur == nullptr) return failed;
+    *out = cur;
+    return UpstreamStatus::ok;
+  }
+  const std::size_t page = growth.seg->page;
+  Block* cur = growth.plan.start;  // the block that grows to cover the request
+  while (cur->state == BState::unmapped || cur->size < req.rounded) {
+    Block* u = cur->state == BState::unmapped ? cur : cur->next;                  // the next hole to fill
+    if (u == nullptr || u->state != BState::unmapped) return UpstreamStatus::ok;  // cannot happen
+    const std::size_t have = cur->state == BState::unmapped ? 0 : cur->size;
+    const std::size_t want = (req.rounded - have + page - 1) / page * page;
+    cur = map_piece(lk, req, growth, u, std::min(u->size, want), /*back=*/false, &failed);
+    if (cur == nullptr) return failed;
+  }
+  *out = cur;
+  return UpstreamStatus::ok;
+}
+
+// Map `amount` bytes at the front (or the back) of hole u; the pages become a free block
+// (ExpandableRanges::add_mapped). Null on failure (*failed says why): the pages mapped so far
+// stay as free blocks, nothing is inconsistent.
+DevicePool::Impl::Block* DevicePool::Impl::map_piece(Lock& lk, Request& req, detail::Growth& growth, Block* u,
+                                                     std::size_t amount, bool back, UpstreamStatus* failed) {
+  const std::uintptr_t at = back ? u->ptr + u->size - amount : u->ptr;
+  const std::int64_t t0 = now_ns();
+  const UpstreamStatus us = fill(lk, growth, at, amount);
+  const std::int64_t dt = now_ns() - t0;
+  ledger.upstream_time(dt);
+  if (us != UpstreamStatus::ok) {
+    if (us == UpstreamStatus::out_of_memory) {
+      events.emit(EventKind::oom, at, amount, amount, req.stream, dt);
+      req.refused(us);
+    }
+    *failed = us;
+    return nullptr;
+  }
+  ranges.split_hole(u, amount, back);
+  return ranges.add_mapped(u, amount, req.stream, growth.alias_hot, dt);
+}
+
+// The pages of [at, at + amount): recycled units moved there first, then hot units aliased,
+// fresh units mapped for the rest; all or nothing.
+UpstreamStatus DevicePool::Impl::fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) {
+  std::size_t done = 0;
+  growth.alias_hot = 0;
+  UpstreamStatus us = ranges.move_spare(growth, at, amount, &done);
+  if (us == UpstreamStatus::ok) us = ranges.alias_hot_units(growth, at, amount, &done);
+  std::vector<Detached> unusable = ranges.take_unusable(growth, growth.plan.to_map - growth.placed - done);
+  release_segments(lk, unusable);
+  if (us == UpstreamStatus::ok) us = ranges.map_fresh(growth, at, amount, &done);
+  if (us != UpstreamStatus::ok && done != 0) {
+    // Fresh and recycled units only, but the rule stays simple: nothing goes back to the
+    // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
+    if (reclaim.batches.has_ordered()) reclaim.settle_ordered();
+    ranges.unmap_placed(growth.seg, at, done);
+  }
+  if (us == UpstreamStatus::ok) growth.placed += amount;
+  return us;
 }
 
 }  // namespace cudapool

@@ -14,24 +14,13 @@ namespace cudapool {
 
 using detail::now_ns;
 
-// b: a free shared block covering its whole segment. Removes both from every structure.
-void DevicePool::Impl::detach_segment(Block* b, std::vector<Detached>& out) {
-  Segment* seg = b->seg;
-  shared[detail::kind_index(seg->small)].erase(b);
-  segments.erase(seg->base);
-  ledger.segment_removed(seg->small, seg->size);
-  out.push_back(Detached{seg->base, seg->size});
-  block_pool.put(b);
-  segment_pool.put(seg);
-}
-
 std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& list) {
   std::size_t total = 0;
   for (const Detached& d : list) total += d.size;
   if (list.empty()) return 0;
   // Memory handed out under a GPU-side wait may belong to a block whose old work still runs;
   // the driver's unmap would pull the pages from under it. Rare: releases are the cold path.
-  if (batches.has_ordered()) settle_ordered();
+  if (reclaim.batches.has_ordered()) reclaim.settle_ordered();
   std::vector<std::int64_t> ns(list.size());
   bool unmaps = false;
   for (const Detached& d : list) unmaps |= d.unmap;
@@ -61,10 +50,10 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
     ledger.upstream_time(ns[i]);
     if (list[i].unmap) {
       ledger.device_unmap();
-      emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+      events.emit(EventKind::segment_unmap, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     } else {
       ledger.device_free();
-      emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
+      events.emit(EventKind::segment_free, list[i].base, list[i].size, list[i].size, 0, ns[i]);
     }
   }
   list.clear();
@@ -76,12 +65,12 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
 // down until the request's size is covered. Only shared (fence-safe) whole-segment blocks.
 bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
   if (opt.max_split_size == kNoLimit) return false;
-  FreeSet& set = shared[1];
+  FreeSet& set = store.shared[1];
   const std::size_t key_size = std::max(rounded, opt.max_split_size);
   std::vector<Detached> out;
   for (auto it = set.lower_bound(detail::BySizeAddr::Key{key_size, 0}); it != set.end(); ++it) {
     if (!(*it)->is_split() && !(*it)->seg->expandable) {
-      detach_segment(*it, out);
+      store.detach_segment(*it, out);
       break;
     }
   }
@@ -94,7 +83,7 @@ bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
       total += (*it)->size;
     }
     if (total < key_size) return false;  // PyTorch frees nothing then either
-    for (Block* b : victims) detach_segment(b, out);
+    for (Block* b : victims) store.detach_segment(b, out);
   }
   release_segments(lk, out);
   return true;
@@ -104,34 +93,19 @@ bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
 // whole free page of an expandable range is unmapped.
 std::size_t DevicePool::Impl::release_cached(Lock& lk) {
   std::vector<Block*> victims, paged;
-  for (FreeSet& set : shared)
+  for (FreeSet& set : store.shared)
     for (Block* b : set) {
       if (b->seg->expandable) {
-        if (releasable_pages(b) != 0) paged.push_back(b);
+        if (ranges.releasable_pages(b) != 0) paged.push_back(b);
       } else if (!b->is_split()) {
         victims.push_back(b);
       }
     }
   std::vector<Detached> out;
   out.reserve(victims.size() + paged.size());
-  for (Block* b : victims) detach_segment(b, out);
-  for (Block* b : paged) release_pages(b, out);
+  for (Block* b : victims) store.detach_segment(b, out);
+  for (Block* b : paged) ranges.release_pages(b, out);
   return release_segments(lk, out);
-}
-
-std::size_t DevicePool::release_idle(std::size_t want) {
-  Impl& I = *impl_;
-  if (want == 0) return 0;
-  Impl::Lock lk(I.mu);
-  I.tc_flush_all();    // blocks parked in threads' caches count as idle too
-  I.service_fences();  // fences that have passed, without waiting
-  std::size_t got = I.release_idle_now(lk, want);
-  if (got < want) {
-    I.wait_all();
-    got += I.release_idle_now(lk, want - got);
-  }
-  I.emit(EventKind::empty_cache, 0, got, 0, 0);
-  return got;
 }
 
 std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
@@ -139,9 +113,9 @@ std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
   // (longest since cached, in its pool kind's searches) first.
   std::vector<std::pair<std::uint64_t, Block*>> cands;
   for (int k = 0; k < 2; ++k)
-    for (Block* b : shared[k])
-      if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split())
-        cands.emplace_back(searches[k] - b->gc_base, b);
+    for (Block* b : store.shared[k])
+      if (b->seg->expandable ? ranges.releasable_pages(b) != 0 : !b->is_split())
+        cands.emplace_back(store.searches[k] - b->gc_base, b);
   std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<Detached> out;
   std::size_t planned = 0;
@@ -149,17 +123,17 @@ std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
     if (planned >= want) break;
     if (!b->seg->expandable) {
       planned += b->size;
-      detach_segment(b, out);
+      store.detach_segment(b, out);
       continue;
     }
     // Whole units from the block's first one, until the rest of `want` is covered.
-    const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+    const auto [lo, hi] = ranges.unit_span(b->seg, b->ptr, b->ptr + b->size);
     std::uintptr_t end = lo;
     for (auto it = b->seg->units.lower_bound(lo);
          it != b->seg->units.end() && it->first < hi && planned + (end - lo) < want; ++it)
       end = it->first + it->second;
     planned += end - lo;
-    release_page_range(b, lo, end, out);
+    ranges.release_page_range(b, lo, end, out);
   }
   return release_segments(lk, out);
 }
@@ -176,11 +150,11 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
 
   // Whole free segments, and free blocks of the expandable range that hold whole pages.
   std::vector<Block*> candidates;
-  auto gain = [&](const Block* b) REQUIRES(mu) { return b->seg->expandable ? releasable_pages(b) : b->size; };
-  for (Block* b : shared[1])
-    if (b->seg->expandable ? releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
+  auto gain = [&](const Block* b) REQUIRES(mu) { return b->seg->expandable ? ranges.releasable_pages(b) : b->size; };
+  for (Block* b : store.shared[1])
+    if (b->seg->expandable ? ranges.releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
   if (candidates.empty()) return;
-  const std::uint64_t now = searches[1];
+  const std::uint64_t now = store.searches[1];
   double total_age = 0;
   for (Block* b : candidates) total_age += static_cast<double>(now - b->gc_base);
   std::size_t count = candidates.size();
@@ -203,24 +177,14 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
       total_age -= age;
       --count;
       if (candidates[i]->seg->expandable)
-        release_pages(candidates[i], out);
+        ranges.release_pages(candidates[i], out);
       else
-        detach_segment(candidates[i], out);
+        store.detach_segment(candidates[i], out);
     }
   }
   const std::size_t bytes = release_segments(lk, out);
   ledger.gc_pass(bytes);
-  emit(EventKind::gc, 0, bytes, 0, 0);
-}
-
-std::size_t DevicePool::empty_cache() {
-  Impl& I = *impl_;
-  Impl::Lock lk(I.mu);
-  I.wait_all();
-  const std::size_t bytes = I.release_cached(lk);
-  I.ledger.empty_cache_call();
-  I.emit(EventKind::empty_cache, 0, bytes, 0, 0);
-  return bytes;
+  events.emit(EventKind::gc, 0, bytes, 0, 0);
 }
 
 }  // namespace cudapool

@@ -62,12 +62,6 @@ class PtrMap {
     size_ = 0;
   }
 
-  template <class F>
-  void for_each(F&& f) const {
-    for (const Slot& s : slots_)
-      if (s.key != 0) f(s.key, s.value);
-  }
-
  private:
   struct Slot {
     std::uintptr_t key = 0;

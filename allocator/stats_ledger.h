@@ -7,12 +7,20 @@
 // a block's life: allocated -> unallocated (freed, still active while its fence is pending) ->
 // deactivated (free). A free block that is part of a split segment counts in inactive_split.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
 #include "allocator/stats.h"
 
 namespace cudapool::detail {
+
+// Host time of upstream calls (stats' upstream_ns, event durations): always the real clock, unlike
+// the pool's injectable clock_ns() that drives its fence timing.
+inline std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 inline StatPool stat_pool(bool small) { return small ? kSmallPool : kLargePool; }
 

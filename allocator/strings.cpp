@@ -15,6 +15,16 @@ const char* to_string(AllocStatus s) noexcept {
   return "unknown";
 }
 
+const char* to_string(Refusal r) noexcept {
+  switch (r) {
+    case Refusal::none: return "none";
+    case Refusal::device: return "device";
+    case Refusal::limit: return "limit";
+    case Refusal::budget: return "budget";
+  }
+  return "unknown";
+}
+
 const char* to_string(BlockState s) noexcept {
   switch (s) {
     case BlockState::active_allocated: return "active_allocated";

@@ -1,4 +1,4 @@
-// Internal: a small per-thread, per-pool cache in front of the pool lock (pool_tcache.cpp has
+// Internal: a small per-thread, per-pool cache in front of the pool lock (thread_caches.cpp has
 // the pool side, docs/design.md "Thread caches" the why). Two kinds of freed blocks live here:
 //  * stream-local ones: blocks freed with free_on_stream(p, s) (reusable at once on s) or with
 //    free(p) under FreeSync::immediate (reusable at once on the allocation stream). Such a block
@@ -37,7 +37,7 @@ namespace cudapool::detail {
 
 struct Block;
 
-struct TcEntry {
+struct CachedBlock {
   Block* block = nullptr;
   std::uintptr_t ptr = 0;
   std::size_t size = 0;       // the block's size (what the stats count)
@@ -49,7 +49,7 @@ struct TcEntry {
   bool any_stream = false;  // free: its device fence completed, so it serves any stream
 };
 
-struct ThreadCache {
+struct ThreadBlockCache {
   static constexpr int kMaxFree = 32;                    // free blocks kept (stream-local puts)
   static constexpr int kMaxPend = 32;                    // fenced frees per batch
   static constexpr std::size_t kMaxFreeBytes = 8 * MiB;  // ... and their bytes
@@ -75,25 +75,25 @@ struct ThreadCache {
   std::atomic<void*> pool{nullptr};
   std::uint64_t pool_uid = 0;
   // Set by the pool: flushes this cache into it at thread exit (registry mutex held).
-  void (*exit_flush)(ThreadCache&) = nullptr;
+  void (*exit_flush)(ThreadBlockCache&) = nullptr;
 
   // ---- everything below: under mu ----
   // Room for a completed fenced batch on top of kMaxFree stream-local entries, so completing a
   // batch never needs the pool lock.
-  TcEntry free_[kMaxFree + kMaxPend];
+  CachedBlock free_[kMaxFree + kMaxPend];
   int nfree = 0;
   std::size_t free_bytes = 0;
   // Fenced frees: the open batch (no fence yet, opened at pend_since) and the closed one,
   // waiting for `fence` (0: none closed). The cache's FenceHandle is the pool's to release.
-  TcEntry pend[kMaxPend];
+  CachedBlock pend[kMaxPend];
   int npend = 0;
   std::int64_t pend_since = 0;
-  TcEntry closed[kMaxPend];
+  CachedBlock closed[kMaxPend];
   int nclosed = 0;
   std::int64_t closed_since = 0;  // when `fence` was recorded
   std::uint64_t fence = 0;
-  std::int64_t last_query = 0;  // when `fence` was last asked (queries are rate-limited)
-  TcEntry lent[kLentSlots];     // ptr == 0: empty slot
+  std::int64_t last_query = 0;   // when `fence` was last asked (queries are rate-limited)
+  CachedBlock lent[kLentSlots];  // ptr == 0: empty slot
   int nlent = 0;
   int credit = kProbeEvery;
   unsigned probe = 0;
@@ -116,7 +116,7 @@ struct ThreadCache {
     return -1;
   }
   // Stores e (the table must not be full: nlent < kMaxLent); returns its index.
-  int lent_insert(const TcEntry& e) {
+  int lent_insert(const CachedBlock& e) {
     int i = slot_of(e.ptr);
     while (lent[i].ptr != 0) i = next_slot(i);
     lent[i] = e;
@@ -134,7 +134,7 @@ struct ThreadCache {
       lent[i] = lent[j];
       i = j;
     }
-    lent[i] = TcEntry{};
+    lent[i] = CachedBlock{};
     --nlent;
   }
   // Index of some lent entry (the first at or after p's home slot); the table must not be empty.

@@ -31,6 +31,14 @@ enum class AllocStatus : std::uint8_t {
   invalid_size,    // 0 bytes is not an error at the API (ptr = nullptr); absurd sizes are
 };
 
+// Why an allocation was refused (AllocResult::refusal).
+enum class Refusal : std::uint8_t {
+  none,
+  device,  // the upstream (the device) is out of memory
+  limit,   // the pool's own limit (per_process_memory_fraction, max_reserved), no upstream call made
+  budget,  // a budget outside the device (the shim's group budget) refused the upstream call
+};
+
 // Result of giving memory back.
 enum class FreeStatus : std::uint8_t {
   ok,
@@ -41,5 +49,6 @@ enum class FreeStatus : std::uint8_t {
 
 const char* to_string(AllocStatus s) noexcept;
 const char* to_string(FreeStatus s) noexcept;
+const char* to_string(Refusal r) noexcept;
 
 }  // namespace cudapool

@@ -6,7 +6,23 @@
 
 namespace cudapool {
 
-enum class UpstreamStatus : std::uint8_t { ok, out_of_memory, error };
+// What an upstream call answered. Compared with a code (`us == UpstreamStatus::ok`); a failure
+// may also say why, which the pool hands on in its AllocResult:
+//  * budget: out_of_memory because a budget outside the device refused (the shim's group
+//    budget), not the device itself;
+//  * error_code: the upstream's own code for the failure (the shim: the driver's CUresult), 0
+//    when it has none.
+struct UpstreamStatus {
+  enum Code : std::uint8_t { ok, out_of_memory, error };
+  Code code = ok;
+  bool budget = false;
+  int error_code = 0;
+
+  constexpr UpstreamStatus(Code c = ok) noexcept : code(c) {}  // NOLINT: implicit on purpose
+  constexpr UpstreamStatus(Code c, int code_of_upstream, bool by_budget = false) noexcept
+      : code(c), budget(by_budget), error_code(code_of_upstream) {}
+  friend constexpr bool operator==(UpstreamStatus a, Code c) noexcept { return a.code == c; }
+};
 
 class Upstream {
  public:

@@ -6,21 +6,9 @@
 
 namespace cudapool::shim {
 
-namespace {
-thread_local CUresult tl_last_error = CUDA_SUCCESS;
-thread_local bool tl_budget_refused = false;
-}  // namespace
-
-bool CudaUpstream::budget_refused() noexcept { return tl_budget_refused; }
-void CudaUpstream::clear_budget_refused() noexcept { tl_budget_refused = false; }
-
 bool CudaUpstream::charge(std::size_t bytes) noexcept {
   if (gate_ == nullptr) return true;
-  if (!gate_->acquire(bytes)) {
-    tl_budget_refused = true;
-    tl_last_error = CUDA_ERROR_OUT_OF_MEMORY;
-    return false;
-  }
+  if (!gate_->acquire(bytes)) return false;
   gated_.fetch_add(bytes, std::memory_order_relaxed);
   return true;
 }
@@ -55,7 +43,7 @@ ScopedContext::~ScopedContext() {
 }
 
 UpstreamStatus CudaUpstream::allocate(std::size_t bytes, void** out) {
-  if (!charge(bytes)) return UpstreamStatus::out_of_memory;
+  if (!charge(bytes)) return budget_refusal();
   ScopedContext scope(d_, ctx_);
   CUdeviceptr p = 0;
   CUresult r = d_.cuMemAlloc_v2(&p, bytes);
@@ -64,8 +52,7 @@ UpstreamStatus CudaUpstream::allocate(std::size_t bytes, void** out) {
     return UpstreamStatus::ok;
   }
   credit(bytes);
-  tl_last_error = r;
-  return r == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+  return driver_failure(r);
 }
 
 void CudaUpstream::release(void* base, std::size_t bytes) {
@@ -84,7 +71,5 @@ void CudaUpstream::mem_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   *free_bytes = f;
   *total_bytes = t;
 }
-
-CUresult CudaUpstream::last_error() noexcept { return tl_last_error; }
 
 }  // namespace cudapool::shim

@@ -45,21 +45,11 @@ class CudaUpstream final : public Upstream {
   const RealDriver& driver() const noexcept { return d_; }
   // Set before the pool's first allocation (nullptr = no gate).
   void set_gate(ReserveGate* gate) noexcept { gate_ = gate; }
-  // Physical bytes taken through the gate and not given back (the context's share of the budget).
-  std::size_t gated_bytes() const noexcept { return gated_.load(std::memory_order_relaxed); }
   // The context is gone: its memory went with it, so its share of the budget goes back too.
   void drop_gated() noexcept;
-  // The gate refused an allocation on this thread since the last clear (the hook then asks the
-  // group for memory instead of returning out-of-memory at once).
-  static bool budget_refused() noexcept;
-  static void clear_budget_refused() noexcept;
   UpstreamStatus allocate(std::size_t bytes, void** out) override;
   void release(void* base, std::size_t bytes) override;
   void mem_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
-
-  // The driver's answer to the last failed allocate() on this thread, so the hook returns the
-  // same CUresult the program would have got without the pool.
-  static CUresult last_error() noexcept;
 
   // --- Expandable segments through the driver's virtual memory management
   // (shim/cuda_upstream_vmm.cpp). Each page of a range (the `page` given at reserve: the
@@ -119,6 +109,15 @@ class CudaUpstream final : public Upstream {
   CUresult set_access(int dev, std::uintptr_t lo, std::size_t bytes);
 
   bool charge(std::size_t bytes) noexcept;  // false: the gate refused
+  // A failed call's answer, carrying the CUresult so the hook returns what the program would
+  // have got without the pool; the gate's refusal says it was the budget (the hook then asks
+  // the group for memory instead of returning out-of-memory at once).
+  static UpstreamStatus driver_failure(CUresult r) noexcept {
+    return {r == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error, r};
+  }
+  static UpstreamStatus budget_refusal() noexcept {
+    return {UpstreamStatus::out_of_memory, CUDA_ERROR_OUT_OF_MEMORY, true};
+  }
   void credit(std::size_t bytes) noexcept;
 
   const RealDriver& d_;

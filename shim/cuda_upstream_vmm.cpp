@@ -14,7 +14,7 @@
 // 16 in 64 MiB units. One cuMemSetAccess covers a whole map() or move() call.
 //
 // Address space: the pool asks for one range per pool kind (small/large) of about 9/8 of the
-// device (allocator/pool_expandable.cpp), i.e. two per context, however many streams there are.
+// device (allocator/expandable_ranges.cpp), i.e. two per context, however many streams there are.
 // This upstream refuses (the pool then falls back to classic segments) a range larger than
 // 9/8 of the device plus two pages, and any reservation that would take this process's total
 // over kMaxReservedTotal (16 TiB: 8 devices x a few contexts of 141 GB GPUs fit many times, and
@@ -40,9 +40,6 @@ CUmemAllocationProp pinned_on(int device) {
   return prop;
 }
 
-UpstreamStatus status_of(CUresult r) {
-  return r == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
-}
 }  // namespace
 
 std::size_t CudaUpstream::reserved_total() noexcept { return g_reserved_total.load(std::memory_order_relaxed); }
@@ -128,7 +125,7 @@ UpstreamStatus CudaUpstream::reserve(std::size_t bytes, std::size_t page, void**
   if (r != CUDA_SUCCESS) {
     g_reserved_total.fetch_sub(bytes, std::memory_order_relaxed);
     log_warn("expandable segments: cuMemAddressReserve({} bytes) failed: CUDA error {}", bytes, r);
-    return status_of(r);
+    return driver_failure(r);
   }
   ranges_[static_cast<std::uintptr_t>(p)] = Range{bytes, page};
   *out = reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
@@ -167,12 +164,12 @@ std::size_t CudaUpstream::page_at(std::uintptr_t lo, std::size_t bytes) const {
 UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(vmm_mu_);
   int dev = 0;
-  if (!vmm_device(&dev)) return UpstreamStatus::error;
+  if (!vmm_device(&dev)) return driver_failure(CUDA_ERROR_NOT_SUPPORTED);
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  if (page_at(lo, bytes) == 0) return UpstreamStatus::error;  // not whole pages of one of our ranges
+  if (page_at(lo, bytes) == 0) return driver_failure(CUDA_ERROR_INVALID_VALUE);  // not whole pages of one of our ranges
   ScopedContext scope(d_, ctx_);
   CUmemAllocationProp prop = pinned_on(dev);
-  if (!charge(bytes)) return UpstreamStatus::out_of_memory;
+  if (!charge(bytes)) return budget_refusal();
   CUmemGenericAllocationHandle h = 0;
   const bool want_fd = fd_handles_ && d_.cuMemExportToShareableHandle != nullptr;
   if (want_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -202,7 +199,7 @@ UpstreamStatus CudaUpstream::map(void* addr, std::size_t bytes) {
     credit(bytes);
   }
   log_debug("expandable segments: mapping {} bytes at {:#x} failed: CUDA error {}", bytes, lo, r);
-  return status_of(r);
+  return driver_failure(r);
 }
 
 // Called with vmm_mu_ held and the context current: read/write for the owning device, and for
@@ -264,7 +261,7 @@ UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
   release_units(src, src + bytes);  // not moved yet (units only partly inside stay: not ours to cut)
   release_units(dst, dst + off);    // moved by this call
   log_debug("expandable segments: moving {} bytes from {:#x} to {:#x} failed: CUDA error {}", bytes, src, dst, r);
-  return status_of(r);
+  return driver_failure(r);
 }
 
 bool CudaUpstream::can_alias() { return granularity() != 0; }
@@ -299,7 +296,7 @@ UpstreamStatus CudaUpstream::alias(void* from, void* to, std::size_t bytes) {
       o += n;
     }
     log_debug("expandable segments: aliasing {} bytes from {:#x} at {:#x} failed: CUDA error {}", bytes, src, dst, r);
-    return status_of(r);
+    return driver_failure(r);
   }
   for (std::size_t o = 0; o < bytes;) {
     auto node = units_.extract(src + o);

@@ -59,19 +59,17 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   if (device >= 0 && cp->device != device) return CUDA_ERROR_INVALID_DEVICE;
   // The context is current (current_pool just read it): fence recording skips its own check.
   CudaFences::ContextGuard known(cp->ctx);
-  if (cp->member != nullptr) CudaUpstream::clear_budget_refused();
   // Where the program allocated, for the trace: taken here, before the pool's lock.
   if (rt.call_sites()) TraceWriter::capture_call_site();
   AllocResult r = cp->pool.allocate(bytes, stream);
   // The group's budget said no (not the device): the other members may hold idle cached memory.
   // Ask them, and try again after each release until group_release_wait_ms has passed. No lock
   // is held while waiting.
-  if (r.status == AllocStatus::out_of_memory && cp->member != nullptr && CudaUpstream::budget_refused()) {
+  if (r.status == AllocStatus::out_of_memory && cp->member != nullptr && r.refusal == Refusal::budget) {
     const std::int64_t start = share::monotonic_ns();
     for (int round = 0; group::ask_release(*cp->member, start, round, bytes); ++round) {
-      CudaUpstream::clear_budget_refused();
       r = cp->pool.allocate(bytes, stream);
-      if (r.status != AllocStatus::out_of_memory || !CudaUpstream::budget_refused()) break;
+      if (r.status != AllocStatus::out_of_memory || r.refusal != Refusal::budget) break;
     }
   }
   switch (r.status) {
@@ -80,7 +78,8 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
     case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
       group::note_oom(cp->device);
       return report_oom(*cp, bytes, false);
-    case AllocStatus::upstream_error: return CudaUpstream::last_error();
+    case AllocStatus::upstream_error:  // the driver's own answer (the pool's upstream calls all carry one)
+      return r.upstream_error != CUDA_SUCCESS ? static_cast<CUresult>(r.upstream_error) : CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_ERROR_OUT_OF_MEMORY;
 }

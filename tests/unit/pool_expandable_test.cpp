@@ -304,3 +304,20 @@ TEST(PoolExpandable, GrowthWithinTheSlackMapsInsteadOfWaitingOnTheGpu) {
     rig.expect_intact();
   }
 }
+
+// Growth by mapping pages reports its refusals as a segment would: the budget's, then the
+// driver's own error code.
+TEST(PoolExpandable, MapRefusalCarriesItsCause) {
+  XRig rig;
+  rig.up.fail_next(3, UpstreamStatus{UpstreamStatus::out_of_memory, 2, true});
+  AllocResult r = rig.pool->allocate(5 * MiB, 0);
+  EXPECT_EQ(r.status, AllocStatus::out_of_memory);
+  EXPECT_EQ(r.refusal, Refusal::budget);
+  EXPECT_EQ(r.upstream_error, 2);
+  rig.up.fail_next(1, UpstreamStatus{UpstreamStatus::error, 700});
+  r = rig.pool->allocate(5 * MiB, 0);
+  EXPECT_EQ(r.status, AllocStatus::upstream_error);
+  EXPECT_EQ(r.upstream_error, 700);
+  EXPECT_EQ(rig.up.bytes_mapped(), 0u);
+  rig.expect_intact();
+}

@@ -79,6 +79,54 @@ TEST(PoolOom, OtherUpstreamErrorsReturnAtOnce) {
   rig.expect_intact();
 }
 
+// The result says who refused, and carries the upstream's own error code.
+TEST(PoolOom, RefusalCarriesItsCause) {
+  {
+    PoolOptions o;
+    o.max_reserved = 30 * MiB;
+    PoolRig rig(o);
+    AllocResult r = rig.pool->allocate(40 * MiB, 0);
+    EXPECT_EQ(r.status, AllocStatus::out_of_memory);
+    EXPECT_EQ(r.refusal, Refusal::limit);
+    EXPECT_EQ(r.upstream_error, 0);
+    EXPECT_EQ(rig.up.allocate_calls(), 0u);  // the limit refuses without asking
+  }
+  {
+    PoolRig rig({}, 30 * MiB);
+    rig.up.fail_next(1, UpstreamStatus{UpstreamStatus::out_of_memory, 2});
+    AllocResult r = rig.pool->allocate(40 * MiB, 0);
+    EXPECT_EQ(r.status, AllocStatus::out_of_memory);
+    EXPECT_EQ(r.refusal, Refusal::device);
+    EXPECT_EQ(r.upstream_error, 2);
+  }
+  {
+    // The budget refuses first, the device the retry: the budget's refusal sticks, since
+    // other holders of the budget may give memory back.
+    PoolRig rig({}, 30 * MiB);
+    rig.up.fail_next(1, UpstreamStatus{UpstreamStatus::out_of_memory, 2, true});
+    AllocResult r = rig.pool->allocate(40 * MiB, 0);
+    EXPECT_EQ(r.status, AllocStatus::out_of_memory);
+    EXPECT_EQ(r.refusal, Refusal::budget);
+    EXPECT_EQ(rig.up.allocate_calls(), 2u);
+    // The next allocation starts afresh: the device alone refuses it.
+    r = rig.pool->allocate(40 * MiB, 0);
+    EXPECT_EQ(r.refusal, Refusal::device);
+    rig.expect_intact();
+  }
+  {
+    PoolRig rig;
+    rig.up.fail_next(1, UpstreamStatus{UpstreamStatus::error, 999});
+    AllocResult r = rig.pool->allocate(1 * MiB, 0);
+    EXPECT_EQ(r.status, AllocStatus::upstream_error);
+    EXPECT_EQ(r.upstream_error, 999);
+    EXPECT_EQ(r.refusal, Refusal::none);
+    r = rig.pool->allocate(1 * MiB, 0);  // nothing lingers from the failed call
+    EXPECT_EQ(r.status, AllocStatus::ok);
+    EXPECT_EQ(r.upstream_error, 0);
+    rig.expect_intact();
+  }
+}
+
 // max_split_size 20 MiB, a cached (shared) 40 MiB oversize block, room for nothing else:
 // step 1 releases it and the retry succeeds without waiting or the full release.
 TEST(PoolOom, OversizeBlocksReleasedFirst) {

@@ -43,7 +43,7 @@ void engage(PoolRig& rig) {
 // The lent table (linear probing, backward-shift deletion): after any mix of inserts and erases,
 // every lent pointer is found at an entry holding it and no other pointer is found.
 TEST(PoolTcache, LentTableFindsEveryEntryAfterRandomErases) {
-  auto tc = std::make_unique<detail::ThreadCache>();
+  auto tc = std::make_unique<detail::ThreadBlockCache>();
   std::mt19937_64 rng(42);
   std::set<std::uintptr_t> in;
   const std::uintptr_t base = 0x7f0000000000;
@@ -56,8 +56,8 @@ TEST(PoolTcache, LentTableFindsEveryEntryAfterRandomErases) {
       ASSERT_EQ(tc->lent[i].ptr, p);
       tc->lent_erase(i);
       in.erase(p);
-    } else if (tc->nlent < detail::ThreadCache::kMaxLent) {
-      detail::TcEntry e;
+    } else if (tc->nlent < detail::ThreadBlockCache::kMaxLent) {
+      detail::CachedBlock e;
       e.ptr = p;
       e.size = 4096;
       tc->lent_insert(e);
@@ -242,7 +242,7 @@ TEST(PoolTcache, FencedFreesBatchInTheCacheUntilTheirFence) {
 TEST(PoolTcache, FencedCacheBatchesAreBoundedAndReclaimed) {
   PoolRig rig;
   engage(rig);
-  constexpr int kMax = 32;  // ThreadCache::kMaxPend (allocator/thread_cache.h)
+  constexpr int kMax = 32;  // ThreadBlockCache::kMaxPend (allocator/thread_cache.h)
   std::vector<void*> held;
   for (int i = 0; i < 2 * kMax + 5; ++i) held.push_back(rig.alloc(4 * KiB, kS1));
   const std::size_t records0 = rig.fence.device_records();

@@ -1,71 +1,60 @@
-// Stream safety: when freed memory becomes reusable by whom (docs/design.md, "Streams and fences").
-//  * free() puts blocks in the open batch; ONE device fence is recorded for the whole batch when
-//    its window closes: open longer than kBatchWindowNs (checked by allocate()), kBatchMaxBlocks
-//    blocks or batch_max_bytes() bytes, a miss, or anything that waits for pending memory.
-//    Completed batches turn into shared free blocks.
-//  * Blocks freed on a stream are local to it; a miss on another stream records one fence on that
-//    stream (at most one outstanding per stream) and promotes the blocks it covers once complete.
-//  * retire_stream() turns a stream's local blocks into a batch on a fence on that stream.
-//  * Under memory pressure (OOM path, empty_cache, release_idle) every fence is waited for
-//    (wait_all); what is then released is pool_release.cpp's.
-// The lists themselves (open, device, retire batches, promotion list, GPU-side waits) are
-// detail::FenceBatches' (fence_batches.h); this file holds the rules that use them.
+// Reclaim's rules (reclaim.h has the model): completing batches and promotions into free
+// blocks, service_fences, the waits (wait_all, device / stream fences), the GPU-side waits
+// (order_device_batches), retiring a stream. The lists themselves are FenceBatches'.
 #include <algorithm>
 
-#include "allocator/pool_impl.h"
+#include "allocator/reclaim.h"
 
-namespace cudapool {
+namespace cudapool::detail {
 
-using detail::BState;
-
-void DevicePool::Impl::close_open() {
+void Reclaim::close_open() {
   if (batches.open().count == 0) return;
-  const FenceHandle f = fences.record_device();
-  ledger.fence_recorded();
+  const FenceHandle f = fences_.record_device();
+  ledger_.fence_recorded();
   batches.seal_open(f);
 }
 
 // Blocks of a completed batch (pending or retiring) become shared free blocks.
-void DevicePool::Impl::complete_batch(Batch* batch) {
+void Reclaim::complete_batch(Batch* batch) {
   for (Block* b = batch->head; b != nullptr;) {
     Block* next = b->link;
     b->link = nullptr;
     if (b->state == BState::pending) {
-      ledger.pending_removed(b->size);
-      deactivate(b);
+      ledger_.pending_removed(b->size);
+      store_.deactivate(b);
       // Its own fence covers whatever an older GPU-side wait covered. (order_device_batches sets
       // hot again after this for the batches it orders.)
       if (batch->fence != 0) b->hot = 0;
     } else if (b->is_split()) {
-      count_inactive_split(b, -1);  // retiring blocks were counted; insert_free recounts
+      store_.count_inactive_split(b, -1);  // retiring blocks were counted; insert_free recounts
     }
-    insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
+    store_.insert_free(b, BState::shared, 0, store_.shared[kind_index(b->seg->small)]);
     b = next;
   }
-  if (batch->fence != 0) fences.release(batch->fence);
+  if (batch->fence != 0) fences_.release(batch->fence);
   batches.recycle(batch);
 }
 
 // The stream's promotion fence completed: its local blocks freed before it became shared.
-void DevicePool::Impl::complete_promo(StreamFree* sf) {
+void Reclaim::complete_promo(StreamFree* stream_free) {
   std::vector<Block*> covered;
-  for (FreeSet& set : sf->sets)
+  for (FreeSet& set : stream_free->sets)
     for (Block* b : set)
-      if (b->epoch <= sf->promo_epoch) covered.push_back(b);
+      if (b->epoch <= stream_free->promo_epoch) covered.push_back(b);
   for (Block* b : covered) {
-    FreeSet& set = sf->sets[detail::kind_index(b->seg->small)];
+    FreeSet& set = stream_free->sets[kind_index(b->seg->small)];
     set.erase(b);
-    if (b->is_split()) count_inactive_split(b, -1);
-    insert_free(b, BState::shared, 0, shared[detail::kind_index(b->seg->small)]);
+    if (b->is_split()) store_.count_inactive_split(b, -1);
+    store_.insert_free(b, BState::shared, 0, store_.shared[kind_index(b->seg->small)]);
   }
-  drop_promo(sf);
+  drop_promo(stream_free);
 }
 
-void DevicePool::Impl::drop_promo(StreamFree* sf) {
-  if (sf->promo_fence == 0) return;
-  fences.release(sf->promo_fence);
-  sf->promo_fence = 0;
-  batches.promo_remove(sf);
+void Reclaim::drop_promo(StreamFree* stream_free) {
+  if (stream_free->promo_fence == 0) return;
+  fences_.release(stream_free->promo_fence);
+  stream_free->promo_fence = 0;
+  batches.promo_remove(stream_free);
 }
 
 // Called by allocate() only when some fence work exists. The open batch stays open (no fence
@@ -74,24 +63,22 @@ void DevicePool::Impl::drop_promo(StreamFree* sf) {
 // fence takes a few microseconds to complete even on an idle GPU, so asking on every allocation
 // made the queries themselves the main cost of a fenced tight loop (0.55-0.66 us per pair
 // against 0.25 us for immediate frees on an H200). A miss (service_miss) always asks at once.
-void DevicePool::Impl::service_fences() {
+void Reclaim::service_fences() {
   const std::int64_t now = clock_ns();
   if (batches.window_passed(now)) close_open();
   // Where ordering costs no driver call, a recorded batch is reusable at once: no query.
-  if (batches.device_head() != nullptr && opt.free_sync == FreeSync::gpu_wait && fences.orders_for_free())
+  if (batches.device_head() != nullptr && opt_.free_sync == FreeSync::gpu_wait && fences_.orders_for_free())
     order_recorded_batches();
   if (!batches.query_due(now)) return;
   drain_device_batches();
   bool running = batches.device_head() != nullptr;
-  // The callbacks below run inside FenceBatches, which does not know the pool lock: the
-  // enclosing function holds it (REQUIRES), so they are not analysed on their own.
-  auto complete = [&](Batch* b) NO_THREAD_SAFETY_ANALYSIS { complete_batch(b); };
-  if (batches.sweep_retire(fences, complete)) running = true;
+  auto complete = [&](Batch* b) { complete_batch(b); };
+  if (batches.sweep_retire(fences_, complete)) running = true;
   const std::vector<StreamFree*>& promos = batches.promos();
   for (std::size_t i = 0; i < promos.size();) {
-    StreamFree* sf = promos[i];
-    if (fences.query(sf->promo_fence)) {
-      complete_promo(sf);  // removes promos[i]
+    StreamFree* stream_free = promos[i];
+    if (fences_.query(stream_free->promo_fence)) {
+      complete_promo(stream_free);  // removes promos[i]
     } else {
       ++i;
       running = true;
@@ -101,7 +88,7 @@ void DevicePool::Impl::service_fences() {
     poll_ordered();
     batches.ordered_polled(now);
   }
-  if (!xr.draining.empty()) reclaim_drained();
+  if (!ranges_.draining.empty()) ranges_.reclaim_drained();
   batches.queried(now, running);
 }
 
@@ -109,19 +96,19 @@ void DevicePool::Impl::service_fences() {
 // where ordering is free (service_fences), order them instead: a query costs a driver call that
 // a free/allocate loop would pay on every pair. Returns true if some batch completed (the caller
 // searches again).
-bool DevicePool::Impl::service_miss() {
+bool Reclaim::service_miss() {
   if (batches.open().count == 0) return false;
   close_open();
-  if (opt.free_sync == FreeSync::gpu_wait && fences.orders_for_free() && order_recorded_batches()) return true;
+  if (opt_.free_sync == FreeSync::gpu_wait && fences_.orders_for_free() && order_recorded_batches()) return true;
   return drain_device_batches(true);
 }
 
 // Device fences complete in recording order: complete batches from the oldest and stop at the
 // first one still running (urgent: asked as memory wanted now, FenceProvider::query_urgent).
 // Returns true if any batch completed.
-bool DevicePool::Impl::drain_device_batches(bool urgent) {
+bool Reclaim::drain_device_batches(bool urgent) {
   bool completed = false;
-  auto done = [&](FenceHandle f) { return urgent ? fences.query_urgent(f) : fences.query(f); };
+  auto done = [&](FenceHandle f) { return urgent ? fences_.query_urgent(f) : fences_.query(f); };
   while (batches.device_head() != nullptr && done(batches.device_head()->fence)) {
     complete_batch(batches.pop_device());
     completed = true;
@@ -129,27 +116,27 @@ bool DevicePool::Impl::drain_device_batches(bool urgent) {
   return completed;
 }
 
-// sf's promotion fence, recorded now on its stream: it covers the local blocks freed so far.
-void DevicePool::Impl::record_promo(StreamFree* sf, StreamId stream) {
-  sf->promo_fence = fences.record_stream(stream);
-  sf->promo_miss = slow_calls;
-  sf->promo_epoch = epoch;
-  ledger.fence_recorded();
-  batches.promo_add(sf);
+// stream_free's promotion fence, recorded now on its stream: it covers the local blocks freed so far.
+void Reclaim::record_promo(StreamFree* stream_free, StreamId stream) {
+  stream_free->promo_fence = fences_.record_stream(stream);
+  stream_free->promo_miss = slow_calls;
+  stream_free->promo_epoch = store_.epoch;
+  ledger_.fence_recorded();
+  batches.promo_add(stream_free);
 }
 
 // A miss on `stream`: other streams' local blocks that could serve `rounded` get a fence on
 // their stream (one outstanding per stream). Returns true if anything was promoted now.
-bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
-  const int k = detail::kind_index(is_small(rounded));
+bool Reclaim::try_promote_for(std::size_t rounded, StreamId stream) {
+  const int k = kind_index(is_small(rounded));
   bool promoted = false;
-  for (auto& [sid, owned] : streams) {
-    StreamFree* sf = owned.get();
-    if (sid == stream || sf->sets[k].empty()) continue;
-    if ((*sf->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
-    if (sf->promo_fence == 0) record_promo(sf, sid);
-    if (fences.query(sf->promo_fence)) {
-      complete_promo(sf);
+  for (auto& [sid, owned] : store_.streams) {
+    StreamFree* stream_free = owned.get();
+    if (sid == stream || stream_free->sets[k].empty()) continue;
+    if ((*stream_free->sets[k].rbegin())->size < rounded) continue;  // nothing there could serve it
+    if (stream_free->promo_fence == 0) record_promo(stream_free, sid);
+    if (fences_.query(stream_free->promo_fence)) {
+      complete_promo(stream_free);
       promoted = true;
     }
   }
@@ -157,7 +144,7 @@ bool DevicePool::Impl::try_promote_for(std::size_t rounded, StreamId stream) {
 }
 
 // FreeSync::device: block on the fences of free()d memory. Returns true if there was any.
-bool DevicePool::Impl::wait_device_batches() {
+bool Reclaim::wait_device_batches() {
   close_open();
   if (batches.device_head() == nullptr) return false;
   bool any = false;
@@ -173,7 +160,7 @@ bool DevicePool::Impl::wait_device_batches() {
 // memory freed with free() waits for its fence, hand that memory out now and let the GPU wait.
 // All recorded batches go together: one order_after call covers them all, and the newest fence
 // is what the GPU has to reach anyway.
-bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool expandable_only) {
+bool Reclaim::order_device_batches(std::size_t need, bool small, bool expandable_only) {
   close_open();
   // Batches already complete need no wait (and their blocks stay cold): what they freed may be
   // enough; the caller searches again.
@@ -194,7 +181,7 @@ bool DevicePool::Impl::order_device_batches(std::size_t need, bool small, bool e
 
 // Every recorded device batch is handed out under a GPU-side wait, without asking its fence
 // first: for contexts where ordering is free (FenceProvider::orders_for_free).
-bool DevicePool::Impl::order_recorded_batches() {
+bool Reclaim::order_recorded_batches() {
   std::vector<FenceHandle>& order_scratch = batches.order_scratch();
   order_scratch.clear();
   for (Batch* b = batches.device_head(); b != nullptr; b = b->next) order_scratch.push_back(b->fence);
@@ -203,13 +190,13 @@ bool DevicePool::Impl::order_recorded_batches() {
 
 // The device batches, whose fences are in order_scratch, are ordered after (order_after) and
 // become shared free blocks marked hot with the order's number. False: the provider refused.
-bool DevicePool::Impl::order_scratch_batches() {
+bool Reclaim::order_scratch_batches() {
   std::vector<FenceHandle>& order_scratch = batches.order_scratch();
-  if (!fences.order_after(order_scratch.data(), order_scratch.size())) return false;
+  if (!fences_.order_after(order_scratch.data(), order_scratch.size())) return false;
   std::size_t bytes = 0;
   for (Batch* b = batches.device_head(); b != nullptr; b = b->next) bytes += b->bytes;
-  ledger.gpu_wait();
-  emit(EventKind::gpu_wait, 0, bytes, 0, 0);
+  ledger_.gpu_wait();
+  events_.emit(EventKind::gpu_wait, 0, bytes, 0, 0);
   // The first order outstanding: service_fences() asks after kOrderedPollGapNs, not at once.
   if (!batches.has_ordered()) batches.ordered_polled(clock_ns());
   const std::uint64_t seq = batches.new_order();
@@ -223,20 +210,19 @@ bool DevicePool::Impl::order_scratch_batches() {
   return true;
 }
 
-void DevicePool::Impl::poll_ordered() {
-  batches.poll_ordered(fences);
-  if (!xr.draining.empty()) drop_aliases();
+void Reclaim::poll_ordered() {
+  batches.poll_ordered(fences_);
+  if (!ranges_.draining.empty()) ranges_.drop_aliases(batches.order_done());
 }
 
-void DevicePool::Impl::settle_ordered() {
-  // Runs inside FenceBatches, which does not know the pool lock; this function holds it.
-  batches.settle_ordered(fences, [&](FenceHandle f) NO_THREAD_SAFETY_ANALYSIS { return wait_fence(f, 0); });
-  if (!xr.draining.empty()) drop_aliases();
+void Reclaim::settle_ordered() {
+  batches.settle_ordered(fences_, [&](FenceHandle f) { return wait_fence(f, 0); });
+  if (!ranges_.draining.empty()) ranges_.drop_aliases(batches.order_done());
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`
 // is reached; *last = the batch that reaches it (null if all of them together do not).
-std::size_t DevicePool::Impl::pending_expandable_bytes(std::size_t need, Batch** last) const {
+std::size_t Reclaim::pending_expandable_bytes(std::size_t need, Batch** last) const {
   *last = nullptr;
   std::size_t bytes = 0;
   for (Batch* b = batches.device_head(); b != nullptr; b = b->next) {
@@ -254,7 +240,7 @@ std::size_t DevicePool::Impl::pending_expandable_bytes(std::size_t need, Batch**
 // whose batch (with every batch before it) holds at least `need` bytes of the ranges, not for
 // every fence. Device fences complete in recording order, so the batches before it are done
 // too. Returns true if it waited. Nothing is waited for when all of them would not be enough.
-bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
+bool Reclaim::wait_device_batches_for(std::size_t need) {
   Batch* last = nullptr;
   pending_expandable_bytes(need, &last);
   if (last == nullptr || !wait_fence(last->fence, 0)) return false;
@@ -266,96 +252,101 @@ bool DevicePool::Impl::wait_device_batches_for(std::size_t need) {
   return true;
 }
 
-bool DevicePool::Impl::promote_own(StreamId stream, std::size_t need, bool may_wait) {
-  StreamFree* sf = stream_find(stream);
-  if (sf == nullptr || sf->empty()) return false;
-  if (sf->promo_fence == 0) {
+bool Reclaim::promote_own(StreamId stream, std::size_t need, bool may_wait) {
+  StreamFree* stream_free = store_.stream_find(stream);
+  if (stream_free == nullptr || stream_free->empty()) return false;
+  if (stream_free->promo_fence == 0) {
     // Recorded now, it will have passed by a later growth; waiting on it now would be a stream
     // synchronize, which this path never does.
-    record_promo(sf, stream);
+    record_promo(stream_free, stream);
     return false;
   }
-  if (fences.query(sf->promo_fence)) {
-    complete_promo(sf);
+  if (fences_.query(stream_free->promo_fence)) {
+    complete_promo(stream_free);
     return true;
   }
-  if (!may_wait || sf->promo_miss == slow_calls) return false;  // recorded by this very miss
+  if (!may_wait || stream_free->promo_miss == slow_calls) return false;  // recorded by this very miss
   std::size_t covered = 0;
-  for (const FreeSet& set : sf->sets)
+  for (const FreeSet& set : stream_free->sets)
     for (const Block* b : set)
-      if (b->seg->expandable && b->epoch <= sf->promo_epoch) covered += b->size;
-  if (covered < need || !wait_fence(sf->promo_fence, stream)) return false;
-  complete_promo(sf);
+      if (b->seg->expandable && b->epoch <= stream_free->promo_epoch) covered += b->size;
+  if (covered < need || !wait_fence(stream_free->promo_fence, stream)) return false;
+  complete_promo(stream_free);
   return true;
 }
 
 // The last resort before growing past the peak: if this stream's own local blocks of the ranges
 // cover `need`, a fence on the stream recorded now is waited for (a stream synchronize: what
 // PyTorch does before every unmap of expandable pages) and they all become shared.
-bool DevicePool::Impl::sync_own(StreamId stream, std::size_t need) {
-  StreamFree* sf = stream_find(stream);
-  if (sf == nullptr || sf->empty()) return false;
+bool Reclaim::sync_own(StreamId stream, std::size_t need) {
+  StreamFree* stream_free = store_.stream_find(stream);
+  if (stream_free == nullptr || stream_free->empty()) return false;
   std::size_t local = 0;
-  for (const FreeSet& set : sf->sets)
+  for (const FreeSet& set : stream_free->sets)
     for (const Block* b : set)
       if (b->seg->expandable) local += b->size;
   if (local < need) return false;
-  return promote_all_now(sf, stream);
+  return promote_all_now(stream_free, stream);
 }
 
 // Every local block of the stream becomes shared: its promotion fence, recorded now unless the
 // outstanding one already covers them all, is waited for.
-bool DevicePool::Impl::promote_all_now(StreamFree* sf, StreamId stream) {
-  if (sf->promo_fence != 0 && sf->promo_epoch != epoch) drop_promo(sf);  // too old to cover all
-  if (sf->promo_fence == 0) record_promo(sf, stream);
-  if (!wait_fence(sf->promo_fence, stream)) return false;
-  complete_promo(sf);
+bool Reclaim::promote_all_now(StreamFree* stream_free, StreamId stream) {
+  if (stream_free->promo_fence != 0 && stream_free->promo_epoch != store_.epoch)
+    drop_promo(stream_free);  // too old to cover all
+  if (stream_free->promo_fence == 0) record_promo(stream_free, stream);
+  if (!wait_fence(stream_free->promo_fence, stream)) return false;
+  complete_promo(stream_free);
   return true;
 }
 
 // Memory pressure: every block that waits on a fence, and every local block, becomes shared.
-void DevicePool::Impl::wait_all() {
-  ledger.sync_all_streams();
-  tc_flush_all();  // blocks parked in threads' caches are reclaimable too
+void Reclaim::wait_all() {
+  ledger_.sync_all_streams();
   wait_device_batches();
   while (batches.retire_head() != nullptr && wait_fence(batches.retire_head()->fence, 0))
     complete_batch(batches.pop_retire());
-  for (auto& [sid, owned] : streams) {
-    StreamFree* sf = owned.get();
-    if (sf->empty()) {
-      drop_promo(sf);
+  for (auto& [sid, owned] : store_.streams) {
+    StreamFree* stream_free = owned.get();
+    if (stream_free->empty()) {
+      drop_promo(stream_free);
       continue;
     }
-    promote_all_now(sf, sid);
+    promote_all_now(stream_free, sid);
   }
 }
 
-void DevicePool::retire_stream(StreamId stream) {
-  Impl& I = *impl_;
-  Impl::Lock lk(I.mu);
-  I.tc_flush_all();  // no cache may keep (or later cache) a block of the dying stream
-  I.close_open();    // the open batch gets its fence before anything is waited on or retired
-  I.retired.insert(stream);
-  auto it = I.streams.find(stream);
-  if (it == I.streams.end()) return;
-  Impl::StreamFree* sf = it->second.get();
-  if (!sf->empty()) {
-    Impl::Batch* batch = I.batches.new_batch();
+bool Reclaim::wait_fence(FenceHandle f, StreamId stream) {
+  if (!fences_.can_wait(f)) return false;
+  const std::int64_t t0 = events_.sink != nullptr ? now_ns() : 0;
+  fences_.wait(f);
+  ledger_.fence_wait();
+  if (events_.sink != nullptr) events_.emit(EventKind::fence_wait, 0, 0, 0, stream, now_ns() - t0);
+  return true;
+}
+
+void Reclaim::retire(StreamId stream) {
+  close_open();  // the open batch gets its fence before anything is waited on or retired
+  store_.retired.insert(stream);
+  auto it = store_.streams.find(stream);
+  if (it == store_.streams.end()) return;
+  StreamFree* stream_free = it->second.get();
+  if (!stream_free->empty()) {
+    Batch* batch = batches.new_batch();
     batch->stream = stream;
-    batch->fence = I.fences.record_stream(stream);
-    I.ledger.fence_recorded();
-    for (Impl::FreeSet& set : sf->sets) {
-      for (Impl::Block* b : set) {
+    batch->fence = fences_.record_stream(stream);
+    ledger_.fence_recorded();
+    for (FreeSet& set : stream_free->sets) {
+      for (Block* b : set) {
         b->state = BState::retiring;  // stays inactive (and counted so) but in no set
         batch->push(b);
       }
       set.clear();
     }
-    I.batches.add_retire(batch);
+    batches.add_retire(batch);
   }
-  I.drop_promo(sf);
-  if (I.last_sf == sf) I.last_sf = nullptr;
-  I.streams.erase(it);
+  drop_promo(stream_free);
+  store_.erase_stream(stream);
 }
 
-}  // namespace cudapool
+}  // namespace cudapool::detail

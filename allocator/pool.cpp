@@ -1,0 +1,482 @@
+// The pool's front: every DevicePool call, each handed to the concept that holds its rule
+// (pool_impl.h lists them). The hot path first: allocate() when a thread's cache or a cached
+// block fits, free() / free_on_stream() of a live block: one short-critical-section lock
+// (spin_lock.h), one hash lookup, a couple of O(log n) set operations on small sets, no malloc;
+// with a thread cache hit, no pool lock at all. Misses are pool_miss.cpp's, giving memory back
+// pool_release.cpp's.
+#include <algorithm>
+#include <sstream>
+
+#include "allocator/pool_impl.h"
+
+namespace cudapool {
+
+using detail::BState;
+using detail::ThreadBlockCache;
+
+DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, FenceProvider& fence_provider,
+                       EventSink* event_sink)
+    : device(dev), opt(options), up(upstream), fences(fence_provider), events{dev, event_sink} {}
+
+DevicePool::Impl::~Impl() {
+  caches.detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
+  // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
+  reclaim.batches.release_all(fences);
+  for (const Drain& d : ranges.draining)
+    if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
+  for (auto& [base, seg] : store.segments) {
+    if (seg->expandable)
+      ranges.destroy(seg);
+    else
+      up.release(reinterpret_cast<void*>(base), seg->size);
+  }
+}
+
+DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstream, FenceProvider& fences,
+                       EventSink* sink)
+    : impl_(std::make_unique<Impl>(device, options, upstream, fences, sink)) {}
+
+DevicePool::~DevicePool() = default;
+
+namespace {
+
+using detail::CachedBlock;
+using detail::ThreadBlockCache;
+
+constexpr std::int64_t kCacheQueryGapNs = 2'000;  // a cache's closed batch is asked at most this often
+
+// A free cached entry is lent (+1): the pool's take() of it, or a lent entry is freed
+// stream-locally (-1): the pool's unallocate() and make_local(), in the ledger's terms.
+void count_lent(detail::StatsDelta& d, const CachedBlock& e, int sign) {
+  if (sign > 0) {
+    if (e.split) d.inactive_split_changed(e.small, e.size, -1);
+    d.block_allocated(e.small, e.size, e.requested);
+  } else {
+    d.block_unallocated(e.small, e.size);
+    d.block_deactivated(e.small, e.size, e.requested);
+    if (e.split) d.inactive_split_changed(e.small, e.size, +1);
+  }
+}
+
+// A fenced free of a lent entry: no longer allocated, still active (its fence is pending).
+void count_pend(detail::StatsDelta& d, const CachedBlock& e) {
+  d.block_unallocated(e.small, e.size);
+  d.pending_added(e.size);
+}
+
+// A fenced entry's fence completed: inactive now (the rest of count_lent(-1)).
+void count_fence_done(detail::StatsDelta& d, const CachedBlock& e) {
+  d.block_deactivated(e.small, e.size, e.requested);
+  if (e.split) d.inactive_split_changed(e.small, e.size, +1);
+  d.pending_removed(e.size);
+}
+
+// Under cache.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
+// `evict(ptr)` makes room in a full lent table; it can only when the pool lock is held.
+// *slot_busy: an entry matched but the lent table was full (the locked path can evict).
+template <class Evict>
+std::uintptr_t cache_take(ThreadBlockCache& cache, std::size_t rounded, std::size_t requested, StreamId stream,
+                          Evict evict, bool* slot_busy) REQUIRES(cache.mu) {
+  for (int i = cache.nfree - 1; i >= 0; --i) {  // newest first: the warmest block
+    if (cache.free_[i].rounded != rounded || (cache.free_[i].stream != stream && !cache.free_[i].any_stream)) continue;
+    if (cache.nlent >= ThreadBlockCache::kMaxLent && !evict(cache.free_[i].ptr)) {
+      *slot_busy = true;
+      return 0;
+    }
+    CachedBlock e = cache.free_[i];
+    cache.free_[i] = cache.free_[--cache.nfree];
+    cache.free_bytes -= e.size;
+    e.requested = requested;
+    e.stream = stream;  // lent: the allocation stream
+    e.any_stream = false;
+    cache.lent_insert(e);
+    count_lent(cache.delta, e, +1);
+    cache.delta.cache_hit();
+    cache.dirty.store(true, std::memory_order_relaxed);
+    cache.credit = std::min(cache.credit + ThreadBlockCache::kHitCredit, ThreadBlockCache::kMaxCredit);
+    return e.ptr;
+  }
+  return 0;
+}
+
+// Under cache.mu: the block lent at p becomes free in the cache, local to `stream` (or to its
+// allocation stream when use_owner). False: not lent by this cache, or no room.
+bool cache_put(ThreadBlockCache& cache, std::uintptr_t p, StreamId stream, bool use_owner) REQUIRES(cache.mu) {
+  const int i = cache.lent_find(p);
+  if (i < 0) return false;
+  if (cache.nfree >= ThreadBlockCache::kMaxFree ||
+      cache.free_bytes + cache.lent[i].size > ThreadBlockCache::kMaxFreeBytes)
+    return false;
+  CachedBlock e = cache.lent[i];
+  cache.lent_erase(i);
+  count_lent(cache.delta, e, -1);
+  cache.dirty.store(true, std::memory_order_relaxed);
+  if (!use_owner) e.stream = stream;
+  e.requested = 0;
+  cache.free_[cache.nfree++] = e;
+  cache.free_bytes += e.size;
+  return true;
+}
+
+// Under cache.mu: a fenced free(p) of the block lent at p joins the cache's open batch. False: not
+// lent by this cache, or the open batch is full (its fence waits for the closed one's).
+bool cache_put_pending(ThreadBlockCache& cache, std::uintptr_t p) REQUIRES(cache.mu) {
+  if (cache.npend == ThreadBlockCache::kMaxPend) return false;
+  const int i = cache.lent_find(p);
+  if (i < 0) return false;
+  CachedBlock e = cache.lent[i];
+  cache.lent_erase(i);
+  count_pend(cache.delta, e);
+  cache.dirty.store(true, std::memory_order_relaxed);
+  cache.pend[cache.npend++] = e;
+  return true;
+}
+
+// Under cache.mu only (fence calls need no pool lock: FenceProvider is thread-safe). The cache's
+// fenced batches move on: the closed batch's fence is asked (at most once per kCacheQueryGapNs, a
+// query costs ~0.3 us on an H200) and once complete its blocks become free for any stream; the
+// open batch is closed (its fence recorded) when the closed slot is empty and the batch is full
+// or older than the pool's batch window. True if blocks became free.
+bool cache_service(ThreadBlockCache& cache, FenceProvider& fences) REQUIRES(cache.mu) {
+  bool freed = false;
+  const std::int64_t now = detail::Reclaim::clock_ns();
+  if (cache.fence != 0 && now - cache.last_query >= kCacheQueryGapNs &&
+      cache.nfree + cache.nclosed <= ThreadBlockCache::kMaxFree + ThreadBlockCache::kMaxPend) {
+    cache.last_query = now;
+    if (fences.query(cache.fence)) {
+      fences.release(cache.fence);
+      cache.fence = 0;
+      for (int i = 0; i < cache.nclosed; ++i) {
+        CachedBlock e = cache.closed[i];
+        count_fence_done(cache.delta, e);
+        e.any_stream = true;
+        e.requested = 0;
+        cache.free_[cache.nfree++] = e;
+        cache.free_bytes += e.size;
+      }
+      freed = cache.nclosed > 0;
+      cache.nclosed = 0;
+      cache.dirty.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (cache.fence == 0 && cache.npend > 0 &&
+      (cache.npend == ThreadBlockCache::kMaxPend || now - cache.pend_since >= detail::FenceBatches::kBatchWindowNs)) {
+    cache.fence = fences.record_device();
+    cache.delta.fence_recorded();
+    cache.dirty.store(true, std::memory_order_relaxed);
+    for (int i = 0; i < cache.npend; ++i) cache.closed[i] = cache.pend[i];
+    cache.nclosed = cache.npend;
+    cache.npend = 0;
+    cache.last_query = now - kCacheQueryGapNs;  // the next miss may ask at once: an idle GPU is done already
+    cache.closed_since = now;
+  }
+  return freed;
+}
+
+}  // namespace
+
+// After a locked allocation: lend the block through this thread's cache when its free could be
+// stream-local; then the free and the next allocation of the same size on the same stream skip
+// the pool lock.
+inline void DevicePool::Impl::lend(ThreadBlockCache* cache, Block* b, std::size_t rounded) {
+  if ((opt.free_sync != FreeSync::device || (cache != nullptr && cache->async_seen)) && caches.may_cache(b)) {
+    if (cache == nullptr) cache = caches.create();
+    detail::SpinGuard g(cache->mu);
+    if (cache->wants_checkout())
+      caches.checkout(*cache, b, rounded);
+    else if (cache->nfree != 0)
+      caches.flush(*cache);  // the cache does not hit: its parked blocks are better off in the pool
+  }
+}
+
+AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
+  if (size == 0) return {};
+  if (size > kMaxRequestSize) return {nullptr, AllocStatus::invalid_size};
+  Impl& pool = *impl_;
+  const std::size_t rounded = round_size(size, pool.opt);
+  ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
+  bool slot_busy = false;
+  if (cache != nullptr) {
+    Impl::Guard g(cache->mu);
+    auto no_evict = [](std::uintptr_t) { return false; };
+    if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
+      return {reinterpret_cast<void*>(p), AllocStatus::ok};
+    if ((cache->npend | cache->nclosed) != 0 && cache_service(*cache, pool.fences)) {
+      if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
+        return {reinterpret_cast<void*>(p), AllocStatus::ok};
+    }
+  }
+  Impl::Lock lk(pool.mu);
+  if (cache != nullptr && (slot_busy || cache->dirty.load(std::memory_order_relaxed))) {
+    Impl::Guard g(cache->mu);
+    pool.caches.merge(*cache);  // this thread's cached operations come first (program order)
+    if (slot_busy) {            // a cached block fits but its lent slot is taken: make room now
+      // Runs inside cache_take, which knows nothing of the pool lock: both locks are held here.
+      auto evict = [&](std::uintptr_t near) NO_THREAD_SAFETY_ANALYSIS {
+        pool.caches.return_lent(*cache, cache->lent_any(near));
+        return true;
+      };
+      if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, evict, &slot_busy)) {
+        pool.caches.merge(*cache);
+        return {reinterpret_cast<void*>(p), AllocStatus::ok};
+      }
+    }
+  }
+  if (!pool.caches.multi_threaded()) pool.caches.note_thread();
+  if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
+  if (pool.has_fence_work()) pool.reclaim.service_fences();
+  Impl::Fit fit = pool.store.find_fit(rounded, stream);
+  AllocResult r;
+  Impl::Block* b;
+  if (fit) {
+    b = pool.store.take(fit, rounded, size, stream);
+    pool.ledger.cache_hit();
+    pool.events.emit(EventKind::allocate, b->ptr, b->size, size, stream);
+    r = {reinterpret_cast<void*>(b->ptr), AllocStatus::ok};
+  } else {
+    r = pool.allocate_slow(lk, size, rounded, stream);
+    if (r.status != AllocStatus::ok) return r;
+    b = pool.store.live.find(reinterpret_cast<std::uintptr_t>(r.ptr));
+  }
+  pool.lend(cache, b, rounded);
+  return r;
+}
+
+FreeStatus DevicePool::free(void* ptr) {
+  Impl& pool = *impl_;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
+  if (cache != nullptr && pool.opt.free_sync == FreeSync::immediate) {
+    Impl::Guard g(cache->mu);
+    if (cache_put(*cache, p, 0, true)) return FreeStatus::ok;
+  } else if (cache != nullptr && (pool.opt.free_sync == FreeSync::fenced || pool.opt.free_sync == FreeSync::gpu_wait)) {
+    Impl::Guard g(cache->mu);
+    if (cache_put_pending(*cache, p)) {
+      if (cache->npend == 1)
+        cache->pend_since = detail::Reclaim::clock_ns();  // the cache's batch opens: its window starts
+      else if (cache->npend == ThreadBlockCache::kMaxPend)
+        cache_service(*cache, pool.fences);  // full: recorded now unless the previous batch still waits
+      return FreeStatus::ok;
+    }
+  }
+  Impl::Lock lk(pool.mu);
+  if (cache != nullptr) pool.caches.merge_own();
+  Impl::Block* b = p != 0 ? pool.store.live.take(p) : nullptr;
+  if (b == nullptr && p != 0 && !pool.caches.empty() && pool.caches.reclaim_lent(p)) b = pool.store.live.take(p);
+  if (b == nullptr) return pool.store.diagnose_bad_free(p);
+  pool.store.unallocate(b);
+  pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
+  if (pool.opt.free_sync == FreeSync::immediate &&
+      (pool.store.retired.empty() || pool.store.retired.count(b->owner) == 0)) {
+    pool.store.make_local(b, b->owner);
+  } else {
+    // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
+    // The fence is recorded once for the whole batch, when its window closes (add_pending).
+    b->state = BState::pending;
+    pool.reclaim.add_pending(b);
+  }
+  return FreeStatus::ok;
+}
+
+FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
+  Impl& pool = *impl_;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
+  if (cache != nullptr) {
+    Impl::Guard g(cache->mu);
+    if (cache_put(*cache, p, stream, false)) return FreeStatus::ok;
+  }
+  Impl::Lock lk(pool.mu);
+  if (cache != nullptr) pool.caches.merge_own();
+  Impl::Block* b = p != 0 ? pool.store.live.take(p) : nullptr;
+  if (b == nullptr && p != 0 && !pool.caches.empty() && pool.caches.reclaim_lent(p)) b = pool.store.live.take(p);
+  if (b == nullptr) return pool.store.diagnose_bad_free(p);
+  pool.store.unallocate(b);
+  pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);
+  if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
+  pool.store.make_local(b, stream);
+  if (!pool.caches.multi_threaded()) pool.caches.note_thread();
+  if (pool.caches.on()) {
+    // This thread frees on streams: later allocations may be lent through its cache.
+    if (cache == nullptr) cache = pool.caches.create();
+    Impl::Guard g(cache->mu);
+    cache->async_seen = true;
+  }
+  return FreeStatus::ok;
+}
+
+std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
+  Impl& pool = *impl_;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  Impl::Guard lock(pool.mu);
+  if (pool.store.segment_containing(p) == nullptr) return std::nullopt;
+  if (!pool.caches.empty() && pool.store.live.find(p) == nullptr)
+    pool.caches.reclaim_lent(p);  // lent via a thread cache
+  return pool.store.address_info(p);
+}
+
+bool DevicePool::owns(const void* ptr) const {
+  Impl::Guard lock(impl_->mu);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  Impl::Segment* seg = impl_->store.segment_containing(p);
+  return seg != nullptr && (!seg->expandable || detail::block_at(seg, p)->mapped());
+}
+
+// Every view below first flushes the threads' caches (thread_caches.cpp): what it shows is then
+// exact, and cached blocks count as free.
+std::size_t DevicePool::cached_bytes() const {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  return impl_->ledger.reserved_bytes() - impl_->ledger.allocated_bytes();
+}
+
+Stats DevicePool::stats() const {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  return impl_->ledger.view();
+}
+
+void DevicePool::reset_peak_stats() {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  impl_->ledger.reset_peaks();
+}
+
+void DevicePool::reset_accumulated_stats() {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  impl_->ledger.reset_accumulated();
+}
+
+Snapshot DevicePool::snapshot() const {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  return impl_->store.snapshot(impl_->device);
+}
+
+const PoolOptions& DevicePool::options() const { return impl_->opt; }
+
+int DevicePool::device() const { return impl_->device; }
+
+void DevicePool::set_event_sink(EventSink* sink) {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();  // cached operations emit no events: none may continue under a new sink
+  impl_->events.sink = sink;
+}
+
+// Forget every segment without calling the upstream or the fence provider: the context that
+// owned them is gone, so both would only fail.
+void DevicePool::Impl::forget_all() {
+  store.forget_all();
+  ranges.forget();
+  reclaim.batches.forget_all();
+  ledger.forget_all();
+}
+
+void DevicePool::retire_stream(StreamId stream) {
+  Impl::Lock lk(impl_->mu);
+  impl_->caches.flush_all();  // no cache may keep (or later cache) a block of the dying stream
+  impl_->reclaim.retire(stream);
+}
+
+void DevicePool::abandon() {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  impl_->forget_all();
+}
+
+std::string DevicePool::check_consistency() const {
+  Impl::Guard lock(impl_->mu);
+  impl_->caches.flush_all();
+  return impl_->check();
+}
+
+// Slow full walk; every structure must agree with every other one.
+std::string DevicePool::Impl::check() const {
+  detail::BlockStore::Tally tally(opt.max_split_size);
+  if (std::string e = store.check(tally); !e.empty()) return e;
+  auto listed = [&](const Block* b) REQUIRES(mu) {
+    return std::any_of(ranges.draining.begin(), ranges.draining.end(), [&](const Drain& d) { return d.b == b; });
+  };
+  if (!std::all_of(tally.draining.begin(), tally.draining.end(), listed))
+    return "draining block missing from the draining list";
+  if (reclaim.batches.pending_count() != tally.pending_blocks) return "pending blocks and reclaim.batches disagree";
+  if (reclaim.batches.retiring_count() != tally.retiring_blocks) return "retiring blocks and reclaim.batches disagree";
+  if (ranges.draining.size() != tally.draining.size()) return "draining list and draining blocks disagree";
+  const Stats& st = ledger.view();
+  if (tally.pending_bytes != st.pending_bytes) return "pending_bytes stat";
+  const Stats& recount = tally.recount.view();
+  std::ostringstream err;
+  auto same = [&](const StatArray& a, const StatArray& b, const char* name) {
+    for (std::size_t i = 0; i < kNumStatPools; ++i)
+      if (a[i].current != b[i].current) {
+        err << "stat " << name << "[" << i << "] is " << a[i].current << ", recount " << b[i].current;
+        return false;
+      }
+    return true;
+  };
+  if (!same(st.allocation, recount.allocation, "allocation") || !same(st.segment, recount.segment, "segment") ||
+      !same(st.active, recount.active, "active") ||
+      !same(st.inactive_split, recount.inactive_split, "inactive_split") ||
+      !same(st.allocated_bytes, recount.allocated_bytes, "allocated_bytes") ||
+      !same(st.reserved_bytes, recount.reserved_bytes, "reserved_bytes") ||
+      !same(st.active_bytes, recount.active_bytes, "active_bytes") ||
+      !same(st.inactive_split_bytes, recount.inactive_split_bytes, "inactive_split_bytes") ||
+      !same(st.requested_bytes, recount.requested_bytes, "requested_bytes"))
+    return err.str();
+  return "";
+}
+
+bool DevicePool::reserve_external(std::size_t bytes) {
+  Impl& pool = *impl_;
+  std::size_t excess = 0;
+  {
+    Impl::Guard lock(pool.mu);
+    pool.limits.ensure(pool.up, pool.opt);
+    if (pool.limits.limit() != kNoLimit && bytes > pool.limits.limit()) return false;  // larger than the limit itself
+    excess = pool.limits.excess(pool.ledger.reserved_bytes(), bytes);
+    if (excess == 0) {
+      pool.limits.add_external(bytes);
+      return true;
+    }
+  }
+  // Room from the pool's own idle cache, as an allocation of the pool would make it.
+  release_idle(excess);
+  Impl::Guard lock(pool.mu);
+  if (pool.limits.excess(pool.ledger.reserved_bytes(), bytes) != 0) return false;
+  pool.limits.add_external(bytes);
+  return true;
+}
+
+void DevicePool::unreserve_external(std::size_t bytes) {
+  Impl::Guard lock(impl_->mu);
+  impl_->limits.remove_external(bytes);
+}
+
+std::size_t DevicePool::external_bytes() const {
+  Impl::Guard lock(impl_->mu);
+  return impl_->limits.external();
+}
+
+std::size_t DevicePool::release_idle(std::size_t want) {
+  Impl& pool = *impl_;
+  if (want == 0) return 0;
+  Impl::Lock lk(pool.mu);
+  Impl::Request req;
+  pool.make_room(lk, req, want, Impl::Room::idle, true);
+  pool.events.emit(EventKind::empty_cache, 0, req.released, 0, 0);
+  return req.released;
+}
+
+std::size_t DevicePool::empty_cache() {
+  Impl& pool = *impl_;
+  Impl::Lock lk(pool.mu);
+  pool.caches.flush_all();  // blocks parked in threads' caches are reclaimable too
+  pool.reclaim.wait_all();
+  const std::size_t bytes = pool.release_cached(lk);
+  pool.ledger.empty_cache_call();
+  pool.events.emit(EventKind::empty_cache, 0, bytes, 0, 0);
+  return bytes;
+}
+
+}  // namespace cudapool

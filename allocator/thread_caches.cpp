@@ -1,0 +1,250 @@
+// The pool side of the per-thread caches (thread_caches.h): registration, check-out, stat
+// merging, flushing back into the pool, thread exit, teardown. Lock order everywhere: cache
+// registry mutex -> pool lock -> a cache's mu. The owner's fast path (pool.cpp,
+// cache_take / cache_put / cache_service) takes only its own cache's mu.
+#include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "allocator/thread_caches.h"
+
+namespace cudapool::detail {
+
+namespace {
+
+// Serializes "a cache leaves its pool": thread exit vs. pool destruction. Leaked on purpose:
+// threads may exit after static destructors ran.
+std::mutex& registry_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+
+std::atomic<std::uint64_t> next_uid{1};
+
+// This thread's caches, one per pool it used. At thread exit every cache still attached to a
+// live pool is flushed into it, so blocks parked here are never lost.
+struct ThisThreadCaches {
+  std::vector<std::shared_ptr<ThreadBlockCache>> list;
+  ThreadBlockCache* last = nullptr;  // one-entry cache: most threads use one pool
+
+  ~ThisThreadCaches() {
+    std::lock_guard<std::mutex> reg(registry_mutex());
+    for (auto& cache : list)
+      if (cache->pool.load(std::memory_order_acquire) != nullptr) cache->exit_flush(*cache);  // else its pool is gone
+  }
+};
+
+thread_local ThisThreadCaches t_caches;
+
+}  // namespace
+
+std::uint64_t new_pool_uid() { return next_uid.fetch_add(1, std::memory_order_relaxed); }
+
+ThreadBlockCache* ThreadCaches::find(std::uint64_t uid) {
+  ThisThreadCaches& tl = t_caches;
+  if (tl.last != nullptr && tl.last->pool_uid == uid) return tl.last;
+  for (auto& cache : tl.list) {
+    if (cache->pool_uid == uid) {
+      tl.last = cache.get();
+      return tl.last;
+    }
+  }
+  return nullptr;
+}
+
+ThreadBlockCache* ThreadCaches::create() {
+  if (ThreadBlockCache* cache = find(uid_)) return cache;
+  ThisThreadCaches& tl = t_caches;
+  // Caches of destroyed pools are dead weight: drop them now.
+  std::erase_if(tl.list, [](const std::shared_ptr<ThreadBlockCache>& c) {
+    return c->pool.load(std::memory_order_acquire) == nullptr;
+  });
+  auto cache = std::make_shared<ThreadBlockCache>();
+  cache->pool_uid = uid_;
+  cache->exit_flush = &ThreadCaches::exit_flush;
+  cache->pool.store(this, std::memory_order_release);
+  list_.push_back(cache);
+  tl.list.push_back(cache);
+  tl.last = cache.get();
+  return tl.last;
+}
+
+void ThreadCaches::exit_flush(ThreadBlockCache& cache) {
+  auto* caches = static_cast<ThreadCaches*>(cache.pool.load(std::memory_order_acquire));
+  SpinGuard pool_lock(caches->pool_mu_);
+  {
+    SpinGuard cache_lock(cache.mu);
+    caches->flush(cache);
+  }
+  auto& v = caches->list_;
+  std::erase_if(v, [&](const std::shared_ptr<ThreadBlockCache>& c) { return c.get() == &cache; });
+  cache.pool.store(nullptr, std::memory_order_release);
+}
+
+void ThreadCaches::checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
+  // A full table: one older block goes back to the pool (it stays allocated, uncached).
+  if (cache.nlent >= ThreadBlockCache::kMaxLent) return_lent(cache, cache.lent_any(b->ptr));
+  store_.live.take(b->ptr);
+  b->state = BState::tcache;
+  CachedBlock e;
+  e.block = b;
+  e.ptr = b->ptr;
+  e.size = b->size;
+  e.rounded = rounded;
+  e.requested = b->requested;
+  e.stream = b->owner;
+  e.small = b->seg->small;
+  e.split = b->is_split();
+  cache.lent_insert(e);
+}
+
+void ThreadCaches::unlend(const CachedBlock& e) {
+  Block* b = e.block;
+  b->state = BState::allocated;
+  b->owner = e.stream;
+  b->requested = e.requested;
+  store_.live.insert(b->ptr, b);
+}
+
+void ThreadCaches::return_lent(ThreadBlockCache& cache, int i) {
+  unlend(cache.lent[i]);
+  cache.lent_erase(i);
+}
+
+void ThreadCaches::merge(ThreadBlockCache& cache) {
+  if (!cache.dirty.load(std::memory_order_relaxed)) return;
+  ledger_.merge(cache.delta);
+  cache.dirty.store(false, std::memory_order_relaxed);
+}
+
+void ThreadCaches::flush(ThreadBlockCache& cache) {
+  merge(cache);
+  // Every lent block back (no erase while walking: erasing shifts entries backwards).
+  for (CachedBlock& e : cache.lent) {
+    if (e.ptr == 0) continue;
+    unlend(e);
+    e = CachedBlock{};
+  }
+  cache.nlent = 0;
+  for (int i = 0; i < cache.nfree; ++i) {
+    const CachedBlock& e = cache.free_[i];
+    Block* b = e.block;
+    // Already counted inactive (and in inactive_split) by the merged deltas; insert_free
+    // recounts the split after merging with neighbours.
+    if (e.split) store_.count_inactive_split(b, -1);
+    b->requested = 0;
+    if (e.any_stream) {  // its device fence completed
+      store_.insert_free(b, BState::shared, 0, store_.shared[kind_index(e.small)]);
+      continue;
+    }
+    StreamFree* stream_free = store_.stream_get(e.stream);
+    b->epoch = ++store_.epoch;  // freed "now" as far as promotion fences go: later is only safer
+    store_.insert_free(b, BState::local, e.stream, stream_free->sets[kind_index(e.small)]);
+  }
+  cache.nfree = 0;
+  cache.free_bytes = 0;
+  flush_fenced(cache);
+}
+
+// Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
+// the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
+// and unallocated by the deltas, which are merged first.
+void ThreadCaches::flush_fenced(ThreadBlockCache& cache) {
+  if ((cache.npend | cache.nclosed) == 0) return;
+  merge(cache);
+  auto to_pool_batch = [&](const CachedBlock& e) {
+    Block* b = e.block;
+    b->state = BState::pending;
+    b->requested = e.requested;
+    b->owner = e.stream;
+    reclaim_.add_pending_counted(b);
+  };
+  for (int i = 0; i < cache.nclosed; ++i) to_pool_batch(cache.closed[i]);
+  for (int i = 0; i < cache.npend; ++i) to_pool_batch(cache.pend[i]);
+  cache.nclosed = cache.npend = 0;
+  if (cache.fence != 0) {
+    fences_.release(cache.fence);
+    cache.fence = 0;
+  }
+}
+
+// Only stale batches: an active owner closes its open batch within the window and collects its
+// closed one at its next miss, so taking those away would only send it back to the pool lock —
+// and two busy threads that miss in turn would keep emptying each other's caches (seen as a
+// bimodal 3-25 M pairs/s in BM_Pool_Contention_Fenced). A batch untouched for kStaleNs means
+// an owner that stopped allocating.
+bool ThreadCaches::collect_fenced() {
+  bool moved = false;
+  std::int64_t now = 0;
+  for (auto& cache : list_) {
+    SpinGuard g(cache->mu);
+    if ((cache->npend | cache->nclosed) == 0) continue;
+    if (now == 0) now = Reclaim::clock_ns();
+    const bool open_stale = cache->npend == 0 || now - cache->pend_since >= kStaleNs;
+    const bool closed_stale = cache->nclosed == 0 || now - cache->closed_since >= kStaleNs;
+    if (!open_stale || !closed_stale) continue;
+    flush_fenced(*cache);
+    moved = true;
+  }
+  return moved;
+}
+
+void ThreadCaches::flush_all() {
+  for (auto& cache : list_) {
+    SpinGuard g(cache->mu);
+    flush(*cache);
+  }
+}
+
+void ThreadCaches::merge_own() {
+  ThreadBlockCache* cache = find(uid_);
+  if (cache != nullptr && cache->dirty.load(std::memory_order_relaxed)) {
+    SpinGuard g(cache->mu);
+    merge(*cache);
+  }
+}
+
+bool ThreadCaches::reclaim_lent(std::uintptr_t p) {
+  auto reclaim_from = [&](ThreadBlockCache& cache) {
+    SpinGuard g(cache.mu);
+    if (cache.nlent == 0) return false;
+    const int home = ThreadBlockCache::slot_of(p);
+    for (int k = 0; k < ThreadBlockCache::kLentSlots; ++k) {  // from p's home slot (p is usually a start)
+      const int i = (home + k) % ThreadBlockCache::kLentSlots;
+      const CachedBlock& e = cache.lent[i];
+      if (e.ptr != 0 && p >= e.ptr && p < e.ptr + e.size) {
+        merge(cache);  // its deltas describe this block's history
+        return_lent(cache, i);
+        return true;
+      }
+    }
+    return false;
+  };
+  // Usually the freeing thread lent it itself (e.g. free() of a lent block in a fenced pool):
+  // look there first; other threads' caches only for cross-thread frees.
+  ThreadBlockCache* own = find(uid_);
+  if (own != nullptr && reclaim_from(*own)) return true;
+  for (auto& cache : list_)
+    if (cache.get() != own && reclaim_from(*cache)) return true;
+  return false;
+}
+
+void ThreadCaches::detach_all() {
+  std::lock_guard<std::mutex> reg(registry_mutex());
+  SpinGuard pool_lock(pool_mu_);
+  for (auto& cache : list_) {
+    SpinGuard g(cache->mu);
+    for (CachedBlock& e : cache->lent) e = CachedBlock{};
+    if (cache->fence != 0) fences_.release(cache->fence);
+    cache->fence = 0;
+    cache->nfree = cache->nlent = cache->npend = cache->nclosed = 0;
+    cache->free_bytes = 0;
+    cache->delta = StatsDelta{};
+    cache->dirty.store(false, std::memory_order_relaxed);
+    cache->pool.store(nullptr, std::memory_order_release);
+  }
+  list_.clear();
+}
+
+}  // namespace cudapool::detail
