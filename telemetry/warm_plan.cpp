@@ -198,9 +198,9 @@ struct MappedRun {
 struct DeviceScan {
   std::size_t reserved = 0, best = 0;
   std::uint64_t best_row = 0;  // 1-based row index where `best` was first reached (0 = never)
-  std::unordered_map<std::uintptr_t, std::size_t> classic;  // live classic segments
-  std::map<std::uintptr_t, MappedRun> mapped;               // live mapped runs by address
-  std::vector<std::uint32_t> unresolved;                    // runs waiting for their allocation
+  std::unordered_map<std::uintptr_t, std::size_t> classic;           // live classic segments
+  std::map<std::uintptr_t, MappedRun> mapped;                        // live mapped runs by address
+  std::vector<std::uint32_t> unresolved;                             // runs waiting for their allocation
   std::vector<std::pair<std::size_t, bool>> classic_at_peak;         // (bytes, small)
   std::vector<std::pair<std::uintptr_t, MappedRun>> mapped_at_peak;  // by address
 };
@@ -248,9 +248,8 @@ class TraceScan {
         end = addr + run.bytes;
       }
     }
-    std::stable_sort(plan->segments.begin(), plan->segments.end(), [](const WarmSegment& a, const WarmSegment& b) {
-      return a.device < b.device;
-    });
+    std::stable_sort(plan->segments.begin(), plan->segments.end(),
+                     [](const WarmSegment& a, const WarmSegment& b) { return a.device < b.device; });
   }
 
  private:
@@ -310,8 +309,7 @@ class TraceScan {
       case TraceAction::segment_unmap: {
         // Whole runs of earlier maps; one unmap may cover several adjacent ones.
         const std::uintptr_t hi = row.ptr + row.size;
-        for (auto it = d.mapped.lower_bound(row.ptr); it != d.mapped.end() && it->first < hi;)
-          it = d.mapped.erase(it);
+        for (auto it = d.mapped.lower_bound(row.ptr); it != d.mapped.end() && it->first < hi;) it = d.mapped.erase(it);
         break;
       }
       default: break;
