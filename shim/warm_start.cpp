@@ -115,7 +115,8 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
     log_info("warm_start: {} has no segment for device {}; nothing preallocated", path, dev);
     return;
   }
-  std::stable_sort(segs.begin(), segs.end(), [](const WarmSegment* a, const WarmSegment* b) { return a->bytes > b->bytes; });
+  std::stable_sort(segs.begin(), segs.end(),
+                   [](const WarmSegment* a, const WarmSegment* b) { return a->bytes > b->bytes; });
   std::size_t need = 0;
   for (const WarmSegment* s : segs) need += s->bytes;
 
@@ -123,7 +124,8 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   std::size_t free_bytes = 0, total = 0;
   cp.upstream.mem_info(&free_bytes, &total);
   const PoolOptions& o = cp.pool.options();
-  const std::size_t held = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[kAll].current) + cp.pool.external_bytes();
+  const std::size_t held = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[kAll].current) +
+                           cp.pool.external_bytes();
   struct Limit {
     std::size_t room;
     std::string what, fix;
@@ -152,12 +154,12 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   }
   if (cp.member != nullptr) {
     const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);
-    limits.push_back({budget > used ? budget - used : 0,
-                      "the group budget's room (" + mib(budget > used ? budget - used : 0) + " MiB of " + mib(budget) +
-                          " MiB)",
-                      "raise group_budget_mb (or group_budget_fraction) by " +
-                          mib(need - std::min(need, budget > used ? budget - used : 0)) +
-                          " MiB, or start this process before the group's others"});
+    limits.push_back(
+        {budget > used ? budget - used : 0,
+         "the group budget's room (" + mib(budget > used ? budget - used : 0) + " MiB of " + mib(budget) + " MiB)",
+         "raise group_budget_mb (or group_budget_fraction) by " +
+             mib(need - std::min(need, budget > used ? budget - used : 0)) +
+             " MiB, or start this process before the group's others"});
   }
   const Limit* binding = nullptr;
   for (const Limit& l : limits)

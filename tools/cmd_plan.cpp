@@ -116,7 +116,8 @@ int plan_main(const PlanCliOptions& o) {
     return 0;
   }
   if (!write_text_file(o.output, text, who)) return kExitNoInput;
-  if (!o.quiet) std::printf("plan written to %s; run with CUDAPOOL_CONF=warm_start:%s\n", o.output.c_str(), o.output.c_str());
+  if (!o.quiet)
+    std::printf("plan written to %s; run with CUDAPOOL_CONF=warm_start:%s\n", o.output.c_str(), o.output.c_str());
   return 0;
 }
 
@@ -124,8 +125,9 @@ int plan_main(const PlanCliOptions& o) {
 
 void add_plan_command(CLI::App& root, int* exit_status) {
   auto o = std::make_shared<PlanCliOptions>();
-  CLI::App* sub = root.add_subcommand(
-      "plan", "write a warm-start plan: the segments a trace's run held at its peak, for the policy key warm_start");
+  CLI::App* sub = root.add_subcommand("plan",
+                                      "write a warm-start plan: the segments a trace's run held at its peak, for the "
+                                      "policy key warm_start");
   sub->add_option("trace", o->trace, "cudapool trace CSV (trace_file)")->required();
   sub->add_option("-o,--output", o->output, "where the plan goes ('-': stdout)")->required();
   sub->add_option("--conf", o->conf, "replay under this policy (default: the trace's recorded policy)")

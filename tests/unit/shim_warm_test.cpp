@@ -77,9 +77,9 @@ TEST_F(WarmStart, TheFirstStepGrowsNothingWithThePlan) {
 TEST_F(WarmStart, APlanLargerThanTheDeviceWarnsAndTakesWhatFits) {
   const std::string plan = path("big.plan");
   std::ofstream(plan) << "cudapool-warm-start-plan 1\n"
-                         "segment 0 large classic 2147483648\n"    // 2 GiB: more than the 1 GiB device
-                         "segment 0 large classic 41943040\n"      // 40 MiB
-                         "segment 0 small classic 2097152\n";      // 2 MiB
+                         "segment 0 large classic 2147483648\n"  // 2 GiB: more than the 1 GiB device
+                         "segment 0 large classic 41943040\n"    // 40 MiB
+                         "segment 0 small classic 2097152\n";    // 2 MiB
   const ChildResult r = steps("expandable_segments:False,warm_start:" + plan + ",log_level:info");
   EXPECT_TRUE(has(r.output, "warm_start: the plan " + plan + " holds 2090 MiB of segments for device 0")) << r.output;
   EXPECT_TRUE(has(r.output, "than fits the device's free memory")) << r.output;
