@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -22,6 +23,15 @@ namespace {
 std::size_t margin_for(std::size_t total) { return std::min<std::size_t>(256 * MiB, total / 16); }
 
 std::string mib(std::size_t bytes) { return std::to_string((bytes + MiB / 2) / MiB); }
+
+// A fraction as a key takes it, rounded up to three decimals (so the suggested value fits).
+std::string fraction_up(double f) {
+  const auto thousandths = static_cast<long>(std::ceil(f * 1000.0 - 1e-9));
+  if (thousandths >= 1000) return "1";
+  if (thousandths <= 0) return "0.001";
+  std::string digits = std::to_string(thousandths);
+  return "0." + std::string(3 - digits.size(), '0') + digits;
+}
 
 std::int64_t mono_ns() {
   timespec ts{};
@@ -149,8 +159,7 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
     const double frac = total > 0 ? static_cast<double>(held + need) / static_cast<double>(total) : 1.0;
     limits.push_back({cap > held ? cap - held : 0, "the pool's cap " + cap_name,
                       "raise the cap to at least " + mib(held + need) + " MiB (max_reserved_mb:" + mib(held + need) +
-                          (frac <= 1.0 ? ", or per_process_memory_fraction:" + std::to_string(frac).substr(0, 5) : "") +
-                          ")"});
+                          (frac <= 1.0 ? ", or per_process_memory_fraction:" + fraction_up(frac) : "") + ")"});
   }
   if (cp.member != nullptr) {
     const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);

@@ -101,6 +101,8 @@ TEST_F(WarmStart, APlanOverTheCapNamesTheKeyToRaise) {
   EXPECT_TRUE(has(capped.output, "than fits the pool's cap max_reserved_mb:720")) << capped.output;
   EXPECT_TRUE(has(capped.output, "preallocating 416 MiB of it")) << capped.output;
   EXPECT_TRUE(has(capped.output, "raise the cap to at least 816 MiB (max_reserved_mb:816")) << capped.output;
+  // 816 of the fake device's 1024 MiB, rounded up so that the value given fits.
+  EXPECT_TRUE(has(capped.output, "or per_process_memory_fraction:0.797)")) << capped.output;
 }
 
 // A plan that cannot be read: one warning naming the file and line; the run is as without one.
