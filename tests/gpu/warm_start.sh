@@ -56,7 +56,7 @@ for r in $(seq 1 "$ROUNDS"); do
   one "warm_$r" "warm_start:$OUT/run.plan"
 done
 
-python3 - "$OUT" "$ROUNDS" "$failed" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$ROUNDS" "$failed" >"$OUT/summary.txt" <<'PY'
 import json, os, re, statistics as st, sys
 out, rounds, failed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 WARMUP = 5  # hf_lm.py's default --warmup: steps after it are steady
@@ -105,3 +105,6 @@ else:
     print("FAIL: runs missing or failed")
 sys.exit(0 if ok else 1)
 PY
+verdict=$?
+cat "$OUT/summary.txt"
+exit "$verdict"
