@@ -1,10 +1,12 @@
 #include "shim/warm_start.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -41,11 +43,21 @@ std::int64_t mono_ns() {
 
 // The plan, read once per process (every device's pool uses the same file) and kept for the
 // process's life: nothing is freed at exit. nullptr when it cannot be used (said once).
+// Leaked (usable at exit, never destroyed); made afresh in a forked child, whose copy may have
+// been held by a parent thread at the fork.
+std::mutex* plan_mutex() {
+  static std::mutex* mu = [] {
+    auto* m = new std::mutex;
+    pthread_atfork(nullptr, nullptr, [] { new (plan_mutex()) std::mutex; });
+    return m;
+  }();
+  return mu;
+}
+
 const WarmPlan* shared_plan(const std::string& path) {
-  static std::mutex* mu = new std::mutex;
   static const WarmPlan* plan = nullptr;
   static bool tried = false;
-  std::lock_guard<std::mutex> lock(*mu);
+  std::lock_guard<std::mutex> lock(*plan_mutex());
   if (tried) return plan;
   tried = true;
   auto* p = new WarmPlan;
