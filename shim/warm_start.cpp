@@ -175,12 +175,13 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   }
   if (cp.member != nullptr) {
     const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);
-    limits.push_back(
-        {budget > used ? budget - used : 0,
-         "the group budget's room (" + mib(budget > used ? budget - used : 0) + " MiB of " + mib(budget) + " MiB)",
-         "raise group_budget_mb (or group_budget_fraction) by " +
-             mib(need - std::min(need, budget > used ? budget - used : 0)) +
-             " MiB, or start this process before the group's others"});
+    const std::size_t room = budget > used ? budget - used : 0;
+    limits.push_back({room,
+                      "the group budget's room (" + mib(room) + " MiB of its " + mib(budget) +
+                          " MiB; the group holds " + mib(used) + " MiB)",
+                      "raise group_budget_mb (or group_budget_fraction) by at least " +
+                          mib(need - std::min(need, room)) + " MiB" +
+                          (used > 0 ? ", or start this process while the group holds less" : "")});
   }
   const Limit* binding = nullptr;
   for (const Limit& l : limits)

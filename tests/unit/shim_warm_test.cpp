@@ -105,6 +105,19 @@ TEST_F(WarmStart, APlanOverTheCapNamesTheKeyToRaise) {
   EXPECT_TRUE(has(capped.output, "or per_process_memory_fraction:0.797)")) << capped.output;
 }
 
+// Over the group budget's room: the same, naming the group's keys.
+TEST_F(WarmStart, APlanOverTheGroupBudgetNamesItsKeys) {
+  const std::string plan = path("group.plan");
+  std::ofstream(plan) << "cudapool-warm-start-plan 1\n"
+                         "segment 0 large expandable 838860800\n"  // 800 MiB
+                         "segment 0 small expandable 16777216\n";  // 16 MiB
+  const ChildResult r = steps("warm_start:" + plan + ",group:warm_test,group_budget_mb:720,group_budget_counts:pool",
+                              {{"CUDAPOOL_SHM_DIR", dir_}});
+  EXPECT_TRUE(has(r.output, "96 MiB more than fits the group budget's room (720 MiB of its 720 MiB")) << r.output;
+  EXPECT_TRUE(has(r.output, "preallocating 16 MiB of it")) << r.output;
+  EXPECT_TRUE(has(r.output, "raise group_budget_mb (or group_budget_fraction) by at least 96 MiB")) << r.output;
+}
+
 // A plan that cannot be read: one warning naming the file and line; the run is as without one.
 TEST_F(WarmStart, AnUnreadablePlanWarnsAndChangesNothing) {
   const std::string plan = path("bad.plan");
