@@ -139,13 +139,19 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   }
   std::stable_sort(segs.begin(), segs.end(),
                    [](const WarmSegment* a, const WarmSegment* b) { return a->bytes > b->bytes; });
+  // What each segment costs in this pool: a classic pool makes a segment of at least 20 MiB for a
+  // large request (a plan recorded with pages may list smaller runs).
+  const PoolOptions& o = cp.pool.options();
+  const bool pages = o.expandable_segments && cp.upstream.granularity() != 0;
+  auto cost = [&](const WarmSegment* s) {
+    return s->small || pages ? s->bytes : std::max(s->bytes, segment_size_for(round_size(s->bytes, o)));
+  };
   std::size_t need = 0;
-  for (const WarmSegment* s : segs) need += s->bytes;
+  for (const WarmSegment* s : segs) need += cost(s);
 
   // What fits: free device memory (less a margin), the pool's cap, the group budget's room.
   std::size_t free_bytes = 0, total = 0;
   cp.upstream.mem_info(&free_bytes, &total);
-  const PoolOptions& o = cp.pool.options();
   const std::size_t held = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[kAll].current) +
                            cp.pool.external_bytes();
   struct Limit {
@@ -190,15 +196,15 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
 
   std::size_t small_target = 0, large_target = 0;
   std::vector<std::size_t> large_sizes;  // classic segments, for a pool without pages
-  const bool pages = o.expandable_segments && cp.upstream.granularity() != 0;
   std::size_t chosen = 0;
   for (const WarmSegment* s : segs) {
-    if (chosen + s->bytes > allowed) continue;
-    chosen += s->bytes;
+    const std::size_t c = cost(s);
+    if (chosen + c > allowed) continue;
+    chosen += c;
     if (s->small) {
-      small_target += s->bytes;
+      small_target += c;
     } else {
-      large_target += s->bytes;
+      large_target += c;
       large_sizes.push_back(s->bytes);
     }
   }

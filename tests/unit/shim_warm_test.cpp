@@ -105,6 +105,20 @@ TEST_F(WarmStart, APlanOverTheCapNamesTheKeyToRaise) {
   EXPECT_TRUE(has(capped.output, "or per_process_memory_fraction:0.797)")) << capped.output;
 }
 
+// A classic pool makes a 20 MiB segment for a large request of less than 10 MiB: the fit counts
+// that, not the plan's smaller run.
+TEST_F(WarmStart, TheFitCountsWhatThePoolWouldTake) {
+  const std::string plan = path("small-run.plan");
+  std::ofstream(plan) << "cudapool-warm-start-plan 1\nsegment 0 large expandable 4194304\n";
+  const ChildResult r = run_under_shim({kApp, "alloc_once"},
+                                       {{"CUDAPOOL_CONF",
+                                         "expandable_segments:False,max_reserved_mb:16,warm_start:" + plan}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "holds 20 MiB of segments for device 0, 4 MiB more than fits the pool's cap")) << r.output;
+  EXPECT_TRUE(has(r.output, "preallocating 0 MiB of it")) << r.output;
+  EXPECT_FALSE(has(r.output, "refused memory")) << r.output;
+}
+
 // Over the group budget's room: the same, naming the group's keys.
 TEST_F(WarmStart, APlanOverTheGroupBudgetNamesItsKeys) {
   const std::string plan = path("group.plan");
