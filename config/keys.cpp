@@ -242,6 +242,17 @@ bool default_log_file(const Policy& p) { return p.log_file.empty(); }
 bool default_trace_file(const Policy& p) { return p.trace_file.empty(); }
 bool default_stats_file(const Policy& p) { return p.stats_file.empty(); }
 
+// The plan or trace is read when a device's pool starts (shim/warm_start.cpp), where a file that
+// is missing or malformed costs a warning, never the program: here only the text of the path.
+std::string apply_warm_start(Policy& p, std::string_view v, Warnings&) {
+  if (std::string why = check_path(v); !why.empty()) return why;
+  if (v.size() > 4096) return "longer than 4096 characters";
+  p.warm_start = v;
+  return {};
+}
+std::string format_warm_start(const Policy& p) { return p.warm_start; }
+bool default_warm_start(const Policy& p) { return p.warm_start.empty(); }
+
 // ---- groups ------------------------------------------------------------------------------------
 // A group name is part of a shared-memory file name: letters, digits, '_', '-', '.', at most 48.
 std::string apply_group(Policy& p, std::string_view v, Warnings&) {
@@ -415,7 +426,7 @@ constexpr std::string_view kPinnedBackground =
     "a pooled free records a fence and returns at once, so there is nothing to move to a thread";
 
 using K = ValueKind;
-const std::array<KeySpec, 40> kKeys{{
+const std::array<KeySpec, 41> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb",
      K::integer,
@@ -644,6 +655,18 @@ const std::array<KeySpec, 40> kKeys{{
      apply_stats_file,
      format_stats_file,
      default_stats_file},
+    {"warm_start",
+     K::text,
+     Reach::reads,
+     "a path to a plan written by `cudapool plan` or to a trace written under trace_file (empty = none)",
+     "/var/tmp/train.plan",
+     "when a device's pool starts, preallocate the segments the recorded run held at its peak, so the "
+     "first step does not grow the pool; what does not fit the free memory, the caps or the group budget "
+     "is left out, with a warning",
+     {},
+     apply_warm_start,
+     format_warm_start,
+     default_warm_start},
     {"dump_signal",
      K::choice,
      Reach::process,

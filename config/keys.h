@@ -22,6 +22,7 @@ enum class ValueKind : std::uint8_t { integer, number, boolean, choice, text, ro
 enum class Reach : std::uint8_t {
   pool,     // at most how the pool takes, places, keeps and gives back device memory
   files,    // names a file the process writes
+  reads,    // names a file the process reads
   process,  // beyond the pool: a signal handler, logging, a group's shared memory, published stats
 };
 

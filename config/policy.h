@@ -31,7 +31,10 @@ struct Policy {
   std::string trace_file;          // empty = no trace
   bool trace_call_sites = false;   // the trace records where each allocation was made
   std::string stats_file;          // empty = no JSON summary
-  int dump_signal = 0;             // 0 = off; else the signal that dumps stats + snapshot to the log
+  // A plan (`cudapool plan`) or a trace (trace_file) of an earlier run: the segments it held at
+  // its peak are preallocated when a device's pool starts (shim/warm_start.h). Empty = none.
+  std::string warm_start;
+  int dump_signal = 0;  // 0 = off; else the signal that dumps stats + snapshot to the log
   // expandable_segments: pages are also readable/writable by every other GPU that can reach the
   // owning one (cuDeviceCanAccessPeer); off: the owning device only.
   bool expandable_peer_access = false;

@@ -34,6 +34,9 @@ UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source) 
       case config::Reach::files:
         out.dropped.push_back({std::string(k.name), src + " cannot choose files to write"});
         break;
+      case config::Reach::reads:
+        out.dropped.push_back({std::string(k.name), src + " cannot choose files to read"});
+        break;
       case config::Reach::process:
         out.dropped.push_back({std::string(k.name), src + " cannot set signals, logging, groups or publishing"});
         break;

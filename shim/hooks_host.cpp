@@ -31,7 +31,9 @@
 #include "shim/hooked.h"
 #include "shim/hooks.h"
 #include "shim/log.h"
+#include "shim/log_audit.h"
 #include "telemetry/summary.h"
+#include "telemetry/trace.h"
 
 namespace cudapool::shim {
 namespace {
@@ -221,7 +223,43 @@ struct HostState {
   AllContextsFences fences;
   HostPool pool;
   HostState(Runtime& rt, const HostPoolOptions& o) : upstream(rt.driver(), o), fences(rt), pool(o, upstream, fences) {}
+  // With a trace: what each live pooled block's rows say (its free row repeats its allocation's
+  // size and device). As many entries as live pinned blocks; empty without a trace.
+  struct Traced {
+    std::size_t size, requested;
+    int device;
+  };
+  std::mutex traced_mu;
+  std::unordered_map<void*, Traced> traced;
 };
+
+// pinned_allocate / pinned_free rows (docs/trace-format.md): only when a trace is written.
+void trace_pinned_alloc(HostState& h, void* p, std::size_t bytes, int device) noexcept {
+  TraceWriter* tw = trace_writer_of(nullptr);
+  if (tw == nullptr) return;
+  const std::size_t size = host_class_size(bytes, h.pool.options().max_round_threshold);
+  try {
+    std::lock_guard<std::mutex> lock(h.traced_mu);
+    h.traced[p] = HostState::Traced{size, bytes, device};
+  } catch (...) {
+    return;  // out of host memory: the row is left out rather than written unmatched
+  }
+  tw->note_pinned(true, device, reinterpret_cast<std::uintptr_t>(p), size, bytes);
+}
+
+void trace_pinned_free(HostState& h, void* p) noexcept {
+  TraceWriter* tw = trace_writer_of(nullptr);
+  if (tw == nullptr) return;
+  HostState::Traced t{};
+  {
+    std::lock_guard<std::mutex> lock(h.traced_mu);
+    auto it = h.traced.find(p);
+    if (it == h.traced.end()) return;
+    t = it->second;
+    h.traced.erase(it);
+  }
+  tw->note_pinned(false, t.device, reinterpret_cast<std::uintptr_t>(p), t.size, t.requested);
+}
 
 std::atomic<HostState*> g_host{nullptr};
 
@@ -315,7 +353,10 @@ CUresult pooled_alloc(void** pp, std::size_t bytes, unsigned flags) {
   tl_host_error = CUDA_SUCCESS;
   const HostPool::Result r = h->pool.allocate(bytes, flags, reinterpret_cast<HostPool::Owner>(cp->ctx));
   switch (r.status) {
-    case AllocStatus::ok: *pp = r.ptr; return CUDA_SUCCESS;
+    case AllocStatus::ok:
+      *pp = r.ptr;
+      trace_pinned_alloc(*h, r.ptr, bytes, cp->device);
+      return CUDA_SUCCESS;
     case AllocStatus::invalid_size: return kPassThrough;  // absurd sizes: the driver's answer
     case AllocStatus::out_of_memory:
     case AllocStatus::upstream_error: break;
@@ -369,7 +410,7 @@ CUDAPOOL_EXPORT CUresult cuMemFreeHost(void* p) {
   }
   switch (h->pool.free(p)) {
     case cudapool::FreeStatus::not_owned: return d->cuMemFreeHost(p);
-    case cudapool::FreeStatus::ok: break;
+    case cudapool::FreeStatus::ok: trace_pinned_free(*h, p); break;
     case cudapool::FreeStatus::double_free:
     case cudapool::FreeStatus::interior_pointer:
       log_warn(

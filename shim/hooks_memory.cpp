@@ -10,6 +10,7 @@
 #include "shim/log.h"
 #include "shim/oom_note.h"
 #include "shim/streams.h"
+#include "shim/warm_start.h"
 #include "telemetry/oom.h"
 #include "telemetry/share.h"
 #include "telemetry/trace.h"
@@ -59,6 +60,8 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   if (device >= 0 && cp->device != device) return CUDA_ERROR_INVALID_DEVICE;
   // The context is current (current_pool just read it): fence recording skips its own check.
   CudaFences::ContextGuard known(cp->ctx);
+  if (cp->warm_pending.load(std::memory_order_relaxed)) [[unlikely]]
+    warm_start(rt, *cp, stream);
   // Where the program allocated, for the trace: taken here, before the pool's lock.
   if (rt.call_sites()) TraceWriter::capture_call_site();
   AllocResult r = cp->pool.allocate(bytes, stream);

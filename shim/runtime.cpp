@@ -96,6 +96,7 @@ bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
       out->log_file.clear();
       out->trace_file.clear();
       out->stats_file.clear();
+      out->warm_start.clear();
       out->publish_stats = false;
       out->dump_signal = 0;
       out->group.clear();
@@ -227,6 +228,7 @@ Runtime* Runtime::start() noexcept {
       recorded.log_file.clear();
       recorded.trace_file.clear();
       recorded.stats_file.clear();
+      recorded.warm_start.clear();        // read at start, not how the pool behaves afterwards
       recorded.trace_call_sites = false;  // how the trace was written, not how the pool ran
       recorded.dump_signal = 0;
       writer->note_policy(to_conf_string(recorded));
@@ -408,6 +410,9 @@ ContextPool* Runtime::create_pool(CUcontext ctx) noexcept {
       cp->member = m;
       cp->upstream.set_gate(group::gate_of(m));
     }
+    // Preallocated by the first allocation, on its thread and stream (not here: this may be a
+    // stream's creation, and the start mutex is held).
+    cp->warm_pending.store(!policy_.warm_start.empty(), std::memory_order_relaxed);
     slots_[n].store(cp, std::memory_order_release);
     count_.store(n + 1, std::memory_order_release);
     group::on_pool_created(group_view(*this), policy_, cp->device);

@@ -37,6 +37,9 @@ struct ContextPool {
   DevicePool pool;
   // The context was destroyed/reset: the pool was abandoned and is no longer found by lookups.
   std::atomic<bool> retired{false};
+  // warm_start: the plan is still to be preallocated, before the pool's next allocation
+  // (shim/warm_start.h).
+  std::atomic<bool> warm_pending{false};
 };
 
 class Runtime {

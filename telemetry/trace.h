@@ -42,7 +42,14 @@ enum class TraceAction : std::uint8_t {
   device,            // "device": Size = the device's total memory (written once per pool)
   policy,            // "policy": detail = the effective policy as a CUDAPOOL_CONF string (once)
   stream,            // "stream": a stream the program created; detail = its kind
+  // Pinned host memory (pinned_cache): not the device pool's, so replays and reports of device
+  // memory pass over them. Pointer = the host address, Size = the block, requested = the
+  // program's size, device = the device of the context the memory belongs to.
+  pinned_allocate,  // "pinned_allocate": cudaHostAlloc / cudaMallocHost served by the pinned pool
+  pinned_free,      // "pinned_free": cudaFreeHost of such a block
 };
+// The last action (readers iterate up to it).
+inline constexpr TraceAction kLastTraceAction = TraceAction::pinned_free;
 
 // The `detail` column, as a code (the policy row's text is kept by the reader, not per row).
 enum class TraceDetail : std::uint8_t {
@@ -105,6 +112,10 @@ class TraceWriter : public EventSink {
   static void capture_call_site() noexcept;
   // Writes a "stream" row: the program created `stream`, non-blocking or not.
   void note_stream(std::uintptr_t stream, bool non_blocking);
+  // Writes a "pinned_allocate" (allocate true) or "pinned_free" row: a block of pinned host
+  // memory of `size` bytes (the program asked for `requested`) at `ptr`, belonging to a context
+  // of `device`.
+  void note_pinned(bool allocate, int device, std::uintptr_t ptr, std::size_t size, std::size_t requested);
   // Flushes and closes.
   ~TraceWriter() override;
   TraceWriter(const TraceWriter&) = delete;

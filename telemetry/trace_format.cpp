@@ -43,6 +43,8 @@ const char* trace_action_name(TraceAction a) noexcept {
     case TraceAction::device: return "device";
     case TraceAction::policy: return "policy";
     case TraceAction::stream: return "stream";
+    case TraceAction::pinned_allocate: return "pinned_allocate";
+    case TraceAction::pinned_free: return "pinned_free";
   }
   return "unknown";
 }

@@ -29,7 +29,7 @@ bool parse_action(std::string_view s, TraceAction* out) {
     *out = TraceAction::free;
     return true;
   }
-  for (int i = 0; i <= static_cast<int>(TraceAction::stream); ++i) {
+  for (int i = 0; i <= static_cast<int>(kLastTraceAction); ++i) {
     auto a = static_cast<TraceAction>(i);
     if (s == trace_action_name(a)) {
       *out = a;

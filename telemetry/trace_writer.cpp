@@ -563,6 +563,20 @@ void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
   w.push(r);
 }
 
+void TraceWriter::note_pinned(bool allocate, int device, std::uintptr_t ptr, std::size_t size, std::size_t requested) {
+  Impl& w = *impl_;
+  if (w.disowned.load(std::memory_order_relaxed)) return;
+  Record r{};
+  r.stamp = w.clock.now();
+  r.thread = thread_id();
+  r.ptr = ptr;
+  r.size = size;
+  r.requested = requested;
+  r.device = device;
+  r.action = allocate ? TraceAction::pinned_allocate : TraceAction::pinned_free;
+  w.push(r);
+}
+
 void TraceWriter::note_policy(const std::string& conf) {
   TraceRow row;
   row.action = TraceAction::policy;

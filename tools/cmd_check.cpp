@@ -7,6 +7,7 @@
 
 #include "config/keys.h"
 #include "config/policy.h"
+#include "telemetry/warm_plan.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/json_text.h"
@@ -81,6 +82,22 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
         "group %s: a budget of %s on each GPU for this user's processes of the group together; "
         "an allocation over it waits up to %d ms for the others' idle cache\n",
         p.group.c_str(), budget.c_str(), p.group_release_wait_ms);
+  }
+  if (!p.warm_start.empty()) {
+    // What the shim will read when a pool starts; a plan it cannot use is only a warning there,
+    // so it is one here too (the exit status stays 0).
+    WarmPlan plan;
+    std::string why;
+    if (!load_warm_plan(p.warm_start, &plan, &why)) {
+      std::fprintf(stderr, "warning: warm_start: %s; the program would run without a warm start\n", why.c_str());
+    } else {
+      std::string per_device;
+      for (const WarmDevice& d : plan.devices)
+        per_device += (per_device.empty() ? "" : ", ") + std::string("device ") + std::to_string(d.device) + " " +
+                      std::to_string((plan.bytes(d.device) + MiB / 2) / MiB) + " MiB";
+      std::printf("warm_start: %zu segments to preallocate (%s), from %s\n", plan.segments.size(),
+                  per_device.empty() ? "no device" : per_device.c_str(), plan.source.c_str());
+    }
   }
   if (tail.present) {
     if (!p.profile.empty())

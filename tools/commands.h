@@ -24,6 +24,7 @@ struct CommandTail {
 void add_run_command(CLI::App& root, const CommandTail& tail, int* exit_status);
 void add_ab_command(CLI::App& root, const CommandTail& tail, int* exit_status);
 void add_replay_command(CLI::App& root, int* exit_status);
+void add_plan_command(CLI::App& root, int* exit_status);
 void add_tune_command(CLI::App& root, int* exit_status);
 void add_report_command(CLI::App& root, int* exit_status);
 void add_check_command(CLI::App& root, const CommandTail& tail, int* exit_status);

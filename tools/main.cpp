@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   add_run_command(app, tail, &exit_status);
   add_ab_command(app, tail, &exit_status);
   add_replay_command(app, &exit_status);
+  add_plan_command(app, &exit_status);
   add_tune_command(app, &exit_status);
   add_report_command(app, &exit_status);
   add_check_command(app, tail, &exit_status);

@@ -46,6 +46,8 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   for (const auto& r : rows) {
     // Process-wide rows, whatever their device column says.
     if (r.action == TraceAction::policy) continue;  // its text comes through TraceMeta
+    // Pinned host memory is not the device pool's: a replay of device memory passes over it.
+    if (r.action == TraceAction::pinned_allocate || r.action == TraceAction::pinned_free) continue;
     if (r.action == TraceAction::stream) {
       if (r.detail == TraceDetail::stream_non_blocking) {
         ++f.non_blocking_streams;
@@ -127,7 +129,9 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
         break;
       case TraceAction::policy:
-      case TraceAction::stream: break;  // handled above
+      case TraceAction::stream:
+      case TraceAction::pinned_allocate:
+      case TraceAction::pinned_free: break;  // handled above
     }
   }
   f.streams = streams.size();

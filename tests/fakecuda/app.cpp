@@ -903,6 +903,32 @@ void alloc_once() {
               static_cast<long long>(c_api<int64_t (*)(const char*)>("cudapool_passthrough_count")("backend")));
 }
 
+// One "training step" of a program whose pool grows on its first step: small, medium and large
+// tensors held together, then freed. Prints the driver allocations (cuMemAlloc and cuMemCreate,
+// the calls that grow the pool) each step made: with warm_start, the first step makes none.
+void warm_steps() {
+  start_cuda();
+  // The program's first allocation (its parameters, say) starts the pool, and a warm start with it.
+  CUdeviceptr first = 0;
+  CHECK_OK(api.cuMemAlloc(&first, 4096));
+  constexpr std::size_t sizes[] = {256 << 10, 256 << 10, 512 << 10, 1 << 20,   768 << 10, 5 << 20,
+                                   7 << 20,   40 << 20,  64 << 20,  100 << 20, 3 << 20,   1 << 20};
+  for (int step = 1; step <= 3; ++step) {
+    const long before = driver_allocs();
+    std::vector<CUdeviceptr> held;
+    for (int rep = 0; rep < 3; ++rep) {
+      for (std::size_t n : sizes) {
+        CUdeviceptr p = 0;
+        CHECK_OK(api.cuMemAlloc(&p, n));
+        held.push_back(p);
+      }
+    }
+    for (CUdeviceptr p : held) CHECK_OK(api.cuMemFree(p));
+    std::printf("step %d driver_allocs=%ld\n", step, driver_allocs() - before);
+  }
+  CHECK_OK(api.cuMemFree(first));
+}
+
 void immediate_reuse() {
   // Under free_sync:immediate a freed block is reused at once on its stream even though the
   // legacy stream is still busy: the policy the GPU race test shows to be unsafe.
@@ -1766,6 +1792,7 @@ int main(int argc, char** argv) {
       {"no_cuda", no_cuda},
       {"alloc_once", alloc_once},
       {"immediate_reuse", immediate_reuse},
+      {"warm_steps", warm_steps},
       {"device_sync", device_sync},
       {"c_api_calls", c_api_calls},
       {"oom", oom},

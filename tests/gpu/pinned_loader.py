@@ -7,7 +7,9 @@ stream, and consumed by a small kernel; --inflight batches are in flight at once
 prefetch). Two ways of getting the pinned memory:
 
   --mode torch   a DataLoader with pin_memory=True: PyTorch's own caching host allocator
-                 (the baseline; held = torch.cuda.host_memory_stats() reserved bytes)
+                 (the baseline; held = torch.cuda.host_memory_stats()["allocated_bytes.current"]:
+                 PyTorch's HostStats count the pinned blocks it owns, in use and cached, under
+                 allocated_bytes; active_bytes is the part handed out)
   --mode raw     cudaHostAlloc / cudaFreeHost per batch through the CUDA runtime, as programs
                  without a host cache do (under the shim with pinned_cache:True: the pinned
                  pool, held = cudapool_get_host_stats(); without it: the driver, every call)
@@ -76,6 +78,20 @@ def consume(x):
     return (x * 2.0).sum()
 
 
+def torch_pinned_held():
+    """Bytes of pinned memory PyTorch's host allocator holds now (blocks in use and cached).
+
+    PyTorch's host statistics name them allocated_bytes (its HostStats: "bytes allocated by this
+    allocator, free and in-use blocks"); there is no reserved_bytes or segment key for the host
+    allocator, so a missing key is an error here rather than a silent 0.
+    """
+    st = torch.cuda.host_memory_stats()
+    if "allocated_bytes.current" not in st:
+        raise SystemExit("pinned_loader: torch.cuda.host_memory_stats() has no allocated_bytes.current "
+                         f"(PyTorch {torch.__version__}; keys: {sorted(st)[:8]}...)")
+    return int(st["allocated_bytes.current"])
+
+
 def run_torch(args, batch_sizes, side):
     loader = torch.utils.data.DataLoader(Images(batch_sizes), batch_size=None, pin_memory=True,
                                          num_workers=args.workers, prefetch_factor=args.inflight if args.workers else None)
@@ -91,8 +107,7 @@ def run_torch(args, batch_sizes, side):
         if len(inflight) > args.inflight:
             inflight.pop(0)
         live_peak = max(live_peak, sum(b.numel() * 4 for b in inflight))
-        st = torch.cuda.host_memory_stats()
-        held_peak = max(held_peak, st.get("reserved_bytes.current", st.get("segment.current", 0)))
+        held_peak = max(held_peak, torch_pinned_held())
         torch.cuda.synchronize()
         now = time.perf_counter()
         times.append(now - t)

@@ -351,6 +351,55 @@ expect "$r" "CUDA IPC: pidfd_getfd" INFO
 grep -q "read_b4k: bad=4096 of 4096 bytes" "$r" && echo "PASS ipc FAIL row names the failed check" ||
   { echo "FAIL ipc FAIL row does not name the failed check"; failures=$((failures + 1)); }
 
+# warm_start.sh with stand-ins: hf_lm.py's first step costs 90 ms against 30 ms steady, 31 ms
+# when the policy names a plan and the stand-in "preallocates" (its log says so, as the shim's
+# does); the recorded run writes a trace and a stand-in `cudapool plan` a plan. With
+# WARM_BROKEN=1 the stand-in ignores the plan: the verdict must then FAIL.
+mkdir -p "$work/fakewarm"
+{
+  echo '#!/bin/bash'
+  echo "real=$(command -v python3)"
+  cat <<'SH'
+if [[ "$1" == *hf_lm.py ]]; then
+  out= steps=
+  while [ $# -gt 0 ]; do case $1 in --out) out=$2 ;; --steps) steps=$2 ;; esac; shift; done
+  conf=",${CUDAPOOL_CONF:-},"
+  trace=$(sed -n 's/.*,trace_file:\([^,]*\),.*/\1/p' <<<"$conf")
+  log=$(sed -n 's/.*,log_file:\([^,]*\),.*/\1/p' <<<"$conf")
+  [ -n "$trace" ] && echo "Thread,Time,Action,Pointer,Size,Stream,device,requested,time_ns,duration_ns,detail" >"$trace"
+  first=90
+  if [[ "$conf" == *,warm_start:* && -z "${WARM_BROKEN:-}" ]]; then
+    first=31
+    [ -n "$log" ] && echo "[cudapool 1] [info] warm_start: device 0: 512 MiB preallocated (2 MiB small pool)" >"$log"
+  fi
+  exec "$real" -c "import json,sys; json.dump({'step_s': [$first / 1000.0] + [0.03] * ($steps - 1)}, open(sys.argv[1], 'w'))" "$out"
+fi
+exec "$real" "$@"
+SH
+} >"$work/fakewarm/python3"
+printf '#!/bin/bash\n[ "$1" = plan ] && [ -s "$2" ] && [ "$3" = -o ] && printf "cudapool-warm-start-plan 1\\nsegment 0 large classic 20971520\\n" >"$4"\n' \
+  >"$work/fakewarm/cudapool"
+chmod +x "$work/fakewarm/python3" "$work/fakewarm/cudapool"
+warm=$(PATH="$work/fakewarm:$PATH" OUT="$work/warm" CUDAPOOL_SHIM=$work/libfake.so CUDAPOOL_BIN=$work/fakewarm/cudapool \
+  TORCH_PIN_CPU=none bash tests/gpu/warm_start.sh 5 2>&1)
+rc_warm=$?
+if [ $rc_warm = 0 ] && grep -q "3.000x without, 1.033x with warm start" <<<"$warm" &&
+   grep -q "^| warm_start:PLAN | 5 | 31.0 | 30.0 | 1.033 |.* | 512 |$" <<<"$warm" &&
+   grep -q "first step within 10 % of a steady step: PASS" <<<"$warm"; then
+  echo "PASS warm_start.sh compares first and steady steps"
+else
+  echo "FAIL warm_start.sh (rc $rc_warm): $warm"; failures=$((failures + 1))
+fi
+warm=$(PATH="$work/fakewarm:$PATH" OUT="$work/warm2" CUDAPOOL_SHIM=$work/libfake.so CUDAPOOL_BIN=$work/fakewarm/cudapool \
+  TORCH_PIN_CPU=none WARM_BROKEN=1 bash tests/gpu/warm_start.sh 5 2>&1)
+rc_warm=$?
+if [ $rc_warm = 1 ] && grep -q "FAIL: a warm-start process preallocated nothing" <<<"$warm" &&
+   grep -q "first step within 10 % of a steady step: FAIL (3.000x)" <<<"$warm"; then
+  echo "PASS warm_start.sh fails when the plan changes nothing"
+else
+  echo "FAIL warm_start.sh with a warm start that does nothing (rc $rc_warm): $warm"; failures=$((failures + 1))
+fi
+
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"
   exit 1

@@ -30,6 +30,11 @@ $(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/t
     telemetry/spdlog_fmt_impl.o config/output_file.o config/path_pattern.o)
 	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary
+# Warm-start plans (telemetry/warm_plan.cpp): the plan file's parser and the plan a trace gives.
+$(BUILD)/fuzz/telemetry_warm_plan: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_warm_plan.o \
+    telemetry/warm_plan.o telemetry/trace_reader.o telemetry/trace_format.o config/printable.o)
+	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
+FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_warm_plan
 # The readers of the files processes of one user share (telemetry/share.cpp and the ledger's
 # layout, shim/group_ledger_layout.cpp): the group ledger and the stats records, as
 # `cudapool top` reads them.

@@ -521,5 +521,28 @@ done
 if grep -Eq '_file|dump_signal|c-stats' "$tmp/out"; then fail "tune recommends a key from the trace's policy row with side effects"; else ok; fi
 expect_out '^recommended' "tune recommends a policy for a crafted trace"
 
+# ---- plan: a warm-start plan from a trace; check reads it back ------------------------------
+expect_rc 0 "plan of a sample trace" -- "$cp" plan $traces/train.csv -o "$tmp/train.plan"
+expect_out "^device 0: [0-9]+ segments, .* at the peak \(recorded peak reserved" "plan says what it holds per device"
+head -n 1 "$tmp/train.plan" >"$tmp/out"
+expect_out "^cudapool-warm-start-plan 1$" "the plan file starts with its magic line"
+"$cp" replay --json - $traces/train.csv >"$tmp/replay.json" 2>/dev/null
+peak=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["policies"][0]["peak_reserved_bytes"]))' "$tmp/replay.json" 2>/dev/null)
+sum=$(awk '$1 == "segment" && $2 == 0 { s += $5 } END { printf "%.0f", s }' "$tmp/train.plan")
+[ -n "$peak" ] && [ "$sum" = "$peak" ] && ok || fail "the plan's segments ($sum) are not the replay's peak reserved ($peak)"
+expect_rc 0 "check reads a warm-start plan" -- "$cp" check --conf "warm_start:$tmp/train.plan"
+expect_out "^warm_start: [0-9]+ segments to preallocate \(device 0 [0-9]+ MiB\)" "check says what the plan holds"
+printf 'cudapool-warm-start-plan 1\nsegment 0 large classic 12345\n' >"$tmp/bad.plan"
+expect_rc 0 "check of a malformed plan warns and exits 0, as the library runs on" -- "$cp" check --conf "warm_start:$tmp/bad.plan"
+expect_out "warning: warm_start: $tmp/bad.plan:2: segment size '12345' is not a multiple of 512" "check names the plan's bad line"
+expect_rc 66 "plan of a missing trace" -- "$cp" plan "$crafted.missing" -o "$tmp/x.plan"
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x10,zz,0x0\n' >"$tmp/bad.csv"
+expect_rc 65 "plan of a malformed trace" -- "$cp" plan "$tmp/bad.csv" -o "$tmp/x.plan"
+expect_out "bad.csv:2:" "plan names the trace's bad line"
+expect_rc 66 "plan into a missing directory" -- "$cp" plan $traces/train.csv -o "$tmp/no/such/dir/x.plan"
+ln -s "$tmp/victim" "$tmp/link.plan"; echo keep >"$tmp/victim"
+expect_rc 66 "plan refuses to write through a symbolic link" -- "$cp" plan $traces/train.csv -o "$tmp/link.plan"
+[ "$(cat "$tmp/victim")" = keep ] && ok || fail "plan wrote through a symbolic link"
+
 echo "cli tests: $passes passed, $fails failed"
 if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi

@@ -48,6 +48,7 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.trace_file = "/tmp/a:b=c.csv";
   p.trace_call_sites = true;
   p.stats_file = "[weird";
+  p.warm_start = "/var/tmp/plan, with spaces.txt";
   p.dump_signal = 12;  // SIGUSR2
   p.group = "train-a";
   p.group_budget = 4 * GiB;

@@ -45,7 +45,7 @@ constexpr std::size_t count_fields(Fields... f) {
 // value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
   static_assert(count_fields<PoolOptions>() == 15, "a PoolOptions field is not compared below");
-  static_assert(count_fields<Policy>() == 23, "a Policy field is not compared below");
+  static_assert(count_fields<Policy>() == 24, "a Policy field is not compared below");
   static_assert(count_fields<HostPoolOptions>() == 6, "a HostPoolOptions field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
   EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);
@@ -68,6 +68,7 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.trace_file, b.trace_file);
   EXPECT_EQ(a.trace_call_sites, b.trace_call_sites);
   EXPECT_EQ(a.stats_file, b.stats_file);
+  EXPECT_EQ(a.warm_start, b.warm_start);
   EXPECT_EQ(a.dump_signal, b.dump_signal);
   EXPECT_EQ(a.expandable_peer_access, b.expandable_peer_access);
   EXPECT_EQ(a.free_host_sync, b.free_host_sync);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -429,6 +430,46 @@ TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
     RunResult not_pooled = run({app(linked), "pinned"}, {{"PINNED", "pool"}});
     EXPECT_NE(not_pooled.exit_status, 0) << not_pooled.output;
   }
+}
+
+// A trace of pooled pinned memory: one pinned_allocate and one pinned_free row per block, with
+// the block's size and the device of its context; a replay of device memory passes over them.
+TEST(Shim, PinnedHostMemoryIsTraced) {
+  char dir[] = "/tmp/cudapool-pinned-trace-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string trace = std::string(dir) + "/t.csv";
+  RunResult pooled = run({app(true), "pinned"},
+                         {{"CUDAPOOL_CONF", "pinned_cache:True,trace_file:" + trace}, {"PINNED", "pool"}});
+  EXPECT_EQ(pooled.exit_status, 0) << pooled.output;
+  std::ifstream in(trace);
+  std::string line;
+  std::map<std::string, std::string> live;  // pointer -> size of the allocate row
+  int allocs = 0, frees = 0;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) f.push_back(c);
+    if (f.size() < 8 || (f[2] != "pinned_allocate" && f[2] != "pinned_free")) continue;
+    EXPECT_EQ(f[6], "0") << line;  // the device of the context the memory belongs to
+    EXPECT_EQ(f[5], "0x0") << line;
+    EXPECT_GE(std::stoull(f[4]), std::stoull(f[7])) << line;  // the block holds the request
+    if (f[2] == "pinned_allocate") {
+      ++allocs;
+      EXPECT_EQ(live.count(f[3]), 0u) << line;
+      live[f[3]] = f[4];
+    } else {
+      ++frees;
+      ASSERT_EQ(live.count(f[3]), 1u) << line;  // a free row only for a traced allocation
+      EXPECT_EQ(live[f[3]], f[4]) << line;
+      live.erase(f[3]);
+    }
+  }
+  EXPECT_GE(allocs, 3);
+  EXPECT_EQ(allocs, frees + static_cast<int>(live.size()));
+  // The scenario allocates no device memory: the replay finds none, pinned rows are not taken for it.
+  RunResult replay = run({CUDAPOOL_BIN_PATH, "replay", "--quiet", trace}, {}, /*preload=*/false);
+  EXPECT_NE(replay.output.find("no allocation to replay"), std::string::npos) << replay.output;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Shim, GpuWaitInsertsNothingWhileACaptureIsOpen) {

@@ -627,5 +627,32 @@ TEST(TelemetryTrace, CallSitesRoundTripOncePerSite) {
   EXPECT_EQ(reader.sites()[1], "app+0x10");
 }
 
+// Pinned host memory rows: their own actions, written and read back like any row.
+TEST(TraceFormat, PinnedRowsRoundTrip) {
+  for (TraceAction a : {TraceAction::pinned_allocate, TraceAction::pinned_free}) {
+    TraceRow row;
+    row.thread = 9;
+    row.time_ns = 1764424987512345678;
+    row.action = a;
+    row.ptr = 0x7f0000001000;
+    row.size = 20480;
+    row.requested = 20000;
+    row.device = 3;
+    const std::string line = format_trace_row(row);
+    EXPECT_NE(line.find(std::string(",") + trace_action_name(a) + ",0x7f0000001000,20480,0x0,3,20000,"),
+              std::string::npos)
+        << line;
+    std::istringstream in(std::string(trace_header()) + "\n" + line + "\n");
+    TraceReader reader(in);
+    TraceRow back;
+    ASSERT_TRUE(reader.next(&back)) << reader.error();
+    EXPECT_EQ(back.action, a);
+    EXPECT_EQ(back.ptr, row.ptr);
+    EXPECT_EQ(back.size, row.size);
+    EXPECT_EQ(back.requested, row.requested);
+    EXPECT_EQ(back.device, 3);
+  }
+}
+
 }  // namespace
 }  // namespace cudapool

@@ -1,0 +1,250 @@
+#include "shim/warm_start.h"
+
+#include <pthread.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "shim/group.h"
+#include "shim/log.h"
+#include "shim/runtime.h"
+#include "shim/streams.h"
+#include "telemetry/warm_plan.h"
+
+namespace cudapool::shim {
+
+namespace {
+
+// Free device memory the warm start leaves alone: what the program takes outside the pool (its
+// libraries' handles, kernels, other contexts) may not all be there yet when the pool starts.
+std::size_t margin_for(std::size_t total) { return std::min<std::size_t>(256 * MiB, total / 16); }
+
+std::string mib(std::size_t bytes) { return std::to_string((bytes + MiB / 2) / MiB); }
+
+// A fraction as a key takes it, rounded up to three decimals (so the suggested value fits).
+std::string fraction_up(double f) {
+  const auto thousandths = static_cast<long>(std::ceil(f * 1000.0 - 1e-9));
+  if (thousandths >= 1000) return "1";
+  if (thousandths <= 0) return "0.001";
+  std::string digits = std::to_string(thousandths);
+  return "0." + std::string(3 - digits.size(), '0') + digits;
+}
+
+std::int64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// The plan, read once per process (every device's pool uses the same file) and kept for the
+// process's life: nothing is freed at exit. nullptr when it cannot be used (said once).
+// Leaked (usable at exit, never destroyed); made afresh in a forked child, whose copy may have
+// been held by a parent thread at the fork.
+std::mutex* plan_mutex() {
+  static std::mutex* mu = [] {
+    auto* m = new std::mutex;
+    pthread_atfork(nullptr, nullptr, [] { new (plan_mutex()) std::mutex; });
+    return m;
+  }();
+  return mu;
+}
+
+const WarmPlan* shared_plan(const std::string& path) {
+  static const WarmPlan* plan = nullptr;
+  static bool tried = false;
+  std::lock_guard<std::mutex> lock(*plan_mutex());
+  if (tried) return plan;
+  tried = true;
+  auto* p = new WarmPlan;
+  std::string error;
+  if (!load_warm_plan(path, p, &error)) {
+    log_warn(
+        "warm_start: {}; no memory is preallocated (make a plan with `cudapool plan TRACE -o PLAN`, or name a "
+        "trace written under trace_file)",
+        error);
+    delete p;
+    return nullptr;
+  }
+  plan = p;
+  return plan;
+}
+
+// Largest size at most `bytes` that the pool does not round up (a whole number of 2 MiB; a
+// power of two times that when the policy's divisions would round it).
+std::size_t unrounded_piece(std::size_t bytes, const PoolOptions& o) {
+  std::size_t piece = bytes / kRoundLarge * kRoundLarge;
+  if (piece < kRoundLarge) return 0;
+  if (round_size(piece, o) == piece) return piece;
+  std::size_t p2 = kRoundLarge;
+  while (p2 * 2 <= piece) p2 *= 2;
+  return p2;
+}
+
+struct Prealloc {
+  std::vector<void*> held;
+  std::size_t bytes = 0;  // reserved by the pool because of it
+  AllocStatus failed = AllocStatus::ok;
+};
+
+// Grows the pool's `kind` to at least `target` reserved bytes with requests of that kind.
+void fill_kind(ContextPool& cp, StreamId stream, bool small, std::size_t target, const std::vector<std::size_t>& sizes,
+               Prealloc* out) {
+  const StatPool k = small ? kSmallPool : kLargePool;
+  const std::size_t start = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[k].current);
+  const std::size_t goal = start + target;
+  auto reserved = [&] { return static_cast<std::size_t>(cp.pool.stats().reserved_bytes[k].current); };
+  auto take = [&](std::size_t bytes) {
+    AllocResult r = cp.pool.allocate(bytes, stream);
+    if (r.status != AllocStatus::ok || r.ptr == nullptr) {
+      out->failed = r.status == AllocStatus::ok ? AllocStatus::upstream_error : r.status;
+      return false;
+    }
+    out->held.push_back(r.ptr);
+    return true;
+  };
+  if (small) {
+    // Requests of the small pool's largest size: two fill a new 2 MiB segment (or pages).
+    for (std::size_t i = 0, n = 2 * (target / kSmallSize) + 4; i < n && reserved() < goal; ++i)
+      if (!take(kSmallSize)) break;
+  } else if (!sizes.empty()) {
+    // Classic segments: one request of each recorded size makes a segment of exactly that size.
+    for (std::size_t s : sizes)
+      if (!take(s)) break;
+  } else {
+    // Expandable pages: requests of the missing bytes map them.
+    for (int i = 0; i < 64 && reserved() < goal; ++i) {
+      const std::size_t piece = unrounded_piece(goal - reserved(), cp.pool.options());
+      if (piece == 0 || !take(piece)) break;
+    }
+  }
+  const std::size_t now = reserved();
+  out->bytes += now > start ? now - start : 0;
+}
+
+void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
+  const std::string& path = rt.policy().warm_start;
+  const int dev = cp.device;
+  // Whole segments in the plan's order, largest first, as many as fit.
+  std::vector<const WarmSegment*> segs;
+  for (const WarmSegment& s : plan.segments)
+    if (s.device == dev) segs.push_back(&s);
+  if (segs.empty()) {
+    log_info("warm_start: {} has no segment for device {}; nothing preallocated", path, dev);
+    return;
+  }
+  std::stable_sort(segs.begin(), segs.end(),
+                   [](const WarmSegment* a, const WarmSegment* b) { return a->bytes > b->bytes; });
+  // What each segment costs in this pool: a classic pool makes a segment of at least 20 MiB for a
+  // large request (a plan recorded with pages may list smaller runs).
+  const PoolOptions& o = cp.pool.options();
+  const bool pages = o.expandable_segments && cp.upstream.granularity() != 0;
+  auto cost = [&](const WarmSegment* s) {
+    return s->small || pages ? s->bytes : std::max(s->bytes, segment_size_for(round_size(s->bytes, o)));
+  };
+  std::size_t need = 0;
+  for (const WarmSegment* s : segs) need += cost(s);
+
+  // What fits: free device memory (less a margin), the pool's cap, the group budget's room.
+  std::size_t free_bytes = 0, total = 0;
+  cp.upstream.mem_info(&free_bytes, &total);
+  const std::size_t held = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[kAll].current) +
+                           cp.pool.external_bytes();
+  struct Limit {
+    std::size_t room;
+    std::string what, fix;
+  };
+  std::vector<Limit> limits;
+  const std::size_t margin = margin_for(total);
+  limits.push_back({free_bytes > margin ? free_bytes - margin : 0,
+                    "the device's free memory (" + mib(free_bytes) + " MiB, less " + mib(margin) +
+                        " MiB left for memory outside the pool)",
+                    "free device memory (other processes on this GPU hold the rest)"});
+  std::size_t cap = o.max_reserved;
+  std::string cap_name = "max_reserved_mb:" + (cap == kNoLimit ? std::string("0") : mib(cap));
+  if (o.per_process_memory_fraction > 0.0) {
+    const auto by_fraction = static_cast<std::size_t>(o.per_process_memory_fraction * static_cast<double>(total));
+    if (by_fraction < cap) {
+      cap = by_fraction;
+      cap_name = "per_process_memory_fraction (" + mib(cap) + " MiB of " + mib(total) + ")";
+    }
+  }
+  if (cap != kNoLimit) {
+    const double frac = total > 0 ? static_cast<double>(held + need) / static_cast<double>(total) : 1.0;
+    limits.push_back({cap > held ? cap - held : 0, "the pool's cap " + cap_name,
+                      "raise the cap to at least " + mib(held + need) + " MiB (max_reserved_mb:" + mib(held + need) +
+                          (frac <= 1.0 ? ", or per_process_memory_fraction:" + fraction_up(frac) : "") + ")"});
+  }
+  if (cp.member != nullptr) {
+    const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);
+    const std::size_t room = budget > used ? budget - used : 0;
+    limits.push_back({room,
+                      "the group budget's room (" + mib(room) + " MiB of its " + mib(budget) +
+                          " MiB; the group holds " + mib(used) + " MiB)",
+                      "raise group_budget_mb (or group_budget_fraction) by at least " +
+                          mib(need - std::min(need, room)) + " MiB" +
+                          (used > 0 ? ", or start this process while the group holds less" : "")});
+  }
+  const Limit* binding = nullptr;
+  for (const Limit& l : limits)
+    if (l.room < need && (binding == nullptr || l.room < binding->room)) binding = &l;
+  const std::size_t allowed = binding != nullptr ? binding->room : need;
+
+  std::size_t small_target = 0, large_target = 0;
+  std::vector<std::size_t> large_sizes;  // classic segments, for a pool without pages
+  std::size_t chosen = 0;
+  for (const WarmSegment* s : segs) {
+    const std::size_t c = cost(s);
+    if (chosen + c > allowed) continue;
+    chosen += c;
+    if (s->small) {
+      small_target += c;
+    } else {
+      large_target += c;
+      large_sizes.push_back(s->bytes);
+    }
+  }
+  if (binding != nullptr)
+    log_warn(
+        "warm_start: the plan {} holds {} MiB of segments for device {}, {} MiB more than fits {}; preallocating "
+        "{} MiB of it. To preallocate all of it: {}",
+        path, mib(need), dev, mib(need - allowed), binding->what, mib(chosen), binding->fix);
+  if (chosen == 0) return;
+
+  const std::int64_t t0 = mono_ns();
+  Prealloc pre;
+  if (small_target > 0) fill_kind(cp, stream, true, small_target, {}, &pre);
+  if (large_target > 0 && pre.failed == AllocStatus::ok)
+    fill_kind(cp, stream, false, large_target, pages ? std::vector<std::size_t>{} : large_sizes, &pre);
+  // Never used by any work: reusable at once on this stream, by others after a fence on it.
+  for (void* p : pre.held) cp.pool.free_on_stream(p, stream);
+  const double ms = static_cast<double>(mono_ns() - t0) / 1e6;
+  if (pre.failed != AllocStatus::ok)
+    log_warn(
+        "warm_start: device {} refused memory ({}) after {} MiB of the plan's {} MiB; the program grows the pool "
+        "for the rest as usual",
+        dev, to_string(pre.failed), mib(pre.bytes), mib(chosen));
+  else
+    log_info("warm_start: device {}: {} MiB preallocated ({} MiB small pool, {} MiB large pool) from {} in {:.1f} ms",
+             dev, mib(pre.bytes), mib(small_target), mib(large_target), path, ms);
+}
+
+}  // namespace
+
+void warm_start(Runtime& rt, ContextPool& cp, StreamId stream) noexcept {
+  // An allocation the driver would refuse now (a capture is open) leaves it to a later one.
+  if (any_capture_active() || Runtime::exiting()) return;
+  if (!cp.warm_pending.exchange(false, std::memory_order_acq_rel)) return;
+  try {
+    const WarmPlan* plan = shared_plan(rt.policy().warm_start);
+    if (plan != nullptr) run(rt, cp, stream, *plan);
+  } catch (...) {
+    // Out of host memory while planning: the program runs without the warm start.
+  }
+}
+
+}  // namespace cudapool::shim
