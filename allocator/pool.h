@@ -36,6 +36,9 @@ struct AllocResult {
   // upstream_error (and out_of_memory from the upstream): the upstream's own error code (the
   // shim: the driver's CUresult), 0 when it has none.
   int upstream_error = 0;
+  // out_of_memory: the bytes the last refused growth asked for (a segment, or pages to map into
+  // an expandable range); 0 when the pool asked nobody (a size no segment can hold).
+  std::size_t asked_bytes = 0;
 };
 
 // Where an address lies, for cuMemGetAddressRange / cuPointerGetAttribute / IPC answers.

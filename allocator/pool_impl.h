@@ -88,12 +88,17 @@ struct DevicePool::Impl {
     std::size_t released = 0;   // Room::idle: bytes given back
     Refusal refusal = Refusal::none;
     int upstream_error = 0;
-    // A refusal; the group budget's sticks (it says other processes may give memory back).
-    void refused(Refusal why, int error_code = 0) {
+    std::size_t asked = 0;  // what the last refused growth asked for
+    // A refusal of a growth of `bytes`; the group budget's sticks (it says other processes may
+    // give memory back).
+    void refused(Refusal why, std::size_t bytes, int error_code = 0) {
       if (refusal != Refusal::budget) refusal = why;
       if (error_code != 0) upstream_error = error_code;
+      asked = bytes;
     }
-    void refused(const UpstreamStatus& us) { refused(us.budget ? Refusal::budget : Refusal::device, us.error_code); }
+    void refused(const UpstreamStatus& us, std::size_t bytes) {
+      refused(us.budget ? Refusal::budget : Refusal::device, bytes, us.error_code);
+    }
   };
   // What a path needs memory for (make_room):
   //  reuse:    a free block that fits `bytes`, from memory that fences or other streams hold back;

@@ -64,7 +64,7 @@ AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::siz
   }
   ledger.oom();
   events.emit(EventKind::allocate_failure, 0, size, size, stream);
-  return AllocResult{nullptr, AllocStatus::out_of_memory, req.refusal, req.upstream_error};
+  return AllocResult{nullptr, AllocStatus::out_of_memory, req.refusal, req.upstream_error, req.asked};
 }
 
 DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::size_t bytes, Room kind,
@@ -184,7 +184,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
   if (limits.refuses(ledger.reserved_bytes(), seg_size)) {
     // Over the cap: refuse without asking the upstream, like PyTorch's memory fraction.
     events.emit(EventKind::oom, 0, seg_size, seg_size, stream);
-    req.refused(Refusal::limit);
+    req.refused(Refusal::limit, seg_size);
     return UpstreamStatus::out_of_memory;
   }
   void* base = nullptr;
@@ -207,7 +207,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
   if (us != UpstreamStatus::ok) {
     if (us == UpstreamStatus::out_of_memory) {
       events.emit(EventKind::oom, 0, seg_size, seg_size, stream, dt);
-      req.refused(us);
+      req.refused(us, seg_size);
     }
     return us;
   }
@@ -259,7 +259,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
   const std::size_t to_map = growth.plan.to_map;
   if (limits.refuses(ledger.reserved_bytes(), to_map)) {
     events.emit(EventKind::oom, 0, to_map, to_map, req.stream);
-    req.refused(Refusal::limit);
+    req.refused(Refusal::limit, to_map);
     return UpstreamStatus::out_of_memory;
   }
   return place_growth(lk, req, growth, out);
@@ -354,7 +354,7 @@ DevicePool::Impl::Block* DevicePool::Impl::map_piece(Lock& lk, Request& req, det
   if (us != UpstreamStatus::ok) {
     if (us == UpstreamStatus::out_of_memory) {
       events.emit(EventKind::oom, at, amount, amount, req.stream, dt);
-      req.refused(us);
+      req.refused(us, growth.plan.to_map);
     }
     *failed = us;
     return nullptr;

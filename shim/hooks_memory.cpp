@@ -21,13 +21,11 @@ namespace {
 
 void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
 
-CUresult report_oom(ContextPool& cp, std::size_t bytes, bool reached_upstream) {
+CUresult report_oom(ContextPool& cp, std::size_t bytes, const AllocResult& r) {
   std::size_t f = 0, t = 0;
   cp.upstream.mem_info(&f, &t);
-  // The segment size the pool would have asked for (0: a size no segment can hold).
-  const std::size_t seg = reached_upstream ? segment_size_for(round_size(bytes, cp.pool.options())) : 0;
-  const std::string msg = format_oom(
-      make_oom_info(cp.device, bytes, seg, cp.pool.stats(), cp.pool.options(), f, t, cp.pool.external_bytes()));
+  const std::string msg = format_oom(make_oom_info(cp.device, bytes, r.asked_bytes, r.refusal, cp.pool.stats(),
+                                                   cp.pool.options(), f, t, cp.pool.external_bytes()));
   log_warn("{}", msg);
   note_oom(msg);  // cudapool_last_oom_message: the pluggable allocator's exception text
   return CUDA_ERROR_OUT_OF_MEMORY;
@@ -77,10 +75,10 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   }
   switch (r.status) {
     case AllocStatus::ok: *dptr = reinterpret_cast<CUdeviceptr>(r.ptr); return CUDA_SUCCESS;
-    case AllocStatus::out_of_memory: group::note_oom(cp->device); return report_oom(*cp, bytes, true);
+    case AllocStatus::out_of_memory:
     case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
       group::note_oom(cp->device);
-      return report_oom(*cp, bytes, false);
+      return report_oom(*cp, bytes, r);
     case AllocStatus::upstream_error:  // the driver's own answer (the pool's upstream calls all carry one)
       return r.upstream_error != CUDA_SUCCESS ? static_cast<CUresult>(r.upstream_error) : CUDA_ERROR_INVALID_VALUE;
   }

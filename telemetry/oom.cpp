@@ -24,13 +24,14 @@ std::string format_size(std::uint64_t bytes) {
   return buf;
 }
 
-OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_size, const Stats& stats,
+OomInfo make_oom_info(int device, std::size_t requested, std::size_t asked, Refusal refusal, const Stats& stats,
                       const PoolOptions& options, std::size_t driver_free, std::size_t driver_total,
                       std::size_t external) {
   OomInfo info;
   info.device = device;
   info.requested = requested;
-  info.segment_size = segment_size;
+  info.asked = asked;
+  info.refusal = refusal;
   auto nonneg = [](std::int64_t v) { return v > 0 ? static_cast<std::size_t>(v) : 0; };
   info.reserved = nonneg(stats.reserved_bytes[kAll].current);
   info.allocated = nonneg(stats.allocated_bytes[kAll].current);
@@ -43,19 +44,14 @@ OomInfo make_oom_info(int device, std::size_t requested, std::size_t segment_siz
                                                 static_cast<double>(driver_total));
     info.limit = std::min(info.limit, by_fraction);
   }
-  // The limit refused when the segment would not have fit under it; otherwise the driver did.
   info.external = external;
-  const std::size_t counted = info.reserved + external;
-  info.limit_refused = info.limit != kNoLimit && segment_size > 0 &&
-                       (counted > info.limit || segment_size > info.limit - counted);
   info.expandable_segments = options.expandable_segments;
   return info;
 }
 
 std::string format_oom(const OomInfo& in) {
   std::string s = "CUDA out of memory. Tried to allocate " + format_size(in.requested);
-  if (in.segment_size > 0 && in.segment_size != in.requested)
-    s += " (the pool asked for a segment of " + format_size(in.segment_size) + ")";
+  if (in.asked > 0 && in.asked != in.requested) s += " (the pool asked to grow by " + format_size(in.asked) + ")";
   s += ". GPU " + std::to_string(in.device);
   if (in.driver_total > 0) {
     s += " has a total capacity of " + format_size(in.driver_total) + " of which " + format_size(in.driver_free) +
@@ -70,11 +66,14 @@ std::string format_oom(const OomInfo& in) {
   s += ".";
   if (in.external > 0)
     s += " The program mapped " + format_size(in.external) + " itself (cuMemCreate), counted against the limit.";
-  if (in.limit != kNoLimit) {
-    s += " The pool's limit is " + format_size(in.limit);
-    s += in.limit_refused ? " and it refused this segment before the driver was asked."
-                          : "; the driver refused below it.";
+  if (in.refusal == Refusal::limit) {
+    s += " The pool's limit is " + format_size(in.limit) + " and it refused this growth before the driver was asked.";
+  } else if (in.limit != kNoLimit) {
+    s += " The pool's limit is " + format_size(in.limit) + "; the driver refused below it.";
   }
+  if (in.refusal == Refusal::budget)
+    s += " The group budget refused this growth: the processes of the group hold the rest of it (`cudapool top` "
+         "shows who).";
   // Fragmentation hint: a lot is cached but nothing fits. 20 % of reserved and at least the
   // request itself, so a nearly empty cache does not trigger it.
   const bool fragmented = unallocated >= in.requested && unallocated * 5 >= in.reserved && unallocated > 0;

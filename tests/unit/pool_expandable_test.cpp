@@ -314,6 +314,10 @@ TEST(PoolExpandable, MapRefusalCarriesItsCause) {
   EXPECT_EQ(r.status, AllocStatus::out_of_memory);
   EXPECT_EQ(r.refusal, Refusal::budget);
   EXPECT_EQ(r.upstream_error, 2);
+  // What it asked for is the pages of the growth, not the classic segment of the size.
+  EXPECT_GE(r.asked_bytes, 5 * MiB);
+  EXPECT_EQ(r.asked_bytes % (2 * MiB), 0u);  // whole pages
+  EXPECT_LT(r.asked_bytes, segment_size_for(5 * MiB)) << r.asked_bytes;
   rig.up.fail_next(1, UpstreamStatus{UpstreamStatus::error, 700});
   r = rig.pool->allocate(5 * MiB, 0);
   EXPECT_EQ(r.status, AllocStatus::upstream_error);

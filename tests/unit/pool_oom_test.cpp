@@ -89,7 +89,8 @@ TEST(PoolOom, RefusalCarriesItsCause) {
     EXPECT_EQ(r.status, AllocStatus::out_of_memory);
     EXPECT_EQ(r.refusal, Refusal::limit);
     EXPECT_EQ(r.upstream_error, 0);
-    EXPECT_EQ(rig.up.allocate_calls(), 0u);  // the limit refuses without asking
+    EXPECT_EQ(r.asked_bytes, segment_size_for(40 * MiB));  // the segment the limit would not allow
+    EXPECT_EQ(rig.up.allocate_calls(), 0u);                // the limit refuses without asking
   }
   {
     PoolRig rig({}, 30 * MiB);
@@ -98,6 +99,7 @@ TEST(PoolOom, RefusalCarriesItsCause) {
     EXPECT_EQ(r.status, AllocStatus::out_of_memory);
     EXPECT_EQ(r.refusal, Refusal::device);
     EXPECT_EQ(r.upstream_error, 2);
+    EXPECT_EQ(r.asked_bytes, segment_size_for(40 * MiB));
   }
   {
     // The budget refuses first, the device the retry: the budget's refusal sticks, since
@@ -120,6 +122,7 @@ TEST(PoolOom, RefusalCarriesItsCause) {
     EXPECT_EQ(r.status, AllocStatus::upstream_error);
     EXPECT_EQ(r.upstream_error, 999);
     EXPECT_EQ(r.refusal, Refusal::none);
+    EXPECT_EQ(r.asked_bytes, 0u);
     r = rig.pool->allocate(1 * MiB, 0);  // nothing lingers from the failed call
     EXPECT_EQ(r.status, AllocStatus::ok);
     EXPECT_EQ(r.upstream_error, 0);

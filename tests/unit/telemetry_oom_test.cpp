@@ -25,20 +25,20 @@ TEST(TelemetryOom, DiagnosisContainsTheNumbers) {
   st.allocated_bytes[kAll].current = static_cast<std::int64_t>(2 * GiB);
   st.pending_bytes = static_cast<std::int64_t>(512 * MiB);
   PoolOptions opt;
-  OomInfo info = make_oom_info(1, 1536 * MiB, 1536 * MiB + 2 * MiB, st, opt, 300 * MiB, 8 * GiB);
+  OomInfo info = make_oom_info(1, 1536 * MiB, 1536 * MiB + 2 * MiB, Refusal::device, st, opt, 300 * MiB, 8 * GiB);
   EXPECT_EQ(info.reserved, 6 * GiB);
   EXPECT_EQ(info.allocated, 2 * GiB);
   EXPECT_EQ(info.limit, kNoLimit);
-  EXPECT_FALSE(info.limit_refused);
   const std::string t = format_oom(info);
   EXPECT_TRUE(has(t, "CUDA out of memory. Tried to allocate 1.50 GiB")) << t;
-  EXPECT_TRUE(has(t, "segment of 1.50 GiB")) << t;  // 1538 MiB prints as 1.50 GiB
+  EXPECT_TRUE(has(t, "the pool asked to grow by 1.50 GiB")) << t;  // 1538 MiB prints as 1.50 GiB
   EXPECT_TRUE(has(t, "GPU 1 has a total capacity of 8.00 GiB of which 300.00 MiB is free")) << t;
   EXPECT_TRUE(has(t, "(6.00 GiB)")) << t;
   EXPECT_TRUE(has(t, "2.00 GiB is allocated and 4.00 GiB is reserved but unallocated")) << t;
   EXPECT_TRUE(has(t, "512.00 MiB")) << t;
   EXPECT_TRUE(has(t, "expandable_segments:True")) << t;  // 4 GiB idle, 1.5 GiB wanted
   EXPECT_FALSE(has(t, "limit")) << t;
+  EXPECT_FALSE(has(t, "budget")) << t;
 }
 
 TEST(TelemetryOom, NoHintWhenCacheIsSmallOrExpandableIsOn) {
@@ -46,14 +46,14 @@ TEST(TelemetryOom, NoHintWhenCacheIsSmallOrExpandableIsOn) {
   st.reserved_bytes[kAll].current = static_cast<std::int64_t>(4 * GiB);
   st.allocated_bytes[kAll].current = static_cast<std::int64_t>(4 * GiB - 2 * MiB);
   PoolOptions opt;
-  std::string t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, st, opt, 0, 4 * GiB));
+  std::string t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, Refusal::device, st, opt, 0, 4 * GiB));
   EXPECT_FALSE(has(t, "expandable_segments")) << t;
   st.allocated_bytes[kAll].current = 0;
   opt.expandable_segments = true;
-  t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, st, opt, 0, 4 * GiB));
+  t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, Refusal::device, st, opt, 0, 4 * GiB));
   EXPECT_FALSE(has(t, "expandable_segments")) << t;
   opt.expandable_segments = false;
-  t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, st, opt, 0, 4 * GiB));
+  t = format_oom(make_oom_info(0, 1 * GiB, 1 * GiB, Refusal::device, st, opt, 0, 4 * GiB));
   EXPECT_TRUE(has(t, "expandable_segments:True")) << t;
 }
 
@@ -63,15 +63,25 @@ TEST(TelemetryOom, LimitFromFractionAndCap) {
   st.allocated_bytes[kAll].current = static_cast<std::int64_t>(3 * GiB);
   PoolOptions opt;
   opt.per_process_memory_fraction = 0.5;
-  OomInfo info = make_oom_info(0, 2 * GiB, 2 * GiB, st, opt, 70 * GiB, 80 * GiB);
+  OomInfo info = make_oom_info(0, 2 * GiB, 2 * GiB, Refusal::device, st, opt, 70 * GiB, 80 * GiB);
   EXPECT_EQ(info.limit, 40 * GiB);
-  EXPECT_FALSE(info.limit_refused);  // 3 + 2 GiB fits under 40 GiB: the driver refused
   EXPECT_TRUE(has(format_oom(info), "limit is 40.00 GiB; the driver refused")) << format_oom(info);
   opt.max_reserved = 4 * GiB;
-  info = make_oom_info(0, 2 * GiB, 2 * GiB, st, opt, 70 * GiB, 80 * GiB);
+  info = make_oom_info(0, 2 * GiB, 2 * GiB, Refusal::limit, st, opt, 70 * GiB, 80 * GiB);
   EXPECT_EQ(info.limit, 4 * GiB);
-  EXPECT_TRUE(info.limit_refused);
-  EXPECT_TRUE(has(format_oom(info), "limit is 4.00 GiB and it refused")) << format_oom(info);
+  EXPECT_TRUE(has(format_oom(info), "limit is 4.00 GiB and it refused this growth")) << format_oom(info);
+}
+
+// The text says who refused, as the pool reported it: the group budget names itself.
+TEST(TelemetryOom, TheGroupBudgetSaysItRefused) {
+  Stats st;
+  st.reserved_bytes[kAll].current = static_cast<std::int64_t>(1 * GiB);
+  PoolOptions opt;
+  const std::string t = format_oom(
+      make_oom_info(0, 100 * MiB, 128 * MiB, Refusal::budget, st, opt, 70 * GiB, 80 * GiB));
+  EXPECT_TRUE(has(t, "The group budget refused this growth")) << t;
+  EXPECT_TRUE(has(t, "asked to grow by 128.00 MiB")) << t;
+  EXPECT_FALSE(has(t, "limit")) << t;
 }
 
 // Memory the program mapped itself counts against the limit: with 36 GiB of it, 3 + 2 GiB of
@@ -82,8 +92,7 @@ TEST(TelemetryOom, MemoryMappedByTheProgramCountsAgainstTheLimit) {
   st.allocated_bytes[kAll].current = static_cast<std::int64_t>(3 * GiB);
   PoolOptions opt;
   opt.max_reserved = 40 * GiB;
-  OomInfo info = make_oom_info(0, 2 * GiB, 2 * GiB, st, opt, 70 * GiB, 80 * GiB, 36 * GiB);
-  EXPECT_TRUE(info.limit_refused);
+  OomInfo info = make_oom_info(0, 2 * GiB, 2 * GiB, Refusal::limit, st, opt, 70 * GiB, 80 * GiB, 36 * GiB);
   const std::string text = format_oom(info);
   EXPECT_TRUE(has(text, "The program mapped 36.00 GiB itself (cuMemCreate), counted against the limit.")) << text;
   EXPECT_TRUE(has(text, "limit is 40.00 GiB and it refused")) << text;
