@@ -35,6 +35,18 @@ std::string shown(std::string_view v) {
   return "'" + out + "'";
 }
 
+// A plan's source as it is kept and written: escaped, at most 1024 bytes, never cut inside a
+// UTF-8 sequence (so that a plan written and read back says the same).
+constexpr std::size_t kMaxSource = 1024;
+std::string capped_source(std::string_view text) {
+  std::string s = printable(text);
+  if (s.size() <= kMaxSource) return s;
+  std::size_t n = kMaxSource;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;  // back to a sequence's start
+  s.resize(n);
+  return s;
+}
+
 bool parse_u64(std::string_view v, std::uint64_t* out) {
   if (v.empty() || v.size() > 20) return false;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
@@ -110,8 +122,8 @@ class PlanParser {
   bool record(std::string_view line) {
     if (line.empty() || line.front() == '#') return true;
     if (line.substr(0, 7) == "source ") {
-      if (line.size() > 7 + 1024) return fail("the source is longer than 1024 characters");
-      plan_->source = printable(line.substr(7));
+      if (line.size() > 7 + kMaxSource) return fail("the source is longer than 1024 characters");
+      plan_->source = capped_source(line.substr(7));
       return true;
     }
     const std::vector<std::string_view> w = words(line);
@@ -341,10 +353,7 @@ std::string format_warm_plan(const WarmPlan& plan) {
   out += "\n# segments each device's pool held at its peak; `cudapool plan` wrote this, the policy key\n";
   out += "# warm_start preallocates them (docs/trace-format.md, \"Warm-start plans\")\n";
   if (!plan.source.empty()) {
-    std::string src = plan.source.substr(0, 1024);
-    std::replace(src.begin(), src.end(), '\n', ' ');
-    std::replace(src.begin(), src.end(), '\r', ' ');
-    out += "source " + src + "\n";
+    out += "source " + capped_source(plan.source) + "\n";
   }
   for (const WarmDevice& d : plan.devices)
     out += "device " + std::to_string(d.device) + " peak_reserved " + std::to_string(d.peak_reserved) + "\n";
@@ -455,7 +464,7 @@ bool load_warm_plan(const std::string& path, WarmPlan* plan, std::string* error)
     FdBuf fb(fd);
     std::istream in(&fb);
     ok = warm_plan_from_trace(in, plan, &why);
-    if (ok && plan->source.empty()) plan->source = "trace " + printable(path);
+    if (ok && plan->source.empty()) plan->source = capped_source("trace " + path);
   }
   ::close(fd);
   if (!ok && error) {

@@ -55,6 +55,26 @@ TEST(WarmPlan, RoundTripsThroughItsFile) {
   EXPECT_EQ(back.bytes(1), 0u);
 }
 
+// A source past the cap, full of bytes that need escaping or with a multi-byte character at
+// the cut, is written as one line and reads back as written.
+TEST(WarmPlan, ALongOrOddSourceReadsBackAsWritten) {
+  const std::string sources[] = {std::string(1023, 'a') + "\xc3\xa9 tail", std::string(300, '\xff'),
+                                 "two\nlines\r and a tab\t"};
+  for (const std::string& src : sources) {
+    WarmPlan p;
+    p.source = src;
+    p.segments = {{0, false, false, 20 * MiB, {}}};
+    const std::string text = format_warm_plan(p);
+    WarmPlan back;
+    std::string err;
+    ASSERT_TRUE(parse_warm_plan(text, &back, &err)) << err << "\n" << text;
+    EXPECT_LE(back.source.size(), 1024u);
+    EXPECT_EQ(back.source.find_first_of("\n\r\t"), std::string::npos) << back.source;
+    EXPECT_EQ(format_warm_plan(back), text);
+    ASSERT_EQ(back.segments.size(), 1u);
+  }
+}
+
 TEST(WarmPlan, CommentsBlankLinesAndCrlfPass) {
   WarmPlan p;
   std::string err;
