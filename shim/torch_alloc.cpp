@@ -126,6 +126,17 @@ void driver_free(const RealDriver& d, void* p, CUstream s) {
   if (r != CUDA_SUCCESS) log_warn("cudapool_torch_free({}): the driver answered CUDA error {}", p, static_cast<int>(r));
 }
 
+// The runtime whose pool takes a free of `p` on `s`; null when the free is done already (no
+// runtime, or the backend passthrough, whose allocations are the driver's: freed there).
+Runtime* runtime_to_free(void* p, CUstream s) {
+  Runtime* rt = Runtime::get();
+  if (rt == nullptr) return nullptr;
+  if (rt->native()) return rt;
+  rt->count_pass(PassKind::backend);
+  driver_free(rt->driver(), p, s);
+  return nullptr;
+}
+
 // Live blocks that Tensor.record_stream said are used on another stream than their own (PyTorch
 // passes those calls to pluggable allocators only through its C++ set_record_stream_fn, which
 // cudapool.torch.use() wires to cudapool_torch_record_stream). A stream-ordered free of such a
@@ -238,14 +249,10 @@ CUDAPOOL_EXPORT void cudapool_torch_free(void* ptr, ssize_t size, int device, vo
   if (take_recorded(ptr, stream)) return cudapool_torch_free_device(ptr, size, device, stream);
   if (const Forward& f = forward(); f.free != nullptr) return f.free(ptr, size, device, stream);
   if (ptr == nullptr) return;
-  Runtime* rt = Runtime::get();
+  auto* s = static_cast<CUstream>(stream);
+  Runtime* rt = runtime_to_free(ptr, s);
   if (rt == nullptr) return;
   const RealDriver& d = rt->driver();
-  auto* s = static_cast<CUstream>(stream);
-  if (!rt->native()) {
-    rt->count_pass(PassKind::backend);
-    return driver_free(d, ptr, s);
-  }
   const StreamId id = stream_id(s, false);
   const CUresult r = pool_free(*rt, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr)), &id, s);
   if (r == kPassThrough) driver_free(d, ptr, s);  // a graph allocation, or memory the driver gave
@@ -275,14 +282,10 @@ CUDAPOOL_EXPORT void cudapool_torch_free_device(void* ptr, ssize_t size, int dev
   if (ptr == nullptr) return;
   take_recorded(ptr, nullptr);
   if (const Forward& f = forward(); f.free_device != nullptr) return f.free_device(ptr, size, device, stream);
-  Runtime* rt = Runtime::get();
+  auto* s = static_cast<CUstream>(stream);
+  Runtime* rt = runtime_to_free(ptr, s);
   if (rt == nullptr) return;
   const RealDriver& d = rt->driver();
-  auto* s = static_cast<CUstream>(stream);
-  if (!rt->native()) {
-    rt->count_pass(PassKind::backend);
-    return driver_free(d, ptr, s);
-  }
   // Loaded without LD_PRELOAD, the pool's device fence covers only the streams its hooks saw
   // created (none): wait for the device as CUDA's cudaFree does.
   if (!interposing() && d.cuCtxSynchronize != nullptr && !Runtime::exiting()) {
