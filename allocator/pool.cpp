@@ -261,8 +261,7 @@ FreeStatus DevicePool::free(void* ptr) {
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.caches.merge_own();
-  Impl::Block* b = p != 0 ? pool.store.live.take(p) : nullptr;
-  if (b == nullptr && p != 0 && !pool.caches.empty() && pool.caches.reclaim_lent(p)) b = pool.store.live.take(p);
+  Impl::Block* b = pool.take_live(p);
   if (b == nullptr) return pool.store.diagnose_bad_free(p);
   pool.store.unallocate(b);
   pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
@@ -288,8 +287,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.caches.merge_own();
-  Impl::Block* b = p != 0 ? pool.store.live.take(p) : nullptr;
-  if (b == nullptr && p != 0 && !pool.caches.empty() && pool.caches.reclaim_lent(p)) b = pool.store.live.take(p);
+  Impl::Block* b = pool.take_live(p);
   if (b == nullptr) return pool.store.diagnose_bad_free(p);
   pool.store.unallocate(b);
   pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);

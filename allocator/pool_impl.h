@@ -71,6 +71,14 @@ struct DevicePool::Impl {
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
   bool has_fence_work() const REQUIRES(mu) { return reclaim.batches.has_work() || !ranges.draining.empty(); }
+  // A free's block: the live block at p, also when a thread cache had lent it; null when p is
+  // no live block of this pool.
+  Block* take_live(std::uintptr_t p) REQUIRES(mu) {
+    if (p == 0) return nullptr;
+    Block* b = store.live.take(p);
+    if (b == nullptr && !caches.empty() && caches.reclaim_lent(p)) b = store.live.take(p);
+    return b;
+  }
   // After a locked allocation: lend block b through this thread's cache (pool.cpp, inline there).
   void lend(detail::ThreadBlockCache* cache, Block* b, std::size_t rounded) REQUIRES(mu);
 
