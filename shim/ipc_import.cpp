@@ -285,6 +285,48 @@ CUresult close_segment(const RealDriver& d, Importer& s, CUcontext ctx, CUdevice
   return CUDA_SUCCESS;
 }
 
+// What an exporter answered to `open`, with the units' descriptors for an expandable block.
+struct Answer {
+  Reply reply;
+  std::vector<int> fds;
+  std::vector<std::uint64_t> sizes;
+  bool broken = false;  // the exchange was cut or garbled: the connection takes no more requests
+};
+
+// Asks the exporter on c for the export h names; "" when it answered properly (which may be a
+// refusal), else what went wrong. The exchange holds the connection's io only (other threads keep
+// importing, closing and querying meanwhile); every wait on the peer is bounded, and an exporter
+// that is short of descriptors (busy) is asked again until the deadline.
+std::string ask_open(Conn* c, const Handle& h, Answer* a) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyTimeoutMs);
+  if (!lock_until(c->io, deadline)) return "another exchange with it did not end in time";
+  Request req;
+  req.op = Op::open;
+  req.id = h.id;
+  std::string why;
+  for (;;) {
+    errno = 0;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                            std::chrono::steady_clock::now());
+    if (!send_message(c->fd, &req, sizeof req) ||
+        !recv_message(c->fd, &a->reply, sizeof a->reply, static_cast<int>(std::max<std::int64_t>(1, left.count())))) {
+      why = errno != 0 ? std::strerror(errno) : "no answer in time";
+      a->broken = true;
+    } else if (why = check_reply(h, a->reply); !why.empty()) {
+      a->broken = true;
+    } else if (a->reply.status == Status::busy && std::chrono::steady_clock::now() + kBusyRetry < deadline) {
+      std::this_thread::sleep_for(kBusyRetry);
+      continue;
+    } else if (a->reply.status == Status::ok && a->reply.kind == Kind::expandable) {
+      why = receive_units(c, a->reply, &a->fds, &a->sizes);
+      a->broken = !why.empty();
+    }
+    break;
+  }
+  c->io.unlock();
+  return why;
+}
+
 }  // namespace
 
 CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, unsigned flags) noexcept {
@@ -317,41 +359,12 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   Conn* c = nullptr;
   CUresult r = connect_to(s, h, &c);
   if (r != CUDA_SUCCESS) return r;
-  // The exchange, under the connection's io only (other threads keep importing, closing and
-  // querying meanwhile); every wait on the peer is bounded.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyTimeoutMs);
-  Reply rep;
-  std::vector<int> fds;
-  std::vector<std::uint64_t> sizes;
-  std::string why;
-  bool broken = false;
-  if (!lock_until(c->io, deadline)) {
-    why = "another exchange with it did not end in time";
-  } else {
-    Request req;
-    req.op = Op::open;
-    req.id = h.id;
-    for (;;) {
-      errno = 0;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                              std::chrono::steady_clock::now());
-      if (!send_message(c->fd, &req, sizeof req) ||
-          !recv_message(c->fd, &rep, sizeof rep, static_cast<int>(std::max<std::int64_t>(1, left.count())))) {
-        why = errno != 0 ? std::strerror(errno) : "no answer in time";
-        broken = true;
-      } else if (why = check_reply(h, rep); !why.empty()) {
-        broken = true;
-      } else if (rep.status == Status::busy && std::chrono::steady_clock::now() + kBusyRetry < deadline) {
-        std::this_thread::sleep_for(kBusyRetry);  // the exporter is short of descriptors for now
-        continue;
-      } else if (rep.status == Status::ok && rep.kind == Kind::expandable) {
-        why = receive_units(c, rep, &fds, &sizes);
-        broken = !why.empty();
-      }
-      break;
-    }
-    c->io.unlock();
-  }
+  Answer a;
+  std::string why = ask_open(c, h, &a);
+  const Reply& rep = a.reply;
+  std::vector<int>& fds = a.fds;
+  std::vector<std::uint64_t>& sizes = a.sizes;
+  const bool broken = a.broken;
   std::unique_lock<std::mutex> lock(s.mu);
   --c->users;
   if (!why.empty()) {
