@@ -16,7 +16,8 @@
 # CNN_REPS (default 3: interleaved processes per mode of the CPU-bound PyTorch workloads),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ipc ordered legacy latency torch cnn cupy jax ddp; race also runs alias_race and free_host_sync,
+# load correctness race ipc ordered legacy latency torch cnn pinned warm cupy jax ddp; race also runs alias_race and
+# free_host_sync,
 # ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
 # build/gpu-scratch).
@@ -33,7 +34,7 @@ SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
 BUDGET=${GPU_SUITE_BUDGET_S:-540}
 START=$(date +%s)
 REPORT=(python3 "$ROOT/tests/gpu/report.py")
-ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cnn cupy jax ddp} "
+ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cnn pinned warm cupy jax ddp} "
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 want() { [[ "$ONLY" == *" $1 "* ]]; }
@@ -349,6 +350,29 @@ if want cnn; then
     "${REPORT[@]}" row "$OUT" "CPU-bound PyTorch ($w): step and peak, medians of processes" INFO \
       "$(grep -E '^relative|^peak' "$OUT/logs/reps-$w.txt" | tr '\n' ' ')"
   done
+fi
+
+if want pinned; then
+  # Pinned host memory of a data loader (tests/gpu/pinned_loader.sh): held/live at peak and time
+  # per batch of the pinned pool against PyTorch's pin_memory, rounds interleaved.
+  OUT=$OUT/pinned SHIM=$SHIM timeout -k 5 "$(( $(left) / 6 ))" bash tests/gpu/pinned_loader.sh "${PINNED_ROUNDS:-3}" \
+    >"$OUT/logs/pinned.txt" 2>&1
+  for t in "held/live" "time/batch"; do
+    line=$(grep -E "^pool $t" "$OUT/logs/pinned.txt" | tail -1)
+    case "$line" in *PASS*) st=PASS ;; *FAIL*) st=FAIL ;; *) st=MISS line="no verdict (logs/pinned.txt)" ;; esac
+    "${REPORT[@]}" row "$OUT" "pinned pool ($t) vs PyTorch pin_memory" "$st" "$line"
+  done
+fi
+
+if want warm; then
+  # Warm start on GPT-2 (tests/gpu/warm_start.sh): first step over a steady one, with and without
+  # a plan made from the first run's trace; 5 interleaved rounds.
+  OUT=$OUT/warm-start CUDAPOOL_SHIM=$SHIM CUDAPOOL_BIN=${CUDAPOOL_BIN:-$ROOT/build/release/cudapool} \
+    timeout -k 5 "$(( $(left) / 5 ))" bash tests/gpu/warm_start.sh "${WARM_ROUNDS:-5}" >"$OUT/logs/warm.txt" 2>&1
+  rc=$?
+  line=$(grep -E "^warm start:|^first step|^FAIL" "$OUT/logs/warm.txt" | tr '\n' ' ')
+  "${REPORT[@]}" row "$OUT" "warm start: first step within 10 % of a steady one" \
+    "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" "${line:-no summary (logs/warm.txt)}"
 fi
 
 if want cupy; then

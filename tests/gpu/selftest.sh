@@ -399,6 +399,14 @@ if [ $rc_warm = 1 ] && grep -q "FAIL: a warm-start process preallocated nothing"
 else
   echo "FAIL warm_start.sh with a warm start that does nothing (rc $rc_warm): $warm"; failures=$((failures + 1))
 fi
+# run.sh's warm section turns warm_start.sh's verdict into a row of the table.
+for broken in "" 1; do
+  d=$work/runwarm${broken}
+  PATH="$work/fakewarm:$PATH" OUT=$d GPU_BIN=$work/bin CUDAPOOL_SHIM=$work/libfake.so \
+    CUDAPOOL_BIN=$work/fakewarm/cudapool TORCH_PIN_CPU=none WARM_BROKEN=$broken GPU_ONLY=warm \
+    bash tests/gpu/run.sh >"$d.txt" 2>&1
+  expect "$d/results.tsv" "warm start: first step within 10 %" "$([ -z "$broken" ] && echo PASS || echo FAIL)"
+done
 
 if [ "$failures" -gt 0 ]; then
   echo "--- run.sh output (good pool):"; tail -n 40 "$work/good.txt"
