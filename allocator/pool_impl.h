@@ -100,7 +100,9 @@ struct DevicePool::Impl {
     // A refusal of a growth of `bytes`; the group budget's sticks (it says other processes may
     // give memory back).
     void refused(Refusal why, std::size_t bytes, int error_code = 0) {
-      if (refusal != Refusal::budget) refusal = why;
+      if (refusal == Refusal::budget && why != Refusal::budget) return;  // the budget's account stands
+      if (why != refusal) upstream_error = 0;  // the code goes with the refusal reported
+      refusal = why;
       if (error_code != 0) upstream_error = error_code;
       asked = bytes;
     }

@@ -4,8 +4,9 @@
 //  * garbage_collect: on a miss, when reserved memory is above garbage_collection_threshold
 //    of the limit (or of the device), the oldest cached blocks go back (PyTorch's age rule);
 //  * release_oversize, release_cached: the out-of-memory path (pool_miss.cpp) before its retries;
-//  * release_idle(want): about `want` bytes of idle cache, the longest-cached first;
-//  * empty_cache(): every fence waited for, then everything cached goes back.
+//  * release_idle_now: idle cached memory, the longest-cached first; make_room(idle)
+//    (pool_miss.cpp) runs it for DevicePool::release_idle and empty_cache (pool.cpp), waiting
+//    for every fence when what has passed already is not enough.
 #include <algorithm>
 
 #include "allocator/pool_impl.h"

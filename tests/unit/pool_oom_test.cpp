@@ -109,6 +109,7 @@ TEST(PoolOom, RefusalCarriesItsCause) {
     AllocResult r = rig.pool->allocate(40 * MiB, 0);
     EXPECT_EQ(r.status, AllocStatus::out_of_memory);
     EXPECT_EQ(r.refusal, Refusal::budget);
+    EXPECT_EQ(r.upstream_error, 2);  // the budget's refusal's own code, not the device's
     EXPECT_EQ(rig.up.allocate_calls(), 2u);
     // The next allocation starts afresh: the device alone refuses it.
     r = rig.pool->allocate(40 * MiB, 0);
