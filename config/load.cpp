@@ -13,6 +13,7 @@
 #include "config/keys.h"
 #include "config/path_pattern.h"
 #include "config/policy.h"
+#include "config/printable.h"
 #include "config/secure.h"
 #include "config/toml_loader.h"
 #include "config/values.h"
@@ -107,6 +108,26 @@ std::string check_group(const Policy& p) {
   return {};
 }
 
+// warm_start read from the file trace_file writes: the trace is emptied when the run starts, before
+// the warm start reads it, so the recording the plan was to come from would be lost.
+std::string check_warm_start(const Policy& p) {
+  if (p.warm_start.empty() || p.trace_file.empty()) return {};
+  struct stat a {
+  }, b{};
+  const bool same = p.warm_start == p.trace_file ||
+                    (::stat(p.warm_start.c_str(), &a) == 0 && ::stat(p.trace_file.c_str(), &b) == 0 &&
+                     a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+  if (!same) return {};
+  auto from = [&](const char* key) {
+    auto it = p.origin.find(key);
+    return it != p.origin.end() ? it->second : std::string("?");
+  };
+  return "warm_start:" + printable(p.warm_start) + " (" + from("warm_start") + ") names the file trace_file (" +
+         from("trace_file") +
+         ") writes: this run would empty it before reading it. Make a plan from it once (`cudapool plan " +
+         printable(p.warm_start) + " -o PLAN`) and use warm_start:PLAN, or write the trace elsewhere";
+}
+
 PolicyResult load(const PolicySources& src) {
   PolicyResult r;
   if (src.secure) {
@@ -172,6 +193,10 @@ PolicyResult load(const PolicySources& src) {
     p.origin["stats_file"] = src.stats_name;
   }
   if (std::string e = check_group(p); !e.empty()) {
+    r.error = std::move(e);
+    return r;
+  }
+  if (std::string e = check_warm_start(p); !e.empty()) {
     r.error = std::move(e);
     return r;
   }

@@ -408,9 +408,13 @@ CUDAPOOL_EXPORT CUresult cuMemFreeHost(void* p) {
     // No fence at exit (the driver may be tearing down): pool memory is left to the process's end.
     return h->pool.owns(p) ? CUDA_SUCCESS : d->cuMemFreeHost(p);
   }
+  // The row first: once the pool has the block, another thread may be handed the same address
+  // and write its allocation row. Only a live traced block has an entry, so a free the pool then
+  // refuses (not its own, freed before) writes no row.
+  trace_pinned_free(*h, p);
   switch (h->pool.free(p)) {
     case cudapool::FreeStatus::not_owned: return d->cuMemFreeHost(p);
-    case cudapool::FreeStatus::ok: trace_pinned_free(*h, p); break;
+    case cudapool::FreeStatus::ok: break;
     case cudapool::FreeStatus::double_free:
     case cudapool::FreeStatus::interior_pointer:
       log_warn(

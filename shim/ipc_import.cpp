@@ -379,9 +379,14 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
     return CUDA_ERROR_INVALID_HANDLE;
   }
   if (rep.status != Status::ok) {
-    const CUresult code = rep.status == Status::refused_uid ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_HANDLE;
+    // Still busy at the deadline: the exporter lacks resources, the handle is fine.
+    const CUresult code = rep.status == Status::refused_uid ? CUDA_ERROR_NOT_PERMITTED
+                          : rep.status == Status::busy      ? CUDA_ERROR_OUT_OF_MEMORY
+                                                            : CUDA_ERROR_INVALID_HANDLE;
     log_warn("cuIpcOpenMemHandle: export {} of pid {}: {}; returning {}", h.id, h.pid, to_string(rep.status),
-             code == CUDA_ERROR_NOT_PERMITTED ? "CUDA_ERROR_NOT_PERMITTED" : "CUDA_ERROR_INVALID_HANDLE");
+             code == CUDA_ERROR_NOT_PERMITTED   ? "CUDA_ERROR_NOT_PERMITTED"
+             : code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
+                                                : "CUDA_ERROR_INVALID_HANDLE");
     drop_conn_if_idle(s, c);
     return code;
   }

@@ -179,7 +179,8 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
                       "raise the cap to at least " + mib(held + need) + " MiB (max_reserved_mb:" + mib(held + need) +
                           (frac <= 1.0 ? ", or per_process_memory_fraction:" + fraction_up(frac) : "") + ")"});
   }
-  if (cp.member != nullptr) {
+  // A member that left its group (budget 0) runs under its own caps only.
+  if (cp.member != nullptr && group::budget(*cp.member) != 0) {
     const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);
     const std::size_t room = budget > used ? budget - used : 0;
     limits.push_back({room,

@@ -69,7 +69,8 @@ std::string format_oom(const OomInfo& in) {
   if (in.refusal == Refusal::limit) {
     s += " The pool's limit is " + format_size(in.limit) + " and it refused this growth before the driver was asked.";
   } else if (in.limit != kNoLimit) {
-    s += " The pool's limit is " + format_size(in.limit) + "; the driver refused below it.";
+    s += " The pool's limit is " + format_size(in.limit);
+    s += in.refusal == Refusal::device ? "; the driver refused below it." : ".";
   }
   if (in.refusal == Refusal::budget)
     s += " The group budget refused this growth: the processes of the group hold the rest of it (`cudapool top` "

@@ -82,6 +82,13 @@ TEST(TelemetryOom, TheGroupBudgetSaysItRefused) {
   EXPECT_TRUE(has(t, "The group budget refused this growth")) << t;
   EXPECT_TRUE(has(t, "asked to grow by 128.00 MiB")) << t;
   EXPECT_FALSE(has(t, "limit")) << t;
+  // With a cap set too, the text names the cap but does not say the driver refused.
+  opt.max_reserved = 40 * GiB;
+  const std::string c = format_oom(
+      make_oom_info(0, 100 * MiB, 128 * MiB, Refusal::budget, st, opt, 70 * GiB, 80 * GiB));
+  EXPECT_TRUE(has(c, "The pool's limit is 40.00 GiB.")) << c;
+  EXPECT_FALSE(has(c, "driver refused")) << c;
+  EXPECT_TRUE(has(c, "The group budget refused this growth")) << c;
 }
 
 // Memory the program mapped itself counts against the limit: with 36 GiB of it, 3 + 2 GiB of
