@@ -64,6 +64,14 @@ class DevicePool {
   AllocResult allocate(std::size_t size, StreamId stream);
   FreeStatus free(void* ptr);
   FreeStatus free_on_stream(void* ptr, StreamId stream);
+  // Warm start: one growth of `bytes` for the small or the large pool, serving nothing: `bytes`
+  // of pages mapped into that pool's expandable range (free memory next to them counts), or one
+  // classic segment (segment_size_for(bytes); the small pool's are 2 MiB). The memory is free at
+  // once, as a growth leaves it (fresh segments for any stream, pages for `stream` at once).
+  // Nothing counts as an allocation, no cached memory is given back and no fence is waited for;
+  // a refusal comes back as allocate's would (status, refusal, asked_bytes) but is not counted
+  // as an out-of-memory. ptr: the free block the growth made or extended.
+  AllocResult prefill(std::size_t bytes, bool small, StreamId stream);
 
   // The live block containing `ptr` (any address inside it), or nullopt if none.
   std::optional<AddressInfo> address_info(const void* ptr) const;

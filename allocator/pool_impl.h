@@ -90,6 +90,7 @@ struct DevicePool::Impl {
     std::size_t rounded = 0;
     bool small = false;
     StreamId stream = 0;
+    bool prefill = false;       // a warm start's growth (DevicePool::prefill): maps, recycles nothing
     int reuse_step = 0;         // make_room's next step for Room::reuse
     int upstream_step = 0;      // ... and for Room::upstream
     std::size_t hot_bytes = 0;  // Room::pages: bytes of hot free pages the growth could move (aliasing off)
@@ -101,7 +102,7 @@ struct DevicePool::Impl {
     // give memory back).
     void refused(Refusal why, std::size_t bytes, int error_code = 0) {
       if (refusal == Refusal::budget && why != Refusal::budget) return;  // the budget's account stands
-      if (why != refusal) upstream_error = 0;  // the code goes with the refusal reported
+      if (why != refusal) upstream_error = 0;                            // the code goes with the refusal reported
       refusal = why;
       if (error_code != 0) upstream_error = error_code;
       asked = bytes;

@@ -174,7 +174,21 @@ UpstreamStatus DevicePool::Impl::grow(Lock& lk, Request& req, bool may_wait, Blo
     const UpstreamStatus us = grow_expandable(lk, req, out, may_wait);
     if (us != UpstreamStatus::ok || *out != nullptr) return us;
   }
-  return new_segment(lk, req, segment_size_for(req.rounded), out);
+  // A small-pool segment is 2 MiB whatever a prefill asked for (allocations ask for at most 1 MiB).
+  return new_segment(lk, req, segment_size_for(req.small ? std::min(req.rounded, kSmallSize) : req.rounded), out);
+}
+
+AllocResult DevicePool::prefill(std::size_t bytes, bool small, StreamId stream) {
+  if (bytes == 0 || bytes > kMaxRequestSize) return {nullptr, AllocStatus::invalid_size};
+  Impl& pool = *impl_;
+  Impl::Lock lk(pool.mu);
+  const std::size_t rounded = (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  Impl::Request req{.size = bytes, .rounded = rounded, .small = small, .stream = stream, .prefill = true};
+  Impl::Block* fresh = nullptr;
+  const UpstreamStatus us = pool.grow(lk, req, /*may_wait=*/false, &fresh);
+  if (us == UpstreamStatus::ok && fresh != nullptr) return {reinterpret_cast<void*>(fresh->ptr), AllocStatus::ok};
+  if (us == UpstreamStatus::error) return {nullptr, AllocStatus::upstream_error, Refusal::none, us.error_code};
+  return {nullptr, AllocStatus::out_of_memory, req.refusal, req.upstream_error, req.asked};
 }
 
 UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t seg_size, Block** out) {
@@ -275,6 +289,9 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
     if (!ranges.draining.empty()) ranges.reclaim_drained();  // before planning: it merges holes
     growth.plan = ranges.plan(range, req.rounded, req.stream);
     if (!growth.plan) return false;  // range exhausted: classic segment instead
+    // A warm start reserves what the recorded run held: nothing of it is taken back from the
+    // other range's fresh pages (the limit is still checked before any upstream call).
+    if (req.prefill) return true;
     const std::size_t reserved = ledger.reserved_bytes();
     const std::size_t to_map = growth.plan.to_map;
     const std::size_t cap = ranges.growth_cap();

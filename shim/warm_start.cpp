@@ -74,52 +74,35 @@ const WarmPlan* shared_plan(const std::string& path) {
   return plan;
 }
 
-// Largest size at most `bytes` that the pool does not round up (a whole number of 2 MiB; a
-// power of two times that when the policy's divisions would round it).
-std::size_t unrounded_piece(std::size_t bytes, const PoolOptions& o) {
-  std::size_t piece = bytes / kRoundLarge * kRoundLarge;
-  if (piece < kRoundLarge) return 0;
-  if (round_size(piece, o) == piece) return piece;
-  std::size_t p2 = kRoundLarge;
-  while (p2 * 2 <= piece) p2 *= 2;
-  return p2;
-}
-
 struct Prealloc {
-  std::vector<void*> held;
   std::size_t bytes = 0;  // reserved by the pool because of it
   AllocStatus failed = AllocStatus::ok;
 };
 
-// Grows the pool's `kind` to at least `target` reserved bytes with requests of that kind.
+// Grows the pool's `kind` by at least `target` reserved bytes with DevicePool::prefill, which
+// allocates nothing: the program's statistics, trace and OOM counts see only its own requests.
+// `sizes`: classic segments of the large pool, one growth each; otherwise growths of what is
+// missing (pages map it at once; the small pool's classic segments come 2 MiB at a time).
 void fill_kind(ContextPool& cp, StreamId stream, bool small, std::size_t target, const std::vector<std::size_t>& sizes,
                Prealloc* out) {
   const StatPool k = small ? kSmallPool : kLargePool;
-  const std::size_t start = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[k].current);
-  const std::size_t goal = start + target;
   auto reserved = [&] { return static_cast<std::size_t>(cp.pool.stats().reserved_bytes[k].current); };
-  auto take = [&](std::size_t bytes) {
-    AllocResult r = cp.pool.allocate(bytes, stream);
-    if (r.status != AllocStatus::ok || r.ptr == nullptr) {
-      out->failed = r.status == AllocStatus::ok ? AllocStatus::upstream_error : r.status;
-      return false;
-    }
-    out->held.push_back(r.ptr);
-    return true;
+  const std::size_t start = reserved();
+  const std::size_t goal = start + target;
+  auto grow = [&](std::size_t bytes) {
+    const AllocResult r = cp.pool.prefill(bytes, small, stream);
+    if (r.status == AllocStatus::ok) return true;
+    out->failed = r.status;
+    return false;
   };
-  if (small) {
-    // Requests of the small pool's largest size: two fill a new 2 MiB segment (or pages).
-    for (std::size_t i = 0, n = 2 * (target / kSmallSize) + 4; i < n && reserved() < goal; ++i)
-      if (!take(kSmallSize)) break;
-  } else if (!sizes.empty()) {
-    // Classic segments: one request of each recorded size makes a segment of exactly that size.
+  if (!sizes.empty()) {
     for (std::size_t s : sizes)
-      if (!take(s)) break;
+      if (!grow(s)) break;
   } else {
-    // Expandable pages: requests of the missing bytes map them.
-    for (int i = 0; i < 64 && reserved() < goal; ++i) {
-      const std::size_t piece = unrounded_piece(goal - reserved(), cp.pool.options());
-      if (piece == 0 || !take(piece)) break;
+    const std::size_t most = std::min<std::size_t>(target / kSmallBuffer + 4, 1u << 16);
+    for (std::size_t i = 0; i < most && reserved() < goal; ++i) {
+      const std::size_t before = reserved();
+      if (!grow(goal - before) || reserved() == before) break;  // refused, or nothing left to map
     }
   }
   const std::size_t now = reserved();
@@ -144,7 +127,7 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   const PoolOptions& o = cp.pool.options();
   const bool pages = o.expandable_segments && cp.upstream.granularity() != 0;
   auto cost = [&](const WarmSegment* s) {
-    return s->small || pages ? s->bytes : std::max(s->bytes, segment_size_for(round_size(s->bytes, o)));
+    return s->small || pages ? s->bytes : std::max(s->bytes, segment_size_for(s->bytes));
   };
   std::size_t need = 0;
   for (const WarmSegment* s : segs) need += cost(s);
@@ -221,8 +204,6 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   if (small_target > 0) fill_kind(cp, stream, true, small_target, {}, &pre);
   if (large_target > 0 && pre.failed == AllocStatus::ok)
     fill_kind(cp, stream, false, large_target, pages ? std::vector<std::size_t>{} : large_sizes, &pre);
-  // Never used by any work: reusable at once on this stream, by others after a fence on it.
-  for (void* p : pre.held) cp.pool.free_on_stream(p, stream);
   const double ms = static_cast<double>(mono_ns() - t0) / 1e6;
   if (pre.failed != AllocStatus::ok)
     log_warn(

@@ -26,7 +26,9 @@ PolicyResult load_conf(const std::string& conf, const std::string& trace_env = "
 TEST(WarmStartKey, TheTraceThisRunWritesIsRefused) {
   PolicyResult r = load_conf("trace_file:/tmp/cp-run.csv,warm_start:/tmp/cp-run.csv");
   ASSERT_FALSE(r.policy);
-  EXPECT_TRUE(has(r.error, "warm_start:/tmp/cp-run.csv (CUDAPOOL_CONF col 28) names the file trace_file (CUDAPOOL_CONF col 1)")) << r.error;
+  EXPECT_TRUE(
+      has(r.error, "warm_start:/tmp/cp-run.csv (CUDAPOOL_CONF col 28) names the file trace_file (CUDAPOOL_CONF col 1)"))
+      << r.error;
   EXPECT_TRUE(has(r.error, "cudapool plan /tmp/cp-run.csv -o PLAN")) << r.error;
   // The same file under another name (a link to it) is the same file.
   TempFile f("");

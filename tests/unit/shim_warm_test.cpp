@@ -29,6 +29,15 @@ long step_allocs(const std::string& out, int n) {
   return std::regex_search(out, m, re) ? std::stol(m[1]) : -1;
 }
 
+// A figure of a stats file (the JSON summary): "KEY": N, of the first device; -1 when missing.
+long stat_of(const std::string& file, const std::string& key) {
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::smatch m;
+  const std::regex re("\"" + std::regex_replace(key, std::regex("\\."), "\\.") + "\": ([0-9]+)");
+  return std::regex_search(text, m, re) ? std::stol(m[1]) : -1;
+}
+
 class WarmStart : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -54,14 +63,22 @@ TEST_F(WarmStart, TheFirstStepGrowsNothingWithThePlan) {
   for (const std::string segs : {"expandable_segments:True", "expandable_segments:False"}) {
     SCOPED_TRACE(segs);
     const std::string trace = path("run-" + segs.substr(20) + ".csv"), plan = path("run.plan");
-    const ChildResult cold = steps(segs + ",trace_file:" + trace);
+    const std::string cold_stats = path("cold.json"), warm_stats = path("warm.json");
+    const ChildResult cold = steps(segs + ",trace_file:" + trace + ",stats_file:" + cold_stats);
     ASSERT_GT(step_allocs(cold.output, 1), 0) << cold.output;
     EXPECT_EQ(step_allocs(cold.output, 2), 0) << cold.output;  // a warm pool: what the plan aims at
 
-    const ChildResult from_trace = steps(segs + ",warm_start:" + trace);
+    const ChildResult from_trace = steps(segs + ",warm_start:" + trace + ",stats_file:" + warm_stats);
     EXPECT_EQ(step_allocs(from_trace.output, 1), 0) << from_trace.output;
     EXPECT_EQ(step_allocs(from_trace.output, 2), 0) << from_trace.output;
     EXPECT_FALSE(has(from_trace.output, "warning")) << from_trace.output;
+    // The program's own figures: the warm start allocated nothing in its name (its blocks are
+    // split from preallocated memory, so they may be tighter than the cold run's pages).
+    EXPECT_GT(stat_of(cold_stats, "allocation.all.allocated"), 0);
+    EXPECT_EQ(stat_of(warm_stats, "allocation.all.allocated"), stat_of(cold_stats, "allocation.all.allocated"));
+    EXPECT_GT(stat_of(warm_stats, "allocated_bytes.all.peak"), 0);
+    EXPECT_LE(stat_of(warm_stats, "allocated_bytes.all.peak"), stat_of(cold_stats, "allocated_bytes.all.peak"));
+    EXPECT_EQ(stat_of(warm_stats, "num_ooms"), 0);
 
     ChildResult made = run_under_shim({CUDAPOOL_BIN_PATH, "plan", trace, "-o", plan}, {}, /*preload=*/false);
     ASSERT_EQ(made.exit_status, 0) << made.output;
