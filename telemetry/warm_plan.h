@@ -61,6 +61,9 @@ inline constexpr std::size_t kWarmUnit = 512;                              // si
 // is the small form of a long trace).
 inline constexpr std::uint64_t kMaxWarmTraceRows = std::uint64_t{1} << 27;
 inline constexpr std::size_t kMaxWarmTraceLive = kMaxWarmSegments;
+// The largest trace load_warm_plan reads (the shim reads it at a pool's first allocation, where a
+// long parse would stall the program): about a million rows, a second or two.
+inline constexpr std::size_t kMaxWarmTraceFile = std::size_t{64} << 20;
 
 // Parses a plan file's text. false with *error = "line N: what is wrong" on the first problem.
 bool parse_warm_plan(std::string_view text, WarmPlan* plan, std::string* error);

@@ -2,6 +2,7 @@
 // trace's recorded segment rows give.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -243,6 +244,11 @@ TEST(WarmPlanFile, ReadsPlansAndTracesAndRefusesOtherFiles) {
   std::ofstream(plan.str()) << plan_text("segment 0 large classic 7\n");
   EXPECT_FALSE(load_warm_plan(plan.str(), &p, &err));
   EXPECT_TRUE(has(err, plan.str() + ":2: segment size '7'")) << err;
+  // A trace too long to read at a pool's start (sparse: no disk used) points at `cudapool plan`.
+  ASSERT_EQ(::truncate(trace.str().c_str(), static_cast<off_t>(kMaxWarmTraceFile + 1)), 0);
+  EXPECT_FALSE(load_warm_plan(trace.str(), &p, &err));
+  EXPECT_TRUE(has(err, trace.str() + ":1: a trace of 64 MiB is more than a warm start reads")) << err;
+  EXPECT_TRUE(has(err, "cudapool plan TRACE -o PLAN")) << err;
 }
 
 }  // namespace
