@@ -77,7 +77,17 @@ const WarmPlan* shared_plan(const std::string& path) {
 struct Prealloc {
   std::size_t bytes = 0;  // reserved by the pool because of it
   AllocStatus failed = AllocStatus::ok;
+  Refusal refusal = Refusal::none;  // out_of_memory: who refused
 };
+
+const char* who_refused(const Prealloc& p) {
+  if (p.failed != AllocStatus::out_of_memory) return "the driver failed";
+  switch (p.refusal) {
+    case Refusal::limit: return "the pool's cap refused";
+    case Refusal::budget: return "the group budget refused";
+    default: return "the device refused";
+  }
+}
 
 // Grows the pool's `kind` by at least `target` reserved bytes with DevicePool::prefill, which
 // allocates nothing: the program's statistics, trace and OOM counts see only its own requests.
@@ -93,6 +103,7 @@ void fill_kind(ContextPool& cp, StreamId stream, bool small, std::size_t target,
     const AllocResult r = cp.pool.prefill(bytes, small, stream);
     if (r.status == AllocStatus::ok) return true;
     out->failed = r.status;
+    out->refusal = r.refusal;
     return false;
   };
   if (!sizes.empty()) {
@@ -207,9 +218,9 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
   const double ms = static_cast<double>(mono_ns() - t0) / 1e6;
   if (pre.failed != AllocStatus::ok)
     log_warn(
-        "warm_start: device {} refused memory ({}) after {} MiB of the plan's {} MiB; the program grows the pool "
+        "warm_start: device {}: {} memory ({}) after {} MiB of the plan's {} MiB; the program grows the pool "
         "for the rest as usual",
-        dev, to_string(pre.failed), mib(pre.bytes), mib(chosen));
+        dev, who_refused(pre), to_string(pre.failed), mib(pre.bytes), mib(chosen));
   else
     log_info("warm_start: device {}: {} MiB preallocated ({} MiB small pool, {} MiB large pool) from {} in {:.1f} ms",
              dev, mib(pre.bytes), mib(small_target), mib(large_target), path, ms);
