@@ -3,13 +3,17 @@
 # prints one closing line.
 # A GoogleTest binary that ran no test fails (a filter or a build that lost its tests would
 # otherwise pass); skipped tests are counted and named in the closing line, not hidden.
+# Each binary gets TEST_TIMEOUT_S seconds (default 1200): a hung test fails with its output
+# instead of holding the whole run until CI's own limit.
 set -u
+limit=${TEST_TIMEOUT_S:-1200}
 passed=0; failed=0; skipped=0; failed_names=(); skipped_names=()
 for t in "$@"; do
   echo "== $t"
   t0=$SECONDS
-  out=$("$t" 2>&1); rc=$?
+  out=$(timeout -k 10 "$limit" "$t" 2>&1); rc=$?
   echo "   ($((SECONDS - t0)) s)"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && out+=$'\n'"FAIL: $t did not finish within $limit s (TEST_TIMEOUT_S)"
   printf '%s\n' "$out" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |^\[ RUN|^FAIL|^PASS' | grep -v '^\[ RUN' | tail -n 20
   p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n 1)
   f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n 1)

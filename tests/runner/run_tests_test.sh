@@ -47,4 +47,10 @@ grep -q "FAIL: $work/empty ran no tests" "$work/last.txt" || { echo "FAIL no 'ra
 check "a binary cut short without a summary fails" 1 "0 passed, 1 failed, 0 skipped" "$work/cut_short"
 check "a crash without a summary fails" 1 "0 passed, 1 failed, 0 skipped" "$work/crashed"
 check "a failed test fails" 1 "1 passed, 1 failed, 0 skipped" "$work/failing"
+# A binary that hangs fails once its time is up, and says so.
+printf '#!/usr/bin/env bash\necho "[==========] Running 1 test from 1 test suite."\nsleep 30\n' >"$work/hangs"
+chmod +x "$work/hangs"
+TEST_TIMEOUT_S=1 check "a hung binary fails at its time limit" 1 "0 passed, 1 failed, 0 skipped" "$work/hangs"
+grep -q "FAIL: $work/hangs did not finish within 1 s" "$work/last.txt" ||
+  { echo "FAIL no time-limit line"; failures=$((failures + 1)); }
 [ "$failures" -eq 0 ]
