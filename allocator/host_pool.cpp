@@ -60,17 +60,31 @@ HostPool::~HostPool() {
   for (Block* b : free_) delete b;
 }
 
-bool HostPool::fences_done_locked(Block* b) {
+bool HostPool::fences_done_locked(Block* b, Ask ask) {
+  if (ask == Ask::wait && !b->fences.empty()) ++stats_.bound_waits;
   for (std::size_t i = 0; i < b->fences.size();) {
-    if (!fences_.query(b->fences[i])) return false;
-    fences_.release(b->fences[i]);
+    const FenceHandle f = b->fences[i];
+    switch (ask) {
+      case Ask::plain:
+        if (!fences_.query(f)) return false;
+        break;
+      case Ask::urgent:
+        if (!fences_.query_urgent(f)) return false;
+        break;
+      case Ask::wait:
+        ++stats_.fence_waits;
+        fences_.wait(f);
+        break;
+    }
+    fences_.release(f);
     b->fences[i] = b->fences.back();
     b->fences.pop_back();
   }
   return true;
 }
 
-HostPool::Block* HostPool::take_cached_locked(std::size_t bytes, unsigned flags, Owner owner) {
+HostPool::Block* HostPool::take_cached_locked(std::size_t bytes, unsigned flags, Owner owner, Ask ask,
+                                              std::size_t* running) {
   const std::size_t size = host_class_size(bytes, opt_.max_round_threshold);
   const std::size_t hi = host_max_block(bytes, opt_.max_round_threshold);
   Segment probe_seg;
@@ -79,13 +93,14 @@ HostPool::Block* HostPool::take_cached_locked(std::size_t bytes, unsigned flags,
   Block probe;
   probe.seg = &probe_seg;
   probe.size = size;
+  *running = 0;
   for (auto it = free_.lower_bound(&probe); it != free_.end(); ++it) {
     Block* b = *it;
     if (b->seg->owner != owner || b->seg->flags != flags) break;
     // Above the rounding threshold only exactly that size; otherwise any larger block, split.
     if (bytes > opt_.max_round_threshold && b->size > hi) break;
-    if (!fences_done_locked(b)) {
-      ++stats_.fence_skips;
+    if (!fences_done_locked(b, ask)) {
+      ++*running;
       continue;
     }
     free_.erase(it);
@@ -167,7 +182,17 @@ HostPool::Result HostPool::allocate(std::size_t bytes, unsigned flags, Owner own
     reserve_tried_ = true;  // one try: a reserve the driver refuses is not asked for again
     new_segment_locked(opt_.reserve_segment, 0, owner, true);
   }
-  Block* b = take_cached_locked(bytes, flags, owner);
+  std::size_t running = 0;
+  Block* b = take_cached_locked(bytes, flags, owner, Ask::plain, &running);
+  // New pinned memory costs the driver milliseconds. Before that, fitting blocks whose fences
+  // were not known complete are asked again at once (the shim's fences then sweep the streams
+  // now, microseconds); if they still run and growing would break the held-memory bound, the
+  // best-fitting one is waited for. That wait is never longer than the one the program's own
+  // cudaFreeHost would have made: the fence was recorded at that free.
+  if (b == nullptr && running != 0) b = take_cached_locked(bytes, flags, owner, Ask::urgent, &running);
+  if (b == nullptr && running != 0 && over_bound_locked(bytes, size))
+    b = take_cached_locked(bytes, flags, owner, Ask::wait, &running);
+  stats_.fence_skips += static_cast<std::int64_t>(running);
   if (b != nullptr) {
     ++stats_.cache_hits;
   } else {
@@ -180,7 +205,7 @@ HostPool::Result HostPool::allocate(std::size_t bytes, unsigned flags, Owner own
       s = new_segment_locked(size, flags, owner, false);
     }
     if (s == nullptr) return {AllocStatus::out_of_memory, nullptr};
-    b = take_cached_locked(bytes, flags, owner);
+    b = take_cached_locked(bytes, flags, owner, Ask::plain, &running);
     if (b == nullptr) return {AllocStatus::out_of_memory, nullptr};  // not reached: the segment fits
   }
   b->live = true;
@@ -258,7 +283,7 @@ std::size_t HostPool::release_cached_locked(bool wait) {
   std::sort(whole.begin(), whole.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
   std::size_t n = 0;
   for (Block* b : whole) {
-    if (!fences_done_locked(b)) {
+    if (!fences_done_locked(b, Ask::plain)) {
       if (!wait) continue;
       for (FenceHandle f : b->fences) {
         ++stats_.fence_waits;
@@ -285,23 +310,25 @@ void HostPool::trim_to_cap_locked() {
   }
 }
 
+bool HostPool::over_bound_locked(std::size_t bytes, std::size_t size) const {
+  const auto want = static_cast<double>(static_cast<std::size_t>(stats_.requested_bytes.current) + bytes);
+  return static_cast<double>(static_cast<std::size_t>(stats_.reserved_bytes.current) + size) > kHeldRatio * want;
+}
+
 void HostPool::trim_for_growth_locked(std::size_t bytes, std::size_t size) {
   // The held-memory bound: new memory is mapped only while everything held stays within
   // kHeldRatio of the live requests (this one included); beyond it, whole free segments whose
-  // fences completed go back first, longest-cached first. Nothing waits: what is still in use
-  // by the GPU stays, and the pool grows past the bound only by that.
-  const auto want = static_cast<double>(static_cast<std::size_t>(stats_.requested_bytes.current) + bytes);
-  auto over = [&] {
-    return static_cast<double>(static_cast<std::size_t>(stats_.reserved_bytes.current) + size) > kHeldRatio * want;
-  };
-  if (!over()) return;
+  // fences completed go back first, longest-cached first (asked urgently: new memory is about to
+  // be pinned). Nothing waits here (allocate already waited for a fitting block if there was
+  // one): what the GPU still uses stays.
+  if (!over_bound_locked(bytes, size)) return;
   std::vector<Block*> whole;
   for (Block* b : free_)
     if (b->prev == nullptr && b->next == nullptr && !b->seg->reserve) whole.push_back(b);
   std::sort(whole.begin(), whole.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
   for (Block* b : whole) {
-    if (!over()) break;
-    if (!fences_done_locked(b)) continue;
+    if (!over_bound_locked(bytes, size)) break;
+    if (!fences_done_locked(b, Ask::urgent)) continue;
     ++stats_.bound_releases;
     release_segment_locked(b->seg);
   }

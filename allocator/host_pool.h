@@ -60,13 +60,17 @@ struct HostStats {
   std::int64_t upstream_allocs = 0;  // upstream allocations (the reserve counts once)
   std::int64_t upstream_frees = 0;   // upstream releases (cap, empty_cache)
   std::int64_t upstream_ns = 0;      // time spent in them
-  std::int64_t fence_waits = 0;      // host waits on a fence (out of memory, empty_cache)
+  std::int64_t fence_waits = 0;      // host waits on a fence (held bound, out of memory, empty_cache)
+  std::int64_t bound_waits = 0;      // allocations that waited for a cached block instead of growing
   std::int64_t bad_frees = 0;        // frees of a pointer inside the pool that is not a live block
   std::int64_t bound_releases = 0;   // segments given back to keep held memory within the bound
 };
 
 // Memory held (live, cached, reserve) stays within this many times the live requests when new
-// memory is needed, as far as cached segments the GPU is done with allow (see trim_for_growth).
+// memory is needed: a request that would take it past this waits for a fitting cached block the
+// GPU is still using instead, and else whole cached segments the GPU is done with go back first
+// (HostPool::allocate, trim_for_growth_locked). It is exceeded only by what the GPU still uses
+// that fits no request, and by live blocks' class rounding.
 inline constexpr double kHeldRatio = 1.25;
 
 // The size a request of `bytes` is served with (see the top of this file). `threshold`:
@@ -139,8 +143,19 @@ class HostPool {
     }
   };
 
-  bool fences_done_locked(Block* b);
-  Block* take_cached_locked(std::size_t bytes, unsigned flags, Owner owner);
+  // How a cached block whose fences were not yet seen complete is treated.
+  enum class Ask {
+    plain,   // the provider's ordinary query (it may learn of a completion only a while later)
+    urgent,  // query_urgent: the provider finds out now (memory is wanted)
+    wait,    // wait for the fences (the held-memory bound forbids new memory)
+  };
+  bool fences_done_locked(Block* b, Ask ask);
+  // The best-fitting cached block for the request whose fences are done (Ask::wait: the first
+  // fitting one, after waiting for its fences), split to the request's class; nullptr when none.
+  // `*running`: fitting blocks passed over because their fences still ran.
+  Block* take_cached_locked(std::size_t bytes, unsigned flags, Owner owner, Ask ask, std::size_t* running);
+  // New memory of `size` for a request of `bytes` would hold more than kHeldRatio of live requests.
+  bool over_bound_locked(std::size_t bytes, std::size_t size) const;
   Segment* new_segment_locked(std::size_t size, unsigned flags, Owner owner, bool reserve);
   void split_locked(Block* b, std::size_t size);  // b keeps `size`; the rest becomes a free block
   void insert_free_locked(Block* b);              // merges with free neighbours

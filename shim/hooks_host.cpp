@@ -172,19 +172,9 @@ class AllContextsFences final : public FenceProvider {
     return id;
   }
   FenceHandle record_stream(StreamId) override { return record_device(); }
-  bool query(FenceHandle fence) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = fences_.find(fence);
-    if (it == fences_.end()) return true;
-    Parts& parts = it->second;
-    while (!parts.empty()) {
-      auto& [cp, h] = parts.back();
-      if (!cp->fences.query(h)) return false;
-      cp->fences.release(h);
-      parts.pop_back();
-    }
-    return true;
-  }
+  bool query(FenceHandle fence) override { return ask(fence, false); }
+  // Each context's fences sweep their streams now rather than at their next gap.
+  bool query_urgent(FenceHandle fence) override { return ask(fence, true); }
   void wait(FenceHandle fence) override {
     Parts parts;
     {
@@ -211,6 +201,20 @@ class AllContextsFences final : public FenceProvider {
   }
 
  private:
+  bool ask(FenceHandle fence, bool urgent) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = fences_.find(fence);
+    if (it == fences_.end()) return true;
+    Parts& parts = it->second;
+    while (!parts.empty()) {
+      auto& [cp, h] = parts.back();
+      if (!(urgent ? cp->fences.query_urgent(h) : cp->fences.query(h))) return false;
+      cp->fences.release(h);
+      parts.pop_back();
+    }
+    return true;
+  }
+
   using Parts = std::vector<std::pair<ContextPool*, FenceHandle>>;
   Runtime& rt_;
   std::mutex mu_;
@@ -313,6 +317,7 @@ void host_summary(Summary& summary) noexcept {
     (*out)["fence_waits"] = s.fence_waits;
     (*out)["bad_frees"] = s.bad_frees;
     (*out)["bound_releases"] = s.bound_releases;
+    (*out)["bound_waits"] = s.bound_waits;
   } catch (...) {
     out->clear();  // at exit nothing may escape; the summary goes without it
   }

@@ -1370,7 +1370,8 @@ void info_first_ctx_create() { info_first(true); }
 // PINNED=pool (policy pinned_cache:True): a freed block stays cached and comes back only once
 // the device is done with it (work held on the legacy stream stands for an async copy still
 // reading it); a foreign pointer and pinned memory the shim never saw go to the driver; a
-// double free is refused without the driver; the memory of a reset context is never reused.
+// double free is refused without the driver; past the held-memory bound the pool waits for a
+// fitting block's fence rather than pinning more; the memory of a reset context is never reused.
 // PINNED=driver: every call reaches the driver. HOST_SYNC=1: a pooled free synchronizes.
 void pinned() {
   start_cuda();
@@ -1398,6 +1399,11 @@ void pinned() {
     CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&none) == -1);  // never started
     return;
   }
+  // Live pinned memory beside it, so that new memory for one more block stays within the pool's
+  // held-memory bound (1.25x the live bytes): the pool may then pass a running block over.
+  void* keep = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&keep, 4 * n, 0));
+  CHECK(driver_allocs() == allocs0 + 2);
   // An async copy from `a` is still running when the program frees it.
   fakecuda_hold_stream(CU_STREAM_LEGACY);
   const long syncs0 = fakecuda_ctx_syncs();
@@ -1407,16 +1413,29 @@ void pinned() {
   void* b = nullptr;
   CHECK_OK(api.cuMemHostAlloc(&b, n, 0));
   CHECK(b != a);  // the copy may still read `a`: never handed out before the fence completes
-  CHECK(driver_allocs() == allocs0 + 2);
+  CHECK(driver_allocs() == allocs0 + 3);
   fakecuda_release_stream(CU_STREAM_LEGACY);
   void* c = nullptr;
   CHECK_OK(api.cuMemAllocHost(&c, n - 4096));  // cudaMallocHost: the same kind of memory
   CHECK(c == a);                               // the device is done with it: reused
-  CHECK(driver_allocs() == allocs0 + 2);
+  CHECK(driver_allocs() == allocs0 + 3);
   cudapool_host_stats hs{};
   CHECK(c_api<int (*)(cudapool_host_stats*)>("cudapool_get_host_stats")(&hs) == 0);
-  CHECK(hs.cache_hits == 1 && hs.fence_skips >= 1 && hs.blocks == 2 && hs.num_host_alloc == 2);
-  CHECK(hs.requested_bytes == static_cast<int64_t>(2 * n - 4096) && hs.reserved_bytes == static_cast<int64_t>(2 * n));
+  CHECK(hs.cache_hits == 1 && hs.fence_skips >= 1 && hs.blocks == 3 && hs.num_host_alloc == 3);
+  CHECK(hs.requested_bytes == static_cast<int64_t>(6 * n - 4096) && hs.reserved_bytes == static_cast<int64_t>(6 * n));
+  // Past the bound the pool does not pin more memory while a fitting block only waits for its
+  // fence: the host waits for that fence (in the fake, the copy then finishes) and the block
+  // comes back. (With free_host_sync every free waited already: no wait is left to make.)
+  fakecuda_hold_stream(CU_STREAM_LEGACY);
+  CHECK_OK(api.cuMemFreeHost(keep));
+  CHECK_OK(api.cuMemFreeHost(b));
+  const long waits0 = fakecuda_event_syncs();
+  void* e = nullptr;
+  CHECK_OK(api.cuMemHostAlloc(&e, n, 0));
+  CHECK(e == b);
+  CHECK(driver_allocs() == allocs0 + 3);
+  if (syncs_per_free == 0) CHECK(fakecuda_event_syncs() == waits0 + 1);
+  fakecuda_release_stream(CU_STREAM_LEGACY);
   // Foreign pointers go to the driver untouched: its answer for memory it never pinned, and its
   // free of pinned memory the shim never saw made.
   int local = 0;
@@ -1440,7 +1459,7 @@ void pinned() {
   void* d = nullptr;
   CHECK_OK(api.cuMemHostAlloc(&d, n, 0));
   CHECK(pinned_live(d));
-  CHECK(driver_allocs() == allocs0 + (reg ? 3 : 4));  // a, b, (the unseen one,) d
+  CHECK(driver_allocs() == allocs0 + (reg ? 4 : 5));  // a, keep, b, (the unseen one,) d
   CHECK_OK(api.cuMemFreeHost(d));
 }
 

@@ -391,8 +391,9 @@ TEST(Shim, CapIsVisibleFromAContextsFirstCall) {
   std::filesystem::remove_all(dir);
 }
 
-// Pinned host memory: pooled under pinned_cache (reuse only after the device finished, foreign
-// pointers and unseen memory to the driver, double frees refused, a reset context forgotten),
+// Pinned host memory: pooled under pinned_cache (reuse only after the device finished, a wait
+// for a fitting block past the held-memory bound, foreign pointers and unseen memory to the
+// driver, double frees refused, a reset context forgotten),
 // the driver's alone by default; free_host_sync makes a pooled free wait as cudaFreeHost does.
 TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
   for (bool linked : {false, true}) {
@@ -411,7 +412,8 @@ TEST(Shim, PinnedHostMemoryIsPooledOnlyWhenAskedFor) {
       std::fclose(f);
     }
     EXPECT_NE(json.find("\"pinned_host\""), std::string::npos) << json;
-    EXPECT_NE(json.find("\"cache_hits\": 1,"), std::string::npos) << json;  // the pool's, at exit
+    EXPECT_NE(json.find("\"cache_hits\": 2,"), std::string::npos) << json;  // the pool's, at exit
+    EXPECT_NE(json.find("\"bound_waits\": 1"), std::string::npos) << json;
     EXPECT_NE(json.find("\"bad_frees\": 1,"), std::string::npos) << json;
     std::filesystem::remove_all(dir);
     RunResult synced = run({app(linked), "pinned"}, {{"CUDAPOOL_CONF", "pinned_cache:True,free_host_sync:True"},
