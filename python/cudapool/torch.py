@@ -11,7 +11,10 @@ Passing record_stream on needs PyTorch's C++ API (torch/csrc/cuda/CUDAPluggableA
 the CUDA headers); where the installed PyTorch lacks them, use() registers through the Python
 API, warns, and makes every free device-fenced (free="device"). status() says which. An allocation
 the pool cannot serve raises torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) whose message
-is the pool's diagnosis (also cudapool.last_oom_message()).
+is the pool's diagnosis (also cudapool.last_oom_message()). The allocator registered in C++ is a
+class of the glue's own, derived from PyTorch's CUDAPluggableAllocator, that answers from the pool
+what PyTorch's class refuses: torch.cuda's memory statistics, reset_peak_memory_stats,
+empty_cache, and cuDNN's question of how large a workspace its benchmark mode may try.
 
 With libcudapool.so preloaded (LD_PRELOAD), that copy serves PyTorch too; everything else in the
 process (cuBLAS workspaces, NCCL, other libraries' cudaMalloc) keeps going through its hooks
@@ -57,9 +60,13 @@ def in_use():
 def status():
     """How use() set PyTorch up: {"in_use": bool, "free": "stream" or "device" (None before use()),
     "record_stream": whether Tensor.record_stream reaches the pool, "registration": "c++" or
-    "python", "library": "preloaded" or "loaded"}."""
+    "python", "library": "preloaded" or "loaded", "torch_stats": whether PyTorch's own calls that
+    its pluggable-allocator class refuses are answered by the pool (torch.cuda.memory_allocated,
+    memory_stats, max_memory_reserved, reset_peak_memory_stats, empty_cache, and the largest
+    workspace cuDNN's benchmark mode may try, without which every such convolution fails)}."""
     return {"in_use": in_use(), "free": _state.get("free"), "record_stream": _state.get("record_stream", False),
-            "registration": _state.get("registration"), "library": _state.get("how")}
+            "registration": _state.get("registration"), "library": _state.get("how"),
+            "torch_stats": _state.get("torch_stats", False)}
 
 
 def _addr(lib, name):
@@ -144,9 +151,12 @@ def _pluggable_flags(torch, include, libdir):
     return flags
 
 
-def build_glue(torch_module=None, compiler=None, pluggable=None):
+def build_glue(torch_module=None, compiler=None, pluggable=None, allocator_class=False):
     """The path of the glue library for the installed PyTorch, compiled once and cached. pluggable:
-    with the C++ registration (cudapool_glue_register); None: when PyTorch ships its header."""
+    with the C++ registration (cudapool_glue_register); None: when PyTorch ships its header.
+    allocator_class (with pluggable): with the glue's own allocator class, which answers PyTorch's
+    statistics and cuDNN's workspace question from the pool; it uses more of PyTorch's C++ API, so
+    a PyTorch it does not compile against is remembered in the cache and not tried again."""
     torch = torch_module or sys.modules["torch"]
     root = os.path.dirname(os.path.abspath(torch.__file__))
     include, libdir = os.path.join(root, "include"), os.path.join(root, "lib")
@@ -162,14 +172,23 @@ def build_glue(torch_module=None, compiler=None, pluggable=None):
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     with open(_GLUE, "rb") as f:
         source = f.read()
+    allocator_class = bool(pluggable and allocator_class)
     key = hashlib.sha256(b"\0".join([source, str(getattr(torch, "__version__", "")).encode(), root.encode(),
-                                     " ".join(cxx).encode(), str(abi).encode(), str(pluggable).encode()]))
+                                     " ".join(cxx).encode(), str(abi).encode(), str(pluggable).encode(),
+                                     str(allocator_class).encode()]))
     cache = _cache_dir()
     out = os.path.join(cache, f"torch_glue-{key.hexdigest()[:24]}.so")
+    failed = out + ".failed"  # the allocator class did not compile against this PyTorch
     if os.path.isfile(out):
         return out
+    if allocator_class and os.path.isfile(failed):
+        with open(failed, errors="replace") as f:
+            raise RuntimeError(f"compiling cudapool's PyTorch glue failed before (remove {failed} to try again):\n"
+                               + f.read(4000))
     if pluggable:
         extra = _pluggable_flags(torch, include, libdir)
+        if allocator_class:
+            extra.append("-DCUDAPOOL_GLUE_ALLOCATOR_CLASS")
     else:
         extra = ["-I", include]
         if os.path.exists(os.path.join(libdir, "libc10.so")):
@@ -190,6 +209,11 @@ def build_glue(torch_module=None, compiler=None, pluggable=None):
             return out
         os.unlink(tmp)
         errors.append(" ".join(cmd) + "\n" + r.stdout[-4000:])
+    if allocator_class:
+        fd, tmp = tempfile.mkstemp(prefix=".torch_glue-", suffix=".failed", dir=cache)
+        with os.fdopen(fd, "w") as f:
+            f.write(errors[-1][-4000:])
+        os.replace(tmp, failed)
     raise RuntimeError("compiling cudapool's PyTorch glue failed:\n" + "\n".join(errors))
 
 
@@ -201,13 +225,27 @@ def _too_late(e):
         "LD_PRELOAD=/path/to/libcudapool.so python3 ...")
 
 
+_STATS_FUNCTIONS = ("cudapool_memory_stats_json", "cudapool_reset_peak_stats", "cudapool_mem_get_info",
+                    "cudapool_empty_cache")
+
+
 def _cpp_glue(torch, lib, compiler):
-    """(path of the glue with the C++ registration, None), or (None, why it cannot be had)."""
+    """(path of the glue with the C++ registration, None), or (None, why it cannot be had). The
+    glue has the allocator class where it compiles against this PyTorch."""
     include = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
     if not os.path.isfile(os.path.join(include, _PLUGGABLE_H)):
         return None, f"PyTorch's C++ header {_PLUGGABLE_H} is missing"
     if not hasattr(lib, "cudapool_torch_record_stream"):
         return None, "the preloaded libcudapool.so has no cudapool_torch_record_stream (preload a newer build)"
+    if all(hasattr(lib, name) for name in _STATS_FUNCTIONS):
+        try:
+            return build_glue(torch, compiler, pluggable=True, allocator_class=True), None
+        except RuntimeError as e:
+            first = str(e).splitlines()[0][:200]
+            warnings.warn("cudapool.torch: the glue's allocator class does not compile against this PyTorch, so "
+                          "torch.cuda's memory statistics and cuDNN's benchmark mode are not served by the pool "
+                          f"(cudapool's own functions are): {first} (remembered: remove the torch_glue-*.so.failed "
+                          f"files in {_cache_dir()} to try again)", RuntimeWarning, stacklevel=3)
     try:
         return build_glue(torch, compiler, pluggable=True), None
     except RuntimeError as e:
@@ -254,6 +292,11 @@ def use(library=None, compiler=None, free=None):
     if glue.cudapool_glue_init(_addr(lib, "cudapool_torch_alloc"), _addr(lib, free_fn),
                                _addr(lib, "cudapool_last_oom_message")) != 0:
         raise RuntimeError("cudapool's PyTorch glue refused the library's entry points")
+    torch_stats = False
+    if why is None and hasattr(glue, "cudapool_glue_init_stats"):
+        glue.cudapool_glue_init_stats.restype = ctypes.c_int
+        glue.cudapool_glue_init_stats.argtypes = [ctypes.c_void_p] * 4
+        torch_stats = glue.cudapool_glue_init_stats(*(_addr(lib, name) for name in _STATS_FUNCTIONS)) == 0
     if why is None:
         glue.cudapool_glue_register.restype = ctypes.c_int
         glue.cudapool_glue_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
@@ -273,7 +316,7 @@ def use(library=None, compiler=None, free=None):
         except RuntimeError as e:
             raise _too_late(e) from None
     _state.update(lib=lib, glue=glue, allocator=allocator, how=how, free=free, record_stream=why is None,
-                  registration="c++" if why is None else "python")
+                  registration="c++" if why is None else "python", torch_stats=torch_stats)
     return _cp.library_path()
 
 

@@ -31,6 +31,7 @@ int cudapool_glue_init(void* alloc, void* free, void* last_oom_message);
 void* cudapool_glue_alloc(ssize_t size, int device, void* stream);
 void cudapool_glue_free(void* ptr, ssize_t size, int device, void* stream);
 int cudapool_glue_register(void* record_stream, char* err, std::size_t err_size);
+int cudapool_glue_init_stats(void* stats_json, void* reset_peak, void* mem_info, void* empty_cache);
 // The stand-in torch/csrc/cuda/CUDAPluggableAllocator.h's handles on the allocator the glue made
 // current (tests/support/fake_torch_cuda).
 int fake_torch_has_allocator(void);
@@ -38,6 +39,10 @@ void* fake_torch_alloc(std::size_t size, int device, void* stream);
 void fake_torch_free(void* ptr, std::size_t size, int device, void* stream);
 int fake_torch_record_stream(void* ptr, void* stream);
 void fake_torch_set_initialized(int initialized);
+long long fake_torch_cache_info(int device);
+long long fake_torch_stat(int device, const char* name);
+int fake_torch_reset_peak(int device);
+int fake_torch_empty_cache(void);
 }
 
 namespace {
@@ -237,6 +242,60 @@ void glue_record_stream() {
   check_recorded_block_waits({[](std::size_t n, int d, CUstream s) { return fake_torch_alloc(n, d, s); },
                               [](void* p, std::size_t n, int d, CUstream s) { fake_torch_free(p, n, d, s); },
                               [](void* p, CUstream s) { CHECK(fake_torch_record_stream(p, s) == 1); }});
+}
+
+// The glue's allocator class (built with CUDAPOOL_GLUE_ALLOCATOR_CLASS) answers from the pool
+// what PyTorch's CUDAPluggableAllocator refuses (the stand-in refuses too: each check below fails
+// against it). cacheInfo, which cuDNN's benchmark mode asks, is the pool's free memory as
+// cuMemGetInfo shows it to the program (within the cap, cached bytes counted); torch.cuda's
+// statistics are the pool's; reset_peak_memory_stats and empty_cache reach the pool. Run with a
+// 256 MiB cap.
+void glue_allocator_class() {
+  start_primary(0);
+  CHECK(cudapool_glue_init(dlsym(lib(), "cudapool_torch_alloc"), dlsym(lib(), "cudapool_torch_free"),
+                           dlsym(lib(), "cudapool_last_oom_message")) == 0);
+  void* json = dlsym(lib(), "cudapool_memory_stats_json");
+  void* reset = dlsym(lib(), "cudapool_reset_peak_stats");
+  void* info = dlsym(lib(), "cudapool_mem_get_info");
+  void* empty = dlsym(lib(), "cudapool_empty_cache");
+  CHECK(cudapool_glue_init_stats(json, reset, nullptr, empty) == -1);
+  CHECK(cudapool_glue_init_stats(json, reset, info, empty) == 0);
+  char err[256] = "";
+  CHECK(cudapool_glue_register(dlsym(lib(), "cudapool_torch_record_stream"), err, sizeof err) == 0);
+  CUstream s = new_stream();
+  void* p = fake_torch_alloc(3 * kMiB, 0, s);
+  void* q = fake_torch_alloc(5 * kMiB + 100, 0, s);
+  CHECK(p != nullptr && q != nullptr);
+  cudapool_stats st = stats(0);
+  std::printf("allocated %lld, reserved %lld, cacheInfo %lld\n", static_cast<long long>(st.allocated_bytes),
+              static_cast<long long>(st.reserved_bytes), fake_torch_cache_info(0));
+  CHECK(fake_torch_stat(0, "allocated_bytes.current") == st.allocated_bytes);
+  CHECK(st.allocated_bytes >= static_cast<int64_t>(8 * kMiB + 100));
+  CHECK(fake_torch_stat(0, "reserved_bytes.current") == st.reserved_bytes);
+  CHECK(fake_torch_stat(0, "requested_bytes.current") == static_cast<long long>(8 * kMiB + 100));
+  CHECK(fake_torch_stat(0, "segment.current") == st.segments);
+  CHECK(st.segments >= 1);
+  CHECK(fake_torch_stat(0, "num_device_alloc") == st.num_device_alloc);
+  CHECK(fake_torch_stat(0, "num_ooms") == 0);
+  std::size_t free_bytes = 0, total = 0;
+  CHECK(sym<int (*)(int, std::size_t*, std::size_t*)>("cudapool_mem_get_info")(0, &free_bytes, &total) == 0);
+  CHECK(total == 256 * kMiB);  // the cap
+  CHECK(fake_torch_cache_info(0) == static_cast<long long>(free_bytes));
+  CHECK(free_bytes == total - static_cast<std::size_t>(st.allocated_bytes));
+  // reset_peak_memory_stats: the peak comes down to the current value.
+  fake_torch_free(q, 5 * kMiB + 100, 0, s);
+  CHECK(fake_torch_stat(0, "allocated_bytes.peak") >= static_cast<long long>(8 * kMiB + 100));
+  CHECK(fake_torch_reset_peak(0) == 0);
+  CHECK(fake_torch_stat(0, "allocated_bytes.peak") == fake_torch_stat(0, "allocated_bytes.current"));
+  CHECK(fake_torch_stat(0, "allocated_bytes.peak") == stats(0).allocated_bytes_peak);
+  // empty_cache: the pool gives its free memory back to the driver.
+  fake_torch_free(p, 3 * kMiB, 0, s);
+  const int64_t before = stats(0).reserved_bytes;
+  CHECK(before > 0);
+  CHECK(fake_torch_empty_cache() == 0);
+  CHECK(stats(0).reserved_bytes < before);
+  CHECK(fake_torch_stat(0, "reserved_bytes.current") == stats(0).reserved_bytes);
+  CHECK_OK(cuStreamDestroy_v2(s));
 }
 
 // The legacy default stream (PyTorch's default stream, handle 0) is a stream like any other.
@@ -439,6 +498,7 @@ int main(int argc, char** argv) {
                           {"free_device", free_device},
                           {"record_stream", record_stream},
                           {"glue_record_stream", glue_record_stream},
+                          {"glue_allocator_class", glue_allocator_class},
                           {"default_stream", default_stream},
                           {"thread_without_context", thread_without_context},
                           {"oom", oom},

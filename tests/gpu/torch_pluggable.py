@@ -4,7 +4,13 @@
   torch_pluggable.py stats     cudapool.torch.use(); tensors of known sizes made and freed on
                                the default and a side stream: the pool's requested_bytes and
                                allocation counts follow them exactly; a tensor freed on its stream
-                               gives its address to the next one of its size there; values right.
+                               gives its address to the next one of its size there; values right;
+                               with the glue's allocator class, torch.cuda.memory_allocated,
+                               memory_reserved, memory_stats, reset_peak_memory_stats and
+                               empty_cache agree with the pool.
+  torch_pluggable.py cudnn     use() with torch.backends.cudnn.benchmark: convolutions of a few
+                               shapes, forward and backward, run (cuDNN asks the allocator's
+                               cacheInfo, which PyTorch's own pluggable class refuses).
   torch_pluggable.py oom       use() under a cap (CUDAPOOL_CONF=max_reserved_mb:...): a tensor over
                                it raises torch.OutOfMemoryError whose message is the pool's
                                diagnosis (== cudapool.last_oom_message()); the process goes on.
@@ -76,9 +82,49 @@ def check_stats():
     torch.cuda.synchronize()
     after = cudapool.memory_stats(0)
     ok = ok and after["requested_bytes.all.current"] == req0 and after["allocation.all.current"] == n0
+    # torch.cuda's own statistics calls, answered by the glue's allocator class from the pool.
+    torch_stats = cudapool.torch.status()["torch_stats"]
+    agree = torch_stats
+    if torch_stats:
+        z = torch.empty(16 * MiB, dtype=torch.uint8, device=dev)
+        agree = (torch.cuda.memory_allocated(0) == cudapool.memory_allocated(0) and
+                 torch.cuda.memory_reserved(0) == cudapool.memory_reserved(0) and
+                 torch.cuda.memory_stats(0)["requested_bytes.all.current"] ==
+                 cudapool.memory_stats(0)["requested_bytes.all.current"])
+        del z
+        torch.cuda.reset_peak_memory_stats(0)
+        agree = agree and torch.cuda.max_memory_allocated(0) == torch.cuda.memory_allocated(0)
+        before = torch.cuda.memory_reserved(0)
+        torch.cuda.empty_cache()
+        agree = agree and torch.cuda.memory_reserved(0) < before
+    ok = ok and agree
     verdict("stats", ok, requested=req, expected=want, torch_nbytes=torch_sum, allocations=count,
-            same_stream_reuse=int(reused), how=cudapool.torch._state["how"],
-            max_allocated=cudapool.max_memory_allocated(0), reserved=cudapool.memory_reserved(0))
+            same_stream_reuse=int(reused), how=cudapool.torch._state["how"], torch_stats=int(torch_stats),
+            torch_stats_agree=int(agree), max_allocated=cudapool.max_memory_allocated(0),
+            reserved=cudapool.memory_reserved(0))
+
+
+def check_cudnn():
+    """cuDNN's benchmark mode asks the allocator for the largest workspace it may try (cacheInfo):
+    PyTorch's own pluggable-allocator class refuses, so every convolution failed; the glue's class
+    answers from the pool. Convolutions of a few shapes, forward and backward, under use()."""
+    import torch
+    import cudapool
+    import cudapool.torch
+    cudapool.torch.use()
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda", 0)
+    try:
+        conv = torch.nn.Conv2d(64, 128, 3, padding=1).to(dev).to(memory_format=torch.channels_last)
+        for side in (56, 28, 56, 112):
+            x = torch.randn(16, 64, side, side, device=dev).to(memory_format=torch.channels_last)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                conv(x).float().sum().backward()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the type is the finding
+        verdict("cudnn", False, type=type(e).__name__, message=repr(str(e)[:300]))
+    verdict("cudnn", True, torch_stats=int(cudapool.torch.status()["torch_stats"]),
+            reserved=cudapool.memory_reserved(0))
 
 
 def check_oom():
@@ -189,11 +235,12 @@ def check_maxbatch(pool, cap_gib):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("check", choices=("stats", "oom", "oomtype", "oomtranslate", "maxbatch"))
+    ap.add_argument("check", choices=("stats", "cudnn", "oom", "oomtype", "oomtranslate", "maxbatch"))
     ap.add_argument("--pool", action="store_true", help="maxbatch through cudapool.torch.use()")
     ap.add_argument("--cap-gib", type=float, default=12.0)
     args = ap.parse_args()
-    {"stats": check_stats, "oom": check_oom, "oomtype": check_oomtype, "oomtranslate": check_oomtranslate}.get(
+    {"stats": check_stats, "cudnn": check_cudnn, "oom": check_oom, "oomtype": check_oomtype,
+     "oomtranslate": check_oomtranslate}.get(
         args.check, lambda: check_maxbatch(args.pool, args.cap_gib))()
 
 

@@ -42,6 +42,8 @@ check() {  # check NAME must|info ENV... -- CMD...
 }
 check stats_preloaded must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" stats
 check stats_loaded must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" stats
+check cudnn_preloaded must "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" cudnn
+check cudnn_loaded must "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= -- "${P[@]}" cudnn
 check oom_preloaded must "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" oom
 check oom_loaded must "CUDAPOOL_LIBRARY=$SHIM" "CUDAPOOL_CONF=max_reserved_mb:$CAP_MB" -- "${P[@]}" oom
 # use() registers in C++ so that Tensor.record_stream reaches the pool: the default stream-ordered

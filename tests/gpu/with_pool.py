@@ -5,10 +5,12 @@ this repository's python/) before the program starts, then runs it as __main__. 
 libcudapool.so preloaded that copy serves it; without, the library named by CUDAPOOL_LIBRARY
 (default build/release/libcudapool.so) is loaded.
 
-torch.cuda's memory counters raise under any pluggable allocator, so the few the workloads read
-(max_memory_reserved, max_memory_allocated, memory_allocated, memory_reserved) are answered by
-the pool's counters here. Prints "with_pool: <library> (<how>)" and "with_pool: free=<mode>
-record_stream=<0|1> registration=<c++|python>" (cudapool.torch.status()) on stderr.
+torch.cuda's memory counters raise under PyTorch's own pluggable-allocator class; the glue's
+class answers them from the pool (status()["torch_stats"]). Where that class is not in use, the
+few the workloads read (max_memory_reserved, max_memory_allocated, memory_allocated,
+memory_reserved) are answered by the pool's counters here. Prints "with_pool: <library> (<how>)",
+"with_pool: free=<mode> record_stream=<0|1> registration=<c++|python>" and "with_pool:
+torch_stats=<0|1>" (cudapool.torch.status()) on stderr.
 """
 import os
 import runpy
@@ -29,7 +31,9 @@ st = cudapool.torch.status()
 print(f"with_pool: {path} ({st['library']})", file=sys.stderr)
 print(f"with_pool: free={st['free']} record_stream={int(st['record_stream'])} registration={st['registration']}",
       file=sys.stderr)
-for name in ("max_memory_reserved", "max_memory_allocated", "memory_allocated", "memory_reserved"):
-    setattr(torch.cuda, name, getattr(cudapool, name))
+print(f"with_pool: torch_stats={int(st['torch_stats'])}", file=sys.stderr)
+if not st["torch_stats"]:
+    for name in ("max_memory_reserved", "max_memory_allocated", "memory_allocated", "memory_reserved"):
+        setattr(torch.cuda, name, getattr(cudapool, name))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")

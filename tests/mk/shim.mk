@@ -78,6 +78,6 @@ $(SHIM_APP_TORCH): tests/fakecuda/torch_app.cpp python/cudapool/_torch_glue.cpp 
   tests/support/fake_torch_cuda/torch/csrc/cuda/CUDAPluggableAllocator.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h \
   shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -Itests/support/fake_c10 -Itests/support/fake_torch_cuda -DCUDAPOOL_GLUE_PLUGGABLE -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/torch_app.cpp \
+	$(CXX) $(CPPFLAGS) -Itests/support/fake_c10 -Itests/support/fake_torch_cuda -DCUDAPOOL_GLUE_PLUGGABLE -DCUDAPOOL_GLUE_ALLOCATOR_CLASS -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/torch_app.cpp \
 	  python/cudapool/_torch_glue.cpp -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_TORCH)

@@ -173,6 +173,9 @@ class TorchPath(unittest.TestCase):
         self.run_scenario("mode_cpp", FAKE_TORCH_PLUGGABLE="1")
         self.run_scenario("mode_cpp", preload=False, FAKE_TORCH_PLUGGABLE="1")
 
+    def test_allocator_class_that_does_not_compile_falls_back(self):
+        self.run_scenario("class_fallback", FAKE_TORCH_PLUGGABLE="1")
+
     def test_too_late_through_the_cpp_registration(self):
         self.run_scenario("too_late", FAKE_TORCH_PLUGGABLE="1", FAKE_TORCH_ALLOCATOR_IN_USE="1")
 

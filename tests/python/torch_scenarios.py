@@ -100,7 +100,7 @@ def mode_python():
     through the Python API, says why in a warning, and makes every free device-fenced."""
     start_cuda()
     assert cudapool.torch.status() == {"in_use": False, "free": None, "record_stream": False, "registration": None,
-                                       "library": None}
+                                       "library": None, "torch_stats": False}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cudapool.torch.use()
@@ -108,6 +108,7 @@ def mode_python():
     assert len(msgs) == 1 and "CUDAPluggableAllocator.h is missing" in msgs[0] and "record_stream" in msgs[0], msgs
     st = cudapool.torch.status()
     assert st["in_use"] and st["free"] == "device" and not st["record_stream"] and st["registration"] == "python", st
+    assert not st["torch_stats"], st
     assert torch.cuda.current_allocator is not None
 
 
@@ -158,6 +159,63 @@ def mode_cpp():
         assert r != p or cu.fakecuda_would_wait(a, b) == 1, hex(r)
     cu.fakecuda_release_stream(b)
     glue.fake_torch_free(r, n, 0, a)
+    _check_torch_stats(glue)
+
+
+def _check_torch_stats(glue):
+    """The glue's allocator class answers PyTorch's statistics and cuDNN's workspace question
+    (cacheInfo) from the pool; PyTorch's own class (and the stand-in) refuse them: -1 here."""
+    assert cudapool.torch.status()["torch_stats"], cudapool.torch.status()
+    glue.fake_torch_stat.restype = ctypes.c_longlong
+    glue.fake_torch_stat.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    glue.fake_torch_cache_info.restype = ctypes.c_longlong
+    glue.fake_torch_cache_info.argtypes = [ctypes.c_int]
+    glue.fake_torch_alloc.restype = ctypes.c_void_p
+    glue.fake_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    glue.fake_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    p = glue.fake_torch_alloc(3 * MiB, 0, None)
+    assert glue.fake_torch_stat(0, b"allocated_bytes.current") == cudapool.memory_allocated(0) >= 3 * MiB
+    assert glue.fake_torch_stat(0, b"reserved_bytes.current") == cudapool.memory_reserved(0) > 0
+    free, _total = cudapool.mem_get_info(0)
+    assert glue.fake_torch_cache_info(0) == free > 0, (glue.fake_torch_cache_info(0), free)
+    glue.fake_torch_free(p, 3 * MiB, 0, None)
+
+
+def class_fallback():
+    """Where the glue's allocator class does not compile against the installed PyTorch, use() warns
+    once, registers PyTorch's own class in C++ (record_stream still reaches the pool) and remembers
+    the failure: the next process does not compile the class again."""
+    start_cuda()
+    calls = os.path.join(_tmp, "calls")
+    wrapper = os.path.join(_tmp, "cxx")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\n"
+                f"echo \"$*\" >> {calls}\n"
+                "case \"$*\" in *CUDAPOOL_GLUE_ALLOCATOR_CLASS*) echo 'error: no such member' >&2; exit 1;; esac\n"
+                "exec c++ \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudapool.torch.use(compiler=wrapper)
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 1 and "allocator class does not compile" in msgs[0], msgs
+    st = cudapool.torch.status()
+    assert st["registration"] == "c++" and st["record_stream"] and not st["torch_stats"], st
+    glue = cudapool.torch._state["glue"]
+    glue.fake_torch_cache_info.restype = ctypes.c_longlong
+    glue.fake_torch_cache_info.argtypes = [ctypes.c_int]
+    assert glue.fake_torch_cache_info(0) == -1  # PyTorch's class refuses it: the negative control
+    with open(calls) as f:
+        tried = f.read().splitlines()
+    assert sum("CUDAPOOL_GLUE_ALLOCATOR_CLASS" in c for c in tried) == 2, tried  # c++17, then c++20
+    try:
+        cudapool.torch.build_glue(torch, compiler=wrapper, pluggable=True, allocator_class=True)
+    except RuntimeError as e:
+        assert "failed before" in str(e) and "no such member" in str(e), e
+    else:
+        raise AssertionError("the class's failure was not remembered")
+    with open(calls) as f:
+        assert f.read().splitlines() == tried  # not compiled again
 
 
 def old_preloaded():

@@ -54,6 +54,11 @@ TEST_P(TorchPath, GlueRegistersInCppAndPassesRecordStreamToThePool) {
   expect_pass(run("glue_record_stream", GetParam()), "glue_record_stream");
 }
 
+TEST_P(TorchPath, GluesAllocatorClassAnswersCacheInfoAndStatsFromThePool) {
+  expect_pass(run("glue_allocator_class", GetParam(), {{"CUDAPOOL_CONF", "max_reserved_mb:256"}}),
+              "glue_allocator_class");
+}
+
 TEST_P(TorchPath, AThreadWithNoContextIsServedInThePrimaryContext) {
   expect_pass(run("thread_without_context", GetParam()), "thread_without_context");
 }
