@@ -16,7 +16,8 @@
 # CNN_REPS (default 3: interleaved processes per mode of the CPU-bound PyTorch workloads),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ipc ordered legacy latency torch cnn pinned warm cupy jax ddp; race also runs alias_race and
+# load correctness race ipc ordered legacy latency torch cnn pluggable pinned warm cupy jax ddp; race also runs
+# alias_race and
 # free_host_sync,
 # ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
@@ -34,7 +35,7 @@ SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
 BUDGET=${GPU_SUITE_BUDGET_S:-540}
 START=$(date +%s)
 REPORT=(python3 "$ROOT/tests/gpu/report.py")
-ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cnn pinned warm cupy jax ddp} "
+ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cnn pluggable pinned warm cupy jax ddp} "
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 want() { [[ "$ONLY" == *" $1 "* ]]; }
@@ -349,6 +350,25 @@ if want cnn; then
       bash tests/gpu/torch_reps.sh "${CNN_REPS:-3}" native ptexp nocache cpdef >"$OUT/logs/reps-$w.txt" 2>&1
     "${REPORT[@]}" row "$OUT" "CPU-bound PyTorch ($w): step and peak, medians of processes" INFO \
       "$(grep -E '^relative|^peak' "$OUT/logs/reps-$w.txt" | tr '\n' ' ')"
+  done
+fi
+
+if want pluggable; then
+  # PyTorch's pluggable allocator through cudapool.torch.use() (tests/gpu/torch_pluggable.sh):
+  # torch.cuda's statistics against the pool's, cuDNN's benchmark mode, the OOM type, record_stream,
+  # the largest GPT-2 batch under a cap. Then the step time and peak of ResNet-50 training and
+  # GPT-2 through it (cppt) against PyTorch native, interleaved pinned processes (INFO rows).
+  OUT=$OUT/pluggable CUDAPOOL_SHIM=$SHIM timeout -k 5 "$(( $(left) / 3 ))" bash tests/gpu/torch_pluggable.sh \
+    >"$OUT/logs/pluggable.txt" 2>&1
+  rc=$?
+  "${REPORT[@]}" row "$OUT" "PyTorch pluggable path: stats, cuDNN benchmark, OOM, record_stream, largest batch" \
+    "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" \
+    "$(grep -E '^largest batch|^pluggable >=|^torch_pluggable:' "$OUT/logs/pluggable.txt" | tr '\n' ' ')"
+  for w in cnn hf; do
+    OUT=$OUT/reps-pt-$w CUDAPOOL_SHIM=$SHIM NVML_PEAK=$BIN/nvml_peak TORCH_WORKLOAD=$w REPS_BUDGET_S=$(( $(left) / 3 )) \
+      bash tests/gpu/torch_reps.sh "${CNN_REPS:-3}" native cppt >"$OUT/logs/reps-pt-$w.txt" 2>&1
+    "${REPORT[@]}" row "$OUT" "PyTorch pluggable path ($w): step and peak against native" INFO \
+      "$(grep -E '^relative|^peak' "$OUT/logs/reps-pt-$w.txt" | tr '\n' ' ')"
   done
 fi
 

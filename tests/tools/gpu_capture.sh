@@ -4,7 +4,7 @@
 # Needs cudapool and libcudapool.so side by side in $CUDAPOOL_BIN_DIR (default build/release; built
 # by `make` and carried to the
 # GPU machine; strip them first to carry less), nvcc for the legacy program, and optionally torch for the PyTorch trace.
-# Writes OUTDIR/{legacy,torch}.csv (traces), *.json (summaries), ab.json, and log.txt.
+# Writes OUTDIR/{legacy,torch,cnninf}.csv (traces), *.json (summaries), ab.json, and log.txt.
 set -u
 out=${1:?usage: gpu_capture.sh OUTDIR}
 mkdir -p "$out"
@@ -40,6 +40,14 @@ if python3 -c 'import torch' 2>/dev/null; then
   echo "replay --check exit status: $?"
   # Call sites: the snapshot's live blocks name where PyTorch allocated them (memory_viz frames).
   $cp report "$out/torch.csv" -o "$out/torch.html" --snapshot "$out/torch.pickle"
+  # ResNet-50 inference under the default: its reserved peak stays a few percent above the
+  # no-caching floor; the trace says which misses grew the pool while freed blocks waited for
+  # their fences (replay it on the CPU with --fence-latency-us).
+  echo "== ResNet-50 inference (torchvision, cudnn.benchmark, changing shapes)"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $cp run --trace "$out/cnninf.csv" --stats "$out/cnninf.json" -- \
+    python3 tests/gpu/torch_cnn.py --mode infer --cycles 3 --out "$out/cnninf_result.json"
+  echo "run exit status: $?"
+  $cp replay "$out/cnninf.csv"
 else
   echo "torch not importable: no PyTorch trace"
 fi
