@@ -61,7 +61,12 @@ HostPool::~HostPool() {
 }
 
 bool HostPool::fences_done_locked(Block* b, Ask ask) {
-  if (ask == Ask::wait && !b->fences.empty()) ++stats_.bound_waits;
+  if (ask == Ask::wait && !b->fences.empty()) {
+    // A fence that cannot be completed now (a graph capture is open) is not waited for.
+    for (FenceHandle f : b->fences)
+      if (!fences_.can_wait(f)) return false;
+    ++stats_.bound_waits;
+  }
   for (std::size_t i = 0; i < b->fences.size();) {
     const FenceHandle f = b->fences[i];
     switch (ask) {

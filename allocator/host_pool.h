@@ -151,7 +151,8 @@ class HostPool {
   };
   bool fences_done_locked(Block* b, Ask ask);
   // The best-fitting cached block for the request whose fences are done (Ask::wait: the first
-  // fitting one, after waiting for its fences), split to the request's class; nullptr when none.
+  // fitting one whose fences can be waited for, after waiting), split to the request's class;
+  // nullptr when none.
   // `*running`: fitting blocks passed over because their fences still ran.
   Block* take_cached_locked(std::size_t bytes, unsigned flags, Owner owner, Ask ask, std::size_t* running);
   // New memory of `size` for a request of `bytes` would hold more than kHeldRatio of live requests.

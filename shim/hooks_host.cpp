@@ -175,6 +175,14 @@ class AllContextsFences final : public FenceProvider {
   bool query(FenceHandle fence) override { return ask(fence, false); }
   // Each context's fences sweep their streams now rather than at their next gap.
   bool query_urgent(FenceHandle fence) override { return ask(fence, true); }
+  bool can_wait(FenceHandle fence) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = fences_.find(fence);
+    if (it == fences_.end()) return true;
+    for (auto& [cp, h] : it->second)
+      if (!cp->fences.can_wait(h)) return false;
+    return true;
+  }
   void wait(FenceHandle fence) override {
     Parts parts;
     {

@@ -52,6 +52,12 @@ class FakeFence : public FenceProvider {
     return query(fence);
   }
 
+  bool can_wait(FenceHandle fence) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = fences_.find(fence);
+    return can_wait_ || it == fences_.end() || it->second.completed;
+  }
+
   void wait(FenceHandle fence) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++waits_;
@@ -103,6 +109,11 @@ class FakeFence : public FenceProvider {
   void set_orders_for_free(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
     orders_for_free_ = on;
+  }
+  // Off: can_wait() says no for every fence not yet completed (the shim during a graph capture).
+  void set_can_wait(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    can_wait_ = on;
   }
   void set_urgent_completes(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -244,6 +255,7 @@ class FakeFence : public FenceProvider {
 
   mutable std::mutex mu_;
   bool auto_complete_;
+  bool can_wait_ = true;
   FenceHandle next_ = 1;  // 0 is never a valid fence
   std::unordered_map<FenceHandle, Fence> fences_;
   FenceHandle max_completed_device_ = 0;

@@ -161,6 +161,21 @@ TEST(HostPool, WaitsForAFittingBlockRatherThanGrowPastTheBound) {
   EXPECT_EQ(r.fences.bad_calls(), 0u);
 }
 
+// A fence that cannot be waited for now (the shim's, while a graph capture is open) is never
+// waited for to keep the bound: the pool grows instead, and the block stays pending.
+TEST(HostPool, NoBoundWaitOnAFenceThatCannotBeWaitedFor) {
+  Rig r;
+  r.fences.set_can_wait(false);
+  void* a = r.alloc(1 * MiB);
+  ASSERT_EQ(r.pool.free(a), FreeStatus::ok);
+  EXPECT_NE(r.alloc(1 * MiB), a);
+  EXPECT_EQ(r.up.allocs, 2);
+  EXPECT_EQ(r.fences.waits(), 0u);
+  EXPECT_EQ(r.pool.stats().bound_waits, 0);
+  EXPECT_EQ(r.pool.stats().fence_skips, 1);
+  EXPECT_EQ(r.pool.check_consistency(), "");
+}
+
 TEST(HostPool, ReuseSplitsToTheClassAndKeepsOwnerAndFlags) {
   Rig r;
   void* a = r.alloc(100 * KiB);  // class 112 KiB
