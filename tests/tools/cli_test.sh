@@ -113,7 +113,8 @@ exact_replay "max_split_size_mb:64" --pattern serve --steps 80
 # Every trace the project ships replays within 3 % of its recorded peak reserved by default
 # (tests/traces/README.md): `replay --check` says so and exits 0, as `make demo` shows.
 zcat $traces/gpu_hf_gpt2.csv.gz > "$tmp/gpu_hf_gpt2.csv"
-for t in $traces/*.csv "$tmp/gpu_hf_gpt2.csv" $(find docs tests/data -name '*.csv' 2>/dev/null); do
+zcat $traces/gpu_resnet50_infer.csv.gz > "$tmp/gpu_resnet50_infer.csv"
+for t in $traces/*.csv "$tmp/gpu_hf_gpt2.csv" "$tmp/gpu_resnet50_infer.csv" $(find docs tests/data -name '*.csv' 2>/dev/null); do
   expect_rc 0 "replay --check of the shipped $t" -- "$cp" replay --check --quiet "$t"
   if grep -q "NOT within" "$tmp/out"; then fail "$t: NOT within 3 %"; else ok; fi
 done
