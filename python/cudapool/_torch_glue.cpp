@@ -112,31 +112,38 @@ void each_counter(const std::string& json, F&& f) {
   }
 }
 
-// PyTorch's stat fields by the names torch.cuda.memory_stats() gives them (and the library uses).
-template <typename Stat>
-bool set_stat_field(Stat& st, std::string_view field, std::int64_t v) {
-  if (field == "current")
-    st.current = v;
-  else if (field == "peak")
-    st.peak = v;
-  else if (field == "allocated")
-    st.allocated = v;
-  else if (field == "freed")
-    st.freed = v;
-  else
-    return false;
-  return true;
-}
-
+// One counter of the library's JSON, by torch.cuda.memory_stats()'s names (which the library
+// uses): "<family>.<all|small_pool|large_pool>.<field>", "<family>.<field>" or a plain count.
 template <typename S>
 void set_counter(S& s, std::string_view name, std::int64_t v) {
-  // "<family>.<all|small_pool|large_pool>.<field>", "<family>.<field>" or a plain count.
+  using Stat = decltype(S::oversize_allocations);
+  using StatArray = decltype(S::allocation);
+  const std::pair<std::string_view, std::int64_t Stat::*> fields[] = {{"current", &Stat::current},
+                                                                      {"peak", &Stat::peak},
+                                                                      {"allocated", &Stat::allocated},
+                                                                      {"freed", &Stat::freed}};
+  const std::pair<std::string_view, StatArray S::*> families[] = {{"allocation", &S::allocation},
+                                                                  {"segment", &S::segment},
+                                                                  {"active", &S::active},
+                                                                  {"inactive_split", &S::inactive_split},
+                                                                  {"allocated_bytes", &S::allocated_bytes},
+                                                                  {"reserved_bytes", &S::reserved_bytes},
+                                                                  {"active_bytes", &S::active_bytes},
+                                                                  {"inactive_split_bytes", &S::inactive_split_bytes}};
+  const std::string_view pools[] = {"all", "small_pool", "large_pool"};  // PyTorch's StatType order
+  auto put = [&](Stat& st, std::string_view field) {
+    for (const auto& [n, member] : fields)
+      if (field == n) st.*member = v;
+  };
+  auto put_array = [&](StatArray& array, std::string_view rest) {
+    const std::size_t dot = rest.find('.');
+    for (std::size_t k = 0; dot != std::string_view::npos && k < 3 && k < array.size(); ++k)
+      if (rest.substr(0, dot) == pools[k]) put(array[k], rest.substr(dot + 1));
+  };
   const std::size_t dot = name.find('.');
   if (dot == std::string_view::npos) {
-    if (name == "num_alloc_retries")
-      s.num_alloc_retries = v;
-    else if (name == "num_ooms")
-      s.num_ooms = v;
+    if (name == "num_alloc_retries") s.num_alloc_retries = v;
+    if (name == "num_ooms") s.num_ooms = v;
     if constexpr (has_num_sync_all_streams<S>::value)
       if (name == "num_sync_all_streams") s.num_sync_all_streams = v;
     if constexpr (has_num_device_alloc<S>::value)
@@ -148,47 +155,12 @@ void set_counter(S& s, std::string_view name, std::int64_t v) {
     return;
   }
   const std::string_view family = name.substr(0, dot), rest = name.substr(dot + 1);
-  if (family == "oversize_allocations") {
-    set_stat_field(s.oversize_allocations, rest, v);
-    return;
-  }
-  if (family == "oversize_segments") {
-    set_stat_field(s.oversize_segments, rest, v);
-    return;
-  }
-  const std::size_t dot2 = rest.find('.');
-  if (dot2 == std::string_view::npos) return;
-  const std::string_view pool = rest.substr(0, dot2), field = rest.substr(dot2 + 1);
-  std::size_t k = 0;
-  if (pool == "all")
-    k = 0;
-  else if (pool == "small_pool")
-    k = 1;
-  else if (pool == "large_pool")
-    k = 2;
-  else
-    return;
-  auto put = [&](auto& array) {
-    if (k < array.size()) set_stat_field(array[k], field, v);
-  };
-  if (family == "allocation")
-    put(s.allocation);
-  else if (family == "segment")
-    put(s.segment);
-  else if (family == "active")
-    put(s.active);
-  else if (family == "inactive_split")
-    put(s.inactive_split);
-  else if (family == "allocated_bytes")
-    put(s.allocated_bytes);
-  else if (family == "reserved_bytes")
-    put(s.reserved_bytes);
-  else if (family == "active_bytes")
-    put(s.active_bytes);
-  else if (family == "inactive_split_bytes")
-    put(s.inactive_split_bytes);
+  if (family == "oversize_allocations") put(s.oversize_allocations, rest);
+  if (family == "oversize_segments") put(s.oversize_segments, rest);
+  for (const auto& [n, member] : families)
+    if (family == n) put_array(s.*member, rest);
   if constexpr (has_requested_bytes<S>::value)
-    if (family == "requested_bytes") put(s.requested_bytes);
+    if (family == "requested_bytes") put_array(s.requested_bytes, rest);
 }
 
 // PyTorch's CUDAPluggableAllocator, answering from the pool what that class refuses.

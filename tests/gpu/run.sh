@@ -16,10 +16,8 @@
 # CNN_REPS (default 3: interleaved processes per mode of the CPU-bound PyTorch workloads),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ipc ordered legacy latency torch cnn pluggable pinned warm cupy jax ddp; race also runs
-# alias_race and
-# free_host_sync,
-# ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
+# load correctness race ipc ordered legacy latency torch cnn pluggable pinned warm cupy jax ddp; race also
+# runs alias_race and free_host_sync, ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
 # build/gpu-scratch).
 set -u

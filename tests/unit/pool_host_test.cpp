@@ -360,7 +360,7 @@ namespace {
 // and a free's fence that a plain query sees complete only a step later (the shim asks the
 // non-blocking streams at most once a millisecond; a step here is about as long), while an urgent
 // query sees it at once. Without the urgent second look the pool pinned new memory for batches
-// its cache could serve and held 1.39-1.47x the live bytes at their peak.
+// its cache could serve and held 1.38-1.47x the live bytes at their peak.
 TEST(HostPool, HeldBoundHoldsWhenFencesAreSeenLate) {
   for (unsigned seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u}) {
     Rig r;
