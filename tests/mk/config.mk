@@ -7,14 +7,7 @@ $(CONFIG_TEST_BIN): $(CONFIG_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(CONFIG_LIB)
 	$(CXX) $(LDFLAGS) $^ $(GTEST_LIBS) -o $@
 TEST_BINS += $(CONFIG_TEST_BIN)
 
-# Fuzzers build config/*.cpp again with clang and the sanitizers, in their own object tree.
-FUZZ_CXX ?= clang++
-FUZZ_FLAGS := -std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
-              -fno-sanitize-recover=all $(CPPFLAGS)
-FUZZ_OBJ := $(BUILD)/fuzz/obj
-$(FUZZ_OBJ)/%.o: %.cpp
-	@mkdir -p $(@D)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) -MMD -MP -c $< -o $@
+# Fuzzers (tests/module.mk): the CUDAPOOL_CONF grammar, the TOML file, the path patterns.
 $(BUILD)/fuzz/fuzz_%: $(FUZZ_OBJ)/tests/fuzz/fuzz_%.o $(CONFIG_SRCS:%.cpp=$(FUZZ_OBJ)/%.o)
-	$(FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@
 FUZZ_TARGETS += $(BUILD)/fuzz/fuzz_conf $(BUILD)/fuzz/fuzz_toml $(BUILD)/fuzz/fuzz_path

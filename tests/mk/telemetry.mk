@@ -13,37 +13,29 @@ $(TELEMETRY_BENCH_BIN): $(TELEMETRY_BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(TELEMETRY_L
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDFLAGS) -lbenchmark -pthread
 BENCH_BINS += $(if $(TELEMETRY_BENCH_SRCS),$(TELEMETRY_BENCH_BIN))
 
-# libFuzzer targets (clang): the trace reader and the JSON summary reader, with the telemetry
-# sources rebuilt with the sanitizers in their own object tree.
-TELEMETRY_FUZZ_CXX ?= clang++
-TELEMETRY_FUZZ_FLAGS := -std=c++20 -O1 -g -fno-omit-frame-pointer \
-  -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all $(CPPFLAGS)
-TELEMETRY_FUZZ_OBJ := $(BUILD)/fuzz/telemetry-obj
-$(TELEMETRY_FUZZ_OBJ)/%.o: %.cpp
-	@mkdir -p $(@D)
-	$(TELEMETRY_FUZZ_CXX) $(TELEMETRY_FUZZ_FLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/fuzz/telemetry_trace: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_trace.o \
+# Fuzzers (tests/module.mk): the trace reader and the JSON summary reader.
+$(BUILD)/fuzz/telemetry_trace: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_trace.o \
     telemetry/trace_reader.o telemetry/trace_format.o config/printable.o)
-	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
-$(BUILD)/fuzz/telemetry_summary: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@
+$(BUILD)/fuzz/telemetry_summary: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
     telemetry/summary_reader.o telemetry/json_reader.o telemetry/summary.o telemetry/json.o telemetry/logging.o \
     telemetry/spdlog_fmt_impl.o config/output_file.o config/path_pattern.o)
-	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary
 # Warm-start plans (telemetry/warm_plan.cpp): the plan file's parser and the plan a trace gives.
-$(BUILD)/fuzz/telemetry_warm_plan: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_warm_plan.o \
+$(BUILD)/fuzz/telemetry_warm_plan: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_warm_plan.o \
     telemetry/warm_plan.o telemetry/trace_reader.o telemetry/trace_format.o config/printable.o)
-	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_warm_plan
 # The readers of the files processes of one user share (telemetry/share.cpp and the ledger's
 # layout, shim/group_ledger_layout.cpp): the group ledger and the stats records, as
 # `cudapool top` reads them.
-$(BUILD)/fuzz/share_%: $(TELEMETRY_FUZZ_OBJ)/tests/fuzz/share_fuzz_%.o $(TELEMETRY_FUZZ_OBJ)/telemetry/share.o \
-    $(TELEMETRY_FUZZ_OBJ)/shim/group_ledger_layout.o
-	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ -pthread
+$(BUILD)/fuzz/share_%: $(FUZZ_OBJ)/tests/fuzz/share_fuzz_%.o $(FUZZ_OBJ)/telemetry/share.o \
+    $(FUZZ_OBJ)/shim/group_ledger_layout.o
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/share_ledger $(BUILD)/fuzz/share_record
 # The CUDA IPC wire checks (shim/ipc_wire.cpp): what an importer and an exporter accept from
 # their peer. Here rather than in shim.mk, which is read before this file's fuzzer settings.
-$(BUILD)/fuzz/shim_ipc_wire: $(addprefix $(TELEMETRY_FUZZ_OBJ)/,tests/fuzz/shim_fuzz_ipc_wire.o shim/ipc_wire.o)
-	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@
+$(BUILD)/fuzz/shim_ipc_wire: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/shim_fuzz_ipc_wire.o shim/ipc_wire.o)
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@
 FUZZ_TARGETS += $(BUILD)/fuzz/shim_ipc_wire

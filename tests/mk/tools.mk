@@ -34,22 +34,22 @@ $(TOOLS_INSTALL_TEST): tests/tools/install_test.sh $(PROGRAMS)
 	chmod +x $@
 TEST_BINS += $(TOOLS_INSTALL_TEST)
 
-# libFuzzer targets (clang): replay, report and tune run on whole traces in memory (bounded work
+# Fuzzers (tests/module.mk): replay, report and tune run on whole traces in memory (bounded work
 # per input: tests/fuzz/tools_fuzz_input.h), with tools/ (but its command-line files), telemetry/,
-# config/ and the pool core rebuilt with the sanitizers in the telemetry fuzzers' object tree, as
-# archives so that each target links only what it uses.
+# config/ and the pool core in the fuzzers' object tree, as archives so that each target links
+# only what it uses.
 TOOLS_FUZZ_SRCS := $(filter-out tools/cmd_% tools/cli_io.cpp,$(TOOLS_SRCS))
 TOOLS_FUZZ_LIBS := $(BUILD)/fuzz/libtools.a $(BUILD)/fuzz/libtelemetry.a $(BUILD)/fuzz/libconfig.a \
   $(BUILD)/fuzz/libcore.a
-$(BUILD)/fuzz/libtools.a: $(TOOLS_FUZZ_SRCS:%.cpp=$(TELEMETRY_FUZZ_OBJ)/%.o)
+$(BUILD)/fuzz/libtools.a: $(TOOLS_FUZZ_SRCS:%.cpp=$(FUZZ_OBJ)/%.o)
 TOOLS_FUZZ_TELEMETRY_SRCS := $(TELEMETRY_SRCS) $(TELEMETRY_READER_SRCS)
-$(BUILD)/fuzz/libtelemetry.a: $(TOOLS_FUZZ_TELEMETRY_SRCS:%.cpp=$(TELEMETRY_FUZZ_OBJ)/%.o)
-$(BUILD)/fuzz/libconfig.a: $(CONFIG_SRCS:%.cpp=$(TELEMETRY_FUZZ_OBJ)/%.o)
-$(BUILD)/fuzz/libcore.a: $(ALLOCATOR_SRCS:%.cpp=$(TELEMETRY_FUZZ_OBJ)/%.o)
+$(BUILD)/fuzz/libtelemetry.a: $(TOOLS_FUZZ_TELEMETRY_SRCS:%.cpp=$(FUZZ_OBJ)/%.o)
+$(BUILD)/fuzz/libconfig.a: $(CONFIG_SRCS:%.cpp=$(FUZZ_OBJ)/%.o)
+$(BUILD)/fuzz/libcore.a: $(ALLOCATOR_SRCS:%.cpp=$(FUZZ_OBJ)/%.o)
 $(TOOLS_FUZZ_LIBS):
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 $(BUILD)/fuzz/tools_replay $(BUILD)/fuzz/tools_report $(BUILD)/fuzz/tools_tune: $(BUILD)/fuzz/tools_%: \
-    $(TELEMETRY_FUZZ_OBJ)/tests/fuzz/tools_fuzz_%.o $(TOOLS_FUZZ_LIBS)
-	$(TELEMETRY_FUZZ_CXX) -fsanitize=fuzzer,address,undefined $^ -o $@ $(TOOLS_LDLIBS) -pthread
+    $(FUZZ_OBJ)/tests/fuzz/tools_fuzz_%.o $(TOOLS_FUZZ_LIBS)
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@ $(TOOLS_LDLIBS) -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/tools_replay $(BUILD)/fuzz/tools_report $(BUILD)/fuzz/tools_tune
