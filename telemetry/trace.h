@@ -220,7 +220,10 @@ struct TraceMeta {
   std::string warning;                      // TraceReader::warning, as "path:N: …"
 };
 
-// Reads a whole trace file. On error returns false with *error = "path:line: what".
+// Reads a whole trace from `in`. On error returns false with *error = "name:line: what".
+bool read_trace_stream(std::istream& in, const std::string& name, std::vector<TraceRow>* rows, std::string* error,
+                       TraceMeta* meta = nullptr);
+// The same for the file at `path` (named so in errors).
 bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error,
                      TraceMeta* meta = nullptr);
 

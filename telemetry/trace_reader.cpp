@@ -311,12 +311,8 @@ bool TraceReader::next_row(TraceRow* row) {
   return true;
 }
 
-bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error, TraceMeta* meta) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (error) *error = path + ": cannot open";
-    return false;
-  }
+bool read_trace_stream(std::istream& in, const std::string& name, std::vector<TraceRow>* rows, std::string* error,
+                       TraceMeta* meta) {
   TraceReader reader(in);
   TraceRow row;
   while (reader.next(&row)) rows->push_back(row);
@@ -325,13 +321,22 @@ bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::
     meta->policy = reader.policy();
     meta->device_facts = reader.device_facts();
     meta->sites = reader.sites();
-    if (!reader.warning().empty()) meta->warning = path + ":" + reader.warning().substr(5);
+    if (!reader.warning().empty()) meta->warning = name + ":" + reader.warning().substr(5);
   }
   if (!reader.error().empty()) {
-    if (error) *error = path + ":" + reader.error().substr(5);  // "line N: …" → "path:N: …"
+    if (error) *error = name + ":" + reader.error().substr(5);  // "line N: …" → "name:N: …"
     return false;
   }
   return true;
+}
+
+bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error, TraceMeta* meta) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (error) *error = path + ": cannot open";
+    return false;
+  }
+  return read_trace_stream(in, path, rows, error, meta);
 }
 
 }  // namespace cudapool

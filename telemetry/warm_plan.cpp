@@ -460,6 +460,10 @@ bool load_warm_plan(const std::string& path, WarmPlan* plan, std::string* error)
         if (n > 0) text.append(buf, static_cast<std::size_t>(n));
       ok = parse_warm_plan(text, plan, &why);
     }
+  } else if (got >= 2 && static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b) {
+    why =
+        "line 1: the file is compressed with gzip, which a warm start does not read; make a plan from it once "
+        "(cudapool plan TRACE -o PLAN reads it as it is) and name the plan";
   } else if (static_cast<std::uint64_t>(st.st_size) > kMaxWarmTraceFile) {
     why = "line 1: a trace of " + std::to_string(static_cast<std::uint64_t>(st.st_size) >> 20) +
           " MiB is more than a warm start reads at a pool's start (" + std::to_string(kMaxWarmTraceFile >> 20) +

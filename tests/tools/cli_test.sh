@@ -112,12 +112,35 @@ exact_replay "" --pattern serve --steps 80
 exact_replay "max_split_size_mb:64" --pattern serve --steps 80
 # Every trace the project ships replays within 3 % of its recorded peak reserved by default
 # (tests/traces/README.md): `replay --check` says so and exits 0, as `make demo` shows.
-zcat $traces/gpu_hf_gpt2.csv.gz > "$tmp/gpu_hf_gpt2.csv"
-zcat $traces/gpu_resnet50_infer.csv.gz > "$tmp/gpu_resnet50_infer.csv"
-for t in $traces/*.csv "$tmp/gpu_hf_gpt2.csv" "$tmp/gpu_resnet50_infer.csv" $(find docs tests/data -name '*.csv' 2>/dev/null); do
+# The gzipped ones are read as they are shipped. A trace recorded by an older pool that today's
+# replays differently is listed in tests/traces/stale.txt (why: tests/traces/README.md); its
+# check must say so and ask for a new recording.
+stale=" $(grep -v '^#' tests/traces/stale.txt | tr '\n' ' ') "
+for t in $traces/*.csv $traces/*.csv.gz $(find docs tests/data -name '*.csv' 2>/dev/null); do
+  if [[ "$stale" == *" $(basename "$t") "* ]]; then
+    expect_rc 1 "replay --check of the stale $t" -- "$cp" replay --check --quiet "$t"
+    expect_out "NOT within 3 %" "the check of a stale trace says it is not within 3 %"
+    continue
+  fi
   expect_rc 0 "replay --check of the shipped $t" -- "$cp" replay --check --quiet "$t"
   if grep -q "NOT within" "$tmp/out"; then fail "$t: NOT within 3 %"; else ok; fi
 done
+# A gzipped trace reads as its unpacked text does; a damaged one is refused with what is wrong,
+# never replayed in part.
+zcat $traces/gpu_resnet50_infer.csv.gz > "$tmp/infer.csv"
+expect_rc 0 "replay of an unpacked trace" -- "$cp" replay --quiet --conf "" "$tmp/infer.csv"
+cp "$tmp/out" "$tmp/plain.out"
+expect_rc 0 "replay of the same trace gzipped" -- "$cp" replay --quiet --conf "" $traces/gpu_resnet50_infer.csv.gz
+if grep -q "peak reserved" "$tmp/out" && cmp -s "$tmp/out" "$tmp/plain.out"; then ok
+else fail "gzipped and unpacked replays differ"; diff "$tmp/plain.out" "$tmp/out" | head; fi
+size=$(stat -c %s $traces/gpu_resnet50_infer.csv.gz)
+head -c $((size / 2)) $traces/gpu_resnet50_infer.csv.gz > "$tmp/cut.csv.gz"
+expect_rc 65 "replay of a truncated gzipped trace" -- "$cp" replay "$tmp/cut.csv.gz"
+expect_out "cut.csv.gz: damaged or truncated gzip data \(zlib: .*\) after [0-9]+ rows" "the error says the gzip data ends early"
+{ head -c $((size / 2)) $traces/gpu_resnet50_infer.csv.gz; head -c 4096 /dev/zero | tr '\0' 'x'
+  tail -c +$((size / 2 + 4097)) $traces/gpu_resnet50_infer.csv.gz; } > "$tmp/corrupt.csv.gz"
+expect_rc 65 "replay of a corrupt gzipped trace" -- "$cp" replay "$tmp/corrupt.csv.gz"
+expect_out "corrupt.csv.gz: damaged or truncated gzip data" "the error says the gzip data is damaged"
 # Faithful replay: a trace recorded now by the library itself (the fake driver stands in for the
 # GPU) records each free's call and the policy; replay defaults to both and checks the peak.
 fake_dir=$build/tests/fakecuda

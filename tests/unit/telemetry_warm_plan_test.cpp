@@ -249,6 +249,11 @@ TEST(WarmPlanFile, ReadsPlansAndTracesAndRefusesOtherFiles) {
   EXPECT_FALSE(load_warm_plan(trace.str(), &p, &err));
   EXPECT_TRUE(has(err, trace.str() + ":1: a trace of 64 MiB is more than a warm start reads")) << err;
   EXPECT_TRUE(has(err, "cudapool plan TRACE -o PLAN")) << err;
+  // A gzipped trace (as tests/traces ships them): the shim does not decompress, it says so.
+  std::ofstream(trace.str(), std::ios::trunc) << std::string("\x1f\x8b\x08\x00", 4) << "compressed bytes";
+  EXPECT_FALSE(load_warm_plan(trace.str(), &p, &err));
+  EXPECT_TRUE(has(err, trace.str() + ":1: the file is compressed with gzip")) << err;
+  EXPECT_TRUE(has(err, "cudapool plan TRACE -o PLAN")) << err;
 }
 
 }  // namespace

@@ -1,0 +1,37 @@
+// Reading gzip-compressed traces (the project ships its GPU traces as .csv.gz): a file that
+// starts with gzip's magic bytes is read through zlib, any other file as it is. Decompression
+// streams, so memory follows the rows kept, not the file; deflate's own limit (at most about
+// 1032 bytes out per byte in) bounds what a crafted file can expand to.
+#pragma once
+#include <istream>
+#include <memory>
+#include <string>
+
+namespace cudapool::tools {
+
+// True when the file at `path` begins with gzip's two magic bytes (false when it cannot be read).
+bool is_gzip_file(const std::string& path);
+
+// An input stream over the decompressed bytes of a gzip file. After reading stops, error() says
+// why when it was not the end of the data ("damaged or truncated gzip data (zlib: …)"); empty
+// otherwise.
+class GzipInput {
+ public:
+  explicit GzipInput(const std::string& path);
+  ~GzipInput();
+  GzipInput(const GzipInput&) = delete;
+  GzipInput& operator=(const GzipInput&) = delete;
+  bool opened() const;
+  std::istream& stream();
+  std::string error() const;
+  // Decompresses what is left unread, discarding it, so that error() also covers the rest (its
+  // length and CRC): damage that first shows as a malformed row is then reported as damage.
+  void drain();
+
+ private:
+  struct Buf;
+  std::unique_ptr<Buf> buf_;
+  std::unique_ptr<std::istream> in_;
+};
+
+}  // namespace cudapool::tools
