@@ -276,8 +276,11 @@ bool Reclaim::promote_own(StreamId stream, std::size_t need, bool may_wait) {
 }
 
 // The last resort before growing past the peak: if this stream's own local blocks of the ranges
-// cover `need`, a fence on the stream recorded now is waited for (a stream synchronize: what
-// PyTorch does before every unmap of expandable pages) and they all become shared.
+// cover at least half of `need`, a fence on the stream recorded now is waited for (a stream
+// synchronize: what PyTorch does before every unmap of expandable pages) and they all become
+// shared, so the growth maps at most half the new pages it would have. With less, one wait saves
+// too little: the growth maps new pages instead. (Asking for the whole of `need` left GPT-2's
+// stream-ordered frees 6 % above the same program's cudaFree replay: docs/design.md.)
 bool Reclaim::sync_own(StreamId stream, std::size_t need) {
   StreamFree* stream_free = store_.stream_find(stream);
   if (stream_free == nullptr || stream_free->empty()) return false;
@@ -285,7 +288,7 @@ bool Reclaim::sync_own(StreamId stream, std::size_t need) {
   for (const FreeSet& set : stream_free->sets)
     for (const Block* b : set)
       if (b->seg->expandable) local += b->size;
-  if (local < need) return false;
+  if (local == 0 || 2 * local < need) return false;
   return promote_all_now(stream_free, stream);
 }
 

@@ -64,7 +64,7 @@ class Reclaim {
   // when `may_wait` and an outstanding fence covers >= need bytes of expandable blocks, wait on
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait);
-  // The stream's local blocks of expandable ranges cover `need`: promote_all_now.
+  // The stream's local blocks of expandable ranges cover at least half of `need`: promote_all_now.
   bool sync_own(StreamId stream, std::size_t need);
   // Memory pressure: every pending, retiring and local block becomes shared (host waits). The
   // threads' caches are flushed first by the caller.

@@ -365,6 +365,32 @@ TEST(PoolXRecycle, ImmediateModeSynchronizesTheStreamAsALastResort) {
   rig.expect_mapped_equals_reserved();
 }
 
+// The stream's own free blocks need only cover half the growth for that wait: a and c (8 MiB)
+// cover 8 of a 12 MiB growth, so 4 MiB are mapped new. A quarter (8 of 32 MiB) is not worth a
+// stream synchronize: the growth maps all its pages without waiting.
+TEST(PoolXRecycle, StreamSynchronizeWhenOwnBlocksCoverHalfTheGrowth) {
+  XRig rig(xopt(FreeSync::immediate), /*auto_fence=*/false);
+  Checkerboard cb(rig);
+  const FenceHandle f = rig.fence.next_handle();
+  void* e = rig.alloc(12 * MiB);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(rig.fence.waits(), 1u);
+  EXPECT_TRUE(rig.fence.covered(f, StreamId{0}));
+  EXPECT_EQ(rig.up.bytes_mapped(), 20 * MiB);
+  EXPECT_EQ(rig.up.peak_bytes(), 20 * MiB);
+  rig.expect_intact();
+  rig.expect_mapped_equals_reserved();
+
+  XRig quarter(xopt(FreeSync::immediate), /*auto_fence=*/false);
+  Checkerboard cb2(quarter);
+  void* g = quarter.alloc(32 * MiB);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(quarter.fence.waits(), 0u);
+  EXPECT_EQ(quarter.up.bytes_mapped(), 48 * MiB);
+  quarter.expect_intact();
+  quarter.expect_mapped_equals_reserved();
+}
+
 // An own-stream fence recorded by an EARLIER miss that covers the growth is waited for (no
 // new fence recorded for the purpose).
 TEST(PoolXRecycle, ImmediateModeWaitsForAnOlderStreamFence) {
