@@ -26,10 +26,9 @@ struct GzipInput::Buf : std::streambuf {
   std::array<char, 64 * 1024> data{};
   std::string error;
 
-  explicit Buf(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  explicit Buf(int fd) {
     if (fd < 0) return;
-    file = gzdopen(fd, "rb");  // owns fd from here, also when it fails
+    file = gzdopen(fd, "rb");  // owns fd from here
     if (file == nullptr) ::close(fd);
   }
   ~Buf() override {
@@ -55,8 +54,8 @@ struct GzipInput::Buf : std::streambuf {
   }
 };
 
-GzipInput::GzipInput(const std::string& path)
-    : buf_(std::make_unique<Buf>(path)), in_(std::make_unique<std::istream>(buf_.get())) {}
+GzipInput::GzipInput(const std::string& path) : GzipInput(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+GzipInput::GzipInput(int fd) : buf_(std::make_unique<Buf>(fd)), in_(std::make_unique<std::istream>(buf_.get())) {}
 GzipInput::~GzipInput() = default;
 bool GzipInput::opened() const { return buf_->file != nullptr; }
 std::istream& GzipInput::stream() { return *in_; }

@@ -18,6 +18,8 @@ bool is_gzip_file(const std::string& path);
 class GzipInput {
  public:
   explicit GzipInput(const std::string& path);
+  // Reads the descriptor `fd` (from its current offset) and closes it when done.
+  explicit GzipInput(int fd);
   ~GzipInput();
   GzipInput(const GzipInput&) = delete;
   GzipInput& operator=(const GzipInput&) = delete;

@@ -355,7 +355,8 @@ if want pluggable; then
   # PyTorch's pluggable allocator through cudapool.torch.use() (tests/gpu/torch_pluggable.sh):
   # torch.cuda's statistics against the pool's, cuDNN's benchmark mode, the OOM type, record_stream,
   # the largest GPT-2 batch under a cap. Then the step time and peak of ResNet-50 training and
-  # GPT-2 through it (cppt) against PyTorch native, interleaved pinned processes (INFO rows).
+  # GPT-2 through it (cppt) against PyTorch native and PyTorch's expandable segments (ptexp: the
+  # peak to stay under), interleaved pinned processes (INFO rows).
   OUT=$OUT/pluggable CUDAPOOL_SHIM=$SHIM timeout -k 5 "$(( $(left) / 3 ))" bash tests/gpu/torch_pluggable.sh \
     >"$OUT/logs/pluggable.txt" 2>&1
   rc=$?
@@ -364,8 +365,8 @@ if want pluggable; then
     "$(grep -E '^largest batch|^pluggable >=|^torch_pluggable:' "$OUT/logs/pluggable.txt" | tr '\n' ' ')"
   for w in cnn hf; do
     OUT=$OUT/reps-pt-$w CUDAPOOL_SHIM=$SHIM NVML_PEAK=$BIN/nvml_peak TORCH_WORKLOAD=$w REPS_BUDGET_S=$(( $(left) / 3 )) \
-      bash tests/gpu/torch_reps.sh "${CNN_REPS:-3}" native cppt >"$OUT/logs/reps-pt-$w.txt" 2>&1
-    "${REPORT[@]}" row "$OUT" "PyTorch pluggable path ($w): step and peak against native" INFO \
+      bash tests/gpu/torch_reps.sh "${CNN_REPS:-3}" native ptexp cppt >"$OUT/logs/reps-pt-$w.txt" 2>&1
+    "${REPORT[@]}" row "$OUT" "PyTorch pluggable path ($w): step and peak against native, expandable" INFO \
       "$(grep -E '^relative|^peak' "$OUT/logs/reps-pt-$w.txt" | tr '\n' ' ')"
   done
 fi

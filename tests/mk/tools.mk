@@ -53,3 +53,7 @@ $(BUILD)/fuzz/tools_replay $(BUILD)/fuzz/tools_report $(BUILD)/fuzz/tools_tune: 
     $(FUZZ_OBJ)/tests/fuzz/tools_fuzz_%.o $(TOOLS_FUZZ_LIBS)
 	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@ $(TOOLS_LDLIBS) -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/tools_replay $(BUILD)/fuzz/tools_report $(BUILD)/fuzz/tools_tune
+# Compressed traces (tools/gzip_input.cpp): zlib and the trace reader on gzip input.
+$(BUILD)/fuzz/tools_gzip: $(FUZZ_OBJ)/tests/fuzz/tools_fuzz_gzip.o $(TOOLS_FUZZ_LIBS)
+	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@ $(TOOLS_LDLIBS) -pthread
+FUZZ_TARGETS += $(BUILD)/fuzz/tools_gzip

@@ -4,7 +4,8 @@
 # Needs cudapool and libcudapool.so side by side in $CUDAPOOL_BIN_DIR (default build/release; built
 # by `make` and carried to the
 # GPU machine; strip them first to carry less), nvcc for the legacy program, and optionally torch for the PyTorch trace.
-# Writes OUTDIR/{legacy,torch,cnninf}.csv (traces), *.json (summaries), ab.json, and log.txt.
+# Writes OUTDIR/{legacy,torch,cnninf,hf}.csv (traces; hf.csv.gz too), *.json (summaries), ab.json,
+# and log.txt.
 set -u
 out=${1:?usage: gpu_capture.sh OUTDIR}
 mkdir -p "$out"
@@ -48,6 +49,17 @@ if python3 -c 'import torch' 2>/dev/null; then
     python3 tests/gpu/torch_cnn.py --mode infer --cycles 3 --out "$out/cnninf_result.json"
   echo "run exit status: $?"
   $cp replay "$out/cnninf.csv"
+  # HF GPT-2 training under the default (what tests/traces/gpu_hf_gpt2.csv.gz was, recorded by an
+  # older pool: tests/traces/stale.txt): a new recording, gzipped, takes its place there.
+  if python3 -c 'import transformers' 2>/dev/null; then
+    echo "== HF GPT-2 training (transformers, mixed sequence lengths)"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 $cp run --trace "$out/hf.csv" --stats "$out/hf.json" -- \
+      python3 tests/gpu/hf_lm.py --out "$out/hf_result.json"
+    echo "run exit status: $?"
+    $cp replay --check --quiet "$out/hf.csv"
+    echo "replay --check exit status: $?"
+    gzip -9 -n -k "$out/hf.csv"
+  fi
 else
   echo "torch not importable: no PyTorch trace"
 fi
