@@ -1,8 +1,8 @@
 // libFuzzer target: a gzip-compressed trace, read as `cudapool` reads one (tools/trace_input.cpp):
 // zlib through GzipInput, the strict trace reader, and on a malformed row the rest drained for
 // damage. Besides "never crash" and "never hang" (deflate bounds the output to about 1032 bytes
-// per input byte), damage must be reported as an error naming zlib's reason, never as clean data.
-// The input goes to a memfd, as the tools read from a file descriptor.
+// per input byte): a refused trace says why, and damage is only ever reported in one form, with
+// zlib's reason. The input goes to a memfd, as the tools read from a file descriptor.
 #include <sys/mman.h>
 #include <unistd.h>
 

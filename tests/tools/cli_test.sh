@@ -114,7 +114,7 @@ exact_replay "max_split_size_mb:64" --pattern serve --steps 80
 # (tests/traces/README.md): `replay --check` says so and exits 0, as `make demo` shows.
 # The gzipped ones are read as they are shipped. A trace recorded by an older pool that today's
 # replays differently is listed in tests/traces/stale.txt (why: tests/traces/README.md); its
-# check must say so and ask for a new recording.
+# check must fail and say that it is not within 3 %.
 stale=" $(grep -v '^#' tests/traces/stale.txt | tr '\n' ' ') "
 for t in $traces/*.csv $traces/*.csv.gz $(find docs tests/data -name '*.csv' 2>/dev/null); do
   if [[ "$stale" == *" $(basename "$t") "* ]]; then
