@@ -21,6 +21,7 @@
 // which the GPU-side wait already orders after the old, uses the new address; the old address
 // becomes a draining block and loses its mapping when the wait completed (drop_aliases).
 #include <algorithm>
+#include <bit>
 
 #include "allocator/expandable_ranges.h"
 
@@ -465,8 +466,17 @@ std::vector<Detached> ExpandableRanges::take_unusable(Growth& growth, std::size_
   return unusable;
 }
 
+std::size_t ExpandableRanges::max_unit(const Segment* range, std::size_t amount) const {
+  std::size_t want = opt_.expandable_max_unit;
+  if (opt_.expandable_unit_share != 0) {
+    const std::size_t after = ledger_.reserved_bytes() + amount;
+    want = std::min(want, std::bit_floor(std::max<std::size_t>(after / opt_.expandable_unit_share, 1)));
+  }
+  return want <= range->page ? range->page : want / range->page * range->page;
+}
+
 UpstreamStatus ExpandableRanges::map_fresh(Growth& growth, std::uintptr_t at, std::size_t amount, std::size_t* done) {
-  const std::size_t unit_cap = max_unit(growth.seg);
+  const std::size_t unit_cap = max_unit(growth.seg, amount);
   UpstreamStatus us = UpstreamStatus::ok;
   while (us == UpstreamStatus::ok && *done < amount) {
     const std::size_t n = std::min(amount - *done, unit_cap);

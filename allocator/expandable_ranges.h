@@ -109,11 +109,10 @@ class ExpandableRanges {
   // its range lent the other one (`lent`): at most `short_by`, the part of the excess over the
   // cap that its own free pages cannot cover.
   std::size_t bounce_allowance(const Segment* range, std::size_t short_by) const;
-  // The largest physical allocation growth may map in `range` (a multiple of its page).
-  std::size_t max_unit(const Segment* range) const {
-    const std::size_t want = opt_.expandable_max_unit;
-    return want <= range->page ? range->page : want / range->page * range->page;
-  }
+  // The largest physical allocation a growth of `amount` bytes may map in `range` (a multiple of
+  // its page). PoolOptions::expandable_unit_share scales it with the pool's reserved bytes
+  // after the growth, so a pool's first large allocation still maps few units.
+  std::size_t max_unit(const Segment* range, std::size_t amount) const;
 
   // ---- recycling ----
   // Shared free blocks of the ranges with whole pages, outside `plan`'s keep range, fewest whole

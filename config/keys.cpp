@@ -105,12 +105,16 @@ bool default_expandable_page(const Policy& p) {
   return p.pool.expandable_large_page == PoolOptions{}.expandable_large_page;
 }
 
+// Set, the size holds for every unit; unset, units scale with the pool up to the default.
 std::string apply_expandable_unit(Policy& p, std::string_view v, Warnings&) {
-  return set_physical_mib(p.pool.expandable_max_unit, v);
+  if (std::string why = set_physical_mib(p.pool.expandable_max_unit, v); !why.empty()) return why;
+  p.pool.expandable_unit_share = 0;
+  return {};
 }
 std::string format_expandable_unit(const Policy& p) { return std::to_string(p.pool.expandable_max_unit / MiB); }
 bool default_expandable_unit(const Policy& p) {
-  return p.pool.expandable_max_unit == PoolOptions{}.expandable_max_unit;
+  return p.pool.expandable_max_unit == PoolOptions{}.expandable_max_unit &&
+         p.pool.expandable_unit_share == PoolOptions{}.expandable_unit_share;
 }
 
 std::string apply_expandable_headroom(Policy& p, std::string_view v, Warnings&) {
@@ -564,9 +568,10 @@ const std::array<KeySpec, 41> kKeys{{
      Reach::pool,
      "a whole number of MiB <= 1024 (0 = one page per physical allocation)",
      "64",
-     "with expandable_segments: growth maps fresh memory in physical allocations of up to this size "
+     "with expandable_segments: growth maps fresh memory in physical allocations of this size "
      "(whole pages); CUDA's map calls cost per allocation, so larger units make growth cheaper, while "
-     "a unit is recycled or given back only when all of it is free",
+     "a unit is recycled or given back only when all of it is free. Unset, units scale with the pool: "
+     "1/64 of its reserved memory, rounded down to a power of two, from one page up to 16 MiB",
      {},
      apply_expandable_unit,
      format_expandable_unit,

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,12 +54,15 @@ std::size_t large_page() {
   return want <= g ? g : (want + g - 1) / g * g;
 }
 
-// The pool's largest physical unit: VMM_APP_MAX_UNIT_MB (what the test set with
-// expandable_unit_mb; unset, the pool's default 16) in whole pages, at least one page.
-std::size_t max_unit() {
+// The pool's largest physical unit for a growth of `grown` bytes into a pool that held none:
+// VMM_APP_MAX_UNIT_MB (what the test set with expandable_unit_mb) or, unset, the default rule
+// (units up to 1/64 of the pool after the growth, rounded down to a power of two, at most
+// 16 MiB), in whole pages, at least one page.
+std::size_t max_unit(std::size_t grown) {
   const std::size_t lp = large_page();
   const char* e = std::getenv("VMM_APP_MAX_UNIT_MB");
-  const std::size_t want = (e != nullptr ? std::strtoull(e, nullptr, 10) : 16) * kMiB;
+  const std::size_t want = e != nullptr ? std::strtoull(e, nullptr, 10) * kMiB
+                                        : std::min<std::size_t>(16 * kMiB, std::bit_floor(grown / 64));
   return want <= lp ? lp : want / lp * lp;
 }
 
@@ -114,7 +118,7 @@ void scenario_release() {
   // Large blocks only: whole large pages, in handles of one page up to the largest unit.
   CHECK(mapped_full % lp == 0);
   CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) <= mapped_full / lp);
-  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) >= mapped_full / max_unit());
+  CHECK(static_cast<std::size_t>(fakecuda_vmm_live_handles()) >= mapped_full / max_unit(mapped_full));
   check_accounting(0);
   // The address range query answers per block.
   CUdeviceptr base = 0;
@@ -511,9 +515,9 @@ void scenario_enable_peer() {
 void scenario_units() {
   start(0);
   const std::size_t g = fakecuda_vmm_granularity();
-  const std::size_t unit = max_unit();
   CUdeviceptr a = 0;
   const std::size_t big = 100 * kMiB;  // a multiple of 2 and 4 MiB granularities
+  const std::size_t unit = max_unit(big);
   CHECK(big % g == 0);
   CHECK_OK(cuMemAlloc_v2(&a, big));
   fill(a, big, 3);

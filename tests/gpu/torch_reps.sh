@@ -5,7 +5,8 @@
 # MODE: a name (native, ptexp, async, nocache, cpdef, cpcls, cpimm, cppt, cpptl) or
 # NAME=CUDAPOOL_CONF for cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
 # h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
-# one trace per process, for tests/gpu/step_events.py).
+# one trace per process, for tests/gpu/step_events.py), or NAME=pt:CUDAPOOL_CONF for the
+# pluggable path (as cppt) under that policy.
 # Environment: TORCH_WORKLOAD (unset or "torch": torch_train.py --d-model TORCH_D_MODEL --steps 60;
 # "hf": hf_lm.py --steps HF_STEPS, HF transformers' GPT-2 with a 50257-token vocabulary, HF_STEPS
 # default 30; "cnn" / "cnninf": torch_cnn.py's ResNet-50 training / inference at changing shapes,
@@ -19,7 +20,8 @@
 # tests/gpu/step_table.py shows the same files step by step.
 # Prints, per mode, the median / mean / min of the per-process median step times (ms), every
 # value and the median host share of a step, then each mode's median relative to the fastest
-# mode's median; with NVML_PEAK also each mode's median peak and its ratio to `nocache`'s.
+# mode's median, with `native` among the modes each mode's per-round ratio to it and their median;
+# with NVML_PEAK also each mode's median peak and its ratio to `nocache`'s.
 set -u
 cd "$(dirname "$0")/../.."
 REPS=10
@@ -48,6 +50,7 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
     cpdef) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
     cppt) printf '%s\n' "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
     cpptl) printf '%s\n' "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= ;;
+    *=pt:*) printf '%s\n' "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=pt:}" ;;
     *=*) printf '%s\n' $NC "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=}" ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
   esac
@@ -65,7 +68,7 @@ for rep in $(seq 1 "$REPS"); do
     peak=()
     [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
     prog=("${PROG[@]}")
-    case $m in cppt | cpptl) prog=(python3 tests/gpu/with_pool.py "${PROG[@]:1}") ;; esac
+    case $m in cppt | cpptl | *=pt:*) prog=(python3 tests/gpu/with_pool.py "${PROG[@]:1}") ;; esac
     timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" "${prog[@]}" \
       --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
   done
@@ -73,7 +76,7 @@ done
 python3 - "$OUT" "$@" <<'PY'
 import json, os, statistics as st, sys
 out, modes = sys.argv[1], [m.split("=", 1)[0] for m in sys.argv[2:]]
-med, peaks = {}, {}
+med, peaks, by_round = {}, {}, {}
 for n in modes:
     v, host, cpu, pk = [], [], [], []
     for f in sorted(os.listdir(out)):
@@ -81,6 +84,7 @@ for n in modes:
             d = json.load(open(os.path.join(out, f)))
             w = d.get("warmup", 5)
             v.append(1e3 * st.median(d["step_s"][w:]))
+            by_round.setdefault(n, {})[int(f[len(n) + 1:-5])] = v[-1]
             if "step_host_s" in d:
                 host.append(st.median(h / t for h, t in zip(d["step_host_s"][w:], d["step_s"][w:])))
             if "step_cpu_s" in d:
@@ -101,6 +105,12 @@ for n in modes:
 if med:
     best = min(med, key=med.get)
     print("relative to the fastest median (" + best + "): " + ", ".join(f"{n} {med[n] / med[best]:.3f}x" for n in med))
+if "native" in by_round:  # the ratio of each round, then their median: rounds share the VM's state
+    nat = by_round["native"]
+    for n in med:
+        r = [by_round[n][k] / nat[k] for k in sorted(by_round[n]) if k in nat]
+        if n != "native" and r:
+            print(f"{n} / native per round: median {st.median(r):.3f}x (" + ", ".join(f"{x:.2f}" for x in r) + ")")
 if "nocache" in peaks:
     print("peak / no caching: " + ", ".join(f"{n} {peaks[n] / peaks['nocache']:.3f}x" for n in peaks))
 PY

@@ -179,6 +179,10 @@ TEST(ConfKeys, ExpandablePageBounds) {
 
 TEST(ConfKeys, ExpandableUnitBounds) {
   EXPECT_EQ(Policy{}.pool.expandable_max_unit, 16 * MiB);
+  // Unset, units scale with the pool; a value set holds for every unit.
+  EXPECT_EQ(Policy{}.pool.expandable_unit_share, 64u);
+  EXPECT_EQ(must_parse("expandable_unit_mb:16").pool.expandable_unit_share, 0u);
+  EXPECT_TRUE(has(to_conf_string(must_parse("expandable_unit_mb:16")), "expandable_unit_mb:16"));
   EXPECT_EQ(must_parse("expandable_unit_mb:0").pool.expandable_max_unit, 0u);
   EXPECT_EQ(must_parse("expandable_unit_mb:64").pool.expandable_max_unit, 64 * MiB);
   EXPECT_EQ(must_parse("expandable_unit_mb:1024").pool.expandable_max_unit, 1024 * MiB);
@@ -186,7 +190,7 @@ TEST(ConfKeys, ExpandableUnitBounds) {
   EXPECT_TRUE(has(must_fail("expandable_unit_mb:-1"), "expandable_unit_mb"));
   EXPECT_TRUE(has(must_fail("expandable_unit_mb:big"), "expandable_unit_mb"));
   EXPECT_TRUE(has(to_conf_string(must_parse("expandable_unit_mb:0")), "expandable_unit_mb:0"));
-  EXPECT_FALSE(has(to_conf_string(must_parse("expandable_unit_mb:16")), "expandable_unit_mb"));  // the default
+  EXPECT_FALSE(has(to_conf_string(Policy{}), "expandable_unit_mb"));  // the default: units scale
 }
 
 TEST(ConfKeys, ExpandableHeadroomBounds) {

@@ -39,6 +39,7 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.pool.expandable_wait = false;
   p.pool.expandable_large_page = 4 * MiB;
   p.pool.expandable_max_unit = 64 * MiB;
+  p.pool.expandable_unit_share = 0;  // what setting expandable_unit_mb means: every unit that size
   p.pool.expandable_headroom = 0.25;
   p.expandable_peer_access = true;
   p.free_host_sync = true;

@@ -44,7 +44,7 @@ constexpr std::size_t count_fields(Fields... f) {
 // Every field of Policy and its PoolOptions, except origin and warnings (bookkeeping: where each
 // value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
-  static_assert(count_fields<PoolOptions>() == 15, "a PoolOptions field is not compared below");
+  static_assert(count_fields<PoolOptions>() == 16, "a PoolOptions field is not compared below");
   static_assert(count_fields<Policy>() == 24, "a Policy field is not compared below");
   static_assert(count_fields<HostPoolOptions>() == 6, "a HostPoolOptions field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
@@ -60,6 +60,7 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.pool.expandable_slack, b.pool.expandable_slack);
   EXPECT_EQ(a.pool.expandable_large_page, b.pool.expandable_large_page);
   EXPECT_EQ(a.pool.expandable_max_unit, b.pool.expandable_max_unit);
+  EXPECT_EQ(a.pool.expandable_unit_share, b.pool.expandable_unit_share);
   EXPECT_EQ(a.pool.expandable_headroom, b.pool.expandable_headroom);
   EXPECT_EQ(a.pool.cache_from_first_thread, b.pool.cache_from_first_thread);
   EXPECT_EQ(a.backend, b.backend);

@@ -54,6 +54,7 @@ TEST(PoolReleaseIdle, ExpandableWholeUnitsAsFewAsCoverTheRequest) {
   o.expandable_segments = true;
   o.expandable_slack = 0;
   o.expandable_max_unit = 16 * MiB;
+  o.expandable_unit_share = 0;  // every unit 16 MiB, however small the pool
   o.free_sync = FreeSync::fenced;
   PoolRig rig(o, 1 * GiB, /*auto_fence=*/true);
   rig.up.set_granularity(2 * MiB);

@@ -4,6 +4,7 @@
 // move that is not whole units (bad_calls) and reports the units it holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -22,6 +23,7 @@ PoolOptions uopt(std::size_t max_unit, FreeSync sync = FreeSync::fenced) {
   o.expandable_slack = 0;       // exact page arithmetic: no growth slack
   o.expandable_large_page = 0;  // 2 MiB pages
   o.expandable_max_unit = max_unit;
+  o.expandable_unit_share = 0;  // every unit up to the cap (UnitsScaleWithThePool: the default)
   o.free_sync = sync;
   return o;
 }
@@ -48,6 +50,34 @@ TEST(PoolUnits, GrowthMapsUnitsUpToTheCap) {
   EXPECT_EQ(rig.units_mib(), (V{16, 16, 16, 16, 16, 16, 4}));
   EXPECT_EQ(rig.up.map_calls(), 7u);
   rig.expect_clean();
+}
+
+// The default: a growth maps units of at most 1/64 of the pool after it (a power of two, one
+// page at least, the cap at most), so a small pool keeps small units.
+TEST(PoolUnits, UnitsScaleWithThePool) {
+  PoolOptions o = uopt(16 * MiB);
+  o.expandable_unit_share = 64;
+  URig rig(o);
+  void* a = rig.alloc(100 * MiB);  // 100 MiB / 64 -> 1 MiB: one 2 MiB page per unit
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(rig.units_mib(), V(50, 2));
+  void* b = rig.alloc(412 * MiB);  // 512 MiB / 64 = 8 MiB units: 51 of them and one of 4 MiB
+  ASSERT_NE(b, nullptr);
+  V want(50, 2);
+  want.insert(want.end(), 51, 8);
+  want.push_back(4);
+  V got = rig.units_mib();
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+  rig.expect_clean();
+  // The cap still holds: 1 GiB of pool would allow 16 MiB, a cap of 4 MiB keeps 4.
+  PoolOptions c = uopt(4 * MiB);
+  c.expandable_unit_share = 64;
+  URig capped(c);
+  ASSERT_NE(capped.alloc(600 * MiB), nullptr);
+  EXPECT_EQ(capped.units_mib(), V(150, 4));
+  capped.expect_clean();
 }
 
 TEST(PoolUnits, ZeroCapMapsOnePagePerUnit) {

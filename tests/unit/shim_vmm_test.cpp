@@ -68,9 +68,10 @@ TEST(ShimVmm, ContextResetReleasesPagesAndRanges) {
   EXPECT_NE(o.output.find("context gone, released"), std::string::npos) << o.output;
 }
 
-// Physical units: a 100 MiB growth is ceil(100 / unit) handles, with the default 16 MiB units and
-// with others; 0 = one handle per page (then 25 handles at the fake's 4 MiB granularity). The
-// app checks handle counts against VMM_APP_MAX_UNIT_MB, so a pool ignoring the key fails it.
+// Physical units: a 100 MiB growth is ceil(100 / unit) handles, with the default's units (scaled
+// to the pool: a 100 MiB pool maps one page each) and with units set; 0 = one handle per page
+// (then 25 handles at the fake's 4 MiB granularity). The app checks handle counts against
+// VMM_APP_MAX_UNIT_MB, so a pool ignoring the key fails it.
 TEST(ShimVmm, GrowthMapsFewLargeUnits) {
   expect_pass("units");
   expect_pass("units", {{"FAKECUDA_VMM_GRANULARITY_KB", "2048"}});
@@ -79,7 +80,8 @@ TEST(ShimVmm, GrowthMapsFewLargeUnits) {
   expect_pass("units",
               {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:40"}, {"VMM_APP_MAX_UNIT_MB", "40"}});
   // Told 16 MiB units while the pool maps one page per handle, the app fails.
-  const auto o = run_app("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"}});
+  const auto o = run_app("units", {{"CUDAPOOL_CONF", "expandable_segments:True,expandable_unit_mb:0"},
+                                   {"VMM_APP_MAX_UNIT_MB", "16"}});
   EXPECT_NE(o.exit_status, 0) << o.output;
 }
 
