@@ -4,8 +4,8 @@
 # Needs cudapool and libcudapool.so side by side in $CUDAPOOL_BIN_DIR (default build/release; built
 # by `make` and carried to the
 # GPU machine; strip them first to carry less), nvcc for the legacy program, and optionally torch for the PyTorch trace.
-# Writes OUTDIR/{legacy,torch,cnninf,hf}.csv (traces; hf.csv.gz too), *.json (summaries), ab.json,
-# and log.txt.
+# Writes OUTDIR/{legacy,torch,cnninf,cnnpt,hf}.csv (traces; cnninf, cnnpt and hf gzipped too),
+# *.json (summaries), ab.json, and log.txt.
 set -u
 out=${1:?usage: gpu_capture.sh OUTDIR}
 mkdir -p "$out"
@@ -49,6 +49,18 @@ if python3 -c 'import torch' 2>/dev/null; then
     python3 tests/gpu/torch_cnn.py --mode infer --cycles 3 --out "$out/cnninf_result.json"
   echo "run exit status: $?"
   $cp replay "$out/cnninf.csv"
+  gzip -9 -n -k "$out/cnninf.csv"
+  # ResNet-50 training through PyTorch's pluggable allocator (tests/gpu/with_pool.py): its NVML peak
+  # sits about 1 % over PyTorch's expandable segments' (docs/benchmarks.md); its trace, replayed with
+  # --free-as recorded and --sweep, says which growths make the difference.
+  echo "== ResNet-50 training through the pluggable path"
+  CUDAPOOL_CONF="trace_file:$out/cnnpt.csv,stats_file:$out/cnnpt.json" \
+    LD_PRELOAD="$(dirname "$cp")/libcudapool.so" python3 tests/gpu/with_pool.py tests/gpu/torch_cnn.py \
+    --mode train --cycles 2 --out "$out/cnnpt_result.json"
+  echo "run exit status: $?"
+  $cp replay --check --quiet "$out/cnnpt.csv"
+  echo "replay --check exit status: $?"
+  gzip -9 -n -k "$out/cnnpt.csv"
   # HF GPT-2 training under the default (what tests/traces/gpu_hf_gpt2.csv.gz was, recorded by an
   # older pool: tests/traces/stale.txt): a new recording, gzipped, takes its place there.
   if python3 -c 'import transformers' 2>/dev/null; then
