@@ -71,7 +71,7 @@ TEST(PoolUnits, UnitsScaleWithThePool) {
   std::sort(want.begin(), want.end());
   EXPECT_EQ(got, want);
   rig.expect_clean();
-  // The cap still holds: 1 GiB of pool would allow 16 MiB, a cap of 4 MiB keeps 4.
+  // The cap still holds: 600 MiB of pool would allow 8 MiB units, a cap of 4 MiB keeps them at 4.
   PoolOptions c = uopt(4 * MiB);
   c.expandable_unit_share = 64;
   URig capped(c);
