@@ -568,7 +568,7 @@ const std::array<KeySpec, 41> kKeys{{
      Reach::pool,
      "a whole number of MiB <= 1024 (0 = one page per physical allocation)",
      "64",
-     "with expandable_segments: growth maps fresh memory in physical allocations of this size "
+     "with expandable_segments: growth maps fresh memory in physical allocations of up to this size "
      "(whole pages); CUDA's map calls cost per allocation, so larger units make growth cheaper, while "
      "a unit is recycled or given back only when all of it is free. Unset, units scale with the pool: "
      "1/64 of its reserved memory, rounded down to a power of two, from one page up to 16 MiB",
