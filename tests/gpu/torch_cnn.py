@@ -11,6 +11,10 @@ The shapes cycle through a fixed list, so after the first cycle (the warm-up, wh
 each shape) every shape is known. Writes the same JSON as torch_train.py (step_s, step_host_s,
 median_step_ms, torch_max_reserved, env) plus step_cpu_s (process CPU time per step) and warmup.
 Which allocator runs is decided by the environment, as for torch_train.py.
+
+HOST_SAMPLER_OUT=PATH with tests/gpu/host_sampler.cpp's library preloaded: the steps after the
+warm-up are sampled (host time of the main thread, by shared object) and the profile written to
+PATH; tests/gpu/host_profile.py reads it.
 """
 import argparse
 import json
@@ -48,7 +52,18 @@ def main():
     steps = shapes * args.cycles
     gen = torch.Generator(device=dev)
     times, host, cpu, losses = [], [], [], []
+    sampler_out = os.environ.get("HOST_SAMPLER_OUT")
+    sampler = None
+    if sampler_out:
+        import ctypes
+        sampler = ctypes.CDLL(None)  # the preloaded host_sampler.so
+        if not hasattr(sampler, "host_sampler_start"):
+            raise SystemExit("HOST_SAMPLER_OUT is set but host_sampler.so is not preloaded")
     for step, (b, side) in enumerate(steps):
+        if sampler is not None and step == warmup:
+            torch.cuda.synchronize()
+            if sampler.host_sampler_start() != 0:
+                raise SystemExit("host_sampler_start failed")
         gen.manual_seed(step)
         x = torch.randn(b, 3, side, side, generator=gen, device=dev).to(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (b,), generator=gen, device=dev)
@@ -70,6 +85,10 @@ def main():
         cpu.append(time.process_time() - c0)
         losses.append(loss.item())
         del x, y, loss
+    if sampler is not None:
+        torch.cuda.synchronize()
+        if sampler.host_sampler_stop(sampler_out.encode()) != 0:
+            raise SystemExit(f"host_sampler_stop could not write {sampler_out}")
 
     result = {
         "workload": "resnet50-" + args.mode,

@@ -17,6 +17,9 @@
 # cppt: PyTorch's pluggable allocator on the pool (tests/gpu/with_pool.py, cudapool.torch.use())
 # with the library preloaded; cpptl: the same with the library loaded by cudapool.torch.use()
 # alone (no LD_PRELOAD); both under the default policy.
+# HOST_SAMPLER (cnn/cnninf only): the path of tests/gpu/host_sampler.cpp built as a library;
+# every process preloads it too and writes a host profile of its steady steps to
+# OUT/MODE_ROUND.prof.tsv (tests/gpu/host_profile.py OUT MODE... reads them).
 # tests/gpu/step_table.py shows the same files step by step.
 # Prints, per mode, the median / mean / min of the per-process median step times (ms), every
 # value and the median host share of a step, then each mode's median relative to the fastest
@@ -26,7 +29,7 @@ set -u
 cd "$(dirname "$0")/../.."
 REPS=10
 if [[ "${1:-}" =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
-[ $# -gt 0 ] || { sed -n 2,22p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,27p "$0"; exit 2; }
 SHIM=${CUDAPOOL_SHIM:-$PWD/build/release/libcudapool.so}
 OUT=${OUT:-build/torch-reps}
 mkdir -p "$OUT"
@@ -65,6 +68,14 @@ for rep in $(seq 1 "$REPS"); do
   for m in "$@"; do
     n=$(name_of "$m")
     mapfile -t envs < <(env_of "$m")
+    if [ -n "${HOST_SAMPLER:-}" ]; then
+      pre=
+      for i in "${!envs[@]}"; do
+        case ${envs[$i]} in LD_PRELOAD=*) envs[$i]="${envs[$i]}:$HOST_SAMPLER"; pre=1 ;; esac
+      done
+      [ -n "$pre" ] || envs+=("LD_PRELOAD=$HOST_SAMPLER")
+      envs+=("HOST_SAMPLER_OUT=$OUT/${n}_$rep.prof.tsv")
+    fi
     peak=()
     [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
     prog=("${PROG[@]}")
