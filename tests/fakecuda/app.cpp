@@ -347,9 +347,9 @@ void fenced_reuse() {
   // until that work is done.
   for (CUstream busy : {nb, blocking, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD}) {
     CUdeviceptr p = 0, q = 0, r = 0;
-    // The previous round's frees come back first (their batch window passes), so each round
-    // starts from the same free segment.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // The previous round's frees come back first (their batch window passes, and the sweep gap
+    // of the non-blocking stream, 4 ms), so each round starts from the same free segment.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     CHECK_OK(api.cuMemAlloc(&p, n));
     fakecuda_hold_stream(busy);
     CHECK_OK(api.cuMemFree(p));
@@ -357,8 +357,9 @@ void fenced_reuse() {
     CHECK(!overlaps(p, n, q, n));  // reused early = a data race on a real GPU
     fakecuda_release_stream(busy);
     // q came from the segment's rest while the free's batch was open; once the batch window
-    // (20 us, docs/design.md) has passed, the next allocation records the fence and queries it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // (20 us, docs/design.md) and the sweep gap (4 ms, shim/cuda_fences.h) have passed, the next
+    // allocation records the fence and queries it, and a sweep asks the non-blocking stream.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     CHECK_OK(api.cuMemAlloc(&r, n));
     CHECK(r == p);  // the fence completed: best fit takes the freed block again
     CHECK_OK(api.cuMemFree(q));
@@ -1129,7 +1130,7 @@ void gpu_wait_without_queries() {
 // cuBLAS handles: 16 per thread). A device fence must still cover them, but not with an event on
 // each per fence: the legacy churn loop with 16 idle non-blocking streams alive records about one
 // event per batch (its legacy fence), and the streams are asked in sweeps, at most one per
-// millisecond or so, not once per fence. Safety: with one of those streams busy (its work may use
+// few milliseconds, not once per fence. Safety: with one of those streams busy (its work may use
 // the freed block), the block is not reused until that work has finished; the negative control,
 // free_sync:immediate, reuses it at once. Run under the default policy.
 void gpu_wait_idle_streams() {
@@ -1167,12 +1168,12 @@ void gpu_wait_idle_streams() {
   int early = 0, reused = 0;
   for (int round = 0; round < 4; ++round) {
     CUstream busy = idle[static_cast<std::size_t>(round * 5 % kStreams)];
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // earlier frees come back, a sweep is due
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // earlier frees come back, a sweep is due
     CUdeviceptr p = 0;
     CHECK_OK(api.cuMemAlloc(&p, n));
     fakecuda_hold_stream(busy);
     CHECK_OK(api.cuMemFree(p));
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the batch window and the sweep gap pass
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the batch window and the sweep gap pass
     std::vector<CUdeviceptr> got;
     for (int i = 0; i < 32; ++i) {  // until the freed block comes back
       CUdeviceptr q = 0;

@@ -44,7 +44,7 @@
 
 namespace {
 
-constexpr int kDepth = 24;                  // frames kept per sample (the leaf included)
+constexpr int kDepth = 24;                    // frames kept per sample (the leaf included)
 constexpr std::size_t kMaxSamples = 1 << 17;  // about 13 s at 100 us
 struct Sample {
   int n;
@@ -131,10 +131,11 @@ extern "C" __attribute__((visibility("default"))) int host_sampler_stop(const ch
   }
   timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  const double secs = static_cast<double>(t1.tv_sec - g_t0.tv_sec) + 1e-9 * static_cast<double>(t1.tv_nsec - g_t0.tv_nsec);
+  const double secs = static_cast<double>(t1.tv_sec - g_t0.tv_sec) +
+                      1e-9 * static_cast<double>(t1.tv_nsec - g_t0.tv_nsec);
   const std::size_t n = std::min(g_count.load(), kMaxSamples);
   std::map<std::uintptr_t, std::pair<std::string, std::string>> where;  // pc -> (object, symbol)
-  std::map<std::uintptr_t, std::uintptr_t> base;                          // pc -> its object's base
+  std::map<std::uintptr_t, std::uintptr_t> base;                        // pc -> its object's base
   auto resolve = [&](std::uintptr_t pc) -> const std::pair<std::string, std::string>& {
     auto it = where.find(pc);
     if (it != where.end()) return it->second;

@@ -225,9 +225,10 @@ TEST(Shim, BackendPassthroughSendsEverythingToTheDriver) {
 }
 
 TEST(Shim, FreeSyncImmediateReusesWhileWorkIsPending) {
-  // The fenced policies refuse the early reuse on the same stream (the scenario's check fails)…
-  RunResult dflt = run({app(false), "immediate_reuse"});
-  EXPECT_NE(dflt.exit_status, 0) << dflt.output;
+  // free_sync:fenced refuses the early reuse on the same stream (the scenario's check fails)…
+  // (The default may reuse it too, under a GPU-side order once the batch's fence is recorded,
+  // which happens when its window has passed: a timing the test cannot fix, so the default's
+  // reuse is checked by the gpu_wait scenarios instead.)
   RunResult fenced = run({app(false), "immediate_reuse"}, {{"CUDAPOOL_CONF", "free_sync:fenced"}});
   EXPECT_NE(fenced.exit_status, 0) << fenced.output;
   // …free_sync:immediate allows it (PyTorch's semantics).
