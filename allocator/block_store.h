@@ -120,7 +120,13 @@ class BlockStore {
     const bool small = b->seg->small;
     if (b->is_split()) count_inactive_split(b, -1);
     const std::size_t rest = b->size - rounded;
-    const bool split = small ? rest >= kMinBlockSize : (rounded < max_split_size_ && rest > kSmallSize);
+    // Small blocks and blocks of expandable segments split whenever a minimal block remains (as
+    // PyTorch's allocator does under expandable_segments): an expandable segment's free tail
+    // joins whatever frees next to it, so it is memory the pool can use again, not a fragment.
+    // A large block of a classic segment keeps tails of up to 1 MiB and is not split at or past
+    // max_split_size, so that such segments are not cut into pieces too small for large requests.
+    const bool split = (small || b->seg->expandable) ? rest >= kMinBlockSize
+                                                     : (rounded < max_split_size_ && rest > kSmallSize);
     if (split) {
       // The remainder keeps b's place in the same set: same class, larger address.
       Block* r = block_pool.get();

@@ -456,13 +456,26 @@ UpstreamStatus ExpandableRanges::alias_hot_units(Growth& growth, std::uintptr_t 
   return UpstreamStatus::ok;
 }
 
-std::vector<Detached> ExpandableRanges::take_unusable(Growth& growth, std::size_t left) {
+std::vector<Detached> ExpandableRanges::take_unusable(Growth& growth, std::size_t left, std::size_t later) {
   std::vector<Detached> unusable;
-  for (Unit& u : growth.spare)
-    if (!u.used && u.size > left) {
+  std::size_t kept = 0;
+  for (Unit& u : growth.spare) {
+    if (u.used) continue;
+    if (u.size > left) {
       u.used = true;
       unusable.push_back(Detached{u.base, u.size, true});
+    } else {
+      kept += u.size;
     }
+  }
+  while (kept > later) {
+    Unit* smallest = nullptr;
+    for (Unit& u : growth.spare)
+      if (!u.used && (smallest == nullptr || u.size < smallest->size)) smallest = &u;
+    smallest->used = true;
+    unusable.push_back(Detached{smallest->base, smallest->size, true});
+    kept -= smallest->size;
+  }
   return unusable;
 }
 

@@ -134,8 +134,11 @@ class ExpandableRanges {
   UpstreamStatus move_spare(Growth& growth, std::uintptr_t at, std::size_t amount, std::size_t* done);
   UpstreamStatus alias_hot_units(Growth& growth, std::uintptr_t at, std::size_t amount, std::size_t* done);
   // Spare units larger than all the growth still to place (`left`) can never be used: they go
-  // back now (the list to unmap), so the mapped total never passes the mark on the way.
-  std::vector<Detached> take_unusable(Growth& growth, std::size_t left);
+  // back now (the list to unmap), so the mapped total never passes the mark on the way. When the
+  // current piece maps fresh memory next, the pieces after it need only `later` bytes: spares
+  // beyond that would go back after the fresh map anyway, so the smallest go back now, until
+  // what is left of them fits `later` (SIZE_MAX: the piece maps nothing fresh).
+  std::vector<Detached> take_unusable(Growth& growth, std::size_t left, std::size_t later);
   UpstreamStatus map_fresh(Growth& growth, std::uintptr_t at, std::size_t amount, std::size_t* done);
   // A failed piece: the `done` bytes placed at `at` are unmapped (the caller settled the orders).
   void unmap_placed(Segment* range, std::uintptr_t at, std::size_t done);

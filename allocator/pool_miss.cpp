@@ -387,7 +387,10 @@ UpstreamStatus DevicePool::Impl::fill(Lock& lk, detail::Growth& growth, std::uin
   growth.alias_hot = 0;
   UpstreamStatus us = ranges.move_spare(growth, at, amount, &done);
   if (us == UpstreamStatus::ok) us = ranges.alias_hot_units(growth, at, amount, &done);
-  std::vector<Detached> unusable = ranges.take_unusable(growth, growth.plan.to_map - growth.placed - done);
+  const std::size_t left = growth.plan.to_map - growth.placed - done;
+  // Fresh memory follows for this piece: the pieces after it can take only what they need.
+  const std::size_t later = done < amount ? growth.plan.to_map - growth.placed - amount : SIZE_MAX;
+  std::vector<Detached> unusable = ranges.take_unusable(growth, left, later);
   release_segments(lk, unusable);
   if (us == UpstreamStatus::ok) us = ranges.map_fresh(growth, at, amount, &done);
   if (us != UpstreamStatus::ok && done != 0) {

@@ -229,13 +229,16 @@ expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_
 expect_out "^metric +defaults +max_split_size_mb=64 +max_split_size_mb=256" "sweep columns"
 expect_rc 0 "replay an H200 trace with fence waits, sweeping the headroom" -- "$cp" replay \
   $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True,free_sync:fenced --sweep "expandable_headroom=0,0.03" --quiet
-# Columns: the --conf alone, headroom 0 (the same), headroom 0.03: fewer driver calls, fewer
-# fence waits.
-if awk '/^upstream calls|^fence waits/ { n++; x = $(NF-2); y = $(NF-1); z = $NF; bad += !(x == y && z < y) }
-        END { exit !(n == 2 && !bad) }' "$tmp/out"; then
+# Columns: the --conf alone, headroom 0 (the same), headroom 0.03: a fifth of the fence waits or
+# fewer, for at most 3 % more peak reserved.
+if awk '/^upstream calls/ { n++; bad += !($(NF-2) == $(NF-1)) }
+        /^fence waits/ { n++; x = $(NF-2); y = $(NF-1); z = $NF; bad += !(x == y && 5 * z <= y && y > 0) }
+        /^peak reserved/ { n++; x = $(NF-5); y = $(NF-3); z = $(NF-1)  # each "N GiB"
+                           bad += !($NF == "GiB" && $(NF-2) == "GiB" && x == y && z <= 1.03 * y) }
+        END { exit !(n == 3 && !bad) }' "$tmp/out"; then
   ok
 else
-  fail "headroom 0.03 does not save upstream calls and fence waits on the H200 trace"; sed 's/^/    /' "$tmp/out" | tail -n 12
+  fail "headroom 0.03 does not save fence waits on the H200 trace"; sed 's/^/    /' "$tmp/out" | tail -n 12
 fi
 expect_rc 0 "replay an H200 trace sweeping the physical unit" -- "$cp" replay \
   $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True,free_sync:immediate \

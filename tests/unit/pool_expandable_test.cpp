@@ -29,29 +29,58 @@ struct XRig : PoolRig {
 
 TEST(PoolExpandable, GrowsOneRangeByMappingPages) {
   XRig rig;
-  void* a = rig.alloc(5 * MiB);  // maps 6 MiB (3 pages); 1 MiB rest is not split (large pool)
+  // maps 6 MiB (3 pages); the 1 MiB rest is split off (in an expandable segment a large block
+  // splits whenever a minimal block remains, as PyTorch's allocator does there)
+  void* a = rig.alloc(5 * MiB);
   EXPECT_EQ(rig.up.reserve_calls(), 1u);
   EXPECT_EQ(rig.up.allocate_calls(), 0u);
   EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
-  void* b = rig.alloc(3 * MiB);  // maps 4 MiB right after a
-  EXPECT_EQ(b, at(a, 6 * MiB));
-  EXPECT_EQ(rig.up.bytes_mapped(), 10 * MiB);
+  void* b = rig.alloc(3 * MiB);  // a's free 1 MiB rest, extended by one page
+  EXPECT_EQ(b, at(a, 5 * MiB));
+  EXPECT_EQ(rig.up.bytes_mapped(), 8 * MiB);
   EXPECT_EQ(rig.up.reserve_calls(), 1u);
   Stats s = rig.pool->stats();
-  EXPECT_EQ(s.reserved_bytes[kAll].current, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(s.reserved_bytes[kAll].current, static_cast<std::int64_t>(8 * MiB));
   EXPECT_EQ(s.segment[kAll].current, 1);  // one mapped run
   Snapshot snap = rig.pool->snapshot();
   ASSERT_EQ(snap.segments.size(), 1u);
   EXPECT_TRUE(snap.segments[0].is_expandable);
-  EXPECT_EQ(snap.segments[0].total_size, 10 * MiB);
+  EXPECT_EQ(snap.segments[0].total_size, 8 * MiB);
   auto info = rig.pool->address_info(b);
   ASSERT_TRUE(info.has_value());
   EXPECT_TRUE(info->expandable);
   EXPECT_FALSE(info->whole_segment);
   EXPECT_EQ(info->segment_base, reinterpret_cast<std::uintptr_t>(a));
-  EXPECT_EQ(info->segment_size, 10 * MiB);
-  EXPECT_FALSE(rig.pool->owns(at(a, 10 * MiB)));  // reserved but unmapped
-  EXPECT_EQ(rig.pool->free(at(a, 10 * MiB)), FreeStatus::not_owned);
+  EXPECT_EQ(info->segment_size, 8 * MiB);
+  EXPECT_FALSE(rig.pool->owns(at(a, 8 * MiB)));  // reserved but unmapped
+  EXPECT_EQ(rig.pool->free(at(a, 8 * MiB)), FreeStatus::not_owned);
+  rig.expect_intact();
+}
+
+// In an expandable segment a large block splits whenever a minimal block remains (PyTorch's rule
+// under expandable_segments), where a classic segment keeps tails up to 1 MiB
+// (PoolRules.LargePoolSplitNeedsMoreThan1MiB): the tail is free memory the next block starts in.
+TEST(PoolExpandable, LargeTailsSplitOffDownToAMinimalBlock) {
+  PoolOptions o = expandable();
+  o.max_split_size = 2 * MiB;  // no bound on splitting here: only on which blocks serve which requests
+  XRig rig(o);
+  void* a = rig.alloc(3 * MiB + 512 * KiB);  // one 4 MiB mapping; 512 KiB rest
+  Stats s = rig.pool->stats();
+  EXPECT_EQ(s.allocated_bytes[kLargePool].current, static_cast<std::int64_t>(3 * MiB + 512 * KiB));
+  EXPECT_EQ(s.inactive_split_bytes[kLargePool].current, static_cast<std::int64_t>(512 * KiB));
+  // From the rest on, one more page mapped: 512 B are left, split off as well.
+  void* b = rig.alloc(2 * MiB + 512 * KiB - 512);
+  EXPECT_EQ(b, at(a, 3 * MiB + 512 * KiB));
+  EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
+  s = rig.pool->stats();
+  EXPECT_EQ(s.inactive_split_bytes[kLargePool].current, 512);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);
+  EXPECT_EQ(rig.pool->stats().allocated_bytes[kLargePool].current, 0);
+  // The pieces merged back: the whole 6 MiB serve one request, with nothing new mapped.
+  void* c = rig.alloc(6 * MiB);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
   rig.expect_intact();
 }
 
@@ -84,12 +113,15 @@ TEST(PoolExpandable, ExtendsTheFreeTailInsteadOfStartingOver) {
 
 TEST(PoolExpandable, EmptyCacheUnmapsWholeFreePagesOnly) {
   XRig rig;
-  void* a = rig.alloc(1 * MiB + 512);  // large pool: 2 MiB page
-  void* b = rig.alloc(5 * MiB);        // next 6 MiB
-  void* c = rig.alloc(3 * MiB);        // next 4 MiB
-  EXPECT_EQ(rig.up.bytes_mapped(), 12 * MiB);
-  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);  // [2 MiB, 8 MiB) free: three whole pages
-  EXPECT_EQ(rig.pool->empty_cache(), 6 * MiB);
+  // Each block starts at the split-off rest of the one before (MiB, k = 512 B):
+  void* a = rig.alloc(1 * MiB + 512);  // [0, 1+k): a 2 MiB page
+  void* b = rig.alloc(5 * MiB);        // [1+k, 6+k): three more pages
+  void* c = rig.alloc(3 * MiB);        // [6+k, 9+k): one more
+  EXPECT_EQ(b, at(a, 1 * MiB + 512));
+  EXPECT_EQ(c, at(a, 6 * MiB + 512));
+  EXPECT_EQ(rig.up.bytes_mapped(), 10 * MiB);
+  ASSERT_EQ(rig.pool->free(b), FreeStatus::ok);  // [1+k, 6+k) free: pages [2, 6) wholly
+  EXPECT_EQ(rig.pool->empty_cache(), 4 * MiB);
   EXPECT_EQ(rig.up.bytes_mapped(), 6 * MiB);
   EXPECT_EQ(rig.up.unmap_calls(), 1u);
   Stats s = rig.pool->stats();
@@ -109,8 +141,8 @@ TEST(PoolExpandable, EmptyCacheUnmapsWholeFreePagesOnly) {
   EXPECT_EQ(rig.up.bad_calls(), 0u);
 }
 
-// Layout (MiB): a = [0, 2.5) (4 MiB mapped, 1.5 MiB rest split off), b = [2.5, 8) (the rest
-// extended by two pages, 0.5 MiB rest not split). Freeing a frees page 0 wholly, page 1 only
+// Layout (MiB): a = [0, 2.5) (4 MiB mapped, 1.5 MiB rest split off), b = [2.5, 7.5) (the rest
+// extended by two pages; its 0.5 MiB rest split off too). Freeing a frees page 0 wholly, page 1 only
 // partly (b starts inside it).
 TEST(PoolExpandable, PartialPagesStayMapped) {
   XRig rig;

@@ -51,7 +51,8 @@ TEST(PoolRules, SmallPoolSplitsDownTo512) {
   rig.expect_intact();
 }
 
-// Large pool: split only if the remainder is > 1 MiB (and the request < max_split_size).
+// Large pool, classic segments: split only if the remainder is > 1 MiB (and the request <
+// max_split_size). Expandable segments: PoolExpandable.LargeTailsSplitOffDownToAMinimalBlock.
 TEST(PoolRules, LargePoolSplitNeedsMoreThan1MiB) {
   PoolRig rig(immediate_options());
   void* a = rig.alloc(19 * MiB);  // segment 20 MiB, remainder 1 MiB: not split
