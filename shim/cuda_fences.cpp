@@ -108,6 +108,80 @@ void CudaFences::record_locked(Fence* f) {
   }
 }
 
+bool CudaFences::gather_stream_locked() {
+  if (gather_ != nullptr) return true;
+  if (gather_failed_ || d_.cuStreamCreate == nullptr || d_.cuStreamWaitEvent == nullptr) return false;
+  // The driver's own call, not the hook: the pool's stream is no program stream to track.
+  if (d_.cuStreamCreate(&gather_, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    gather_ = nullptr;
+    gather_failed_ = true;
+    log_warn("could not create the fence stream; sweeps ask each non-blocking stream instead");
+    return false;
+  }
+  return true;
+}
+
+void CudaFences::sweep_by_gathering_locked() {
+  bool gathered = false;
+  for (CUstream s : non_blocking_) {
+    CUevent e = take_event_locked();
+    if (e == nullptr) {  // nothing marks this stream's work: the sweep cannot finish
+      sweep_events_.push_back({nullptr, s});
+      continue;
+    }
+    n_record_.add();
+    if (d_.cuEventRecord(e, s) != CUDA_SUCCESS) {
+      free_events_.push_back(e);
+      sweep_events_.push_back({nullptr, s});
+      continue;
+    }
+    n_wait_.add();
+    if (d_.cuStreamWaitEvent(gather_, e, 0) != CUDA_SUCCESS) {
+      sweep_events_.push_back({e, s});  // asked on its own
+      continue;
+    }
+    // The wait took the work the event marks now; recording the event again does not change it.
+    free_events_.push_back(e);
+    gathered = true;
+  }
+  if (!gathered) return;
+  CUevent g = take_event_locked();
+  if (g != nullptr) {
+    n_record_.add();
+    if (d_.cuEventRecord(g, gather_) == CUDA_SUCCESS) {
+      sweep_events_.push_back({g, gather_});
+      return;
+    }
+    free_events_.push_back(g);
+  }
+  sweep_events_.push_back({nullptr, gather_});  // the gathered waits are marked by nothing
+}
+
+void CudaFences::sweep_by_queries_locked() {
+  for (CUstream s : non_blocking_) {
+    if (d_.cuStreamQuery != nullptr) {
+      n_stream_query_.add();
+      // Idle: everything ever issued on it has finished. Any other answer than "not ready" is
+      // an error that leaves nothing running there either.
+      if (d_.cuStreamQuery(s) != CUDA_ERROR_NOT_READY) continue;
+    }
+    CUevent e = take_event_locked();
+    if (e == nullptr) {
+      // No event to mark the stream's work with: the sweep stays unfinished until a later one
+      // gets its events.
+      sweep_events_.push_back({nullptr, s});
+      continue;
+    }
+    n_record_.add();
+    if (d_.cuEventRecord(e, s) != CUDA_SUCCESS) {
+      free_events_.push_back(e);
+      sweep_events_.push_back({nullptr, s});
+      continue;
+    }
+    sweep_events_.push_back({e, s});
+  }
+}
+
 void CudaFences::begin_sweep_locked() {
   auto sweep = [&] {
     // A newer sweep covers everything an older one did: the older one's events are not needed.
@@ -117,27 +191,11 @@ void CudaFences::begin_sweep_locked() {
     ++sweep_started_;
     n_sweeps_.add();
     last_sweep_ns_ = steady_ns();
-    for (CUstream s : non_blocking_) {
-      if (d_.cuStreamQuery != nullptr) {
-        n_stream_query_.add();
-        // Idle: everything ever issued on it has finished. Any other answer than "not ready" is
-        // an error that leaves nothing running there either.
-        if (d_.cuStreamQuery(s) != CUDA_ERROR_NOT_READY) continue;
-      }
-      CUevent e = take_event_locked();
-      if (e == nullptr) {
-        // No event to mark the stream's work with: the sweep stays unfinished until a later one
-        // gets its events.
-        sweep_events_.push_back({nullptr, s});
-        continue;
-      }
-      n_record_.add();
-      if (d_.cuEventRecord(e, s) != CUDA_SUCCESS) {
-        free_events_.push_back(e);
-        sweep_events_.push_back({nullptr, s});
-        continue;
-      }
-      sweep_events_.push_back({e, s});
+    if (!non_blocking_.empty()) {
+      if (gather_stream_locked())
+        sweep_by_gathering_locked();
+      else
+        sweep_by_queries_locked();
     }
     if (sweep_events_.empty()) sweep_done_ = sweep_started_;
   };
@@ -520,6 +578,8 @@ void CudaFences::abandon() {
   sweep_events_.clear();
   sweep_done_ = sweep_started_ = cover_wanted_ = 0;
   last_sweep_ns_ = 0;
+  gather_ = nullptr;  // went with the context
+  gather_failed_ = false;
   streams_.clear();
   non_blocking_.clear();
 }

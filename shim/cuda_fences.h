@@ -2,16 +2,25 @@
 //
 // record_device: one event on the legacy stream (it waits behind every blocking stream and every
 // per-thread default stream: measured on the H200). The context's non-blocking streams, which the
-// legacy stream does not cover, are covered lazily by SWEEPS: a sweep asks each non-blocking
-// stream whether it is idle (cuStreamQuery; an idle stream has finished everything issued on it
-// so far) and records an event only on the busy ones. A device fence recorded while such streams
-// exist is complete once its legacy event has completed AND a sweep begun after it has finished.
-// Sweeps are begun by a query at most once per kSweepGapNs (one sweep serves every fence recorded
-// before it), at once by query_urgent(), wait() and order_after() (memory is wanted now), and before a
-// non-blocking stream is destroyed while some fence still needs a sweep. Libraries create such
-// streams by the dozen and rarely use them (cuDNN and cuBLAS handles under PyTorch: 16 per
-// thread on an H200), so an event on each per fence cost a program more than all its kernels'
-// launches; a sweep costs one cheap query per idle stream, and only once per many fences.
+// legacy stream does not cover, are covered lazily by SWEEPS: a sweep records an event on each
+// non-blocking stream, makes the provider's own GATHER stream (a non-blocking stream no program
+// work runs on, made at the first sweep) wait for each, and records one event there, which
+// completes once everything issued on every non-blocking stream before the sweep has. (Should
+// the gather stream fail to be made, a sweep asks each stream instead, cuStreamQuery: an idle
+// stream has finished everything issued on it so far, and records events on the busy ones.) A
+// device fence recorded while such streams exist is complete once its legacy event has completed
+// AND a sweep begun after it has finished. Sweeps are begun by a query at most once per
+// kSweepGapNs (one sweep serves every fence recorded before it), at once by query_urgent(),
+// wait() and order_after() (memory is wanted now), and before a non-blocking stream is destroyed
+// while some fence still needs a sweep. Libraries create such streams by the dozen and rarely use
+// them (cuDNN and cuBLAS handles under PyTorch: 16 per thread on an H200), so an event on each
+// per fence cost a program more than all its kernels' launches; a sweep is shared by many
+// fences. Why gather (a lent H100, tests/gpu/fence_costs.cpp, 16 idle streams): a query of an
+// idle stream costs ~0.3 µs with the GPU idle (4.8 µs a sweep) but ~1.5 µs while the legacy
+// stream has work queued (23.6 µs), as it has in a program whose host runs ahead of its GPU,
+// where a record and a wait stay ~0.3 and ~0.24 µs: a gathered sweep costs 9.4 µs either way,
+// and its end is one event to ask. ResNet-50 inference under PyTorch sweeps ~13 times a step:
+// ~0.3 ms of its host time asking, ~0.12 ms gathering.
 // record_stream: one event on that stream.
 // Events are created once with CU_EVENT_DISABLE_TIMING (cheapest kind) and recycled.
 //
@@ -124,7 +133,7 @@ class CudaFences final : public FenceProvider {
     CUevent event;  // nullptr: none could be recorded (the sweep cannot finish)
     CUstream stream;
   };
-  // Minimum time between sweeps begun by queries (see above). A sweep of 16 idle streams cost
+  // Minimum time between sweeps begun by queries (see above). A sweep asking 16 idle streams cost
   // ResNet-50 inference under PyTorch ~34 µs of cuStreamQuery on a lent H100 (~2 µs a call), the
   // largest part of the pool's host time there (tests/gpu/host_sampler.cpp); at one sweep per
   // millisecond that was ~5 % of a CPU-bound step. Every 4 ms cut its stream queries by a quarter
@@ -143,8 +152,11 @@ class CudaFences final : public FenceProvider {
   bool query_events_locked(Fence* f);     // asks the driver; notes completion
   bool events_complete_locked(Fence* f);  // its events completed (the newest-fence shortcuts first)
   void note_complete_locked(const Fence* f);
-  void begin_sweep_locked();     // a new sweep, now (see above)
-  bool sweep_finished_locked();  // the sweep in flight has finished
+  void begin_sweep_locked();    // a new sweep, now (see above)
+  bool gather_stream_locked();  // the gather stream exists (made at the first sweep)
+  void sweep_by_gathering_locked();
+  void sweep_by_queries_locked();  // without a gather stream: cuStreamQuery each, events on the busy ones
+  bool sweep_finished_locked();    // the sweep in flight has finished
   // A finished sweep covers f; may begin one once gap_ns has passed since the last (0: at once).
   bool covered_locked(const Fence* f, std::int64_t gap_ns);
   bool query_locked(Fence* f, std::int64_t gap_ns);
@@ -165,13 +177,16 @@ class CudaFences final : public FenceProvider {
   Fence* newest_ = nullptr;  // the newest recorded device fence, until released
   // Every device fence with seq <= completed_seq_ has its legacy event complete.
   std::uint64_t completed_seq_ = 0;
-  // Sweeps (above): ids count up from 1; every fence with cover <= sweep_done_ is covered. The
-  // events of the sweep in flight (id sweep_started_) are on the busy streams it found.
+  // Sweeps (above): ids count up from 1; every fence with cover <= sweep_done_ is covered.
   std::uint64_t sweep_started_ = 0;
   std::uint64_t sweep_done_ = 0;
   std::uint64_t cover_wanted_ = 0;  // the highest cover handed to a fence
   std::int64_t last_sweep_ns_ = 0;
+  // The events of the sweep in flight: the gather stream's one (plus any stream whose wait could
+  // not be made), or, asking each stream, one per busy stream.
   std::vector<SweepEvent> sweep_events_;
+  CUstream gather_ = nullptr;   // the gather stream (above)
+  bool gather_failed_ = false;  // it could not be created: sweeps ask each stream
   std::vector<CUevent> free_events_;
   std::vector<Fence*> free_fences_;
   std::vector<CUstream> non_blocking_;

@@ -53,6 +53,8 @@ FAKE_CONTROL(int, fakecuda_is_live, (cudaabi::CUdeviceptr p), (p))
 FAKE_CONTROL(cudaabi::CUresult, fakecuda_create_context, (cudaabi::CUcontext * c, int d), (c, d))
 FAKE_CONTROL(long, fakecuda_stream_waits, (), ())
 FAKE_CONTROL(long, fakecuda_capture_waits, (), ())
+FAKE_CONTROL(long, fakecuda_records_on, (cudaabi::CUstream s), (s))
+FAKE_CONTROL(long, fakecuda_waits_by, (cudaabi::CUstream s), (s))
 FAKE_CONTROL(long, fakecuda_ctx_syncs, (), ())
 FAKE_CONTROL(int, fakecuda_would_wait, (cudaabi::CUstream s, cudaabi::CUstream h), (s, h))
 FAKE_CONTROL(long, fakecuda_host_alloc_calls, (), ())
@@ -999,14 +1001,16 @@ void gpu_wait_reuse() {
     CHECK_OK(api.cuMemFree(q));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the fence window passes
   }
-  // Nothing pending: no wait is made at all.
+  // Nothing pending: no stream of the program is made to wait (a sweep's waits are on the
+  // shim's own stream).
   CUdeviceptr p = 0, q = 0;
   CHECK_OK(api.cuMemAlloc(&p, n));
   CHECK_OK(api.cuMemFree(p));
-  const long waits = fakecuda_stream_waits();
+  std::vector<long> waits;
+  for (CUstream s : all) waits.push_back(fakecuda_waits_by(s));
   CHECK_OK(api.cuMemAlloc(&q, n));
   CHECK(q == p);
-  CHECK(fakecuda_stream_waits() == waits);
+  for (std::size_t i = 0; i < std::size(all); ++i) CHECK(fakecuda_waits_by(all[i]) == waits[i]);
   CHECK_OK(api.cuMemFree(q));
   for (CUstream s : {nb, nb2, blocking}) CHECK_OK(api.cuStreamDestroy(s));
 }
@@ -1115,13 +1119,13 @@ void gpu_wait_without_queries() {
   fakecuda_release_stream(CU_STREAM_LEGACY);
   // A non-blocking stream is alive now: fences are asked again.
   const long q2 = fakecuda_event_queries();
-  const long sq2 = fakecuda_stream_queries();
+  const long rec2 = fakecuda_records_on(later);
   churn(kIters, false);
-  std::printf("with a non-blocking stream: %ld event queries, %ld stream queries\n", fakecuda_event_queries() - q2,
-              fakecuda_stream_queries() - sq2);
-  // Not free any more: fences are asked, and the non-blocking stream is asked in sweeps.
+  std::printf("with a non-blocking stream: %ld event queries, %ld events on it\n", fakecuda_event_queries() - q2,
+              fakecuda_records_on(later) - rec2);
+  // Not free any more: fences are asked, and sweeps cover the non-blocking stream (an event on it).
   CHECK(fakecuda_event_queries() - q2 >= 1);
-  CHECK(fakecuda_stream_queries() - sq2 >= 1);
+  CHECK(fakecuda_records_on(later) - rec2 >= 1);
   CHECK_OK(api.cuStreamDestroy(later));
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
@@ -1129,8 +1133,9 @@ void gpu_wait_without_queries() {
 // Libraries create non-blocking streams by the dozen and rarely use them (PyTorch's cuDNN and
 // cuBLAS handles: 16 per thread). A device fence must still cover them, but not with an event on
 // each per fence: the legacy churn loop with 16 idle non-blocking streams alive records about one
-// event per batch (its legacy fence), and the streams are asked in sweeps, at most one per
-// few milliseconds, not once per fence. Safety: with one of those streams busy (its work may use
+// event per batch (its legacy fence), and the streams are covered in sweeps (an event on each,
+// gathered on the shim's own stream), at most one per few milliseconds or per miss, not once per
+// fence. Safety: with one of those streams busy (its work may use
 // the freed block), the block is not reused until that work has finished; the negative control,
 // free_sync:immediate, reuses it at once. Run under the default policy.
 void gpu_wait_idle_streams() {
@@ -1142,6 +1147,7 @@ void gpu_wait_idle_streams() {
   churn(8);
   constexpr int kIters = 400;
   const long records = fakecuda_event_records(), squeries = fakecuda_stream_queries();
+  const long on_idle = fakecuda_records_on(idle[0]);
   const long allocs = driver_allocs();
   const auto t0 = std::chrono::steady_clock::now();
   churn(kIters);
@@ -1150,11 +1156,14 @@ void gpu_wait_idle_streams() {
   // misses force (memory wanted now: classic segments, which have no growth slack, ask on about
   // one iteration in four).
   const long sweeps_bound = ms + 2 + kIters / 3;
-  CHECK(kStreams * sweeps_bound < kStreams * kIters);  // the loop is fast enough to tell
+  // A sweep records an event on each stream and one on the gather stream.
+  const long records_bound = 2 * kIters + (kStreams + 1) * sweeps_bound;
+  CHECK(records_bound < kStreams * kIters);  // the loop is fast enough to tell
   std::printf("idle streams: %ld event records, %ld stream queries, %ld driver allocations in %d iterations (%ld ms)\n",
               fakecuda_event_records() - records, fakecuda_stream_queries() - squeries, driver_allocs() - allocs,
               kIters, ms);
-  CHECK(fakecuda_event_records() - records <= 2 * kIters);  // not one per stream per fence
+  CHECK(fakecuda_event_records() - records <= records_bound);  // not one per stream per fence
+  CHECK(fakecuda_records_on(idle[0]) - on_idle <= sweeps_bound);
   CHECK(fakecuda_stream_queries() - squeries <= kStreams * sweeps_bound);
   // The memory came back: reused, not grown past a few pages within the growth slack (blocks wait
   // up to a sweep gap for their streams to be asked).

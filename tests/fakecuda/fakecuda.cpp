@@ -202,6 +202,8 @@ struct Stream {
   // cuStreamWaitEvent: work issued on this stream from then on also waits for these (stream,
   // hold_gen) pairs, the ones the event stood for when the wait was made.
   std::vector<std::pair<Stream*, unsigned long>> deps;
+  long records = 0;  // successful cuEventRecord calls on it
+  long waits = 0;    // successful cuStreamWaitEvent calls that made it wait
 };
 
 struct Event {
@@ -542,6 +544,7 @@ CUresult record(CUevent ev, CUstream hs, bool ptsz) {
   absorb_implicit(s);
   e->waits = waits_of(s);
   ++n_records;
+  ++s->records;
   return CUDA_SUCCESS;
 }
 
@@ -1307,8 +1310,17 @@ FAKE_API int fakecuda_vmm_is_mapped(CUdeviceptr p) {
 // ---- streams, capture, events ------------------------------------------------------------------
 // The exported entry points call these, never each other: an exported symbol called from inside
 // the library resolves to the shim's wrapper, which would then see one call twice.
+// FAKECUDA_MAX_STREAMS=N: stream creations after the first N fail (out of resources), as a
+// driver short of them would.
 static CUresult create_stream(CUstream* ph, unsigned flags) {
   std::lock_guard<std::mutex> lock(mu);
+  static const long max_streams = [] {
+    const char* e = std::getenv("FAKECUDA_MAX_STREAMS");
+    return e != nullptr ? std::atol(e) : -1;
+  }();
+  static long created = 0;
+  if (max_streams >= 0 && created >= max_streams) return CUDA_ERROR_OUT_OF_MEMORY;
+  ++created;
   auto* s = new Stream;
   s->ctx = tl_current;
   s->flags = flags;
@@ -1419,6 +1431,7 @@ static CUresult stream_wait_event(CUstream hs, CUevent ev, bool ptsz) {
   for (auto& w : e->waits)
     if (pair_pending(w)) s->deps.push_back(w);
   ++n_stream_waits;
+  ++s->waits;
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) { return stream_wait_event(s, e, false); }
@@ -1485,6 +1498,14 @@ FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
   return 0;
 }
 FAKE_API long fakecuda_thread_driver_calls() { return tl_driver_calls; }
+FAKE_API long fakecuda_records_on(CUstream s) {
+  std::lock_guard<std::mutex> lock(mu);
+  return resolve(s, false)->records;
+}
+FAKE_API long fakecuda_waits_by(CUstream s) {
+  std::lock_guard<std::mutex> lock(mu);
+  return resolve(s, false)->waits;
+}
 FAKE_COUNTER(fakecuda_trim_calls, n_trims)
 // Live device memory at p: a cuMemAlloc allocation or a mapped cuMemCreate page.
 FAKE_API int fakecuda_is_live(CUdeviceptr p) {

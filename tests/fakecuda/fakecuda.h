@@ -25,6 +25,10 @@ long fakecuda_event_queries();      // cuEventQuery calls
 long fakecuda_stream_queries();     // cuStreamQuery calls
 long fakecuda_stream_waits();       // successful cuStreamWaitEvent calls
 long fakecuda_capture_waits();      // cuStreamWaitEvent calls that hit a capture (and broke it)
+// Per stream (handles as for fakecuda_hold_stream): successful cuEventRecord calls on it, and
+// successful cuStreamWaitEvent calls that made it wait.
+long fakecuda_records_on(cudaabi::CUstream s);
+long fakecuda_waits_by(cudaabi::CUstream s);
 // 1 if work issued now on `s` would run only after the work now pending on `held` (its own
 // order, cuStreamWaitEvent waits, the legacy stream's implicit order); 0 if it could run before;
 // -1 if nothing is pending on `held`. Handles as for fakecuda_hold_stream.

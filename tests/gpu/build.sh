@@ -39,6 +39,9 @@ done
   -o "$DIR/driver_api" tests/gpu/driver_api.cpp -lcuda
 # What the driver's VMM calls cost (no shim): the numbers behind expandable_page_mb.
 [ "$WHAT" = torch ] || build vmm_costs "$NVCC" "${FLAGS[@]}" -o "$DIR/vmm_costs" tests/gpu/vmm_costs.cu -lcuda
+# What the driver calls behind the shim's fences and sweeps cost (no shim).
+[ "$WHAT" = torch ] || build fence_costs "$NVCC" -cudart none -O2 -std=c++17 -Xcompiler=-Wall,-Wextra \
+  -o "$DIR/fence_costs" tests/gpu/fence_costs.cpp -lcuda
 # The latency floor (a one-size free list behind the same hooks), preloaded by run.sh.
 [ "$WHAT" = torch ] || build floor_shim.so "${CXXV[@]}" -std=c++17 -O2 -Wall -Wextra -shared -fPIC \
   -o "$DIR/floor_shim.so" tests/gpu/floor_shim.cpp -ldl

@@ -289,6 +289,25 @@ except KeyError:
 PY
 )"
   fi
+  # A sweep of 16 idle non-blocking streams, asking each against gathering (shim/cuda_fences.h),
+  # with the GPU idle and with work queued on the legacy stream (no shim).
+  if [ -x "$BIN/fence_costs" ]; then
+    run fence_costs 60 -- "$BIN/fence_costs" 16
+    "${REPORT[@]}" row "$OUT" "sweep of 16 idle streams: asking / gathering (GPU idle; work queued)" INFO \
+      "$(python3 - "$OUT/logs/fence_costs.out" <<'PY'
+import re, sys
+c = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"fence_costs streams=\d+ op=(\S+) us_per_call=(\S+)", line)
+    if m: c[m[1]] = float(m[2])
+try:
+    print(f"{c['sweep_query']:.1f} / {c['sweep_gather']:.1f} us; {c['busy_sweep_query']:.1f} / "
+          f"{c['busy_sweep_gather']:.1f} us (logs/fence_costs.out)")
+except KeyError:
+    print("no numbers (see logs/fence_costs.out)")
+PY
+)"
+  fi
 fi
 
 # ---------------------------------------------------------------- 4. PyTorch, CuPy, JAX

@@ -5,8 +5,9 @@
 # MODE: a name (native, ptexp, async, nocache, cpdef, cpcls, cpimm, cppt, cpptl) or
 # NAME=CUDAPOOL_CONF for cudapool with that policy (PYTORCH_NO_CUDA_MEMORY_CACHING=1), e.g.
 # h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
-# one trace per process, for tests/gpu/step_events.py), or NAME=pt:CUDAPOOL_CONF for the
-# pluggable path (as cppt) under that policy.
+# one trace per process, for tests/gpu/step_events.py), NAME=pt:CUDAPOOL_CONF for the
+# pluggable path (as cppt) under that policy, or NAME=lib:PATH for another build of the library
+# under the default policy (as cpdef: two builds A/B'd in the same rounds).
 # Environment: TORCH_WORKLOAD (unset or "torch": torch_train.py --d-model TORCH_D_MODEL --steps 60;
 # "hf": hf_lm.py --steps HF_STEPS, HF transformers' GPT-2 with a 50257-token vocabulary, HF_STEPS
 # default 30; "cnn" / "cnninf": torch_cnn.py's ResNet-50 training / inference at changing shapes,
@@ -29,7 +30,7 @@ set -u
 cd "$(dirname "$0")/../.."
 REPS=10
 if [[ "${1:-}" =~ ^[0-9]+$ ]]; then REPS=$1; shift; fi
-[ $# -gt 0 ] || { sed -n 2,27p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,28p "$0"; exit 2; }
 SHIM=${CUDAPOOL_SHIM:-$PWD/build/release/libcudapool.so}
 OUT=${OUT:-build/torch-reps}
 mkdir -p "$OUT"
@@ -53,6 +54,7 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
     cpdef) printf '%s\n' $NC "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
     cppt) printf '%s\n' "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
     cpptl) printf '%s\n' "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= ;;
+    *=lib:*) printf '%s\n' $NC "LD_PRELOAD=${1#*=lib:}" CUDAPOOL_CONF= ;;
     *=pt:*) printf '%s\n' "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=pt:}" ;;
     *=*) printf '%s\n' $NC "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=}" ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;

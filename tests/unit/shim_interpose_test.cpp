@@ -301,16 +301,36 @@ TEST(Shim, GpuWaitWithOnlyTheLegacyStreamsAsksNoFence) {
 // Idle non-blocking streams (libraries create them by the dozen) cost no event per fence: they
 // are asked in sweeps; a busy one still holds its freed memory back. Negative control: under
 // free_sync:immediate the block comes back while the stream may still use it.
+namespace {
+// The stream queries the app's idle-streams line reports (-1: no such line).
+long idle_stream_queries(const std::string& out) {
+  const std::size_t at = out.find("idle streams: ");
+  long records = 0, queries = -1;
+  if (at == std::string::npos ||
+      std::sscanf(out.c_str() + at, "idle streams: %ld event records, %ld stream queries", &records, &queries) != 2)
+    return -1;
+  return queries;
+}
+}  // namespace
+
 TEST(Shim, GpuWaitSweepsIdleNonBlockingStreams) {
   for (bool linked : {false, true}) {
     RunResult r = run({app(linked), "gpu_wait_idle_streams"});
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_NE(r.output.find("PASS gpu_wait_idle_streams"), std::string::npos) << r.output;
+    EXPECT_EQ(idle_stream_queries(r.output), 0) << r.output;  // gathered, not asked
   }
   RunResult classic = run({app(true), "gpu_wait_idle_streams"}, {{"CUDAPOOL_CONF", "expandable_segments:False"}});
   EXPECT_EQ(classic.exit_status, 0) << classic.output;
   RunResult imm = run({app(true), "gpu_wait_idle_streams"}, {{"CUDAPOOL_CONF", "free_sync:immediate"}});
   EXPECT_EQ(imm.exit_status, 0) << imm.output;  // passes only if the block did come back early
+  // The driver refuses the shim's gather stream (the program's 16 streams are all it allows):
+  // sweeps ask each stream instead, as safely.
+  RunResult asked = run({app(true), "gpu_wait_idle_streams"}, {{"FAKECUDA_MAX_STREAMS", "16"}});
+  EXPECT_EQ(asked.exit_status, 0) << asked.output;
+  EXPECT_NE(asked.output.find("could not create the fence stream"), std::string::npos) << asked.output;
+  EXPECT_NE(asked.output.find("PASS gpu_wait_idle_streams"), std::string::npos) << asked.output;
+  EXPECT_GT(idle_stream_queries(asked.output), 0) << asked.output;
 }
 
 TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {

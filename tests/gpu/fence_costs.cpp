@@ -1,0 +1,190 @@
+// What the driver calls behind the shim's fences cost the host on this machine, without the shim:
+// the numbers that decide how a fence covers the program's non-blocking streams (shim/cuda_fences.cpp).
+// PyTorch creates its pool of non-blocking streams early and most of them never run anything, so
+// what matters is the cost per call against an IDLE stream, next to the legacy stream's.
+//
+// With K idle non-blocking streams (16 by default: `fence_costs [K]`), per call, in µs (the
+// median of 9 runs of 2000 calls, the GPU idle):
+//   ctx_get           cuCtxGetCurrent (the floor: a thread-local read)
+//   stream_query      cuStreamQuery on an idle non-blocking stream
+//   legacy_query      cuStreamQuery on the legacy stream
+//   record_nb         cuEventRecord on an idle non-blocking stream
+//   record_legacy     cuEventRecord on the legacy stream
+//   event_query_done  cuEventQuery of an event that has completed
+//   wait_nb           cuStreamWaitEvent of an idle non-blocking stream on a completed event
+//   sweep_query       one sweep as the shim makes it: cuStreamQuery of each of the K streams
+//   sweep_record      the same streams covered by events: a record on each, then (after a
+//                     context synchronize, not timed) a query of each
+//   sweep_gather      one sweep as the shim makes it: an event on each of the K streams, a
+//                     stream of its own waiting for each, one event there
+//   busy_*            some of the same while the legacy stream has a queue of work (below)
+// Output: `fence_costs streams=K op=X us_per_call=T`, one line each. Nothing here is compared:
+// run.sh prints the figures.
+#include <cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define DK(expr)                                                              \
+  do {                                                                        \
+    CUresult r_ = (expr);                                                     \
+    if (r_ != CUDA_SUCCESS) {                                                 \
+      std::fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #expr, r_); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+namespace {
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median over 9 runs of `f` called `n` times: µs per call.
+template <class F>
+double per_call(int n, F f) {
+  std::vector<double> runs;
+  for (int r = 0; r < 9; ++r) {
+    const double t0 = now_us();
+    for (int i = 0; i < n; ++i) f(i);
+    runs.push_back((now_us() - t0) / n);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int k = argc > 1 ? std::atoi(argv[1]) : 16;
+  if (k < 1 || k > 256) {
+    std::fprintf(stderr, "usage: fence_costs [STREAMS 1..256]\n");
+    return 2;
+  }
+  DK(cuInit(0));
+  CUdevice dev;
+  DK(cuDeviceGet(&dev, 0));
+  CUcontext ctx;
+  DK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  DK(cuCtxSetCurrent(ctx));
+  std::vector<CUstream> nb(static_cast<std::size_t>(k));
+  for (CUstream& s : nb) DK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::vector<CUevent> ev(static_cast<std::size_t>(k));
+  for (CUevent& e : ev) DK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CUevent done;
+  DK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  DK(cuEventRecord(done, CU_STREAM_LEGACY));
+  DK(cuCtxSynchronize());
+  const int n = 2000;
+  auto report = [&](const char* op, double us) { std::printf("fence_costs streams=%d op=%s us_per_call=%.3f\n", k, op, us); };
+  auto at = [&](int i) { return static_cast<std::size_t>(i % k); };
+
+  report("ctx_get", per_call(n, [&](int) {
+           CUcontext c;
+           DK(cuCtxGetCurrent(&c));
+         }));
+  report("stream_query", per_call(n, [&](int i) { DK(cuStreamQuery(nb[at(i)])); }));
+  report("legacy_query", per_call(n, [&](int) { DK(cuStreamQuery(CU_STREAM_LEGACY)); }));
+  report("record_nb", per_call(n, [&](int i) { DK(cuEventRecord(ev[at(i)], nb[at(i)])); }));
+  DK(cuCtxSynchronize());
+  report("record_legacy", per_call(n, [&](int i) { DK(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY)); }));
+  DK(cuCtxSynchronize());
+  report("event_query_done", per_call(n, [&](int) { DK(cuEventQuery(done)); }));
+  report("wait_nb", per_call(n, [&](int i) { DK(cuStreamWaitEvent(nb[at(i)], done, 0)); }));
+  DK(cuCtxSynchronize());
+  report("sweep_query", per_call(n / 10, [&](int) {
+           for (CUstream s : nb) DK(cuStreamQuery(s));
+         }));
+  // Records on every stream, then (after they completed: the GPU is idle) one query of each.
+  double rec = 0, qry = 0;
+  const int sweeps = n / 10;
+  std::vector<double> per_sweep;
+  for (int r = 0; r < 9; ++r) {
+    rec = qry = 0;
+    for (int i = 0; i < sweeps; ++i) {
+      const double t0 = now_us();
+      for (std::size_t j = 0; j < nb.size(); ++j) DK(cuEventRecord(ev[j], nb[j]));
+      const double t1 = now_us();
+      DK(cuCtxSynchronize());  // not timed: a sweep's events are asked later, once they ran
+      const double t1b = now_us();
+      for (CUevent e : ev) DK(cuEventQuery(e));
+      const double t2 = now_us() - (t1b - t1);
+      rec += t1 - t0;
+      qry += t2 - t1;
+    }
+    per_sweep.push_back((rec + qry) / sweeps);
+  }
+  std::sort(per_sweep.begin(), per_sweep.end());
+  report("sweep_record", per_sweep[per_sweep.size() / 2]);
+  DK(cuCtxSynchronize());
+
+  // The same while the legacy stream has work queued, as in a program whose host runs ahead of
+  // its GPU: five 256 MiB memsets, then 300 small ones (a queue of short kernels), enqueued (not
+  // timed) before each window of calls; "busy_left" says in how many windows the legacy stream
+  // was still busy when the calls had been made.
+  CUdeviceptr buf;
+  const std::size_t big = 256u << 20;
+  DK(cuMemAlloc(&buf, big));
+  auto load = [&] {
+    for (int i = 0; i < 5; ++i) DK(cuMemsetD32Async(buf, static_cast<unsigned>(i), big / 4, CU_STREAM_LEGACY));
+    for (int i = 0; i < 300; ++i) DK(cuMemsetD32Async(buf, static_cast<unsigned>(i), 1024, CU_STREAM_LEGACY));
+  };
+  auto busy = [&](const char* op, int calls, auto f) {
+    std::vector<double> runs;
+    int left = 0;
+    for (int r = 0; r < 9; ++r) {
+      load();
+      const double t0 = now_us();
+      for (int i = 0; i < calls; ++i) f(i);
+      runs.push_back((now_us() - t0) / calls);
+      left += cuStreamQuery(CU_STREAM_LEGACY) == CUDA_ERROR_NOT_READY;
+      DK(cuCtxSynchronize());
+    }
+    std::sort(runs.begin(), runs.end());
+    std::printf("fence_costs streams=%d op=%s us_per_call=%.3f busy_left=%d/9\n", k, op, runs[runs.size() / 2], left);
+  };
+  CUevent pending;
+  DK(cuEventCreate(&pending, CU_EVENT_DISABLE_TIMING));
+  busy("busy_stream_query", 64, [&](int i) { DK(cuStreamQuery(nb[at(i)])); });
+  busy("busy_sweep_query", 8, [&](int) {
+    for (CUstream s : nb) DK(cuStreamQuery(s));
+  });
+  // A sweep as the shim makes it: an event on each stream, the gather stream waiting for each,
+  // one event there (the query of that event, once complete, is busy_event_query_done).
+  CUstream gather;
+  DK(cuStreamCreate(&gather, CU_STREAM_NON_BLOCKING));
+  auto gather_sweep = [&] {
+    for (CUstream s : nb) {
+      DK(cuEventRecord(ev[0], s));
+      DK(cuStreamWaitEvent(gather, ev[0], 0));
+    }
+    DK(cuEventRecord(ev[1], gather));
+  };
+  report("sweep_gather", per_call(n / 10, [&](int) { gather_sweep(); }));
+  DK(cuCtxSynchronize());
+  busy("busy_sweep_gather", 8, [&](int) { gather_sweep(); });
+  busy("busy_wait_nb", 64, [&](int i) { DK(cuStreamWaitEvent(gather, ev[at(i)], 0)); });
+  busy("busy_record_nb", 64, [&](int i) { DK(cuEventRecord(ev[at(i)], nb[at(i)])); });
+  busy("busy_record_legacy", 64, [&](int i) { DK(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY)); });
+  busy("busy_event_query_pending", 64, [&](int i) {
+    if (i == 0) DK(cuEventRecord(pending, CU_STREAM_LEGACY));
+    const CUresult q = cuEventQuery(pending);
+    if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) DK(q);
+  });
+  busy("busy_event_query_done", 64, [&](int) { DK(cuEventQuery(done)); });
+  busy("busy_ctx_get", 64, [&](int) {
+    CUcontext c;
+    DK(cuCtxGetCurrent(&c));
+  });
+  DK(cuEventDestroy(pending));
+  DK(cuStreamDestroy(gather));
+  DK(cuMemFree(buf));
+  for (CUevent e : ev) DK(cuEventDestroy(e));
+  DK(cuEventDestroy(done));
+  for (CUstream s : nb) DK(cuStreamDestroy(s));
+  DK(cuDevicePrimaryCtxRelease(dev));
+  return 0;
+}
