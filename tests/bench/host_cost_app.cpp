@@ -11,11 +11,14 @@
 // thread allocates batches, another thread frees them, both running), mix (a fixed pseudo-random
 // sequence of tensor-like sizes with 50-200 live), mix_async (the same through cuMemAllocAsync /
 // cuMemFreeAsync on the legacy default stream), mix_torch (the same through the library's
-// PyTorch pluggable-allocator entry points, when it is preloaded). Each runs once untimed (the pool grows to its
-// steady state), then C chunks of N pairs; next to each chunk the same pattern runs through
-// `floor`, a minimal best-fit free list inside this program that pays one cuCtxGetCurrent per
-// allocation like the shim's hook. The floor, timed in the same process right next to the
-// scenario, is what the CI gate divides by, so that the speed of the machine cancels out.
+// PyTorch pluggable-allocator entry points, when it is preloaded), mix_streams (the mix through
+// cuMemAlloc/cuMemFree with 16 idle non-blocking streams alive, as PyTorch keeps: the pool's
+// fences must then cover them, in sweeps; run last, the streams stay). Each runs once untimed
+// (the pool grows to its steady state), then C chunks of N pairs; next to each chunk the same
+// pattern runs through `floor`, a minimal best-fit free list inside this program that pays one
+// cuCtxGetCurrent per allocation like the shim's hook. The floor, timed in the same process right
+// next to the scenario, is what the CI gate divides by, so that the speed of the machine cancels
+// out.
 //
 // One line per scenario, tab-separated:
 //   row SCENARIO PAIRS NS_PER_PAIR FLOOR_NS_PER_PAIR DRIVER_NS_PER_PAIR OWN_FLOOR_RATIO CALLS
@@ -61,6 +64,7 @@ struct Api {
   PFN_cuMemFree_v2 cuMemFree;
   PFN_cuMemAllocAsync cuMemAllocAsync;
   PFN_cuMemFreeAsync cuMemFreeAsync;
+  PFN_cuStreamCreate cuStreamCreate;
   PFN_cuGetProcAddress_v2 cuGetProcAddress;
   long (*calls)(const char*);     // fakecuda_calls
   const char* (*call_name)(int);  // fakecuda_call_name
@@ -94,6 +98,7 @@ CUcontext start_cuda() {
   get(api.cuMemFree, "cuMemFree", 3020);
   get(api.cuMemAllocAsync, "cuMemAllocAsync", 11020);
   get(api.cuMemFreeAsync, "cuMemFreeAsync", 11020);
+  get(api.cuStreamCreate, "cuStreamCreate", 2000);
   CHECK_OK(api.cuInit(0));
   CUcontext ctx = nullptr;
   CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx, 0));
@@ -498,6 +503,16 @@ int main(int argc, char** argv) {
     MixRun<Torch> torch_mix(torch, ops);
     measure(
         "mix_torch", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return torch_mix.run(pairs); });
+  }
+  // Last: the streams stay for the rest of the process (as PyTorch's do).
+  if (wanted(only, "mix_streams")) {
+    std::vector<CUstream> idle(16);
+    for (CUstream& st : idle) CHECK_OK(api.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    const std::vector<MixOp> ops = make_mix((chunks + 1) * pairs);
+    MixRun<Floor> floor_mix(floor, ops);
+    MixRun<Driver> driver_mix(driver, ops);
+    measure(
+        "mix_streams", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return driver_mix.run(pairs); });
   }
   std::printf("PASS host_cost_app\n");
   return 0;
