@@ -132,7 +132,14 @@ void CudaFences::sweep_by_gathering_locked() {
     n_record_.add();
     if (d_.cuEventRecord(e, s) != CUDA_SUCCESS) {
       free_events_.push_back(e);
-      sweep_events_.push_back({nullptr, s});
+      // Then asked, as a sweep that asks would: any answer but "not ready" (a stream the driver
+      // no longer knows) leaves nothing running there; else nothing marks its work.
+      bool running = true;
+      if (d_.cuStreamQuery != nullptr) {
+        n_stream_query_.add();
+        running = d_.cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
+      }
+      if (running) sweep_events_.push_back({nullptr, s});
       continue;
     }
     n_wait_.add();

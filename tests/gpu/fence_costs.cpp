@@ -28,13 +28,13 @@
 #include <cstdlib>
 #include <vector>
 
-#define DK(expr)                                                              \
-  do {                                                                        \
-    CUresult r_ = (expr);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                 \
+#define DK(expr)                                                               \
+  do {                                                                         \
+    CUresult r_ = (expr);                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                  \
       std::fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #expr, r_); \
-      std::exit(1);                                                           \
-    }                                                                         \
+      std::exit(1);                                                            \
+    }                                                                          \
   } while (0)
 
 namespace {
@@ -79,7 +79,9 @@ int main(int argc, char** argv) {
   DK(cuEventRecord(done, CU_STREAM_LEGACY));
   DK(cuCtxSynchronize());
   const int n = 2000;
-  auto report = [&](const char* op, double us) { std::printf("fence_costs streams=%d op=%s us_per_call=%.3f\n", k, op, us); };
+  auto report = [&](const char* op, double us) {
+    std::printf("fence_costs streams=%d op=%s us_per_call=%.3f\n", k, op, us);
+  };
   auto at = [&](int i) { return static_cast<std::size_t>(i % k); };
 
   report("ctx_get", per_call(n, [&](int) {
