@@ -11,17 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CKD(expr)                                                                                         \
-  do {                                                                                                    \
-    CUresult ck_rc_ = (expr);                                                                             \
-    if (ck_rc_ != CUDA_SUCCESS) {                                                                         \
-      const char* ck_s_ = nullptr;                                                                        \
-      cuGetErrorString(ck_rc_, &ck_s_);                                                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #expr, ck_s_ ? ck_s_ : "?", \
-                   static_cast<int>(ck_rc_));                                                             \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
+#include "driver_check.h"
 
 namespace {
 
@@ -43,12 +33,8 @@ unsigned long long count_wrong(const Block& b, std::vector<unsigned char>& host)
 }  // namespace
 
 int main() {
-  CKD(cuInit(0));
   CUdevice dev;
-  CKD(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CKD(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CKD(cuCtxSetCurrent(ctx));
+  use_primary_context(&dev);
 
   std::uint64_t rng = 88172645463325252ull;
   auto next = [&rng] {

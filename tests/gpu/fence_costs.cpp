@@ -23,25 +23,13 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#define DK(expr)                                                               \
-  do {                                                                         \
-    CUresult r_ = (expr);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      std::fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #expr, r_); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "driver_check.h"
 
 namespace {
-
-double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Median over 9 runs of `f` called `n` times: µs per call.
 template <class F>
@@ -64,20 +52,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: fence_costs [STREAMS 1..256]\n");
     return 2;
   }
-  DK(cuInit(0));
   CUdevice dev;
-  DK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  DK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  DK(cuCtxSetCurrent(ctx));
+  use_primary_context(&dev);
   std::vector<CUstream> nb(static_cast<std::size_t>(k));
-  for (CUstream& s : nb) DK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  for (CUstream& s : nb) CKD(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   std::vector<CUevent> ev(static_cast<std::size_t>(k));
-  for (CUevent& e : ev) DK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  for (CUevent& e : ev) CKD(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   CUevent done;
-  DK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
-  DK(cuEventRecord(done, CU_STREAM_LEGACY));
-  DK(cuCtxSynchronize());
+  CKD(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  CKD(cuEventRecord(done, CU_STREAM_LEGACY));
+  CKD(cuCtxSynchronize());
   const int n = 2000;
   auto report = [&](const char* op, double us) {
     std::printf("fence_costs streams=%d op=%s us_per_call=%.3f\n", k, op, us);
@@ -86,19 +70,19 @@ int main(int argc, char** argv) {
 
   report("ctx_get", per_call(n, [&](int) {
            CUcontext c;
-           DK(cuCtxGetCurrent(&c));
+           CKD(cuCtxGetCurrent(&c));
          }));
-  report("stream_query", per_call(n, [&](int i) { DK(cuStreamQuery(nb[at(i)])); }));
-  report("legacy_query", per_call(n, [&](int) { DK(cuStreamQuery(CU_STREAM_LEGACY)); }));
-  report("record_nb", per_call(n, [&](int i) { DK(cuEventRecord(ev[at(i)], nb[at(i)])); }));
-  DK(cuCtxSynchronize());
-  report("record_legacy", per_call(n, [&](int i) { DK(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY)); }));
-  DK(cuCtxSynchronize());
-  report("event_query_done", per_call(n, [&](int) { DK(cuEventQuery(done)); }));
-  report("wait_nb", per_call(n, [&](int i) { DK(cuStreamWaitEvent(nb[at(i)], done, 0)); }));
-  DK(cuCtxSynchronize());
+  report("stream_query", per_call(n, [&](int i) { CKD(cuStreamQuery(nb[at(i)])); }));
+  report("legacy_query", per_call(n, [&](int) { CKD(cuStreamQuery(CU_STREAM_LEGACY)); }));
+  report("record_nb", per_call(n, [&](int i) { CKD(cuEventRecord(ev[at(i)], nb[at(i)])); }));
+  CKD(cuCtxSynchronize());
+  report("record_legacy", per_call(n, [&](int i) { CKD(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY)); }));
+  CKD(cuCtxSynchronize());
+  report("event_query_done", per_call(n, [&](int) { CKD(cuEventQuery(done)); }));
+  report("wait_nb", per_call(n, [&](int i) { CKD(cuStreamWaitEvent(nb[at(i)], done, 0)); }));
+  CKD(cuCtxSynchronize());
   report("sweep_query", per_call(n / 10, [&](int) {
-           for (CUstream s : nb) DK(cuStreamQuery(s));
+           for (CUstream s : nb) CKD(cuStreamQuery(s));
          }));
   // Records on every stream, then (after they completed: the GPU is idle) one query of each.
   double rec = 0, qry = 0;
@@ -108,11 +92,11 @@ int main(int argc, char** argv) {
     rec = qry = 0;
     for (int i = 0; i < sweeps; ++i) {
       const double t0 = now_us();
-      for (std::size_t j = 0; j < nb.size(); ++j) DK(cuEventRecord(ev[j], nb[j]));
+      for (std::size_t j = 0; j < nb.size(); ++j) CKD(cuEventRecord(ev[j], nb[j]));
       const double t1 = now_us();
-      DK(cuCtxSynchronize());  // not timed: a sweep's events are asked later, once they ran
+      CKD(cuCtxSynchronize());  // not timed: a sweep's events are asked later, once they ran
       const double t1b = now_us();
-      for (CUevent e : ev) DK(cuEventQuery(e));
+      for (CUevent e : ev) CKD(cuEventQuery(e));
       const double t2 = now_us() - (t1b - t1);
       rec += t1 - t0;
       qry += t2 - t1;
@@ -121,7 +105,7 @@ int main(int argc, char** argv) {
   }
   std::sort(per_sweep.begin(), per_sweep.end());
   report("sweep_record", per_sweep[per_sweep.size() / 2]);
-  DK(cuCtxSynchronize());
+  CKD(cuCtxSynchronize());
 
   // The same while the legacy stream has work queued, as in a program whose host runs ahead of
   // its GPU: five 256 MiB memsets, then 300 small ones (a queue of short kernels), enqueued (not
@@ -129,10 +113,10 @@ int main(int argc, char** argv) {
   // was still busy when the calls had been made.
   CUdeviceptr buf;
   const std::size_t big = 256u << 20;
-  DK(cuMemAlloc(&buf, big));
+  CKD(cuMemAlloc(&buf, big));
   auto load = [&] {
-    for (int i = 0; i < 5; ++i) DK(cuMemsetD32Async(buf, static_cast<unsigned>(i), big / 4, CU_STREAM_LEGACY));
-    for (int i = 0; i < 300; ++i) DK(cuMemsetD32Async(buf, static_cast<unsigned>(i), 1024, CU_STREAM_LEGACY));
+    for (int i = 0; i < 5; ++i) CKD(cuMemsetD32Async(buf, static_cast<unsigned>(i), big / 4, CU_STREAM_LEGACY));
+    for (int i = 0; i < 300; ++i) CKD(cuMemsetD32Async(buf, static_cast<unsigned>(i), 1024, CU_STREAM_LEGACY));
   };
   auto busy = [&](const char* op, int calls, auto f) {
     std::vector<double> runs;
@@ -143,50 +127,50 @@ int main(int argc, char** argv) {
       for (int i = 0; i < calls; ++i) f(i);
       runs.push_back((now_us() - t0) / calls);
       left += cuStreamQuery(CU_STREAM_LEGACY) == CUDA_ERROR_NOT_READY;
-      DK(cuCtxSynchronize());
+      CKD(cuCtxSynchronize());
     }
     std::sort(runs.begin(), runs.end());
     std::printf("fence_costs streams=%d op=%s us_per_call=%.3f busy_left=%d/9\n", k, op, runs[runs.size() / 2], left);
   };
   CUevent pending;
-  DK(cuEventCreate(&pending, CU_EVENT_DISABLE_TIMING));
-  busy("busy_stream_query", 64, [&](int i) { DK(cuStreamQuery(nb[at(i)])); });
+  CKD(cuEventCreate(&pending, CU_EVENT_DISABLE_TIMING));
+  busy("busy_stream_query", 64, [&](int i) { CKD(cuStreamQuery(nb[at(i)])); });
   busy("busy_sweep_query", 8, [&](int) {
-    for (CUstream s : nb) DK(cuStreamQuery(s));
+    for (CUstream s : nb) CKD(cuStreamQuery(s));
   });
   // A sweep as the shim makes it: an event on each stream, the gather stream waiting for each,
   // one event there (the query of that event, once complete, is busy_event_query_done).
   CUstream gather;
-  DK(cuStreamCreate(&gather, CU_STREAM_NON_BLOCKING));
+  CKD(cuStreamCreate(&gather, CU_STREAM_NON_BLOCKING));
   auto gather_sweep = [&] {
     for (CUstream s : nb) {
-      DK(cuEventRecord(ev[0], s));
-      DK(cuStreamWaitEvent(gather, ev[0], 0));
+      CKD(cuEventRecord(ev[0], s));
+      CKD(cuStreamWaitEvent(gather, ev[0], 0));
     }
-    DK(cuEventRecord(ev[1], gather));
+    CKD(cuEventRecord(ev[1], gather));
   };
   report("sweep_gather", per_call(n / 10, [&](int) { gather_sweep(); }));
-  DK(cuCtxSynchronize());
+  CKD(cuCtxSynchronize());
   busy("busy_sweep_gather", 8, [&](int) { gather_sweep(); });
-  busy("busy_wait_nb", 64, [&](int i) { DK(cuStreamWaitEvent(gather, ev[at(i)], 0)); });
-  busy("busy_record_nb", 64, [&](int i) { DK(cuEventRecord(ev[at(i)], nb[at(i)])); });
-  busy("busy_record_legacy", 64, [&](int i) { DK(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY)); });
+  busy("busy_wait_nb", 64, [&](int i) { CKD(cuStreamWaitEvent(gather, ev[at(i)], 0)); });
+  busy("busy_record_nb", 64, [&](int i) { CKD(cuEventRecord(ev[at(i)], nb[at(i)])); });
+  busy("busy_record_legacy", 64, [&](int i) { CKD(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY)); });
   busy("busy_event_query_pending", 64, [&](int i) {
-    if (i == 0) DK(cuEventRecord(pending, CU_STREAM_LEGACY));
+    if (i == 0) CKD(cuEventRecord(pending, CU_STREAM_LEGACY));
     const CUresult q = cuEventQuery(pending);
-    if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) DK(q);
+    if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) CKD(q);
   });
-  busy("busy_event_query_done", 64, [&](int) { DK(cuEventQuery(done)); });
+  busy("busy_event_query_done", 64, [&](int) { CKD(cuEventQuery(done)); });
   busy("busy_ctx_get", 64, [&](int) {
     CUcontext c;
-    DK(cuCtxGetCurrent(&c));
+    CKD(cuCtxGetCurrent(&c));
   });
-  DK(cuEventDestroy(pending));
-  DK(cuStreamDestroy(gather));
-  DK(cuMemFree(buf));
-  for (CUevent e : ev) DK(cuEventDestroy(e));
-  DK(cuEventDestroy(done));
-  for (CUstream s : nb) DK(cuStreamDestroy(s));
-  DK(cuDevicePrimaryCtxRelease(dev));
+  CKD(cuEventDestroy(pending));
+  CKD(cuStreamDestroy(gather));
+  CKD(cuMemFree(buf));
+  for (CUevent e : ev) CKD(cuEventDestroy(e));
+  CKD(cuEventDestroy(done));
+  for (CUstream s : nb) CKD(cuStreamDestroy(s));
+  CKD(cuDevicePrimaryCtxRelease(dev));
   return 0;
 }

@@ -26,22 +26,11 @@
 #include <vector>
 
 #include "common.h"
-
-#define DK(expr)                                                                             \
-  do {                                                                                       \
-    CUresult dk_r_ = (expr);                                                                 \
-    if (dk_r_ != CUDA_SUCCESS) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #expr, (int)dk_r_); \
-      std::exit(2);                                                                          \
-    }                                                                                        \
-  } while (0)
+#include "driver_check.h"
 
 __global__ void spin(std::uint64_t ns) { gpu_delay_ns(ns); }
 
 namespace {
-double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct Ctx {
   int dev = 0;
@@ -76,39 +65,39 @@ void run_page(const Ctx& c, std::size_t gran, std::size_t page, bool busy) {
   const int n = static_cast<int>(total / page);
   const double mib = static_cast<double>(page) / (1 << 20);
   CUdeviceptr a = 0, b = 0;
-  DK(cuMemAddressReserve(&a, total, gran, 0, 0));  // alignment: a power of two
-  DK(cuMemAddressReserve(&b, total, gran, 0, 0));
+  CKD(cuMemAddressReserve(&a, total, gran, 0, 0));  // alignment: a power of two
+  CKD(cuMemAddressReserve(&b, total, gran, 0, 0));
   std::vector<CUmemGenericAllocationHandle> h(n);
   measure(c, mib, "create", busy, n, [&] {
-    for (auto& x : h) DK(cuMemCreate(&x, page, &c.prop, 0));
+    for (auto& x : h) CKD(cuMemCreate(&x, page, &c.prop, 0));
   });
   measure(c, mib, "map", busy, n, [&] {
-    for (int i = 0; i < n; ++i) DK(cuMemMap(a + i * page, page, 0, h[i], 0));
+    for (int i = 0; i < n; ++i) CKD(cuMemMap(a + i * page, page, 0, h[i], 0));
   });
-  measure(c, mib, "set_access_run", busy, 1, [&] { DK(cuMemSetAccess(a, total, &c.access, 1)); });
+  measure(c, mib, "set_access_run", busy, 1, [&] { CKD(cuMemSetAccess(a, total, &c.access, 1)); });
   measure(c, mib, "move", busy, n, [&] {
     for (int i = 0; i < n; ++i) {
-      DK(cuMemUnmap(a + i * page, page));
-      DK(cuMemMap(b + i * page, page, 0, h[i], 0));
+      CKD(cuMemUnmap(a + i * page, page));
+      CKD(cuMemMap(b + i * page, page, 0, h[i], 0));
     }
-    DK(cuMemSetAccess(b, total, &c.access, 1));
+    CKD(cuMemSetAccess(b, total, &c.access, 1));
   });
   // A handle mapped at two addresses at once: legal in CUDA; costs a map, no unmap.
   measure(c, mib, "alias_map", busy, n, [&] {
-    for (int i = 0; i < n; ++i) DK(cuMemMap(a + i * page, page, 0, h[i], 0));
-    DK(cuMemSetAccess(a, total, &c.access, 1));
+    for (int i = 0; i < n; ++i) CKD(cuMemMap(a + i * page, page, 0, h[i], 0));
+    CKD(cuMemSetAccess(a, total, &c.access, 1));
   });
   measure(c, mib, "unmap", busy, n, [&] {
-    for (int i = 0; i < n; ++i) DK(cuMemUnmap(a + i * page, page));
+    for (int i = 0; i < n; ++i) CKD(cuMemUnmap(a + i * page, page));
   });
   measure(c, mib, "unmap_release", busy, n, [&] {
     for (int i = 0; i < n; ++i) {
-      DK(cuMemUnmap(b + i * page, page));
-      DK(cuMemRelease(h[i]));
+      CKD(cuMemUnmap(b + i * page, page));
+      CKD(cuMemRelease(h[i]));
     }
   });
-  DK(cuMemAddressFree(a, total));
-  DK(cuMemAddressFree(b, total));
+  CKD(cuMemAddressFree(a, total));
+  CKD(cuMemAddressFree(b, total));
 }
 // Creation with and without a file-descriptor handle type, export and import, GPU idle.
 void run_shareable(const Ctx& c, std::size_t page) {
@@ -121,10 +110,10 @@ void run_shareable(const Ctx& c, std::size_t page) {
   const auto kFd = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   std::vector<CUmemGenericAllocationHandle> h(n);
   measure(c, mib, "create_none", false, n, [&] {
-    for (auto& x : h) DK(cuMemCreate(&x, page, &none, 0));
+    for (auto& x : h) CKD(cuMemCreate(&x, page, &none, 0));
   });
   measure(c, mib, "release_none", false, n, [&] {
-    for (auto x : h) DK(cuMemRelease(x));
+    for (auto x : h) CKD(cuMemRelease(x));
   });
 
   // One page first, outside the timing: a driver that refuses the handle type or the export
@@ -145,35 +134,35 @@ void run_shareable(const Ctx& c, std::size_t page) {
                                                        kFd);
     can_import = ri == CUDA_SUCCESS;
     if (can_import)
-      DK(cuMemRelease(imported));
+      CKD(cuMemRelease(imported));
     else
       std::printf("vmm page_mib=%g op=import_fd error=%d\n", mib, static_cast<int>(ri));
     close(probe_fd);
   }
-  DK(cuMemRelease(probe));
+  CKD(cuMemRelease(probe));
   if (r != CUDA_SUCCESS) std::printf("vmm page_mib=%g op=export_fd error=%d\n", mib, static_cast<int>(r));
 
   measure(c, mib, "create_fd", false, n, [&] {
-    for (auto& x : h) DK(cuMemCreate(&x, page, &fd, 0));
+    for (auto& x : h) CKD(cuMemCreate(&x, page, &fd, 0));
   });
   if (r == CUDA_SUCCESS) {
     std::vector<int> fds(n, -1);
     measure(c, mib, "export_fd", false, n, [&] {
-      for (int i = 0; i < n; ++i) DK(cuMemExportToShareableHandle(&fds[i], h[i], kFd, 0));
+      for (int i = 0; i < n; ++i) CKD(cuMemExportToShareableHandle(&fds[i], h[i], kFd, 0));
     });
     if (can_import) {
       std::vector<CUmemGenericAllocationHandle> imported(n);
       measure(c, mib, "import_fd", false, n, [&] {
         for (int i = 0; i < n; ++i)
-          DK(cuMemImportFromShareableHandle(&imported[i], reinterpret_cast<void*>(static_cast<std::uintptr_t>(fds[i])),
-                                            kFd));
+          CKD(cuMemImportFromShareableHandle(&imported[i], reinterpret_cast<void*>(static_cast<std::uintptr_t>(fds[i])),
+                                             kFd));
       });
-      for (auto x : imported) DK(cuMemRelease(x));
+      for (auto x : imported) CKD(cuMemRelease(x));
     }
     for (int x : fds) close(x);
   }
   measure(c, mib, "release_fd", false, n, [&] {
-    for (auto x : h) DK(cuMemRelease(x));
+    for (auto x : h) CKD(cuMemRelease(x));
   });
 }
 }  // namespace
@@ -189,7 +178,7 @@ int main() {
   c.access.location = c.prop.location;
   c.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   std::size_t g = 0;
-  DK(cuMemGetAllocationGranularity(&g, &c.prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  CKD(cuMemGetAllocationGranularity(&g, &c.prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   std::printf("vmm granularity_bytes=%zu\n", g);
   for (std::size_t page : {g, 10 * g})
     for (bool busy : {false, true}) run_page(c, g, page, busy);
