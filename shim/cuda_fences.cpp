@@ -44,6 +44,8 @@ CudaFences::CallCounts CudaFences::call_counts() const noexcept {
   c.stream_query = n_stream_query_.get();
   c.sweeps = n_sweeps_.get();
   c.non_blocking_streams = n_non_blocking_.get();
+  c.context_record = n_context_record_.get();
+  c.context_wait = n_context_wait_.get();
   return c;
 }
 
@@ -57,7 +59,7 @@ CudaFences::Fence* CudaFences::new_fence_locked() {
   }
   f->events.clear();
   f->on.clear();
-  f->deferred = f->done = f->events_done = false;
+  f->deferred = f->done = f->events_done = f->context_wide = false;
   f->generation = generation_;
   f->seq = 0;
   f->cover = 0;
@@ -88,11 +90,53 @@ bool CudaFences::record_on_locked(Fence* f, CUstream s) {
   return true;
 }
 
+bool CudaFences::record_context_locked(Fence* f) {
+  if (!context_events_) return false;
+  if (d_.cuCtxRecordEvent == nullptr || d_.cuCtxWaitEvent == nullptr) {
+    context_events_ = false;
+    return false;
+  }
+  // Needed only where it replaces sweeps, or after a context-wide fence that may still run.
+  if (non_blocking_.empty() && last_context_seq_ <= completed_all_seq_) return false;
+  CUevent e = take_event_locked();
+  if (e == nullptr) return false;
+  if (!context_wide_begin()) {  // a capture began once in this process: never again
+    free_events_.push_back(e);
+    return false;
+  }
+  n_context_record_.add();
+  const CUresult r = d_.cuCtxRecordEvent(ctx_, e);
+  context_wide_end();
+  if (r != CUDA_SUCCESS) {
+    free_events_.push_back(e);
+    context_events_ = false;
+    log_info("cuCtxRecordEvent refused (CUresult {}): device fences use legacy-stream events and sweeps",
+             static_cast<int>(r));
+    return false;
+  }
+  f->events.push_back(e);
+  f->on.push_back(nullptr);  // no stream: the whole context
+  f->context_wide = true;
+  f->seq = next_seq_++;
+  last_context_seq_ = f->seq;
+  newest_ = f;
+  return true;
+}
+
+bool CudaFences::wait_context_locked(const Fence* f) {
+  if (!context_wide_begin()) return false;
+  n_context_wait_.add();
+  const CUresult r = d_.cuCtxWaitEvent(ctx_, f->events.front());
+  context_wide_end();
+  return r == CUDA_SUCCESS;
+}
+
 void CudaFences::record_locked(Fence* f) {
   if (!f->device) {
     record_on_locked(f, stream_handle(f->stream));
     return;
   }
+  if (record_context_locked(f)) return;
   if (record_on_locked(f, CU_STREAM_LEGACY)) {
     f->seq = next_seq_++;
     newest_ = f;
@@ -242,12 +286,13 @@ bool CudaFences::covered_locked(const Fence* f, std::int64_t gap_ns) {
 
 bool CudaFences::events_complete_locked(Fence* f) {
   if (f->events_done) return true;
-  // A newer device fence was seen complete: this one is too (see the header), no driver call.
-  if (f->seq != 0 && f->seq <= completed_seq_) return f->events_done = true;
+  // A newer device fence that covers what this one does was seen complete: this one is too (see
+  // the header), no driver call.
+  if (known_complete_locked(f)) return f->events_done = true;
   // Several device fences outstanding (the pool asks oldest first): ask the newest once; if it
   // completed, this one and every one in between are answered without further driver calls.
   if (f->seq != 0 && newest_ != nullptr && newest_ != f && !newest_->events_done && newest_->seq > f->seq &&
-      query_events_locked(newest_)) {
+      (newest_->context_wide || !f->context_wide) && query_events_locked(newest_)) {
     return f->events_done = true;
   }
   return query_events_locked(f);
@@ -296,6 +341,8 @@ bool CudaFences::query_locked(Fence* f, std::int64_t gap_ns) {
     record_now_locked(f);
     f->deferred = false;
   }
+  // A newer context-wide fence completed: it covered everything this one needs.
+  if (f->seq != 0 && f->seq <= completed_all_seq_) return f->done = true;
   if (!events_complete_locked(f)) return false;
   if (!covered_locked(f, gap_ns)) return false;
   return f->done = true;
@@ -312,8 +359,13 @@ bool CudaFences::query_events_locked(Fence* f) {
   return f->events_done = true;
 }
 
+bool CudaFences::known_complete_locked(const Fence* f) const {
+  return f->seq != 0 && f->seq <= (f->context_wide ? completed_all_seq_ : completed_seq_);
+}
+
 void CudaFences::note_complete_locked(const Fence* f) {
   if (f->seq > completed_seq_) completed_seq_ = f->seq;
+  if (f->context_wide && f->seq > completed_all_seq_) completed_all_seq_ = f->seq;
 }
 
 bool CudaFences::can_wait(FenceHandle fence) {
@@ -345,7 +397,11 @@ void CudaFences::wait(FenceHandle fence) {
     }
     f->deferred = false;
   }
-  if (!f->events_done && !(f->seq != 0 && f->seq <= completed_seq_)) {
+  if (f->seq != 0 && f->seq <= completed_all_seq_) {  // a newer context-wide fence completed
+    f->done = true;
+    return;
+  }
+  if (!f->events_done && !known_complete_locked(f)) {
     for (CUevent e : f->events) {
       n_sync_.add();
       d_.cuEventSynchronize(e);
@@ -411,6 +467,20 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (any_capture_active()) return false;
   auto order = [&]() -> bool {
+    // Context-wide fences still running: one wait on the newest orders all later work after it,
+    // and after every fence recorded before it.
+    Fence* wide = nullptr;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto* f = reinterpret_cast<Fence*>(handles[i]);
+      if (f->done || f->generation != generation_ || !f->context_wide) continue;
+      if (f->seq <= completed_all_seq_ || events_complete_locked(f)) {
+        f->done = true;
+        continue;
+      }
+      if (wide == nullptr || f->seq > wide->seq) wide = f;
+    }
+    if (wide != nullptr && !wait_context_locked(wide)) return false;
+    const std::uint64_t ordered_seq = wide != nullptr ? wide->seq : 0;
     // Only the legacy stream and the streams that follow it exist: a fence that is one event on
     // the legacy stream runs before anything issued from now on, on any of them.
     const bool legacy_orders_all = non_blocking_.empty();
@@ -424,7 +494,12 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
       if (f->deferred) {  // no capture is open now: it can be recorded (after the work it covers)
         record_locked(f);
         f->deferred = false;
+        if (f->context_wide) {  // recorded just now: ordered by a wait of its own
+          if (!wait_context_locked(f)) return false;
+          continue;
+        }
       }
+      if (f->context_wide || (f->seq != 0 && f->seq <= ordered_seq)) continue;  // the wait above covers it
       const bool covered = covered_locked(f, 0);
       if (legacy_orders_all && covered && f->seq != 0 && f->events.size() == 1 && f->on.front() == CU_STREAM_LEGACY &&
           !(f->seq <= completed_seq_)) {
@@ -479,7 +554,8 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
 bool CudaFences::orders_for_free() {
   if (d_.cuStreamWaitEvent == nullptr) return false;  // order_after refuses everything
   std::lock_guard<std::mutex> lock(mu_);
-  return non_blocking_.empty() && !any_capture_active();
+  // A context-wide fence that may still run would need a wait of its own.
+  return non_blocking_.empty() && last_context_seq_ <= completed_all_seq_ && !any_capture_active();
 }
 
 void CudaFences::prune_joins_locked() {
@@ -584,6 +660,8 @@ void CudaFences::abandon() {
   free_events_.clear();
   sweep_events_.clear();
   sweep_done_ = sweep_started_ = cover_wanted_ = 0;
+  completed_seq_ = completed_all_seq_ = last_context_seq_ = 0;
+  context_events_ = true;
   last_sweep_ns_ = 0;
   gather_ = nullptr;  // went with the context
   gather_failed_ = false;

@@ -1,26 +1,35 @@
 // The pool's FenceProvider on CUDA events, for one context.
 //
-// record_device: one event on the legacy stream (it waits behind every blocking stream and every
-// per-thread default stream: measured on the H200). The context's non-blocking streams, which the
-// legacy stream does not cover, are covered lazily by SWEEPS: a sweep records an event on each
-// non-blocking stream, makes the provider's own GATHER stream (a non-blocking stream no program
-// work runs on, made at the first sweep) wait for each, and records one event there, which
-// completes once everything issued on every non-blocking stream before the sweep has. (Should
-// the gather stream fail to be made, a sweep asks each stream instead, cuStreamQuery: an idle
-// stream has finished everything issued on it so far, and records events on the busy ones.) A
-// device fence recorded while such streams exist is complete once its legacy event has completed
-// AND a sweep begun after it has finished. Sweeps are begun by a query at most once per
-// kSweepGapNs (one sweep serves every fence recorded before it), at once by query_urgent(),
-// wait() and order_after() (memory is wanted now), and before a non-blocking stream is destroyed
-// while some fence still needs a sweep. Libraries create such streams by the dozen and rarely use
-// them (cuDNN and cuBLAS handles under PyTorch: 16 per thread on an H200), so an event on each
-// per fence cost a program more than all its kernels' launches; a sweep is shared by many
-// fences. Why gather (a lent H100, tests/gpu/fence_costs.cpp, 16 idle streams): a query of an
-// idle stream costs ~0.3 µs with the GPU idle (4.8 µs a sweep) but ~1.5 µs while the legacy
-// stream has work queued (23.6 µs), as it has in a program whose host runs ahead of its GPU,
-// where a record and a wait stay ~0.3 and ~0.24 µs: a gathered sweep costs 9.4 µs either way,
-// and its end is one event to ask. ResNet-50 inference under PyTorch sweeps ~13 times a step:
-// ~0.3 ms of its host time asking, ~0.12 ms gathering.
+// record_device, where the driver has cuCtxRecordEvent (CUDA 12.5) and the context has a
+// non-blocking stream: one CONTEXT-WIDE event, which covers the work issued so far on every
+// stream of the context, the legacy one included. Otherwise one event on the legacy stream (it
+// waits behind every blocking stream and every per-thread default stream: measured on the H200),
+// and the context's non-blocking streams, which the legacy stream does not cover, are covered
+// lazily by SWEEPS: a sweep records an event on each non-blocking stream, makes the provider's
+// own GATHER stream (a non-blocking stream no program work runs on, made at the first sweep)
+// wait for each, and records one event there, which completes once everything issued on every
+// non-blocking stream before the sweep has. (Should the gather stream fail to be made, a sweep
+// asks each stream instead, cuStreamQuery: an idle stream has finished everything issued on it
+// so far, and records events on the busy ones.) A device fence recorded while such streams exist
+// is complete once its legacy event has completed AND a sweep begun after it has finished.
+// Sweeps are begun by a query at most once per kSweepGapNs (one sweep serves every fence
+// recorded before it), at once by query_urgent(), wait() and order_after() (memory is wanted
+// now), and before a non-blocking stream is destroyed while some fence still needs a sweep.
+// Libraries create such streams by the dozen and rarely use them (cuDNN and cuBLAS handles under
+// PyTorch: 16 per thread on an H200), so an event on each per fence cost a program more than all
+// its kernels' launches; a sweep is shared by many fences, and a context-wide event needs none.
+// Why gather (a lent H100, tests/gpu/fence_costs.cpp, 16 idle streams): a query of an idle stream
+// costs ~0.3 µs with the GPU idle (4.8 µs a sweep) but ~1.5 µs while the legacy stream has work
+// queued (23.6 µs), as it has in a program whose host runs ahead of its GPU, where a record and a
+// wait stay ~0.3 and ~0.24 µs: a gathered sweep costs 9.4 µs either way, and its end is one event
+// to ask. ResNet-50 inference under PyTorch sweeps ~13 times a step: ~0.3 ms of its host time
+// asking, ~0.12 ms gathering.
+// Context-wide events are used only while no capture ever began in the process (on a context
+// with a capturing stream the driver refuses them and invalidates the capture; shim/streams.h,
+// context_wide_begin), and only while they are needed: with a non-blocking stream alive, or an
+// earlier context-wide fence not yet seen complete (a legacy event recorded after it would not
+// cover what it covers). A refusal turns them off for the context (legacy events and sweeps from
+// then on).
 // record_stream: one event on that stream.
 // Events are created once with CU_EVENT_DISABLE_TIMING (cheapest kind) and recycled.
 //
@@ -29,8 +38,11 @@
 // the first query after every capture has ended and counts as pending until then; no sweep is
 // begun while a capture is open.
 //
-// order_after (free_sync:gpu_wait; docs/shim.md, "GPU-side waits"): the still-running events of
-// the given device fences are joined on the legacy stream (it waits for the sweep's events still
+// order_after (free_sync:gpu_wait; docs/shim.md, "GPU-side waits"): context-wide fences still
+// running are ordered by one cuCtxWaitEvent on the newest of them (all work issued from then on,
+// on every stream of the context, made before or after, waits for it and so for everything it
+// covers, fences recorded before it included). The remaining, legacy-stream fences: their
+// still-running events are joined on the legacy stream (it waits for the sweep's events still
 // running on non-blocking streams; a sweep is begun for fences no sweep covers yet), one join
 // event is recorded there, and every live non-blocking stream waits
 // for it; blocking and per-thread streams follow the legacy stream by themselves. So k streams
@@ -49,9 +61,10 @@
 // and ~1.4 µs in a program that synchronises every iteration, cuCtxGetCurrent per
 // ScopedContext): the allocation hook marks the pool's context as current for the calling thread
 // (ContextGuard), so recording skips the context check; device fences carry a sequence number,
-// and once one is seen complete every older device fence is complete too (the legacy-stream
-// events complete in order), so older ones are answered without a driver call; likewise a
-// finished sweep covers every fence recorded before it began.
+// and once one is seen complete every older device fence is complete too as far as the newer one
+// covers (a legacy event: the legacy stream's work, which completes in order; a context-wide
+// event: everything), so older ones are answered without a driver call; likewise a finished
+// sweep covers every fence recorded before it began.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -92,8 +105,9 @@ class CudaFences final : public FenceProvider {
   bool can_wait(FenceHandle fence) override;
   void release(FenceHandle fence) override;
   bool order_after(const FenceHandle* fences, std::size_t n) override;
-  // No non-blocking stream in the context and no capture open: order_after of device fences (one
-  // legacy-stream event each) makes no driver call (see above).
+  // No non-blocking stream in the context, no context-wide fence that may still run, and no
+  // capture open: order_after of device fences (one legacy-stream event each) makes no driver
+  // call (see above).
   bool orders_for_free() override;
 
   // Stream lifetime, from the stream-creation hooks.
@@ -108,7 +122,7 @@ class CudaFences final : public FenceProvider {
   // what the pool's stream safety costs a program, counted where it is paid.
   struct CallCounts {
     std::int64_t event_record = 0, event_query = 0, event_sync = 0, stream_wait = 0, context_switch = 0,
-                 stream_query = 0, sweeps = 0, non_blocking_streams = 0;
+                 stream_query = 0, sweeps = 0, non_blocking_streams = 0, context_record = 0, context_wait = 0;
   };
   CallCounts call_counts() const noexcept;
 
@@ -123,8 +137,9 @@ class CudaFences final : public FenceProvider {
     StreamId stream = 0;
     bool device = false;
     bool deferred = false;
-    bool done = false;         // complete: its events, and the sweep it needs
-    bool events_done = false;  // its own events have completed
+    bool done = false;          // complete: its events, and the sweep it needs
+    bool events_done = false;   // its own events have completed
+    bool context_wide = false;  // its one event is cuCtxRecordEvent's: it needs no sweep
     unsigned generation = 0;
     std::uint64_t seq = 0;    // device fences: recording order (0: not recorded, or legacy record failed)
     std::uint64_t cover = 0;  // device fences: the sweep that covers the non-blocking streams (0: none needed)
@@ -143,8 +158,10 @@ class CudaFences final : public FenceProvider {
   Fence* new_fence_locked();
   CUevent take_event_locked();
   bool record_on_locked(Fence* f, CUstream s);
-  void record_locked(Fence* f);      // the fence's events, now (context made current by the caller)
-  void record_now_locked(Fence* f);  // record_locked with the context made current if needed
+  void record_locked(Fence* f);              // the fence's events, now (context made current by the caller)
+  bool record_context_locked(Fence* f);      // a device fence as one context-wide event, where it should be
+  bool wait_context_locked(const Fence* f);  // cuCtxWaitEvent on its event
+  void record_now_locked(Fence* f);          // record_locked with the context made current if needed
   // Runs f with the pool's context current: as it is when the hook verified it (ContextGuard),
   // else made current around f (ScopedContext, counted as a context switch).
   template <class F>
@@ -152,6 +169,8 @@ class CudaFences final : public FenceProvider {
   bool query_events_locked(Fence* f);     // asks the driver; notes completion
   bool events_complete_locked(Fence* f);  // its events completed (the newest-fence shortcuts first)
   void note_complete_locked(const Fence* f);
+  // A newer fence that covers what f does was seen complete (no driver call).
+  bool known_complete_locked(const Fence* f) const;
   void begin_sweep_locked();    // a new sweep, now (see above)
   bool gather_stream_locked();  // the gather stream exists (made at the first sweep)
   void sweep_by_gathering_locked();
@@ -171,12 +190,18 @@ class CudaFences final : public FenceProvider {
     void add() noexcept { n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
     std::int64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
   };
-  Counter n_record_, n_query_, n_sync_, n_wait_, n_ctx_, n_stream_query_, n_sweeps_, n_non_blocking_;
+  Counter n_record_, n_query_, n_sync_, n_wait_, n_ctx_, n_stream_query_, n_sweeps_, n_non_blocking_, n_context_record_,
+      n_context_wait_;
   unsigned generation_ = 0;
   std::uint64_t next_seq_ = 1;
   Fence* newest_ = nullptr;  // the newest recorded device fence, until released
-  // Every device fence with seq <= completed_seq_ has its legacy event complete.
+  // Every device fence with seq <= completed_seq_ has its legacy event complete (a context-wide
+  // fence: its event covers the legacy stream's work too); every one with seq <= completed_all_seq_
+  // is complete, whatever it needed (a context-wide fence completed after it).
   std::uint64_t completed_seq_ = 0;
+  std::uint64_t completed_all_seq_ = 0;
+  std::uint64_t last_context_seq_ = 0;  // the newest context-wide fence's seq
+  bool context_events_ = true;          // until the driver lacks or refuses them
   // Sweeps (above): ids count up from 1; every fence with cover <= sweep_done_ is covered.
   std::uint64_t sweep_started_ = 0;
   std::uint64_t sweep_done_ = 0;

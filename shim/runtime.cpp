@@ -290,7 +290,8 @@ void Runtime::write_exit_summary() noexcept {
           d.driver_calls = {{"cuEventRecord", c.event_record},      {"cuEventQuery", c.event_query},
                             {"cuEventSynchronize", c.event_sync},   {"cuStreamWaitEvent", c.stream_wait},
                             {"context_switches", c.context_switch}, {"non_blocking_streams", c.non_blocking_streams},
-                            {"cuStreamQuery", c.stream_query},      {"sweeps", c.sweeps}};
+                            {"cuStreamQuery", c.stream_query},      {"sweeps", c.sweeps},
+                            {"cuCtxRecordEvent", c.context_record}, {"cuCtxWaitEvent", c.context_wait}};
           s.devices.push_back(d);
         },
         /*include_retired=*/true);

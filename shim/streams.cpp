@@ -1,5 +1,7 @@
 #include "shim/streams.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <mutex>
 #include <new>
@@ -31,6 +33,7 @@ std::vector<Capture>& captures() {
   return *v;
 }
 std::atomic<bool> g_ever{false};
+std::atomic<int> g_context_wide{0};  // context-wide calls in flight
 std::atomic<int> g_active{0};
 std::atomic<int> g_global{0};
 thread_local int tl_thread_local = 0;
@@ -40,7 +43,21 @@ thread_local int tl_thread_local = 0;
 void capture_may_begin() noexcept {
   // seq_cst store: ordered before the driver call that starts the capture.
   if (!g_ever.load(std::memory_order_relaxed)) g_ever.store(true);
+  // A context-wide call that began before the store would invalidate the capture: let it end
+  // (one driver call). Any later one sees g_ever and is not made (context_wide_begin).
+  while (g_context_wide.load() != 0) sched_yield();
 }
+
+bool context_wide_begin() noexcept {
+  // Both sides store, then read the other's flag (seq_cst): either this thread sees the capture
+  // coming, or capture_may_begin sees this call in flight and waits for it.
+  g_context_wide.fetch_add(1);
+  if (!g_ever.load()) return true;
+  g_context_wide.fetch_sub(1);
+  return false;
+}
+
+void context_wide_end() noexcept { g_context_wide.fetch_sub(1, std::memory_order_release); }
 
 bool capture_ever_began() noexcept { return g_ever.load(std::memory_order_acquire); }
 
@@ -76,6 +93,7 @@ void reset_captures_in_child() noexcept {
   captures().clear();
   g_active.store(0);
   g_global.store(0);
+  g_context_wide.store(0);  // the calls in flight were the parent's threads'
   tl_thread_local = 0;
 }
 

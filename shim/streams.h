@@ -51,6 +51,13 @@ bool any_capture_active() noexcept;
 // cuMemAlloc would be illegal now (a global-mode capture anywhere, or a thread-local one on
 // this thread): the call goes to the driver untouched so the program sees CUDA's own answer.
 bool sync_alloc_forbidden_by_capture() noexcept;
+// Context-wide calls (cuCtxRecordEvent, cuCtxWaitEvent) act on every stream of the context: on
+// one that is capturing the driver refuses them and invalidates the capture. The shim makes them
+// only between context_wide_begin() returning true (no capture ever began in the process, and
+// none can begin before context_wide_end(): capture_may_begin() waits for the call in flight)
+// and context_wide_end(). After the first capture, fences use per-stream events only.
+bool context_wide_begin() noexcept;
+void context_wide_end() noexcept;
 // After fork: the child has no captures.
 void reset_captures_in_child() noexcept;
 

@@ -40,9 +40,9 @@ POLICY_CONF = {"nocache": "(no shim)", "default": '""', "immediate": "free_sync:
 # Columns of the table: the calls that make a pool's host cost, grouped.
 GROUPS = [
     ("ctx", ["cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuCtxPushCurrent", "cuCtxPopCurrent"]),
-    ("record", ["cuEventRecord"]),
+    ("record", ["cuEventRecord", "cuCtxRecordEvent"]),
     ("query", ["cuEventQuery", "cuStreamQuery"]),
-    ("wait", ["cuStreamWaitEvent"]),
+    ("wait", ["cuStreamWaitEvent", "cuCtxWaitEvent"]),
     ("sync", ["cuEventSynchronize", "cuCtxSynchronize"]),
     ("map", ["cuMemMap"]),
     ("alloc", ["cuMemAlloc", "cuMemAllocAsync", "cuMemCreate"]),

@@ -58,6 +58,7 @@ mkdir -p "$out" "$out/retry"
 # What each fake driver call costs the host, in ns: event and stream calls as measured on an H200
 # host, context reads as a thread-local lookup, memory calls (allocation, mapping, freeing) 5 us.
 default_costs="cuEventRecord=250,cuEventQuery=400,cuStreamWaitEvent=300,cuEventSynchronize=400,cuStreamQuery=300"
+default_costs+=",cuCtxRecordEvent=300,cuCtxWaitEvent=300"
 default_costs+=",cuCtxGetCurrent=20,cuCtxSetCurrent=20,cuCtxGetDevice=20,cuCtxPushCurrent=20,cuCtxPopCurrent=20"
 default_costs+=",cuMemAlloc=5000,cuMemFree=5000,cuMemAllocAsync=5000,cuMemFreeAsync=5000,cuMemCreate=5000,cuMemMap=5000,cuMemSetAccess=5000"
 default_costs+=",cuMemUnmap=5000,cuMemRelease=5000"

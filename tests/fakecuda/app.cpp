@@ -46,6 +46,8 @@ FAKE_CONTROL(long, fakecuda_event_records, (), ())
 FAKE_CONTROL(long, fakecuda_event_syncs, (), ())
 FAKE_CONTROL(long, fakecuda_event_queries, (), ())
 FAKE_CONTROL(long, fakecuda_stream_queries, (), ())
+FAKE_CONTROL(long, fakecuda_ctx_records, (), ())
+FAKE_CONTROL(long, fakecuda_ctx_waits, (), ())
 FAKE_CONTROL(long, fakecuda_trim_calls, (), ())
 FAKE_CONTROL(long, fakecuda_thread_driver_calls, (), ())
 FAKE_CONTROL(void, fakecuda_reset_primary_unseen, (cudaabi::CUdevice dev), (dev))
@@ -1008,9 +1010,11 @@ void gpu_wait_reuse() {
   CHECK_OK(api.cuMemFree(p));
   std::vector<long> waits;
   for (CUstream s : all) waits.push_back(fakecuda_waits_by(s));
+  const long ctx_waits = fakecuda_ctx_waits();
   CHECK_OK(api.cuMemAlloc(&q, n));
   CHECK(q == p);
   for (std::size_t i = 0; i < std::size(all); ++i) CHECK(fakecuda_waits_by(all[i]) == waits[i]);
+  CHECK(fakecuda_ctx_waits() == ctx_waits);
   CHECK_OK(api.cuMemFree(q));
   for (CUstream s : {nb, nb2, blocking}) CHECK_OK(api.cuStreamDestroy(s));
 }
@@ -1119,13 +1123,14 @@ void gpu_wait_without_queries() {
   fakecuda_release_stream(CU_STREAM_LEGACY);
   // A non-blocking stream is alive now: fences are asked again.
   const long q2 = fakecuda_event_queries();
-  const long rec2 = fakecuda_records_on(later);
+  const long rec2 = fakecuda_records_on(later), ctx2 = fakecuda_ctx_records();
   churn(kIters, false);
-  std::printf("with a non-blocking stream: %ld event queries, %ld events on it\n", fakecuda_event_queries() - q2,
-              fakecuda_records_on(later) - rec2);
-  // Not free any more: fences are asked, and sweeps cover the non-blocking stream (an event on it).
+  std::printf("with a non-blocking stream: %ld event queries, %ld events on it, %ld context-wide\n",
+              fakecuda_event_queries() - q2, fakecuda_records_on(later) - rec2, fakecuda_ctx_records() - ctx2);
+  // Not free any more: fences are asked, and cover the non-blocking stream: context-wide, or
+  // (a driver without such events) by sweeps, an event on it.
   CHECK(fakecuda_event_queries() - q2 >= 1);
-  CHECK(fakecuda_records_on(later) - rec2 >= 1);
+  CHECK(fakecuda_records_on(later) - rec2 >= 1 || fakecuda_ctx_records() - ctx2 >= 1);
   CHECK_OK(api.cuStreamDestroy(later));
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
@@ -1133,9 +1138,10 @@ void gpu_wait_without_queries() {
 // Libraries create non-blocking streams by the dozen and rarely use them (PyTorch's cuDNN and
 // cuBLAS handles: 16 per thread). A device fence must still cover them, but not with an event on
 // each per fence: the legacy churn loop with 16 idle non-blocking streams alive records about one
-// event per batch (its legacy fence), and the streams are covered in sweeps (an event on each,
-// gathered on the shim's own stream), at most one per few milliseconds or per miss, not once per
-// fence. Safety: with one of those streams busy (its work may use
+// event per batch, context-wide (cuCtxRecordEvent: no event on the streams at all), or, where the
+// driver refuses those (FAKECUDA_NO_CONTEXT_EVENTS), its legacy fence, and the streams are covered
+// in sweeps (an event on each, gathered on the shim's own stream), at most one per few
+// milliseconds or per miss, not once per fence. Safety: with one of those streams busy (its work may use
 // the freed block), the block is not reused until that work has finished; the negative control,
 // free_sync:immediate, reuses it at once. Run under the default policy.
 void gpu_wait_idle_streams() {
@@ -1148,6 +1154,7 @@ void gpu_wait_idle_streams() {
   constexpr int kIters = 400;
   const long records = fakecuda_event_records(), squeries = fakecuda_stream_queries();
   const long on_idle = fakecuda_records_on(idle[0]);
+  const long ctx_records = fakecuda_ctx_records();
   const long allocs = driver_allocs();
   const auto t0 = std::chrono::steady_clock::now();
   churn(kIters);
@@ -1159,9 +1166,11 @@ void gpu_wait_idle_streams() {
   // A sweep records an event on each stream and one on the gather stream.
   const long records_bound = 2 * kIters + (kStreams + 1) * sweeps_bound;
   CHECK(records_bound < kStreams * kIters);  // the loop is fast enough to tell
-  std::printf("idle streams: %ld event records, %ld stream queries, %ld driver allocations in %d iterations (%ld ms)\n",
-              fakecuda_event_records() - records, fakecuda_stream_queries() - squeries, driver_allocs() - allocs,
-              kIters, ms);
+  std::printf(
+      "idle streams: %ld event records, %ld stream queries, %ld driver allocations in %d iterations (%ld ms); "
+      "%ld context-wide records, %ld events on the first stream\n",
+      fakecuda_event_records() - records, fakecuda_stream_queries() - squeries, driver_allocs() - allocs, kIters, ms,
+      fakecuda_ctx_records() - ctx_records, fakecuda_records_on(idle[0]) - on_idle);
   CHECK(fakecuda_event_records() - records <= records_bound);  // not one per stream per fence
   CHECK(fakecuda_records_on(idle[0]) - on_idle <= sweeps_bound);
   CHECK(fakecuda_stream_queries() - squeries <= kStreams * sweeps_bound);
@@ -1502,6 +1511,43 @@ void gpu_wait_capture() {
   CHECK_OK(api.cuStreamDestroy(nb));
 }
 
+// Context-wide fences (cuCtxRecordEvent) and a capture begun from another thread while one is
+// being recorded: the capture survives (a context-wide call on a context with a capturing stream
+// invalidates the capture), and once a capture began no context-wide call is made again. Run
+// with FAKECUDA_CALL_COST_NS=cuCtxRecordEvent=2000000, so that each such call takes 2 ms and the
+// capture nearly always begins during one: the shim must hold the capture back until it ends.
+void context_fence_capture() {
+  start_cuda();
+  CUstream nb = nullptr, cap = nullptr;
+  CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));  // device fences become context-wide
+  CHECK_OK(api.cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING));
+  std::atomic<bool> begun{false};
+  CUresult began = CUDA_SUCCESS, ended = CUDA_SUCCESS;
+  std::thread capturer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    began = api.cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED);
+    begun.store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CUgraph graph = nullptr;
+    ended = api.cuStreamEndCapture(cap, &graph);
+  });
+  const long before = fakecuda_ctx_records();
+  long during = 0;
+  while (!begun.load()) legacy_churn(1, false);
+  during = fakecuda_ctx_records() - before;
+  capturer.join();
+  const long after_capture = fakecuda_ctx_records();
+  legacy_churn(20, false);
+  std::printf("context-wide fences: %ld before the capture, %ld after it\n", during,
+              fakecuda_ctx_records() - after_capture);
+  CHECK(during >= 1);  // the churn did record context-wide fences
+  CHECK_OK(began);
+  CHECK_OK(ended);  // not invalidated
+  CHECK(fakecuda_ctx_records() == after_capture);
+  CHECK_OK(api.cuStreamDestroy(cap));
+  CHECK_OK(api.cuStreamDestroy(nb));
+}
+
 // free_host_sync:True: cudaFree of a pooled block also waits for the device, as CUDA's does.
 void free_host_sync() {
   start_cuda();
@@ -1836,6 +1882,7 @@ int main(int argc, char** argv) {
       {"gpu_wait_without_queries", gpu_wait_without_queries},
       {"gpu_wait_idle_streams", gpu_wait_idle_streams},
       {"gpu_wait_capture", gpu_wait_capture},
+      {"context_fence_capture", context_fence_capture},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},
       {"info_first_primary", info_first_primary},

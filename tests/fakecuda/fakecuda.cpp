@@ -55,7 +55,7 @@ static thread_local long tl_driver_calls = 0;
       X(cuEventSynchronize), X(cuStreamWaitEvent), X(cuStreamIsCapturing), X(cuMemAlloc), X(cuMemFree),              \
       X(cuMemAllocAsync), X(cuMemFreeAsync), X(cuMemGetInfo), X(cuPointerGetAttribute), X(cuPointerGetAttributes),   \
       X(cuMemAddressReserve), X(cuMemAddressFree), X(cuMemCreate), X(cuMemRelease), X(cuMemMap), X(cuMemUnmap),      \
-      X(cuMemSetAccess), X(cuMemHostAlloc), X(cuMemFreeHost)
+      X(cuMemSetAccess), X(cuMemHostAlloc), X(cuMemFreeHost), X(cuCtxRecordEvent), X(cuCtxWaitEvent)
 namespace {
 enum class Call : int {
 #define FAKE_CALL_ENUM(name) name
@@ -320,6 +320,10 @@ long n_alloc = 0, n_free = 0, n_graph = 0, n_records = 0, n_syncs = 0, n_trims =
 long n_event_queries = 0;
 long n_stream_queries = 0;
 long n_capture_waits = 0;  // cuStreamWaitEvent on a capturing stream (the wait joins the graph)
+long n_ctx_records = 0, n_ctx_waits = 0;
+// cuCtxWaitEvent: work issued from then on, on any stream of the context (made before or after
+// the call), also waits for these (stream, hold_gen) pairs.
+std::map<const Context*, std::vector<std::pair<Stream*, unsigned long>>> ctx_deps;
 
 std::size_t total_bytes() {
   const char* e = std::getenv("FAKECUDA_TOTAL_MB");
@@ -452,6 +456,7 @@ const Alloc* containing(CUdeviceptr p, std::uintptr_t* base) {
 }
 
 void destroy_context(Context* c) {
+  ctx_deps.erase(c);
   for (auto it = allocs.begin(); it != allocs.end();) {
     if (it->second.ctx == c) {
       if (it->second.imported)
@@ -504,6 +509,11 @@ std::vector<std::pair<Stream*, unsigned long>> waits_of(Stream* s) {
       if (pair_pending(d)) out.push_back(d);
   };
   add(s);
+  // The legacy and per-thread streams belong to whichever context is current.
+  const Context* c = s->ctx != nullptr ? s->ctx : tl_current;
+  if (auto it = ctx_deps.find(c); it != ctx_deps.end())
+    for (auto& d : it->second)
+      if (pair_pending(d)) out.push_back(d);
   if (s->legacy) {
     for (Stream* o : streams)
       if (o->flags == 0 && o != s) add(o);
@@ -1403,6 +1413,56 @@ FAKE_API CUresult cuEventDestroy_v2(CUevent e) {
 }
 FAKE_API CUresult cuEventRecord(CUevent e, CUstream s) { return record(e, s, false); }
 FAKE_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return record(e, s, true); }
+// The context-wide calls of CUDA 12.5. FAKECUDA_NO_CONTEXT_EVENTS=1: both answer
+// CUDA_ERROR_NOT_SUPPORTED (an older driver's absence, for the shim's other path). On a context
+// with a stream capturing, the driver refuses them and invalidates every such capture.
+namespace {
+CUresult context_wide_refusal() {
+  static const bool off = std::getenv("FAKECUDA_NO_CONTEXT_EVENTS") != nullptr;
+  if (off) return CUDA_ERROR_NOT_SUPPORTED;
+  bool capturing = false;
+  for (Stream* o : streams) {
+    if (!o->capturing) continue;
+    o->invalidated = true;
+    capturing = true;
+  }
+  return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+bool in_context(const Stream* s, const Context* c) { return s->ctx == c || s->per_thread; }
+}  // namespace
+// Everything issued so far on every stream of the context, the legacy stream included.
+FAKE_API CUresult cuCtxRecordEvent(CUcontext hc, CUevent ev) {
+  FAKE_COUNT();
+  FAKE_CALL(cuCtxRecordEvent);
+  std::lock_guard<std::mutex> lock(mu);
+  auto* c = reinterpret_cast<Context*>(hc);
+  auto* e = reinterpret_cast<Event*>(ev);
+  if (c == nullptr || e == nullptr || !c->alive) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = context_wide_refusal(); r != CUDA_SUCCESS) return r;
+  e->waits = waits_of(&legacy_stream);
+  for (Stream* o : streams) {
+    if (!in_context(o, c)) continue;
+    for (auto& w : waits_of(o)) e->waits.push_back(w);
+  }
+  ++n_ctx_records;
+  return CUDA_SUCCESS;
+}
+// Work issued from now on, on every stream of the context (made now or later), waits for `ev`.
+FAKE_API CUresult cuCtxWaitEvent(CUcontext hc, CUevent ev) {
+  FAKE_COUNT();
+  FAKE_CALL(cuCtxWaitEvent);
+  std::lock_guard<std::mutex> lock(mu);
+  auto* c = reinterpret_cast<Context*>(hc);
+  auto* e = reinterpret_cast<Event*>(ev);
+  if (c == nullptr || e == nullptr || !c->alive) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = context_wide_refusal(); r != CUDA_SUCCESS) return r;
+  auto& deps = ctx_deps[c];
+  std::erase_if(deps, [](const auto& d) { return !pair_pending(d); });
+  for (auto& w : e->waits)
+    if (pair_pending(w)) deps.push_back(w);
+  ++n_ctx_waits;
+  return CUDA_SUCCESS;
+}
 static CUresult stream_wait_event(CUstream hs, CUevent ev, bool ptsz) {
   FAKE_COUNT();
   FAKE_CALL(cuStreamWaitEvent);
@@ -1489,6 +1549,8 @@ FAKE_COUNTER(fakecuda_event_queries, n_event_queries)
 FAKE_COUNTER(fakecuda_stream_queries, n_stream_queries)
 FAKE_COUNTER(fakecuda_stream_waits, n_stream_waits)
 FAKE_COUNTER(fakecuda_capture_waits, n_capture_waits)
+FAKE_COUNTER(fakecuda_ctx_records, n_ctx_records)
+FAKE_COUNTER(fakecuda_ctx_waits, n_ctx_waits)
 FAKE_API int fakecuda_would_wait(CUstream s, CUstream held) {
   std::lock_guard<std::mutex> lock(mu);
   Stream* h = resolve(held, false);

@@ -25,6 +25,8 @@ long fakecuda_event_queries();      // cuEventQuery calls
 long fakecuda_stream_queries();     // cuStreamQuery calls
 long fakecuda_stream_waits();       // successful cuStreamWaitEvent calls
 long fakecuda_capture_waits();      // cuStreamWaitEvent calls that hit a capture (and broke it)
+long fakecuda_ctx_records();        // successful cuCtxRecordEvent calls
+long fakecuda_ctx_waits();          // successful cuCtxWaitEvent calls
 // Per stream (handles as for fakecuda_hold_stream): successful cuEventRecord calls on it, and
 // successful cuStreamWaitEvent calls that made it wait.
 long fakecuda_records_on(cudaabi::CUstream s);

@@ -17,7 +17,14 @@
 //                     context synchronize, not timed) a query of each
 //   sweep_gather      one sweep as the shim makes it: an event on each of the K streams, a
 //                     stream of its own waiting for each, one event there
+//   ctx_record        cuCtxRecordEvent: one event for all the context's work, every stream
+//   ctx_wait          cuCtxWaitEvent of a completed event: all later work waits for it
 //   busy_*            some of the same while the legacy stream has a queue of work (below)
+// Then what the context-wide calls promise, checked with one non-blocking stream kept busy
+// (`fence_costs streams=K probe=X ok=0|1`): ctx_event_covers_nb (an event recorded for the
+// context is not complete while that stream runs), ctx_wait_orders_nb and
+// ctx_wait_orders_new_stream (after cuCtxWaitEvent on it, an event recorded on another idle
+// stream, or on one created afterwards, is not complete either).
 // Output: `fence_costs streams=K op=X us_per_call=T`, one line each. Nothing here is compared:
 // run.sh prints the figures.
 #include <cuda.h>
@@ -161,6 +168,46 @@ int main(int argc, char** argv) {
     if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) CKD(q);
   });
   busy("busy_event_query_done", 64, [&](int) { CKD(cuEventQuery(done)); });
+  CUcontext ctx;
+  CKD(cuCtxGetCurrent(&ctx));
+  report("ctx_record", per_call(n, [&](int i) { CKD(cuCtxRecordEvent(ctx, ev[at(i)])); }));
+  CKD(cuCtxSynchronize());
+  report("ctx_wait", per_call(n, [&](int) { CKD(cuCtxWaitEvent(ctx, done)); }));
+  CKD(cuCtxSynchronize());
+  busy("busy_ctx_record", 64, [&](int i) { CKD(cuCtxRecordEvent(ctx, ev[at(i)])); });
+  busy("busy_ctx_wait", 64, [&](int) { CKD(cuCtxWaitEvent(ctx, done)); });
+  // The promises, with nb[0] busy for milliseconds and the legacy stream idle.
+  auto probe = [&](const char* what, bool ok) { std::printf("fence_costs streams=%d probe=%s ok=%d\n", k, what, ok); };
+  auto keep_busy = [&] {
+    for (int i = 0; i < 40; ++i) CKD(cuMemsetD32Async(buf, static_cast<unsigned>(i), big / 4, nb[0]));
+  };
+  CUevent ce, later;
+  CKD(cuEventCreate(&ce, CU_EVENT_DISABLE_TIMING));
+  CKD(cuEventCreate(&later, CU_EVENT_DISABLE_TIMING));
+  keep_busy();
+  CKD(cuCtxRecordEvent(ctx, ce));
+  const bool covers = cuEventQuery(ce) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
+  CKD(cuCtxSynchronize());
+  probe("ctx_event_covers_nb", covers);
+  keep_busy();
+  CKD(cuCtxRecordEvent(ctx, ce));
+  CKD(cuCtxWaitEvent(ctx, ce));
+  CKD(cuEventRecord(later, nb[1]));
+  const bool orders = cuEventQuery(later) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
+  CKD(cuCtxSynchronize());
+  probe("ctx_wait_orders_nb", orders);
+  keep_busy();
+  CKD(cuCtxRecordEvent(ctx, ce));
+  CKD(cuCtxWaitEvent(ctx, ce));
+  CUstream fresh;
+  CKD(cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING));
+  CKD(cuEventRecord(later, fresh));
+  const bool orders_new = cuEventQuery(later) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
+  CKD(cuCtxSynchronize());
+  probe("ctx_wait_orders_new_stream", orders_new);
+  CKD(cuStreamDestroy(fresh));
+  CKD(cuEventDestroy(later));
+  CKD(cuEventDestroy(ce));
   busy("busy_ctx_get", 64, [&](int) {
     CUcontext c;
     CKD(cuCtxGetCurrent(&c));

@@ -263,6 +263,10 @@ TEST(Shim, GpuWaitReusesPendingMemoryAndEveryStreamWaits) {
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_NE(r.output.find("PASS gpu_wait_reuse"), std::string::npos) << r.output;
   }
+  // Without context-wide events (a driver before CUDA 12.5): legacy events, sweeps and joins.
+  RunResult legacy = run({app(true), "gpu_wait_reuse"}, {{"FAKECUDA_NO_CONTEXT_EVENTS", "1"}});
+  EXPECT_EQ(legacy.exit_status, 0) << legacy.output;
+  EXPECT_NE(legacy.output.find("PASS gpu_wait_reuse"), std::string::npos) << legacy.output;
   // The same under classic segments.
   RunResult classic = run({app(true), "gpu_wait_reuse"}, {{"CUDAPOOL_CONF", "expandable_segments:False"}});
   EXPECT_EQ(classic.exit_status, 0) << classic.output;
@@ -296,20 +300,32 @@ TEST(Shim, GpuWaitWithOnlyTheLegacyStreamsAsksNoFence) {
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_NE(r.output.find("PASS gpu_wait_without_queries"), std::string::npos) << r.output;
   }
+  RunResult legacy = run({app(true), "gpu_wait_without_queries"}, {{"FAKECUDA_NO_CONTEXT_EVENTS", "1"}});
+  EXPECT_EQ(legacy.exit_status, 0) << legacy.output;
+  EXPECT_NE(legacy.output.find("0 context-wide"), std::string::npos) << legacy.output;
 }
 
-// Idle non-blocking streams (libraries create them by the dozen) cost no event per fence: they
-// are asked in sweeps; a busy one still holds its freed memory back. Negative control: under
+// Idle non-blocking streams (libraries create them by the dozen) cost no event per fence: device
+// fences are context-wide, or, where the driver has no such events, the streams are asked in
+// sweeps; a busy one still holds its freed memory back either way. Negative control: under
 // free_sync:immediate the block comes back while the stream may still use it.
 namespace {
-// The stream queries the app's idle-streams line reports (-1: no such line).
-long idle_stream_queries(const std::string& out) {
+// The figures of the app's idle-streams line: stream queries, context-wide records, events on
+// one of the idle streams (-1 each: no such line).
+struct IdleFigures {
+  long stream_queries = -1, context_records = -1, on_stream = -1;
+};
+IdleFigures idle_figures(const std::string& out) {
   const std::size_t at = out.find("idle streams: ");
-  long records = 0, queries = -1;
+  IdleFigures f;
+  long records = 0, allocs = 0, iters = 0, ms = 0;
   if (at == std::string::npos ||
-      std::sscanf(out.c_str() + at, "idle streams: %ld event records, %ld stream queries", &records, &queries) != 2)
-    return -1;
-  return queries;
+      std::sscanf(out.c_str() + at,
+                  "idle streams: %ld event records, %ld stream queries, %ld driver allocations in %ld iterations "
+                  "(%ld ms); %ld context-wide records, %ld events on the first stream",
+                  &records, &f.stream_queries, &allocs, &iters, &ms, &f.context_records, &f.on_stream) != 7)
+    return {};
+  return f;
 }
 }  // namespace
 
@@ -318,19 +334,39 @@ TEST(Shim, GpuWaitSweepsIdleNonBlockingStreams) {
     RunResult r = run({app(linked), "gpu_wait_idle_streams"});
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_NE(r.output.find("PASS gpu_wait_idle_streams"), std::string::npos) << r.output;
-    EXPECT_EQ(idle_stream_queries(r.output), 0) << r.output;  // gathered, not asked
+    const IdleFigures f = idle_figures(r.output);
+    EXPECT_EQ(f.stream_queries, 0) << r.output;
+    EXPECT_GT(f.context_records, 100) << r.output;  // about one per batch (400 iterations)
+    EXPECT_EQ(f.on_stream, 0) << r.output;          // and no sweep
   }
+  // Without context-wide events: sweeps, gathered, not asked.
+  RunResult swept = run({app(true), "gpu_wait_idle_streams"}, {{"FAKECUDA_NO_CONTEXT_EVENTS", "1"}});
+  EXPECT_EQ(swept.exit_status, 0) << swept.output;
+  EXPECT_NE(swept.output.find("PASS gpu_wait_idle_streams"), std::string::npos) << swept.output;
+  const IdleFigures sf = idle_figures(swept.output);
+  EXPECT_EQ(sf.stream_queries, 0) << swept.output;
+  EXPECT_EQ(sf.context_records, 0) << swept.output;
+  EXPECT_GT(sf.on_stream, 0) << swept.output;
   RunResult classic = run({app(true), "gpu_wait_idle_streams"}, {{"CUDAPOOL_CONF", "expandable_segments:False"}});
   EXPECT_EQ(classic.exit_status, 0) << classic.output;
   RunResult imm = run({app(true), "gpu_wait_idle_streams"}, {{"CUDAPOOL_CONF", "free_sync:immediate"}});
   EXPECT_EQ(imm.exit_status, 0) << imm.output;  // passes only if the block did come back early
   // The driver refuses the shim's gather stream (the program's 16 streams are all it allows):
   // sweeps ask each stream instead, as safely.
-  RunResult asked = run({app(true), "gpu_wait_idle_streams"}, {{"FAKECUDA_MAX_STREAMS", "16"}});
+  RunResult asked = run({app(true), "gpu_wait_idle_streams"},
+                        {{"FAKECUDA_MAX_STREAMS", "16"}, {"FAKECUDA_NO_CONTEXT_EVENTS", "1"}});
   EXPECT_EQ(asked.exit_status, 0) << asked.output;
   EXPECT_NE(asked.output.find("could not create the fence stream"), std::string::npos) << asked.output;
   EXPECT_NE(asked.output.find("PASS gpu_wait_idle_streams"), std::string::npos) << asked.output;
-  EXPECT_GT(idle_stream_queries(asked.output), 0) << asked.output;
+  EXPECT_GT(idle_figures(asked.output).stream_queries, 0) << asked.output;
+}
+
+// A capture begun while a context-wide fence is being recorded (each takes 2 ms here) is not
+// invalidated: the capture waits for the call; after it, fences use per-stream events only.
+TEST(Shim, ContextWideFencesNeverMeetACapture) {
+  RunResult r = run({app(true), "context_fence_capture"}, {{"FAKECUDA_CALL_COST_NS", "cuCtxRecordEvent=2000000"}});
+  EXPECT_EQ(r.exit_status, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS context_fence_capture"), std::string::npos) << r.output;
 }
 
 TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
@@ -339,6 +375,9 @@ TEST(Shim, GpuWaitAcrossThreadsContextsAndResets) {
     EXPECT_EQ(r.exit_status, 0) << r.output;
     EXPECT_NE(r.output.find("PASS gpu_wait_threads_contexts"), std::string::npos) << r.output;
   }
+  RunResult legacy = run({app(true), "gpu_wait_threads_contexts"}, {{"FAKECUDA_NO_CONTEXT_EVENTS", "1"}});
+  EXPECT_EQ(legacy.exit_status, 0) << legacy.output;
+  EXPECT_NE(legacy.output.find("PASS gpu_wait_threads_contexts"), std::string::npos) << legacy.output;
 }
 
 // Under a cap, cuMemGetInfo reports the cap as the total and what the program could still get
