@@ -289,11 +289,12 @@ except KeyError:
 PY
 )"
   fi
-  # A sweep of 16 idle non-blocking streams, asking each against gathering (shim/cuda_fences.h),
-  # with the GPU idle and with work queued on the legacy stream (no shim).
+  # A device fence over 16 idle non-blocking streams: a sweep asking each, one gathering them,
+  # one context-wide event (shim/cuda_fences.h), with the GPU idle and with work queued on the
+  # legacy stream (no shim); and the driver's promises the context-wide fences rest on.
   if [ -x "$BIN/fence_costs" ]; then
     run fence_costs 60 -- "$BIN/fence_costs" 16
-    "${REPORT[@]}" row "$OUT" "sweep of 16 idle streams: asking / gathering (GPU idle; work queued)" INFO \
+    "${REPORT[@]}" row "$OUT" "fence over 16 idle streams: asking / gathering / context-wide (GPU idle; work queued)" INFO \
       "$(python3 - "$OUT/logs/fence_costs.out" <<'PY'
 import re, sys
 c = {}
@@ -301,12 +302,18 @@ for line in open(sys.argv[1]):
     m = re.match(r"fence_costs streams=\d+ op=(\S+) us_per_call=(\S+)", line)
     if m: c[m[1]] = float(m[2])
 try:
-    print(f"{c['sweep_query']:.1f} / {c['sweep_gather']:.1f} us; {c['busy_sweep_query']:.1f} / "
-          f"{c['busy_sweep_gather']:.1f} us (logs/fence_costs.out)")
+    print(f"{c['sweep_query']:.1f} / {c['sweep_gather']:.1f} / {c['ctx_record']:.2f} us; {c['busy_sweep_query']:.1f} / "
+          f"{c['busy_sweep_gather']:.1f} / {c['busy_ctx_record']:.2f} us (logs/fence_costs.out)")
 except KeyError:
     print("no numbers (see logs/fence_costs.out)")
 PY
 )"
+    probes=$(grep -c "probe=.* ok=1" "$OUT/logs/fence_costs.out")
+    failed=$(grep "probe=.* ok=0" "$OUT/logs/fence_costs.out" | sed 's/.*probe=\(\S*\).*/\1/' | tr '\n' ' ')
+    status=FAIL
+    [ "$probes" -eq 3 ] && [ -z "$failed" ] && status=PASS
+    "${REPORT[@]}" row "$OUT" "context-wide event covers, and its wait orders, every stream" "$status" \
+      "$probes of 3 probes hold${failed:+; failed: $failed} (logs/fence_costs.out)"
   fi
 fi
 
