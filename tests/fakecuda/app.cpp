@@ -1548,6 +1548,47 @@ void context_fence_capture() {
   CHECK_OK(api.cuStreamDestroy(nb));
 }
 
+// A legacy-stream fence newer than a context-wide one says nothing about the non-blocking streams
+// the older one covers: a block freed while such a stream is busy (context-wide fence), then a
+// capture (context-wide calls stop), then a newer fence on the legacy stream that completes at
+// once: the block may come back only after that stream's work, or with the program's streams
+// ordered after it.
+void context_fence_kinds() {
+  start_cuda();
+  CUstream nb = nullptr, cap = nullptr;
+  CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+  CHECK_OK(api.cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING));
+  constexpr std::size_t n = 24 << 20;  // beyond the growth slack, as in gpu_wait_reuse
+  auto window = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };
+  CUdeviceptr p = 0, x = 0, y = 0, q = 0;
+  CHECK_OK(api.cuMemAlloc(&p, n));
+  const long ctx_records = fakecuda_ctx_records();
+  fakecuda_hold_stream(nb);  // its work may still use p
+  CHECK_OK(api.cuMemFree(p));
+  window();
+  CHECK_OK(api.cuMemAlloc(&x, 4096));  // records p's batch fence: context-wide
+  CHECK(fakecuda_ctx_records() > ctx_records);
+  CHECK_OK(api.cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUgraph graph = nullptr;
+  CHECK_OK(api.cuStreamEndCapture(cap, &graph));
+  const long records = fakecuda_event_records();
+  CHECK_OK(api.cuMemFree(x));
+  window();
+  CHECK_OK(api.cuMemAlloc(&y, 4096));  // x's batch fence: a legacy-stream event, complete at once
+  CHECK(fakecuda_event_records() > records);
+  CHECK_OK(api.cuMemAlloc(&q, n));
+  // Reused only with nothing left running on nb (the pool waited for it) or every stream after it.
+  const bool reused = overlaps(p, n, q, n);
+  const int order = fakecuda_would_wait(CU_STREAM_LEGACY, nb);
+  std::printf("reused %d, legacy stream after nb's work %d (-1: none left)\n", reused, order);
+  if (reused) CHECK(order != 0);
+  fakecuda_release_stream(nb);
+  CHECK_OK(api.cuMemFree(q));
+  CHECK_OK(api.cuMemFree(y));
+  CHECK_OK(api.cuStreamDestroy(cap));
+  CHECK_OK(api.cuStreamDestroy(nb));
+}
+
 // free_host_sync:True: cudaFree of a pooled block also waits for the device, as CUDA's does.
 void free_host_sync() {
   start_cuda();
@@ -1883,6 +1924,7 @@ int main(int argc, char** argv) {
       {"gpu_wait_idle_streams", gpu_wait_idle_streams},
       {"gpu_wait_capture", gpu_wait_capture},
       {"context_fence_capture", context_fence_capture},
+      {"context_fence_kinds", context_fence_kinds},
       {"gpu_wait_threads_contexts", gpu_wait_threads_contexts},
       {"mem_info", mem_info},
       {"info_first_primary", info_first_primary},

@@ -361,6 +361,16 @@ TEST(Shim, GpuWaitSweepsIdleNonBlockingStreams) {
   EXPECT_GT(idle_figures(asked.output).stream_queries, 0) << asked.output;
 }
 
+// A completed legacy-stream fence does not complete an older context-wide one (the streams it
+// covers may still run).
+TEST(Shim, ContextWideFencesOutliveNewerLegacyOnes) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "context_fence_kinds"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS context_fence_kinds"), std::string::npos) << r.output;
+  }
+}
+
 // A capture begun while a context-wide fence is being recorded (each takes 2 ms here) is not
 // invalidated: the capture waits for the call; after it, fences use per-stream events only.
 TEST(Shim, ContextWideFencesNeverMeetACapture) {
