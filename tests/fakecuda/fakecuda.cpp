@@ -1429,16 +1429,22 @@ CUresult context_wide_refusal() {
   return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 bool in_context(const Stream* s, const Context* c) { return s->ctx == c || s->per_thread; }
+// The handles of a context-wide call, checked (under mu), or the call's error.
+CUresult context_wide_args(CUcontext hc, CUevent ev, Context** c, Event** e) {
+  *c = reinterpret_cast<Context*>(hc);
+  *e = reinterpret_cast<Event*>(ev);
+  if (*c == nullptr || *e == nullptr || !(*c)->alive) return CUDA_ERROR_INVALID_HANDLE;
+  return context_wide_refusal();
+}
 }  // namespace
 // Everything issued so far on every stream of the context, the legacy stream included.
 FAKE_API CUresult cuCtxRecordEvent(CUcontext hc, CUevent ev) {
   FAKE_COUNT();
   FAKE_CALL(cuCtxRecordEvent);
   std::lock_guard<std::mutex> lock(mu);
-  auto* c = reinterpret_cast<Context*>(hc);
-  auto* e = reinterpret_cast<Event*>(ev);
-  if (c == nullptr || e == nullptr || !c->alive) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult r = context_wide_refusal(); r != CUDA_SUCCESS) return r;
+  Context* c = nullptr;
+  Event* e = nullptr;
+  if (CUresult r = context_wide_args(hc, ev, &c, &e); r != CUDA_SUCCESS) return r;
   e->waits = waits_of(&legacy_stream);
   for (Stream* o : streams) {
     if (!in_context(o, c)) continue;
@@ -1452,10 +1458,9 @@ FAKE_API CUresult cuCtxWaitEvent(CUcontext hc, CUevent ev) {
   FAKE_COUNT();
   FAKE_CALL(cuCtxWaitEvent);
   std::lock_guard<std::mutex> lock(mu);
-  auto* c = reinterpret_cast<Context*>(hc);
-  auto* e = reinterpret_cast<Event*>(ev);
-  if (c == nullptr || e == nullptr || !c->alive) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult r = context_wide_refusal(); r != CUDA_SUCCESS) return r;
+  Context* c = nullptr;
+  Event* e = nullptr;
+  if (CUresult r = context_wide_args(hc, ev, &c, &e); r != CUDA_SUCCESS) return r;
   auto& deps = ctx_deps[c];
   std::erase_if(deps, [](const auto& d) { return !pair_pending(d); });
   for (auto& w : e->waits)

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "driver_check.h"
@@ -189,21 +190,20 @@ int main(int argc, char** argv) {
   const bool covers = cuEventQuery(ce) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
   CKD(cuCtxSynchronize());
   probe("ctx_event_covers_nb", covers);
-  keep_busy();
-  CKD(cuCtxRecordEvent(ctx, ce));
-  CKD(cuCtxWaitEvent(ctx, ce));
-  CKD(cuEventRecord(later, nb[1]));
-  const bool orders = cuEventQuery(later) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
-  CKD(cuCtxSynchronize());
-  probe("ctx_wait_orders_nb", orders);
-  keep_busy();
-  CKD(cuCtxRecordEvent(ctx, ce));
-  CKD(cuCtxWaitEvent(ctx, ce));
-  CUstream fresh;
-  CKD(cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING));
-  CKD(cuEventRecord(later, fresh));
-  const bool orders_new = cuEventQuery(later) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
-  CKD(cuCtxSynchronize());
+  // After cuCtxWaitEvent on a context-wide event taken while nb[0] runs, an event recorded on
+  // stream `s` is not complete while nb[0] still runs.
+  auto wait_orders = [&](CUstream s) {
+    keep_busy();
+    CKD(cuCtxRecordEvent(ctx, ce));
+    CKD(cuCtxWaitEvent(ctx, ce));
+    if (s == nullptr) CKD(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));  // a stream made after the wait
+    CKD(cuEventRecord(later, s));
+    const bool ok = cuEventQuery(later) == CUDA_ERROR_NOT_READY && cuStreamQuery(nb[0]) == CUDA_ERROR_NOT_READY;
+    CKD(cuCtxSynchronize());
+    return std::make_pair(ok, s);
+  };
+  probe("ctx_wait_orders_nb", wait_orders(nb[1]).first);
+  const auto [orders_new, fresh] = wait_orders(nullptr);
   probe("ctx_wait_orders_new_stream", orders_new);
   CKD(cuStreamDestroy(fresh));
   CKD(cuEventDestroy(later));
