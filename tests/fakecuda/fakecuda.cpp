@@ -498,6 +498,13 @@ bool event_done(const Event* e) {
 
 bool pair_pending(const std::pair<Stream*, unsigned long>& p) { return p.first->held && p.first->hold_gen == p.second; }
 
+// Each (stream, hold) pair once: a program that records and waits in a loop while a stream stays
+// held would otherwise grow these lists by copies of themselves.
+void unique_pairs(std::vector<std::pair<Stream*, unsigned long>>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
 // Everything work issued now on `s` would wait for: its own earlier work, what it was made to
 // wait for (cuStreamWaitEvent), and the implicit order of the legacy stream (it waits for every
 // blocking and per-thread stream; those wait for it).
@@ -520,6 +527,7 @@ std::vector<std::pair<Stream*, unsigned long>> waits_of(Stream* s) {
   } else if (s->flags == 0) {
     add(&legacy_stream);
   }
+  unique_pairs(out);
   return out;
 }
 
@@ -534,6 +542,7 @@ void absorb_implicit(Stream* s) {
     for (auto& d : o->deps)
       if (pair_pending(d)) s->deps.push_back(d);
   }
+  unique_pairs(s->deps);
 }
 
 CUresult record(CUevent ev, CUstream hs, bool ptsz) {
@@ -1450,6 +1459,7 @@ FAKE_API CUresult cuCtxRecordEvent(CUcontext hc, CUevent ev) {
     if (!in_context(o, c)) continue;
     for (auto& w : waits_of(o)) e->waits.push_back(w);
   }
+  unique_pairs(e->waits);
   ++n_ctx_records;
   return CUDA_SUCCESS;
 }
@@ -1465,6 +1475,7 @@ FAKE_API CUresult cuCtxWaitEvent(CUcontext hc, CUevent ev) {
   std::erase_if(deps, [](const auto& d) { return !pair_pending(d); });
   for (auto& w : e->waits)
     if (pair_pending(w)) deps.push_back(w);
+  unique_pairs(deps);
   ++n_ctx_waits;
   return CUDA_SUCCESS;
 }
