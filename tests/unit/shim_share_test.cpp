@@ -375,10 +375,14 @@ TEST_F(Share, SlotOfAnotherPidNamespaceIsNotReclaimed) {
 TEST_F(Share, TruncatedLedgerAndRecordDoNotKillTheMember) {
   RunningChild& b = start_ready({kApp, "hold", "40"}, env(group_conf(100), 100));
   const std::string record = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(b.pid);
-  // The helper thread creates the record with the first pool; give it a moment.
-  for (int i = 0; i < 100 && !std::filesystem::exists(record); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(std::filesystem::exists(record));
+  // The helper thread creates the record with the first pool, then sizes it; give it a moment
+  // (truncated between the two, the record would be sized again, and nothing seen truncated).
+  auto sized = [&] {
+    std::error_code ec;
+    return std::filesystem::file_size(record, ec) > 100 && !ec;
+  };
+  for (int i = 0; i < 100 && !sized(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(sized());
   ASSERT_EQ(truncate(ledger().c_str(), 0), 0);
   ASSERT_EQ(truncate(record.c_str(), 100), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // publications touch both
