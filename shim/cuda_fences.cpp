@@ -473,9 +473,7 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       auto* f = reinterpret_cast<Fence*>(handles[i]);
       if (f->done || f->generation != generation_ || !f->context_wide) continue;
-      // Not asked: a wait on an event that has completed costs the GPU nothing, and a query
-      // finding it complete costs the host ~10 times the wait (see orders_for_free).
-      if (f->seq <= completed_all_seq_ || f->events_done) {
+      if (f->seq <= completed_all_seq_ || events_complete_locked(f)) {
         f->done = true;
         continue;
       }
@@ -556,14 +554,8 @@ bool CudaFences::order_after(const FenceHandle* handles, std::size_t n) {
 bool CudaFences::orders_for_free() {
   if (d_.cuStreamWaitEvent == nullptr) return false;  // order_after refuses everything
   std::lock_guard<std::mutex> lock(mu_);
-  if (any_capture_active()) return false;
-  // Legacy-stream fences only: no driver call at all.
-  if (non_blocking_.empty() && last_context_seq_ <= completed_all_seq_) return true;
-  // Context-wide fences: one cuCtxWaitEvent on the newest, without asking it first. Its record
-  // costs ~0.16 us and the wait ~0.13 us, but a query that finds it complete ~1.3 us while the
-  // GPU runs behind the host (measured on an H100, tests/gpu/fence_costs.cpp): asking each fence
-  // once cost ResNet-50 inference under PyTorch more than all its other pool calls.
-  return context_events_ && d_.cuCtxRecordEvent != nullptr && d_.cuCtxWaitEvent != nullptr && !capture_ever_began();
+  // A context-wide fence that may still run would need a wait of its own.
+  return non_blocking_.empty() && last_context_seq_ <= completed_all_seq_ && !any_capture_active();
 }
 
 void CudaFences::prune_joins_locked() {

@@ -105,10 +105,9 @@ class CudaFences final : public FenceProvider {
   bool can_wait(FenceHandle fence) override;
   void release(FenceHandle fence) override;
   bool order_after(const FenceHandle* fences, std::size_t n) override;
-  // No capture open, and either no non-blocking stream in the context and no context-wide fence
-  // that may still run (order_after of device fences, one legacy-stream event each, makes no
-  // driver call: see above), or context-wide fences in use (one cuCtxWaitEvent, with no query,
-  // orders every fence recorded so far: cheaper than asking whether they completed).
+  // No non-blocking stream in the context, no context-wide fence that may still run, and no
+  // capture open: order_after of device fences (one legacy-stream event each) makes no driver
+  // call (see above).
   bool orders_for_free() override;
 
   // Stream lifetime, from the stream-creation hooks.
