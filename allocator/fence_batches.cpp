@@ -34,9 +34,37 @@ void FenceBatches::promo_remove(StreamFree* stream_free) {
   promo_.erase(std::find(promo_.begin(), promo_.end(), stream_free));
 }
 
+// The ordered fences are device fences, which complete in recording order: rather than asking
+// each one that completed since the last poll, the newest complete one is found by bisection
+// (one query when the oldest still runs; about log2(n) + 2 otherwise), assuming that order. Every
+// fence older than the one found is still asked before it is released, so a provider that does
+// not complete in order loses nothing; the shim answers those from its completion watermarks
+// without a driver call.
 void FenceBatches::poll_ordered(FenceProvider& fences) {
+  const std::size_t n = ordered_.size();
+  std::size_t complete = 0;  // ordered_[0, complete) are presumed complete
+  if (n != 0 && fences.query(ordered_.front().first)) {
+    complete = 1;
+    std::size_t running = n;  // the oldest index known to run (n: none)
+    if (n > 1) {
+      if (fences.query(ordered_.back().first)) {
+        complete = n;
+      } else {
+        running = n - 1;
+      }
+    }
+    while (complete < running) {
+      const std::size_t mid = complete + (running - complete) / 2;
+      if (fences.query(ordered_[mid].first)) {
+        complete = mid + 1;
+      } else {
+        running = mid;
+      }
+    }
+  }
   std::size_t done = 0;
-  while (done < ordered_.size() && fences.query(ordered_[done].first)) fences.release(ordered_[done++].first);
+  if (complete != 0) fences.release(ordered_[done++].first);  // asked just now
+  while (done < complete && fences.query(ordered_[done].first)) fences.release(ordered_[done++].first);
   ordered_.erase(ordered_.begin(), ordered_.begin() + static_cast<std::ptrdiff_t>(done));
   order_done_ = ordered_.empty() ? order_seq_ : ordered_.front().second - 1;
 }

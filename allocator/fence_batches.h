@@ -178,7 +178,8 @@ class FenceBatches {
   std::uint64_t order_done() const { return order_done_; }  // every order up to this one completed
   bool is_hot(const Block* b) const { return b->hot > order_done_; }
   std::vector<FenceHandle>& order_scratch() { return order_scratch_; }  // reused handle list
-  // Release the completed orders, oldest first, stopping at a running one.
+  // Release the completed orders, oldest first, stopping at a running one (found by bisection:
+  // fence_batches.cpp).
   void poll_ordered(FenceProvider& fences);
   // Host-wait for every order (before memory goes back): wait(f) is the pool's counted wait,
   // false when it could not wait; the provider is waited on then anyway.

@@ -105,9 +105,10 @@ class CudaFences final : public FenceProvider {
   bool can_wait(FenceHandle fence) override;
   void release(FenceHandle fence) override;
   bool order_after(const FenceHandle* fences, std::size_t n) override;
-  // No non-blocking stream in the context, no context-wide fence that may still run, and no
-  // capture open: order_after of device fences (one legacy-stream event each) makes no driver
-  // call (see above).
+  // No capture open, and either no non-blocking stream in the context and no context-wide fence
+  // that may still run (order_after of device fences, one legacy-stream event each, makes no
+  // driver call: see above), or context-wide fences in use (one cuCtxWaitEvent, with no query,
+  // orders every fence recorded so far: cheaper than asking whether they completed).
   bool orders_for_free() override;
 
   // Stream lifetime, from the stream-creation hooks.
@@ -201,7 +202,12 @@ class CudaFences final : public FenceProvider {
   std::uint64_t completed_seq_ = 0;
   std::uint64_t completed_all_seq_ = 0;
   std::uint64_t last_context_seq_ = 0;  // the newest context-wide fence's seq
-  bool context_events_ = true;          // until the driver lacks or refuses them
+  // The newest fence, as last asked on behalf of an older one and found running, and when
+  // (events_complete_locked): within kNewestRecheckNs it is not asked again for another.
+  std::uint64_t newest_running_seq_ = 0;
+  std::int64_t newest_running_ns_ = 0;
+  static constexpr std::int64_t kNewestRecheckNs = 50'000;
+  bool context_events_ = true;  // until the driver lacks or refuses them
   // Sweeps (above): ids count up from 1; every fence with cover <= sweep_done_ is covered.
   std::uint64_t sweep_started_ = 0;
   std::uint64_t sweep_done_ = 0;

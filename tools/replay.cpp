@@ -36,7 +36,7 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
   };
   std::unordered_map<std::uintptr_t, LiveAlloc> live;  // trace pointer -> its allocation
   live.reserve(1024);
-  std::unordered_set<std::uintptr_t> streams, blocking;
+  std::unordered_set<std::uintptr_t> streams;
   std::unordered_set<std::uint64_t> threads;
   std::unordered_set<int> others;
   bool saw_segments = false;
@@ -53,7 +53,6 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
         ++f.non_blocking_streams;
       } else {
         ++f.blocking_streams;
-        blocking.insert(r.stream);
       }
       continue;
     }
@@ -135,9 +134,6 @@ PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
     }
   }
   f.streams = streams.size();
-  f.legacy_order_only = f.non_blocking_streams == 0 &&
-                        std::all_of(streams.begin(), streams.end(),
-                                    [&](std::uintptr_t s) { return s == 0x0 || s == 0x2 || blocking.count(s) != 0; });
   f.threads = threads.size();
   f.other_devices.assign(others.begin(), others.end());
   std::sort(f.other_devices.begin(), f.other_devices.end());
@@ -190,7 +186,10 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
                                            : trace.facts.device_memory.value_or(kUnknownDeviceMemory);
   SimUpstream upstream(res.device_memory,
                        config.granularity.value_or(trace.facts.granularity.value_or(kAssumedGranularity)));
-  SimFences fences(config.fence_latency_ns, trace.facts.legacy_order_only);
+  // The shim on a CUDA 12.5+ driver reuses memory freed with cudaFree as soon as its fence is
+  // recorded, whatever the streams (FenceProvider::orders_for_free: no driver call where every
+  // stream follows the legacy one, one cuCtxWaitEvent otherwise); so does the replay.
+  SimFences fences(config.fence_latency_ns, true);
   std::int64_t now = trace.facts.start_ns;
   RowSink collector(&res.rows, &now);
   TraceClock clock(&now);

@@ -46,11 +46,6 @@ struct TraceFacts {
   std::size_t sync_frees = 0, async_frees = 0, unknown_frees = 0;
   // Streams the program created, by kind ("stream" rows).
   std::size_t blocking_streams = 0, non_blocking_streams = 0;
-  // Every stream the program allocated on follows the legacy stream (0x0, 0x2 or one created
-  // blocking) and it created no non-blocking one: the shim then reuses memory freed with
-  // cudaFree as soon as its fence is recorded (FenceProvider::orders_for_free), and so does the
-  // replay.
-  bool legacy_order_only = true;
   std::optional<std::string> recorded_policy;  // the trace's policy row (set by load_trace)
   std::size_t threads = 0;                     // distinct Thread values on the replayed device's rows
   bool upstream_durations = false;             // segment rows carry driver times: recorded on a real GPU

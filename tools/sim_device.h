@@ -74,8 +74,7 @@ class TraceClock {
 // Waiting on a fence (the pool blocking) completes it at once and is counted.
 class SimFences : public FenceProvider {
  public:
-  // orders_for_free: answer FenceProvider::orders_for_free as the shim would for the traced
-  // program (TraceFacts::legacy_order_only).
+  // orders_for_free: answer FenceProvider::orders_for_free as the shim does (tools/replay.cpp).
   explicit SimFences(std::int64_t latency_ns = 0, bool orders_for_free = false)
       : latency_ns_(latency_ns), orders_for_free_(orders_for_free) {}
 

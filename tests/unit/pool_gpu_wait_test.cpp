@@ -3,6 +3,7 @@
 // (FenceProvider::order_after); nothing goes back to the upstream before such a fence completed.
 #include <gtest/gtest.h>
 
+#include "allocator/fence_batches.h"
 #include "tests/unit/pool_helpers.h"
 
 using namespace cudapool;
@@ -391,4 +392,41 @@ TEST(PoolGpuWait, FencedModeNeverOrdersEvenWhenFree) {
   EXPECT_NE(rig.alloc(64 * KiB), a);
   EXPECT_EQ(rig.fence.order_calls(), 0u);
   rig.expect_intact();
+}
+
+// The fences of GPU-side waits are polled by bisection (device fences complete in recording
+// order): exactly the complete prefix is released, with one query when the oldest still runs,
+// and a fence that runs is never released even where a newer one completed out of order (every
+// fence is asked before it is released).
+TEST(PoolGpuWait, OrderedFencesPollReleasesExactlyTheCompletePrefix) {
+  FakeFence fence;
+  detail::FenceBatches batches;
+  std::vector<FenceHandle> h;
+  for (int i = 0; i < 64; ++i) {
+    h.push_back(fence.record_device());
+    batches.add_ordered(h.back(), batches.new_order());
+  }
+  const std::size_t q = fence.queries();
+  batches.poll_ordered(fence);
+  EXPECT_EQ(fence.queries() - q, 1u);  // the oldest runs: nothing else is asked
+  EXPECT_EQ(batches.order_done(), 0u);
+  for (int i = 0; i < 40; ++i) fence.complete(h[static_cast<std::size_t>(i)]);
+  batches.poll_ordered(fence);
+  EXPECT_EQ(batches.order_done(), 40u);
+  EXPECT_EQ(fence.releases(), 40u);
+  // Out of order: 41-49 and 60 complete, 50 runs.
+  for (int i = 41; i < 50; ++i) fence.complete(h[static_cast<std::size_t>(i)]);
+  fence.complete(h[60]);
+  batches.poll_ordered(fence);
+  EXPECT_EQ(batches.order_done(), 40u);  // 40 still runs
+  fence.complete(h[40]);
+  batches.poll_ordered(fence);
+  EXPECT_EQ(batches.order_done(), 50u);  // 50 runs; 60 stays too
+  EXPECT_EQ(fence.releases(), 50u);
+  EXPECT_EQ(fence.bad_calls(), 0u);
+  fence.complete_all();
+  batches.poll_ordered(fence);
+  EXPECT_EQ(batches.order_done(), 64u);
+  EXPECT_EQ(fence.releases(), 64u);
+  EXPECT_FALSE(batches.has_ordered());
 }

@@ -361,6 +361,16 @@ TEST(Shim, GpuWaitSweepsIdleNonBlockingStreams) {
   EXPECT_GT(idle_figures(asked.output).stream_queries, 0) << asked.output;
 }
 
+// The fences of GPU-side waits are polled by bisection: a poll after 200 completed fences with
+// the newest still running asks a handful (202 with a poll that asks each, oldest first).
+TEST(Shim, OrderedFencesArePolledByBisection) {
+  for (bool linked : {false, true}) {
+    RunResult r = run({app(linked), "ordered_poll_bisection"});
+    EXPECT_EQ(r.exit_status, 0) << r.output;
+    EXPECT_NE(r.output.find("PASS ordered_poll_bisection"), std::string::npos) << r.output;
+  }
+}
+
 // A completed legacy-stream fence does not complete an older context-wide one (the streams it
 // covers may still run).
 TEST(Shim, ContextWideFencesOutliveNewerLegacyOnes) {
