@@ -52,8 +52,13 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
   std::int64_t start = -1, allocated = 0, reserved = 0;
   std::unordered_map<std::uintptr_t, Live> live;
   std::map<std::size_t, std::size_t> sizes;
+  // Where allocated first reached its peak (a row index), and the segment figures then.
+  std::size_t peak_row = rows.size();
+  std::size_t allocs_then = 0, frees_then = 0;
+  std::int64_t upstream_ns = 0, upstream_then = 0;
   // Pass 1: the timeline and the peaks.
-  for (const auto& r : rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const TraceRow& r = rows[i];
     if (r.device != device) continue;
     if (start < 0) start = r.time_ns;
     std::int64_t before_a = allocated, before_r = reserved;
@@ -75,11 +80,13 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
       case TraceAction::segment_map:
         reserved = add_bytes(reserved, r.size);
         ++rep.segment_allocs;
+        upstream_ns = add_bytes(upstream_ns, static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
         break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
         reserved = sub_bytes(reserved, r.size);
         ++rep.segment_frees;
+        upstream_ns = add_bytes(upstream_ns, static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
         break;
       case TraceAction::oom: ++rep.ooms; break;
       case TraceAction::allocate_failure: ++rep.failed_allocations; break;
@@ -88,11 +95,51 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
     }
     rep.duration_ns = r.time_ns - start;
     if (allocated != before_a || reserved != before_r) rep.timeline.push_back({r.time_ns - start, allocated, reserved});
+    if (allocated > rep.peak_allocated) {
+      peak_row = i;
+      rep.peak_cause.t_ns = r.time_ns - start;
+      allocs_then = rep.segment_allocs;
+      frees_then = rep.segment_frees;
+      upstream_then = upstream_ns;
+    }
     rep.peak_allocated = std::max(rep.peak_allocated, allocated);
     rep.peak_reserved = std::max(rep.peak_reserved, reserved);
   }
   for (auto it = sizes.rbegin(); it != sizes.rend() && rep.largest_sizes.size() < top_sizes; ++it)
     rep.largest_sizes.push_back({it->first, it->second});
+  if (peak_row < rows.size()) {
+    PeakCause& pc = rep.peak_cause;
+    pc.found = true;
+    pc.size = rows[peak_row].size;
+    pc.requested = rows[peak_row].requested;
+    pc.stream = rows[peak_row].stream;
+    pc.later_segment_allocs = rep.segment_allocs - allocs_then;
+    pc.later_segment_frees = rep.segment_frees - frees_then;
+    pc.later_upstream_ns = upstream_ns - upstream_then;
+    if (__builtin_sub_overflow(rep.duration_ns, pc.t_ns, &pc.later_ns) || pc.later_ns < 0) pc.later_ns = 0;
+    // What was live then, by requested size (a replay of the rows up to that one).
+    std::unordered_map<std::uintptr_t, std::size_t> held;  // pointer -> requested
+    for (std::size_t i = 0; i <= peak_row; ++i) {
+      const TraceRow& r = rows[i];
+      if (r.device != device) continue;
+      if (r.action == TraceAction::allocate) held[r.ptr] = r.requested;
+      if (r.action == TraceAction::free) held.erase(r.ptr);
+    }
+    std::map<std::size_t, std::size_t> by_size;
+    for (const auto& [ptr, req] : held) ++by_size[req];
+    std::vector<SizeCount> v;
+    v.reserve(by_size.size());
+    for (const auto& [size, n] : by_size) v.push_back({size, n});
+    auto bytes = [](const SizeCount& c) {
+      return static_cast<long double>(c.size) * static_cast<long double>(c.count);
+    };
+    std::sort(v.begin(), v.end(), [&](const SizeCount& a, const SizeCount& b) {
+      return bytes(a) != bytes(b) ? bytes(a) > bytes(b) : a.size > b.size;
+    });
+    if (v.size() > 5) v.resize(5);
+    pc.live = held.size();
+    pc.live_by_bytes = std::move(v);
+  }
 
   // The moment for the segment map: reserved at its peak, allocated highest among those.
   std::size_t snap = 0;

@@ -34,6 +34,23 @@ struct SizeCount {
   std::size_t count;
 };
 
+// Where the allocated bytes first reach their peak, and what the upstream did from then on: in
+// a program that repeats steps, the pool's segment calls after the peak are its churn in steady
+// state, each one host time the program waits for.
+struct PeakCause {
+  bool found = false;                   // something was allocated
+  std::int64_t t_ns = 0;                // since the trace's first row
+  std::size_t size = 0, requested = 0;  // the allocation that reached the peak
+  std::uintptr_t stream = 0;
+  std::size_t live = 0;                  // live allocations at that moment, that one included
+  std::vector<SizeCount> live_by_bytes;  // their requested sizes, most bytes first (at most 5)
+  // From that moment to the trace's end: segment events and the time the upstream took for
+  // them, as the rows say (a trace the shim recorded on a GPU: the driver's time).
+  std::size_t later_segment_allocs = 0, later_segment_frees = 0;
+  std::int64_t later_upstream_ns = 0;
+  std::int64_t later_ns = 0;  // that span's length
+};
+
 struct TraceReport {
   int device = 0;
   std::vector<TimePoint> timeline;  // one point per row that changed allocated or reserved
@@ -45,6 +62,7 @@ struct TraceReport {
   std::size_t allocations = 0, frees = 0, segment_allocs = 0, segment_frees = 0;
   std::size_t ooms = 0, failed_allocations = 0, gc_passes = 0;
   std::int64_t duration_ns = 0;
+  PeakCause peak_cause;
 };
 
 // Rows of `device` only. The segment map is taken where reserved is at its peak; among those

@@ -27,7 +27,8 @@ struct ReportOptions {
   FreeReplayOptions frees;  // how a replay (--conf, --replay, --snapshot) plays the frees
 };
 
-std::string report_json(const TraceReport& r, const std::string& trace, const std::string& note) {
+std::string report_json(const TraceReport& r, const std::string& trace, const ReportContext& c) {
+  const std::string& note = c.source_note;
   const double unused = r.snapshot_reserved > 0
                             ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
                             : 0;
@@ -46,7 +47,16 @@ std::string report_json(const TraceReport& r, const std::string& trace, const st
   o += ",\n  \"upstream_calls\": " + std::to_string(r.segment_allocs + r.segment_frees);
   o += ",\n  \"ooms\": " + std::to_string(r.ooms) +
        ",\n  \"failed_allocations\": " + std::to_string(r.failed_allocations);
-  o += ",\n  \"gc_passes\": " + std::to_string(r.gc_passes) + "\n}\n";
+  o += ",\n  \"gc_passes\": " + std::to_string(r.gc_passes);
+  if (const PeakCause& pc = r.peak_cause; pc.found) {
+    o += ",\n  \"peak_allocated_at_s\": " + n(static_cast<double>(pc.t_ns) * 1e-9) +
+         ",\n  \"peak_allocated_set_by_bytes\": " + std::to_string(pc.size) +
+         ",\n  \"live_at_peak_allocated\": " + std::to_string(pc.live);
+    o += ",\n  \"upstream_calls_after_peak\": " + std::to_string(pc.later_segment_allocs + pc.later_segment_frees) +
+         (c.upstream_times ? ",\n  \"upstream_s_after_peak\": " + n(static_cast<double>(pc.later_upstream_ns) * 1e-9)
+                           : std::string());
+  }
+  o += "\n}\n";
   return o;
 }
 
@@ -95,6 +105,7 @@ int report_main(const ReportOptions& o) {
                       (base.recorded ? " (the trace's own)" : "") +
                       (f.rmm_only ? " (the trace records allocations only)" : "");
     ctx.device_memory = replayed.device_memory == kUnknownDeviceMemory ? 0 : replayed.device_memory;
+    ctx.upstream_times = false;
   } else {
     ctx.device_memory = f.device_memory.value_or(0);
   }
@@ -139,7 +150,7 @@ int report_main(const ReportOptions& o) {
   TraceReport rep = analyze_rows(*rows, f.device);
   if (o.json != "-") std::printf("%s", render_text_summary(rep, ctx).c_str());
   bool ok = true;
-  if (!o.json.empty()) ok &= emit_json(o.json, report_json(rep, o.trace, ctx.source_note), "cudapool report");
+  if (!o.json.empty()) ok &= emit_json(o.json, report_json(rep, o.trace, ctx), "cudapool report");
   if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report")))
     if (o.json != "-") std::printf("wrote %s\n", o.html.c_str());
   if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))

@@ -11,6 +11,9 @@ struct ReportContext {
   std::string title;              // usually the trace path
   std::string source_note;        // e.g. "segments from a replay under the default policy"
   std::size_t device_memory = 0;  // 0 = unknown
+  // The rows' upstream durations are the recording's own; false when they come from a replay
+  // (its simulated device's times say nothing of a GPU's).
+  bool upstream_times = true;
 };
 
 // Elements a test (or a script) can find: <svg id="timeline">, <svg id="segments"> with one

@@ -32,6 +32,7 @@ std::string num(double v) {
 }
 
 std::string fbytes(std::int64_t b) { return format_bytes(static_cast<double>(b)); }
+std::string fbytes_u(std::size_t b) { return format_bytes(static_cast<double>(b)); }
 
 // A "nice" axis step near span/target: 1, 2 or 5 times a power of `base`-friendly ten.
 double nice_step(double span, int target) {
@@ -197,6 +198,13 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   row("upstream calls (allocs or maps / frees or unmaps)", std::to_string(r.segment_allocs + r.segment_frees) + " (" +
                                                                std::to_string(r.segment_allocs) + " / " +
                                                                std::to_string(r.segment_frees) + ")");
+  if (const PeakCause& pc = r.peak_cause; pc.found) {
+    row("peak allocated first reached", format_seconds(static_cast<double>(pc.t_ns) * 1e-9) + ", by a " +
+                                            fbytes_u(pc.size) + " allocation; " + std::to_string(pc.live) +
+                                            " allocations live");
+    row("segment allocs or maps / frees or unmaps after it",
+        std::to_string(pc.later_segment_allocs) + " / " + std::to_string(pc.later_segment_frees));
+  }
   row("OOMs / failed allocations", std::to_string(r.ooms) + " / " + std::to_string(r.failed_allocations));
   h += "</table>\n";
   h += "<h2>Allocated vs reserved over time</h2>\n<div class=\"legend\"><span style=\"background:#2a6fdb\"></span>"
@@ -237,6 +245,31 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
                 r.segment_allocs + r.segment_frees, r.segment_allocs, r.segment_frees, r.ooms, r.failed_allocations,
                 r.gc_passes);
   s += buf;
+  if (const PeakCause& pc = r.peak_cause; pc.found) {
+    std::snprintf(buf, sizeof buf,
+                  "peak allocated first reached at %s by a %s allocation (%s requested, stream 0x%llx); live then: "
+                  "%zu allocations",
+                  format_seconds(static_cast<double>(pc.t_ns) * 1e-9).c_str(), fbytes_u(pc.size).c_str(),
+                  fbytes_u(pc.requested).c_str(), static_cast<unsigned long long>(pc.stream), pc.live);
+    s += buf;
+    for (std::size_t i = 0; i < pc.live_by_bytes.size(); ++i)
+      s += (i == 0 ? ", the most bytes in " : ", ") + fbytes_u(pc.live_by_bytes[i].size) + " ×" +
+           std::to_string(pc.live_by_bytes[i].count);
+    s += "\n";
+    std::snprintf(buf, sizeof buf, "from then to the end (%s): %zu segment allocs or maps, %zu frees or unmaps",
+                  format_seconds(static_cast<double>(pc.later_ns) * 1e-9).c_str(), pc.later_segment_allocs,
+                  pc.later_segment_frees);
+    s += buf;
+    if (c.upstream_times && pc.later_upstream_ns > 0) {
+      std::snprintf(buf, sizeof buf, ", %.1f ms in the upstream (%.1f %% of that time)",
+                    static_cast<double>(pc.later_upstream_ns) * 1e-6,
+                    pc.later_ns > 0
+                        ? 100.0 * static_cast<double>(pc.later_upstream_ns) / static_cast<double>(pc.later_ns)
+                        : 0.0);
+      s += buf;
+    }
+    s += "\n";
+  }
   s += "largest sizes:";
   for (std::size_t i = 0; i < r.largest_sizes.size() && i < 5; ++i)
     s += " " + format_bytes(static_cast<double>(r.largest_sizes[i].size)) + " ×" +

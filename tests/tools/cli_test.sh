@@ -529,6 +529,15 @@ PY
 rf=$("$cp" replay $traces/serve.csv --quiet | sed -n 's/^fragmentation *\([0-9.]* %\).*/\1/p')
 tf=$("$cp" tune $traces/serve.csv --budget 3 | awk '/\(base\)/ {for (i=1;i<=NF;i++) if ($i=="%" && ++n==2) print $(i-1) " %"}')
 [ -n "$rf" ] && [ "$rf" = "$tf" ] && ok || fail "replay ($rf) and tune ($tf) disagree on the base's fragmentation"
+# Where the allocated peak is set, and the segment calls after it, with the driver's time only
+# where the rows are the recording's (a replay's simulated device times nothing of a GPU's).
+"$cp" report $traces/gpu_resnet50_train_pt.csv.gz >"$tmp/out" 2>&1
+grep -q "^peak allocated first reached at 4.350 s by a 40.13 MiB allocation" "$tmp/out" &&
+  grep -q "^from then to the end (13.416 s): 855 segment allocs or maps, 462 frees or unmaps, 186.5 ms in the upstream" "$tmp/out" &&
+  ok || { fail "report: where the peak is set"; cat "$tmp/out"; }
+"$cp" report --replay $traces/gpu_resnet50_train_pt.csv.gz >"$tmp/out" 2>&1
+grep -q "^from then to the end (13.416 s): [0-9]* segment allocs or maps, [0-9]* frees or unmaps$" "$tmp/out" &&
+  ok || { fail "report --replay: no upstream time from a simulated device"; cat "$tmp/out"; }
 
 # ---- a trace is untrusted: its policy row cannot choose files to write (docs/design.md, "Trust")
 crafted=$tmp/crafted.csv

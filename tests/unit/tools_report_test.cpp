@@ -56,6 +56,59 @@ TEST(ToolsAnalysis, PeaksAndSegmentMap) {
   EXPECT_EQ(r.segment_frees, 1u);
 }
 
+// The allocation that first reaches the allocated peak, what is live then, and the segment calls
+// after it (with the upstream's time where the rows carry it).
+TEST(ToolsAnalysis, WhereThePeakIsSetAndTheChurnAfterIt) {
+  TraceReport r = analyze_rows(sample().rows(), 0);
+  const PeakCause& pc = r.peak_cause;
+  ASSERT_TRUE(pc.found);
+  EXPECT_EQ(pc.size, 2 * MiB);  // the 2 MiB allocation takes allocated to 37 MiB
+  EXPECT_EQ(pc.t_ns, 7000);     // the eighth row; rows are 1 us apart
+  EXPECT_EQ(pc.live, 3u);       // 5, 30 and 2 MiB
+  ASSERT_EQ(pc.live_by_bytes.size(), 3u);
+  EXPECT_EQ(pc.live_by_bytes[0].size, 30 * MiB);
+  EXPECT_EQ(pc.live_by_bytes[1].size, 5 * MiB);
+  EXPECT_EQ(pc.live_by_bytes[2].size, 2 * MiB);
+  EXPECT_EQ(pc.later_segment_allocs, 0u);
+  EXPECT_EQ(pc.later_segment_frees, 1u);  // the 30 MiB segment given back
+  EXPECT_EQ(pc.later_upstream_ns, 0);     // no durations in these rows
+  EXPECT_EQ(pc.later_ns, 2000);
+
+  // The same peak reached again later does not move it; only segment time after it is summed.
+  TraceBuilder b;
+  b.device(GiB).segment(0x100000, 20 * MiB);
+  std::vector<TraceRow> rows = b.alloc(0x100000, 4 * MiB)
+                                   .alloc(0x100000 + 4 * MiB, 4 * MiB)
+                                   .alloc(0x100000 + 8 * MiB, 4 * MiB)
+                                   .free(0x100000 + 8 * MiB, 4 * MiB)
+                                   .segment(0x4000000, 2 * MiB)
+                                   .segment_free(0x4000000, 2 * MiB)
+                                   .alloc(0x100000 + 8 * MiB, 4 * MiB)
+                                   .rows();
+  rows[1].duration_ns = 700'000;  // before the peak: not counted
+  rows[6].duration_ns = 300'000;
+  rows[7].duration_ns = 200'000;
+  TraceReport again = analyze_rows(rows, 0);
+  EXPECT_EQ(again.peak_allocated, static_cast<std::int64_t>(12 * MiB));
+  EXPECT_EQ(again.peak_cause.t_ns, 4000);  // the first time 12 MiB were live
+  EXPECT_EQ(again.peak_cause.later_segment_allocs, 1u);
+  EXPECT_EQ(again.peak_cause.later_segment_frees, 1u);
+  EXPECT_EQ(again.peak_cause.later_upstream_ns, 500'000);
+  ASSERT_EQ(again.peak_cause.live_by_bytes.size(), 1u);
+  EXPECT_EQ(again.peak_cause.live_by_bytes[0].count, 3u);
+
+  const std::string text = render_text_summary(again, ReportContext{});
+  EXPECT_NE(text.find("peak allocated first reached at 4.0 us by a 4.00 MiB allocation"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 segment allocs or maps, 1 frees or unmaps, 0.5 ms in the upstream"), std::string::npos)
+      << text;
+  // Nothing allocated: no such line.
+  TraceBuilder none;
+  none.device(GiB).segment(0x100000, 2 * MiB);
+  EXPECT_FALSE(analyze_rows(none.rows(), 0).peak_cause.found);
+  EXPECT_EQ(render_text_summary(analyze_rows(none.rows(), 0), ReportContext{}).find("peak allocated first"),
+            std::string::npos);
+}
+
 TEST(ToolsAnalysis, DownsampleKeepsThePeak) {
   std::vector<TimePoint> pts;
   for (int i = 0; i < 10000; ++i) pts.push_back({i, i == 4321 ? 999999 : i % 100, i == 7777 ? 888888 : 50});
