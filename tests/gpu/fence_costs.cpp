@@ -20,6 +20,8 @@
 //   ctx_record        cuCtxRecordEvent: one event for all the context's work, every stream
 //   ctx_wait          cuCtxWaitEvent of a completed event: all later work waits for it
 //   busy_*            some of the same while the legacy stream has a queue of work (below)
+//   busy_*_enqueue    a call followed by a small memset on the legacy stream (the work that
+//                     follows a fence: does the call make the next enqueue dearer?)
 // Then what the context-wide calls promise, checked with one non-blocking stream kept busy
 // (`fence_costs streams=K probe=X ok=0|1`): ctx_event_covers_nb (an event recorded for the
 // context is not complete while that stream runs), ctx_wait_orders_nb and
@@ -177,6 +179,30 @@ int main(int argc, char** argv) {
   CKD(cuCtxSynchronize());
   busy("busy_ctx_record", 64, [&](int i) { CKD(cuCtxRecordEvent(ctx, ev[at(i)])); });
   busy("busy_ctx_wait", 64, [&](int) { CKD(cuCtxWaitEvent(ctx, done)); });
+  // What the work issued next costs to enqueue after each kind of fence call (a small memset on
+  // the legacy stream, where a kernel launch would follow): the calls' effect on the launch path,
+  // which their own costs above do not show. Per group of calls, with work queued.
+  auto enqueue = [&](int i) { CKD(cuMemsetD32Async(buf, static_cast<unsigned>(i), 1024, CU_STREAM_LEGACY)); };
+  busy("busy_enqueue", 64, [&](int i) { enqueue(i); });
+  busy("busy_record_legacy_enqueue", 64, [&](int i) {
+    CKD(cuEventRecord(ev[at(i)], CU_STREAM_LEGACY));
+    enqueue(i);
+  });
+  busy("busy_ctx_record_enqueue", 64, [&](int i) {
+    CKD(cuCtxRecordEvent(ctx, ev[at(i)]));
+    enqueue(i);
+  });
+  busy("busy_ctx_wait_done_enqueue", 64, [&](int i) {
+    CKD(cuCtxWaitEvent(ctx, done));
+    enqueue(i);
+  });
+  // A fence ordered as soon as it is recorded (the default's early reuse): the record, a wait on
+  // that still-pending event, then the next work.
+  busy("busy_ctx_record_wait_enqueue", 64, [&](int i) {
+    CKD(cuCtxRecordEvent(ctx, ev[at(i)]));
+    CKD(cuCtxWaitEvent(ctx, ev[at(i)]));
+    enqueue(i);
+  });
   // The promises, with nb[0] busy for milliseconds and the legacy stream idle.
   auto probe = [&](const char* what, bool ok) { std::printf("fence_costs streams=%d probe=%s ok=%d\n", k, what, ok); };
   auto keep_busy = [&] {

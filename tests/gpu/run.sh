@@ -294,20 +294,31 @@ PY
   # legacy stream (no shim); and the driver's promises the context-wide fences rest on.
   if [ -x "$BIN/fence_costs" ]; then
     run fence_costs 60 -- "$BIN/fence_costs" 16
-    "${REPORT[@]}" row "$OUT" "fence over 16 idle streams: asking / gathering / context-wide (GPU idle; work queued)" INFO \
-      "$(python3 - "$OUT/logs/fence_costs.out" <<'PY'
+    fence_figures() {  # fence_figures ROW: one row's figures from logs/fence_costs.out
+      python3 - "$OUT/logs/fence_costs.out" "$1" <<'PY'
 import re, sys
 c = {}
 for line in open(sys.argv[1]):
     m = re.match(r"fence_costs streams=\d+ op=(\S+) us_per_call=(\S+)", line)
     if m: c[m[1]] = float(m[2])
 try:
-    print(f"{c['sweep_query']:.1f} / {c['sweep_gather']:.1f} / {c['ctx_record']:.2f} us; {c['busy_sweep_query']:.1f} / "
-          f"{c['busy_sweep_gather']:.1f} / {c['busy_ctx_record']:.2f} us (logs/fence_costs.out)")
+    if sys.argv[2] == "fence":
+        print(f"{c['sweep_query']:.1f} / {c['sweep_gather']:.1f} / {c['ctx_record']:.2f} us; {c['busy_sweep_query']:.1f} / "
+              f"{c['busy_sweep_gather']:.1f} / {c['busy_ctx_record']:.2f} us (logs/fence_costs.out)")
+    else:
+        print(" / ".join(f"{c['busy_' + k + 'enqueue']:.2f}" for k in
+                         ("", "record_legacy_", "ctx_record_", "ctx_wait_done_", "ctx_record_wait_")) +
+              " us a group (logs/fence_costs.out)")
 except KeyError:
     print("no numbers (see logs/fence_costs.out)")
 PY
-)"
+    }
+    "${REPORT[@]}" row "$OUT" "fence over 16 idle streams: asking / gathering / context-wide (GPU idle; work queued)" INFO \
+      "$(fence_figures fence)"
+    # Whether a fence call makes the work issued after it dearer to enqueue (a small memset on
+    # the legacy stream), work queued.
+    "${REPORT[@]}" row "$OUT" "next enqueue after: nothing / legacy record / ctx record / ctx wait / record+wait (work queued)" INFO \
+      "$(fence_figures enqueue)"
     probes=$(grep -c "probe=.* ok=1" "$OUT/logs/fence_costs.out")
     failed=$(grep "probe=.* ok=0" "$OUT/logs/fence_costs.out" | sed 's/.*probe=\(\S*\).*/\1/' | tr '\n' ' ')
     status=FAIL
