@@ -56,6 +56,8 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
   std::size_t peak_row = rows.size();
   std::size_t allocs_then = 0, frees_then = 0;
   std::int64_t upstream_ns = 0, upstream_then = 0;
+  std::size_t waits_then = 0;
+  std::int64_t wait_ns_then = 0;
   // Pass 1: the timeline and the peaks.
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const TraceRow& r = rows[i];
@@ -88,6 +90,11 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
         ++rep.segment_frees;
         upstream_ns = add_bytes(upstream_ns, static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
         break;
+      case TraceAction::fence_wait:
+        ++rep.fence_waits;
+        rep.fence_wait_ns = add_bytes(rep.fence_wait_ns,
+                                      static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
+        break;
       case TraceAction::oom: ++rep.ooms; break;
       case TraceAction::allocate_failure: ++rep.failed_allocations; break;
       case TraceAction::gc: ++rep.gc_passes; break;
@@ -101,6 +108,8 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
       allocs_then = rep.segment_allocs;
       frees_then = rep.segment_frees;
       upstream_then = upstream_ns;
+      waits_then = rep.fence_waits;
+      wait_ns_then = rep.fence_wait_ns;
     }
     rep.peak_allocated = std::max(rep.peak_allocated, allocated);
     rep.peak_reserved = std::max(rep.peak_reserved, reserved);
@@ -116,6 +125,8 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
     pc.later_segment_allocs = rep.segment_allocs - allocs_then;
     pc.later_segment_frees = rep.segment_frees - frees_then;
     pc.later_upstream_ns = upstream_ns - upstream_then;
+    pc.later_fence_waits = rep.fence_waits - waits_then;
+    pc.later_fence_wait_ns = rep.fence_wait_ns - wait_ns_then;
     if (__builtin_sub_overflow(rep.duration_ns, pc.t_ns, &pc.later_ns) || pc.later_ns < 0) pc.later_ns = 0;
     // What was live then, by requested size (a replay of the rows up to that one).
     std::unordered_map<std::uintptr_t, std::size_t> held;  // pointer -> requested

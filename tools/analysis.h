@@ -48,6 +48,8 @@ struct PeakCause {
   // them, as the rows say (a trace the shim recorded on a GPU: the driver's time).
   std::size_t later_segment_allocs = 0, later_segment_frees = 0;
   std::int64_t later_upstream_ns = 0;
+  std::size_t later_fence_waits = 0;  // host waits on fences (fence_wait rows) in that span
+  std::int64_t later_fence_wait_ns = 0;
   std::int64_t later_ns = 0;  // that span's length
 };
 
@@ -61,6 +63,8 @@ struct TraceReport {
   std::vector<SizeCount> largest_sizes;  // the largest distinct requested sizes, largest first
   std::size_t allocations = 0, frees = 0, segment_allocs = 0, segment_frees = 0;
   std::size_t ooms = 0, failed_allocations = 0, gc_passes = 0;
+  std::size_t fence_waits = 0;     // the pool blocked the host on a fence (fence_wait rows)
+  std::int64_t fence_wait_ns = 0;  // their time, as the rows say
   std::int64_t duration_ns = 0;
   PeakCause peak_cause;
 };

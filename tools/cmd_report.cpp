@@ -47,11 +47,13 @@ std::string report_json(const TraceReport& r, const std::string& trace, const Re
   o += ",\n  \"upstream_calls\": " + std::to_string(r.segment_allocs + r.segment_frees);
   o += ",\n  \"ooms\": " + std::to_string(r.ooms) +
        ",\n  \"failed_allocations\": " + std::to_string(r.failed_allocations);
-  o += ",\n  \"gc_passes\": " + std::to_string(r.gc_passes);
+  o += ",\n  \"gc_passes\": " + std::to_string(r.gc_passes) + ",\n  \"fence_waits\": " + std::to_string(r.fence_waits);
+  if (c.upstream_times) o += ",\n  \"fence_wait_s\": " + n(static_cast<double>(r.fence_wait_ns) * 1e-9);
   if (const PeakCause& pc = r.peak_cause; pc.found) {
     o += ",\n  \"peak_allocated_at_s\": " + n(static_cast<double>(pc.t_ns) * 1e-9) +
          ",\n  \"peak_allocated_set_by_bytes\": " + std::to_string(pc.size) +
-         ",\n  \"live_at_peak_allocated\": " + std::to_string(pc.live);
+         ",\n  \"live_at_peak_allocated\": " + std::to_string(pc.live) +
+         ",\n  \"fence_waits_after_peak\": " + std::to_string(pc.later_fence_waits);
     o += ",\n  \"upstream_calls_after_peak\": " + std::to_string(pc.later_segment_allocs + pc.later_segment_frees) +
          (c.upstream_times ? ",\n  \"upstream_s_after_peak\": " + n(static_cast<double>(pc.later_upstream_ns) * 1e-9)
                            : std::string());

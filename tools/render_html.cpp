@@ -34,6 +34,16 @@ std::string num(double v) {
 std::string fbytes(std::int64_t b) { return format_bytes(static_cast<double>(b)); }
 std::string fbytes_u(std::size_t b) { return format_bytes(static_cast<double>(b)); }
 
+// "N host waits on fences (T ms)"; the time only where the rows are the recording's.
+std::string waits_text(std::size_t n, std::int64_t ns, bool timed) {
+  char buf[96];
+  if (timed)
+    std::snprintf(buf, sizeof buf, "%zu host waits on fences (%.1f ms)", n, static_cast<double>(ns) * 1e-6);
+  else
+    std::snprintf(buf, sizeof buf, "%zu host waits on fences", n);
+  return buf;
+}
+
 // A "nice" axis step near span/target: 1, 2 or 5 times a power of `base`-friendly ten.
 double nice_step(double span, int target) {
   if (span <= 0) return 1;
@@ -205,6 +215,11 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
     row("segment allocs or maps / frees or unmaps after it",
         std::to_string(pc.later_segment_allocs) + " / " + std::to_string(pc.later_segment_frees));
   }
+  if (r.fence_waits != 0) {
+    row("host waits on fences (after the allocated peak)",
+        waits_text(r.fence_waits, r.fence_wait_ns, c.upstream_times) + " (" +
+            std::to_string(r.peak_cause.later_fence_waits) + ")");
+  }
   row("OOMs / failed allocations", std::to_string(r.ooms) + " / " + std::to_string(r.failed_allocations));
   h += "</table>\n";
   h += "<h2>Allocated vs reserved over time</h2>\n<div class=\"legend\"><span style=\"background:#2a6fdb\"></span>"
@@ -245,6 +260,10 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
                 r.segment_allocs + r.segment_frees, r.segment_allocs, r.segment_frees, r.ooms, r.failed_allocations,
                 r.gc_passes);
   s += buf;
+  if (r.fence_waits != 0) {
+    s.pop_back();  // the line goes on
+    s += "; " + waits_text(r.fence_waits, r.fence_wait_ns, c.upstream_times) + "\n";
+  }
   if (const PeakCause& pc = r.peak_cause; pc.found) {
     std::snprintf(buf, sizeof buf,
                   "peak allocated first reached at %s by a %s allocation (%s requested, stream 0x%llx); live then: "
@@ -268,6 +287,8 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
                         : 0.0);
       s += buf;
     }
+    if (pc.later_fence_waits != 0)
+      s += ", " + waits_text(pc.later_fence_waits, pc.later_fence_wait_ns, c.upstream_times);
     s += "\n";
   }
   s += "largest sizes:";

@@ -84,16 +84,25 @@ TEST(ToolsAnalysis, WhereThePeakIsSetAndTheChurnAfterIt) {
                                    .segment(0x4000000, 2 * MiB)
                                    .segment_free(0x4000000, 2 * MiB)
                                    .alloc(0x100000 + 8 * MiB, 4 * MiB)
+                                   .add(TraceAction::fence_wait, 0, 0, 0)
                                    .rows();
   rows[1].duration_ns = 700'000;  // before the peak: not counted
   rows[6].duration_ns = 300'000;
   rows[7].duration_ns = 200'000;
+  rows[9].duration_ns = 2'500'000;         // a host wait after the peak
+  rows.insert(rows.begin() + 2, rows[9]);  // and one before it
+  rows[2].time_ns = rows[1].time_ns + 500;
+  rows[2].duration_ns = 1'000'000;
   TraceReport again = analyze_rows(rows, 0);
   EXPECT_EQ(again.peak_allocated, static_cast<std::int64_t>(12 * MiB));
   EXPECT_EQ(again.peak_cause.t_ns, 4000);  // the first time 12 MiB were live
   EXPECT_EQ(again.peak_cause.later_segment_allocs, 1u);
   EXPECT_EQ(again.peak_cause.later_segment_frees, 1u);
   EXPECT_EQ(again.peak_cause.later_upstream_ns, 500'000);
+  EXPECT_EQ(again.fence_waits, 2u);
+  EXPECT_EQ(again.fence_wait_ns, 3'500'000);
+  EXPECT_EQ(again.peak_cause.later_fence_waits, 1u);
+  EXPECT_EQ(again.peak_cause.later_fence_wait_ns, 2'500'000);
   ASSERT_EQ(again.peak_cause.live_by_bytes.size(), 1u);
   EXPECT_EQ(again.peak_cause.live_by_bytes[0].count, 3u);
 
@@ -101,6 +110,13 @@ TEST(ToolsAnalysis, WhereThePeakIsSetAndTheChurnAfterIt) {
   EXPECT_NE(text.find("peak allocated first reached at 4.0 us by a 4.00 MiB allocation"), std::string::npos) << text;
   EXPECT_NE(text.find("1 segment allocs or maps, 1 frees or unmaps, 0.5 ms in the upstream"), std::string::npos)
       << text;
+  EXPECT_NE(text.find("GC passes; 2 host waits on fences (3.5 ms)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(", 1 host waits on fences (2.5 ms)\n"), std::string::npos) << text;
+  ReportContext replayed;
+  replayed.upstream_times = false;  // a replay's rows: counts, no times
+  const std::string untimed = render_text_summary(again, replayed);
+  EXPECT_NE(untimed.find("GC passes; 2 host waits on fences\n"), std::string::npos) << untimed;
+  EXPECT_EQ(untimed.find("in the upstream"), std::string::npos) << untimed;
   // Nothing allocated: no such line.
   TraceBuilder none;
   none.device(GiB).segment(0x100000, 2 * MiB);
