@@ -256,14 +256,12 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   s += buf;
   std::snprintf(buf, sizeof buf,
                 "upstream calls %zu (%zu segment allocs or maps, %zu frees or unmaps); %zu OOMs, %zu failed "
-                "allocations, %zu GC passes\n",
+                "allocations, %zu GC passes",
                 r.segment_allocs + r.segment_frees, r.segment_allocs, r.segment_frees, r.ooms, r.failed_allocations,
                 r.gc_passes);
   s += buf;
-  if (r.fence_waits != 0) {
-    s.pop_back();  // the line goes on
-    s += "; " + waits_text(r.fence_waits, r.fence_wait_ns, c.upstream_times) + "\n";
-  }
+  if (r.fence_waits != 0) s += "; " + waits_text(r.fence_waits, r.fence_wait_ns, c.upstream_times);
+  s += "\n";
   if (const PeakCause& pc = r.peak_cause; pc.found) {
     std::snprintf(buf, sizeof buf,
                   "peak allocated first reached at %s by a %s allocation (%s requested, stream 0x%llx); live then: "
