@@ -36,8 +36,9 @@ struct Block {
   std::uint64_t epoch = 0;    // local: free stamp; promoted by a stream fence recorded at >= epoch
   std::uint64_t gc_base = 0;  // pool searches counter when the block was last cached (GC age)
   // Free memory handed out under a GPU-side wait (Impl::order_device_batches) whose fence may
-  // still run: the order's sequence number (0 = none). While FenceBatches::order_done() is below it, old
-  // work may still touch the block: it may be reused, but its pages may not be unmapped or moved.
+  // still run, or pages a stream's growth aliased from its own free blocks: the order's sequence
+  // number (0 = none). While FenceBatches::order_done() is below it, old work may still touch the
+  // block: it may be reused, but its pages may not be unmapped or moved.
   std::uint64_t hot = 0;
   BState state = BState::shared;
   bool is_split() const { return prev != nullptr || next != nullptr; }
@@ -68,12 +69,15 @@ struct Unit {
   bool used = false;  // moved into the growth already
 };
 
-// A physical allocation of a hot free block (Block::hot) chosen to be aliased into a growth:
-// still mapped and still part of its block until the alias is made (expandable_ranges.cpp).
+// A physical allocation chosen to be aliased into a growth: still mapped and still part of its
+// block until the alias is made (expandable_ranges.cpp). Either a unit of a hot shared free block
+// (Block::hot) or, `own`, of a free block local to the growth's own stream, whose old mapping
+// drains on a fence recorded on that stream (Growth::own_order).
 struct HotUnit {
   Segment* seg;
   std::uintptr_t base;
   std::size_t size;
+  bool own = false;
   bool used = false;  // aliased, or given up
 };
 

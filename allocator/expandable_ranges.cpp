@@ -19,7 +19,11 @@
 // work at their address, so they cannot be unmapped or moved until that wait completed. Growth
 // that needs them elsewhere maps them a second time at the growth (Upstream::alias): new work,
 // which the GPU-side wait already orders after the old, uses the new address; the old address
-// becomes a draining block and loses its mapping when the wait completed (drop_aliases).
+// becomes a draining block and loses its mapping when the wait completed (drop_aliases). The
+// same holds for the free pages of the growing stream's own blocks (stream-ordered frees): its new
+// work is ordered after its old work by the stream itself, so they are aliased at once instead of
+// the host waiting for the stream; the growth stays local to that stream, and the old address
+// drains on a fence recorded on it (Growth::own_order).
 #include <algorithm>
 #include <bit>
 
@@ -29,6 +33,16 @@ namespace cudapool::detail {
 
 namespace {
 std::uintptr_t round_up(std::uintptr_t v, std::size_t g) { return (v + g - 1) / g * g; }
+
+// Candidates (whole units' bytes, block) appended to `out` fewest bytes first, the lowest
+// address on a tie: small free islands between live blocks are the least useful mapped memory;
+// large free runs serve later large requests without any driver call.
+void append_fewest_first(std::vector<std::pair<std::size_t, Block*>>& ranked, std::vector<Block*>& out) {
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second->ptr < b.second->ptr;
+  });
+  for (const auto& [r, b] : ranked) out.push_back(b);
+}
 }  // namespace
 
 // Segment count bookkeeping: `piece` is a block that just became mapped (sign +1) or is about to
@@ -148,31 +162,47 @@ std::size_t ExpandableRanges::recycle_candidates(const Segment* seg, const GrowP
       if (b->seg == seg) *own_bytes += r;
     }
   }
-  // Fewest whole units' bytes first: small free islands between live blocks are the least
-  // useful mapped memory; large free runs serve later large requests without any driver call.
-  auto fewest_first = [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first < b.first : a.second->ptr < b.second->ptr;
-  };
-  std::sort(ranked.begin(), ranked.end(), fewest_first);
-  for (const auto& [r, b] : ranked) out.push_back(b);
-  if (hot_out != nullptr) {
-    std::sort(hot_ranked.begin(), hot_ranked.end(), fewest_first);
-    for (const auto& [r, b] : hot_ranked) hot_out->push_back(b);
-  }
+  append_fewest_first(ranked, out);
+  if (hot_out != nullptr) append_fewest_first(hot_ranked, *hot_out);
   return total;
 }
 
-void ExpandableRanges::pick_hot_units(const std::vector<Block*>& cands, std::size_t want,
-                                      std::vector<HotUnit>& out) const {
+std::size_t ExpandableRanges::own_candidates(const Segment* seg, const GrowPlan& plan, StreamId stream,
+                                             std::vector<Block*>& out) const {
+  const StreamFree* stream_free = store_.stream_find(stream);
+  if (stream_free == nullptr || stream_free->empty()) return 0;
+  std::vector<std::pair<std::size_t, Block*>> ranked;
+  std::size_t total = 0;
+  for (int k = 0; k < 2; ++k) {
+    if (range_of[k] == nullptr || range_of[k]->page != seg->page) continue;  // as recycle_candidates
+    const FreeSet& set = stream_free->sets[k];
+    for (auto it = set.lower_bound(BySizeAddr::Key{range_of[k]->page, 0}); it != set.end(); ++it) {
+      Block* b = *it;
+      if (!b->seg->expandable) continue;
+      if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
+      const std::size_t r = releasable_pages(b);
+      if (r == 0) continue;
+      ranked.emplace_back(r, b);
+      total += r;
+    }
+  }
+  append_fewest_first(ranked, out);
+  return total;
+}
+
+std::size_t ExpandableRanges::pick_hot_units(const std::vector<Block*>& cands, std::size_t want,
+                                             std::vector<HotUnit>& out) const {
   std::size_t got = 0;
   for (Block* b : cands) {
+    if (got >= want) break;
     const auto [lo, hi] = unit_span(b->seg, b->ptr, b->ptr + b->size);
+    const bool own = b->state == BState::local;
     for (auto it = b->seg->units.lower_bound(lo); it != b->seg->units.end() && it->first < hi && got < want; ++it) {
-      out.push_back(HotUnit{b->seg, it->first, it->second});
+      out.push_back(HotUnit{b->seg, it->first, it->second, own});
       got += it->second;
     }
-    if (got >= want) return;
   }
+  return got;
 }
 
 void ExpandableRanges::drop_aliases(std::uint64_t order_done) {
@@ -301,8 +331,10 @@ Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::ui
   if (hi <= lo) return nullptr;
   const std::size_t bytes = hi - lo;
   Segment* seg = b->seg;
-  const int k = kind_index(seg->small);
-  store_.shared[k].erase(b);
+  const BState state = b->state;  // shared, or (drain) local to `owner`
+  const StreamId owner = state == BState::local ? b->owner : 0;
+  FreeSet& set = store_.set_of(b);
+  set.erase(b);
   if (b->is_split()) store_.count_inactive_split(b, -1);
   auto cut_after = [&](Block* x, std::uintptr_t at) {  // split x at address `at`, return the back
     Block* r = store_.block_pool.get();
@@ -310,7 +342,8 @@ Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::ui
     r->size = x->ptr + x->size - at;
     r->seg = seg;
     r->state = x->state;
-    r->hot = x->hot;  // both halves of a hot block stay hot
+    r->hot = x->hot;      // both halves of a hot block stay hot
+    r->epoch = x->epoch;  // and of a local one wait for the same stream fence
     r->prev = x;
     r->next = x->next;
     if (x->next != nullptr) x->next->prev = r;
@@ -335,8 +368,8 @@ Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::ui
   seg->mapped -= bytes;
   ledger_.pages_unmapped(seg->small, bytes);
   if (!drain) merge_unmapped(mid);
-  if (head != nullptr) store_.insert_free(head, BState::shared, 0, store_.shared[k]);
-  if (tail != nullptr) store_.insert_free(tail, BState::shared, 0, store_.shared[k]);
+  if (head != nullptr) store_.insert_free(head, state, owner, set);
+  if (tail != nullptr) store_.insert_free(tail, state, owner, set);
   if (!drain) out.push_back(Detached{lo, bytes, true});
   return mid;
 }
@@ -429,12 +462,15 @@ UpstreamStatus ExpandableRanges::alias_hot_units(Growth& growth, std::uintptr_t 
       continue;
     }
     std::size_t n = 0, j = i;
-    for (; j < hot_units.size() && !hot_units[j].used && hot_units[j].seg == h.seg && hot_units[j].base == h.base + n &&
-           n + hot_units[j].size <= amount - *done;
+    for (; j < hot_units.size() && !hot_units[j].used && hot_units[j].seg == h.seg && hot_units[j].own == h.own &&
+           hot_units[j].base == h.base + n && n + hot_units[j].size <= amount - *done;
          ++j)
       n += hot_units[j].size;
     Block* src = block_at(h.seg, h.base);
-    const bool intact = src != nullptr && src->state == BState::shared && src->ptr + src->size >= h.base + n;
+    // Still the free block it was when picked: shared, or (own) local to the growing stream.
+    const bool in_state = src != nullptr && (h.own ? src->state == BState::local && src->owner == growth.stream
+                                                   : src->state == BState::shared);
+    const bool intact = in_state && src->ptr + src->size >= h.base + n;
     const std::int64_t t0 = now_ns();
     const UpstreamStatus ua = intact
                                   ? up_.alias(reinterpret_cast<void*>(h.base), reinterpret_cast<void*>(at + *done), n)
@@ -445,6 +481,10 @@ UpstreamStatus ExpandableRanges::alias_hot_units(Growth& growth, std::uintptr_t 
       ledger_.device_alias();
       Block* old = release_page_range(src, h.base, h.base + n, none, nullptr, /*drain=*/true);
       draining.push_back(Drain{old});
+      if (h.own) {
+        old->hot = std::max(old->hot, growth.own_order);  // drains once the stream's fence completed
+        growth.alias_own = true;
+      }
       growth.alias_hot = std::max(growth.alias_hot, old->hot);
       events_.emit(EventKind::segment_unmap, h.base, n, n, 0, now_ns() - t0);  // gone from the pool's view
       for (std::size_t q = i; q < j; ++q)
@@ -536,7 +576,7 @@ void ExpandableRanges::split_hole(Block* u, std::size_t amount, bool back) {
 }
 
 Block* ExpandableRanges::add_mapped(Block* u, std::size_t amount, StreamId stream, std::uint64_t alias_hot,
-                                    std::int64_t ns) {
+                                    bool alias_own, std::int64_t ns) {
   Segment* range = u->seg;
   u->state = BState::local;  // mapped now; insert_free below gives it its real place
   count_runs_change(u, +1);
@@ -552,9 +592,12 @@ Block* ExpandableRanges::add_mapped(Block* u, std::size_t amount, StreamId strea
   // classic segment is, so other streams split what this request leaves of it. Next to a free
   // block local to this stream it joins that block instead (local absorbs shared), so growth
   // beside it makes one run.
+  // Pages aliased from the stream's own free blocks stay its own until a fence on it recorded
+  // after now completed: stamped as a free of now, which only such a fence covers.
   auto own = [&](const Block* n) { return n != nullptr && n->state == BState::local && n->owner == stream; };
   const int k = kind_index(range->small);
-  if (own(u->prev) || own(u->next))
+  if (alias_own) u->epoch = store_.epoch;
+  if (alias_own || own(u->prev) || own(u->next))
     store_.insert_free(u, BState::local, stream, store_.stream_get(stream)->sets[k]);
   else
     store_.insert_free(u, BState::shared, 0, store_.shared[k]);

@@ -45,11 +45,16 @@ struct Growth {
   StreamId stream = 0;
   GrowPlan plan;
   std::vector<Block*> cands, hot_cands;  // recycling candidates, cold and hot
+  std::vector<Block*> own_cands;         // the stream's own free blocks, to alias (alias_ok)
   std::vector<Unit> spare;               // recycled units, already unmapped in the pool's structures
-  std::vector<HotUnit> hot_units;        // units of hot blocks to alias, still in place
+  std::vector<HotUnit> hot_units;        // units of hot (then own) blocks to alias, still in place
   std::size_t placed = 0;                // bytes of the plan mapped or moved into place so far
   std::uint64_t alias_hot = 0;           // the newest order whose pages the last piece aliased
-  std::size_t bounced = 0;               // mapped fresh past the cap by the bounce rule
+  bool alias_own = false;                // the last piece aliased units of the stream's own blocks
+  // The order of the stream's own units: a fence on `stream` recorded before they are aliased
+  // (0 = none picked). Their old mapping drains until it completed.
+  std::uint64_t own_order = 0;
+  std::size_t bounced = 0;  // mapped fresh past the cap by the bounce rule
 };
 
 class ExpandableRanges {
@@ -122,15 +127,22 @@ class ExpandableRanges {
   std::size_t recycle_candidates(const Segment* range, const GrowPlan& plan, std::uint64_t order_done,
                                  std::vector<Block*>& out, std::size_t* hot_bytes, std::size_t* own_bytes,
                                  std::vector<Block*>* hot_out) const;
-  // Whole units of the hot blocks `cands`, in order, until they hold at least `want` bytes.
-  void pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<HotUnit>& out) const;
+  // Free blocks local to `stream` in the ranges (same page size as `range`) with whole units,
+  // outside `plan`'s keep range, fewest whole units' bytes first; returns those bytes. Its own
+  // new work is ordered after its old work, so their pages can serve its growth at a second
+  // address at once, while the old address drains on a fence recorded on the stream.
+  std::size_t own_candidates(const Segment* range, const GrowPlan& plan, StreamId stream,
+                             std::vector<Block*>& out) const;
+  // Whole units of the blocks `cands` (hot shared or own local), in order, until they hold at
+  // least `want` bytes more than `out` had; returns the bytes picked.
+  std::size_t pick_hot_units(const std::vector<Block*>& cands, std::size_t want, std::vector<HotUnit>& out) const;
   // Unmap at least `want` bytes (whole units) from `cands` in order; returns the bytes. The
   // units are appended to `out`, to be moved into the growth.
   std::size_t recycle_pages(const std::vector<Block*>& cands, std::size_t want, std::vector<Unit>& out);
 
   // ---- mapping a piece of the growth at [at, at + amount) of growth.seg ----
   // Recycled units that fit are moved there first (a contiguous run of them in one call), then
-  // hot units aliased; *done counts the bytes placed. Errors stop the piece.
+  // hot and own units aliased; *done counts the bytes placed. Errors stop the piece.
   UpstreamStatus move_spare(Growth& growth, std::uintptr_t at, std::size_t amount, std::size_t* done);
   UpstreamStatus alias_hot_units(Growth& growth, std::uintptr_t at, std::size_t amount, std::size_t* done);
   // Spare units larger than all the growth still to place (`left`) can never be used: they go
@@ -144,9 +156,11 @@ class ExpandableRanges {
   void unmap_placed(Segment* range, std::uintptr_t at, std::size_t done);
   // The hole u keeps `amount` bytes at its front (or back) as the mapped piece; the rest stays a hole.
   void split_hole(Block* u, std::size_t amount, bool back);
-  // The mapped piece u becomes a free block (local to `stream` next to its free blocks, else
-  // shared), counted, traced (`ns`: the upstream's time).
-  Block* add_mapped(Block* u, std::size_t amount, StreamId stream, std::uint64_t alias_hot, std::int64_t ns);
+  // The mapped piece u becomes a free block (local to `stream` next to its free blocks or when
+  // `alias_own`: it holds pages the stream's old work may still use; else shared), counted,
+  // traced (`ns`: the upstream's time).
+  Block* add_mapped(Block* u, std::size_t amount, StreamId stream, std::uint64_t alias_hot, bool alias_own,
+                    std::int64_t ns);
 
   // ---- aliased pages (docs/design.md, "Moving pages still in use") ----
   // Unalias every draining range whose order completed (order number <= order_done). Touches no
@@ -162,10 +176,11 @@ class ExpandableRanges {
   std::pair<std::uintptr_t, std::uintptr_t> unit_span(const Segment* range, std::uintptr_t lo, std::uintptr_t hi) const;
   std::size_t releasable_pages(const Block* b) const;  // bytes of whole units inside free block b
   void release_pages(Block* b, std::vector<Detached>& out);
-  // Unmap the whole units [lo, hi) of shared free block b (lo, hi unit boundaries inside b);
-  // the units taken out are appended to `units_out` when given, in address order. With `drain`
-  // the pages were aliased elsewhere: the range becomes a draining block (nothing is appended to
-  // `out`: its old mapping goes later, through drop_aliases). Returns the block of [lo, hi).
+  // Unmap the whole units [lo, hi) of free block b (lo, hi unit boundaries inside b; b shared,
+  // or local when `drain`; what is left of b on either side keeps its state); the units taken out
+  // are appended to `units_out` when given, in address order. With `drain` the pages were aliased
+  // elsewhere: the range becomes a draining block (nothing is appended to `out`: its old mapping
+  // goes later, through drop_aliases). Returns the block of [lo, hi).
   Block* release_page_range(Block* b, std::uintptr_t lo, std::uintptr_t hi, std::vector<Detached>& out,
                             std::vector<Unit>* units_out = nullptr, bool drain = false);
   void destroy(Segment* range);  // teardown: every mapped run unmapped, the reservation returned

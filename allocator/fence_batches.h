@@ -6,7 +6,8 @@
 //  * the promotion list: streams whose local blocks have an outstanding promotion fence
 //    (StreamFree::promo_*);
 //  * the GPU-side waits still running (`ordered`, with order_seq / order_done), which keep the
-//    memory they handed out from going back to the upstream (Block::hot);
+//    memory they handed out from going back to the upstream (Block::hot), and the stream fences
+//    of pages a stream's growth aliased from its own free blocks (Reclaim::order_stream);
 //  * the query back-off of service_fences() and the Batch objects themselves.
 // Its operations only move batches and fences between these lists. What a completed batch or
 // promotion does to blocks (they become shared free blocks, merged with their neighbours) needs
@@ -186,8 +187,9 @@ class FenceBatches {
   template <class Wait>
   void settle_ordered(FenceProvider& fences, Wait wait) {
     for (const auto& [f, seq] : ordered_) {
-      // order_after recorded every one of them (it refuses while a capture is open), so each can be
-      // waited for; what follows gives memory back, so a provider that refuses is waited on anyway.
+      // order_after recorded every device fence here (it refuses while a capture is open), so each
+      // can be waited for; what follows gives memory back, so a provider that refuses is waited on
+      // anyway.
       if (!fences.query(f) && !wait(f)) fences.wait(f);
       fences.release(f);
     }

@@ -94,7 +94,10 @@ struct DevicePool::Impl {
     int reuse_step = 0;         // make_room's next step for Room::reuse
     int upstream_step = 0;      // ... and for Room::upstream
     std::size_t hot_bytes = 0;  // Room::pages: bytes of hot free pages the growth could move (aliasing off)
-    std::size_t released = 0;   // Room::idle: bytes given back
+    // Room::pages: bytes of pages the growth can alias instead of any wait (aliasing on): hot free
+    // pages, and the stream's own free pages.
+    std::size_t alias_bytes = 0;
+    std::size_t released = 0;  // Room::idle: bytes given back
     Refusal refusal = Refusal::none;
     int upstream_error = 0;
     std::size_t asked = 0;  // what the last refused growth asked for

@@ -153,18 +153,21 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
 // enough; hot free pages (reused under a GPU-side wait: they cannot move until its fences
 // complete, and past the high-water mark expandable_wait prefers waiting to mapping new memory,
 // unless the upstream can alias them, which needs no wait); last, a fence on this stream
-// recorded now (a stream synchronize). True if free blocks changed.
+// recorded now (a stream synchronize). When the upstream can alias hot pages and the stream's
+// own free pages (req.alias_bytes) enough for the growth, no step waits: the growth aliases them
+// (plan_growth). True if free blocks changed.
 bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
   const bool wait = may_wait && opt.expandable_wait;
-  if (reclaim.promote_own(req.stream, bytes, wait)) return true;
+  const bool own_wait = wait && !ranges.alias_ok;
+  if (reclaim.promote_own(req.stream, bytes, own_wait)) return true;
   if (opt.free_sync == FreeSync::gpu_wait && reclaim.order_device_batches(bytes, req.small, true)) return true;
-  if (!wait) return false;
+  if (!wait || (ranges.alias_ok && req.alias_bytes >= bytes)) return false;
   if (reclaim.wait_device_batches_for(bytes)) return true;
   if (!ranges.alias_ok && req.hot_bytes >= bytes && req.hot_bytes != 0) {
     reclaim.settle_ordered();
     return true;
   }
-  return reclaim.sync_own(req.stream, bytes);
+  return own_wait && reclaim.sync_own(req.stream, bytes);
 }
 
 UpstreamStatus DevicePool::Impl::grow(Lock& lk, Request& req, bool may_wait, Block** out) {
@@ -301,10 +304,14 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
     if (std::max(past_cap, excess) == 0) return true;
     growth.cands.clear();
     growth.hot_cands.clear();
+    growth.own_cands.clear();
     if (reclaim.batches.has_ordered()) reclaim.poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0, own = 0;
     const std::size_t avail = ranges.recycle_candidates(range, growth.plan, reclaim.batches.order_done(), growth.cands,
                                                         &hot, &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
+    const std::size_t own_local = ranges.alias_ok
+                                      ? ranges.own_candidates(range, growth.plan, req.stream, growth.own_cands)
+                                      : 0;
     // What the own range's free pages cannot cover would come from the other range: pages it
     // lent are not taken back (the bounce rule); a hard limit (`excess`) still recycles them.
     const std::size_t bounce = past_cap > own ? ranges.bounce_allowance(range, past_cap - own) : 0;
@@ -319,6 +326,7 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
       // Free pages that fences hold back (make_room); they change the free sets: search again,
       // then plan again.
       req.hot_bytes = hot;
+      req.alias_bytes = hot + own_local;
       if (make_room(lk, req, over - avail, Room::pages, may_wait) != Made::nothing) {
         if (Fit fit = store.find_fit(req.rounded, req.stream)) {
           *out = *fit.it;
@@ -328,7 +336,13 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
       }
     }
     if (avail != 0) ranges.recycle_pages(growth.cands, std::min(over, avail), growth.spare);
-    if (avail < over) ranges.pick_hot_units(growth.hot_cands, over - avail, growth.hot_units);
+    if (avail < over) {
+      const std::size_t got = ranges.pick_hot_units(growth.hot_cands, over - avail, growth.hot_units);
+      // The stream's own pages after the hot ones: they need a fence of their own.
+      const std::size_t first_own = growth.hot_units.size();
+      if (got < over - avail) ranges.pick_hot_units(growth.own_cands, over - avail - got, growth.hot_units);
+      if (growth.hot_units.size() > first_own) growth.own_order = reclaim.order_stream(req.stream);
+    }
     return true;
   }
 }
@@ -377,7 +391,7 @@ DevicePool::Impl::Block* DevicePool::Impl::map_piece(Lock& lk, Request& req, det
     return nullptr;
   }
   ranges.split_hole(u, amount, back);
-  return ranges.add_mapped(u, amount, req.stream, growth.alias_hot, dt);
+  return ranges.add_mapped(u, amount, req.stream, growth.alias_hot, growth.alias_own, dt);
 }
 
 // The pages of [at, at + amount): recycled units moved there first, then hot units aliased,
@@ -385,6 +399,7 @@ DevicePool::Impl::Block* DevicePool::Impl::map_piece(Lock& lk, Request& req, det
 UpstreamStatus DevicePool::Impl::fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) {
   std::size_t done = 0;
   growth.alias_hot = 0;
+  growth.alias_own = false;
   UpstreamStatus us = ranges.move_spare(growth, at, amount, &done);
   if (us == UpstreamStatus::ok) us = ranges.alias_hot_units(growth, at, amount, &done);
   const std::size_t left = growth.plan.to_map - growth.placed - done;

@@ -210,6 +210,15 @@ bool Reclaim::order_scratch_batches() {
   return true;
 }
 
+std::uint64_t Reclaim::order_stream(StreamId stream) {
+  if (!batches.has_ordered()) batches.ordered_polled(clock_ns());
+  const FenceHandle f = fences_.record_stream(stream);
+  ledger_.fence_recorded();
+  const std::uint64_t seq = batches.new_order();
+  batches.add_ordered(f, seq);
+  return seq;
+}
+
 void Reclaim::poll_ordered() {
   batches.poll_ordered(fences_);
   if (!ranges_.draining.empty()) ranges_.drop_aliases(batches.order_done());

@@ -65,6 +65,7 @@ class Reclaim {
   // it. Returns true if blocks were promoted.
   bool promote_own(StreamId stream, std::size_t need, bool may_wait);
   // The stream's local blocks of expandable ranges cover at least half of `need`: promote_all_now.
+  // Only where the upstream cannot alias: otherwise growth aliases those blocks' pages instead.
   bool sync_own(StreamId stream, std::size_t need);
   // Memory pressure: every pending, retiring and local block becomes shared (host waits). The
   // threads' caches are flushed first by the caller.
@@ -75,6 +76,10 @@ class Reclaim {
   // and every batch becomes shared free memory at once. Their fences move to the ordered list
   // (FenceBatches::add_ordered). Returns true if anything became free.
   bool order_device_batches(std::size_t need, bool small, bool expandable_only);
+  // Expandable growth aliases pages of `stream`'s own free blocks: an order whose fence is one
+  // recorded on that stream now (no GPU-side wait: only the stream's own work follows). Returns
+  // its number; the pages' old mapping drains until it completed.
+  std::uint64_t order_stream(StreamId stream);
   // Both also unalias the draining ranges whose order completed (drop_aliases).
   void poll_ordered();    // release the completed ones (oldest first, stop at a running one)
   void settle_ordered();  // host-wait for every one of them (before memory goes back)

@@ -7,6 +7,12 @@
 // B is then written on the legacy stream and read back.
 //   A pool that unmapped the old address under the kernels makes them fault (an error, exit 2);
 //   one that skipped the GPU-side wait lets B's writes meet the kernels (corrupted bytes).
+// `alias_race async`: the same with stream-ordered frees. A0 and A2 are freed with cudaFreeAsync
+// on the kernels' stream; in rounds 0 and 1 B is allocated, written and read on that stream too:
+// the pool aliases the stream's own pages into B at once (stream order puts B's work after the
+// kernels) and keeps the old mapping until a fence on the stream completed. In rounds 2 and 3 B
+// is allocated and written on the legacy stream, which does not follow the non-blocking one: the
+// stream's pages must not reach it before that stream's work is done.
 // stdout: `alias_corrupted=N` (bytes the late reader saw changed + bytes of B not B's pattern),
 // stable across runs. stderr: `aliases=K` (the pool's num_device_alias, -1 without the shim) and
 // B's address relative to A0 (run-dependent). report.py: 0 corrupted everywhere with no error;
@@ -41,7 +47,8 @@ long long aliases() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   CK(cudaSetDevice(0));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -50,10 +57,15 @@ int main() {
   unsigned long long total = 0;
   for (int round = 0; round < 4; ++round) {
     const bool write_variant = round % 2 == 1;
+    // async: B on the kernels' own stream in rounds 0 and 1, on the legacy stream after.
+    cudaStream_t b_stream = async && round < 2 ? s : nullptr;
     std::uint8_t* a[4];
     for (auto& p : a) {
-      CK(cudaMalloc(&p, kSize));
-      CK(cudaMemset(p, kA, kSize));
+      if (async)
+        CK(cudaMallocAsync(reinterpret_cast<void**>(&p), kSize, s));
+      else
+        CK(cudaMalloc(&p, kSize));
+      CK(cudaMemsetAsync(p, kA, kSize, async ? s : nullptr));
     }
     CK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
     CK(cudaDeviceSynchronize());
@@ -64,18 +76,25 @@ int main() {
         late_reader<<<8, 256, 0, s>>>(a[i], kSize, kA, kDelayNs, counters);
     }
     CK(cudaGetLastError());
-    CK(cudaFree(a[0]));
-    CK(cudaFree(a[2]));
     std::uint8_t* b = nullptr;
-    CK(cudaMalloc(&b, 2 * kSize));
-    CK(cudaMemsetAsync(b, kB, 2 * kSize, 0));
-    late_reader<<<128, 256, 0, 0>>>(b, 2 * kSize, kB, 0, counters + 1);  // B's fill, checked
+    if (async) {
+      CK(cudaFreeAsync(a[0], s));
+      CK(cudaFreeAsync(a[2], s));
+      CK(cudaMallocAsync(reinterpret_cast<void**>(&b), 2 * kSize, b_stream));
+    } else {
+      CK(cudaFree(a[0]));
+      CK(cudaFree(a[2]));
+      CK(cudaMalloc(&b, 2 * kSize));
+    }
+    CK(cudaMemsetAsync(b, kB, 2 * kSize, b_stream));
+    late_reader<<<128, 256, 0, b_stream>>>(b, 2 * kSize, kB, 0, counters + 1);  // B's fill, checked
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     unsigned long long got[2];
     CK(cudaMemcpy(got, counters, sizeof got, cudaMemcpyDeviceToHost));
-    std::printf("round=%d variant=%s reader_mismatches=%llu b_mismatches=%llu\n", round,
-                write_variant ? "write" : "read", got[0], got[1]);
+    std::printf("round=%d variant=%s%s reader_mismatches=%llu b_mismatches=%llu\n", round,
+                write_variant ? "write" : "read", async ? (b_stream == s ? " own_stream" : " other_stream") : "",
+                got[0], got[1]);
     std::fprintf(stderr, "round %d: B at A0%+lld bytes\n", round,
                  static_cast<long long>(reinterpret_cast<std::intptr_t>(b) - reinterpret_cast<std::intptr_t>(a[0])));
     total += got[0] + got[1];

@@ -315,8 +315,10 @@ def fhs_text(c):
 
 def cmd_alias(out):
     """Pages in use moved into a growth (alias_race.cu): nothing corrupted and no fault without the
-    shim and under the default, which must also have aliased (or the mechanism never ran);
-    free_sync:immediate, which reuses and moves the pages with no wait, must corrupt or fault."""
+    shim and under the default, which must also have aliased (or the mechanism never ran); the
+    same with stream-ordered frees (`alias_race async`: the stream's own pages aliased into its
+    growth, and kept from another stream); free_sync:immediate, which reuses and moves the pages
+    with no wait, must corrupt or fault."""
     def total(run):
         m = re.search(r"^alias_corrupted=(\d+)", run.stdout, re.M)
         return int(m.group(1)) if run.ok and m else None
@@ -325,15 +327,18 @@ def cmd_alias(out):
         m = re.search(r"^aliases=(-?\d+)", run.stderr, re.M)
         return int(m.group(1)) if m else None
 
-    ref_run = Run(out, "alias_ref")
-    ref = total(ref_run)
-    run = Run(out, "alias_default")
-    got = total(run)
-    check = "pages in use moved by aliasing, default: corrupted bytes"
-    if got is None:
-        add_row(out, check, status=FAIL if run.ran else MISS,
-                note=run.why_failed() if not run.ok else "alias_default printed no alias_corrupted line")
-    else:
+    for ref_name, name, check in (
+            ("alias_ref", "alias_default", "pages in use moved by aliasing, default: corrupted bytes"),
+            ("alias_async_ref", "alias_async_default",
+             "own-stream pages in use aliased, stream-ordered frees: corrupted bytes")):
+        ref_run = Run(out, ref_name)
+        ref = total(ref_run)
+        run = Run(out, name)
+        got = total(run)
+        if got is None:
+            add_row(out, check, status=FAIL if run.ran else MISS,
+                    note=run.why_failed() if not run.ok else f"{name} printed no alias_corrupted line")
+            continue
         n = aliases(run)
         ok = got == 0 and ref == 0 and n is not None and n > 0
         note = f"{n} aliases made" if n is not None else "no aliases= line"

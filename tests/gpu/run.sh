@@ -167,6 +167,8 @@ if want race; then
   run alias_ref 60 -- "$BIN/alias_race"
   run alias_default 60 $(shim_env alias_default) -- "$BIN/alias_race"
   run alias_immediate 60 $(shim_env alias_immediate free_sync:immediate) -- "$BIN/alias_race"
+  run alias_async_ref 60 -- "$BIN/alias_race" async
+  run alias_async_default 60 $(shim_env alias_async_default) -- "$BIN/alias_race" async
   "${REPORT[@]}" alias "$OUT"
   run free_host_sync_ref 30 -- "$BIN/free_host_sync"
   run free_host_sync_default 30 $(shim_env free_host_sync_default) -- "$BIN/free_host_sync"

@@ -7,7 +7,8 @@
 # h3=expandable_segments:True,expandable_headroom:0.03 (a trace_file:/tmp/t-%p.csv in it gives
 # one trace per process, for tests/gpu/step_events.py), NAME=pt:CUDAPOOL_CONF for the
 # pluggable path (as cppt) under that policy, or NAME=lib:PATH for another build of the library
-# under the default policy (as cpdef: two builds A/B'd in the same rounds).
+# under the default policy (as cpdef: two builds A/B'd in the same rounds), NAME=ptlib:PATH the
+# same through the pluggable path (as cppt).
 # Environment: TORCH_WORKLOAD (unset or "torch": torch_train.py --d-model TORCH_D_MODEL --steps 60;
 # "hf": hf_lm.py --steps HF_STEPS, HF transformers' GPT-2 with a 50257-token vocabulary, HF_STEPS
 # default 30; "cnn" / "cnninf": torch_cnn.py's ResNet-50 training / inference at changing shapes,
@@ -55,6 +56,7 @@ env_of() {  # env_of MODE: the environment of one run, one assignment a line
     cppt) printf '%s\n' "LD_PRELOAD=$SHIM" CUDAPOOL_CONF= ;;
     cpptl) printf '%s\n' "CUDAPOOL_LIBRARY=$SHIM" CUDAPOOL_CONF= ;;
     *=lib:*) printf '%s\n' $NC "LD_PRELOAD=${1#*=lib:}" CUDAPOOL_CONF= ;;
+    *=ptlib:*) printf '%s\n' "LD_PRELOAD=${1#*=ptlib:}" CUDAPOOL_CONF= ;;
     *=pt:*) printf '%s\n' "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=pt:}" ;;
     *=*) printf '%s\n' $NC "LD_PRELOAD=$SHIM" "CUDAPOOL_CONF=${1#*=}" ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
@@ -81,7 +83,7 @@ for rep in $(seq 1 "$REPS"); do
     peak=()
     [ -n "${NVML_PEAK:-}" ] && peak=("$NVML_PEAK" "$OUT/${n}_$rep.peak.json" --)
     prog=("${PROG[@]}")
-    case $m in cppt | cpptl | *=pt:*) prog=(python3 tests/gpu/with_pool.py "${PROG[@]:1}") ;; esac
+    case $m in cppt | cpptl | *=pt:* | *=ptlib:*) prog=(python3 tests/gpu/with_pool.py "${PROG[@]:1}") ;; esac
     timeout 120 "${peak[@]}" env "${envs[@]}" "${TORCH_PIN[@]}" "${prog[@]}" \
       --out "$OUT/${n}_$rep.json" >"$OUT/${n}_$rep.out" 2>&1 || echo "$n round $rep failed (see $OUT/${n}_$rep.out)"
   done

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "allocator/fence_batches.h"
 #include "tests/unit/pool_helpers.h"
 
 using namespace cudapool;
@@ -336,6 +337,7 @@ TEST(PoolXRecycle, ImmediateModeRecyclesAfterAStreamFence) {
 
 TEST(PoolXRecycle, ImmediateModeWithoutWaitNeverUnmapsBeforeTheStreamFence) {
   XRig rig(xopt(FreeSync::immediate, /*wait=*/false), /*auto_fence=*/false);
+  rig.up.set_alias(false);  // an upstream that cannot alias: the stream's own pages stay where they are
   Checkerboard cb(rig);
   void* e = rig.alloc(8 * MiB);  // a stream fence is recorded now, but has not completed
   ASSERT_NE(e, nullptr);
@@ -353,6 +355,7 @@ TEST(PoolXRecycle, ImmediateModeWithoutWaitNeverUnmapsBeforeTheStreamFence) {
 // blocks cover the growth.
 TEST(PoolXRecycle, ImmediateModeSynchronizesTheStreamAsALastResort) {
   XRig rig(xopt(FreeSync::immediate), /*auto_fence=*/false);
+  rig.up.set_alias(false);  // with aliasing the stream's pages move without a wait (below)
   Checkerboard cb(rig);
   const FenceHandle f = rig.fence.next_handle();
   void* e = rig.alloc(8 * MiB);
@@ -370,6 +373,7 @@ TEST(PoolXRecycle, ImmediateModeSynchronizesTheStreamAsALastResort) {
 // stream synchronize: the growth maps all its pages without waiting.
 TEST(PoolXRecycle, StreamSynchronizeWhenOwnBlocksCoverHalfTheGrowth) {
   XRig rig(xopt(FreeSync::immediate), /*auto_fence=*/false);
+  rig.up.set_alias(false);
   Checkerboard cb(rig);
   const FenceHandle f = rig.fence.next_handle();
   void* e = rig.alloc(12 * MiB);
@@ -382,6 +386,7 @@ TEST(PoolXRecycle, StreamSynchronizeWhenOwnBlocksCoverHalfTheGrowth) {
   rig.expect_mapped_equals_reserved();
 
   XRig quarter(xopt(FreeSync::immediate), /*auto_fence=*/false);
+  quarter.up.set_alias(false);
   Checkerboard cb2(quarter);
   void* g = quarter.alloc(32 * MiB);
   ASSERT_NE(g, nullptr);
@@ -395,6 +400,7 @@ TEST(PoolXRecycle, StreamSynchronizeWhenOwnBlocksCoverHalfTheGrowth) {
 // new fence recorded for the purpose).
 TEST(PoolXRecycle, ImmediateModeWaitsForAnOlderStreamFence) {
   XRig rig(xopt(FreeSync::immediate), /*auto_fence=*/false);
+  rig.up.set_alias(false);
   void* z = rig.alloc(32 * MiB);
   ASSERT_EQ(rig.pool->free(z), FreeStatus::ok);
   EXPECT_EQ(rig.pool->empty_cache(), 32 * MiB);  // the mark stays at 32 MiB
@@ -413,6 +419,132 @@ TEST(PoolXRecycle, ImmediateModeWaitsForAnOlderStreamFence) {
   EXPECT_EQ(rig.up.peak_bytes(), 32 * MiB);
   rig.expect_intact();
   rig.expect_mapped_equals_reserved();
+}
+
+// Stream-ordered frees with an upstream that can alias: the stream's own free pages serve its
+// growth at once at a second address (its new work follows its old work on the stream itself),
+// with no host wait and no new memory. The growth stays the stream's own until a fence on it
+// has completed, and the old address keeps its mapping until then.
+namespace {
+struct OwnGrowth {
+  static constexpr StreamId kS = 7, kOther = 9;
+  XRig rig;
+  void *a, *b, *c, *d, *e = nullptr;
+  FenceHandle order_fence = 0;
+  explicit OwnGrowth(bool wait) : rig(xopt(FreeSync::fenced, wait), /*auto_fence=*/false) {
+    a = rig.alloc(4 * MiB, kS);
+    b = rig.alloc(4 * MiB, kS);
+    c = rig.alloc(4 * MiB, kS);
+    d = rig.alloc(4 * MiB, kS);
+    EXPECT_EQ(rig.pool->free_on_stream(a, kS), FreeStatus::ok);
+    EXPECT_EQ(rig.pool->free_on_stream(c, kS), FreeStatus::ok);
+    order_fence = rig.fence.next_handle();
+    e = rig.alloc(8 * MiB, kS);  // fits in no free block: 8 MiB past the mark
+  }
+};
+}  // namespace
+
+TEST(PoolXRecycle, OwnStreamPagesAreAliasedIntoItsGrowthWithoutWaiting) {
+  for (bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
+    OwnGrowth g(wait);
+    XRig& rig = g.rig;
+    ASSERT_NE(g.e, nullptr);
+    EXPECT_EQ(rig.fence.waits(), 0u);            // no stream synchronize...
+    EXPECT_EQ(rig.up.bytes_mapped(), 16 * MiB);  // ...and no new memory: a's and c's pages serve e
+    EXPECT_EQ(rig.up.aliased_bytes(), 8 * MiB);  // their old mappings stay while old work may run
+    EXPECT_TRUE(rig.up.alias_at(g.a));
+    EXPECT_TRUE(rig.up.alias_at(g.c));
+    EXPECT_EQ(rig.up.unmap_calls(), 0u);
+    EXPECT_EQ(rig.up.move_calls(), 0u);
+    EXPECT_GE(rig.fence.stream_records(), 1u);
+    EXPECT_FALSE(rig.fence.is_completed(g.order_fence));
+    EXPECT_EQ(rig.pool->stats().num_device_alias, 2);  // a and c are not contiguous: two calls
+    rig.expect_intact();
+    rig.expect_mapped_equals_reserved();
+
+    // Freed on the stream while the fence runs: its own stream reuses e at once, another stream
+    // does not get those pages (it maps new ones), and nothing is dropped or moved.
+    ASSERT_EQ(rig.pool->free_on_stream(g.e, OwnGrowth::kS), FreeStatus::ok);
+    void* other = rig.alloc(8 * MiB, OwnGrowth::kOther);
+    ASSERT_NE(other, nullptr);
+    EXPECT_NE(other, g.e);
+    const auto lo = reinterpret_cast<std::uintptr_t>(g.e);
+    const auto o = reinterpret_cast<std::uintptr_t>(other);
+    EXPECT_TRUE(o + 8 * MiB <= lo || lo + 8 * MiB <= o);
+    void* again = rig.alloc(8 * MiB, OwnGrowth::kS);
+    EXPECT_EQ(again, g.e);
+    EXPECT_EQ(rig.up.aliased_bytes(), 8 * MiB);
+    EXPECT_EQ(rig.up.unalias_calls(), 0u);
+    rig.expect_intact();
+
+    // The stream's fence completes: the old mappings go at the next fence service, and their
+    // address space becomes a hole again.
+    rig.fence.complete_all();
+    rig.advance_clock(2 * cudapool::detail::FenceBatches::kOrderedPollGapNs);
+    (void)rig.pool->free(rig.alloc(4 * KiB));
+    EXPECT_EQ(rig.up.aliased_bytes(), 0u);
+    EXPECT_EQ(rig.up.unalias_calls(), 2u);
+    EXPECT_EQ(rig.up.bad_calls(), 0u);  // nothing mapped over an old mapping, nothing cut
+    rig.expect_intact();
+    rig.expect_mapped_equals_reserved();
+    for (void* p : {g.b, g.d, again, other}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+    rig.fence.complete_all();
+    rig.advance_clock();
+    const std::size_t mapped = rig.up.bytes_mapped();
+    EXPECT_EQ(rig.pool->empty_cache(), mapped);
+    EXPECT_EQ(rig.up.bytes_mapped(), 0u);
+    rig.expect_intact();
+  }
+}
+
+// The negative control: the same program with an upstream that cannot alias waits for the
+// stream (expandable_wait) or maps new memory (without it).
+TEST(PoolXRecycle, WithoutAliasingOwnStreamPagesNeedAWaitOrNewMemory) {
+  for (bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
+    XRig rig(xopt(FreeSync::fenced, wait), /*auto_fence=*/false);
+    rig.up.set_alias(false);
+    void* a = rig.alloc(4 * MiB, OwnGrowth::kS);
+    void* b = rig.alloc(4 * MiB, OwnGrowth::kS);
+    void* c = rig.alloc(4 * MiB, OwnGrowth::kS);
+    void* d = rig.alloc(4 * MiB, OwnGrowth::kS);
+    ASSERT_EQ(rig.pool->free_on_stream(a, OwnGrowth::kS), FreeStatus::ok);
+    ASSERT_EQ(rig.pool->free_on_stream(c, OwnGrowth::kS), FreeStatus::ok);
+    void* e = rig.alloc(8 * MiB, OwnGrowth::kS);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(rig.up.alias_calls(), 0u);
+    EXPECT_EQ(rig.fence.waits(), wait ? 1u : 0u);
+    EXPECT_EQ(rig.up.bytes_mapped(), wait ? 16 * MiB : 24 * MiB);
+    rig.expect_intact();
+    rig.expect_mapped_equals_reserved();
+    for (void* p : {b, d, e}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  }
+}
+
+// An own unit whose block changed between the pick and the alias (or an alias the upstream
+// refuses) is left in place: fresh pages serve the growth, and the pool stays exact.
+TEST(PoolXRecycle, RefusedOwnAliasMapsFreshPages) {
+  XRig rig(xopt(FreeSync::fenced, /*wait=*/false), /*auto_fence=*/false);
+  rig.up.fail_next_alias(2);
+  void* a = rig.alloc(4 * MiB, OwnGrowth::kS);
+  void* b = rig.alloc(4 * MiB, OwnGrowth::kS);
+  void* c = rig.alloc(4 * MiB, OwnGrowth::kS);
+  void* d = rig.alloc(4 * MiB, OwnGrowth::kS);
+  ASSERT_EQ(rig.pool->free_on_stream(a, OwnGrowth::kS), FreeStatus::ok);
+  ASSERT_EQ(rig.pool->free_on_stream(c, OwnGrowth::kS), FreeStatus::ok);
+  void* e = rig.alloc(8 * MiB, OwnGrowth::kS);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(rig.up.aliased_bytes(), 0u);
+  EXPECT_EQ(rig.up.bytes_mapped(), 24 * MiB);
+  EXPECT_EQ(rig.pool->stats().num_device_alias, 0);
+  EXPECT_EQ(rig.up.bad_calls(), 0u);
+  rig.expect_intact();
+  rig.expect_mapped_equals_reserved();
+  // a and c are still the stream's free blocks, reused in place.
+  EXPECT_EQ(rig.alloc(4 * MiB, OwnGrowth::kS), a);
+  for (void* p : {b, d, e}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  rig.expect_intact();
 }
 
 namespace {
@@ -442,10 +574,31 @@ struct CheckingUpstream : FakeUpstream {
     check_gone(from, bytes);
     return FakeUpstream::move(from, to, bytes);
   }
+  // An alias leaves the old address once unaliased: after the fence, as an unmap. Until then the
+  // pages are at two addresses, and the new one is as pending as the old: it must not be
+  // unmapped or moved before the same fence either.
+  void unalias(void* addr, std::size_t bytes) override {
+    check_gone(addr, bytes);
+    FakeUpstream::unalias(addr, bytes);
+  }
+  UpstreamStatus alias(void* from, void* to, std::size_t bytes) override {
+    const UpstreamStatus us = FakeUpstream::alias(from, to, bytes);
+    if (us != UpstreamStatus::ok) return us;
+    ++aliases;
+    const auto lo = reinterpret_cast<std::uintptr_t>(from);
+    const auto dst = reinterpret_cast<std::uintptr_t>(to);
+    std::vector<FreedRange> moved;
+    for (const FreedRange& r : *freed)
+      if (r.lo < lo + bytes && lo < r.hi && !fence->covered(r.since, r.stream))
+        moved.push_back({std::max(r.lo, lo) - lo + dst, std::min(r.hi, lo + bytes) - lo + dst, r.since, r.stream});
+    freed->insert(freed->end(), moved.begin(), moved.end());
+    return us;
+  }
+  std::size_t aliases = 0;
 };
 
 struct RunResult {
-  std::size_t peak_mapped = 0, peak_allocated = 0, violations = 0, unmaps = 0, waits = 0;
+  std::size_t peak_mapped = 0, peak_allocated = 0, violations = 0, unmaps = 0, waits = 0, aliases = 0;
 };
 
 // Training-like steps with a varying sequence length: per step, activations of sizes ~L are
@@ -503,6 +656,7 @@ RunResult training_run(PoolOptions o, bool async_frees, unsigned seed) {
       EXPECT_EQ(static_cast<std::size_t>(pool.stats().reserved_bytes[kAll].current), up.bytes_mapped());
     }
     out.violations = up.violations;
+    out.aliases = up.aliases;
     out.unmaps = up.unmap_calls();  // before teardown, which unmaps everything
     freed.clear();                  // teardown unmaps everything without fences (the shim never destroys pools)
     const Stats s = pool.stats();
@@ -529,9 +683,10 @@ TEST(PoolXRecycle, MappedPeakFollowsTheLivePeak) {
   for (const Case c : {Case{FreeSync::fenced, false}, Case{FreeSync::fenced, true}, Case{FreeSync::immediate, false}}) {
     for (unsigned seed = 1; seed <= 3; ++seed) {
       const RunResult r = training_run(xopt(c.sync), c.async, seed);
-      std::printf("sync %d async %d seed %u: peak mapped %zu MiB, peak allocated %zu MiB, unmaps %zu, waits %zu\n",
-                  static_cast<int>(c.sync), c.async ? 1 : 0, seed, r.peak_mapped / MiB, r.peak_allocated / MiB,
-                  r.unmaps, r.waits);
+      std::printf(
+          "sync %d async %d seed %u: peak mapped %zu MiB, peak allocated %zu MiB, unmaps %zu, waits %zu, aliases %zu\n",
+          static_cast<int>(c.sync), c.async ? 1 : 0, seed, r.peak_mapped / MiB, r.peak_allocated / MiB, r.unmaps,
+          r.waits, r.aliases);
       SCOPED_TRACE(::testing::Message() << "sync " << static_cast<int>(c.sync) << " async " << c.async << " seed "
                                         << seed << ": peak mapped " << r.peak_mapped / MiB << " MiB, peak allocated "
                                         << r.peak_allocated / MiB << " MiB, unmaps " << r.unmaps << ", waits "
@@ -540,6 +695,10 @@ TEST(PoolXRecycle, MappedPeakFollowsTheLivePeak) {
       EXPECT_LE(r.peak_mapped, r.peak_allocated + r.peak_allocated / 20 + 8 * kPage);
       if (c.sync == FreeSync::fenced && !c.async) {  // the old pool's worst case: it recycles
         EXPECT_GT(r.unmaps, 0u);
+      }
+      if (c.async) {  // stream-ordered frees: the stream's own pages are aliased, never waited for
+        EXPECT_GT(r.aliases, 0u);
+        EXPECT_EQ(r.waits, 0u);
       }
     }
   }
