@@ -13,7 +13,8 @@
 # "hf": hf_lm.py --steps HF_STEPS, HF transformers' GPT-2 with a 50257-token vocabulary, HF_STEPS
 # default 30; "cnn" / "cnninf": torch_cnn.py's ResNet-50 training / inference at changing shapes,
 # CNN_CYCLES passes over its shapes, default 4), CUDAPOOL_SHIM (default build/release/libcudapool.so), TORCH_D_MODEL (2048),
-# REPS_BUDGET_S (stop starting rounds after this many seconds, default 420), OUT (JSON files),
+# REPS_BUDGET_S (start no process after this many seconds, default 420: a round may stop part
+# way, its ratios then cover the modes that ran), OUT (JSON files),
 # NVML_PEAK (path of tests/gpu/nvml_peak, built by build.sh: each process's NVML peak is taken),
 # TORCH_PIN_CPU (the CPU each training process is pinned to, default 2, "none": tests/gpu/pin.sh).
 # cppt: PyTorch's pluggable allocator on the pool (tests/gpu/with_pool.py, cudapool.torch.use())
@@ -70,6 +71,7 @@ END=$((SECONDS + ${REPS_BUDGET_S:-420}))
 for rep in $(seq 1 "$REPS"); do
   [ "$SECONDS" -lt "$END" ] || { echo "budget spent after $((rep - 1)) rounds"; break; }
   for m in "$@"; do
+    [ "$SECONDS" -lt "$END" ] || { echo "budget spent in round $rep, before $(name_of "$m")"; break 2; }
     n=$(name_of "$m")
     mapfile -t envs < <(env_of "$m")
     if [ -n "${HOST_SAMPLER:-}" ]; then
