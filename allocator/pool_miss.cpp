@@ -153,9 +153,10 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
 // enough; hot free pages (reused under a GPU-side wait: they cannot move until its fences
 // complete, and past the high-water mark expandable_wait prefers waiting to mapping new memory,
 // unless the upstream can alias them, which needs no wait); last, a fence on this stream
-// recorded now (a stream synchronize). When the upstream can alias hot pages and the stream's
-// own free pages (req.alias_bytes) enough for the growth, no step waits: the growth aliases them
-// (plan_growth). True if free blocks changed.
+// recorded now (a stream synchronize). Where the upstream can alias, the stream's own fences
+// are never waited for (its own free pages are aliased instead), and when hot pages and its own
+// free pages (req.alias_bytes) cover the growth no step waits at all: plan_growth aliases them.
+// True if free blocks changed.
 bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
   const bool wait = may_wait && opt.expandable_wait;
   const bool own_wait = wait && !ranges.alias_ok;
