@@ -431,7 +431,11 @@ struct OwnGrowth {
   XRig rig;
   void *a, *b, *c, *d, *e = nullptr;
   FenceHandle order_fence = 0;
-  explicit OwnGrowth(bool wait) : rig(xopt(FreeSync::fenced, wait), /*auto_fence=*/false) {
+  // `alias`: whether the upstream can alias; `refused_aliases`: alias() calls it fails first.
+  explicit OwnGrowth(bool wait, bool alias = true, int refused_aliases = 0)
+      : rig(xopt(FreeSync::fenced, wait), /*auto_fence=*/false) {
+    rig.up.set_alias(alias);
+    rig.up.fail_next_alias(refused_aliases);
     a = rig.alloc(4 * MiB, kS);
     b = rig.alloc(4 * MiB, kS);
     c = rig.alloc(4 * MiB, kS);
@@ -464,7 +468,9 @@ TEST(PoolXRecycle, OwnStreamPagesAreAliasedIntoItsGrowthWithoutWaiting) {
     rig.expect_mapped_equals_reserved();
 
     // Freed on the stream while the fence runs: its own stream reuses e at once, another stream
-    // does not get those pages (it maps new ones), and nothing is dropped or moved.
+    // does not get those pages (it maps new ones), and nothing is dropped or moved, though the
+    // fences of aliased pages are asked again (past their poll gap).
+    rig.advance_clock(2 * cudapool::detail::FenceBatches::kOrderedPollGapNs);
     ASSERT_EQ(rig.pool->free_on_stream(g.e, OwnGrowth::kS), FreeStatus::ok);
     void* other = rig.alloc(8 * MiB, OwnGrowth::kOther);
     ASSERT_NE(other, nullptr);
@@ -503,38 +509,24 @@ TEST(PoolXRecycle, OwnStreamPagesAreAliasedIntoItsGrowthWithoutWaiting) {
 TEST(PoolXRecycle, WithoutAliasingOwnStreamPagesNeedAWaitOrNewMemory) {
   for (bool wait : {true, false}) {
     SCOPED_TRACE(wait ? "expandable_wait:True" : "expandable_wait:False");
-    XRig rig(xopt(FreeSync::fenced, wait), /*auto_fence=*/false);
-    rig.up.set_alias(false);
-    void* a = rig.alloc(4 * MiB, OwnGrowth::kS);
-    void* b = rig.alloc(4 * MiB, OwnGrowth::kS);
-    void* c = rig.alloc(4 * MiB, OwnGrowth::kS);
-    void* d = rig.alloc(4 * MiB, OwnGrowth::kS);
-    ASSERT_EQ(rig.pool->free_on_stream(a, OwnGrowth::kS), FreeStatus::ok);
-    ASSERT_EQ(rig.pool->free_on_stream(c, OwnGrowth::kS), FreeStatus::ok);
-    void* e = rig.alloc(8 * MiB, OwnGrowth::kS);
-    ASSERT_NE(e, nullptr);
+    OwnGrowth g(wait, /*alias=*/false);
+    XRig& rig = g.rig;
+    ASSERT_NE(g.e, nullptr);
     EXPECT_EQ(rig.up.alias_calls(), 0u);
     EXPECT_EQ(rig.fence.waits(), wait ? 1u : 0u);
     EXPECT_EQ(rig.up.bytes_mapped(), wait ? 16 * MiB : 24 * MiB);
     rig.expect_intact();
     rig.expect_mapped_equals_reserved();
-    for (void* p : {b, d, e}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+    for (void* p : {g.b, g.d, g.e}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
   }
 }
 
-// An own unit whose block changed between the pick and the alias (or an alias the upstream
-// refuses) is left in place: fresh pages serve the growth, and the pool stays exact.
+// Aliases of the stream's own pages that the upstream refuses change nothing: the pages stay the
+// stream's free blocks, fresh pages serve the growth, and the pool stays exact.
 TEST(PoolXRecycle, RefusedOwnAliasMapsFreshPages) {
-  XRig rig(xopt(FreeSync::fenced, /*wait=*/false), /*auto_fence=*/false);
-  rig.up.fail_next_alias(2);
-  void* a = rig.alloc(4 * MiB, OwnGrowth::kS);
-  void* b = rig.alloc(4 * MiB, OwnGrowth::kS);
-  void* c = rig.alloc(4 * MiB, OwnGrowth::kS);
-  void* d = rig.alloc(4 * MiB, OwnGrowth::kS);
-  ASSERT_EQ(rig.pool->free_on_stream(a, OwnGrowth::kS), FreeStatus::ok);
-  ASSERT_EQ(rig.pool->free_on_stream(c, OwnGrowth::kS), FreeStatus::ok);
-  void* e = rig.alloc(8 * MiB, OwnGrowth::kS);
-  ASSERT_NE(e, nullptr);
+  OwnGrowth g(/*wait=*/false, /*alias=*/true, /*refused_aliases=*/2);
+  XRig& rig = g.rig;
+  ASSERT_NE(g.e, nullptr);
   EXPECT_EQ(rig.up.aliased_bytes(), 0u);
   EXPECT_EQ(rig.up.bytes_mapped(), 24 * MiB);
   EXPECT_EQ(rig.pool->stats().num_device_alias, 0);
@@ -542,8 +534,8 @@ TEST(PoolXRecycle, RefusedOwnAliasMapsFreshPages) {
   rig.expect_intact();
   rig.expect_mapped_equals_reserved();
   // a and c are still the stream's free blocks, reused in place.
-  EXPECT_EQ(rig.alloc(4 * MiB, OwnGrowth::kS), a);
-  for (void* p : {b, d, e}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+  EXPECT_EQ(rig.alloc(4 * MiB, OwnGrowth::kS), g.a);
+  for (void* p : {g.b, g.d, g.e}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
   rig.expect_intact();
 }
 
