@@ -174,7 +174,12 @@ class FenceBatches {
     ordered_poll_after_ = now + kOrderedPollGapNs;
     ordered_after_poll_ = ordered_.size();
   }
-  std::uint64_t new_order() { return ++order_seq_; }  // a GPU-side wait was made: its number
+  // An order was made (a GPU-side wait, or a stream's own pages aliased): its number. The first
+  // one outstanding starts service_fences()' back-off: asked after kOrderedPollGapNs, not at once.
+  std::uint64_t new_order() {
+    if (ordered_.empty()) ordered_polled(clock_ns());
+    return ++order_seq_;
+  }
   void add_ordered(FenceHandle f, std::uint64_t seq) { ordered_.emplace_back(f, seq); }
   std::uint64_t order_done() const { return order_done_; }  // every order up to this one completed
   bool is_hot(const Block* b) const { return b->hot > order_done_; }

@@ -90,13 +90,13 @@ struct DevicePool::Impl {
     std::size_t rounded = 0;
     bool small = false;
     StreamId stream = 0;
-    bool prefill = false;       // a warm start's growth (DevicePool::prefill): maps, recycles nothing
-    int reuse_step = 0;         // make_room's next step for Room::reuse
-    int upstream_step = 0;      // ... and for Room::upstream
-    std::size_t hot_bytes = 0;  // Room::pages: bytes of hot free pages the growth could move (aliasing off)
-    // Room::pages: bytes of pages the growth can alias instead of any wait (aliasing on): hot free
-    // pages, and the stream's own free pages.
-    std::size_t alias_bytes = 0;
+    bool prefill = false;   // a warm start's growth (DevicePool::prefill): maps, recycles nothing
+    int reuse_step = 0;     // make_room's next step for Room::reuse
+    int upstream_step = 0;  // ... and for Room::upstream
+    // Room::pages: bytes of hot free pages the growth could alias (aliasing on) or move after a
+    // wait (off), and (aliasing on) of the stream's own free pages it could alias.
+    std::size_t hot_bytes = 0;
+    std::size_t own_bytes = 0;
     std::size_t released = 0;  // Room::idle: bytes given back
     Refusal refusal = Refusal::none;
     int upstream_error = 0;

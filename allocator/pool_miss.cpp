@@ -155,14 +155,14 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
 // unless the upstream can alias them, which needs no wait); last, a fence on this stream
 // recorded now (a stream synchronize). Where the upstream can alias, the stream's own fences
 // are never waited for (its own free pages are aliased instead), and when hot pages and its own
-// free pages (req.alias_bytes) cover the growth no step waits at all: plan_growth aliases them.
+// free pages (req.hot_bytes + req.own_bytes) cover the growth no step waits at all: plan_growth aliases them.
 // True if free blocks changed.
 bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
   const bool wait = may_wait && opt.expandable_wait;
   const bool own_wait = wait && !ranges.alias_ok;
   if (reclaim.promote_own(req.stream, bytes, own_wait)) return true;
   if (opt.free_sync == FreeSync::gpu_wait && reclaim.order_device_batches(bytes, req.small, true)) return true;
-  if (!wait || (ranges.alias_ok && req.alias_bytes >= bytes)) return false;
+  if (!wait || (ranges.alias_ok && req.hot_bytes + req.own_bytes >= bytes)) return false;
   if (reclaim.wait_device_batches_for(bytes)) return true;
   if (!ranges.alias_ok && req.hot_bytes >= bytes && req.hot_bytes != 0) {
     reclaim.settle_ordered();
@@ -327,7 +327,7 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
       // Free pages that fences hold back (make_room); they change the free sets: search again,
       // then plan again.
       req.hot_bytes = hot;
-      req.alias_bytes = hot + own_local;
+      req.own_bytes = own_local;
       if (make_room(lk, req, over - avail, Room::pages, may_wait) != Made::nothing) {
         if (Fit fit = store.find_fit(req.rounded, req.stream)) {
           *out = *fit.it;

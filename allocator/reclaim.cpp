@@ -197,8 +197,6 @@ bool Reclaim::order_scratch_batches() {
   for (Batch* b = batches.device_head(); b != nullptr; b = b->next) bytes += b->bytes;
   ledger_.gpu_wait();
   events_.emit(EventKind::gpu_wait, 0, bytes, 0, 0);
-  // The first order outstanding: service_fences() asks after kOrderedPollGapNs, not at once.
-  if (!batches.has_ordered()) batches.ordered_polled(clock_ns());
   const std::uint64_t seq = batches.new_order();
   while (batches.device_head() != nullptr) {
     Batch* b = batches.pop_device();
@@ -211,7 +209,6 @@ bool Reclaim::order_scratch_batches() {
 }
 
 std::uint64_t Reclaim::order_stream(StreamId stream) {
-  if (!batches.has_ordered()) batches.ordered_polled(clock_ns());
   const FenceHandle f = fences_.record_stream(stream);
   ledger_.fence_recorded();
   const std::uint64_t seq = batches.new_order();
