@@ -65,10 +65,14 @@ void Reclaim::drop_promo(StreamFree* stream_free) {
 // against 0.25 us for immediate frees on an H200). A miss (service_miss) always asks at once.
 void Reclaim::service_fences() {
   const std::int64_t now = clock_ns();
-  if (batches.window_passed(now)) close_open();
+  if (batches.window_passed(now)) {
+    // Where ordering is free the open batch keeps its blocks for the long window (asked at most
+    // twice per batch: orders_for_free takes the provider's lock).
+    if (ordering_free()) batches.lengthen_window();
+    if (batches.window_passed(now)) close_open();
+  }
   // Where ordering costs no driver call, a recorded batch is reusable at once: no query.
-  if (batches.device_head() != nullptr && opt_.free_sync == FreeSync::gpu_wait && fences_.orders_for_free())
-    order_recorded_batches();
+  if (batches.device_head() != nullptr && ordering_free()) order_recorded_batches();
   if (!batches.query_due(now)) return;
   drain_device_batches();
   bool running = batches.device_head() != nullptr;
@@ -99,7 +103,7 @@ void Reclaim::service_fences() {
 bool Reclaim::service_miss() {
   if (batches.open().count == 0) return false;
   close_open();
-  if (opt_.free_sync == FreeSync::gpu_wait && fences_.orders_for_free() && order_recorded_batches()) return true;
+  if (ordering_free() && order_recorded_batches()) return true;
   return drain_device_batches(true);
 }
 

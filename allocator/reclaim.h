@@ -99,6 +99,10 @@ class Reclaim {
   // The bytes of expandable-range blocks in recorded device batches until `need`; *last = the
   // batch that reaches it.
   std::size_t pending_expandable_bytes(std::size_t need, Batch** last) const;
+  // The default (FreeSync::gpu_wait) in a context where ordering is free
+  // (FenceProvider::orders_for_free): recorded batches are handed out under a GPU-side wait
+  // without being asked, and the open batch has the long window.
+  bool ordering_free() const { return opt_.free_sync == FreeSync::gpu_wait && fences_.orders_for_free(); }
   // Where ordering is free (FenceProvider::orders_for_free): every recorded device batch is
   // ordered after, with no query of its fence first (service_fences, after each record).
   bool order_recorded_batches();

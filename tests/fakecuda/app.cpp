@@ -1075,12 +1075,15 @@ void gpu_wait_legacy_only() {
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
 
-// The legacy churn loop: three buffers allocated and freed per iteration, the pool's batch window
-// (20 us) passing in between; with `hold`, the legacy stream is held busy after the allocations
-// (the iteration's kernels, still running when the host frees).
+// The legacy churn loop: three buffers allocated and freed per iteration, 30 us apart (longer than
+// the pool's short batch window); with `hold`, the legacy stream is held busy after the
+// allocations (the iteration's kernels, still running when the host frees). Two of the buffers
+// are large, and the pool holds about what one iteration needs, so each iteration's first
+// allocation misses and closes the previous iteration's batch: a fence per iteration, whichever
+// window applies.
 void legacy_churn(int iters, bool hold) {
   for (int it = 0; it < iters; ++it) {
-    const std::size_t n = (64u << 10) << (it % 4);
+    const std::size_t n = (2u << 20) << (it % 2);
     CUdeviceptr x = 0, y = 0, out = 0;
     CHECK_OK(api.cuMemAlloc(&x, n));
     CHECK_OK(api.cuMemAlloc(&y, n));
@@ -1127,6 +1130,30 @@ void gpu_wait_without_queries() {
   CHECK(fakecuda_event_syncs() == syncs);  // and no host wait
   for (CUstream s : {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, blocking})
     CHECK(fakecuda_would_wait(s, CU_STREAM_LEGACY) == 1);
+  // Frees that no allocation needs soon (each 64 KiB block is served from the rest of its
+  // segment) wait in the open batch for the long window (1 ms where ordering is free), not 20 us:
+  // about one fence per millisecond, plus one per miss when the segment's rest runs out, not one
+  // per iteration.
+  {
+    constexpr int kPairs = 200;
+    const long rec0 = fakecuda_event_records();
+    const auto t2 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kPairs; ++i) {
+      CUdeviceptr p = 0;
+      CHECK_OK(api.cuMemAlloc(&p, 64 << 10));
+      CHECK_OK(api.cuMemFree(p));
+      const auto t3 = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - t3 < std::chrono::microseconds(30)) {
+      }
+    }
+    const long ms3 =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t2).count();
+    const long fences = fakecuda_event_records() - rec0;
+    std::printf("frees 30 us apart, served from the rest: %ld fences in %d pairs (%ld ms)\n", fences, kPairs, ms3);
+    const long bound3 = ms3 + kPairs / 16 + 2;
+    CHECK(bound3 < kPairs / 2);  // the loop is fast enough to tell
+    CHECK(fences <= bound3);
+  }
   CUstream later = nullptr;
   CHECK_OK(api.cuStreamCreate(&later, CU_STREAM_NON_BLOCKING));
   CHECK(fakecuda_would_wait(later, CU_STREAM_LEGACY) == 1);

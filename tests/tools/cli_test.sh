@@ -216,9 +216,13 @@ expect_rc 1 "replay --check with a fence latency that does not fit the trace" --
 expect_out "NOT within 3 %" "the check fails"
 expect_out "^  advice: with --free-as recorded --fence-latency-us 0 the replay is within 3 % \(\+2\.2 %\)" \
   "the advice is the setting that was tried and is within 3 %"
-# A trace no flag can fix: the advice says so and does not suggest one.
+# A trace no flag can fix: the advice says so and does not suggest one. The PyTorch trace without
+# its recorded facts, and with a 256 MiB segment that nothing allocates from (memory the program
+# held that no replay of its allocations can account for).
 awk -F, -v OFS=, 'NR == 1 { NF = 10; print; next } $3 == "policy" { next }
-  { sub(/,("[^"]*"|[a-z_]*)$/, ""); print }' $traces/gpu_torch.csv > "$tmp/old_torch.csv"
+  { sub(/,("[^"]*"|[a-z_]*)$/, ""); print }
+  $3 == "device" { print $1, $2, "segment_alloc", "0x7e0000000000", 268435456, "0x0", $7, 268435456, $9, 0 }' \
+  $traces/gpu_torch.csv > "$tmp/old_torch.csv"
 expect_rc 1 "replay --check of the PyTorch trace without its recorded facts" -- "$cp" replay --check "$tmp/old_torch.csv"
 expect_out "^  advice: no --free-as or --fence-latency-us setting brings it within 3 %" "the advice says no flag helps"
 expect_out "record the trace again with this cudapool" "and what would"

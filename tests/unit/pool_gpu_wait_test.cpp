@@ -314,8 +314,8 @@ ReuseAfterWindow free_two_then_allocate(PoolRig& rig) {
 
 // Where ordering is free (every stream follows the legacy stream), a batch is reused as soon as
 // its fence is recorded: ordered at once, never asked first, so a program that frees and
-// allocates every iteration pays one record per batch and a query per kOrderedPollGapNs or per
-// kOrderedPollCount new orders, whichever comes first.
+// allocates every iteration pays one record per batch (its window: 1 ms here) and a query per
+// kOrderedPollGapNs or per kOrderedPollCount new orders, whichever comes first.
 TEST(PoolGpuWait, FreeOrderingReusesRecordedBatchesWithoutQueries) {
   PoolRig rig(gpu_wait());  // fences complete only when told
   rig.fence.set_orders_for_free(true);
@@ -330,17 +330,21 @@ TEST(PoolGpuWait, FreeOrderingReusesRecordedBatchesWithoutQueries) {
   EXPECT_EQ(rig.pool->stats().gpu_waits, 1);
   rig.expect_intact();
 
-  // 100 iterations 50 us apart, each freeing and allocating again: one record and one order per
-  // iteration, and the ordered fences are asked once per ms (5 ms in all) or per 8 new orders;
-  // none completes here, so each time one query finds the oldest still running.
+  // 100 iterations 50 us apart, each freeing and allocating again (served from the segment's
+  // rest: no miss): one record and one order per 1 ms window, not one per iteration (the short
+  // window's rate), and the ordered fences are asked once per ms (5 ms in all) or per 8 new
+  // orders; none completes here, so each time one query finds the oldest still running.
   ASSERT_EQ(rig.pool->free(c), FreeStatus::ok);
   const std::size_t q0 = rig.fence.queries(), records0 = rig.fence.device_records();
+  const std::size_t orders0 = rig.fence.order_calls();
   for (int i = 0; i < 100; ++i) {
     rig.advance_clock(50'000);
     void* p = rig.alloc(64 * KiB);
     ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
   }
-  EXPECT_GE(rig.fence.device_records() - records0, 99u);
+  EXPECT_GE(rig.fence.device_records() - records0, 4u);
+  EXPECT_LE(rig.fence.device_records() - records0, 6u);
+  EXPECT_EQ(rig.fence.order_calls() - orders0, rig.fence.device_records() - records0);
   EXPECT_LE(rig.fence.queries() - q0, 100u * 50'000 / 1'000'000 + 100u / 8 + 1);
   EXPECT_EQ(rig.up.allocate_calls(), 1u);  // all of it from the first segment
   // Nothing goes back to the upstream while an ordered fence may run.

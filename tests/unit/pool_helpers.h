@@ -73,8 +73,8 @@ inline std::string compare_with_recount(const Stats& s, const Snapshot& snap) {
 // so the fence batch window (docs/design.md, "The batch window") never closes by itself.
 inline std::atomic<std::int64_t> g_test_clock_ns{1'000'000'000};
 inline std::int64_t test_clock() { return g_test_clock_ns.load(std::memory_order_relaxed); }
-// Comfortably past the pool's batch window (20 us).
-inline constexpr std::int64_t kPastBatchWindowNs = 1'000'000;
+// Comfortably past the pool's batch windows (20 us; 1 ms where ordering is free).
+inline constexpr std::int64_t kPastBatchWindowNs = 2'000'000;
 
 // A pool on a fake upstream and a fake fence, with helpers most tests want. It installs the
 // test clock for its lifetime.

@@ -72,6 +72,46 @@ TEST(PoolWindow, RecordsWhenTheWindowPasses) {
   rig.expect_intact();
 }
 
+// Where ordering is free (the default, FenceProvider::orders_for_free) the window is 1 ms: a
+// batch closed early would cost a record and a GPU-side wait and buy nothing, since a miss closes
+// it and hands its blocks out at once. Where ordering needs a query the window stays 20 us
+// (RecordsWhenTheWindowPasses).
+TEST(PoolWindow, WhereOrderingIsFreeTheWindowIsLongAndAMissStillClosesIt) {
+  PoolRig rig;  // the default, fences complete only when told
+  rig.fence.set_orders_for_free(true);
+  void* a = rig.alloc(4 * KiB);
+  ASSERT_EQ(rig.pool->free(a), FreeStatus::ok);
+  rig.advance_clock(21'000);  // past the short window
+  void* b = rig.alloc(4 * KiB);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(rig.fence.device_records(), 0u);
+  rig.advance_clock(978'000);  // 999 us since the batch opened
+  void* c = rig.alloc(4 * KiB);
+  EXPECT_EQ(rig.fence.device_records(), 0u);
+  EXPECT_GT(rig.pool->stats().pending_bytes, 0);
+  rig.advance_clock(2'000);  // 1.001 ms: recorded and ordered at once, not asked
+  void* d = rig.alloc(4 * KiB);
+  EXPECT_EQ(rig.fence.device_records(), 1u);
+  EXPECT_EQ(rig.fence.order_calls(), 1u);
+  EXPECT_EQ(d, a);
+  EXPECT_EQ(rig.pool->stats().pending_bytes, 0);
+  for (void* p : {b, c, d}) ASSERT_EQ(rig.pool->free(p), FreeStatus::ok);
+
+  // A miss inside the long window: the freed 20 MiB block is the only fit, and it is handed out
+  // again at once under one GPU-side wait (no new memory), 5 us after its free.
+  void* big = rig.alloc(20 * MiB);
+  const std::size_t segments = rig.up.allocate_calls();
+  const std::size_t records = rig.fence.device_records(), orders = rig.fence.order_calls();
+  ASSERT_EQ(rig.pool->free(big), FreeStatus::ok);
+  rig.advance_clock(5'000);
+  EXPECT_EQ(rig.alloc(20 * MiB), big);
+  EXPECT_EQ(rig.up.allocate_calls(), segments);
+  EXPECT_EQ(rig.fence.device_records(), records + 1);
+  EXPECT_EQ(rig.fence.order_calls(), orders + 1);
+  EXPECT_EQ(rig.fence.bad_calls(), 0u);
+  rig.expect_intact();
+}
+
 // A miss closes the open batch at once and queries it before going to the upstream.
 TEST(PoolWindow, MissRecordsAtOnce) {
   {
