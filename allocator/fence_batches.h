@@ -224,9 +224,9 @@ class FenceBatches {
 
  private:
   ObjectPool<Batch> batches_;
-  Batch* open_ = nullptr;  // free()d blocks since the last fence record
-  std::int64_t open_since_ = 0;
-  std::int64_t open_window_ = kBatchWindowNs;  // clock when the open batch got its first block (ns)
+  Batch* open_ = nullptr;                      // free()d blocks since the last fence record
+  std::int64_t open_since_ = 0;                // clock when the open batch got its first block (ns)
+  std::int64_t open_window_ = kBatchWindowNs;  // how long it stays open (ns): short, or lengthened
   std::int64_t query_after_ = INT64_MIN;       // service_fences() asks no fence before this (ns)
   Batch* dev_head_ = nullptr;                  // recorded device batches, oldest first
   Batch* dev_tail_ = nullptr;
