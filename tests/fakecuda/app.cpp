@@ -1075,6 +1075,13 @@ void gpu_wait_legacy_only() {
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
 
+// Busy-waits `us` microseconds (a sleep would overshoot the pool's 20 us window by far).
+void spin_us(int us) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(us)) {
+  }
+}
+
 // The legacy churn loop: three buffers allocated and freed per iteration, 30 us apart (longer than
 // the pool's short batch window); with `hold`, the legacy stream is held busy after the
 // allocations (the iteration's kernels, still running when the host frees). Two of the buffers
@@ -1092,9 +1099,7 @@ void legacy_churn(int iters, bool hold) {
     CHECK_OK(api.cuMemFree(out));
     CHECK_OK(api.cuMemFree(y));
     CHECK_OK(api.cuMemFree(x));
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(30)) {
-    }
+    spin_us(30);
   }
 }
 
@@ -1142,9 +1147,7 @@ void gpu_wait_without_queries() {
       CUdeviceptr p = 0;
       CHECK_OK(api.cuMemAlloc(&p, 64 << 10));
       CHECK_OK(api.cuMemFree(p));
-      const auto t3 = std::chrono::steady_clock::now();
-      while (std::chrono::steady_clock::now() - t3 < std::chrono::microseconds(30)) {
-      }
+      spin_us(30);
     }
     const long ms3 =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t2).count();
