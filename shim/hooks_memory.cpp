@@ -1,5 +1,6 @@
 // The allocation and free entry points: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemFree_v2,
-// cuMemAllocAsync(+_ptsz), cuMemFreeAsync(+_ptsz). Fast path: one atomic load for the runtime,
+// cuMemAllocAsync(+_ptsz), cuMemFreeAsync(+_ptsz) (cudart's cudaMalloc / cudaFree, where the shim
+// answers them itself: shim/hooks_runtime_api.cpp, through pool_allocate_in and pool_free). Fast path: one atomic load for the runtime,
 // one cuCtxGetCurrent per allocation (none per free), one pool call; no shared state written by
 // the shim itself (hints and counters are per thread / sharded). Everything unusual goes to the real driver untouched.
 #include "shim/hooks.h"
@@ -49,27 +50,31 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
     rt.count_pass(PassKind::exiting);
     return kPassThrough;
   }
-  ipc::drain_frees(rt);  // blocks the program freed while another process held them open
   ContextPool* cp = rt.current_pool();
   if (cp == nullptr) {
     rt.count_pass(PassKind::no_context);
     return kPassThrough;
   }
   if (device >= 0 && cp->device != device) return CUDA_ERROR_INVALID_DEVICE;
-  // The context is current (current_pool just read it): fence recording skips its own check.
-  CudaFences::ContextGuard known(cp->ctx);
-  if (cp->warm_pending.load(std::memory_order_relaxed)) [[unlikely]]
-    warm_start(rt, *cp, stream);
+  return pool_allocate_in(rt, *cp, dptr, bytes, stream);
+}
+
+CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+  ipc::drain_frees(rt);  // blocks the program freed while another process held them open
+  // The context is current (the caller just read it): fence recording skips its own check.
+  CudaFences::ContextGuard known(cp.ctx);
+  if (cp.warm_pending.load(std::memory_order_relaxed)) [[unlikely]]
+    warm_start(rt, cp, stream);
   // Where the program allocated, for the trace: taken here, before the pool's lock.
   if (rt.call_sites()) TraceWriter::capture_call_site();
-  AllocResult r = cp->pool.allocate(bytes, stream);
+  AllocResult r = cp.pool.allocate(bytes, stream);
   // The group's budget said no (not the device): the other members may hold idle cached memory.
   // Ask them, and try again after each release until group_release_wait_ms has passed. No lock
   // is held while waiting.
-  if (r.status == AllocStatus::out_of_memory && cp->member != nullptr && r.refusal == Refusal::budget) {
+  if (r.status == AllocStatus::out_of_memory && cp.member != nullptr && r.refusal == Refusal::budget) {
     const std::int64_t start = share::monotonic_ns();
-    for (int round = 0; group::ask_release(*cp->member, start, round, bytes); ++round) {
-      r = cp->pool.allocate(bytes, stream);
+    for (int round = 0; group::ask_release(*cp.member, start, round, bytes); ++round) {
+      r = cp.pool.allocate(bytes, stream);
       if (r.status != AllocStatus::out_of_memory || r.refusal != Refusal::budget) break;
     }
   }
@@ -77,8 +82,8 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
     case AllocStatus::ok: *dptr = reinterpret_cast<CUdeviceptr>(r.ptr); return CUDA_SUCCESS;
     case AllocStatus::out_of_memory:
     case AllocStatus::invalid_size:  // absurd sizes: the driver answers "out of memory" too
-      group::note_oom(cp->device);
-      return report_oom(*cp, bytes, r);
+      group::note_oom(cp.device);
+      return report_oom(cp, bytes, r);
     case AllocStatus::upstream_error:  // the driver's own answer (the pool's upstream calls all carry one)
       return r.upstream_error != CUDA_SUCCESS ? static_cast<CUresult>(r.upstream_error) : CUDA_ERROR_INVALID_VALUE;
   }
@@ -158,6 +163,10 @@ CUresult alloc_sync(CUdeviceptr* dptr, std::size_t bytes) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const RealDriver& d = rt->driver();
+  if (tl_forced_answer.armed) [[unlikely]] {
+    if (CUresult r = 0; tl_forced_answer.take_alloc(bytes, &r))
+      return r == kPassThrough ? d.cuMemAlloc_v2(dptr, bytes) : r;
+  }
   if (dptr == nullptr || bytes == 0 || !rt->native()) {
     if (!rt->native()) rt->count_pass(PassKind::backend);
     return d.cuMemAlloc_v2(dptr, bytes);  // the driver's own answer for odd arguments
@@ -247,6 +256,10 @@ CUDAPOOL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (dptr == 0) return rt->driver().cuMemFree_v2(dptr);
+  if (tl_forced_answer.armed) [[unlikely]] {
+    if (CUresult r = 0; tl_forced_answer.take_free(dptr, &r))
+      return r == kPassThrough ? rt->driver().cuMemFree_v2(dptr) : r;
+  }
   if (!rt->native()) {
     rt->count_pass(PassKind::backend);
     return rt->driver().cuMemFree_v2(dptr);

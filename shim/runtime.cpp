@@ -300,6 +300,8 @@ void Runtime::write_exit_summary() noexcept {
       const std::int64_t n = passes(static_cast<PassKind>(k));
       if (n > 0) s.passthrough[to_string(static_cast<PassKind>(k))] = n;
     }
+    if (const std::int64_t n = served(RuntimeApiCall::cuda_malloc); n > 0) s.runtime_api["cudaMalloc"] = n;
+    if (const std::int64_t n = served(RuntimeApiCall::cuda_free); n > 0) s.runtime_api["cudaFree"] = n;
     log_info("exit summary\n{}", format_summary_table(s));
     // stats_file (CUDAPOOL_STATS included: config/load.cpp puts it there). A forked child's
     // summary goes to a file of its own beside the parent's, never over it.
@@ -441,7 +443,13 @@ ContextPool* Runtime::last_owner() const noexcept {
   return c.owner_generation == generation_.load(std::memory_order_acquire) ? c.owner : nullptr;
 }
 
-ContextPool* Runtime::current_pool() noexcept {
+std::int64_t Runtime::served(RuntimeApiCall c) const noexcept {
+  std::int64_t n = 0;
+  for (const PassShard& s : shards_) n += s.served[static_cast<int>(c)].load(std::memory_order_relaxed);
+  return n;
+}
+
+ContextPool* Runtime::current_pool(bool create) noexcept {
   // The one driver call of the allocation path: the current context can change under us through
   // calls the shim never sees (cudart's private entry points), so it is read every time.
   CUcontext ctx = nullptr;
@@ -454,7 +462,7 @@ ContextPool* Runtime::current_pool() noexcept {
     return c.pool;
   }
   ContextPool* cp = find_pool(ctx);
-  if (cp == nullptr) cp = create_pool(ctx);
+  if (cp == nullptr && create) cp = create_pool(ctx);
   if (cp != nullptr) c = {ctx, cp, g, cp, g};
   return cp;
 }

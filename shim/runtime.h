@@ -61,9 +61,10 @@ class Runtime {
   bool native() const noexcept { return native_; }
   static bool exiting() noexcept { return exiting_.load(std::memory_order_relaxed); }
 
-  // Pool of the calling thread's current context, created on first use. nullptr when the
-  // thread has no current context (or too many contexts).
-  ContextPool* current_pool() noexcept;
+  // Pool of the calling thread's current context, created on first use (with `create`; without,
+  // nullptr where the context has none yet). nullptr when the thread has no current context (or
+  // too many contexts).
+  ContextPool* current_pool(bool create = true) noexcept;
   // Pool of `ctx` if one exists (retired ones excluded).
   ContextPool* find_pool(CUcontext ctx) noexcept;
   // The pool owning `p` (any address inside one of its segments), or nullptr.
@@ -96,6 +97,13 @@ class Runtime {
     if (shards_[shard_index()].n[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed) == 0) log_first_pass(k);
   }
   std::int64_t passes(PassKind k) const noexcept;
+  // Calls of cudart's cudaMalloc / cudaFree the shim served itself (shim/hooks_runtime_api.cpp),
+  // counted like the passes; the exit summary's "runtime_api".
+  enum class RuntimeApiCall : std::uint8_t { cuda_malloc, cuda_free, count_ };
+  void count_served(RuntimeApiCall c) noexcept {
+    shards_[shard_index()].served[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::int64_t served(RuntimeApiCall c) const noexcept;
 
   // A part of the exit summary kept outside the runtime (the pinned host pool's counters,
   // shim/hooks_host.cpp), set by its owner when it starts; called at exit, no CUDA.
@@ -107,6 +115,7 @@ class Runtime {
   static constexpr int kShards = 16;
   struct alignas(64) PassShard {
     std::atomic<std::int64_t> n[static_cast<int>(PassKind::count_)] = {};
+    std::atomic<std::int64_t> served[static_cast<int>(RuntimeApiCall::count_)] = {};
   };
   static int shard_index() noexcept;
   Runtime(const RealDriver& d, Policy p, bool native);

@@ -85,6 +85,21 @@ void put_key(std::string* out, int n, std::string_view key) {
   *out += ": ";
 }
 
+// An optional object of named counts (a top-level member, left out when empty).
+void put_counts(std::string* out, std::string_view key, const std::map<std::string, std::int64_t>& counts) {
+  if (counts.empty()) return;
+  put_key(out, 2, key);
+  *out += "{";
+  bool first = true;
+  for (const auto& [name, value] : counts) {
+    *out += first ? "\n" : ",\n";
+    first = false;
+    put_key(out, 4, name);
+    *out += std::to_string(value);
+  }
+  *out += "\n  },\n";
+}
+
 }  // namespace
 
 double DeviceSummary::hit_rate() const { return ratio(stats.cache_hits, stats.cache_misses); }
@@ -200,18 +215,8 @@ std::string to_json(const Summary& s) {
     o += std::to_string(count);
   }
   o += first ? "},\n" : "\n  },\n";
-  if (!s.pinned_host.empty()) {
-    put_key(&o, 2, "pinned_host");
-    o += "{";
-    bool first_stat = true;
-    for (const auto& [name, value] : s.pinned_host) {
-      o += first_stat ? "\n" : ",\n";
-      first_stat = false;
-      put_key(&o, 4, name);
-      o += std::to_string(value);
-    }
-    o += "\n  },\n";
-  }
+  put_counts(&o, "pinned_host", s.pinned_host);
+  put_counts(&o, "runtime_api", s.runtime_api);
   put_key(&o, 2, "devices");
   o += "[";
   for (std::size_t i = 0; i < s.devices.size(); ++i) {

@@ -39,6 +39,9 @@ struct Summary {
   // The pinned host pool's counters by name ("reserved_bytes.peak", "cache_hits", …); empty
   // when it never served an allocation (written only then).
   std::map<std::string, std::int64_t> pinned_host;
+  // Calls of cudart's entry points the shim served itself, without cudart's wrapper, by name
+  // ("cudaMalloc", "cudaFree"); empty when there were none (written only then).
+  std::map<std::string, std::int64_t> runtime_api;
 
   // Over all devices.
   double hit_rate() const;

@@ -64,11 +64,14 @@ bool from_json(std::string_view text, Summary* out, std::string* error) {
       s.passthrough[kind] = count.i;
     }
   }
-  if (const json::Value* v = root.find("pinned_host")) {
-    if (v->type != json::Value::Type::object) return bad("\"pinned_host\" must be an object");
+  for (auto [key, into] : {std::pair{"pinned_host", &s.pinned_host}, std::pair{"runtime_api", &s.runtime_api}}) {
+    const json::Value* v = root.find(key);
+    if (v == nullptr) continue;
+    if (v->type != json::Value::Type::object) return bad("\"" + std::string(key) + "\" must be an object");
     for (const auto& [name, value] : v->members) {
-      if (value.type != json::Value::Type::integer) return bad("pinned_host \"" + name + "\" must be an integer");
-      s.pinned_host[name] = value.i;
+      if (value.type != json::Value::Type::integer)
+        return bad(std::string(key) + " \"" + name + "\" must be an integer");
+      (*into)[name] = value.i;
     }
   }
   if (const json::Value* v = root.find("devices")) {

@@ -101,6 +101,16 @@ std::string format_summary_table(const Summary& s) {
     }
     out += "\n";
   }
+  if (!s.runtime_api.empty()) {
+    out += "  served at cudart's entry points:";
+    bool first = true;
+    for (const auto& [name, count] : s.runtime_api) {
+      out += first ? " " : ", ";
+      first = false;
+      out += name + " " + std::to_string(count);
+    }
+    out += "\n";
+  }
   return out;
 }
 

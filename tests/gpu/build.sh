@@ -32,8 +32,11 @@ build() {  # build NAME command...
 [ "$WHAT" = torch ] || for p in correctness race alias_race free_host_sync ipc stream_ordered graph_capture device_reset legacy_app alloc_bench; do
   build "$p" "$NVCC" "${FLAGS[@]}" -o "$DIR/$p" "tests/gpu/$p.cu"   # static cudart (nvcc default)
 done
-[ "$WHAT" = torch ] || build correctness_shared "$NVCC" "${FLAGS[@]}" -cudart shared -Xlinker -rpath -Xlinker "$CUDA_LIB" \
-  -o "$DIR/correctness_shared" tests/gpu/correctness.cu
+# Shared cudart: cudaMalloc / cudaFree reach the shim's own definitions (shim/hooks_runtime_api.cpp).
+for p in correctness race; do
+  [ "$WHAT" = torch ] || build ${p}_shared "$NVCC" "${FLAGS[@]}" -cudart shared -Xlinker -rpath -Xlinker "$CUDA_LIB" \
+    -o "$DIR/${p}_shared" tests/gpu/$p.cu
+done
 # Driver API only, linked with -lcuda (the toolkit's stub at build time, libcuda.so.1 at run time).
 [ "$WHAT" = torch ] || build driver_api "$NVCC" -cudart none -O2 -std=c++17 -Xcompiler=-Wall,-Wextra \
   -o "$DIR/driver_api" tests/gpu/driver_api.cpp -lcuda

@@ -214,6 +214,25 @@ def cmd_pooled(out, check, run_name, max_fraction="0.05"):
             ratio=fmt_ratio(dev, calls), target=f"<= {limit:g}x", status=PASS if dev <= limit * calls else FAIL)
 
 
+def cmd_runtime_api(out, check, run_name):
+    """A shared-cudart program under the shim: its stats JSON must count most of its cudaMalloc
+    calls as answered at cudart's entry point (\"runtime_api\"), or the shim's cudaMalloc never ran."""
+    run = Run(out, run_name)
+    m = re.search(r"alloc_calls=(\d+)", run.stderr)
+    stats = run.json("stats.json")
+    if not run.ok or not m or stats is None:
+        add_row(out, check, status=FAIL if run.ran else MISS,
+                note=run.why_failed() if not run.ok else "no alloc_calls line or no stats JSON")
+        return
+    calls, served = int(m.group(1)), (stats.get("runtime_api") or {}).get("cudaMalloc", 0)
+    if calls == 0:
+        add_row(out, check, status=FAIL, note="the program made no allocation calls: nothing was measured")
+        return
+    add_row(out, check, value=f"{served} answered", baseline=f"{calls} alloc calls", ratio=fmt_ratio(served, calls),
+            target=">= 0.9x", status=PASS if served >= 0.9 * calls else FAIL,
+            note="the rest went through cudart: cudaMallocPitch, a thread's first call, a context's first allocation")
+
+
 def race_total(run):
     m = re.search(r"total_corrupted=(\d+) corrupted_cases=(\d+) cases=(\d+)", run.stdout)
     return tuple(int(x) for x in m.groups()) if run.ok and m else None
@@ -227,7 +246,8 @@ def race_reused(run):
 
 RACE_RUNS = (("race_ref", "no shim"), ("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
              ("race_device", "free_sync:device"), ("race_classic", "classic segments"),
-             ("race_immediate", "free_sync:immediate"))
+             ("race_immediate", "free_sync:immediate"), ("race_shared_default", "default, shared cudart"),
+             ("race_shared_immediate", "free_sync:immediate, shared cudart"))
 
 
 def race_details(out):
@@ -251,7 +271,8 @@ def cmd_race(out):
     ref = race_total(ref_run)
     race_details(out)
     for name, label in (("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
-                        ("race_device", "free_sync:device"), ("race_classic", "classic segments")):
+                        ("race_device", "free_sync:device"), ("race_classic", "classic segments"),
+                        ("race_shared_default", "default, shared cudart")):
         run = Run(out, name)
         got = race_total(run)
         check = f"reuse race, {label}: corrupted bytes"
@@ -265,7 +286,7 @@ def cmd_race(out):
         ok = got[0] == 0 and ref is not None and ref[0] == 0
         note = f"{got[2]} cases (5 kernel streams x read/write; 4 KiB, 8 MiB: 1 writer, 16 MiB: 5 writers); {reuse_txt}"
         target = "0"
-        if name == "race_default":
+        if name in ("race_default", "race_shared_default"):
             target = "0, reused > 0"
             if not reused:
                 ok = False
@@ -278,16 +299,19 @@ def cmd_race(out):
         elif ref[0] != 0:
             note = "the real driver itself showed corruption: the test is broken; " + note
         add_row(out, check, value=got[0], baseline=base, target=target, status=PASS if ok else FAIL, note=note)
-    run = Run(out, "race_immediate")
-    got = race_total(run)
-    if got is None:
-        add_row(out, "reuse race, free_sync:immediate shows it", status=FAIL if run.ran else MISS,
-                note=run.why_failed() if not run.ok else "race_immediate printed no total_corrupted line")
-    else:
-        add_row(out, "reuse race, free_sync:immediate shows it", value=f"{got[1]}/{got[2]} cases",
-                baseline=f"{got[0]} bytes", target=">= 1 case corrupted", status=PASS if got[1] > 0 else FAIL,
-                note="proves the race test can fail" if got[1] else
-                "no corruption even without fences: the test cannot detect the bug")
+    for name, label in (("race_immediate", "free_sync:immediate"),
+                        ("race_shared_immediate", "free_sync:immediate, shared cudart")):
+        run = Run(out, name)
+        got = race_total(run)
+        check = f"reuse race, {label} shows it"
+        if got is None:
+            add_row(out, check, status=FAIL if run.ran else MISS,
+                    note=run.why_failed() if not run.ok else f"{name} printed no total_corrupted line")
+        else:
+            add_row(out, check, value=f"{got[1]}/{got[2]} cases", baseline=f"{got[0]} bytes",
+                    target=">= 1 case corrupted", status=PASS if got[1] > 0 else FAIL,
+                    note="proves the race test can fail" if got[1] else
+                    "no corruption even without fences: the test cannot detect the bug")
 
 
 # ---- cudaFree's host-side wait (free_host_sync.cu)
@@ -999,7 +1023,7 @@ def cmd_table(out, command="bash tests/gpu/run.sh"):
 
 
 COMMANDS = {
-    "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "race": cmd_race, "alias": cmd_alias,
+    "miss": cmd_miss, "row": cmd_row, "compare": cmd_compare, "pooled": cmd_pooled, "runtime_api": cmd_runtime_api, "race": cmd_race, "alias": cmd_alias,
     "free_host_sync": cmd_free_host_sync, "ipc": cmd_ipc,
     "latency": cmd_latency, "legacy": cmd_legacy, "torch": cmd_torch, "torch_side_stream": cmd_torch_side_stream,
     "cupy": cmd_cupy, "jax": cmd_jax,

@@ -107,7 +107,7 @@ if [ "$BUILD" = 1 ]; then
   cp "$BIN"/build-*.log "$OUT/logs/" 2>/dev/null
 fi
 missing=()
-for p in correctness correctness_shared driver_api race alias_race free_host_sync ipc stream_ordered graph_capture device_reset \
+for p in correctness correctness_shared driver_api race race_shared alias_race free_host_sync ipc stream_ordered graph_capture device_reset \
          legacy_app alloc_bench nvml_peak; do
   [ -x "$BIN/$p" ] || missing+=("$p")
 done
@@ -143,6 +143,8 @@ if want correctness; then
     "${REPORT[@]}" compare "$OUT" "correctness ($kind cudart): output" "correct_${kind}_ref" "correct_${kind}_shim"
     "${REPORT[@]}" pooled "$OUT" "correctness ($kind cudart): served by the pool" "correct_${kind}_shim"
   done
+  "${REPORT[@]}" runtime_api "$OUT" "correctness (shared cudart): cudaMalloc answered without cudart's wrapper" \
+    correct_shared_shim
   # The same program with the pool growing by mapped pages instead of segments.
   run correct_static_classic 60 $(shim_env correct_static_classic expandable_segments:False) -- "$BIN/correctness"
   "${REPORT[@]}" compare "$OUT" "correctness, classic segments: output" correct_static_ref correct_static_classic
@@ -154,7 +156,8 @@ fi
 
 # ---------------------------------------------------------------- 2. cross-stream reuse race
 # race: memory freed while a kernel still uses it, reused and written from other streams (the
-# default, gpu_wait, must hand A's address out again and make the writers wait on the GPU).
+# default, gpu_wait, must hand A's address out again and make the writers wait on the GPU; with
+# shared cudart too, where the shim answers cudaMalloc / cudaFree itself).
 # free_host_sync: whether cudaFree still waits on the host for the device's work.
 if want race; then
   run race_ref 60 -- "$BIN/race"
@@ -163,6 +166,8 @@ if want race; then
   run race_device 60 $(shim_env race_device free_sync:device) -- "$BIN/race"
   run race_immediate 60 $(shim_env race_immediate free_sync:immediate) -- "$BIN/race"
   run race_classic 60 $(shim_env race_classic expandable_segments:False) -- "$BIN/race"
+  run race_shared_default 60 $(shim_env race_shared_default) -- "$BIN/race_shared"
+  run race_shared_immediate 60 $(shim_env race_shared_immediate free_sync:immediate) -- "$BIN/race_shared"
   "${REPORT[@]}" race "$OUT"
   run alias_ref 60 -- "$BIN/alias_race"
   run alias_default 60 $(shim_env alias_default) -- "$BIN/alias_race"

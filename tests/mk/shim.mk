@@ -81,3 +81,23 @@ $(SHIM_APP_TORCH): tests/fakecuda/torch_app.cpp python/cudapool/_torch_glue.cpp 
 	$(CXX) $(CPPFLAGS) -Itests/support/fake_c10 -Itests/support/fake_torch_cuda -DCUDAPOOL_GLUE_PLUGGABLE -DCUDAPOOL_GLUE_ALLOCATOR_CLASS -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/torch_app.cpp \
 	  python/cudapool/_torch_glue.cpp -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_TORCH)
+
+# cudart's cudaMalloc / cudaFree answered by the shim itself: a fake shared cudart
+# (libcudart.so.13) that reaches the fake driver as the real one does, the scenarios in a library
+# linked against it (as PyTorch's and CuPy's libraries are), and a program that links no cudart
+# and loads that library with dlopen, globally or locally; tests/unit/shim_runtime_api_test.cpp
+# runs it.
+FAKECUDART_SO := $(FAKECUDA_DIR)/libcudart.so.13
+SHIM_CUDART_APP_LIB := $(FAKECUDA_DIR)/libcudart_app.so
+SHIM_CUDART_APP := $(FAKECUDA_DIR)/cudart_app
+$(FAKECUDART_SO): tests/fakecuda/fakecudart.cpp tests/fakecuda/fakecudart.h shim/cuda_abi.h
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -fPIC -shared -Wl,-soname,libcudart.so.13 $< -o $@ -pthread -ldl
+$(SHIM_CUDART_APP_LIB): tests/fakecuda/cudart_app.cpp tests/fakecuda/fakecudart.h tests/fakecuda/test_app.h shim/cuda_abi.h $(FAKECUDART_SO)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -fPIC -shared $< -o $@ \
+	  -L$(FAKECUDA_DIR) -l:libcudart.so.13 '-Wl,-rpath,$$ORIGIN' -pthread -ldl
+$(SHIM_CUDART_APP): tests/fakecuda/cudart_app.cpp tests/fakecuda/test_app.h shim/cuda_abi.h
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -DCUDART_APP_LAUNCHER $< -o $@ -pthread -ldl
+$(SHIM_TEST_BIN): | $(FAKECUDART_SO) $(SHIM_CUDART_APP_LIB) $(SHIM_CUDART_APP)

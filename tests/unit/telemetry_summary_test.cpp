@@ -47,6 +47,7 @@ Summary sample() {
   s.devices = {d0, d1};
   s.passthrough = {{"capture", 2}, {"foreign_pointer", 17}};
   s.pinned_host = {{"reserved_bytes.peak", 41943040}, {"cache_hits", 998}};
+  s.runtime_api = {{"cudaMalloc", 51200}, {"cudaFree", 51199}};
   return s;
 }
 
@@ -85,6 +86,8 @@ TEST(TelemetrySummary, JsonRoundTrip) {
   EXPECT_EQ(back.passthrough, s.passthrough);
   EXPECT_EQ(back.pinned_host, s.pinned_host);
   EXPECT_EQ(to_json(Summary{}).find("pinned_host"), std::string::npos);  // only when the pool served
+  EXPECT_EQ(back.runtime_api, s.runtime_api);
+  EXPECT_EQ(to_json(Summary{}).find("runtime_api"), std::string::npos);  // only when the shim answered one
   ASSERT_EQ(back.devices.size(), 2u);
   for (std::size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(back.devices[i].device, s.devices[i].device);
@@ -129,6 +132,9 @@ TEST(TelemetrySummary, RejectsMalformedJson) {
       {"{\"format\":\"cudapool-summary\",\"version\":1,\"pid\":\"x\"}", "\"pid\" must be an integer"},
       {"{\"format\":\"cudapool-summary\",\"version\":1,\"devices\":[{\"stats\":{\"num_ooms\":1.5}}]}",
        "devices[0].stats.num_ooms must be an integer"},
+      {"{\"format\":\"cudapool-summary\",\"version\":1,\"runtime_api\":[]}", "\"runtime_api\" must be an object"},
+      {"{\"format\":\"cudapool-summary\",\"version\":1,\"runtime_api\":{\"cudaMalloc\":\"7\"}}",
+       "runtime_api \"cudaMalloc\" must be an integer"},
       {"{\"format\":\"cudapool-summary\",\"version\":1} x", "unexpected text"},
       {"{\"format\":\"cudapool-summary\",\"version\":1,\"command\":\"\\uD800\"}", "surrogate"},
       {std::string(200, '[') + std::string(200, ']'), "nesting too deep"},
@@ -222,6 +228,7 @@ TEST(TelemetrySummary, TableShowsTheNumbers) {
   EXPECT_NE(t.find("50.00 %"), std::string::npos) << t;
   EXPECT_NE(t.find("5.000 ms"), std::string::npos) << t;
   EXPECT_NE(t.find("foreign_pointer 17"), std::string::npos) << t;
+  EXPECT_NE(t.find("served at cudart's entry points: cudaFree 51199, cudaMalloc 51200"), std::string::npos) << t;
   EXPECT_NE(t.find("/ 5"), std::string::npos) << t;  // retries / OOMs
   Summary empty;
   EXPECT_NE(format_summary_table(empty).find("no device pool"), std::string::npos);
