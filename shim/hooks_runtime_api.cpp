@@ -2,8 +2,8 @@
 // most Python packages reach it as libcudart.so). Every allocation reaches the pool through the
 // driver entry points anyway: cudart's own cudaMalloc calls cuMemAlloc_v2, which it looked up
 // with cuGetProcAddress and so gets the shim's hook. Answering here as well skips cudart's wrapper
-// around each call (its context checks, locks and error bookkeeping): a quarter to a third of the
-// host time of an allocation and free on the shim's path (docs/shim.md, "cudart's entry points";
+// around each call (its context checks, locks and error bookkeeping): 19-29 % of the host time of
+// an allocation and free on the shim's path (docs/shim.md, "cudart's entry points";
 // docs/benchmarks.md).
 //
 // Answered here only where cudart would do nothing but call the driver:
@@ -117,8 +117,9 @@ CallerCudart resolve(const void* ra) {
              object_start(reinterpret_cast<const void*>(version)) == c.cudart_start && version(&v) == kCudaSuccess &&
              v >= kFirstVersionWithEagerSetDevice;
   if (c.malloc == nullptr || c.free == nullptr)
-    log_warn("cudaMalloc/cudaFree called from {} but no cudart defines them there: answering cudaErrorInitializationError",
-             ra);
+    log_warn(
+        "cudaMalloc/cudaFree called from {} but no cudart defines them there: answering cudaErrorInitializationError",
+        ra);
   return c;
 }
 
