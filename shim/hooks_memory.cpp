@@ -1,8 +1,9 @@
 // The allocation and free entry points: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemFree_v2,
-// cuMemAllocAsync(+_ptsz), cuMemFreeAsync(+_ptsz) (cudart's cudaMalloc / cudaFree, where the shim
-// answers them itself: shim/hooks_runtime_api.cpp, through pool_allocate_in and pool_free). Fast path: one atomic load for the runtime,
-// one cuCtxGetCurrent per allocation (none per free), one pool call; no shared state written by
-// the shim itself (hints and counters are per thread / sharded). Everything unusual goes to the real driver untouched.
+// cuMemAllocAsync(+_ptsz), cuMemFreeAsync(+_ptsz); cudart's cudaMalloc / cudaFree, where the shim
+// answers them itself (shim/hooks_runtime_api.cpp), use pool_allocate_in and pool_free too. Fast
+// path: one atomic load for the runtime, one cuCtxGetCurrent per allocation (none per free), one
+// pool call; no shared state written by the shim itself (hints and counters are per thread /
+// sharded). Everything unusual goes to the real driver untouched.
 #include "shim/hooks.h"
 
 #include "shim/group.h"

@@ -100,7 +100,15 @@ TEST(RuntimeApi, FreeHostSyncFreesGoThroughCudartAndWait) {
   expect_pass(run("free_host_sync", "global", {{"CUDAPOOL_CONF", "free_host_sync:True"}}), "free_host_sync");
 }
 
-TEST(RuntimeApi, ThreadsWithoutAContextGoThroughCudartOnce) { expect_pass(run("threads"), "threads"); }
+TEST(RuntimeApi, ThreadsWithoutAContextGoThroughCudartOnce) {
+  // Under ThreadSanitizer, threads of a program whose libraries came by dlopen (the fake driver
+  // and cudart have thread-local state) end in a report from glibc's own freeing of their TLS
+  // (_dl_deallocate_tls), which it cannot follow; the shim's code on this path runs threaded
+  // under it in the other shim tests.
+  if (std::string(CUDAPOOL_SAN_PRELOAD).find("tsan") != std::string::npos)
+    GTEST_SKIP() << "ThreadSanitizer: glibc's TLS teardown of dlopen'ed libraries";
+  expect_pass(run("threads"), "threads");
+}
 
 TEST(RuntimeApi, ExitSummaryCountsTheCallsServed) {
   char dir[] = "/tmp/cudapool-runtime-api-XXXXXX";
