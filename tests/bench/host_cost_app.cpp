@@ -11,7 +11,9 @@
 // thread allocates batches, another thread frees them, both running), mix (a fixed pseudo-random
 // sequence of tensor-like sizes with 50-200 live), mix_async (the same through cuMemAllocAsync /
 // cuMemFreeAsync on the legacy default stream), mix_torch (the same through the library's
-// PyTorch pluggable-allocator entry points, when it is preloaded), mix_streams (the mix through
+// PyTorch pluggable-allocator entry points, when it is preloaded), mix_cudart (the same through a
+// shared cudart's cudaMalloc / cudaFree: the fake one, which the preloaded library answers for),
+// mix_streams (the mix through
 // cuMemAlloc/cuMemFree with 16 idle non-blocking streams alive, as PyTorch keeps: the pool's
 // fences must then cover them, in sweeps; run last, the streams stay). Each runs once untimed
 // (the pool grows to its steady state), then C chunks of N pairs; next to each chunk the same
@@ -169,6 +171,30 @@ struct Torch {
     free_fn(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)), static_cast<ssize_t>(it->second), 0, nullptr);
     sizes.erase(it);
   }
+};
+
+// A shared cudart's cudaMalloc/cudaFree (the fake one, tests/fakecuda/fakecudart.cpp, loaded with
+// dlopen into the global scope, as PyTorch's libraries load theirs), looked up in the global
+// scope: under the preload those are the library's own definitions, which answer plain calls
+// without the cudart under them; without it, the fake cudart's, on the driver. Present when the
+// fake cudart is on the library path.
+struct Cudart {
+  using MallocFn = int (*)(void**, std::size_t);
+  using FreeFn = int (*)(void*);
+  MallocFn malloc_fn = nullptr;
+  FreeFn free_fn = nullptr;
+  Cudart() {
+    if (dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL) == nullptr) return;
+    malloc_fn = reinterpret_cast<MallocFn>(dlsym(RTLD_DEFAULT, "cudaMalloc"));
+    free_fn = reinterpret_cast<FreeFn>(dlsym(RTLD_DEFAULT, "cudaFree"));
+  }
+  bool present() const { return malloc_fn != nullptr && free_fn != nullptr; }
+  CUdeviceptr alloc(std::size_t n) {
+    void* p = nullptr;
+    CHECK(malloc_fn(&p, n) == 0 && p != nullptr);
+    return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+  }
+  void free(CUdeviceptr p) { CHECK(free_fn(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p))) == 0); }
 };
 
 // A test-and-test-and-set lock that yields after a few rounds: what a pool's lock costs when
@@ -503,6 +529,13 @@ int main(int argc, char** argv) {
     MixRun<Torch> torch_mix(torch, ops);
     measure(
         "mix_torch", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return torch_mix.run(pairs); });
+  }
+  if (Cudart cudart; cudart.present() && wanted(only, "mix_cudart")) {
+    const std::vector<MixOp> ops = make_mix((chunks + 1) * pairs);
+    MixRun<Floor> floor_mix(floor, ops);
+    MixRun<Cudart> cudart_mix(cudart, ops);
+    measure(
+        "mix_cudart", chunks, false, [&] { return floor_mix.run(pairs); }, [&] { return cudart_mix.run(pairs); });
   }
   // Last: the streams stay for the rest of the process (as PyTorch's do).
   if (wanted(only, "mix_streams")) {

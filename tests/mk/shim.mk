@@ -101,3 +101,5 @@ $(SHIM_CUDART_APP): tests/fakecuda/cudart_app.cpp tests/fakecuda/test_app.h shim
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -DCUDART_APP_LAUNCHER $< -o $@ -pthread -ldl
 $(SHIM_TEST_BIN): | $(FAKECUDART_SO) $(SHIM_CUDART_APP_LIB) $(SHIM_CUDART_APP)
+# The host-cost benchmark's mix_cudart scenario loads the fake cudart (tests/mk/host_cost.mk).
+$(HOST_COST_BENCH) $(HOST_COST_TEST): $(FAKECUDART_SO)
