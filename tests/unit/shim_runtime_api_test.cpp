@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/unit/shim_child.h"
+#include "tests/unit/telemetry_util.h"
 
 namespace {
 
@@ -36,17 +37,6 @@ int occurrences(const std::string& text, const std::string& part) {
   int n = 0;
   for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
   return n;
-}
-
-std::string read_text(const std::string& path) {
-  std::string out;
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    char buf[4096];
-    std::size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    std::fclose(f);
-  }
-  return out;
 }
 
 // The number after `"key":` in `json` at or after `from`; -1 if there is none.
@@ -116,7 +106,7 @@ TEST(RuntimeApi, ExitSummaryCountsTheCallsServed) {
   const std::string stats = std::string(dir) + "/stats.json";
   auto r = run("served", "global", {{"CUDAPOOL_STATS", stats}});
   expect_pass(r, "served");
-  const std::string json = read_text(stats);
+  const std::string json = cudapool::testing::read_file(stats);
   const auto at = json.find("\"runtime_api\"");
   ASSERT_NE(at, std::string::npos) << json;
   EXPECT_GE(json_number(json, "cudaMalloc", at), 990) << json;
