@@ -66,10 +66,12 @@ void dump_now() {
   if (text.empty()) return;
   // Visible at the configured level: at least info, raised to the logger's level (warn by
   // default) so a user who asked for the dump sees it without changing log_level.
+  // The trace first: once the dump's text is readable in the log, the trace rows written before
+  // the signal are in their file too, so a reader who waits for the one can read the other.
+  if (g_trace != nullptr) g_trace->flush();
   auto& lg = log();
   const auto level = std::clamp(lg.level(), spdlog::level::info, spdlog::level::critical);
   lg.log(level, "{}", text);
-  if (g_trace != nullptr) g_trace->flush();
   flush_logs();
 }
 
