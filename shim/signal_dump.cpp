@@ -64,11 +64,11 @@ void dump_now() {
     return;  // out of host memory: no dump this time
   }
   if (text.empty()) return;
-  // Visible at the configured level: at least info, raised to the logger's level (warn by
-  // default) so a user who asked for the dump sees it without changing log_level.
   // The trace first: once the dump's text is readable in the log, the trace rows written before
   // the signal are in their file too, so a reader who waits for the one can read the other.
   if (g_trace != nullptr) g_trace->flush();
+  // Visible at the configured level: at least info, raised to the logger's level (warn by
+  // default) so a user who asked for the dump sees it without changing log_level.
   auto& lg = log();
   const auto level = std::clamp(lg.level(), spdlog::level::info, spdlog::level::critical);
   lg.log(level, "{}", text);
