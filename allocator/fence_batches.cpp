@@ -1,29 +1,15 @@
-// The fence lists' own operations (fence_batches.h), and the pool's injectable clock.
+// The fence lists' own operations (fence_batches.h).
 #include "allocator/fence_batches.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 
-#include "allocator/pool.h"
+#include "allocator/pool_clock.h"
 
 namespace cudapool {
 
-namespace {
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-std::atomic<PoolClockFn> g_clock{&steady_ns};
-}  // namespace
-
-void set_pool_clock_for_testing(PoolClockFn clock) {
-  g_clock.store(clock != nullptr ? clock : &steady_ns, std::memory_order_relaxed);
-}
-
 namespace detail {
 
-std::int64_t FenceBatches::clock_ns() { return g_clock.load(std::memory_order_relaxed)(); }
+std::int64_t FenceBatches::clock_ns() { return pool_clock_ns(); }
 
 FenceBatches::FenceBatches() {
   open_ = batches_.get();

@@ -131,8 +131,9 @@ std::size_t segment_size_for(std::size_t rounded_size);
 bool is_small(std::size_t rounded_size);
 
 // The monotonic clock the pool's fence batch window reads (nanoseconds). Tests install a fake
-// one, the replay tool the trace's time (nullptr restores the default, steady_clock). Process-wide; set it only while no pool is
-// being used by another thread.
+// one, the replay tool the trace's time; nullptr restores the default, steady time read from the
+// CPU's counter where that is cheaper (allocator/pool_clock.h). Process-wide; set it only while
+// no pool is being used by another thread.
 using PoolClockFn = std::int64_t (*)();
 void set_pool_clock_for_testing(PoolClockFn clock);
 
