@@ -1,6 +1,8 @@
 // The table logged at exit: one column per device, one row per figure users ask about first.
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "telemetry/oom.h"
 #include "telemetry/summary.h"
@@ -21,6 +23,20 @@ std::string ms(std::int64_t ns) {
 }
 
 std::string bytes(std::int64_t v) { return format_size(v > 0 ? static_cast<std::uint64_t>(v) : 0); }
+
+// "  label: name n, name n" for a map of counts; nothing when it is empty.
+void count_line(std::string& out, const char* label, const std::map<std::string, std::int64_t>& counts) {
+  if (counts.empty()) return;
+  out += "  ";
+  out += label;
+  out += ':';
+  const char* sep = " ";
+  for (const auto& [name, count] : counts) {
+    out += sep + name + " " + std::to_string(count);
+    sep = ", ";
+  }
+  out += '\n';
+}
 
 }  // namespace
 
@@ -91,26 +107,8 @@ std::string format_summary_table(const Summary& s) {
       out += "\n";
     }
   }
-  if (!s.passthrough.empty()) {
-    out += "  passed through:";
-    bool first = true;
-    for (const auto& [kind, count] : s.passthrough) {
-      out += first ? " " : ", ";
-      first = false;
-      out += kind + " " + std::to_string(count);
-    }
-    out += "\n";
-  }
-  if (!s.runtime_api.empty()) {
-    out += "  served at cudart's entry points:";
-    bool first = true;
-    for (const auto& [name, count] : s.runtime_api) {
-      out += first ? " " : ", ";
-      first = false;
-      out += name + " " + std::to_string(count);
-    }
-    out += "\n";
-  }
+  count_line(out, "passed through", s.passthrough);
+  count_line(out, "served at cudart's entry points", s.runtime_api);
   return out;
 }
 

@@ -248,6 +248,20 @@ RACE_RUNS = (("race_ref", "no shim"), ("race_default", "default (gpu_wait)"), ("
              ("race_device", "free_sync:device"), ("race_classic", "classic segments"),
              ("race_immediate", "free_sync:immediate"), ("race_shared_default", "default, shared cudart"),
              ("race_shared_immediate", "free_sync:immediate, shared cudart"))
+RACE_LABEL = dict(RACE_RUNS)
+RACE_SAFE = ("race_default", "race_fenced", "race_device", "race_classic", "race_shared_default")
+RACE_CONTROLS = ("race_immediate", "race_shared_immediate")  # must corrupt: the test can fail
+
+
+def race_result(out, name, check):
+    """(run, its total) where the total is (corrupted bytes, corrupted cases, cases); None after a
+    FAIL (or MISS, when it never ran) row saying why."""
+    run = Run(out, name)
+    got = race_total(run)
+    if got is None:
+        add_row(out, check, status=FAIL if run.ran else MISS,
+                note=run.why_failed() if not run.ok else f"{name} printed no total_corrupted line")
+    return run, got
 
 
 def race_details(out):
@@ -270,15 +284,10 @@ def cmd_race(out):
     ref_run = Run(out, "race_ref")
     ref = race_total(ref_run)
     race_details(out)
-    for name, label in (("race_default", "default (gpu_wait)"), ("race_fenced", "free_sync:fenced"),
-                        ("race_device", "free_sync:device"), ("race_classic", "classic segments"),
-                        ("race_shared_default", "default, shared cudart")):
-        run = Run(out, name)
-        got = race_total(run)
-        check = f"reuse race, {label}: corrupted bytes"
+    for name in RACE_SAFE:
+        check = f"reuse race, {RACE_LABEL[name]}: corrupted bytes"
+        run, got = race_result(out, name, check)
         if got is None:
-            add_row(out, check, status=FAIL if run.ran else MISS,
-                    note=run.why_failed() if not run.ok else f"{name} printed no total_corrupted line")
             continue
         reused = race_reused(run)
         reuse_txt = f"A reused as B in {reused}/{got[2]} cases" if reused is not None else "no reused_cases line"
@@ -299,15 +308,10 @@ def cmd_race(out):
         elif ref[0] != 0:
             note = "the real driver itself showed corruption: the test is broken; " + note
         add_row(out, check, value=got[0], baseline=base, target=target, status=PASS if ok else FAIL, note=note)
-    for name, label in (("race_immediate", "free_sync:immediate"),
-                        ("race_shared_immediate", "free_sync:immediate, shared cudart")):
-        run = Run(out, name)
-        got = race_total(run)
-        check = f"reuse race, {label} shows it"
-        if got is None:
-            add_row(out, check, status=FAIL if run.ran else MISS,
-                    note=run.why_failed() if not run.ok else f"{name} printed no total_corrupted line")
-        else:
+    for name in RACE_CONTROLS:
+        check = f"reuse race, {RACE_LABEL[name]} shows it"
+        _, got = race_result(out, name, check)
+        if got is not None:
             add_row(out, check, value=f"{got[1]}/{got[2]} cases", baseline=f"{got[0]} bytes",
                     target=">= 1 case corrupted", status=PASS if got[1] > 0 else FAIL,
                     note="proves the race test can fail" if got[1] else
