@@ -31,7 +31,7 @@ Segment* BlockStore::add_segment(std::uintptr_t base, std::size_t size, bool sma
 
 void BlockStore::detach_segment(Block* b, std::vector<Detached>& out) {
   Segment* seg = b->seg;
-  shared[kind_index(seg->small)].erase(b);
+  erase_block(shared[kind_index(seg->small)], b);
   segments.erase(seg->base);
   ledger_.segment_removed(seg->small, seg->size);
   out.push_back(Detached{seg->base, seg->size});

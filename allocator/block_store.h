@@ -187,7 +187,7 @@ class BlockStore {
     // Loops: a local block that swallows a shared neighbour may then touch a local one.
     Block* n;
     while ((n = b->prev) != nullptr && can_absorb(b, n)) {
-      set_of(n).erase(n);
+      erase_block(set_of(n), n);
       count_inactive_split(n, -1);
       b->ptr = n->ptr;
       b->size += n->size;
@@ -201,7 +201,7 @@ class BlockStore {
       block_pool.put(n);
     }
     while ((n = b->next) != nullptr && can_absorb(b, n)) {
-      set_of(n).erase(n);
+      erase_block(set_of(n), n);
       count_inactive_split(n, -1);
       b->size += n->size;
       b->next = n->next;

@@ -102,6 +102,13 @@ struct BySizeAddr {
 };
 using FreeSet = std::set<Block*, BySizeAddr, ArenaAllocator<Block*>>;
 
+// Takes b out of `set` if it is there. One search: std::set::erase(key) looks for the range of
+// equal keys (a second descent) although (size, address) is unique; merges and promotions erase
+// on every free.
+inline void erase_block(FreeSet& set, Block* b) {
+  if (auto it = set.find(b); it != set.end()) set.erase(it);
+}
+
 // Index of a pool kind into the per-kind arrays: 0 small, 1 large.
 inline int kind_index(bool small) { return small ? 0 : 1; }
 

@@ -334,7 +334,7 @@ Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::ui
   const BState state = b->state;  // shared, or (drain) local to `owner`
   const StreamId owner = state == BState::local ? b->owner : 0;
   FreeSet& set = store_.set_of(b);
-  set.erase(b);
+  erase_block(set, b);
   if (b->is_split()) store_.count_inactive_split(b, -1);
   auto cut_after = [&](Block* x, std::uintptr_t at) {  // split x at address `at`, return the back
     Block* r = store_.block_pool.get();

@@ -42,8 +42,7 @@ void Reclaim::complete_promo(StreamFree* stream_free) {
     for (Block* b : set)
       if (b->epoch <= stream_free->promo_epoch) covered.push_back(b);
   for (Block* b : covered) {
-    FreeSet& set = stream_free->sets[kind_index(b->seg->small)];
-    set.erase(b);
+    erase_block(stream_free->sets[kind_index(b->seg->small)], b);
     if (b->is_split()) store_.count_inactive_split(b, -1);
     store_.insert_free(b, BState::shared, 0, store_.shared[kind_index(b->seg->small)]);
   }
