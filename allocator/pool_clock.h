@@ -7,7 +7,7 @@
 // where that is cheaper than steady_clock (one instruction against the vDSO's clock_gettime, which
 // on virtual machines costs 25-50 ns), else steady_clock itself. The counter is used only when
 // the CPU says it ticks at a constant rate in every power state (an invariant TSC, x86-64), and
-// only after its rate has been measured against steady_clock over kMeasureNs; until then, and on
+// only after its rate has been measured against steady_clock over kCounterMeasureNs; until then, and on
 // other CPUs, the clock is steady_clock.
 //
 // Nothing the pool decides for safety reads this clock: it times heuristics (when to record a
@@ -23,12 +23,12 @@ std::int64_t pool_clock_ns();
 // Steady time: the counter scaled once it is measured, else steady_clock.
 std::int64_t counter_clock_ns();
 
-// Whether counter_clock_ns() reads the time-stamp counter now (for tests and the host-cost
-// benchmark's report); false before the rate is measured and wherever the counter is not used.
+// Whether counter_clock_ns() reads the time-stamp counter now (for tests); false before the rate
+// is measured and wherever the counter is not used.
 bool counter_clock_active();
 
-// The rate is measured over this long (the two clocks' read jitter, well under a microsecond,
-// over 10 ms: an error below 1e-4 of any interval).
+// The rate is measured over this long: each end's reads lie within a few microseconds of each
+// other (pool_clock.cpp, read_pair), so the rate is off by a few 1e-4 at most.
 inline constexpr std::int64_t kCounterMeasureNs = 10'000'000;
 
 // The scaling, exposed for its test: counter ticks since `tsc0` to nanoseconds since `ns0` at
