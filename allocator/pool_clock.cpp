@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <mutex>
 
 #include "allocator/pool.h"
+#include "allocator/stats_ledger.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -19,11 +19,6 @@ namespace cudapool {
 namespace detail {
 
 namespace {
-
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 #if defined(__x86_64__)
 std::uint64_t read_counter() { return __rdtsc(); }
@@ -46,13 +41,13 @@ bool counter_is_cheaper() {
   // call into the C library.
   std::int64_t best_counter = INT64_MAX, best_steady = INT64_MAX;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::int64_t t0 = steady_ns();
+    std::int64_t t0 = now_ns();
     for (int i = 0; i < kReads; ++i) (void)read_counter();
-    std::int64_t t1 = steady_ns();
+    std::int64_t t1 = now_ns();
     best_counter = std::min(best_counter, t1 - t0);
-    t0 = steady_ns();
-    for (int i = 0; i < kReads; ++i) (void)steady_ns();
-    t1 = steady_ns();
+    t0 = now_ns();
+    for (int i = 0; i < kReads; ++i) (void)now_ns();
+    t1 = now_ns();
     best_steady = std::min(best_steady, t1 - t0);
   }
   return best_counter < best_steady;
@@ -74,9 +69,9 @@ Pair read_pair() {
   Pair best{0, 0};
   std::int64_t best_gap = INT64_MAX;
   for (int attempt = 0; attempt < 8 && best_gap > 2'000; ++attempt) {
-    const std::int64_t before = steady_ns();
+    const std::int64_t before = now_ns();
     const std::uint64_t tsc = read_counter();
-    const std::int64_t after = steady_ns();
+    const std::int64_t after = now_ns();
     if (after - before < best_gap) {
       best_gap = after - before;
       best = Pair{tsc, before + (after - before) / 2};
@@ -132,7 +127,7 @@ std::int64_t scale_counter(const CounterScale& s, std::uint64_t tsc) {
 
 std::int64_t counter_clock_ns() {
   if (const CounterScale* s = g_scale.load(std::memory_order_acquire)) return scale_counter(*s, read_counter());
-  const std::int64_t now = steady_ns();
+  const std::int64_t now = now_ns();
   const Start& st = start();
   if (st.usable && now - st.at.ns >= kCounterMeasureNs) measure(st);
   return now;

@@ -10,14 +10,12 @@
 #include <thread>
 
 #include "allocator/pool.h"
+#include "allocator/stats_ledger.h"
 
 namespace cudapool::detail {
 namespace {
 
-std::int64_t steady_now() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+std::int64_t steady_now() { return now_ns(); }  // steady_clock (allocator/stats_ledger.h)
 
 TEST(PoolClock, ScalingIsExactToANanosecond) {
   // A 3 GHz counter: a third of a nanosecond per tick.
