@@ -102,8 +102,10 @@ void Member::release(std::size_t bytes) noexcept {
 // release happened, or time is left); false: the deadline passed, or nobody could give.
 // The first two rounds ask only the members with the most idle memory (as last published) that
 // together cover the shortfall, each for its share, so one allocation does not empty every
-// cache of the group; later rounds ask everyone for all of it (the published figures may be up
-// to 250 ms old).
+// cache of the group; later rounds ask everyone for all of it. The published figures may be up
+// to 250 ms old, and one taken while a member's blocks were still live is too low: the last
+// member a round asks is asked for the whole rest, not its published share, so a stale figure
+// costs no extra round (a member never gives more than it has idle).
 bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) noexcept {
   if (closed() || broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
   if (share::monotonic_ns() >= deadline || !whole()) return false;
@@ -134,14 +136,15 @@ bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) 
     share::LedgerSlot& s = l_->slot[cand[k].first];
     // What this member is asked to give: in a covering round its share of the shortfall (what
     // the members before it do not cover, at most its idle bytes as published; the whole rest
-    // if it published none), later the whole shortfall (the figures may be stale).
+    // if it is the last one asked), later the whole shortfall.
     const std::uint64_t rest = need > covered ? need - covered : 0;
-    const std::uint64_t portion = covering && cand[k].second != 0 ? std::min(rest, cand[k].second) : need;
+    const bool last = k + 1 == nc || sat_add(covered, cand[k].second) >= need || cand[k + 1].second == 0;
+    const std::uint64_t portion = !covering ? need : last ? rest : std::min(rest, cand[k].second);
     s.release_want.fetch_add(std::max<std::uint64_t>(portion, 1), std::memory_order_relaxed);
     const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
     futex_wake(&s.release_req, 1);
     asked[n++] = {cand[k].first, req};
-    covered += cand[k].second;
+    covered = sat_add(covered, cand[k].second);
   }
   const std::int64_t t = share::monotonic_ns();
   std::int64_t logged = last_log_.load(std::memory_order_relaxed);

@@ -3,6 +3,9 @@
 //   random SEED ITERS   random allocations and frees; after every call the group ledger's total
 //                       and the fake driver's machine-wide live bytes must stay under the budget
 //   hold MIB            allocate MIB in 20 MiB blocks, free them (idle cache), print "ready", wait
+//   hold-late MIB       as hold, but waits 400 ms after freeing the first block: when "ready"
+//                       prints, the idle figure this member last published (every 250 ms) is
+//                       that one block's 20 MiB
 //   hold-live MIB       allocate MIB in 20 MiB blocks and keep them; on SIGTERM check that every
 //                       one is still live in the driver
 //   hold-vmm MIB        create MIB of device memory with cuMemCreate itself (as XLA does), print
@@ -125,7 +128,7 @@ void wait_for_term() {
   while (!g_term) usleep(2000);
 }
 
-int hold(std::size_t mib, bool keep_live) {
+int hold(std::size_t mib, bool keep_live, useconds_t after_first_free_us = 0) {
   start_primary(0);
   std::vector<CUdeviceptr> blocks;
   for (std::size_t got = 0; got < mib; got += 20) {
@@ -134,7 +137,10 @@ int hold(std::size_t mib, bool keep_live) {
     blocks.push_back(p);
   }
   if (!keep_live)
-    for (CUdeviceptr p : blocks) CHECK_OK(cuMemFree_v2(p));
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      CHECK_OK(cuMemFree_v2(blocks[i]));
+      if (i == 0 && after_first_free_us != 0) usleep(after_first_free_us);
+    }
   std::size_t f = 0, t = 0;
   CHECK_OK(cuMemGetInfo_v2(&f, &t));
   std::printf("ready pid=%d total=%zu free=%zu\n", getpid(), t, f);
@@ -219,6 +225,7 @@ int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
   if (what == "random" && argc == 4) return random_run(static_cast<unsigned>(std::atoi(argv[2])), std::atoi(argv[3]));
   if (what == "hold" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false);
+  if (what == "hold-late" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false, 400'000);
   if (what == "hold-live" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), true);
   if (what == "hold-vmm" && argc == 3) return hold_vmm(std::strtoull(argv[2], nullptr, 10));
   if (what == "need" && argc == 3) return need(std::strtoull(argv[2], nullptr, 10));

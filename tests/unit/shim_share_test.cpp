@@ -184,8 +184,10 @@ TEST_F(Share, BudgetShareIsVisibleFromTheFirstCall) {
 
 // One block of many physical units: the budget refuses a unit at a time, yet the holder is asked
 // for the block's whole excess at once and answers in one or two rounds, not one unit per round.
+// B's published idle figure is stale: one 20 MiB block of its 200 MiB idle, so a round that
+// asked B for no more than its published share would take three rounds or more.
 TEST_F(Share, OneLargeBlockAsksForItsWholeExcess) {
-  RunningChild& b = start_ready({kApp, "hold", "200"}, env(group_conf(240), 240));
+  RunningChild& b = start_ready({kApp, "hold-late", "200"}, env(group_conf(240), 240));
   const int bpid = b.pid;
   ChildResult a = test::run_under_shim({kApp, "need-one", "160"}, env(group_conf(240), 240));
   EXPECT_EQ(a.exit_status, 0) << a.output;
