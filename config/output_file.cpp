@@ -25,9 +25,12 @@ std::string describe(std::string_view what, const std::string& path, const std::
 
 }  // namespace
 
-bool write_all_fd(int fd, const char* data, std::size_t size) {
+namespace {
+
+// write(2) (offset < 0) or pwrite(2) until everything is written.
+bool write_all(int fd, const char* data, std::size_t size, off_t offset) {
   while (size > 0) {
-    const ssize_t w = ::write(fd, data, size);
+    const ssize_t w = offset < 0 ? ::write(fd, data, size) : ::pwrite(fd, data, size, offset);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       if (w == 0) errno = EIO;
@@ -35,8 +38,17 @@ bool write_all_fd(int fd, const char* data, std::size_t size) {
     }
     data += w;
     size -= static_cast<std::size_t>(w);
+    if (offset >= 0) offset += w;
   }
   return true;
+}
+
+}  // namespace
+
+bool write_all_fd(int fd, const char* data, std::size_t size) { return write_all(fd, data, size, -1); }
+
+bool write_all_at(int fd, const void* data, std::size_t size, std::size_t offset) {
+  return write_all(fd, static_cast<const char*>(data), size, static_cast<off_t>(offset));
 }
 
 int open_output_file(const std::string& path, int flags, std::string_view what, std::string* error) {

@@ -30,5 +30,7 @@ std::string write_file_atomically(const std::string& path, std::string_view data
 // write(2) until everything is written (retrying EINTR and short writes). false on an error
 // (errno set).
 bool write_all_fd(int fd, const char* data, std::size_t size);
+// The same at `offset` with pwrite(2) (the descriptor's file offset does not move).
+bool write_all_at(int fd, const void* data, std::size_t size, std::size_t offset);
 
 }  // namespace cudapool

@@ -376,8 +376,14 @@ Member* Member::join(const std::string& path, const std::string& name, const std
       return refuse("could not be set up (robust process-shared mutexes unavailable)");
     }
   } else {
-    // Its creator may still be initialising it: a moment for the magic to appear.
-    for (int i = 0; i < 1000 && l->magic.load(std::memory_order_acquire) == 0; ++i) ::usleep(1000);
+    // Its creator may still be initialising it: a moment for the magic to appear (each look
+    // checks the size first: the file can be truncated meanwhile, see group_ledger.h).
+    for (int i = 0; i < 1000 && share::still_whole(m) && l->magic.load(std::memory_order_acquire) == 0; ++i)
+      ::usleep(1000);
+  }
+  if (!share::still_whole(m)) {
+    share::unmap(m);
+    return refuse("was truncated by another process while this one joined");
   }
   if (std::string why = share::validate_ledger(*l, uid, gpu, name); !why.empty()) {
     share::unmap(m);

@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <new>
 
+#include "config/output_file.h"
 #include "shim/log.h"
 
 namespace cudapool::shim::group {
@@ -18,10 +20,14 @@ namespace {
 
 constexpr std::int64_t kPublishNs = 250'000'000;  // stats record and slot figures
 
-// The record of this process, under `mu` (remove_record reads the path at exit).
+// The record of this process, under `mu` (remove_record reads the path at exit). The file is
+// written with pwrite from `image`, never mapped: another process of the user may truncate it at
+// any moment, and a store to a truncated mapping raises SIGBUS, where a write only extends the
+// file again. Readers copy it with pread under the seqlock (share::read_records).
 struct Record {
   std::mutex mu;
-  share::Mapping map;
+  share::Mapping file;  // the open descriptor and the record's size; nothing mapped
+  share::ProcRecord image{};
   std::string path;
   int pid = 0;
 };
@@ -61,6 +67,15 @@ DeviceFigures figures(ProcessPools& pools, int device) {
   return f;
 }
 
+// A new record's contents, then its magic: a reader never takes a half-written record for a
+// whole one. false: errno says why.
+bool write_first(int fd, share::ProcRecord& r) {
+  r.magic = 0;
+  if (!write_all_at(fd, &r, sizeof r, 0)) return false;
+  r.magic = share::kRecordMagic;
+  return write_all_at(fd, &r.magic, sizeof r.magic, offsetof(share::ProcRecord, magic));
+}
+
 bool open_record(Record& rec, const std::string& group) {
   const int pid = static_cast<int>(::getpid());
   const std::string path = share::record_path(::geteuid(), pid);
@@ -71,40 +86,41 @@ bool open_record(Record& rec, const std::string& group) {
   ::unlink(path.c_str());  // a record left by a dead process that had this pid
   // Records of this user's processes that are gone (killed, or ended by _exit) go too.
   share::read_records(::geteuid(), true, nullptr);
-  share::Mapping m = share::map_file(path, sizeof(share::ProcRecord), true);
-  if (!m || !m.created) {
-    log_warn("publish_stats: the stats record {} {}; `cudapool top` will not list this process", path,
-             m ? std::string("appeared while it was being created") : m.error);
-    share::unmap(m);
+  share::ProcRecord& r = rec.image;
+  r.version = share::kRecordVersion;
+  r.size = sizeof(share::ProcRecord);
+  r.pid = pid;
+  r.start_time = share::process_start_time(pid);
+  r.pid_ns = share::pid_namespace();
+  std::snprintf(r.command, sizeof r.command, "%s", own_command().c_str());
+  std::snprintf(r.group, sizeof r.group, "%s", group.c_str());
+  share::Mapping f = share::open_file(path, sizeof(share::ProcRecord), true);
+  std::string why = f.fd < 0     ? f.error
+                    : !f.created ? std::string("appeared while it was being created")
+                                 : std::string();
+  if (why.empty() && !write_first(f.fd, r)) why = std::string("cannot be written: ") + std::strerror(errno);
+  if (!why.empty()) {
+    log_warn("publish_stats: the stats record {} {}; `cudapool top` will not list this process", path, why);
+    if (f.created) ::unlink(path.c_str());
+    share::unmap(f);
     return false;
   }
-  auto* r = static_cast<share::ProcRecord*>(m.addr);
-  r->version = share::kRecordVersion;
-  r->size = sizeof(share::ProcRecord);
-  r->pid = pid;
-  r->start_time = share::process_start_time(pid);
-  r->pid_ns = share::pid_namespace();
-  const std::string cmd = own_command();
-  std::snprintf(r->command, sizeof r->command, "%s", cmd.c_str());
-  std::snprintf(r->group, sizeof r->group, "%s", group.c_str());
-  share::seqlock_fence(std::memory_order_release);
-  r->magic = share::kRecordMagic;
-  rec.map = m;
+  rec.file = f;
   rec.path = path;
   rec.pid = pid;
   return true;
 }
 
+bool write_failed(const Record& rec) {
+  log_warn(
+      "publish_stats: the stats record {} cannot be written ({}); `cudapool top` will not list this process any "
+      "more",
+      rec.path, std::strerror(errno));
+  return false;
+}
+
 // false: the record's file was truncated (by another process of the user): it is written no more.
 bool write_record(ProcessPools& pools, const Memberships& devices, Record& rec) {
-  if (!share::still_whole(rec.map)) {
-    log_warn(
-        "publish_stats: the stats record {} was truncated by another process; `cudapool top` will not list "
-        "this process any more",
-        rec.path);
-    return false;
-  }
-  auto* r = static_cast<share::ProcRecord*>(rec.map.addr);
   int listed[kMaxDevices];
   int n = 0;
   pools.for_each([&](int device, DevicePool&) {
@@ -136,12 +152,28 @@ bool write_record(ProcessPools& pools, const Memberships& devices, Record& rec) 
   }
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
-  r->seq.fetch_add(1, std::memory_order_acq_rel);  // odd: writing
-  share::seqlock_fence(std::memory_order_release);
-  std::memcpy(r->dev, dev, sizeof dev);
-  r->devices = static_cast<std::uint32_t>(n);
-  r->updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
-  r->seq.fetch_add(1, std::memory_order_release);  // even: done
+  // A record someone truncated stays as they left it (truncated between this check and the
+  // writes, the writes extend it again: no harm either way).
+  if (!share::still_whole(rec.file)) {
+    log_warn(
+        "publish_stats: the stats record {} was truncated by another process; `cudapool top` will not list "
+        "this process any more",
+        rec.path);
+    return false;
+  }
+  // The seqlock through the file: the counter odd, the whole image, the counter even. Each write
+  // is done before the next begins, so a reader that copied an even counter and finds it
+  // unchanged after its copy saw no write.
+  share::ProcRecord& r = rec.image;
+  constexpr std::size_t kSeqAt = offsetof(share::ProcRecord, seq);
+  r.seq.store(r.seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // odd: writing
+  if (!write_all_at(rec.file.fd, &r.seq, sizeof r.seq, kSeqAt)) return write_failed(rec);
+  std::memcpy(r.dev, dev, sizeof dev);
+  r.devices = static_cast<std::uint32_t>(n);
+  r.updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+  if (!write_all_at(rec.file.fd, &r, sizeof r, 0)) return write_failed(rec);
+  r.seq.store(r.seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // even: done
+  if (!write_all_at(rec.file.fd, &r.seq, sizeof r.seq, kSeqAt)) return write_failed(rec);
   return true;
 }
 

