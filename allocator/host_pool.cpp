@@ -1,8 +1,9 @@
 #include "allocator/host_pool.h"
 
 #include <algorithm>
-#include <chrono>
 #include <string>
+
+#include "allocator/stats_ledger.h"
 
 namespace cudapool {
 namespace {
@@ -18,22 +19,8 @@ std::size_t floor_pow2(std::size_t n) {
   return p;
 }
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void add(StatCounter& c, std::size_t n) {
-  const auto v = static_cast<std::int64_t>(n);
-  c.current += v;
-  c.allocated += v;
-  c.peak = std::max(c.peak, c.current);
-}
-void sub(StatCounter& c, std::size_t n) {
-  const auto v = static_cast<std::int64_t>(n);
-  c.current -= v;
-  c.freed += v;
-}
+void add(StatCounter& c, std::size_t n) { detail::add_stat(c, static_cast<std::int64_t>(n)); }
+void sub(StatCounter& c, std::size_t n) { detail::add_stat(c, -static_cast<std::int64_t>(n)); }
 
 }  // namespace
 
@@ -156,9 +143,9 @@ void HostPool::insert_free_locked(Block* b) {
 }
 
 HostPool::Segment* HostPool::new_segment_locked(std::size_t size, unsigned flags, Owner owner, bool reserve) {
-  const std::int64_t t0 = now_ns();
+  const std::int64_t t0 = detail::now_ns();
   void* p = up_.allocate(size, flags);
-  stats_.upstream_ns += now_ns() - t0;
+  stats_.upstream_ns += detail::now_ns() - t0;
   if (p == nullptr) return nullptr;
   ++stats_.upstream_allocs;
   const auto base = reinterpret_cast<std::uintptr_t>(p);
@@ -271,9 +258,9 @@ void HostPool::release_segment_locked(Segment* s) {
   for (FenceHandle f : b->fences) fences_.release(f);
   sub(stats_.cached_bytes, b->size);
   delete b;
-  const std::int64_t t0 = now_ns();
+  const std::int64_t t0 = detail::now_ns();
   up_.release(reinterpret_cast<void*>(s->base), s->size, s->flags, s->owner);
-  stats_.upstream_ns += now_ns() - t0;
+  stats_.upstream_ns += detail::now_ns() - t0;
   ++stats_.upstream_frees;
   sub(stats_.reserved_bytes, s->size);
   segments_.erase(it);
