@@ -10,12 +10,10 @@
 #include <thread>
 
 #include "allocator/pool.h"
-#include "allocator/stats_ledger.h"
+#include "allocator/stats_ledger.h"  // now_ns: steady_clock
 
 namespace cudapool::detail {
 namespace {
-
-std::int64_t steady_now() { return now_ns(); }  // steady_clock (allocator/stats_ledger.h)
 
 TEST(PoolClock, ScalingIsExactToANanosecond) {
   // A 3 GHz counter: a third of a nanosecond per tick.
@@ -50,9 +48,9 @@ struct Both {
 };
 Both read_both() {
   for (int attempt = 0;; ++attempt) {
-    const std::int64_t before = steady_now();
+    const std::int64_t before = now_ns();
     const std::int64_t counter = counter_clock_ns();
-    const std::int64_t after = steady_now();
+    const std::int64_t after = now_ns();
     if (after - before <= 20'000 || attempt == 1000) return Both{counter, before + (after - before) / 2};
   }
 }
@@ -61,8 +59,8 @@ Both read_both() {
 // steady_clock does. Where the counter is not used the clock is steady_clock itself, and there is
 // nothing to compare.
 TEST(PoolClock, CounterClockKeepsStepWithSteadyClock) {
-  const std::int64_t until = steady_now() + 3 * kCounterMeasureNs;
-  while (!counter_clock_active() && steady_now() < until) {
+  const std::int64_t until = now_ns() + 3 * kCounterMeasureNs;
+  while (!counter_clock_active() && now_ns() < until) {
     (void)counter_clock_ns();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -83,7 +81,7 @@ TEST(PoolClock, CounterClockKeepsStepWithSteadyClock) {
   set_pool_clock_for_testing([] { return std::int64_t{42}; });
   EXPECT_EQ(pool_clock_ns(), 42);
   set_pool_clock_for_testing(nullptr);
-  const std::int64_t c = pool_clock_ns(), s = steady_now();
+  const std::int64_t c = pool_clock_ns(), s = now_ns();
   EXPECT_NEAR(static_cast<double>(c), static_cast<double>(s), 1e6);  // within a millisecond of steady time
 }
 
