@@ -26,6 +26,15 @@ $(TOOLS_CLI_TEST): tests/tools/cli_test.sh $(CUDAPOOL_BIN) $(GEN_TRACE_BIN) $(TO
 	chmod +x $@
 TEST_BINS += $(TOOLS_CLI_TEST)
 
+# The fidelity table of tests/traces/README.md matches the replays of the shipped traces (release
+# build only: the same replays as cli_test.sh, which the sanitizer builds run already).
+TOOLS_FIDELITY_TEST := $(BUILD)/tests/traces_fidelity.sh
+$(TOOLS_FIDELITY_TEST): tests/traces/fidelity.sh $(CUDAPOOL_BIN)
+	@mkdir -p $(@D)
+	printf '#!/usr/bin/env bash\nexec bash tests/traces/fidelity.sh --check %s\n' "$(CUDAPOOL_BIN)" > $@
+	chmod +x $@
+TEST_BINS += $(if $(SAN),,$(TOOLS_FIDELITY_TEST))
+
 # make install / uninstall into a scratch DESTDIR (the same build: SAN is handed on).
 TOOLS_INSTALL_TEST := $(BUILD)/tests/install_test.sh
 $(TOOLS_INSTALL_TEST): tests/tools/install_test.sh $(PROGRAMS)

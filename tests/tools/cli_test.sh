@@ -112,16 +112,8 @@ exact_replay "" --pattern serve --steps 80
 exact_replay "max_split_size_mb:64" --pattern serve --steps 80
 # Every trace the project ships replays within 3 % of its recorded peak reserved by default
 # (tests/traces/README.md): `replay --check` says so and exits 0, as `make demo` shows.
-# The gzipped ones are read as they are shipped. A trace recorded by an older pool that today's
-# replays differently is listed in tests/traces/stale.txt (why: tests/traces/README.md); its
-# check must fail and say that it is not within 3 %.
-stale=" $(grep -v '^#' tests/traces/stale.txt | tr '\n' ' ') "
+# The gzipped ones are read as they are shipped; there is no list of exceptions.
 for t in $traces/*.csv $traces/*.csv.gz $(find docs tests/data -name '*.csv' 2>/dev/null); do
-  if [[ "$stale" == *" $(basename "$t") "* ]]; then
-    expect_rc 1 "replay --check of the stale $t" -- "$cp" replay --check --quiet "$t"
-    expect_out "NOT within 3 %" "the check of a stale trace says it is not within 3 %"
-    continue
-  fi
   expect_rc 0 "replay --check of the shipped $t" -- "$cp" replay --check --quiet "$t"
   if grep -q "NOT within" "$tmp/out"; then fail "$t: NOT within 3 %"; else ok; fi
 done

@@ -61,8 +61,8 @@ if python3 -c 'import torch' 2>/dev/null; then
   $cp replay --check --quiet "$out/cnnpt.csv"
   echo "replay --check exit status: $?"
   gzip -9 -n -k "$out/cnnpt.csv"
-  # HF GPT-2 training under the default (what tests/traces/gpu_hf_gpt2.csv.gz was, recorded by an
-  # older pool: tests/traces/stale.txt): a new recording, gzipped, takes its place there.
+  # HF GPT-2 training under the default: tests/traces/gpu_hf_gpt2.csv.gz is this recording,
+  # gzipped; so are gpu_resnet50_infer (cnninf) and gpu_resnet50_train_pt (cnnpt).
   if python3 -c 'import transformers' 2>/dev/null; then
     echo "== HF GPT-2 training (transformers, mixed sequence lengths)"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 $cp run --trace "$out/hf.csv" --stats "$out/hf.json" -- \
