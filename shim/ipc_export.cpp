@@ -3,14 +3,12 @@
 // process's Unix socket.
 //
 // Rules:
-// - Only processes of the same user are served (SO_PEERCRED on every connection); others get a
-//   refusal, and a log line here at most every 10 s (with the count refused since), so another
-//   user cannot flood the log.
-// - Importers are untrusted: a request is checked before anything is done for it, at most
-//   kMaxConnections are served at once, and nothing sent to them ever blocks.
-// - A failed accept (out of descriptors: EMFILE, ENFILE; out of memory) pauses accepting for
-//   100 ms instead of spinning on the pending connection. A request that needs descriptors the
-//   process cannot get right now is answered `busy`, and the importer asks again.
+// - The server loop (shim/ipc_server.h) serves only processes of the same user, checks every
+//   request before it reaches serve() here, bounds the connections and drops idle ones that hold
+//   nothing; it asks this file which connections hold an import (held_by). Nothing sent to an
+//   importer ever blocks.
+// - A request that needs descriptors the process cannot get right now is answered `busy`, and
+//   the importer asks again.
 // - A block stays allocated while any importer holds it open. When the program frees it
 //   earlier (CUDA calls that undefined behaviour; with a pool it would hand the bytes to the next
 //   allocation while another process still writes them) the free is deferred: the block is freed
@@ -19,10 +17,8 @@
 // - The server thread never calls CUDA: everything an importer needs (the segment's driver handle,
 //   the pages' file descriptors) is taken when the program asks for the handle.
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,6 +31,7 @@
 
 #include "shim/hooks.h"
 #include "shim/ipc.h"
+#include "shim/ipc_server.h"
 #include "shim/ipc_wire.h"
 #include "shim/log.h"
 
@@ -71,6 +68,7 @@ struct Exporter {
   std::unordered_map<std::uint64_t, Record> by_id;
   std::unordered_map<std::uintptr_t, std::uint64_t> by_base;
   std::vector<std::pair<const ContextPool*, std::uintptr_t>> ready;  // released after a deferred free
+  std::unordered_map<int, int> held_by;  // connection -> opens it holds, over all records (none: absent)
   std::uint64_t nonce = 0;
   std::uint64_t next_id = 1;
   int listen_fd = -1;
@@ -102,8 +100,15 @@ void close_units(Record& r) {
   r.units.clear();
 }
 
+// Under mu: `conn` holds `n` more (or, negative, fewer) opens.
+void count_holds(Exporter& e, int conn, int n) {
+  const int now = (e.held_by[conn] += n);
+  if (now <= 0) e.held_by.erase(conn);
+}
+
 // Under mu: the record ends (freed with nobody holding it, or its context went away).
 void erase_record(Exporter& e, std::unordered_map<std::uint64_t, Record>::iterator it) {
+  for (const auto& [conn, n] : it->second.holders) count_holds(e, conn, -n);
   close_units(it->second);
   auto b = e.by_base.find(it->second.base);
   if (b != e.by_base.end() && b->second == it->first) e.by_base.erase(b);
@@ -120,6 +125,7 @@ void release_hold(Exporter& e, std::unordered_map<std::uint64_t, Record>::iterat
   h->second -= n;
   if (h->second == 0) r.holders.erase(h);
   r.holds -= n;
+  count_holds(e, conn, -n);
   if (r.holds == 0 && r.freed) {
     e.ready.emplace_back(r.pool, r.base);
     g_frees_ready.store(true, std::memory_order_release);
@@ -127,22 +133,19 @@ void release_hold(Exporter& e, std::unordered_map<std::uint64_t, Record>::iterat
   }
 }
 
-void drop_connection(Exporter& e, int conn) {
-  {
-    std::lock_guard<std::mutex> lock(e.mu);
-    for (auto it = e.by_id.begin(); it != e.by_id.end();) {
-      auto next = std::next(it);
-      if (it->second.holders.count(conn) != 0) release_hold(e, it, conn, it->second.holders[conn]);
-      it = next;
-    }
+// The connection is about to close: everything it held is released.
+void release_connection(Exporter& e, int conn) {
+  std::lock_guard<std::mutex> lock(e.mu);
+  if (e.held_by.count(conn) == 0) return;
+  for (auto it = e.by_id.begin(); it != e.by_id.end();) {
+    auto next = std::next(it);
+    if (it->second.holders.count(conn) != 0) release_hold(e, it, conn, it->second.holders[conn]);
+    it = next;
   }
-  ::close(conn);
 }
 
-// One request from a connection. false: the connection is done (closed by the peer, or broken).
-bool serve(Exporter& e, int conn) {
-  Request req;
-  if (!recv_message(conn, &req, sizeof req, 0) || !check_request(req).empty()) return false;
+// One checked request from a connection. false: drop the connection (the reply was not sent).
+bool serve_request(Exporter& e, int conn, const Request& req) {
   if (req.op == Op::release) {
     std::lock_guard<std::mutex> lock(e.mu);
     auto it = e.by_id.find(req.id);
@@ -179,6 +182,7 @@ bool serve(Exporter& e, int conn) {
         rep.units = static_cast<std::uint32_t>(fds.size());
         ++r.holders[conn];
         ++r.holds;
+        count_holds(e, conn, 1);
       }
     }
   }
@@ -200,118 +204,25 @@ bool serve(Exporter& e, int conn) {
   return ok;  // a failed send drops the connection, and with it the hold just taken
 }
 
-constexpr std::size_t kMaxConnections = 1024;
-constexpr std::int64_t kAcceptPauseNs = 100'000'000;
-constexpr std::int64_t kLogEveryNs = 10'000'000'000;
-
-std::int64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-// A kind of event that is logged at most every 10 s, each line with the count since the last.
-struct Throttle {
-  std::uint64_t total = 0, unlogged = 0;
-  std::int64_t last_ns = 0;
-  // true: log this one; *since holds the events since the last line (this one included).
-  bool tick(std::uint64_t* since) {
-    ++total;
-    ++unlogged;
-    const std::int64_t t = now_ns();
-    if (last_ns != 0 && t - last_ns < kLogEveryNs) return false;
-    last_ns = t;
-    *since = unlogged;
-    unlogged = 0;
-    return true;
+// The exporter's side of the server loop (shim/ipc_server.h).
+class ExporterOps final : public ServerOps {
+ public:
+  explicit ExporterOps(Exporter& e) : e_(e) {}
+  bool serve(int conn, const Request& req) override { return serve_request(e_, conn, req); }
+  void closing(int conn) override { release_connection(e_, conn); }
+  bool holds(int conn) override {
+    std::lock_guard<std::mutex> lock(e_.mu);
+    return e_.held_by.count(conn) != 0;
   }
+
+ private:
+  Exporter& e_;
 };
 
-void refuse(int c, pid_t pid, uid_t uid, Throttle& refused) {
-  std::uint64_t since = 0;
-  if (refused.tick(&since))
-    log_warn(
-        "CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this process's "
-        "memory ({} refused since the last such line, {} in all; logged at most every 10 s)",
-        static_cast<long>(pid), static_cast<long>(uid), static_cast<long>(::getuid()), since, refused.total);
-  Reply r;
-  r.status = Status::refused_uid;
-  send_message(c, &r, sizeof r);
-  ::close(c);
-}
-
-void server_loop(Exporter* e, int listen_fd) {
-  std::vector<pollfd> fds{{listen_fd, POLLIN, 0}};
-  Throttle refused, accept_failed, too_many;
-  std::int64_t paused_until = 0;  // accepting resumes then (after a failed accept)
-  for (;;) {
-    int timeout = -1;
-    if (paused_until != 0) {
-      const std::int64_t left = paused_until - now_ns();
-      if (left <= 0) {
-        paused_until = 0;
-        fds[0].events = POLLIN;
-      } else {
-        timeout = static_cast<int>(left / 1'000'000 + 1);
-      }
-    }
-    const int n = ::poll(fds.data(), fds.size(), timeout);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      log_warn("CUDA IPC: the server stopped: poll failed: {}", std::strerror(errno));
-      return;
-    }
-    if ((fds[0].revents & POLLIN) != 0) {
-      const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (c >= 0) {
-        pid_t pid = 0;
-        uid_t uid = 0;
-        if (!peer_credentials(c, &pid, &uid) || uid != ::getuid()) {
-          refuse(c, pid, uid, refused);
-        } else if (fds.size() > kMaxConnections) {
-          std::uint64_t since = 0;
-          if (too_many.tick(&since))
-            log_warn("CUDA IPC: refused a connection from pid {}: {} importers are connected already ({} refused)",
-                     static_cast<long>(pid), kMaxConnections, since);
-          Reply r;
-          r.status = Status::error;
-          send_message(c, &r, sizeof r);
-          ::close(c);
-        } else {
-          fds.push_back({c, POLLIN, 0});
-        }
-      } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-        // Out of descriptors or memory: the pending connection stays pending and poll would
-        // report it again at once. Stop listening for a while (connections keep being served).
-        const int err = errno;
-        std::uint64_t since = 0;
-        if (accept_failed.tick(&since))
-          log_warn("CUDA IPC: cannot accept an importer's connection: {}; pausing for 100 ms ({} failed accepts)",
-                   std::strerror(err), since);
-        fds[0].events = 0;
-        paused_until = now_ns() + kAcceptPauseNs;
-      }
-    } else if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
-      return;  // the socket was closed (after fork in a child)
-    }
-    fds[0].revents = 0;
-    for (std::size_t i = 1; i < fds.size();) {
-      const short ev = fds[i].revents;
-      fds[i].revents = 0;
-      bool keep = true;
-      if ((ev & POLLIN) != 0)
-        keep = serve(*e, fds[i].fd);
-      else if ((ev & (POLLHUP | POLLERR | POLLNVAL)) != 0)
-        keep = false;
-      if (!keep) {
-        drop_connection(*e, fds[i].fd);
-        fds[i] = fds.back();
-        fds.pop_back();
-      } else {
-        ++i;
-      }
-    }
-  }
+void server_thread(Exporter* e, int listen_fd) {
+  ExporterOps ops(*e);
+  Server server(listen_fd, ops);
+  server.run();
 }
 
 // Under mu: the socket and the thread, once per process.
@@ -330,7 +241,7 @@ bool start_server(Exporter& e) {
     return false;
   }
   try {
-    std::thread(server_loop, &e, fd).detach();
+    std::thread(server_thread, &e, fd).detach();
   } catch (...) {
     ::close(fd);
     log_warn("CUDA IPC: cannot start the server thread; pooled memory cannot be shared");

@@ -33,6 +33,10 @@
 //             does not spin (CPU time over a second), and serves the importer once it has
 //             descriptors again; an importer connected already that asks meanwhile is told to
 //             ask again (busy) and is served once descriptors are back.
+//   crowd     more idle connections than the exporter serves at once (a child without the shim
+//             opens 1100 and says nothing), after an importer that holds a freed block open: a
+//             legitimate importer is still served (idle connections that hold nothing made
+//             room), and the holder keeps its connection and its bytes.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -477,6 +481,61 @@ void scenario_emfile() {
   CHECK_OK(cuMemFree_v2(x));
 }
 
+// The soft descriptor limit raised to `want` (at most the hard limit); children inherit it.
+rlim_t raise_nofile(rlim_t want) {
+  rlimit l{};
+  CHECK(getrlimit(RLIMIT_NOFILE, &l) == 0);
+  if (l.rlim_cur < want) {
+    l.rlim_cur = l.rlim_max == RLIM_INFINITY || l.rlim_max > want ? want : l.rlim_max;
+    CHECK(setrlimit(RLIMIT_NOFILE, &l) == 0);
+  }
+  return l.rlim_cur;
+}
+
+constexpr int kCrowd = 1100;
+constexpr int kServedAtOnce = 1024;  // the exporter's cap (shim/ipc_server.h)
+
+void scenario_crowd() {
+  // Enough descriptors here and in the crowd that the cap, not the limit, is what binds.
+  CHECK(raise_nofile(4096) >= 2 * kCrowd);
+  start();
+  const std::size_t n = 4096;
+  CUdeviceptr x = 0, y = 0;
+  CHECK_OK(cuMemAlloc_v2(&x, n));
+  CHECK_OK(cuMemAlloc_v2(&y, n));
+  fill(x, n, 0x3c);
+  fill(y, n, 0x5a);
+  const CUipcMemHandle hy = export_of(y);
+  Child holder = spawn({"hold", hex(export_of(x)), std::to_string(n), "60"});  // 0x3c
+  CHECK(hear(holder) == 'o');
+  CHECK_OK(cuMemFree_v2(x));  // deferred: the holder has it open
+  Child crowd = spawn({"crowd", hex(hy), std::to_string(kCrowd)}, /*with_shim=*/false);
+  CHECK(std::stol(read_line(crowd)) == kCrowd);  // connected, all of them, and silent
+  // A legitimate importer, after them all: served (it reads 0x5a and writes 0x5b).
+  CHECK(run_child({"open", expandable() ? "0" : "1", hex(hy), std::to_string(n), "90"}) == 0);
+  CHECK(holds(y, n, 0x5b));
+  // The holder's connection stood: its block was not handed out again, and its bytes are intact.
+  std::vector<CUdeviceptr> more(6);
+  for (auto& m : more) {
+    CHECK_OK(cuMemAlloc_v2(&m, n));
+    CHECK(m + n <= x || m >= x + n);
+    fill(m, n, 0xee);
+  }
+  tell(holder, 'g');
+  CHECK(hear(holder) == 'c');
+  CHECK(wait_exit(holder) == 0);
+  // The crowd lost at least the connections past the cap (the holder and the importer came too).
+  tell(crowd, 'c');
+  const long dropped = std::stol(read_line(crowd));
+  std::printf("crowd: %d idle connections, %ld of them dropped by the exporter\n", kCrowd, dropped);
+  CHECK(dropped >= kCrowd + 2 - kServedAtOnce);
+  tell(crowd, 'q');
+  CHECK(wait_exit(crowd) == 0);
+  for (auto& m : more) CHECK_OK(cuMemFree_v2(m));
+  CHECK_OK(cuMemFree_v2(y));
+  CHECK(allocated_drops_to(0));  // the freed block went back once the holder closed it
+}
+
 // --- the children
 
 CUdeviceptr open_checked(const std::string& hx, std::size_t n, int v) {
@@ -749,6 +808,35 @@ int child_foreign(const std::vector<std::string>& a) {
   return 0;
 }
 
+// crowd HANDLE N (without the shim): N connections to the exporter of HANDLE, none of which ever
+// sends anything; says N once all are connected. On 'c' says how many the exporter has closed (or
+// answered) by then; exits on 'q'.
+int child_crowd(const std::vector<std::string>& a) {
+  w::Handle h{};
+  CHECK(w::decode(unhex(a[0]), &h));
+  const int n = std::stoi(a[1]);
+  const std::string name = w::socket_name(h.uid, h.pid, h.nonce);
+  std::vector<pollfd> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = w::connect_abstract(name, 10000);
+    CHECK(fd >= 0);
+    fds.push_back({fd, POLLIN, 0});
+  }
+  const std::string line = std::to_string(n) + "\n";
+  CHECK(write(3, line.data(), line.size()) == static_cast<ssize_t>(line.size()));
+  pollfd pf{4, POLLIN, 0};
+  char b = 0;
+  CHECK(poll(&pf, 1, 30000) == 1 && read(4, &b, 1) == 1 && b == 'c');
+  CHECK(poll(fds.data(), fds.size(), 0) >= 0);
+  long closed = 0;
+  for (const auto& f : fds) closed += f.revents != 0 ? 1 : 0;
+  const std::string count = std::to_string(closed) + "\n";
+  CHECK(write(3, count.data(), count.size()) == static_cast<ssize_t>(count.size()));
+  wait_for_parent();
+  for (const auto& f : fds) close(f.fd);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -765,6 +853,7 @@ int main(int argc, char** argv) {
     if (op == "open_second_on_go") return child_open_second_on_go(a);
     if (op == "stall_server") return child_stall_server();
     if (op == "evil_server") return child_evil_server();
+    if (op == "crowd") return child_crowd(a);
     return 2;
   }
   if (argc != 2) {
@@ -778,7 +867,7 @@ int main(int argc, char** argv) {
   } scenarios[] = {{"share", scenario_share},       {"held", scenario_held},     {"crash", scenario_crash},
                    {"gone", scenario_gone},         {"noshim", scenario_noshim}, {"foreign", scenario_foreign},
                    {"noexport", scenario_noexport}, {"reset", scenario_reset},   {"stall", scenario_stall},
-                   {"evil", scenario_evil},         {"emfile", scenario_emfile}};
+                   {"evil", scenario_evil},         {"emfile", scenario_emfile}, {"crowd", scenario_crowd}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -57,6 +57,10 @@ $(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp shim/ipc_wire.h te
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_IPC)
+# The exporter's server loop itself runs in the test process, on a clock the test moves
+# (tests/unit/shim_ipc_server_test.cpp): shim/ipc_server.o and the wire helpers; the logger's
+# archives are linked at the end of this file.
+$(SHIM_TEST_BIN): $(BUILD)/shim/ipc_server.o $(BUILD)/shim/ipc_wire.o
 
 # Processes sharing one GPU (group budget, cooperative release, `cudapool top`): a -lcuda program
 # run several times at once by tests/unit/shim_share_test.cpp; it reads the group ledger itself,
@@ -103,3 +107,7 @@ $(SHIM_CUDART_APP): tests/fakecuda/cudart_app.cpp tests/fakecuda/test_app.h shim
 $(SHIM_TEST_BIN): | $(FAKECUDART_SO) $(SHIM_CUDART_APP_LIB) $(SHIM_CUDART_APP)
 # The host-cost benchmark's mix_cudart scenario loads the fake cudart (tests/mk/host_cost.mk).
 $(HOST_COST_BENCH) $(HOST_COST_TEST): $(FAKECUDART_SO)
+
+# Archives the test objects above need (the logger, for shim/ipc_server.o): after every object,
+# so that the linker takes from them only what no object defines.
+$(SHIM_TEST_BIN): $(TELEMETRY_LIB) $(CONFIG_LIB)

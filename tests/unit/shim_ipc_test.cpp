@@ -1,6 +1,7 @@
 // CUDA IPC of pooled memory between processes: runs tests/fakecuda/ipc_app (the exporting
 // parent, which runs itself again as importing children) under LD_PRELOAD=libcudapool.so on the
 // fake libcuda.so.1, once per scenario and policy, and checks what it and the shim report.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <map>
@@ -69,6 +70,19 @@ TEST_P(ShimIpc, OtherUsersAreRefusedByBothEnds) {
   for (std::size_t at = 0; (at = o.output.find("refused a connection from", at)) != std::string::npos; ++at) ++lines;
   EXPECT_GE(lines, 1);
   EXPECT_LE(lines, 2) << "refusals are logged at most every 10 s\n" << o.output;
+}
+
+// More silent connections than the exporter serves at once: a legitimate importer that comes
+// after them is served (the idle ones that hold nothing make room), and an importer holding a
+// freed block open keeps its connection, so the block is not handed out again.
+TEST_P(ShimIpc, IdleConnectionsPastTheCapLeaveRoomForAnImporter) {
+  rlimit l{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &l), 0);
+  if (l.rlim_max != RLIM_INFINITY && l.rlim_max < 2200)
+    GTEST_SKIP() << "needs a hard descriptor limit of 2200 (1100 connections on each end), not " << l.rlim_max;
+  const auto o = run_app("crowd", GetParam());
+  expect_pass(o, "crowd");
+  EXPECT_NE(o.output.find("importers are connected already: dropped the connection"), std::string::npos) << o.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, ShimIpc, ::testing::Values("expandable_segments:False", ""),
