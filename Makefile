@@ -89,7 +89,10 @@ bench: $(BENCH_BINS)
 	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; $$b; done
 
 # Every fuzzer is built first; then each runs FUZZ_TIME seconds on one core (`make -j2 fuzz` runs
-# two at a time), printing its last lines when it ends.
+# two at a time), printing its last lines when it ends. CI runs 10 s each; a longer run is
+# `make -j2 fuzz FUZZ_TIME=600` (docs/benchmarks.md, "Fuzzing"). Each starts from its committed
+# seeds, tests/fuzz/corpus/<target>/, and what it found before, $(BUILD)/fuzz-corpus/<target>/
+# (where new inputs go); a crashing input lands in $(BUILD)/fuzz-artifacts/.
 FUZZ_TIME ?= 30
 FUZZ_RUNS := $(FUZZ_TARGETS:%=%.run)
 .PHONY: fuzz $(FUZZ_RUNS)
