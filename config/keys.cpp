@@ -332,6 +332,58 @@ std::string format_group_outside(const Policy& p) {
 }
 bool default_group_outside(const Policy& p) { return p.group_outside < 0; }
 
+std::string apply_group_park(Policy& p, std::string_view v, Warnings&) {
+  const std::string l = lower(v);
+  if (l == "on" || l == "true")
+    p.group_park = true;
+  else if (l == "off" || l == "false")
+    p.group_park = false;
+  else
+    return "not on or off";
+  return {};
+}
+std::string format_group_park(const Policy& p) { return p.group_park ? "on" : "off"; }
+bool default_group_park(const Policy& p) { return !p.group_park; }
+
+std::string apply_group_park_host(Policy& p, std::string_view v, Warnings&) {
+  if (lower(v) == "auto") {
+    p.group_park_host = -1;
+    return {};
+  }
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why + " (or auto)";
+  if (n == 0) return "0 MiB would refuse every park; use group_park:off to turn parking off";
+  p.group_park_host = static_cast<std::int64_t>(std::min(n, kMaxMiB) * MiB);
+  return {};
+}
+std::string format_group_park_host(const Policy& p) {
+  return p.group_park_host < 0 ? "auto" : std::to_string(static_cast<std::uint64_t>(p.group_park_host) / MiB);
+}
+bool default_group_park_host(const Policy& p) { return p.group_park_host < 0; }
+
+// Milliseconds up to `max`, for the parking waits.
+std::string set_ms(int& out, std::string_view v, std::uint64_t max) {
+  std::uint64_t n = 0;
+  if (std::string why = parse_uint(v, n); !why.empty()) return why;
+  if (n > max) return "above the maximum " + std::to_string(max);
+  out = static_cast<int>(n);
+  return {};
+}
+
+std::string apply_group_park_idle(Policy& p, std::string_view v, Warnings&) {
+  return set_ms(p.group_park_idle_ms, v, 86'400'000);
+}
+std::string format_group_park_idle(const Policy& p) { return std::to_string(p.group_park_idle_ms); }
+bool default_group_park_idle(const Policy& p) { return p.group_park_idle_ms == Policy{}.group_park_idle_ms; }
+
+std::string apply_group_park_wait(Policy& p, std::string_view v, Warnings&) {
+  if (std::string why = set_ms(p.group_park_wait_ms, v, 600'000); !why.empty()) return why;
+  if (p.group_park_wait_ms == 0) return "0 would never wait for a park to finish; use group_park:off instead";
+  return {};
+}
+std::string format_group_park_wait(const Policy& p) { return std::to_string(p.group_park_wait_ms); }
+bool default_group_park_wait(const Policy& p) { return p.group_park_wait_ms == Policy{}.group_park_wait_ms; }
+
 std::string apply_publish_stats(Policy& p, std::string_view v, Warnings&) { return parse_bool(v, p.publish_stats); }
 std::string format_publish_stats(const Policy& p) { return p.publish_stats ? "True" : "False"; }
 bool default_publish_stats(const Policy& p) { return p.publish_stats; }
@@ -430,7 +482,7 @@ constexpr std::string_view kPinnedBackground =
     "a pooled free records a fence and returns at once, so there is nothing to move to a thread";
 
 using K = ValueKind;
-const std::array<KeySpec, 41> kKeys{{
+const std::array<KeySpec, 45> kKeys{{
     // PyTorch's device-pool keys: same spelling, same bounds, same meaning.
     {"max_split_size_mb",
      K::integer,
@@ -751,6 +803,52 @@ const std::array<KeySpec, 41> kKeys{{
      apply_group_outside,
      format_group_outside,
      default_group_outside},
+    {"group_park",
+     K::choice,
+     Reach::process,
+     "on or off",
+     "on",
+     "with group: when the budget still refuses an allocation after the idle-cache release, park members "
+     "idle for group_park_idle_ms: their live device memory moves to their own host memory and their "
+     "pages are given back (addresses kept); a parked process is restored at its next GPU call",
+     {},
+     apply_group_park,
+     format_group_park,
+     default_group_park},
+    {"group_park_host_mb",
+     K::text,
+     Reach::process,
+     "auto or a whole number of MiB >= 1",
+     "65536",
+     "with group_park:on: the host memory the group's parked data may take on this machine: N = the "
+     "members' parked bytes together stay under N MiB; auto = one park takes at most half of the host's "
+     "MemAvailable (/proc/meminfo) when it starts",
+     {},
+     apply_group_park_host,
+     format_group_park_host,
+     default_group_park_host},
+    {"group_park_idle_ms",
+     K::integer,
+     Reach::process,
+     "a whole number of milliseconds <= 86400000",
+     "5000",
+     "with group_park:on: a member may be parked only when it has made no GPU call for this long (members "
+     "that all work take turns: one idle this long is parked even if it worked before)",
+     {},
+     apply_group_park_idle,
+     format_group_park_idle,
+     default_group_park_idle},
+    {"group_park_wait_ms",
+     K::integer,
+     Reach::process,
+     "a whole number of milliseconds in [1, 600000]",
+     "60000",
+     "with group_park:on: how long an allocation the budget refuses (or a parked process's restore) waits "
+     "for other members to be parked before it returns out-of-memory (a park copies gigabytes)",
+     {},
+     apply_group_park_wait,
+     format_group_park_wait,
+     default_group_park_wait},
     {"publish_stats",
      K::boolean,
      Reach::process,

@@ -81,9 +81,19 @@ void add_combination_warnings(Policy& p) {
   // expandable_page_mb, expandable_unit_mb, ... tune the expandable ranges only: set without
   // them (a profile that dropped expandable_segments, a typo in an A/B) they silently do nothing.
   if (p.group.empty())
-    for (const char* key : {"group_release_wait_ms", "group_budget_counts", "group_outside_mb"})
+    for (const char* key : {"group_release_wait_ms", "group_budget_counts", "group_outside_mb", "group_park",
+                            "group_park_host_mb", "group_park_idle_ms", "group_park_wait_ms"})
       if (p.origin.count(key) != 0 && p.origin.at(key) != "default")
         config::warn_once(p.warnings, std::string(key) + " has no effect without group");
+  // The parking figures without parking, and parking where nothing can move.
+  if (!p.group.empty() && !p.group_park)
+    for (const char* key : {"group_park_host_mb", "group_park_idle_ms", "group_park_wait_ms"})
+      if (p.origin.count(key) != 0 && p.origin.at(key) != "default")
+        config::warn_once(p.warnings, std::string(key) + " has no effect without group_park:on");
+  if (!p.group.empty() && p.group_park && !p.pool.expandable_segments)
+    config::warn_once(p.warnings,
+                      "group_park:on with expandable_segments:False: memory in classic segments cannot come back at "
+                      "the same address, so this process is never parked (it can still park others)");
   if (!p.pool.expandable_segments)
     for (const auto& [key, origin] : p.origin)
       if (key.rfind("expandable_", 0) == 0 && key != "expandable_segments" && origin != "default") {

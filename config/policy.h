@@ -57,6 +57,17 @@ struct Policy {
   // The memory outside the pool charged to each member: measured from the device's used memory
   // (-1, the default) or this many bytes per process.
   std::int64_t group_outside = -1;
+  // Parking (docs/policy.md, "Parking"): with it on, an allocation the group's budget still
+  // refuses after the idle-cache release asks members that have been idle for group_park_idle_ms
+  // to move their live memory to host memory (their ranges kept, restored at their next GPU
+  // call), and waits up to group_park_wait_ms for the bytes; off by default.
+  bool group_park = false;
+  // The host memory the group's parked data may take on this machine, in bytes: -1 (auto) = a
+  // park takes at most half of the host's MemAvailable when it starts; else the parked data of
+  // all the group's members together stays under this.
+  std::int64_t group_park_host = -1;
+  int group_park_idle_ms = 2000;   // a member idle at least this long may be parked
+  int group_park_wait_ms = 30000;  // a refused allocation (or a restore) waits this long for a park
   // Publish a small per-process stats record for `cudapool top` (every 250 ms, from a helper
   // thread started with the first pool).
   bool publish_stats = true;

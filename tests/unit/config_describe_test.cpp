@@ -57,6 +57,10 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.group_release_wait_ms = 250;
   p.group_pool_only = true;
   p.group_outside = static_cast<std::int64_t>(600 * MiB);
+  p.group_park = true;
+  p.group_park_host = static_cast<std::int64_t>(2 * GiB);
+  p.group_park_idle_ms = 0;
+  p.group_park_wait_ms = 1;
   p.publish_stats = false;
   p.pinned.enabled = true;
   p.pinned.use_host_register = true;

@@ -45,7 +45,7 @@ constexpr std::size_t count_fields(Fields... f) {
 // value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
   static_assert(count_fields<PoolOptions>() == 16, "a PoolOptions field is not compared below");
-  static_assert(count_fields<Policy>() == 24, "a Policy field is not compared below");
+  static_assert(count_fields<Policy>() == 28, "a Policy field is not compared below");
   static_assert(count_fields<HostPoolOptions>() == 6, "a HostPoolOptions field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
   EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);
@@ -80,6 +80,10 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.group_pool_only, b.group_pool_only);
   EXPECT_EQ(a.group_outside, b.group_outside);
   EXPECT_EQ(a.group_release_wait_ms, b.group_release_wait_ms);
+  EXPECT_EQ(a.group_park, b.group_park);
+  EXPECT_EQ(a.group_park_host, b.group_park_host);
+  EXPECT_EQ(a.group_park_idle_ms, b.group_park_idle_ms);
+  EXPECT_EQ(a.group_park_wait_ms, b.group_park_wait_ms);
   EXPECT_EQ(a.publish_stats, b.publish_stats);
   EXPECT_EQ(a.pinned.enabled, b.pinned.enabled);
   EXPECT_EQ(a.pinned.use_host_register, b.pinned.use_host_register);
