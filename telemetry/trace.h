@@ -161,9 +161,19 @@ std::string device_facts_text(std::size_t granularity);
 // The header line (no newline).
 const char* trace_header() noexcept;
 
+// A line of a trace longer than this is refused as soon as that many bytes have passed without a
+// newline: rows are < 256 bytes, a call site < 1 KiB, a policy a few hundred bytes.
+inline constexpr std::size_t kMaxTraceLineBytes = 64 * 1024;
+// The distinct call sites a trace may hold, and their bytes together (each site is held once).
+inline constexpr std::size_t kMaxTraceSites = std::size_t{1} << 16;
+inline constexpr std::size_t kMaxTraceSiteBytes = std::size_t{32} << 20;
+
 // Strict reader for cudapool traces (10 columns) and plain RMM logs (6 columns). The header
 // decides which. Every malformed line is an error naming its line number and what is wrong;
-// reading stops at the first error. Never throws on bad input.
+// reading stops at the first error. Never throws on bad input. A line is at most
+// kMaxTraceLineBytes long; what the reader keeps besides the row it returns (the first policy,
+// one device row per device, the call sites) is bounded too, so its memory does not grow with
+// the input. Rows are the caller's to bound (read_trace_stream does, with TraceLimits).
 class TraceReader {
  public:
   explicit TraceReader(std::istream& in);
@@ -172,6 +182,8 @@ class TraceReader {
   const std::string& error() const { return error_; }
   // 1-based number of the last line read.
   std::size_t line() const { return line_; }
+  // Bytes of the input taken so far: the lines read, with their newlines, and the header.
+  std::uint64_t bytes() const { return bytes_; }
   // true when the input is a plain RMM log (6 columns).
   bool rmm_only() const { return rmm_only_; }
   // Columns of the format: 6 (RMM log), 10 (cudapool trace without detail), 11 (current).
@@ -200,6 +212,7 @@ class TraceReader {
   bool eof_ = false;
   std::string error_;
   std::size_t line_ = 0;
+  std::uint64_t bytes_ = 0;
   bool header_done_ = false;
   bool rmm_only_ = false;
   int columns_ = 0;
@@ -207,8 +220,21 @@ class TraceReader {
   std::map<int, std::string> device_facts_;
   std::vector<std::string> sites_;
   std::map<std::string, std::uint32_t> site_ids_;
+  std::size_t site_bytes_ = 0;  // of the distinct sites held
   std::string warning_;
   bool unterminated_ = false;  // the line just read ended the input without a newline
+};
+
+// What a trace read whole into memory (read_trace_stream) may hold: rows (each kept as a TraceRow
+// of 80 bytes, and the tools build more per row), and bytes of text, which bounds the time a
+// trace of long rows or a gzip file that inflates a thousandfold takes before it is refused.
+inline constexpr std::uint64_t kDefaultMaxTraceRows = 5'000'000;
+inline constexpr std::uint64_t kTraceBytesPerRow = 512;  // the text bound: this much per row of the bound
+struct TraceLimits {
+  std::uint64_t max_rows = kDefaultMaxTraceRows;
+  std::uint64_t max_bytes = kDefaultMaxTraceRows * kTraceBytesPerRow;
+  // max_rows rows and kTraceBytesPerRow bytes of text for each (0: the default).
+  static TraceLimits for_rows(std::uint64_t rows);
 };
 
 // What a trace says about itself besides its rows.
@@ -218,13 +244,16 @@ struct TraceMeta {
   std::map<int, std::string> device_facts;  // TraceReader::device_facts
   std::vector<std::string> sites;           // TraceReader::sites
   std::string warning;                      // TraceReader::warning, as "path:N: …"
+  bool over_limit = false;                  // reading stopped at a bound of TraceLimits
 };
 
-// Reads a whole trace from `in`. On error returns false with *error = "name:line: what".
+// Reads a whole trace from `in`. On error returns false with *error = "name:line: what", or
+// "name: more than N rows (the limit)" / "name: more than N bytes of text (the limit)" with
+// meta->over_limit set once a bound of `limits` is passed (reading stops there).
 bool read_trace_stream(std::istream& in, const std::string& name, std::vector<TraceRow>* rows, std::string* error,
-                       TraceMeta* meta = nullptr);
+                       TraceMeta* meta = nullptr, const TraceLimits& limits = {});
 // The same for the file at `path` (named so in errors).
 bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error,
-                     TraceMeta* meta = nullptr);
+                     TraceMeta* meta = nullptr, const TraceLimits& limits = {});
 
 }  // namespace cudapool

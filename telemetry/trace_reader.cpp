@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string_view>
 
 #include "config/printable.h"
@@ -93,29 +94,37 @@ std::string show(std::string_view field) {
 
 }  // namespace
 
-// Input is read in blocks (a window growing to 1 MiB) and split with memchr: several times faster than getline, which
-// matters for `cudapool replay` on traces of millions of rows. A valid row is < 256 bytes; a
-// "line" filling the whole window is an error rather than a reason to buffer without bound.
+// Input is read in blocks (a window growing to 1 MiB) and split with memchr: several times faster
+// than getline, which matters for `cudapool replay` on traces of millions of rows. A line is
+// refused once kMaxTraceLineBytes of it have passed without a newline, so a "line" of gigabytes
+// costs one block's read, never the whole of it.
 constexpr std::size_t kWindow = 1 << 20;
-// Distinct call sites a trace may name (each held once in memory; a program has a few hundred).
-constexpr std::size_t kMaxSites = 1 << 16;
+static_assert(kMaxTraceLineBytes < kWindow);
 
 TraceReader::TraceReader(std::istream& in) : in_(in) {}
 
 bool TraceReader::next_line(std::string_view* line) {
   if (buf_.empty()) buf_.resize(64 * 1024);  // grows to kWindow for big inputs
+  auto too_long = [&] {
+    ++line_;
+    return fail("line longer than " + std::to_string(kMaxTraceLineBytes) + " bytes (not a trace?)");
+  };
   while (true) {
     const char* start = buf_.data() + pos_;
-    if (const void* nl = std::memchr(start, '\n', end_ - pos_)) {
+    const std::size_t avail = end_ - pos_;
+    if (const void* nl = std::memchr(start, '\n', std::min(avail, kMaxTraceLineBytes + 1))) {
       const auto len = static_cast<std::size_t>(static_cast<const char*>(nl) - start);
       *line = std::string_view(start, len);
       pos_ += len + 1;
+      bytes_ += len + 1;
       ++line_;
       return true;
     }
+    if (avail > kMaxTraceLineBytes) return too_long();
     if (eof_) {
       if (pos_ == end_) return false;
       *line = std::string_view(start, end_ - pos_);  // last line without a newline
+      bytes_ += end_ - pos_;
       pos_ = end_;
       ++line_;
       unterminated_ = true;
@@ -126,12 +135,7 @@ bool TraceReader::next_line(std::string_view* line) {
       end_ -= pos_;
       pos_ = 0;
     }
-    if (end_ == buf_.size() && buf_.size() < kWindow) {
-      buf_.resize(std::min(buf_.size() * 2, kWindow));
-    } else if (end_ == buf_.size()) {
-      ++line_;
-      return fail("line longer than " + std::to_string(kWindow) + " bytes (not a trace?)");
-    }
+    if (end_ == buf_.size()) buf_.resize(std::min(buf_.size() * 2, kWindow));  // end_ <= the line bound < kWindow
     in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
     const auto n = static_cast<std::size_t>(in_.gcount());
     end_ += n;
@@ -286,10 +290,15 @@ bool TraceReader::next_row(TraceRow* row) {
       std::string text;
       if (const char* why = quoted(d, &text)) return bad(10, why);
       // Each site once: a long trace repeats a few dozen sites many times.
-      auto [it, fresh] = site_ids_.emplace(std::move(text), static_cast<std::uint32_t>(sites_.size() + 1));
-      if (fresh) {
-        if (sites_.size() >= kMaxSites) return bad(10, "is one call site more than a trace may hold");
-        sites_.push_back(it->first);
+      auto it = site_ids_.find(text);
+      if (it == site_ids_.end()) {
+        if (sites_.size() >= kMaxTraceSites) return bad(10, "is one call site more than a trace may hold");
+        if (site_bytes_ + text.size() > kMaxTraceSiteBytes)
+          return bad(10, "is a call site past the " + std::to_string(kMaxTraceSiteBytes >> 20) +
+                             " MiB the call sites of a trace may take");
+        site_bytes_ += text.size();
+        sites_.push_back(text);
+        it = site_ids_.emplace(std::move(text), static_cast<std::uint32_t>(sites_.size())).first;
       }
       r.site = it->second;
     } else if (d.empty()) {
@@ -311,17 +320,47 @@ bool TraceReader::next_row(TraceRow* row) {
   return true;
 }
 
+TraceLimits TraceLimits::for_rows(std::uint64_t rows) {
+  TraceLimits l;
+  if (rows == 0) return l;
+  l.max_rows = rows;
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  l.max_bytes = rows > kMax / kTraceBytesPerRow ? kMax : rows * kTraceBytesPerRow;
+  return l;
+}
+
 bool read_trace_stream(std::istream& in, const std::string& name, std::vector<TraceRow>* rows, std::string* error,
-                       TraceMeta* meta) {
+                       TraceMeta* meta, const TraceLimits& limits) {
   TraceReader reader(in);
   TraceRow row;
-  while (reader.next(&row)) rows->push_back(row);
+  std::string over;
+  while (reader.next(&row)) {
+    if (reader.bytes() > limits.max_bytes) {
+      over = "more than " + std::to_string(limits.max_bytes) + " bytes of text (the limit)";
+      break;
+    }
+    if (rows->size() >= limits.max_rows) {
+      over = "more than " + std::to_string(limits.max_rows) + " rows (the limit)";
+      break;
+    }
+    // Grow by doubling, but never past the bound: memory at the bound is what its rows take.
+    if (rows->size() == rows->capacity()) {
+      const std::size_t cap = std::max<std::size_t>(rows->capacity() * 2, 1024);
+      rows->reserve(static_cast<std::size_t>(std::min<std::uint64_t>(cap, limits.max_rows)));
+    }
+    rows->push_back(row);
+  }
   if (meta != nullptr) {
     meta->columns = reader.columns();
     meta->policy = reader.policy();
     meta->device_facts = reader.device_facts();
     meta->sites = reader.sites();
     if (!reader.warning().empty()) meta->warning = name + ":" + reader.warning().substr(5);
+    meta->over_limit = !over.empty();
+  }
+  if (!over.empty()) {
+    if (error) *error = name + ": " + over;
+    return false;
   }
   if (!reader.error().empty()) {
     if (error) *error = name + ":" + reader.error().substr(5);  // "line N: …" → "name:N: …"
@@ -330,13 +369,14 @@ bool read_trace_stream(std::istream& in, const std::string& name, std::vector<Tr
   return true;
 }
 
-bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error, TraceMeta* meta) {
+bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error, TraceMeta* meta,
+                     const TraceLimits& limits) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (error) *error = path + ": cannot open";
     return false;
   }
-  return read_trace_stream(in, path, rows, error, meta);
+  return read_trace_stream(in, path, rows, error, meta, limits);
 }
 
 }  // namespace cudapool

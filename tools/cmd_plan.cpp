@@ -28,6 +28,7 @@ struct PlanCliOptions {
   bool conf_given = false;
   std::string device_memory;
   bool quiet = false;
+  std::uint64_t max_rows = kDefaultMaxTraceRows;
 };
 
 // The segments of `trace`'s device at the replay's peak reserved. false when the replay could not
@@ -63,7 +64,7 @@ int plan_main(const PlanCliOptions& o) {
   ReplayConfig cfg;
   if (!device_memory_option(o.device_memory, &cfg.device_memory, who)) return kExitUsage;
   LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, -1, &loaded, who); rc != 0) return rc;
+  if (int rc = load_trace(o.trace, -1, &loaded, who, o.max_rows); rc != 0) return rc;
   const TraceFacts& first = loaded.prepared.facts;
   // The policy the recorded pool ran under, unless --conf names another (the plan is for a run
   // under that policy).
@@ -134,6 +135,7 @@ void add_plan_command(CLI::App& root, int* exit_status) {
       ->each([o](const std::string&) { o->conf_given = true; });
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   sub->add_flag("--quiet", o->quiet, "print nothing but errors");
+  sub->add_option("--max-rows", o->max_rows, kMaxRowsHelp)->check(CLI::PositiveNumber);
   sub->callback([o, exit_status] { *exit_status = plan_main(*o); });
 }
 

@@ -32,6 +32,7 @@ struct ReplayCliOptions {
   std::string json;
   bool quiet = false;
   bool check = false;
+  std::uint64_t max_rows = kDefaultMaxTraceRows;
 };
 
 // One policy's figures as JSON numbers (the table's rows, in bytes, counts and fractions).
@@ -91,7 +92,7 @@ int replay_main(const ReplayCliOptions& in) {
   }
 
   LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, o.device, &loaded, "cudapool replay"); rc != 0) return rc;
+  if (int rc = load_trace(o.trace, o.device, &loaded, "cudapool replay", o.max_rows); rc != 0) return rc;
   const TraceFacts& facts = loaded.prepared.facts;
   const BasePolicy base = choose_base_policy(facts,
                                              policies.empty() ? std::nullopt : std::optional(policies.front().conf));
@@ -263,6 +264,7 @@ void add_replay_command(CLI::App& root, int* exit_status) {
   sub->add_option("--device", o->device, "device to replay (default: the busiest)");
   sub->add_option("--stats", o->stats, "write the first policy's JSON summary here (default: its stats_file)");
   sub->add_flag("--quiet", o->quiet, "print only the table");
+  sub->add_option("--max-rows", o->max_rows, kMaxRowsHelp)->check(CLI::PositiveNumber);
   sub->add_flag("--check", o->check,
                 "only compare a replay under the recorded policy with the recorded peak reserved: print the "
                 "fidelity line, exit 1 when it is not within 3 %");

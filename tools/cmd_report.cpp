@@ -25,6 +25,7 @@ struct ReportOptions {
   std::optional<double> at_s;
   bool replay = false;
   FreeReplayOptions frees;  // how a replay (--conf, --replay, --snapshot) plays the frees
+  std::uint64_t max_rows = kDefaultMaxTraceRows;
 };
 
 std::string report_json(const TraceReport& r, const std::string& trace, const ReportContext& c) {
@@ -69,7 +70,7 @@ int report_main(const ReportOptions& o) {
                                    {&o.json, "--json"}})
     if (!output_option_ok(*path, flag, "cudapool report")) return kExitNoInput;
   LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, -1, &loaded, "cudapool report"); rc != 0) return rc;
+  if (int rc = load_trace(o.trace, -1, &loaded, "cudapool report", o.max_rows); rc != 0) return rc;
   const TraceFacts& f = loaded.prepared.facts;
   ReportContext ctx;
   ctx.title = o.trace;
@@ -177,6 +178,7 @@ void add_report_command(CLI::App& root, int* exit_status) {
   sub->add_option("--at", o->at_s,
                   "seconds since the trace's start for --snapshot (default: the moment of peak reserved)");
   o->frees.add_to(sub);
+  sub->add_option("--max-rows", o->max_rows, kMaxRowsHelp)->check(CLI::PositiveNumber);
   sub->callback([o, exit_status] { *exit_status = report_main(*o); });
 }
 

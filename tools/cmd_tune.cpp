@@ -31,6 +31,7 @@ struct TuneCliOptions {
   FreeReplayOptions frees;
   int top = 15;
   std::string json;
+  std::uint64_t max_rows = kDefaultMaxTraceRows;
 };
 
 int tune_main(const TuneCliOptions& o) {
@@ -57,7 +58,7 @@ int tune_main(const TuneCliOptions& o) {
   // if its frees replay as cudaFreeAsync.
   o.frees.apply(&cfg.replay);
   LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune"); rc != 0) return rc;
+  if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune", o.max_rows); rc != 0) return rc;
   const TraceFacts& facts = loaded.prepared.facts;
   if (text) print_trace_facts(o.trace, loaded);
   const BasePolicy base = choose_base_policy(facts, o.conf);
@@ -196,6 +197,7 @@ void add_tune_command(CLI::App& root, int* exit_status) {
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");
   o->frees.add_to(sub);
   sub->add_option("--top", o->top, "rows of the ranked table")->check(CLI::Range(1, 100000));
+  sub->add_option("--max-rows", o->max_rows, kMaxRowsHelp)->check(CLI::PositiveNumber);
   sub->add_option("--json", o->json,
                   "also write the pick, the why and the table as JSON here ('-': print only the JSON)");
   sub->callback([o, exit_status] { *exit_status = tune_main(*o); });

@@ -35,5 +35,6 @@ inline constexpr int kExitUsage = 2;       // bad arguments (CLI11 uses 105-109 
 inline constexpr int kExitBadInput = 65;   // EX_DATAERR: a trace or summary file is malformed
 inline constexpr int kExitNoInput = 66;    // EX_NOINPUT: a file cannot be opened
 inline constexpr int kExitFailedRuns = 1;  // ab: at least one run failed
+inline constexpr int kExitInternal = 70;   // EX_SOFTWARE: a failure of cudapool itself (main's last catch)
 
 }  // namespace cudapool::tools

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <limits>
@@ -60,9 +61,10 @@ GzipInput::~GzipInput() = default;
 bool GzipInput::opened() const { return buf_->file != nullptr; }
 std::istream& GzipInput::stream() { return *in_; }
 std::string GzipInput::error() const { return buf_->error; }
-void GzipInput::drain() {
+void GzipInput::drain(std::uint64_t max_bytes) {
   in_->clear();
-  in_->ignore(std::numeric_limits<std::streamsize>::max());
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::streamsize>::max());
+  in_->ignore(static_cast<std::streamsize>(std::min(max_bytes, kMax)));
 }
 
 }  // namespace cudapool::tools

@@ -1,8 +1,10 @@
 // Reading gzip-compressed traces (the project ships its GPU traces as .csv.gz): a file that
 // starts with gzip's magic bytes is read through zlib, any other file as it is. Decompression
-// streams, so memory follows the rows kept, not the file; deflate's own limit (at most about
-// 1032 bytes out per byte in) bounds what a crafted file can expand to.
+// streams, so memory follows the rows kept, not the file. A crafted file may inflate about 1032
+// bytes per byte (deflate's own limit) and more through many members: the reader bounds the text
+// it takes (TraceLimits, telemetry/trace.h) and drain() the rest it decompresses.
 #pragma once
+#include <cstdint>
 #include <istream>
 #include <memory>
 #include <string>
@@ -26,9 +28,11 @@ class GzipInput {
   bool opened() const;
   std::istream& stream();
   std::string error() const;
-  // Decompresses what is left unread, discarding it, so that error() also covers the rest (its
-  // length and CRC): damage that first shows as a malformed row is then reported as damage.
-  void drain();
+  // Decompresses what is left unread, up to `max_bytes` of it, discarding it, so that error()
+  // also covers the rest (its length and CRC): damage that first shows as a malformed row is then
+  // reported as damage. Beyond `max_bytes` it stops: a malformed row of a file that inflates to
+  // gigabytes is reported as that row, at once.
+  void drain(std::uint64_t max_bytes);
 
  private:
   struct Buf;

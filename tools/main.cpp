@@ -2,7 +2,10 @@
 // watch the pooled processes (top).
 #include <CLI/CLI.hpp>
 #include <cstring>
+#include <exception>
+#include <new>
 
+#include "config/printable.h"
 #include "config/version.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
@@ -45,17 +48,33 @@ int main(int argc, char** argv) {
   for (CLI::App* sub : app.get_subcommands({})) sub->set_version_flag("-V,--version", version);
   // With --json, a failure is JSON too (tools/cli_io.h): usage errors included.
   const std::string json = json_flag(parsed_argc, argv);
+  const std::string sub = argc > 1 ? argv[1] : "";
+  const std::string who = std::string("cudapool") + (sub.empty() ? "" : " ") + sub;
+  // No exception ends the program with an abort: what a command did not catch itself is one line
+  // and exit 70 (what reads untrusted input reports it as such, 65, before it gets here).
+  auto internal = [&](const char* what) {
+    print_error("%s: internal error: %s; please report it\n", who.c_str(), cudapool::printable(what).c_str());
+    finish_json(json, kExitInternal);
+    return kExitInternal;
+  };
   try {
     app.parse(parsed_argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     // --help is success; every other parse error is a usage error with one status.
     if (rc != 0) {
-      const std::string sub = argc > 1 ? argv[1] : "";
-      remember_error(std::string("cudapool") + (sub.empty() ? "" : " ") + sub + ": " + e.what());
+      remember_error(who + ": " + e.what());
       finish_json(json, kExitUsage);
     }
     return rc == 0 ? 0 : kExitUsage;
+  } catch (const std::bad_alloc&) {
+    print_error("%s: out of memory\n", who.c_str());
+    finish_json(json, kExitInternal);
+    return kExitInternal;
+  } catch (const std::exception& e) {
+    return internal(e.what());
+  } catch (...) {
+    return internal("an exception of an unknown type");
   }
   finish_json(json, exit_status);
   return exit_status;

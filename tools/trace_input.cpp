@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 
 #include <charconv>
 
@@ -17,6 +18,9 @@
 namespace cudapool::tools {
 
 namespace {
+
+// How much of a gzip trace is decompressed past a malformed row to look for damage behind it.
+constexpr std::uint64_t kDrainBytes = std::uint64_t{64} << 20;
 
 // A trace is untrusted input: its policy row may name files, signals, groups. Only the keys that
 // shape the pool pass (config/, pool_shaping_conf); what is dropped is said on stderr, in one line.
@@ -58,7 +62,7 @@ void apply_device_facts(const std::string& text, TraceFacts* facts) {
 
 }  // namespace
 
-int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who) {
+int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who, std::uint64_t max_rows) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     print_error("%s: cannot open trace '%s': %s\n", who, path.c_str(),
@@ -69,30 +73,55 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
   std::string error;
   TraceMeta meta;
   bool read = false;
-  if (is_gzip_file(path)) {  // read as it is shipped (tests/traces/*.csv.gz), no zcat first
-    GzipInput gz(path);
-    if (!gz.opened()) {
-      print_error("%s: cannot open trace '%s'\n", who, path.c_str());
-      return kExitNoInput;
+  const TraceLimits limits = TraceLimits::for_rows(max_rows);
+  try {
+    if (is_gzip_file(path)) {  // read as it is shipped (tests/traces/*.csv.gz), no zcat first
+      GzipInput gz(path);
+      if (!gz.opened()) {
+        print_error("%s: cannot open trace '%s'\n", who, path.c_str());
+        return kExitNoInput;
+      }
+      read = read_trace_stream(gz.stream(), path, &out->rows, &error, &meta, limits);
+      // A malformed row may be the first sign of damaged data: look a little further for it.
+      if (!read && !meta.over_limit) gz.drain(kDrainBytes);
+      // Rows read before a damaged end are not a trace: say so rather than replay part of it.
+      if (!gz.error().empty()) {
+        error = path + ": " + gz.error() + " after " + std::to_string(out->rows.size()) + " rows; `gzip -t " + path +
+                "` checks the file";
+        read = false;
+        meta.over_limit = false;
+      }
+    } else {
+      read = read_trace_file(path, &out->rows, &error, &meta, limits);
     }
-    read = read_trace_stream(gz.stream(), path, &out->rows, &error, &meta);
-    if (!read) gz.drain();  // a malformed row may be the first sign of damaged data
-    // Rows read before a damaged end are not a trace: say so rather than replay part of it.
-    if (!gz.error().empty()) {
-      error = path + ": " + gz.error() + " after " + std::to_string(out->rows.size()) + " rows; `gzip -t " + path +
-              "` checks the file";
-      read = false;
-    }
-  } else {
-    read = read_trace_file(path, &out->rows, &error, &meta);
+  } catch (const std::bad_alloc&) {
+    // Within the bounds, but more than this machine (or its ulimit) holds.
+    const std::size_t n = out->rows.size();
+    out->rows = {};
+    print_error(
+        "%s: %s: out of memory after %zu rows: the trace is larger than this machine can read; pass a "
+        "--max-rows below %zu to refuse such a trace at once\n",
+        who, path.c_str(), n, n);
+    return kExitBadInput;
   }
   if (!read) {
+    if (meta.over_limit) error += ": pass --max-rows N to raise it";
     print_error("%s: %s\n", who, error.c_str());
     return kExitBadInput;
   }
   auto parsed = std::chrono::steady_clock::now();
   out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
-  out->prepared = prepare_trace(out->rows, device);
+  try {
+    out->prepared = prepare_trace(out->rows, device);
+  } catch (const std::bad_alloc&) {
+    const std::size_t n = out->rows.size();
+    out->rows = {};
+    print_error(
+        "%s: %s: out of memory preparing its %zu rows for a replay; pass a --max-rows below %zu to refuse "
+        "such a trace at once\n",
+        who, path.c_str(), n, n);
+    return kExitBadInput;
+  }
   TraceFacts& facts = out->prepared.facts;
   out->prepared.sites = std::move(meta.sites);
   facts.recorded_policy = recorded_policy(meta.policy, who);

@@ -282,6 +282,44 @@ printf '\177ELF\002\001\033[2J\n' > "$tmp/binary.csv"
 expect_rc 65 "replay of a binary file" -- "$cp" replay "$tmp/binary.csv"
 expect_out "'\\\\x7fELF\\\\x02\\\\x01\\\\x1b\[2J'" "the header is escaped"
 if grep -q $'\033' "$tmp/out"; then fail "a raw escape byte reached the message"; else ok; fi
+# Bounded traces: past a bound, one line and exit 65 as soon as it is passed, never an abort.
+expect_rc 65 "replay past --max-rows" -- "$cp" replay --max-rows 100 $traces/train.csv
+expect_out "^cudapool replay: $traces/train.csv: more than 100 rows \(the limit\): pass --max-rows N to raise it\$" \
+  "the bound's error says how to raise it"
+if [ "$(wc -l <"$tmp/out")" -eq 1 ]; then ok; else fail "the bound's error is not one line"; fi
+expect_rc 0 "replay within --max-rows" -- "$cp" replay --quiet --max-rows "$(($(wc -l <$traces/train.csv) - 1))" $traces/train.csv
+expect_rc 65 "tune past --max-rows" -- "$cp" tune --max-rows 100 $traces/train.csv
+expect_out "^cudapool tune: .*more than 100 rows \(the limit\)" "tune names the bound"
+expect_rc 65 "report past --max-rows" -- "$cp" report --max-rows 100 $traces/train.csv
+expect_out "^cudapool report: .*more than 100 rows \(the limit\)" "report names the bound"
+expect_rc 65 "plan past --max-rows" -- "$cp" plan --max-rows 100 $traces/train.csv -o "$tmp/bound.plan"
+expect_out "^cudapool plan: .*more than 100 rows \(the limit\)" "plan names the bound"
+for c in replay tune report plan; do
+  expect_rc 0 "$c --help" -- "$cp" $c --help
+  expect_out "--max-rows.*=5000000" "$c --help shows --max-rows and its default"
+done
+# One line of 1 GiB in a gzip file of some 1 MiB (1024 members of 1 MiB each): refused at its
+# first 64 KiB, and the rest not read for damage.
+printf '%s\n1,' "$(head -n 1 $traces/train.csv)" | gzip -1 >"$tmp/line.csv.gz"
+head -c 1048576 /dev/zero | tr '\0' 7 | gzip -1 >"$tmp/mib.gz"
+for _ in 1 2 3 4 5 6 7 8 9 10; do cat "$tmp/mib.gz" "$tmp/mib.gz" >"$tmp/mib2.gz"; mv "$tmp/mib2.gz" "$tmp/mib.gz"; done
+cat "$tmp/mib.gz" >>"$tmp/line.csv.gz"
+expect_rc 65 "replay of a gzip trace of one 1 GiB line" -- "$cp" replay "$tmp/line.csv.gz"
+expect_out "^cudapool replay: $tmp/line.csv.gz:2: line longer than 65536 bytes \(not a trace\?\)\$" "the line bound is named"
+# Millions of valid rows under a memory limit, with the bound raised past what fits: the reader
+# runs out of memory, and says so in one line with exit 65 (no std::bad_alloc abort). Not under
+# a sanitizer, which reserves more address space than any such limit.
+if [ -z "${CUDAPOOL_SAN_PRELOAD:-}" ]; then
+  printf 'Thread,Time,Action,Pointer,Size,Stream\n' | gzip -1 >"$tmp/many.csv.gz"
+  yes '1,00:00:00.000001,allocate,0x10,512,0x0' | head -n 262144 | gzip -1 >"$tmp/rows.gz"
+  for _ in 1 2 3 4 5 6; do cat "$tmp/rows.gz" "$tmp/rows.gz" >"$tmp/rows2.gz"; mv "$tmp/rows2.gz" "$tmp/rows.gz"; done
+  cat "$tmp/rows.gz" >>"$tmp/many.csv.gz"  # 16,777,216 rows
+  expect_rc 65 "replay of 16 M rows under ulimit -v 400000" -- bash -c \
+    'ulimit -v 400000 && exec "$0" replay --max-rows 100000000 "$1"' "$cp" "$tmp/many.csv.gz"
+  expect_out "^cudapool replay: $tmp/many.csv.gz: out of memory after [0-9]+ rows: .*--max-rows below" \
+    "running out of memory is one line naming the trace"
+  if [ "$(wc -l <"$tmp/out")" -eq 1 ]; then ok; else fail "the out-of-memory error is not one line"; fi
+fi
 expect_rc 2 "replay without a trace" -- "$cp" replay
 expect_rc 2 "unknown option" -- "$cp" replay $traces/train.csv --frobnicate
 expect_rc 2 "unknown subcommand" -- "$cp" frobnicate
