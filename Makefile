@@ -97,12 +97,16 @@ FUZZ_TIME ?= 30
 FUZZ_RUNS := $(FUZZ_TARGETS:%=%.run)
 .PHONY: fuzz $(FUZZ_RUNS)
 fuzz: $(FUZZ_RUNS)
+# The whole output goes to $(BUILD)/fuzz-logs/<target>.log; shown are the coverage and feature
+# counts when it loaded its corpus and when it ended, and the runs (the log's end on a failure).
 $(FUZZ_RUNS): %.run: % | $(FUZZ_TARGETS)
-	@n=$(notdir $*); mkdir -p $(BUILD)/fuzz-corpus/$$n $(BUILD)/fuzz-artifacts; \
-	  seeds=; [ -d tests/fuzz/corpus/$$n ] && seeds=tests/fuzz/corpus/$$n; \
-	  out=$$(bash -o pipefail -c "$* -max_total_time=$(FUZZ_TIME) -timeout=5 -rss_limit_mb=2048 \
-	      -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz-artifacts/ \
-	      $(BUILD)/fuzz-corpus/$$n $$seeds 2>&1 | tail -n 15"); rc=$$?; \
+	@n=$(notdir $*); mkdir -p $(BUILD)/fuzz-corpus/$$n $(BUILD)/fuzz-artifacts $(BUILD)/fuzz-logs; \
+	  seeds=; [ -d tests/fuzz/corpus/$$n ] && seeds=tests/fuzz/corpus/$$n; log=$(BUILD)/fuzz-logs/$$n.log; \
+	  $* -max_total_time=$(FUZZ_TIME) -timeout=5 -rss_limit_mb=2048 -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz-artifacts/ $(BUILD)/fuzz-corpus/$$n $$seeds >$$log 2>&1; rc=$$?; \
+	  if [ $$rc -eq 0 ]; then \
+	    out=$$(grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^Done |^stat::(number_of_executed_units|new_units_added)' $$log); \
+	  else out=$$(tail -n 40 $$log); fi; \
 	  printf '== %s (%s s)\n%s\n' $* $(FUZZ_TIME) "$$out"; exit $$rc
 
 # Installed stripped (debug info stays in the build tree); a pkg-config file for cudapool.h.
