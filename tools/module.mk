@@ -22,7 +22,8 @@ $(GEN_TRACE_BIN): $(BUILD)/tools/gen_trace_main.o $(TOOLS_LINK)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS) $< $(TOOLS_LINK) $(TOOLS_LDLIBS) -o $@
 
 # `make docs`: the policy-key tables of README.md and docs/policy.md, from config/keys.cpp, and
-# the fidelity table of tests/traces/README.md, from the replays of the shipped traces
+# the fidelity table of tests/traces/README.md, from the replays of the shipped traces, and
+# README.md's results table, from docs/results.tsv
 # (built with the programs, so it always compiles; not installed).
 $(GEN_DOCS_BIN): $(BUILD)/tools/gen_docs_main.o $(CONFIG_LIB) $(ALLOCATOR_LIB)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS) $< $(CONFIG_LIB) $(ALLOCATOR_LIB) $(TOOLS_LDLIBS) -o $@
@@ -30,6 +31,7 @@ $(GEN_DOCS_BIN): $(BUILD)/tools/gen_docs_main.o $(CONFIG_LIB) $(ALLOCATOR_LIB)
 docs: $(GEN_DOCS_BIN) $(CUDAPOOL_BIN)
 	$(GEN_DOCS_BIN) .
 	bash tests/traces/fidelity.sh --write $(CUDAPOOL_BIN)
+	python3 scripts/results_table.py
 
 # CLI11 is header-only and costs ~6 s per file that includes it; the files that do include it
 # first, so they all read one precompiled copy (GCC finds CLI/CLI.hpp.gch before CLI/CLI.hpp in

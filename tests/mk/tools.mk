@@ -43,6 +43,15 @@ $(TOOLS_INSTALL_TEST): tests/tools/install_test.sh $(PROGRAMS)
 	chmod +x $@
 TEST_BINS += $(TOOLS_INSTALL_TEST)
 
+# README.md's results table against docs/results.tsv (scripts/results_table.py): python3 only,
+# so the same in release and sanitizer builds.
+TOOLS_RESULTS_TABLE_TEST := $(BUILD)/tests/results_table_test.sh
+$(TOOLS_RESULTS_TABLE_TEST): tests/tools/results_table_test.sh scripts/results_table.py
+	@mkdir -p $(@D)
+	printf '#!/usr/bin/env bash\nexec bash tests/tools/results_table_test.sh\n' > $@
+	chmod +x $@
+TEST_BINS += $(TOOLS_RESULTS_TABLE_TEST)
+
 # Fuzzers (tests/module.mk): replay, report and tune run on whole traces in memory (bounded work
 # per input: tests/fuzz/tools_fuzz_input.h), with tools/ (but its command-line files), telemetry/,
 # config/ and the pool core in the fuzzers' object tree, as archives so that each target links
