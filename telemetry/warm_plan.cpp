@@ -427,6 +427,36 @@ class FdBuf : public std::streambuf {
   char buf_[64 * 1024];
 };
 
+// true when `head` (a file's first bytes, not a plan's magic line) may start a trace. Otherwise
+// *why says what is wrong: a plan with lines written ahead of its magic line (what a shell
+// redirection catches when a summary shares the plan's stream), or a file of neither kind.
+bool neither_plan_nor_trace(std::string_view head, std::string* why) {
+  const std::string magic_line = "\n" + std::string(kWarmPlanMagic);
+  const std::size_t at = head.find(magic_line);
+  if (at != std::string_view::npos) {
+    const auto line = static_cast<std::size_t>(
+                          std::count(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(at), '\n')) +
+                      2;
+    *why = "line " + std::to_string(line) + ": a warm-start plan begins here, not on line 1: the " +
+           std::to_string(line - 1) + " line(s) before it are not part of a plan; delete them, or write the plan " +
+           "again with `cudapool plan TRACE -o PLAN`";
+    return false;
+  }
+  if (head.empty()) return true;  // the trace reader says "empty file"
+  std::string_view first = head.substr(0, head.find('\n'));
+  if (!first.empty() && first.back() == '\r') first.remove_suffix(1);
+  if (first.substr(0, 3) == "\xEF\xBB\xBF") first.remove_prefix(3);
+  // The trace reader's own message names what the header lacks; only a file that is no CSV trace
+  // of any kind is named here.
+  const std::string_view header = trace_header();
+  const std::string_view rmm = header.substr(0, header.find(",device"));
+  if (first.substr(0, rmm.size()) == rmm) return true;
+  *why = "line 1: neither a warm-start plan (whose first line is '" + std::string(kWarmPlanMagic) +
+         "') nor a trace (whose first line is the CSV header '" + std::string(rmm) + ",...'): it begins " +
+         shown(first);
+  return false;
+}
+
 }  // namespace
 
 bool load_warm_plan(const std::string& path, WarmPlan* plan, std::string* error) {
@@ -443,10 +473,13 @@ bool load_warm_plan(const std::string& path, WarmPlan* plan, std::string* error)
     return false;
   }
   ::fcntl(fd, F_SETFL, 0);  // plain blocking reads from here on
-  char head[64] = {};
-  ssize_t got = ::pread(fd, head, kWarmPlanMagic.size(), 0);
-  const bool is_plan = got == static_cast<ssize_t>(kWarmPlanMagic.size()) &&
-                       std::string_view(head, static_cast<std::size_t>(got)) == kWarmPlanMagic;
+  // The file's start: which kind of file it is, and what to say when it is neither.
+  std::string head(4096, '\0');
+  ssize_t got;
+  do got = ::pread(fd, head.data(), head.size(), 0);
+  while (got < 0 && errno == EINTR);
+  head.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
+  const bool is_plan = std::string_view(head).substr(0, kWarmPlanMagic.size()) == kWarmPlanMagic;
   bool ok = false;
   std::string why;
   if (is_plan) {
@@ -460,10 +493,13 @@ bool load_warm_plan(const std::string& path, WarmPlan* plan, std::string* error)
         if (n > 0) text.append(buf, static_cast<std::size_t>(n));
       ok = parse_warm_plan(text, plan, &why);
     }
-  } else if (got >= 2 && static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b) {
+  } else if (head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x1f &&
+             static_cast<unsigned char>(head[1]) == 0x8b) {
     why =
         "line 1: the file is compressed with gzip, which a warm start does not read; make a plan from it once "
         "(cudapool plan TRACE -o PLAN reads it as it is) and name the plan";
+  } else if (!neither_plan_nor_trace(head, &why)) {
+    // why says what the file is instead
   } else if (static_cast<std::uint64_t>(st.st_size) > kMaxWarmTraceFile) {
     why = "line 1: a trace of " + std::to_string(static_cast<std::uint64_t>(st.st_size) >> 20) +
           " MiB is more than a warm start reads at a pool's start (" + std::to_string(kMaxWarmTraceFile >> 20) +

@@ -65,6 +65,19 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
   }
   const Policy& p = *r.policy;
   for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  // The plan warm_start names, read as the shim will read it when a pool starts. The shim runs on
+  // without a plan it cannot use; a check is where the mistake is caught, so it fails here.
+  WarmPlan plan;
+  if (!p.warm_start.empty()) {
+    std::string why;
+    if (!load_warm_plan(p.warm_start, &plan, &why)) {
+      print_error(
+          "cudapool check: invalid policy: warm_start: %s (the library would run the program without a warm "
+          "start)\n",
+          why.c_str());
+      return kPolicyErrorExitStatus;
+    }
+  }
   if (!o.json.empty()) {
     if (!emit_json(o.json, check_json(p, command, tail.present), "cudapool check")) return kExitNoInput;
     if (o.json == "-") return 0;
@@ -84,20 +97,12 @@ int check_main(const CheckOptions& o, const CommandTail& tail) {
         p.group.c_str(), budget.c_str(), p.group_release_wait_ms);
   }
   if (!p.warm_start.empty()) {
-    // What the shim will read when a pool starts; a plan it cannot use is only a warning there,
-    // so it is one here too (the exit status stays 0).
-    WarmPlan plan;
-    std::string why;
-    if (!load_warm_plan(p.warm_start, &plan, &why)) {
-      std::fprintf(stderr, "warning: warm_start: %s; the program would run without a warm start\n", why.c_str());
-    } else {
-      std::string per_device;
-      for (const WarmDevice& d : plan.devices)
-        per_device += (per_device.empty() ? "" : ", ") + std::string("device ") + std::to_string(d.device) + " " +
-                      std::to_string((plan.bytes(d.device) + MiB / 2) / MiB) + " MiB";
-      std::printf("warm_start: %zu segments to preallocate (%s), from %s\n", plan.segments.size(),
-                  per_device.empty() ? "no device" : per_device.c_str(), plan.source.c_str());
-    }
+    std::string per_device;
+    for (const WarmDevice& d : plan.devices)
+      per_device += (per_device.empty() ? "" : ", ") + std::string("device ") + std::to_string(d.device) + " " +
+                    std::to_string((plan.bytes(d.device) + MiB / 2) / MiB) + " MiB";
+    std::printf("warm_start: %zu segments to preallocate (%s), from %s\n", plan.segments.size(),
+                per_device.empty() ? "no device" : per_device.c_str(), plan.source.c_str());
   }
   if (tail.present) {
     if (!p.profile.empty())

@@ -60,6 +60,9 @@ bool plan_device(const PreparedTrace& trace, const ReplayConfig& cfg, WarmPlan* 
 
 int plan_main(const PlanCliOptions& o) {
   const char* who = "cudapool plan";
+  // The summary goes to stderr when the plan itself goes to stdout: nothing but the plan may be
+  // in a file made with `-o - > PLAN`.
+  FILE* say = o.output == "-" ? stderr : stdout;
   if (!output_option_ok(o.output, "-o", who)) return kExitNoInput;
   ReplayConfig cfg;
   if (!device_memory_option(o.device_memory, &cfg.device_memory, who)) return kExitUsage;
@@ -96,11 +99,12 @@ int plan_main(const PlanCliOptions& o) {
     std::size_t bytes = 0;
     for (std::size_t i = before; i < plan.segments.size(); ++i) bytes += plan.segments[i].bytes;
     if (!o.quiet) {
-      std::printf("device %d: %zu segments, %s at the peak", dev, plan.segments.size() - before,
-                  format_bytes(static_cast<double>(bytes)).c_str());
+      std::fprintf(say, "device %d: %zu segments, %s at the peak", dev, plan.segments.size() - before,
+                   format_bytes(static_cast<double>(bytes)).c_str());
       const auto& recorded = prepared.facts.recorded_peak_reserved;
-      if (recorded) std::printf(" (recorded peak reserved %s)", format_bytes(static_cast<double>(*recorded)).c_str());
-      std::printf("\n");
+      if (recorded)
+        std::fprintf(say, " (recorded peak reserved %s)", format_bytes(static_cast<double>(*recorded)).c_str());
+      std::fprintf(say, "\n");
     }
     if (plan.segments.size() > kMaxWarmSegments) {
       print_error("%s: more than %zu segments at the peak: more than a plan may hold\n", who, kMaxWarmSegments);
@@ -130,7 +134,8 @@ void add_plan_command(CLI::App& root, int* exit_status) {
                                       "write a warm-start plan: the segments a trace's run held at its peak, for the "
                                       "policy key warm_start");
   sub->add_option("trace", o->trace, "cudapool trace CSV (trace_file)")->required();
-  sub->add_option("-o,--output", o->output, "where the plan goes ('-': stdout)")->required();
+  sub->add_option("-o,--output", o->output, "where the plan goes ('-': stdout, with the summary on stderr)")
+      ->required();
   sub->add_option("--conf", o->conf, "replay under this policy (default: the trace's recorded policy)")
       ->each([o](const std::string&) { o->conf_given = true; });
   sub->add_option("--device-memory", o->device_memory, "simulated device size, e.g. 80GiB (default: recorded)");

@@ -256,5 +256,27 @@ TEST(WarmPlanFile, ReadsPlansAndTracesAndRefusesOtherFiles) {
   EXPECT_TRUE(has(err, "cudapool plan TRACE -o PLAN")) << err;
 }
 
+TEST(WarmPlanFile, SaysWhatAFileOfNeitherKindIs) {
+  testing::TempPath file(".plan");
+  WarmPlan p;
+  std::string err;
+  // A plan with lines ahead of its magic line (a summary caught by the same redirection): where
+  // the plan begins, not the trace reader's complaint about a CSV header.
+  std::ofstream(file.str()) << "device 0: 1 segments, 20 MiB at the peak\nnote\n"
+                            << plan_text("segment 0 large classic 20971520\n");
+  EXPECT_FALSE(load_warm_plan(file.str(), &p, &err));
+  EXPECT_TRUE(has(err, file.str() + ":3: a warm-start plan begins here, not on line 1")) << err;
+  EXPECT_FALSE(has(err, "header")) << err;
+  // Neither a plan nor a trace: both first lines it could have had.
+  std::ofstream(file.str(), std::ios::trunc) << "junk\n";
+  EXPECT_FALSE(load_warm_plan(file.str(), &p, &err));
+  EXPECT_TRUE(has(err, file.str() + ":1: neither a warm-start plan")) << err;
+  EXPECT_TRUE(has(err, "it begins 'junk'")) << err;
+  // A trace with a header the reader does not know keeps the reader's own message.
+  std::ofstream(file.str(), std::ios::trunc) << "Thread,Time,Action,Pointer,Size,Stream,x\n";
+  EXPECT_FALSE(load_warm_plan(file.str(), &p, &err));
+  EXPECT_TRUE(has(err, "header")) << err;
+}
+
 }  // namespace
 }  // namespace cudapool
