@@ -8,8 +8,11 @@
 namespace cudapool::tools {
 
 struct ReportContext {
-  std::string title;              // usually the trace path
-  std::string source_note;        // e.g. "segments from a replay under the default policy"
+  std::string title;        // usually the trace path
+  std::string source_note;  // e.g. "segments from a replay under the default policy"
+  // The figures are a replay's (this version of the pool on a simulated device), not the
+  // recording's (the program as it ran): every output says which.
+  bool replayed = false;
   std::size_t device_memory = 0;  // 0 = unknown
   // The rows' upstream durations are the recording's own; false when they come from a replay
   // (its simulated device's times say nothing of a GPU's).
@@ -20,6 +23,10 @@ struct ReportContext {
 // <rect class="segment"> per segment and <rect class="block"> per live block, <svg id="sizes">
 // with one <rect class="size-bar"> per size; data-* attributes carry the exact byte counts.
 std::string render_html(const TraceReport& report, const ReportContext& context);
+
+// "figures recorded: …" or "figures replayed: …": where the report's figures come from, as the
+// text summary and the HTML page say it (one line, no newline).
+std::string figures_note(const ReportContext& context);
 
 // {"traceEvents":[…],"displayTimeUnit":"ms"}: counter events "allocated"/"reserved" (bytes) on
 // the device's process track (at most 200 000 points, see downsample()), instant events for OOMs,
