@@ -96,6 +96,10 @@ bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView*
     v.outside = sl.outside.load(std::memory_order_relaxed);
     v.cached = sl.cached.load(std::memory_order_relaxed);
     v.allocated = sl.allocated.load(std::memory_order_relaxed);
+    v.parked = sl.parked.load(std::memory_order_relaxed) != 0;
+    v.parkable = sl.parkable.load(std::memory_order_relaxed);
+    v.parked_bytes = sl.parked_bytes.load(std::memory_order_relaxed);
+    v.park_why = bounded_string(sl.park_why, sizeof sl.park_why);
     out->live.push_back(v);
   }
   return true;
@@ -128,6 +132,66 @@ std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* war
   }
   ::closedir(d);
   return out;
+}
+
+int choose_to_park(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
+                   int* chosen, Passed* passed) {
+  constexpr std::int64_t kSilentNs = 2'000'000'000;  // no publication for this long: stopped or stuck
+  int order[kLedgerSlots];
+  int m = 0;
+  for (int i = 0; i < n && i < static_cast<int>(kLedgerSlots); ++i) {
+    const ParkCandidate& k = c[i];
+    Passed p = Passed::chosen;
+    if (!k.live || k.parked)
+      p = Passed::parked;
+    else if (k.asking)
+      p = Passed::busy_asking;
+    else if (k.pending)
+      p = Passed::pending;
+    else if (k.refused)
+      p = Passed::refused;
+    else if (k.parkable != kParkable)
+      p = Passed::not_parkable;
+    else if (k.active_ns <= 0 || k.heartbeat_ns <= 0 || now_ns - k.heartbeat_ns > kSilentNs)
+      p = Passed::silent;
+    else if (now_ns - k.active_ns < idle_ns)
+      p = Passed::not_idle;
+    else if (k.reserved == 0)
+      p = Passed::empty;
+    else
+      order[m++] = i;
+    if (passed != nullptr) passed[i] = p;
+  }
+  // The least recently active first; ties by slot, so the choice does not depend on the order given.
+  std::sort(order, order + m, [&](int a, int b) {
+    return c[a].active_ns != c[b].active_ns ? c[a].active_ns < c[b].active_ns : c[a].slot < c[b].slot;
+  });
+  int k = 0;
+  std::uint64_t covered = 0;
+  for (; k < m && (k == 0 || covered < need); ++k) {
+    chosen[k] = c[order[k]].slot;
+    covered = covered + c[order[k]].reserved < covered ? UINT64_MAX : covered + c[order[k]].reserved;
+  }
+  if (passed != nullptr)
+    for (int j = k; j < m; ++j) passed[order[j]] = Passed::spare;  // the need was covered without them
+  return k;
+}
+
+bool may_park_later(const ParkCandidate& c, Passed passed) {
+  switch (passed) {
+    case Passed::chosen:
+    case Passed::spare:
+    case Passed::busy_asking:
+    case Passed::pending:
+    case Passed::refused:
+    case Passed::not_idle:
+    case Passed::silent: return c.live;
+    case Passed::not_parkable: return c.live && c.parkable != kParkOff;
+    // A parked member whose bytes are back in the ledger was restored; its flag is cleared soon.
+    case Passed::parked: return c.live && c.reserved != 0 && c.reserved >= c.parked_bytes;
+    case Passed::empty: return false;
+  }
+  return false;
 }
 
 }  // namespace cudapool::share

@@ -28,10 +28,27 @@ std::string ledger_path(unsigned uid, std::string_view gpu_uuid, std::string_vie
 // ---- the group ledger --------------------------------------------------------------------------
 
 inline constexpr std::uint64_t kLedgerMagic = 0x3152474c4c4f4f50ULL;  // "POOLLGR1"
-inline constexpr std::uint32_t kLedgerVersion = 3;
+inline constexpr std::uint32_t kLedgerVersion = 4;                    // 4: the parking words of each slot
 inline constexpr std::uint32_t kLedgerSlots = 64;
 
 enum SlotState : std::uint32_t { kSlotFree = 0, kSlotLive = 1 };
+
+// Whether a member may be parked now (LedgerSlot::parkable); a reader takes any other value as
+// "no, for a reason it does not know".
+enum ParkBlock : std::uint32_t {
+  kParkable = 0,
+  kParkOff = 1,     // its policy does not let it be parked (group_park:off)
+  kParkNotNow = 2,  // the mechanism says not now; park_why says why (an IPC export, a capture, ...)
+};
+// A member's answer to a park request (LedgerSlot::park_result).
+enum ParkAnswer : std::uint32_t {
+  kParkNone = 0,      // no answer yet
+  kParkDone = 1,      // parked: park_gave bytes went back to the group
+  kParkRefused = 2,   // the mechanism refused or failed (park_why says why)
+  kParkBusy = 3,      // it worked within group_park_idle_ms (its own clock)
+  kParkHostFull = 4,  // the host memory parked data may take (group_park_host_mb) would be passed
+  kParkDisabled = 5,  // its policy has group_park:off
+};
 
 // One member process. Written by the member under the ledger's mutex (reserved, state, pid,
 // start_time) or by itself alone (cached, allocated, heartbeat, acks); read by anyone.
@@ -54,6 +71,27 @@ struct alignas(64) LedgerSlot {
   std::atomic<std::uint32_t> release_ack;
   std::atomic<std::uint64_t> release_want;
   std::atomic<std::uint64_t> released_bytes;  // given back on request, in total
+  // Parking (group_park). Another member that needs memory stores its pid in park_from and the
+  // bytes it wants in park_want, increments park_req and wakes the word; this member's park
+  // responder parks the process (all its memory goes to its own host memory, shim/parking.h),
+  // stores the outcome in park_result (a ParkAnswer), the bytes given back in park_gave and
+  // the request answered in park_ack, increments the header's `released` when bytes came free
+  // and wakes its waiters.
+  std::atomic<std::uint32_t> park_req;
+  std::atomic<std::uint32_t> park_ack;
+  std::atomic<std::uint64_t> park_want;
+  std::atomic<std::int32_t> park_from;
+  std::atomic<std::uint32_t> park_result;
+  std::atomic<std::uint64_t> park_gave;
+  // Published by the member (every ~250 ms, and at once when it parks):
+  std::atomic<std::uint32_t> parked;        // 1 while its memory is parked
+  std::atomic<std::uint32_t> parkable;      // a ParkBlock
+  std::atomic<std::uint64_t> parked_bytes;  // its bytes held in host memory
+  std::atomic<std::uint64_t> active_ns;     // monotonic_ns() when its last GPU call was seen (0: not yet)
+  std::atomic<std::uint32_t> asking;        // non-zero while it waits for others to park (not asked then)
+  std::atomic<std::uint32_t> pad_park;
+  char park_why[kNameBytes];      // why it may not be parked now (kParkNotNow); NUL-terminated
+  char park_refusal[kNameBytes];  // why it refused the last request, with park_result; NUL-terminated
 };
 
 struct Ledger {
@@ -84,6 +122,10 @@ struct SlotView {
   int pid = 0;
   std::uint64_t start_time = 0, pid_ns = 0;
   std::uint64_t reserved = 0, outside = 0, cached = 0, allocated = 0;
+  bool parked = false;
+  std::uint32_t parkable = kParkOff;  // a ParkBlock (unknown values kept as read)
+  std::uint64_t parked_bytes = 0;
+  std::string park_why;  // bounded, as read: print it only through printable()
 };
 struct LedgerView {
   std::string group, gpu;
@@ -97,5 +139,38 @@ bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView*
 // Every ledger of `uid` in shm_dir(), read with pread; files that are not valid ledgers go into
 // *warnings (when given).
 std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* warnings);
+
+// ---- whom to park --------------------------------------------------------------------------
+
+// One other member as a park request would see it (from its slot; every figure another
+// process's, so only compared, never trusted to be sane).
+struct ParkCandidate {
+  int slot = 0;
+  bool live = false;           // its slot is live with a pid
+  bool parked = false;         // already parked
+  bool asking = false;         // waiting for others to park itself
+  bool pending = false;        // a park request to it is not answered yet
+  bool refused = false;        // it refused this process's request a moment ago
+  std::uint32_t parkable = 0;  // a ParkBlock
+  // What a park of it would give back: its bytes in the ledger (exact, where its published live
+  // bytes may be 250 ms old; a park gives its idle cache back too).
+  std::uint64_t reserved = 0;
+  std::uint64_t parked_bytes = 0;  // as published, while parked
+  std::int64_t active_ns = 0;      // its last GPU call seen (0: never published)
+  std::int64_t heartbeat_ns = 0;
+};
+// Why a member was passed over, for the log when nobody could be parked.
+enum class Passed { chosen, spare, parked, busy_asking, pending, refused, not_parkable, not_idle, silent, empty };
+// Picks whom to park for `need` bytes at `now_ns`: the members that may be parked (live, not
+// parked, not asking, not already asked, not just refused, parkable, published within the last 2 s, idle at least
+// `idle_ns`, holding memory), the least recently active first, until their bytes cover `need`
+// (all of them when they do not). Writes the chosen slots to `chosen` in that order and returns
+// how many; `passed[i]` (when given, one per candidate) says what became of each.
+int choose_to_park(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
+                   int* chosen, Passed* passed = nullptr);
+// Whether a member passed over this time could still be parked later (it becomes idle, publishes,
+// answers, stops waiting, or was restored and its figures lag): false for members that are gone,
+// parked, hold nothing, or keep parking off.
+bool may_park_later(const ParkCandidate& c, Passed passed);
 
 }  // namespace cudapool::share

@@ -51,8 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   }
   for (std::size_t i = 0; i < v.live.size(); ++i) {
     if (v.live[i].slot < 0 || v.live[i].slot >= static_cast<int>(kLedgerSlots) ||
-        (i > 0 && v.live[i].slot <= v.live[i - 1].slot)) {
-      std::fprintf(stderr, "slot index out of order or bounds\n");
+        (i > 0 && v.live[i].slot <= v.live[i - 1].slot) || v.live[i].park_why.size() > kNameBytes) {
+      std::fprintf(stderr, "slot index out of order or bounds, or a text past its field\n");
       std::abort();
     }
   }

@@ -1,0 +1,83 @@
+// Whom a park request chooses (share::choose_to_park, shim/group_ledger_layout.h): plain code over
+// the figures other members published, so it is tested here on figures made up for it; the
+// processes that act on the choice are tested in shim_park_group_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "shim/group_ledger_layout.h"
+
+namespace cudapool {
+namespace {
+
+constexpr std::uint64_t kMiB = 1 << 20;
+
+// Whom a request chooses: the least recently active of the members that may be parked, as many
+// as cover the need, never one that is parked, waiting itself, already asked, not parkable, silent
+// or not idle long enough.
+TEST(ChooseToPark, LeastRecentlyActiveFirstUntilTheNeedIsCovered) {
+  constexpr std::int64_t s = 1'000'000'000;
+  const std::int64_t now = 100 * s;
+  auto member = [&](int slot, std::int64_t active_ago, std::uint64_t mib) {
+    share::ParkCandidate c;
+    c.slot = slot;
+    c.live = true;
+    c.parkable = share::kParkable;
+    c.reserved = mib * kMiB;
+    c.active_ns = now - active_ago;
+    c.heartbeat_ns = now - s / 4;
+    return c;
+  };
+  std::vector<share::ParkCandidate> c = {member(3, 10 * s, 40), member(5, 30 * s, 40), member(7, 20 * s, 40),
+                                         member(9, 1 * s, 100)};
+  int chosen[64];
+  share::Passed passed[64];
+  // 60 MiB: the two least recently active (slot 5, then 7), not the most idle-ness-free.
+  ASSERT_EQ(share::choose_to_park(c.data(), 4, 60 * kMiB, now, 2 * s, chosen, passed), 2);
+  EXPECT_EQ(chosen[0], 5);
+  EXPECT_EQ(chosen[1], 7);
+  EXPECT_EQ(passed[0], share::Passed::spare);     // slot 3 was not needed
+  EXPECT_EQ(passed[3], share::Passed::not_idle);  // slot 9 worked 1 s ago, under the 2 s threshold
+  // More than all of them hold: every one that may be parked.
+  EXPECT_EQ(share::choose_to_park(c.data(), 4, 1000 * kMiB, now, 2 * s, chosen, passed), 3);
+  // With no idle threshold the one that worked a second ago is fair game too.
+  EXPECT_EQ(share::choose_to_park(c.data(), 4, 1000 * kMiB, now, 0, chosen, passed), 4);
+  // Each reason to pass a member over.
+  c[0].parked = true;  // its bytes went out of the ledger
+  c[0].reserved = 0;
+  c[0].parked_bytes = 40 * kMiB;
+  c[1].asking = true;
+  c[2].pending = true;
+  c[3].parkable = share::kParkNotNow;
+  EXPECT_EQ(share::choose_to_park(c.data(), 4, 10 * kMiB, now, 0, chosen, passed), 0);
+  EXPECT_EQ(passed[0], share::Passed::parked);
+  EXPECT_EQ(passed[1], share::Passed::busy_asking);
+  EXPECT_EQ(passed[2], share::Passed::pending);
+  EXPECT_EQ(passed[3], share::Passed::not_parkable);
+  EXPECT_FALSE(share::may_park_later(c[0], passed[0])) << "parked, its bytes are not in the ledger";
+  EXPECT_TRUE(share::may_park_later(c[1], passed[1]));
+  EXPECT_TRUE(share::may_park_later(c[3], passed[3])) << "the mechanism may allow it later";
+  c[3].parkable = share::kParkOff;
+  EXPECT_FALSE(share::may_park_later(c[3], share::Passed::not_parkable)) << "its policy never will";
+  // Restored, but its parked flag not cleared yet: its bytes are back in the ledger.
+  c[0].reserved = 40 * kMiB;
+  EXPECT_TRUE(share::may_park_later(c[0], share::Passed::parked));
+  // Silent (no publication for over 2 s, or none yet) and empty members.
+  share::ParkCandidate quiet = member(1, 10 * s, 40);
+  quiet.heartbeat_ns = now - 3 * s;
+  share::ParkCandidate empty = member(2, 10 * s, 0);
+  share::ParkCandidate refused = member(4, 10 * s, 40);  // refused this process a moment ago
+  refused.refused = true;
+  const share::ParkCandidate three[] = {quiet, empty, refused};
+  EXPECT_EQ(share::choose_to_park(three, 3, kMiB, now, 0, chosen, passed), 0);
+  EXPECT_EQ(passed[0], share::Passed::silent);
+  EXPECT_EQ(passed[1], share::Passed::empty);
+  EXPECT_EQ(passed[2], share::Passed::refused);
+  EXPECT_TRUE(share::may_park_later(quiet, passed[0]));
+  EXPECT_FALSE(share::may_park_later(empty, passed[1]));
+  EXPECT_TRUE(share::may_park_later(refused, passed[2]));
+}
+
+}  // namespace
+}  // namespace cudapool
