@@ -186,6 +186,8 @@ int replay_main(const ReplayCliOptions& in) {
     return fid.compared && !fid.within ? kExitFailedRuns : 0;
   }
   Table t = policy_table(names, results);
+  // The figures are this pool's on a simulated device, not the recording's (`cudapool report`).
+  t.header.front() = "replayed";
   std::vector<std::string> fails{"failed allocations"}, served{"device memory"};
   // What the pool did to get its peak: host waits on fences, and every byte it ever reserved
   // (segments and mapped pages; a recycled page counts again where it is mapped anew).
@@ -205,9 +207,13 @@ int replay_main(const ReplayCliOptions& in) {
   t.add(units);
   t.add(served);
   progress.done();
+  if (!o.quiet)
+    std::printf(
+        "figures replayed: this version of the pool on a simulated device; the recording's own: `cudapool report "
+        "TRACE`\n");
   if (o.json != "-") std::printf("%s", t.to_text().c_str());
   if (!o.json.empty()) {
-    std::string j = "{\n  \"trace\": " + json_string(o.trace) + ",\n  \"policies\": [";
+    std::string j = "{\n  \"trace\": " + json_string(o.trace) + ",\n  \"figures\": \"replayed\",\n  \"policies\": [";
     for (std::size_t i = 0; i < raw.size(); ++i)
       j += std::string(i ? ",\n    " : "\n    ") + policy_json(names[i], policies[i].conf, results[i], raw[i]);
     j += "\n  ],\n  \"fidelity\": " + fidelity_json(facts, fid, match) + "\n}\n";

@@ -35,6 +35,7 @@ std::string report_json(const TraceReport& r, const std::string& trace, const Re
                             : 0;
   auto n = [](double v) { return json_number(v); };
   std::string o = "{\n  \"trace\": " + json_string(trace) +
+                  ",\n  \"figures\": " + json_string(c.replayed ? "replayed" : "recorded") +
                   ",\n  \"source\": " + json_string(note.empty() ? "the trace" : note);
   o += ",\n  \"device\": " + std::to_string(r.device) +
        ",\n  \"duration_s\": " + n(static_cast<double>(r.duration_ns) * 1e-9);
@@ -103,10 +104,12 @@ int report_main(const ReportOptions& o) {
     cfg.collect_rows = true;
     replayed = replay_trace(loaded.prepared, cfg);
     rows = &replayed.rows;
+    ctx.replayed = true;
     ctx.source_note = "segments from a replay under " +
                       (base.conf.empty() ? std::string("the default policy") : base.conf) +
                       (base.recorded ? " (the trace's own)" : "") +
-                      (f.rmm_only ? " (the trace records allocations only)" : "");
+                      (f.rmm_only ? " (the trace records allocations only)" : "") +
+                      ", by this version of the pool on a simulated device";
     ctx.device_memory = replayed.device_memory == kUnknownDeviceMemory ? 0 : replayed.device_memory;
     ctx.upstream_times = false;
   } else {

@@ -155,6 +155,8 @@ int tune_main(const TuneCliOptions& o) {
   else
     say("recommended: CUDAPOOL_CONF=\"" + best.conf + "\"");
   if (!o.json.empty()) {
+  say("figures replayed: this version of the pool on a simulated device, not the recording's own (those: "
+      "`cudapool report TRACE`)");
     std::string j = "{\n  \"base\": " + json_string(base.conf) + ",\n  \"recommended\": " + json_string(best.conf) +
                     ",\n  \"changes\": " + json_string(best.changes) +
                     ",\n  \"replay_error\": " + (replay_error ? json_number(*replay_error) : std::string("null")) +

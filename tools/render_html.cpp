@@ -180,11 +180,17 @@ std::string sizes_svg(const TraceReport& r) {
 
 }  // namespace
 
+std::string figures_note(const ReportContext& c) {
+  if (c.replayed) return "figures replayed: " + c.source_note;
+  return "figures recorded: as the program ran, from the trace's rows (`cudapool replay` and `cudapool tune` show "
+         "what this version of the pool does with the same requests; their figures may differ)";
+}
+
 std::string render_html(const TraceReport& r, const ReportContext& c) {
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>cudapool report: " +
                   esc(c.title) + "</title>\n<style>" + kStyle + "</style></head><body>\n";
   h += "<h1>cudapool report: " + esc(c.title) + "</h1>\n";
-  if (!c.source_note.empty()) h += "<p class=\"note\">" + esc(c.source_note) + "</p>\n";
+  h += "<p class=\"note\">" + esc(figures_note(c)) + "</p>\n";
   const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
   const double unused = r.snapshot_reserved > 0
                             ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
@@ -242,7 +248,7 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   std::snprintf(buf, sizeof buf, "%s: device %d, %s, %zu allocations, %zu frees\n", c.title.c_str(), r.device,
                 format_seconds(static_cast<double>(r.duration_ns) * 1e-9).c_str(), r.allocations, r.frees);
   s += buf;
-  if (!c.source_note.empty()) s += "(" + c.source_note + ")\n";
+  s += figures_note(c) + "\n";
   // fragmentation and upstream calls as every command defines them (tools/metrics.h).
   const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
   const double unused = r.snapshot_reserved > 0

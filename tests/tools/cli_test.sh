@@ -151,7 +151,7 @@ if record_fake gpu_wait_reuse "max_split_size_mb:64" "$tmp/rec.csv"; then
   expect_out "^policy: max_split_size_mb:64 \(from the trace's policy row\)" "replay defaults to the recorded policy"
   expect_out "^frees: as recorded: 12 cudaFree, 0 cudaFreeAsync" "replay follows the recorded free calls"
   expect_out "^fidelity: under the recorded policy .*\(\+0\.0 %\): within 3 %" "replay says the recorded peak is reproduced"
-  expect_out "^metric +max_split_size_mb:64" "the column is the recorded policy"
+  expect_out "^replayed +max_split_size_mb:64" "the column is the recorded policy"
   expect_rc 0 "replay of a recorded trace under another policy" -- "$cp" replay "$tmp/rec.csv" --conf ""
   expect_out "^fidelity: under the recorded policy .*within 3 %" "the check still uses the recorded policy"
   CUDAPOOL_CONF=max_split_size_mb:128 expect_rc 0 "replay with CUDAPOOL_CONF set" -- "$cp" replay "$tmp/rec.csv"
@@ -220,9 +220,9 @@ expect_out "^  advice: no --free-as or --fence-latency-us setting brings it with
 expect_out "record the trace again with this cudapool" "and what would"
 expect_rc 2 "replay refuses an unknown --free-as" -- "$cp" replay $traces/train.csv --free-as maybe
 expect_rc 0 "replay with two policies" -- "$cp" replay $traces/serve.csv --conf "" --conf "max_split_size_mb:64"
-expect_out "^metric +defaults +max_split_size_mb:64" "side-by-side columns"
+expect_out "^replayed +defaults +max_split_size_mb:64" "side-by-side columns"
 expect_rc 0 "replay sweep" -- "$cp" replay $traces/train.csv --sweep "max_split_size_mb=64,256" --quiet
-expect_out "^metric +defaults +max_split_size_mb=64 +max_split_size_mb=256" "sweep columns"
+expect_out "^replayed +defaults +max_split_size_mb=64 +max_split_size_mb=256" "sweep columns"
 expect_rc 0 "replay an H200 trace with fence waits, sweeping the headroom" -- "$cp" replay \
   $traces/gpu_torch_d2048.csv --free-as sync --conf expandable_segments:True,free_sync:fenced --sweep "expandable_headroom=0,0.03" --quiet
 # Columns: the --conf alone, headroom 0 (the same), headroom 0.03: a fifth of the fence waits or
@@ -411,6 +411,22 @@ assert p.peak and p.peak > 4 * 2**30, p.peak   # the training trace peaks above 
 t = json.load(open(sys.argv[2]))
 c = [e for e in t["traceEvents"] if e["ph"] == "C"]
 assert len(c) > 1000 and max(e["args"]["reserved"] for e in c) == p.peak
+# Recorded and replayed figures of one trace differ: each output says which it shows.
+expect_out "^figures recorded: as the program ran" "report says its figures are the recording's"
+grep -q "figures recorded: as the program ran" "$tmp/r.html" && ok || fail "the report page says its figures are recorded"
+expect_rc 0 "report --replay" -- "$cp" report $traces/train.csv --replay
+expect_out "^figures replayed: segments from a replay under the default policy, by this version of the pool on a simulated device" \
+  "report --replay says so"
+expect_rc 0 "replay names its figures" -- "$cp" replay $traces/train.csv
+expect_out "^figures replayed: this version of the pool on a simulated device" "replay says its figures are replayed"
+"$cp" report $traces/train.csv --json - >"$tmp/rj.json" 2>/dev/null
+"$cp" report $traces/train.csv --replay --json - >"$tmp/rrj.json" 2>/dev/null
+"$cp" replay $traces/train.csv --json - >"$tmp/pj.json" 2>/dev/null
+python3 - "$tmp/rj.json" "$tmp/rrj.json" "$tmp/pj.json" <<'PY' && ok || fail "--json names recorded and replayed figures"
+import json, sys
+r, rr, p = (json.load(open(f)) for f in sys.argv[1:4])
+assert r["figures"] == "recorded" and rr["figures"] == "replayed" and p["figures"] == "replayed", (r, rr, p)
+PY
 PY
 expect_rc 0 "report of a plain RMM log replays it" -- "$cp" report $traces/serve_rmm.csv -o "$tmp/r2.html"
 expect_out "replay under the default policy" "report says where segments came from"
