@@ -136,6 +136,8 @@ int tune_main(const TuneCliOptions& o) {
            std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms), c.feasible ? "yes" : "no",
            c.beyond_error ? "yes" : "no"});
   }
+  say("figures replayed: this version of the pool on a simulated device, not the recording's own (those: "
+      "`cudapool report TRACE`)");
   if (text)
     std::printf(
         "%zu policies replayed (frees %s, fence latency %g us); bound: upstream calls + fence waits <= "
@@ -155,8 +157,6 @@ int tune_main(const TuneCliOptions& o) {
   else
     say("recommended: CUDAPOOL_CONF=\"" + best.conf + "\"");
   if (!o.json.empty()) {
-  say("figures replayed: this version of the pool on a simulated device, not the recording's own (those: "
-      "`cudapool report TRACE`)");
     std::string j = "{\n  \"base\": " + json_string(base.conf) + ",\n  \"recommended\": " + json_string(best.conf) +
                     ",\n  \"changes\": " + json_string(best.changes) +
                     ",\n  \"replay_error\": " + (replay_error ? json_number(*replay_error) : std::string("null")) +

@@ -385,6 +385,22 @@ expect_rc 2 "tune refuses an unknown free kind" -- "$cp" tune $traces/gpu_torch.
 # ---- report ----------------------------------------------------------------------------------
 expect_rc 0 "report with HTML and Perfetto" -- "$cp" report $traces/train.csv -o "$tmp/r.html" --perfetto "$tmp/p.json"
 expect_out "peak allocated .* peak reserved" "terminal summary"
+# Recorded and replayed figures of one trace differ: each output says which it shows.
+expect_out "^figures recorded: as the program ran" "report says its figures are the recording's"
+grep -q "figures recorded: as the program ran" "$tmp/r.html" && ok || fail "the report page says its figures are recorded"
+expect_rc 0 "report --replay" -- "$cp" report $traces/train.csv --replay
+expect_out "^figures replayed: segments from a replay under the default policy, by this version of the pool on a simulated device" \
+  "report --replay says so"
+expect_rc 0 "replay names its figures" -- "$cp" replay $traces/train.csv
+expect_out "^figures replayed: this version of the pool on a simulated device" "replay says its figures are replayed"
+"$cp" report $traces/train.csv --json - >"$tmp/rj.json" 2>/dev/null
+"$cp" report $traces/train.csv --replay --json - >"$tmp/rrj.json" 2>/dev/null
+"$cp" replay $traces/train.csv --json - >"$tmp/pj.json" 2>/dev/null
+python3 - "$tmp/rj.json" "$tmp/rrj.json" "$tmp/pj.json" <<'PY' && ok || fail "--json names recorded and replayed figures"
+import json, sys
+r, rr, p = (json.load(open(f)) for f in sys.argv[1:4])
+assert r["figures"] == "recorded" and rr["figures"] == "replayed" and p["figures"] == "replayed", (r, rr, p)
+PY
 python3 - "$tmp/r.html" "$tmp/p.json" <<'PY' >"$tmp/out" 2>&1 && ok || { fail "report page content"; cat "$tmp/out"; }
 # Parse the page: three figures, segments with blocks, nothing fetched from anywhere.
 import json, sys
@@ -411,22 +427,6 @@ assert p.peak and p.peak > 4 * 2**30, p.peak   # the training trace peaks above 
 t = json.load(open(sys.argv[2]))
 c = [e for e in t["traceEvents"] if e["ph"] == "C"]
 assert len(c) > 1000 and max(e["args"]["reserved"] for e in c) == p.peak
-# Recorded and replayed figures of one trace differ: each output says which it shows.
-expect_out "^figures recorded: as the program ran" "report says its figures are the recording's"
-grep -q "figures recorded: as the program ran" "$tmp/r.html" && ok || fail "the report page says its figures are recorded"
-expect_rc 0 "report --replay" -- "$cp" report $traces/train.csv --replay
-expect_out "^figures replayed: segments from a replay under the default policy, by this version of the pool on a simulated device" \
-  "report --replay says so"
-expect_rc 0 "replay names its figures" -- "$cp" replay $traces/train.csv
-expect_out "^figures replayed: this version of the pool on a simulated device" "replay says its figures are replayed"
-"$cp" report $traces/train.csv --json - >"$tmp/rj.json" 2>/dev/null
-"$cp" report $traces/train.csv --replay --json - >"$tmp/rrj.json" 2>/dev/null
-"$cp" replay $traces/train.csv --json - >"$tmp/pj.json" 2>/dev/null
-python3 - "$tmp/rj.json" "$tmp/rrj.json" "$tmp/pj.json" <<'PY' && ok || fail "--json names recorded and replayed figures"
-import json, sys
-r, rr, p = (json.load(open(f)) for f in sys.argv[1:4])
-assert r["figures"] == "recorded" and rr["figures"] == "replayed" and p["figures"] == "replayed", (r, rr, p)
-PY
 PY
 expect_rc 0 "report of a plain RMM log replays it" -- "$cp" report $traces/serve_rmm.csv -o "$tmp/r2.html"
 expect_out "replay under the default policy" "report says where segments came from"
