@@ -61,7 +61,11 @@ int tune_main(const TuneCliOptions& o) {
   if (int rc = load_trace(o.trace, -1, &loaded, "cudapool tune", o.max_rows); rc != 0) return rc;
   const TraceFacts& facts = loaded.prepared.facts;
   if (text) print_trace_facts(o.trace, loaded);
-  const BasePolicy base = choose_base_policy(facts, o.conf);
+  BasePolicy base = choose_base_policy(facts, o.conf);
+  // The search and the recommendation are about the pool: keys that name a file a run writes
+  // (from $CUDAPOOL_CONF or --conf; a trace's own are dropped when it is read) stay out of both.
+  std::vector<std::string> file_keys;
+  base.conf = without_output_files(base.conf, &file_keys);
   {
     Policy p;
     std::string err;
@@ -73,6 +77,11 @@ int tune_main(const TuneCliOptions& o) {
   }
   cfg.base = base.conf;
   say("base policy: " + (base.conf.empty() ? std::string("the defaults") : base.conf) + " (" + base.origin + ")");
+  if (!file_keys.empty()) {
+    std::string names;
+    for (const auto& k : file_keys) names += (names.empty() ? "" : ", ") + k;
+    say("left out of the base and the recommendation: " + names + " (a file a run writes; set it for each run)");
+  }
   say(describe_frees(facts, o.frees.mode()));
   const FreeMode mode = o.frees.mode();
   const bool sync_frees = mode == FreeMode::sync || (mode == FreeMode::recorded && facts.sync_frees > 0);
@@ -111,6 +120,7 @@ int tune_main(const TuneCliOptions& o) {
   }
   const std::optional<double> replay_error = fid.compared ? std::optional<double>(std::fabs(fid.gap)) : std::nullopt;
   apply_replay_error(&result, replay_error);
+  apply_minimum_saving(&result);
   if (replay_error) {
     char b[200];
     std::snprintf(b, sizeof b, "replay error: %.1f %% of peak reserved; a change that saves less is not recommended",
@@ -119,11 +129,20 @@ int tune_main(const TuneCliOptions& o) {
   } else {
     say("replay error: unknown (the trace records no peak reserved to compare with); rank with care");
   }
+  {
+    char b[300];
+    std::snprintf(b, sizeof b,
+                  "minimum saving: %s (%.0f %% of the base's peak reserved, and at least %s); a change that saves "
+                  "less is not recommended",
+                  format_bytes(static_cast<double>(result.min_saving)).c_str(), kMinSavingFraction * 100.0,
+                  format_bytes(static_cast<double>(kMinSavingBytes)).c_str());
+    say(b);
+  }
   const Candidate& def = result.ranked[result.default_index];
   double def_peak = static_cast<double>(def.result.stats.reserved_bytes[kAll].peak);
   Table t;
-  t.header = {"rank", "change from the base", "peak reserved", "vs base", "upstream calls", "fragmentation",
-              "OOMs", "within bound",         "beyond error"};
+  t.header = {"rank", "change from the base", "peak reserved", "vs base",     "upstream calls", "fragmentation",
+              "OOMs", "within bound",         "beyond error",  "saves enough"};
   for (std::size_t i = 0; i < result.ranked.size() && static_cast<int>(i) < o.top; ++i) {
     const Candidate& c = result.ranked[i];
     const Stats& s = c.result.stats;
@@ -134,7 +153,7 @@ int tune_main(const TuneCliOptions& o) {
     std::snprintf(frag, sizeof frag, "%.1f %%", fragmentation(alloc, peak) * 100.0);
     t.add({std::to_string(i + 1), c.changes.empty() ? "(base)" : c.changes, format_bytes(peak), vs,
            std::to_string(upstream_calls(s)), frag, std::to_string(s.num_ooms), c.feasible ? "yes" : "no",
-           c.beyond_error ? "yes" : "no"});
+           c.beyond_error ? "yes" : "no", c.above_minimum ? "yes" : "no"});
   }
   say("figures replayed: this version of the pool on a simulated device, not the recording's own (those: "
       "`cudapool report TRACE`)");
@@ -152,15 +171,19 @@ int tune_main(const TuneCliOptions& o) {
   if (best.changes.empty())
     say(std::string("recommended: the base policy") +
         (best.conf.empty() ? " (the defaults)" : ": CUDAPOOL_CONF=\"" + best.conf + "\"") +
-        (replay_error ? " (no searched policy lowers peak reserved by more than the replay error within the bound)"
-                      : " (no searched policy lowers peak reserved within the bound)"));
+        (replay_error ? " (no searched policy lowers peak reserved by more than the replay error and by the "
+                        "minimum saving within the bound)"
+                      : " (no searched policy lowers peak reserved by the minimum saving within the bound)"));
   else
     say("recommended: CUDAPOOL_CONF=\"" + best.conf + "\"");
   if (!o.json.empty()) {
     std::string j = "{\n  \"base\": " + json_string(base.conf) + ",\n  \"recommended\": " + json_string(best.conf) +
                     ",\n  \"changes\": " + json_string(best.changes) +
                     ",\n  \"replay_error\": " + (replay_error ? json_number(*replay_error) : std::string("null")) +
-                    ",\n  \"why\": [";
+                    ",\n  \"min_saving_bytes\": " + std::to_string(result.min_saving) +
+                    ",\n  \"figures\": \"replayed\",\n  \"left_out\": [";
+    for (std::size_t i = 0; i < file_keys.size(); ++i) j += (i ? ", " : "") + json_string(file_keys[i]);
+    j += "],\n  \"why\": [";
     for (std::size_t i = 0; i < why.size(); ++i) j += (i ? ", " : "") + json_string(why[i]);
     j += "],\n  \"candidates\": [";
     for (std::size_t i = 0; i < result.ranked.size() && static_cast<int>(i) < o.top; ++i) {
@@ -176,7 +199,8 @@ int tune_main(const TuneCliOptions& o) {
            ", \"fence_waits\": " + std::to_string(s.fence_waits) + ", \"fragmentation\": " +
            json_number(fragmentation(static_cast<double>(s.allocated_bytes[kAll].peak), peak)) +
            ", \"ooms\": " + std::to_string(s.num_ooms) + ", \"within_bound\": " + (c.feasible ? "true" : "false") +
-           ", \"beyond_replay_error\": " + (c.beyond_error ? "true" : "false") + "}";
+           ", \"beyond_replay_error\": " + (c.beyond_error ? "true" : "false") +
+           ", \"above_minimum_saving\": " + (c.above_minimum ? "true" : "false") + "}";
     }
     j += "\n  ]\n}\n";
     if (!emit_json(o.json, j, "cudapool tune")) return kExitNoInput;

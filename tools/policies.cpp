@@ -1,5 +1,6 @@
 #include "tools/policies.h"
 
+#include "config/keys.h"
 #include "config/policy.h"
 
 namespace cudapool::tools {
@@ -59,6 +60,21 @@ std::string with_conf_key(const std::string& conf, const std::string& key, const
   }
   if (!replaced && !value.empty()) out = join_conf(out, key + ":" + value);
   return out;
+}
+
+std::string without_output_files(const std::string& conf, std::vector<std::string>* dropped) {
+  Policy p;
+  std::string err;
+  if (!policy_from_conf(conf, &p, &err)) return conf;  // the caller reports the error
+  std::string out = to_conf_string(p);
+  bool any = false;
+  for (const config::KeySpec& k : config::keys()) {
+    if (k.reach != config::Reach::files || k.is_default == nullptr || k.is_default(p)) continue;
+    out = with_conf_key(out, std::string(k.name), "");
+    if (dropped) dropped->emplace_back(k.name);
+    any = true;
+  }
+  return any ? out : conf;
 }
 
 bool expand_sweep(const std::string& base, const std::string& sweep, std::vector<NamedConf>* out, std::string* error) {

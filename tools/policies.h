@@ -34,6 +34,12 @@ std::vector<std::string> split_conf(const std::string& text);
 // canonical spelling (to_conf_string).
 std::string with_conf_key(const std::string& conf, const std::string& key, const std::string& value);
 
+// `conf` (a policy config/ accepts) without the keys that name a file a run writes (trace_file,
+// log_file, stats_file: config::Reach::files), as config/'s canonical string; `conf` itself when
+// it sets none. *dropped gets their names. A recommendation is for other runs: it must not send
+// their output to the files of the run it was made from.
+std::string without_output_files(const std::string& conf, std::vector<std::string>* dropped);
+
 // --sweep "key=v1,v2,…" over `base`: one NamedConf per value ("key:v" appended to base).
 // Values may be lists in brackets ("roundup_power2_divisions=[256:1,>:4],8"): commas inside
 // brackets do not split. false with *error on a malformed sweep.

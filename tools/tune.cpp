@@ -200,6 +200,20 @@ void apply_replay_error(TuneResult* r, std::optional<double> error) {
     if (r->ranked[i].changes.empty()) r->default_index = i;
 }
 
+void apply_minimum_saving(TuneResult* r, double fraction, std::size_t bytes) {
+  if (r->ranked.empty()) return;
+  const auto base_peak = static_cast<double>(r->ranked[r->default_index].result.stats.reserved_bytes[kAll].peak);
+  r->min_saving = std::max(bytes, static_cast<std::size_t>(std::ceil(base_peak * fraction)));
+  for (Candidate& c : r->ranked) {
+    const auto peak = static_cast<double>(c.result.stats.reserved_bytes[kAll].peak);
+    c.above_minimum = c.changes.empty() || base_peak - peak >= static_cast<double>(r->min_saving);
+  }
+  std::stable_partition(r->ranked.begin(), r->ranked.end(),
+                        [](const Candidate& c) { return c.feasible && c.beyond_error && c.above_minimum; });
+  for (std::size_t i = 0; i < r->ranked.size(); ++i)
+    if (r->ranked[i].changes.empty()) r->default_index = i;
+}
+
 std::vector<std::string> explain_pick(const TuneResult& r) {
   std::vector<std::string> lines;
   if (r.ranked.empty()) return lines;
@@ -219,13 +233,16 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
   };
   const std::string name = pick.changes.empty() ? "the base policy" : pick.changes;
   if (pick.changes.empty()) {
-    std::string within = "within the bound";
+    std::string by;
     if (r.replay_error) {
-      std::snprintf(buf, sizeof buf, "by more than the replay error (%.1f %%) within the bound",
-                    *r.replay_error * 100.0);
-      within = buf;
+      std::snprintf(buf, sizeof buf, "by more than the replay error (%.1f %%) ", *r.replay_error * 100.0);
+      by = buf;
     }
-    lines.push_back("why: nothing searched lowers peak reserved " + within + "; the base: " + numbers(base));
+    if (r.min_saving > 0)
+      by += (by.empty() ? "" : "and ") + std::string("by at least the minimum saving (") +
+            format_bytes(static_cast<double>(r.min_saving)) + ") ";
+    lines.push_back("why: nothing searched lowers peak reserved " + by +
+                    "within the bound; the base: " + numbers(base));
   } else {
     std::snprintf(buf, sizeof buf,
                   "why: %s saves %s of peak reserved (%+.1f %%) against the base, for %+lld upstream calls and "
@@ -244,7 +261,12 @@ std::vector<std::string> explain_pick(const TuneResult& r) {
   if (r.ranked.size() > 1) {
     const Candidate& ru = r.ranked[1];
     std::string why;
-    if (ru.feasible && !ru.beyond_error && r.replay_error) {
+    if (ru.feasible && ru.beyond_error && !ru.above_minimum && peak(ru) < peak(base)) {
+      std::snprintf(buf, sizeof buf, "its saving (%s) is under the minimum saving (%s)",
+                    format_bytes(peak(base) - peak(ru)).c_str(),
+                    format_bytes(static_cast<double>(r.min_saving)).c_str());
+      why = buf;
+    } else if (ru.feasible && !ru.beyond_error && r.replay_error) {
       std::snprintf(buf, sizeof buf, "its saving (%.1f %%) is inside the replay error (%.1f %%)",
                     -pct(peak(ru), peak(base)), *r.replay_error * 100.0);
       why = buf;

@@ -2,6 +2,7 @@
 // among policies whose upstream calls stay within `call_bound` × the base policy's and that have
 // no more OOMs than it. Ties go to fewer upstream calls, then to fewer changed keys.
 #pragma once
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -37,7 +38,15 @@ struct Candidate {
   // It saves more peak reserved against the base than the replay is off from the recording (the
   // base itself always is): only such a candidate is recommended.
   bool beyond_error = true;
+  // It saves at least the minimum saving (TuneResult::min_saving) against the base (the base
+  // itself always does): only such a candidate is recommended.
+  bool above_minimum = true;
 };
+
+// The smallest saving tune recommends: a change of policy is worth making only when it lowers the
+// base's peak reserved by at least this fraction of it and by at least kMinSavingBytes.
+inline constexpr double kMinSavingFraction = 0.02;
+inline constexpr std::size_t kMinSavingBytes = std::size_t{64} << 20;
 
 struct TuneResult {
   std::vector<Candidate> ranked;  // best first; ranked[0] is the recommendation when feasible
@@ -46,6 +55,8 @@ struct TuneResult {
   // |replayed / recorded - 1| of peak reserved under the recorded policy (apply_replay_error);
   // unknown for a trace that records no peak (an allocation log).
   std::optional<double> replay_error;
+  // Bytes of peak reserved a recommended change saves at least (apply_minimum_saving; 0 = none).
+  std::size_t min_saving = 0;
 };
 
 struct TuneConfig {
@@ -67,6 +78,12 @@ bool tune(const PreparedTrace& trace, const std::vector<TuneKey>& space, const T
 // base's peak reserved) and ranks them after every feasible candidate beyond it, so that
 // ranked[0] is never a change the replay cannot tell from noise. nullopt: unknown, nothing moves.
 void apply_replay_error(TuneResult* result, std::optional<double> error);
+
+// The minimum saving for this result's base: max(`fraction` of its peak reserved, `bytes`).
+// Marks the candidates that save less and ranks them after every candidate that is feasible,
+// beyond the replay error and above it (call after apply_replay_error).
+void apply_minimum_saving(TuneResult* result, double fraction = kMinSavingFraction,
+                          std::size_t bytes = kMinSavingBytes);
 
 // The reasons for the pick, in numbers: its trade-off against the base, the runner-up and why it
 // ranks lower, and what each changed key of the pick is worth (from replays already made). Lines

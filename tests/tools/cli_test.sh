@@ -364,6 +364,29 @@ n=$(sed -n 's/^\([0-9]*\) policies replayed.*/\1/p' "$tmp/out")
 expect_rc 0 "tune with a budget of 3" -- "$cp" tune $traces/serve.csv --budget 3
 expect_out "^3 policies replayed" "tune stops at the budget"
 expect_rc 65 "tune of a malformed trace" -- "$cp" tune "$tmp/bad.csv"
+# A change must save a stated minimum; keys naming files a run writes never reach the pick.
+CUDAPOOL_CONF="max_split_size_mb:64,trace_file:$tmp/tune-t.csv,stats_file:$tmp/tune-s.json" \
+  expect_rc 0 "tune with output files in CUDAPOOL_CONF" -- "$cp" tune $traces/serve.csv --budget 6
+expect_out "^base policy: max_split_size_mb:64 \(from \\\$CUDAPOOL_CONF\)" "the base is CUDAPOOL_CONF without its files"
+expect_out "^left out of the base and the recommendation: trace_file, stats_file" "tune names the keys it left out"
+expect_out "^minimum saving: [0-9.]+ [MG]iB \(2 % of the base's peak reserved, and at least 64\.00 MiB\)" \
+  "tune states the minimum saving"
+expect_out "^figures replayed: " "tune says its figures are replayed"
+if grep '^recommended' "$tmp/out" | grep -q '_file'; then fail "tune carried a file key of CUDAPOOL_CONF into its pick"; else ok; fi
+CUDAPOOL_CONF="trace_file:$tmp/tune-t.csv" "$cp" tune $traces/serve.csv --budget 6 --json - >"$tmp/out" 2>/dev/null
+python3 - "$tmp/out" <<'PY' && ok || fail "tune --json: no file key, the minimum saving, every pick above it"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert "_file" not in d["recommended"] and "_file" not in d["base"], d
+assert d["left_out"] == ["trace_file"] and d["figures"] == "replayed", d
+base = [c for c in d["candidates"] if c["changes"] == ""][0]
+assert d["min_saving_bytes"] >= max(64 << 20, 0.02 * base["peak_reserved_bytes"]) - 1, d["min_saving_bytes"]
+pick = d["candidates"][0]
+assert pick["changes"] == "" or base["peak_reserved_bytes"] - pick["peak_reserved_bytes"] >= d["min_saving_bytes"], pick
+assert all(c["above_minimum_saving"] == (c["changes"] == "" or
+           base["peak_reserved_bytes"] - c["peak_reserved_bytes"] >= d["min_saving_bytes"]) for c in d["candidates"])
+PY
+[ ! -e "$tmp/tune-t.csv" ] && [ ! -e "$tmp/tune-s.json" ] && ok || fail "tune wrote a file CUDAPOOL_CONF named"
 # --free-as / --fence-latency-us reach every candidate's replay: tune's baseline is the peak that
 # replay gives the defaults with the same options, which differ between the two (cudaFreeAsync
 # without latency holds less of the PyTorch trace than cudaFree with 1 ms of fence latency).
