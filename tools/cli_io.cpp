@@ -117,15 +117,19 @@ bool output_option_ok(const std::string& path, const char* flag, const char* who
 bool device_memory_option(const std::string& text, std::optional<std::size_t>* out, const char* who) {
   if (text.empty()) return true;
   auto size = parse_size(text);
+  // Usage errors, as CLI11's own: each ends with where the options are described.
   if (!size || *size == 0) {
-    print_error("%s: --device-memory '%s' is not a size (e.g. 80GiB)\n", who, text.c_str());
+    print_error("%s: --device-memory '%s' is not a size (e.g. 80GiB); run %s --help for the options\n", who,
+                text.c_str(), who);
     return false;
   }
   // A bare number is bytes; a device of less than 1 MiB is surely a missing unit.
   const bool has_unit = text.find_first_not_of("0123456789. \t") != std::string::npos;
   if (!has_unit && *size < (std::size_t{1} << 20)) {
-    print_error("%s: --device-memory '%s' would be %zu bytes; write the unit, e.g. %sGiB\n", who, text.c_str(), *size,
-                text.c_str());
+    print_error(
+        "%s: --device-memory '%s' would be %zu bytes; write the unit, e.g. %sGiB; run %s --help for the "
+        "options\n",
+        who, text.c_str(), *size, text.c_str(), who);
     return false;
   }
   *out = size;

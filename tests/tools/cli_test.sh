@@ -57,6 +57,9 @@ expect_rc 0 "replay --help" -- "$cp" replay --help
 expect_out "--fence-latency-us.*=0" "--help shows defaults"
 expect_rc 2 "a bare small --device-memory is refused" -- "$cp" replay $traces/train.csv --device-memory 7
 expect_out "write the unit, e.g. 7GiB" "the refusal says how to fix it"
+expect_out "run cudapool replay --help for the options" "the refusal points to --help"
+expect_rc 2 "a --device-memory that is no size is refused" -- "$cp" tune $traces/train.csv --device-memory lots
+expect_out "run cudapool tune --help for the options" "that refusal points to --help too"
 expect_rc 0 "--device-memory with a unit" -- "$cp" replay $traces/train.csv --device-memory 7GiB --quiet
 
 # ---- check -----------------------------------------------------------------------------------
