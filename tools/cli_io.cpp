@@ -4,6 +4,7 @@
 #include "tools/cli_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -76,12 +77,20 @@ void finish_json(const std::string& json_path, int exit_status) {
   ::close(fd);
 }
 
-bool write_text_file(const std::string& path, const std::string& text, const char* who) {
+bool write_text_file(const std::string& path, const std::string& text, const char* who, bool shared) {
   std::string why;
+  struct stat before {};
+  const bool created = ::lstat(path.c_str(), &before) != 0 && errno == ENOENT;
   const int fd = open_output_file(path, O_TRUNC, "output file", &why);
   if (fd < 0) {
     print_error("%s: %s\n", who, why.c_str());
     return false;
+  }
+  if (shared && created) {
+    // The descriptor is the regular file of this user that was opened; the umask still applies.
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    (void)::fchmod(fd, static_cast<mode_t>(0644) & ~mask);
   }
   bool ok = write_all_fd(fd, text.data(), text.size());
   int e = ok ? 0 : errno;

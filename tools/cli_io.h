@@ -30,8 +30,10 @@ void finish_json(const std::string& json_path, int exit_status);
 std::string error_json(const std::string& message, int exit_status);
 
 // Writes `text` to `path`, opened as config/output_file.h says (a symbolic link there is
-// refused, a new file has mode 0600); false (after printing "<who>: why") on failure.
-bool write_text_file(const std::string& path, const std::string& text, const char* who);
+// refused, a new file has mode 0600); false (after printing "<who>: why") on failure. `shared`:
+// a file this call creates gets mode 0644 less the umask instead (a page meant to be passed
+// around); an existing file keeps its mode.
+bool write_text_file(const std::string& path, const std::string& text, const char* who, bool shared = false);
 
 // An output file given by `flag` ("--json", "-o"), checked before any work: "" and "-" (stdout)
 // pass; else false, after printing "<who>: FLAG 'PATH': what is wrong; how to fix it", when it

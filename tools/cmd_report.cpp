@@ -157,7 +157,8 @@ int report_main(const ReportOptions& o) {
   if (o.json != "-") std::printf("%s", render_text_summary(rep, ctx).c_str());
   bool ok = true;
   if (!o.json.empty()) ok &= emit_json(o.json, report_json(rep, o.trace, ctx), "cudapool report");
-  if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report")))
+  // The page is meant to be shared: a new one is readable by others (0644 less the umask).
+  if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report", true)))
     if (o.json != "-") std::printf("wrote %s\n", o.html.c_str());
   if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))
     if (o.json != "-") std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());

@@ -513,6 +513,17 @@ python3 tests/tools/check_snapshot.py "$tmp/snap.pickle" "$tmp/rep.txt" >/dev/nu
 expect_rc 0 "report --snapshot" -- "$cp" report $traces/train.csv --snapshot "$tmp/snap2.pickle"
 expect_out "block placement from a replay under the defaults, since a trace records events" "the snapshot says it is a replay's"
 if grep -q "segments from a replay" "$tmp/out"; then fail "report --snapshot switched the report to a replay"; else ok; fi
+# The page is meant to be shared: a new one is 0644 less the umask; an existing one keeps its mode;
+# every other output stays the owner's only.
+rm -f "$tmp/share.html" "$tmp/share.json"
+(umask 022 && "$cp" report $traces/train.csv -o "$tmp/share.html" --perfetto "$tmp/share.json" >/dev/null 2>&1)
+[ "$(stat -c %a "$tmp/share.html")" = 644 ] && ok || fail "a new report page is $(stat -c %a "$tmp/share.html"), not 644"
+[ "$(stat -c %a "$tmp/share.json")" = 600 ] && ok || fail "the Perfetto file is $(stat -c %a "$tmp/share.json"), not 600"
+(umask 077 && "$cp" report $traces/train.csv -o "$tmp/share2.html" >/dev/null 2>&1)
+[ "$(stat -c %a "$tmp/share2.html")" = 600 ] && ok || fail "the umask does not narrow the report page's mode"
+chmod 600 "$tmp/share.html"
+(umask 022 && "$cp" report $traces/train.csv -o "$tmp/share.html" >/dev/null 2>&1)
+[ "$(stat -c %a "$tmp/share.html")" = 600 ] && ok || fail "an existing report page's mode was changed"
 expect_rc 2 "--at without --snapshot" -- "$cp" report $traces/train.csv --at 0.1
 expect_out "give --snapshot" "--at says what it needs"
 expect_rc 2 "--at past the trace's end" -- "$cp" report $traces/train.csv --snapshot "$tmp/x.pickle" --at 50
