@@ -42,6 +42,7 @@ struct TomlCheckFailed : std::runtime_error {
 #pragma pop_macro("NDEBUG")
 
 #include "config/keys.h"
+#include "config/printable.h"
 #include "config/values.h"
 
 namespace cudapool::config {
@@ -123,6 +124,12 @@ class Loader {
   // A TOML value as the text the key's parser reads (the same parser the env string uses).
   std::string text_of(const KeySpec& key, const toml::node& n, std::string& value) const {
     if (const auto* v = n.as_string()) {
+      // A number in quotes is a slip the env grammar cannot see (everything there is text); in
+      // TOML the type says what was meant, so a string is not taken for a number.
+      if (key.kind == ValueKind::integer || key.kind == ValueKind::number)
+        return where(n) + ": " +
+               bad_value_message(key, "\"" + printable(v->get()) + "\"", "a string; write the number without quotes",
+                                 true);
       value = v->get();
       return {};
     }

@@ -237,6 +237,15 @@ TEST(PolicyFile, BadValueUsesTomlSyntaxInTheExample) {
   EXPECT_TRUE(has(must_not_load(file(i)), "strictly between 0 and 1"));
   TempFile j("[policy]\nmax_reserved_mb = -1\n");
   EXPECT_TRUE(has(must_not_load(file(j)), "bad value '-1' for max_reserved_mb"));
+  // A number in quotes is a string in TOML: refused, with the number to write instead.
+  TempFile k("[policy]\nmax_split_size_mb = \"128\"\n");
+  e = must_not_load(file(k));
+  EXPECT_TRUE(has(e, k.path() + ":2: bad value '\"128\"' for max_split_size_mb (a string; write the number without "
+                                "quotes)"))
+      << e;
+  EXPECT_TRUE(has(e, "e.g. max_split_size_mb = 128")) << e;
+  TempFile l("[policy]\ngarbage_collection_threshold = \"0.8\"\n");
+  EXPECT_TRUE(has(must_not_load(file(l)), "(a string; write the number without quotes)"));
 }
 
 TEST(PolicyFile, TomlValueForms) {
