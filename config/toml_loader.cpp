@@ -68,6 +68,23 @@ std::string_view type_name(const toml::node& n) {
   return "nothing";
 }
 
+// toml++'s description as one line: it quotes the character it saw as it is ("saw '<newline>'"),
+// so line breaks and tabs are written as \n, \r, \t, and any other control byte escaped.
+std::string one_line(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else
+      out += c;
+  }
+  return printable(out);
+}
+
 class Loader {
  public:
   Loader(const std::string& path, std::string_view command_line, std::string_view profile_name,
@@ -81,7 +98,7 @@ class Loader {
     } catch (const toml::parse_error& e) {
       const auto& b = e.source().begin;
       return path_ + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
-             ": TOML syntax error: " + std::string(e.description()) + "; fix the file or " +
+             ": TOML syntax error: " + one_line(e.description()) + "; fix the file or " +
              (config_name_.rfind("--", 0) == 0 ? "give another " + std::string(config_name_)
                                                : "unset " + std::string(config_name_));
     } catch (const TomlCheckFailed& e) {

@@ -180,6 +180,14 @@ TEST(PolicyFile, SyntaxErrorHasLineAndColumn) {
   EXPECT_TRUE(has(e, "TOML syntax error")) << e;
   TempFile g("[policy\n");
   EXPECT_TRUE(has(must_not_load(file(g)), g.path() + ":1:")) << must_not_load(file(g));
+  // One line: toml++ quotes the line break it saw; the message writes it as \n.
+  for (const TempFile* t : {&f, &g}) {
+    e = must_not_load(file(*t));
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_EQ(e.find('\r'), std::string::npos) << e;
+  }
+  e = must_not_load(file(f));
+  EXPECT_TRUE(has(e, "\\n")) << e;
 }
 
 // toml++ asserts on these headers; the loader turns that into an error instead of an abort.
