@@ -27,12 +27,11 @@ std::string conf_value(const config::KeySpec& k, const std::string& v) {
 }  // namespace
 
 std::string describe(const Policy& policy) {
-  // Aligned on the device pool's keys: the few longer names (pinned_reserve_segment_size_mb)
-  // overhang rather than push every line to the right.
-  constexpr std::size_t kMaxWidth = 28;
-  std::size_t width = 0;
+  // One column of values: every name is padded to the longest one printed, the variable's too.
+  const std::string var = "CUDAPOOL_ON_ERROR";
+  std::size_t width = var.size();
   for (const config::KeySpec& k : config::keys())
-    if (k.format != nullptr) width = std::max(width, std::min(k.name.size(), kMaxWidth));
+    if (k.format != nullptr) width = std::max(width, k.name.size());
   std::string out;
   auto line = [&](std::string_view key, const std::string& value) {
     auto it = policy.origin.find(std::string(key));
@@ -43,7 +42,6 @@ std::string describe(const Policy& policy) {
   for (const config::KeySpec& k : config::keys())
     if (k.format != nullptr) line(k.name, k.format(policy));
   // Not a key: the variable that says what an invalid policy does (docs/policy.md), named as such.
-  const std::string var = "CUDAPOOL_ON_ERROR";
   auto it = policy.origin.find("on_error");
   out += var + std::string(width - std::min(width, var.size()), ' ') + " = " +
          (policy.on_error == OnError::passthrough ? "passthrough" : "stop") + "   (" +

@@ -1,6 +1,7 @@
 // describe(), to_conf_string() round trips, the docs' key table, and path patterns.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -118,7 +119,14 @@ TEST(Describe, EveryKeyWithValueAndOrigin) {
   std::istringstream in(d);
   std::string line;
   int lines = 0;
-  while (std::getline(in, line)) ++lines;
+  std::size_t column = std::string::npos;  // where " = " is: the same on every line
+  while (std::getline(in, line)) {
+    ++lines;
+    const std::size_t at = line.find(" = ");
+    ASSERT_NE(at, std::string::npos) << line;
+    if (column == std::string::npos) column = at;
+    EXPECT_EQ(at, column) << "misaligned: " << line << "\n" << d;
+  }
   int keys = 1;  // the CUDAPOOL_ON_ERROR line
   for (const config::KeySpec& k : config::keys()) {
     if (k.format == nullptr) continue;
@@ -126,13 +134,18 @@ TEST(Describe, EveryKeyWithValueAndOrigin) {
     EXPECT_TRUE(has(d, std::string(k.name) + " ")) << k.name << "\n" << d;
   }
   EXPECT_EQ(lines, keys) << d;
-  EXPECT_TRUE(has(d, "max_split_size_mb            = 64   (CUDAPOOL_CONF col 1)")) << d;
-  EXPECT_TRUE(has(d, "log_file                     = /tmp/x.log   (CUDAPOOL_CONF col 22)")) << d;
-  EXPECT_TRUE(has(d, "expandable_segments          = True   (default)")) << d;
-  EXPECT_TRUE(has(d, "trace_file                   = \"\"   (default)")) << d;
+  auto pad = [&](const std::string& name) { return name + std::string(column - name.size(), ' '); };
+  EXPECT_TRUE(has(d, pad("max_split_size_mb") + " = 64   (CUDAPOOL_CONF col 1)")) << d;
+  EXPECT_TRUE(has(d, pad("log_file") + " = /tmp/x.log   (CUDAPOOL_CONF col 22)")) << d;
+  EXPECT_TRUE(has(d, pad("expandable_segments") + " = True   (default)")) << d;
+  EXPECT_TRUE(has(d, pad("trace_file") + " = \"\"   (default)")) << d;
+  std::size_t longest = std::string("CUDAPOOL_ON_ERROR").size();
+  for (const config::KeySpec& k : config::keys())
+    if (k.format != nullptr) longest = std::max(longest, k.name.size());
+  EXPECT_EQ(column, longest) << d;  // the longest name sets the column, one space before " = "
   // CUDAPOOL_ON_ERROR is a variable, not a key: named as the variable, said to be no key.
   EXPECT_FALSE(has(d, "on_error ")) << d;
-  EXPECT_TRUE(has(d, "CUDAPOOL_ON_ERROR            = stop   (default; an environment variable, not a policy key")) << d;
+  EXPECT_TRUE(has(d, pad("CUDAPOOL_ON_ERROR") + " = stop   (default; an environment variable, not a policy key")) << d;
 }
 
 std::string read_doc(const std::string& path) {

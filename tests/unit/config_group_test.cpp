@@ -31,8 +31,8 @@ TEST(GroupKeys, ParseAndRoundTrip) {
   EXPECT_EQ(p.group_release_wait_ms, 250);
   EXPECT_FALSE(p.publish_stats);
   testing::expect_same_policy(must_parse(to_conf_string(p)), p);
-  EXPECT_TRUE(has(describe(p), "group                        = serve-1.a_b")) << describe(p);
-  EXPECT_TRUE(has(describe(p), "group_budget_mb              = 4096")) << describe(p);
+  EXPECT_TRUE(has(describe(p), "group                          = serve-1.a_b")) << describe(p);
+  EXPECT_TRUE(has(describe(p), "group_budget_mb                = 4096")) << describe(p);
 }
 
 // What the budget counts: the whole footprint by default (outside memory measured), the pools
