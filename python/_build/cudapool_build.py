@@ -17,13 +17,27 @@ _PACKAGE = "cudapool"
 _TAG = "py3-none-any"
 
 
-def _project():
-    """name, version, summary and requires-python from pyproject.toml (the few keys used)."""
+def _keys():
+    """The [project] keys of pyproject.toml whose values are plain strings (the few used)."""
     with open(os.path.join(_ROOT, "pyproject.toml"), encoding="utf-8") as f:
         text = f.read()
     section = text.split("[project]", 1)[1].split("\n[", 1)[0]
-    keys = dict(re.findall(r'^(\w[\w-]*)\s*=\s*"([^"]*)"', section, re.M))
+    return dict(re.findall(r'^(\w[\w-]*)\s*=\s*"([^"]*)"', section, re.M))
+
+
+def _project():
+    """name, version, summary and requires-python from pyproject.toml."""
+    keys = _keys()
     return keys["name"], keys["version"], keys.get("description", ""), keys.get("requires-python", "")
+
+
+def _license_file():
+    """The license text: LICENSE beside pyproject.toml, else at the repository's root; None when
+    neither is there (a copy of python/ alone)."""
+    for path in (os.path.join(_ROOT, "LICENSE"), os.path.join(os.path.dirname(_ROOT), "LICENSE")):
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def _files():
@@ -41,6 +55,11 @@ def _metadata():
     lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}"]
     if requires:
         lines.append(f"Requires-Python: {requires}")
+    license = _keys().get("license", "")
+    if license:
+        lines.append(f"License: {license}")
+    if license == "Apache-2.0":
+        lines.append("Classifier: License :: OSI Approved :: Apache Software License")
     readme = os.path.join(_ROOT, "README.md")
     body = ""
     if os.path.exists(readme):
@@ -91,8 +110,12 @@ def _write_wheel(wheel_directory, entries):
     info, stem = _dist_info()
     path = os.path.join(wheel_directory, f"{stem}-{_TAG}.whl")
     records = []
+    extra = [(f"{info}/METADATA", _metadata()), (f"{info}/WHEEL", _wheel_file())]
+    if _license_file():
+        with open(_license_file(), "rb") as f:
+            extra.append((f"{info}/LICENSE", f.read()))
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for arc, data in entries + [(f"{info}/METADATA", _metadata()), (f"{info}/WHEEL", _wheel_file())]:
+        for arc, data in entries + extra:
             z.writestr(zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0)), data)
             records.append(_record_line(arc, data))
         records.append(f"{info}/RECORD,,")
@@ -121,6 +144,8 @@ def build_sdist(sdist_directory, config_settings=None):
             disk = os.path.join(_ROOT, rel)
             if os.path.exists(disk):
                 t.add(disk, arcname=f"{stem}/{rel}")
+        if _license_file():
+            t.add(_license_file(), arcname=f"{stem}/LICENSE")
         info = tarfile.TarInfo(f"{stem}/PKG-INFO")
         data = _metadata()
         info.size = len(data)

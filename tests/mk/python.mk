@@ -4,7 +4,7 @@
 PYTHON_MODULE_TEST := $(BUILD)/tests/python_module_test.sh
 $(PYTHON_MODULE_TEST): tests/python/run.sh tests/python/module_test.py tests/python/torch_scenarios.py \
     tests/python/fake_torch.py $(wildcard python/cudapool/*) python/pyproject.toml python/_build/cudapool_build.py \
-    tests/tools/check_snapshot.py $(SHIM_SO) $(FAKECUDA_SO)
+    tests/tools/check_snapshot.py LICENSE $(SHIM_SO) $(FAKECUDA_SO)
 	@mkdir -p $(@D)
 	printf '#!/usr/bin/env bash\nexec bash tests/python/run.sh %s\n' "$(BUILD)" > $@
 	chmod +x $@

@@ -15,9 +15,18 @@ LD_PRELOAD=$shim LD_LIBRARY_PATH=$fake PYTHONPATH=$PWD/python CUDAPOOL_LOG_LEVEL
 # so a fresh venv with no index and build isolation on must install it.
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 if python3 -m venv "$tmp/venv" >/dev/null 2>&1 && "$tmp/venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  cp -r python "$tmp/src"
-  if "$tmp/venv/bin/python" -m pip install --quiet --no-index "$tmp/src" >"$tmp/log" 2>&1 &&
-     "$tmp/venv/bin/python" -c 'import cudapool, cudapool.torch, os, sys; sys.exit(0 if cudapool.is_loaded() is False and os.path.isfile(cudapool.torch._GLUE) else 1)'; then
+  # As in the repository: python/ beside the LICENSE its metadata names.
+  mkdir "$tmp/repo" && cp -r python "$tmp/repo/python" && cp LICENSE "$tmp/repo/"
+  if "$tmp/venv/bin/python" -m pip install --quiet --no-index "$tmp/repo/python" >"$tmp/log" 2>&1 &&
+     "$tmp/venv/bin/python" -c 'import cudapool, cudapool.torch, os, sys; sys.exit(0 if cudapool.is_loaded() is False and os.path.isfile(cudapool.torch._GLUE) else 1)' &&
+     "$tmp/venv/bin/python" - <<'PY' >>"$tmp/log" 2>&1; then
+# The installed metadata names the license, and the license text is installed with it.
+from importlib import metadata
+m = metadata.metadata("cudapool")
+assert m["License"] == "Apache-2.0", m["License"]
+text = [f for f in metadata.files("cudapool") if f.name == "LICENSE"]
+assert text and "Apache License" in text[0].read_text(), text
+PY
     echo "pip install --no-index ./python: ok"
   else
     echo "FAIL: pip install --no-index ./python"; cat "$tmp/log"; rc=1
