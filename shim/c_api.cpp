@@ -9,8 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "config/policy.h"
 #include "shim/export.h"
 #include "shim/runtime.h"
+#include "telemetry/json.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
 
@@ -38,6 +40,23 @@ void append_snapshot(std::string& out, const Snapshot& snap, bool& first_segment
     }
     out += "]}";
   }
+}
+
+// The policy as PyTorch's snapshot names it (allocator_settings): the settings it shares with
+// PyTorch's allocator, and the whole policy as the string that sets it.
+void append_allocator_settings(std::string& out, const Policy& policy) {
+  const PoolOptions& o = policy.pool;
+  out += ", \"allocator_settings\": {\"PYTORCH_CUDA_ALLOC_CONF\": ";
+  json::append_string(&out, to_conf_string(policy));
+  fmt::format_to(std::back_inserter(out), ", \"max_split_size\": {}, \"garbage_collection_threshold\": ",
+                 o.max_split_size == kNoLimit ? -1 : static_cast<long long>(o.max_split_size));
+  json::append_double(&out, o.garbage_collection_threshold);
+  fmt::format_to(std::back_inserter(out),
+                 ", \"expandable_segments\": {}, \"release_lock_on_cudamalloc\": {}, \"roundup_power2_divisions\": [",
+                 o.expandable_segments ? "true" : "false", o.release_lock_on_cudamalloc ? "true" : "false");
+  for (std::size_t i = 0; i < o.roundup_power2_divisions.size(); ++i)
+    fmt::format_to(std::back_inserter(out), "{}{}", i ? ", " : "", o.roundup_power2_divisions[i]);
+  out += "]}";
 }
 
 }  // namespace
@@ -120,10 +139,13 @@ CUDAPOOL_EXPORT int64_t cudapool_passthrough_count(const char* kind) {
 CUDAPOOL_EXPORT size_t cudapool_snapshot_json(char* buf, size_t size) {
   std::string out = "{\"segments\": [";
   bool first = true;
-  if (Runtime* rt = Runtime::peek()) {
+  Runtime* rt = Runtime::peek();
+  if (rt != nullptr) {
     rt->for_each_pool([&](ContextPool& cp) { append_snapshot(out, cp.pool.snapshot(), first); });
   }
-  out += first ? "]}" : "\n]}";
+  out += first ? "]" : "\n]";
+  if (rt != nullptr) append_allocator_settings(out, rt->policy());
+  out += "}";
   if (buf != nullptr && size > 0) {
     const size_t n = out.size() < size - 1 ? out.size() : size - 1;
     std::memcpy(buf, out.data(), n);

@@ -49,9 +49,11 @@ size_t cudapool_memory_stats_json(int device, char* buf, size_t size);
 /* Pass-through decisions so far of one kind: "backend", "foreign_pointer", "capture",
  * "no_context", "exiting". -1 for an unknown kind. */
 int64_t cudapool_passthrough_count(const char* kind);
-/* Every pool's segments and blocks as JSON text (the fields of PyTorch's memory snapshot).
- * Writes at most `size` bytes including the terminating NUL; returns the full length without
- * the NUL (snprintf-style: call with size 0 to learn it). */
+/* Every pool's segments and blocks as JSON text (the fields of PyTorch's memory snapshot), and
+ * once the library has started, "allocator_settings": the policy under the names PyTorch's
+ * snapshot gives it (PYTORCH_CUDA_ALLOC_CONF, max_split_size, ...). Writes at most `size` bytes
+ * including the terminating NUL; returns the full length without the NUL (snprintf-style: call
+ * with size 0 to learn it). */
 size_t cudapool_snapshot_json(char* buf, size_t size);
 /* Waits for pending frees and releases every fully free segment of every pool. Returns the
  * bytes given back to the driver. */

@@ -11,8 +11,8 @@ import os
 import pickle
 import sys
 
-__all__ = ["NotLoadedError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache", "snapshot",
-           "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+__all__ = ["NotLoadedError", "NoPoolError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache",
+           "snapshot", "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
            "reset_peak_memory_stats", "mem_get_info", "memory_snapshot", "last_oom_message", "library_path"]
 __version__ = "0.7.0"
 
@@ -23,6 +23,11 @@ _HINT = ("libcudapool.so is not in this process: start Python with "
 
 class NotLoadedError(RuntimeError):
     """The cudapool library is not in this process (or is too old for the call)."""
+
+
+class NoPoolError(RuntimeError):
+    """The device has no pool yet (CUDA not used there), and the call has no answer without one:
+    mem_get_info's free and total memory are the driver's, which it does not start CUDA to ask."""
 
 
 _lib = None
@@ -106,6 +111,15 @@ def _device_count(lib):
     return None
 
 
+def _visible_at_most():
+    """The most devices CUDA can show this process, from CUDA_VISIBLE_DEVICES: one per entry it
+    lists (CUDA stops at the first entry it cannot use, so it may show fewer); None when unset."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return len(visible.split(",")) if visible.strip() else 0
+
+
 def _device(device, lib=None):
     """The device index of `device`: None (the current device), an int, "cuda", "cuda:N" or a
     torch.device (torch is never imported here). ValueError for a device that does not exist."""
@@ -135,6 +149,13 @@ def _device(device, lib=None):
     if n is not None and index >= n:
         raise ValueError(f"device {index} does not exist: this process sees {n} CUDA device(s)"
                          + (f" (0..{n - 1})" if n else "") + "; CUDA_VISIBLE_DEVICES selects and renumbers them")
+    # Before CUDA starts the count is not known (counting would start CUDA, and a process that
+    # did cannot use CUDA in children it forks later); CUDA_VISIBLE_DEVICES still bounds it.
+    at_most = _visible_at_most() if n is None else None
+    if at_most is not None and index >= at_most:
+        visible = os.environ["CUDA_VISIBLE_DEVICES"]
+        raise ValueError(f"device {index} does not exist: CUDA_VISIBLE_DEVICES={visible!r} shows this process at most "
+                         f"{at_most} CUDA device(s)" + (f" (0..{at_most - 1})" if at_most else ""))
     return index
 
 
@@ -192,12 +213,14 @@ def mem_get_info(device=None):
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             return torch.cuda.mem_get_info(index)
-        raise RuntimeError(f"no pool on device {index} yet (CUDA not used there): nothing to report")
+        raise NoPoolError(f"no pool on device {index} yet (CUDA not used there): its free and total memory are the "
+                          "driver's, and this call does not start CUDA to ask; memory_stats() is {} until then")
     return free.value, total.value
 
 
 def memory_snapshot():
-    """The pool's segments as torch.cuda.memory_snapshot() lists them."""
+    """The pool's segments as torch.cuda.memory_snapshot() lists them (the whole snapshot, with
+    allocator_settings, is snapshot())."""
     return snapshot()["segments"]
 
 
@@ -238,7 +261,8 @@ def snapshot(path=None):
         for b in s["blocks"]:
             b["frames"] = []
     devices = 1 + max((s["device"] for s in segments), default=0)
-    snap = {"segments": segments, "device_traces": [[] for _ in range(devices)], "external_annotations": []}
+    snap = {"segments": segments, "device_traces": [[] for _ in range(devices)], "external_annotations": [],
+            "allocator_settings": data.get("allocator_settings", {})}
     if path is not None:
         with _open_output(path) as f:
             pickle.dump(snap, f, protocol=2)

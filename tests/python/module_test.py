@@ -65,6 +65,79 @@ class NotPreloaded(unittest.TestCase):
         self.assertIn("not-preloaded ok", r.stdout)
 
 
+def run_fresh(code, **env):
+    """`code` in a fresh python3 with the same environment (the shim preloaded) plus `env`."""
+    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True,
+                          timeout=120)
+
+
+class BeforeCuda(unittest.TestCase):
+    """What python/README.md promises before CUDA is used in the process."""
+
+    def test_a_device_ruled_out_by_cuda_visible_devices_is_a_value_error(self):
+        # No driver on the library path, as on a machine without a GPU (a real driver answers no
+        # device count before cuInit either; the fake one would): the count is unknown, and
+        # CUDA_VISIBLE_DEVICES alone bounds it.
+        no_driver = {"LD_LIBRARY_PATH": ""}
+        code = ("import cudapool\n"
+                "for bad in ('cuda:3', 2, -1):\n"
+                "    try:\n"
+                "        cudapool.memory_allocated(bad)\n"
+                "    except ValueError as e:\n"
+                "        assert 'does not exist' in str(e), e\n"
+                "    else:\n"
+                "        raise AssertionError(f'{bad!r} accepted before CUDA')\n"
+                "assert not cudapool.is_active()\n"
+                "print('ok')\n")
+        r = run_fresh(code.replace("'cuda:3', 2, -1", "'cuda:3', 1, -1"), CUDA_VISIBLE_DEVICES="0", **no_driver)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = run_fresh(code.replace("'cuda:3', 2, -1", "'cuda:0', 0"), CUDA_VISIBLE_DEVICES="", **no_driver)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)  # no device visible: none exists
+        # Without it nothing tells, and a device without a pool answers as an empty pool.
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env.update(no_driver)
+        r = subprocess.run([sys.executable, "-c", "import cudapool; print(cudapool.memory_allocated('cuda:3'))"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "0"), r.stdout + r.stderr)
+        # With the driver's count known, it decides (here the fake driver's two devices).
+        r = run_fresh(code)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_without_a_pool_the_calls_answer_for_an_empty_pool(self):
+        code = ("import cudapool\n"
+                "assert cudapool.memory_stats(0) == {} and cudapool.memory_allocated(0) == 0\n"
+                "assert cudapool.max_memory_reserved('cuda:0') == 0\n"
+                "cudapool.reset_peak_memory_stats(0)\n"
+                "assert 'no pool on this device' in cudapool.memory_summary(0)\n"
+                "try:\n"
+                "    cudapool.mem_get_info(0)\n"
+                "except cudapool.NoPoolError as e:\n"
+                "    assert isinstance(e, RuntimeError) and 'no pool on device 0' in str(e), e\n"
+                "else:\n"
+                "    raise AssertionError('mem_get_info answered without a pool')\n"
+                "assert not cudapool.is_active()\n"
+                "print('ok')\n")
+        r = run_fresh(code)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_run_without_torch_says_so_in_one_line(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            os.mkdir(os.path.join(tmp, "torch"))
+            with open(os.path.join(tmp, "torch", "__init__.py"), "w") as f:
+                f.write("raise ImportError(\"No module named 'torch'\")\n")
+            prog = os.path.join(tmp, "prog.py")
+            with open(prog, "w") as f:
+                f.write("print('program ran')\n")
+            env = dict(os.environ, PYTHONPATH=tmp + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            r = subprocess.run([sys.executable, "-m", "cudapool.run", prog], env=env, capture_output=True, text=True,
+                               timeout=120)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn("python3 -m cudapool.run: PyTorch cannot be imported", r.stderr)
+            self.assertNotIn("program ran", r.stdout)
+
+
 class Preloaded(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -123,6 +196,16 @@ class Preloaded(unittest.TestCase):
             self.assertIn("refusing to write through a symbolic link", str(cm.exception))
             with open(victim) as f:
                 self.assertEqual(f.read(), "kept\n")
+        # The policy under the names PyTorch's snapshot gives it (the defaults here).
+        settings = snap["allocator_settings"]
+        self.assertIsInstance(settings["PYTORCH_CUDA_ALLOC_CONF"], str)
+        self.assertIs(settings["expandable_segments"], True)
+        self.assertEqual(settings["max_split_size"], -1)
+        self.assertEqual(settings["garbage_collection_threshold"], 0)
+        self.assertIsInstance(settings["roundup_power2_divisions"], list)
+        # Once CUDA is in use the device count is known: a device past it is a ValueError.
+        with self.assertRaises(ValueError):
+            cudapool.memory_allocated("cuda:3")
         blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
         self.assertEqual(blocks[small]["size"], 1024)
         self.assertEqual(blocks[small]["requested_size"], 1000)

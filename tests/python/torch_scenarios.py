@@ -339,7 +339,7 @@ def devices_and_parity():
     assert "Allocated memory" in cudapool.memory_summary("cuda:0")
     try:
         cudapool.mem_get_info(1)
-    except RuntimeError as e:
+    except cudapool.NoPoolError as e:
         assert "no pool on device 1" in str(e), e
     else:
         raise AssertionError("mem_get_info(1) without a pool there")
