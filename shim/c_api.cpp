@@ -11,6 +11,7 @@
 
 #include "config/policy.h"
 #include "shim/export.h"
+#include "shim/parking.h"
 #include "shim/runtime.h"
 #include "telemetry/json.h"
 #include "telemetry/logging.h"
@@ -115,6 +116,13 @@ CUDAPOOL_EXPORT size_t cudapool_memory_stats_json(int device, char* buf, size_t 
       fmt::format_to(std::back_inserter(out), "{}\"{}\": {}", first ? "" : ", ", name, value);
       first = false;
     }
+    if (!first) {  // parking, process-wide (every device parks and restores together)
+      const park::Counters c = park::counters();
+      fmt::format_to(std::back_inserter(out),
+                     ", \"parks\": {}, \"unparks\": {}, \"park_bytes_out\": {}, \"park_bytes_in\": {}, "
+                     "\"park_ns\": {}, \"unpark_ns\": {}, \"parked_bytes\": {}",
+                     c.parks, c.unparks, c.bytes_out, c.bytes_in, c.park_ns, c.unpark_ns, park::parked_bytes());
+    }
   }
   out += "}";
   if (buf != nullptr && size > 0) {
@@ -161,6 +169,41 @@ CUDAPOOL_EXPORT size_t cudapool_empty_cache(void) {
   rt->for_each_pool([&](ContextPool& cp) { freed += cp.pool.empty_cache(); });
   return freed;
 }
+
+namespace {
+thread_local std::string tl_park_why;
+
+size_t copy_out(const std::string& text, char* buf, size_t size) {
+  if (buf != nullptr && size > 0) {
+    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+    std::memcpy(buf, text.data(), n);
+    buf[n] = '\0';
+  }
+  return text.size();
+}
+}  // namespace
+
+CUDAPOOL_EXPORT int cudapool_park(int discard) {
+  tl_park_why.clear();
+  if (Runtime::peek() == nullptr || Runtime::exiting()) {
+    tl_park_why = "CUDA has not been used through the pool in this process";
+    return -1;
+  }
+  return park::park(discard != 0 ? park::Mode::discard : park::Mode::copy, "cudapool_park", &tl_park_why) ? 0 : -1;
+}
+
+CUDAPOOL_EXPORT int cudapool_unpark(void) {
+  tl_park_why.clear();
+  return park::unpark(&tl_park_why) ? 0 : -1;
+}
+
+CUDAPOOL_EXPORT int cudapool_parked(size_t* parked_bytes) {
+  const bool p = park::parked();
+  if (parked_bytes != nullptr) *parked_bytes = p ? static_cast<size_t>(park::parked_bytes()) : 0;
+  return p ? 1 : 0;
+}
+
+CUDAPOOL_EXPORT size_t cudapool_park_why(char* buf, size_t size) { return copy_out(tl_park_why, buf, size); }
 
 CUDAPOOL_EXPORT int cudapool_set_log_level(const char* level) {
   if (level == nullptr) return -1;

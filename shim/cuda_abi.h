@@ -25,6 +25,25 @@ using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 using CUmemoryPool = CUmemPoolHandle_st*;
 using CUgraph = CUgraph_st*;
+// Only passed on by the door wrappers (shim/hooks_doors.cpp): opaque here, by pointer or handle.
+struct CUfunc_st;
+struct CUgraphExec_st;
+struct CUarray_st;
+using CUfunction = CUfunc_st*;
+using CUgraphExec = CUgraphExec_st*;
+using CUarray = CUarray_st*;
+using CUdeviceptr_v1 = unsigned int;  // the 32-bit pointers of the legacy (before CUDA 3.2) forms
+using cuuint32_t = std::uint32_t;
+struct CUDA_MEMCPY2D;
+struct CUDA_MEMCPY2D_v1;
+struct CUDA_MEMCPY3D;
+struct CUDA_MEMCPY3D_v1;
+struct CUDA_MEMCPY3D_PEER;
+struct CUDA_MEMCPY3D_BATCH_OP;
+struct CUDA_LAUNCH_PARAMS;
+struct CUlaunchConfig;
+struct CUmemcpyAttributes;
+union CUstreamBatchMemOpParams;
 
 inline constexpr std::size_t kIpcHandleSize = 64;  // CU_IPC_HANDLE_SIZE
 struct CUipcMemHandle {

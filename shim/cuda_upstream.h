@@ -4,11 +4,13 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "allocator/upstream.h"
 #include "shim/driver.h"
+#include "shim/parking.h"
 
 namespace cudapool::shim {
 
@@ -89,6 +91,24 @@ class CudaUpstream final : public Upstream {
   };
   CUresult export_units(std::uintptr_t lo, std::size_t bytes, std::vector<ExportedUnit>* out);
 
+  // --- Parking (shim/cuda_upstream_park.cpp; the protocol around it: shim/parking.cpp). The
+  // caller has closed the doors and drained the context.
+  // Bytes of physical memory mapped now (units), and whether anything stops them from moving:
+  // peers granted access, or units also mapped at a second address (alias()).
+  std::size_t mapped_bytes();
+  std::string why_not_parkable();
+  // Copies each unit's bytes to host memory (pinned when the driver gives it; not with
+  // `keep_bytes` false), then unmaps and releases every unit and credits the gate; the ranges
+  // stay reserved. All or nothing: false with *why leaves everything mapped. *bytes: the bytes
+  // given back.
+  bool park_units(bool keep_bytes, std::size_t* bytes, std::string* why);
+  // Charges the gate for the parked bytes (while it refuses: `wait`, until it says stop), creates
+  // and maps the units again at their addresses, copies the bytes back and frees the host copy.
+  // CUDA_SUCCESS (also when nothing is parked), else the error the door's call fails with; the
+  // units stay parked then.
+  CUresult restore_units(park::RestoreWait wait, std::string* why);
+  std::size_t parked_bytes();  // bytes given back by park_units and not restored yet
+
   // Bounds on address space, per process (all upstreams together) and per range.
   static constexpr std::size_t kMaxReservedTotal = std::size_t{16} << 40;  // 16 TiB
   static std::size_t reserved_total() noexcept;
@@ -142,6 +162,20 @@ class CudaUpstream final : public Upstream {
   // Old mappings left by alias(), address -> bytes: the handles belong to units_ elsewhere.
   std::map<std::uintptr_t, std::size_t> aliases_;
   std::map<std::uintptr_t, Range> ranges_;  // reservations by base
+  // Parked units: their addresses stay reserved, their bytes (if kept) lie in host_ at `offset`.
+  struct ParkedUnit {
+    std::uintptr_t addr = 0;
+    std::size_t bytes = 0;
+    bool exportable = false;
+    std::size_t offset = 0;
+  };
+  std::vector<ParkedUnit> parked_;
+  std::size_t parked_total_ = 0;
+  void* host_ = nullptr;  // the host copy of the parked bytes (nullptr: discarded)
+  bool host_pinned_ = false;
+  void free_host() noexcept;
+  // The pool unmapped pages that are parked (a release of idle memory): they are forgotten.
+  void drop_parked(std::uintptr_t lo, std::uintptr_t hi) noexcept;
 };
 
 }  // namespace cudapool::shim

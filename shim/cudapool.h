@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CUDAPOOL_API_VERSION 3
+#define CUDAPOOL_API_VERSION 4
 
 /* A few headline counters of one device's pool (PyTorch memory_stats names in comments). */
 struct cudapool_stats {
@@ -96,6 +96,25 @@ int cudapool_reset_peak_stats(int device);
  * bytes count as free, and a cap (max_reserved_mb, per_process_memory_fraction) is the total
  * (the group budget aside). 0, or -1 when no pool of that device exists yet. Since API version 3. */
 int cudapool_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
+/* Parking (since API version 4): the process's device memory given back while it idles and
+ * restored, at the same addresses, before its next call that can make the GPU touch memory
+ * (a launch, a copy, a set, an allocation; docs/design.md, "Parking"). Only pages of expandable
+ * segments move; classic segments, the context and memory the program maps itself stay.
+ * cudapool_park: waits for the calls in flight, drains the devices, gives idle cached pages back,
+ * copies the live pages' bytes to host memory (with `discard` non-zero they are dropped instead:
+ * the pages come back zeroed or with any contents, as a KV cache the program rebuilds) and
+ * releases them. Returns 0 when parked, -1 when not (refused or failed; the process is left as it
+ * was: cudapool_park_why says why, e.g. a block exported over CUDA IPC, peer access, a graph
+ * capture in progress, no expandable-segment memory). Never from inside a CUDA callback.
+ * cudapool_unpark: restores now (the next GPU call would anyway). 0 when nothing is parked
+ * afterwards, -1 when the memory could not be had back (cudapool_park_why).
+ * cudapool_parked: 1 while parked, else 0; *parked_bytes (when not NULL): the bytes given back.
+ * cudapool_park_why: the calling thread's last reason from cudapool_park / cudapool_unpark ("" when
+ * none), snprintf-style like cudapool_snapshot_json. */
+int cudapool_park(int discard);
+int cudapool_unpark(void);
+int cudapool_parked(size_t* parked_bytes);
+size_t cudapool_park_why(char* buf, size_t size);
 /* Changes the log level ("trace" "debug" "info" "warn" "error" "critical" "off").
  * Returns 0, or -1 for an unknown name. */
 int cudapool_set_log_level(const char* level);

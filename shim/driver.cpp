@@ -48,8 +48,12 @@ bool fill(RealDriver& d) {
 
 }  // namespace
 
+namespace detail {
+std::atomic<const RealDriver*> g_real_driver{nullptr};
+}
+
 const RealDriver* real_driver() noexcept {
-  static std::atomic<const RealDriver*> ready{nullptr};
+  std::atomic<const RealDriver*>& ready = detail::g_real_driver;
   static std::mutex mu;
   const RealDriver* d = ready.load(std::memory_order_acquire);
   if (d != nullptr) return d;

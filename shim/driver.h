@@ -2,6 +2,8 @@
 // exported wrappers), so the pool's upstream and fences can never re-enter the shim. The table is
 // made from the one list of entry points, shim/entry_points.def.
 #pragma once
+#include <atomic>
+
 #include "shim/cuda_abi.h"
 
 namespace cudapool::shim {
@@ -32,6 +34,14 @@ struct RealDriver {
 // The table, filled on first use (dlopen of libcuda.so.1, preferring an already loaded copy).
 // Returns nullptr while libcuda cannot be loaded. Cheap after the first call (one atomic load).
 const RealDriver* real_driver() noexcept;
+namespace detail {
+extern std::atomic<const RealDriver*> g_real_driver;  // set once by real_driver()
+}
+// real_driver() with its fast path inlined (the door wrappers: one load per call).
+inline const RealDriver* real_driver_inline() noexcept {
+  const RealDriver* d = detail::g_real_driver.load(std::memory_order_acquire);
+  return d != nullptr ? d : real_driver();
+}
 
 // The real dlsym of libc (dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5").
 using DlsymFn = void* (*)(void*, const char*);

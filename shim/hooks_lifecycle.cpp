@@ -5,6 +5,7 @@
 #include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/log_audit.h"
+#include "shim/parking.h"
 #include "shim/streams.h"
 #include "telemetry/trace.h"
 
@@ -50,6 +51,8 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool ptsz) {
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   auto real = ptsz ? d->cuStreamBeginCapture_v2_ptsz : d->cuStreamBeginCapture_v2;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  park::Door door;  // a park sees this capture, or the capture begins after the restore
+  if (door.result() != 0) return door.result();
   capture_may_begin();
   CUresult r = real(s, mode);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, ptsz), mode);
@@ -201,6 +204,8 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptur
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuStreamBeginCapture == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  park::Door door;  // a park sees this capture, or the capture begins after the restore
+  if (door.result() != 0) return door.result();
   capture_may_begin();
   CUresult r = d->cuStreamBeginCapture(s);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, false), CU_STREAM_CAPTURE_MODE_GLOBAL);
@@ -209,6 +214,8 @@ CUDAPOOL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
 CUDAPOOL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuStreamBeginCapture_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  park::Door door;  // a park sees this capture, or the capture begins after the restore
+  if (door.result() != 0) return door.result();
   capture_may_begin();
   CUresult r = d->cuStreamBeginCapture_ptsz(s);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, true), CU_STREAM_CAPTURE_MODE_GLOBAL);
@@ -222,6 +229,8 @@ static CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const void* de
   if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   auto real = ptsz ? d->cuStreamBeginCaptureToGraph_ptsz : d->cuStreamBeginCaptureToGraph;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  park::Door door;  // a park sees this capture, or the capture begins after the restore
+  if (door.result() != 0) return door.result();
   capture_may_begin();
   CUresult r = real(s, graph, deps, edges, n, mode);
   if (r == CUDA_SUCCESS) capture_began(stream_id(s, ptsz), mode);
@@ -244,7 +253,10 @@ CUDAPOOL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) { r
 CUDAPOOL_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuCtxEnablePeerAccess == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  park::Door door;  // a park sees the peer access, or it is enabled after the restore
+  if (door.result() != 0) return door.result();
   const CUresult r = d->cuCtxEnablePeerAccess(peer, flags);
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) park::note_peer_access();
   Runtime* rt = Runtime::peek();
   CUdevice accessor = -1;
   if ((r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) && rt != nullptr &&

@@ -11,6 +11,7 @@
 #include "shim/ipc.h"
 #include "shim/log.h"
 #include "shim/oom_note.h"
+#include "shim/parking.h"
 #include "shim/streams.h"
 #include "shim/warm_start.h"
 #include "telemetry/oom.h"
@@ -61,6 +62,9 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
 }
 
 CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+  // A parked process is restored before it allocates (its pool's pages are away).
+  park::Door door;
+  if (door.result() != 0) return door.result();
   ipc::drain_frees(rt);  // blocks the program freed while another process held them open
   // The context is current (the caller just read it): fence recording skips its own check.
   CudaFences::ContextGuard known(cp.ctx);
@@ -93,6 +97,8 @@ CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::
 
 CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
   void* p = as_ptr(dptr);
+  park::Door door;  // restored first: the pool may give the freed pages back
+  if (door.result() != 0) return door.result();
   // A block exported with CUDA IPC and still open in another process is freed into the pool only
   // once the last importer closed it: that process may still be using the bytes.
   switch (ipc::on_free(p)) {

@@ -9,6 +9,7 @@
 #include "shim/hooks.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
+#include "shim/parking.h"
 
 namespace cudapool::shim {
 namespace {
@@ -195,6 +196,8 @@ CUDAPOOL_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute*
 CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   const RealDriver* d = real_driver();
   if (d == nullptr || d->cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  park::Door door;  // a park sees the export, or the export waits for the restore
+  if (door.result() != 0) return door.result();
   Owned o = lookup(Runtime::peek(), dptr);
   if (o.pool == nullptr) return d->cuIpcGetMemHandle(handle, dptr);
   return ipc::export_block(*o.pool, dptr, handle);

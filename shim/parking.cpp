@@ -1,36 +1,365 @@
-// Parking (shim/parking.h).
+// Parking (shim/parking.h): the door protocol and the park/restore of every pool of the process.
+//
+// Why no launch can slip between the drain and the unmap: a thread entering a door first stores
+// its slot's "inside" word, then reads the global "closed" word; the parker first stores "closed",
+// then reads every slot's "inside". With a full barrier between each side's store and load (the
+// thread's own fence, or on Linux the parker's membarrier, which runs one on every thread of the
+// process that is running at that moment, so the threads need only a compiler barrier), at least
+// one side sees the other's store: either the parker sees the thread inside and waits for it to
+// leave, or the thread sees the doors closed and takes the slow path, which leaves again (inside =
+// 0) before it waits. Once the parker has seen every slot at 0, every later entry sees "closed",
+// so nothing enters until the parker reopens. The drain (cuCtxSynchronize) and the unmap happen
+// after that point.
 #include "shim/parking.h"
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "shim/ipc.h"
+#include "shim/log.h"
+#include "shim/runtime.h"
+#include "shim/streams.h"
+#include "telemetry/share.h"
 
 namespace cudapool::shim::park {
 
 namespace detail {
 std::atomic<unsigned> g_closed{0};
 std::atomic<bool> g_fence_on_enter{true};
-struct Slot {
-  std::atomic<unsigned> inside{0};
-};
 constinit thread_local Slot* tl_slot = nullptr;
-Slot& my_slot() noexcept {
-  static thread_local Slot s;
-  tl_slot = &s;
-  return s;
-}
-std::atomic<unsigned>& inside_word(Slot& s) noexcept { return s.inside; }
-int enter_slow(Slot&) noexcept { return 0; }
 }  // namespace detail
 
-std::string why_not_parkable() { return "parking is not implemented yet"; }
-bool park(Mode, const char*, std::string* why) noexcept {
-  if (why != nullptr) *why = "parking is not implemented yet";
-  return false;
+namespace {
+
+using detail::Slot;
+
+std::atomic<Slot*> g_slots{nullptr};
+std::atomic<bool> g_membarrier{false};
+std::atomic<bool> g_peer_access{false};
+std::atomic<RestoreWait> g_restore_wait{nullptr};
+
+enum class State { open, parking, parked, restoring };
+std::mutex g_mu;  // written under it; also serialises park() and unpark()
+std::condition_variable g_cv;
+std::atomic<State> g_state{State::open};
+
+// Counters (written under g_mu, read anywhere).
+std::atomic<std::uint64_t> g_parks{0}, g_unparks{0}, g_bytes_out{0}, g_bytes_in{0}, g_park_ns{0}, g_unpark_ns{0};
+std::atomic<std::uint64_t> g_parked_bytes{0};
+
+// How long a park waits for the threads inside a door to leave before it gives up (a call that
+// blocks for long, such as a synchronous copy behind a long kernel, keeps the process working).
+constexpr std::int64_t kInsideWaitNs = 5'000'000'000;
+
+// Registers for private expedited membarrier once; the fast path drops its fence when it worked.
+// A ThreadSanitizer build keeps the fence: the sanitizer does not model membarrier.
+void setup_barrier() noexcept {
+  static std::once_flag once;
+  std::call_once(once, [] {
+#if !defined(__SANITIZE_THREAD__)
+    const long r = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0);
+    if (r == 0) {
+      g_membarrier.store(true, std::memory_order_seq_cst);
+      detail::g_fence_on_enter.store(false, std::memory_order_seq_cst);
+    }
+#endif
+  });
 }
-bool unpark(std::string*) noexcept { return true; }
-bool parked() noexcept { return false; }
-std::uint64_t parked_bytes() noexcept { return 0; }
-std::uint64_t activity() noexcept { return 0; }
-Counters counters() noexcept { return Counters{0, 0, 0, 0, 0, 0}; }
-void set_restore_wait(RestoreWait) noexcept {}
-int door_enter() noexcept { return 0; }
-void door_leave() noexcept {}
+
+// The parker's half of the fence pair (after storing g_closed).
+void heavy_barrier() noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (g_membarrier.load(std::memory_order_relaxed)) {
+    // Cannot fail once registered (the kernel's documented errors are for unregistered use).
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
+      log_warn("parking: membarrier failed after registration");
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+struct SlotRelease {
+  ~SlotRelease() {
+    if (Slot* s = detail::tl_slot) {
+      s->inside.store(0, std::memory_order_release);
+      s->owned.store(false, std::memory_order_release);
+      detail::tl_slot = nullptr;
+    }
+  }
+};
+
+// Waits until no thread is inside a door; false when one stays past the deadline.
+bool wait_outside() noexcept {
+  const std::int64_t deadline = share::monotonic_ns() + kInsideWaitNs;
+  for (int spin = 0;; ++spin) {
+    bool any = false;
+    for (Slot* s = g_slots.load(std::memory_order_acquire); s != nullptr && !any; s = s->next)
+      any = s->inside.load(std::memory_order_acquire) != 0;
+    if (!any) return true;
+    if (share::monotonic_ns() > deadline) return false;
+    if (spin < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 50 : 1000));
+  }
+}
+
+void reopen_locked() {
+  g_state = State::open;
+  detail::g_closed.store(0, std::memory_order_seq_cst);
+  g_cv.notify_all();
+}
+
+std::string why_locked(Runtime* rt) {
+  if (rt == nullptr || !rt->native()) return "the pool is not in use in this process";
+  if (ipc::detail::g_exports.load(std::memory_order_acquire) != 0)
+    return "a block is exported over CUDA IPC (another process may be using it)";
+  if (g_peer_access.load(std::memory_order_acquire)) return "peer access is enabled";
+  if (any_capture_active()) return "a graph capture is in progress";
+  std::string why;
+  std::size_t mapped = 0;
+  rt->for_each_pool([&](ContextPool& cp) {
+    if (!why.empty()) return;
+    why = cp.upstream.why_not_parkable();
+    mapped += cp.upstream.mapped_bytes();
+  });
+  if (!why.empty()) return why;
+  if (mapped == 0) return "no memory that can move (no expandable-segment pages; classic segments stay)";
+  return {};
+}
+
+// Restores every pool; 0 or the CUresult to fail the door's call with. Called by the one thread
+// that set State::restoring (or by park() undoing itself), without g_mu.
+int restore_all(std::string* why) noexcept {
+  Runtime* rt = Runtime::peek();
+  if (rt == nullptr) return 0;
+  const std::int64_t t0 = share::monotonic_ns();
+  const RestoreWait wait = g_restore_wait.load(std::memory_order_acquire);
+  int result = 0;
+  std::uint64_t in = 0;
+  rt->for_each_pool([&](ContextPool& cp) {
+    if (result != 0) return;
+    const std::size_t n = cp.upstream.parked_bytes();
+    const CUresult r = cp.upstream.restore_units(wait, why);
+    if (r != CUDA_SUCCESS)
+      result = r;
+    else
+      in += n;
+  });
+  if (result == 0) {
+    const auto dt = static_cast<std::uint64_t>(share::monotonic_ns() - t0);
+    g_unparks.fetch_add(1, std::memory_order_relaxed);
+    g_bytes_in.fetch_add(in, std::memory_order_relaxed);
+    g_unpark_ns.fetch_add(dt, std::memory_order_relaxed);
+    g_parked_bytes.store(0, std::memory_order_relaxed);
+    log_info("parking: restored {} bytes in {:.1f} ms", in, static_cast<double>(dt) / 1e6);
+  }
+  return result;
+}
+
+// Restores under the protocol (the caller holds `lk` and saw State::parked).
+int restore_locked(std::unique_lock<std::mutex>& lk, std::string* why) {
+  g_state = State::restoring;
+  lk.unlock();
+  const int r = restore_all(why);
+  lk.lock();
+  if (r != 0) {
+    g_state = State::parked;
+    g_cv.notify_all();
+    log_warn("parking: restore failed ({}); the call that needed it fails with CUDA error {}", *why, r);
+    return r;
+  }
+  reopen_locked();
+  return 0;
+}
+
+}  // namespace
+
+namespace detail {
+
+Slot& my_slot() noexcept {
+  setup_barrier();
+  static thread_local SlotRelease release_at_exit;
+  (void)&release_at_exit;
+  for (Slot* s = g_slots.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+    bool free_slot = false;
+    if (s->owned.compare_exchange_strong(free_slot, true, std::memory_order_acq_rel)) {
+      tl_slot = s;
+      return *s;
+    }
+  }
+  Slot* s = new Slot;  // never freed: the parker may be reading it; reused by later threads
+  s->owned.store(true, std::memory_order_relaxed);
+  Slot* head = g_slots.load(std::memory_order_relaxed);
+  do {
+    s->next = head;
+  } while (!g_slots.compare_exchange_weak(head, s, std::memory_order_release, std::memory_order_relaxed));
+  tl_slot = s;
+  return *s;
+}
+
+int enter_slow(Slot& s) noexcept {
+  for (;;) {
+    s.inside.store(0, std::memory_order_seq_cst);  // out again, so that a parker does not wait for us
+    {
+      std::unique_lock<std::mutex> lk(g_mu);
+      while (g_state == State::parking || g_state == State::restoring) g_cv.wait(lk);
+      if (g_state == State::parked) {
+        std::string why;
+        if (const int r = restore_locked(lk, &why); r != 0) return r;
+      }
+    }
+    s.inside.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (g_closed.load(std::memory_order_relaxed) == 0) return 0;
+  }
+}
+
+}  // namespace detail
+
+std::string why_not_parkable() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_state == State::parked) return "already parked";
+  if (g_state != State::open) return "a park or restore is in progress";
+  return why_locked(Runtime::peek());
+}
+
+bool park(Mode mode, const char* reason, std::string* why) noexcept {
+  std::string local;
+  std::string& w = why != nullptr ? *why : local;
+  if (detail::tl_slot != nullptr && detail::tl_slot->inside.load(std::memory_order_relaxed) != 0) {
+    w = "park() called from inside a CUDA call";
+    return false;
+  }
+  const char* what = reason != nullptr ? reason : "asked";
+  try {
+    Runtime* rt = Runtime::peek();
+    std::unique_lock<std::mutex> lk(g_mu);
+    if (g_state != State::open) {
+      w = g_state == State::parked ? "already parked" : "a park or restore is in progress";
+      return false;
+    }
+    w = why_locked(rt);
+    if (!w.empty()) {
+      log_info("parking: not parked ({}): {}", what, w);
+      return false;
+    }
+    const std::int64_t t0 = share::monotonic_ns();
+    setup_barrier();
+    g_state = State::parking;
+    detail::g_closed.store(1, std::memory_order_seq_cst);
+    lk.unlock();
+    heavy_barrier();
+    bool ok = wait_outside();
+    if (!ok) w = "a thread stayed inside a CUDA call for more than 5 s";
+    // Nothing can change the answers below now (the hooks that export, capture or enable peer
+    // access pass the door too): asked again, they are final.
+    if (ok) {
+      w = why_locked(rt);
+      ok = w.empty();
+    }
+    // Work already queued finishes before its memory goes.
+    if (ok) {
+      const RealDriver& d = rt->driver();
+      rt->for_each_pool([&](ContextPool& cp) {
+        if (!ok) return;
+        ScopedContext scope(d, cp.ctx);
+        const CUresult r = d.cuCtxSynchronize != nullptr ? d.cuCtxSynchronize() : CUDA_ERROR_NOT_SUPPORTED;
+        if (r != CUDA_SUCCESS) {
+          ok = false;
+          w = "draining device " + std::to_string(cp.device) + " failed: CUDA error " + std::to_string(r);
+        }
+      });
+    }
+    std::uint64_t out = 0;
+    std::size_t idle = 0;
+    if (ok) {
+      // Cached free pages are simply given back; only live memory is copied.
+      rt->for_each_pool([&](ContextPool& cp) { idle += cp.pool.empty_cache(); });
+      rt->for_each_pool([&](ContextPool& cp) {
+        if (!ok) return;
+        std::size_t n = 0;
+        ok = cp.upstream.park_units(mode == Mode::copy, &n, &w);
+        out += n;
+      });
+      if (!ok) {
+        std::string again;
+        if (restore_all(&again) != 0)
+          log_warn("parking: undoing a failed park failed too ({}); the next call restores", again);
+      }
+    }
+    lk.lock();
+    if (!ok || out == 0) {
+      if (ok) w = "no memory that can move once idle pages were given back";
+      // Whatever an undo could not restore is still parked: the doors stay closed for it.
+      std::size_t left = 0;
+      rt->for_each_pool([&](ContextPool& cp) { left += cp.upstream.parked_bytes(); });
+      if (left != 0) {
+        g_state = State::parked;
+        g_cv.notify_all();
+      } else {
+        reopen_locked();
+      }
+      log_info("parking: not parked ({}): {}", what, w);
+      return false;
+    }
+    const auto dt = static_cast<std::uint64_t>(share::monotonic_ns() - t0);
+    g_state = State::parked;
+    g_parks.fetch_add(1, std::memory_order_relaxed);
+    g_bytes_out.fetch_add(out, std::memory_order_relaxed);
+    g_park_ns.fetch_add(dt, std::memory_order_relaxed);
+    g_parked_bytes.store(out, std::memory_order_relaxed);
+    g_cv.notify_all();
+    log_info("parking: parked {} bytes ({}, {} idle bytes given back first) in {:.1f} ms ({})", out,
+             mode == Mode::copy ? "copied to host memory" : "discarded", idle, static_cast<double>(dt) / 1e6, what);
+    return true;
+  } catch (...) {
+    w = "out of host memory";
+    return false;
+  }
+}
+
+bool unpark(std::string* why) noexcept {
+  std::string local;
+  std::string& w = why != nullptr ? *why : local;
+  if (detail::tl_slot != nullptr && detail::tl_slot->inside.load(std::memory_order_relaxed) != 0) {
+    w = "unpark() called from inside a CUDA call";
+    return false;
+  }
+  try {
+    std::unique_lock<std::mutex> lk(g_mu);
+    while (g_state == State::parking || g_state == State::restoring) g_cv.wait(lk);
+    if (g_state != State::parked) return true;
+    return restore_locked(lk, &w) == 0;
+  } catch (...) {
+    w = "out of host memory";
+    return false;
+  }
+}
+
+bool parked() noexcept { return g_state.load(std::memory_order_acquire) == State::parked; }
+std::uint64_t parked_bytes() noexcept { return g_parked_bytes.load(std::memory_order_relaxed); }
+
+std::uint64_t activity() noexcept {
+  std::uint64_t n = 0;
+  for (Slot* s = g_slots.load(std::memory_order_acquire); s != nullptr; s = s->next)
+    n += s->entries.load(std::memory_order_relaxed);
+  return n;
+}
+
+Counters counters() noexcept {
+  return Counters{g_parks.load(std::memory_order_relaxed),     g_unparks.load(std::memory_order_relaxed),
+                  g_bytes_out.load(std::memory_order_relaxed), g_bytes_in.load(std::memory_order_relaxed),
+                  g_park_ns.load(std::memory_order_relaxed),   g_unpark_ns.load(std::memory_order_relaxed)};
+}
+
+void set_restore_wait(RestoreWait fn) noexcept { g_restore_wait.store(fn, std::memory_order_release); }
+
+void note_peer_access() noexcept { g_peer_access.store(true, std::memory_order_release); }
 
 }  // namespace cudapool::shim::park

@@ -33,7 +33,9 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept;
 // when nothing is parked afterwards (also when nothing was).
 bool unpark(std::string* why) noexcept;
 bool parked() noexcept;
-std::uint64_t parked_bytes() noexcept;  // bytes held in host memory for this process
+// Bytes the last park gave back to the device and not restored yet (held in host memory, or
+// discarded with Mode::discard).
+std::uint64_t parked_bytes() noexcept;
 // Changes whenever a door was entered since the last read (approximate; the group publisher
 // samples it to know how long the member has been idle).
 std::uint64_t activity() noexcept;
@@ -49,25 +51,51 @@ void set_restore_wait(RestoreWait fn) noexcept;
 // ---- The door (used by the hooks) ---------------------------------------------------------------
 
 namespace detail {
-// Non-zero while a park is under way or the process is parked.
+// Non-zero while a park is under way or the process is parked (written under the park lock).
 extern std::atomic<unsigned> g_closed;
-// true when the fast path needs a full fence (no membarrier on this kernel).
+// true where the parker cannot make the threads' stores visible itself (no membarrier): the fast
+// path then fences. Only ever goes from true to false, once, before the first slot exists.
 extern std::atomic<bool> g_fence_on_enter;
-struct Slot;
-// The calling thread's registered slot (created on first use).
-Slot& my_slot() noexcept;
-// The slot's "inside" depth word.
-std::atomic<unsigned>& inside_word(Slot& s) noexcept;
-// The slow path of door_enter: waits out a park, restores a parked process. Returns the CUDA
-// error the call must fail with (0: go on).
+// One per thread that ever passed a door, in a list the parker scans; reused after its thread
+// ended. Written only by its thread (the parker reads it).
+struct alignas(64) Slot {
+  std::atomic<unsigned> inside{0};        // depth of doors the thread is in (a hook may nest)
+  std::atomic<std::uint64_t> entries{0};  // doors entered, for activity()
+  std::atomic<bool> owned{false};
+  Slot* next = nullptr;
+};
+extern constinit thread_local Slot* tl_slot;
+Slot& my_slot() noexcept;  // registers the calling thread's slot
+// The slow path of door_enter (the doors are closed): waits out a park, restores a parked
+// process. Returns the CUresult the call must fail with, else 0 (then the thread is inside).
 int enter_slow(Slot& s) noexcept;
-extern thread_local Slot* tl_slot;
 }  // namespace detail
 
-// A call that can make the GPU touch memory begins; returns 0 to go on, else the CUresult the
-// call must return (a restore that could not get its memory back). Re-entrant per thread.
-int door_enter() noexcept;
-void door_leave() noexcept;
+// A call that can make the GPU touch memory begins: 0 to go on (then door_leave() after the call),
+// else the CUresult the call must return (a restore that could not get its memory back; the
+// thread is not inside then). Re-entrant per thread.
+inline int door_enter() noexcept {
+  detail::Slot* s = detail::tl_slot;
+  if (s == nullptr) [[unlikely]]
+    s = &detail::my_slot();
+  const unsigned depth = s->inside.load(std::memory_order_relaxed);
+  s->inside.store(depth + 1, std::memory_order_relaxed);
+  if (depth != 0) return 0;  // the outer call already passed
+  s->entries.store(s->entries.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // The store above must be visible before the load below: the parker's membarrier makes it so
+  // (a compiler barrier is all this side needs), else a full fence.
+  if (detail::g_fence_on_enter.load(std::memory_order_relaxed)) [[unlikely]]
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  if (detail::g_closed.load(std::memory_order_relaxed) == 0) [[likely]]
+    return 0;
+  return detail::enter_slow(*s);
+}
+inline void door_leave() noexcept {
+  detail::Slot* s = detail::tl_slot;
+  s->inside.store(s->inside.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+}
 
 // Enters on construction, leaves on destruction; result() != 0: fail the call with it.
 class Door {
@@ -83,5 +111,8 @@ class Door {
  private:
   int r_;
 };
+
+// The program enabled peer access (the cuCtxEnablePeerAccess hook): never parked from then on.
+void note_peer_access() noexcept;
 
 }  // namespace cudapool::shim::park

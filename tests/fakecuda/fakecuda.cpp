@@ -18,14 +18,18 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace cudaabi;
@@ -778,9 +782,32 @@ FAKE_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream) {
   std::lock_guard<std::mutex> lock(mu);
   return do_free(p);
 }
+// FAKECUDA_TRUNCATE_MAPPED=PATH: the first cuMemGetInfo_v2 made while PATH is mapped into this
+// process truncates it to 0 bytes, as another process of the user could at the worst moment (a
+// group member measures the device under the ledger's lock while it joins).
+static void truncate_if_mapped() {
+  static const char* path = std::getenv("FAKECUDA_TRUNCATE_MAPPED");
+  static std::atomic<bool> done{false};
+  if (path == nullptr || *path == '\0' || done.load()) return;
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return;
+  char line[4096];
+  bool mapped = false;
+  const std::size_t n = std::strlen(path);
+  while (!mapped && std::fgets(line, sizeof line, maps) != nullptr) {
+    const char* at = std::strstr(line, path);
+    mapped = at != nullptr && (at[n] == '\n' || at[n] == '\0');
+  }
+  std::fclose(maps);
+  if (mapped && !done.exchange(true)) {
+    if (::truncate(path, 0) == 0) std::fprintf(stderr, "fakecuda: truncated %s while it was mapped\n", path);
+  }
+}
+
 FAKE_API CUresult cuMemGetInfo_v2(std::size_t* free_bytes, std::size_t* total) {
   FAKE_COUNT();
   FAKE_CALL(cuMemGetInfo);
+  truncate_if_mapped();
   std::lock_guard<std::mutex> lock(mu);
   if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const std::size_t t = total_bytes();
@@ -1082,10 +1109,164 @@ void machine_exit() {
 __attribute__((destructor)) void on_unload() { machine_exit(); }
 }  // namespace
 
-// Work in the fake completes when the test releases it; a context-wide sync only counts.
+// ---- kernels and copies ------------------------------------------------------------------------
+// One test kernel (fakecuda_test_kernel()'s handle) runs for real, in launch order, on the fake's
+// one worker thread, as a GPU runs work after the launch returned: it reads and writes the memory
+// its arguments point to, so a launch against a page that is not mapped faults (SIGSEGV) as a
+// GPU's illegal address would. Its arguments (kernelParams): CUdeviceptr of 32-bit words, their
+// count (std::size_t), the value each must hold (std::uint32_t); it counts the words that differ
+// (fakecuda_kernel_mismatches) and adds one to each. cuCtxSynchronize and the copies and sets
+// below wait for the queued kernels first. At most 16 wait: a launch past that blocks.
+namespace {
+struct KernelQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  bool busy = false;
+  bool started = false;
+  long done = 0;
+  long mismatches = 0;
+};
+KernelQueue& kq() {
+  static auto* q = new KernelQueue;  // never destroyed: the worker outlives statics
+  return *q;
+}
+void kernel_worker() {
+  KernelQueue& q = kq();
+  std::unique_lock<std::mutex> l(q.mu);
+  for (;;) {
+    q.cv.wait(l, [&] { return !q.jobs.empty(); });
+    std::function<void()> job = std::move(q.jobs.front());
+    q.jobs.pop_front();
+    q.busy = true;
+    l.unlock();
+    job();
+    l.lock();
+    q.busy = false;
+    ++q.done;
+    q.cv.notify_all();
+  }
+}
+void kernel_enqueue(std::function<void()> job) {
+  KernelQueue& q = kq();
+  std::unique_lock<std::mutex> l(q.mu);
+  q.cv.wait(l, [&] { return q.jobs.size() < 16; });  // a full launch queue blocks, as a GPU's does
+  if (!q.started) {
+    std::thread(kernel_worker).detach();
+    q.started = true;
+  }
+  q.jobs.push_back(std::move(job));
+  q.cv.notify_all();
+}
+void kernels_drain() {
+  KernelQueue& q = kq();
+  std::unique_lock<std::mutex> l(q.mu);
+  q.cv.wait(l, [&] { return q.jobs.empty() && !q.busy; });
+}
+CUfunction test_kernel_handle() { return reinterpret_cast<CUfunction>(std::uintptr_t{0xC0DE0001}); }
+CUresult launch(CUfunction f, void** params) {
+  FAKE_COUNT();
+  if (f != test_kernel_handle()) return CUDA_SUCCESS;  // any other kernel does nothing
+  if (params == nullptr || params[0] == nullptr || params[1] == nullptr || params[2] == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  const CUdeviceptr p = *static_cast<CUdeviceptr*>(params[0]);
+  const std::size_t n = *static_cast<std::size_t*>(params[1]);
+  const std::uint32_t want = *static_cast<std::uint32_t*>(params[2]);
+  kernel_enqueue([p, n, want] {
+    auto* w = reinterpret_cast<std::uint32_t*>(static_cast<std::uintptr_t>(p));
+    long bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (w[i] != want + static_cast<std::uint32_t>(i)) ++bad;
+      w[i] = want + static_cast<std::uint32_t>(i) + 1;
+    }
+    std::lock_guard<std::mutex> l(kq().mu);
+    kq().mismatches += bad;
+  });
+  return CUDA_SUCCESS;
+}
+CUresult copy_bytes(void* dst, const void* src, std::size_t n) {
+  FAKE_COUNT();
+  kernels_drain();
+  if (n != 0 && (dst == nullptr || src == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (n != 0) std::memmove(dst, src, n);
+  return CUDA_SUCCESS;
+}
+void* as_host(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+CUresult set_bytes(CUdeviceptr p, const void* value, std::size_t width, std::size_t n) {
+  FAKE_COUNT();
+  kernels_drain();
+  if (n != 0 && p == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t i = 0; i < n; ++i) std::memcpy(static_cast<char*>(as_host(p)) + i * width, value, width);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FAKE_API CUfunction fakecuda_test_kernel() { return test_kernel_handle(); }
+FAKE_API long fakecuda_kernel_mismatches() {
+  std::lock_guard<std::mutex> l(kq().mu);
+  return kq().mismatches;
+}
+FAKE_API long fakecuda_kernels_done() {
+  std::lock_guard<std::mutex> l(kq().mu);
+  return kq().done;
+}
+FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 CUstream, void** params, void**) {
+  return launch(f, params);
+}
+FAKE_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, CUstream, void** params, void**) {
+  return launch(f, params);
+}
+FAKE_API CUresult cuGraphLaunch(CUgraphExec, CUstream) { return CUDA_SUCCESS; }
+FAKE_API CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream) { return CUDA_SUCCESS; }
+FAKE_API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, std::size_t n) { return copy_bytes(as_host(d), h, n); }
+FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, std::size_t n) {
+  return copy_bytes(as_host(d), h, n);
+}
+FAKE_API CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, std::size_t n) { return copy_bytes(h, as_host(d), n); }
+FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void* h, CUdeviceptr d, std::size_t n) { return copy_bytes(h, as_host(d), n); }
+FAKE_API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, std::size_t n) {
+  return copy_bytes(as_host(d), as_host(s), n);
+}
+FAKE_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, std::size_t n) {
+  return copy_bytes(as_host(d), as_host(s), n);
+}
+FAKE_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, std::size_t n, CUstream) {
+  return copy_bytes(as_host(d), h, n);
+}
+FAKE_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void* h, std::size_t n, CUstream) {
+  return copy_bytes(as_host(d), h, n);
+}
+FAKE_API CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, std::size_t n, CUstream) {
+  return copy_bytes(h, as_host(d), n);
+}
+FAKE_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void* h, CUdeviceptr d, std::size_t n, CUstream) {
+  return copy_bytes(h, as_host(d), n);
+}
+FAKE_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, std::size_t n, CUstream) {
+  return copy_bytes(as_host(d), as_host(s), n);
+}
+FAKE_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, std::size_t n, CUstream) {
+  return copy_bytes(as_host(d), as_host(s), n);
+}
+FAKE_API CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, std::size_t n) {
+  return copy_bytes(as_host(d), as_host(s), n);
+}
+FAKE_API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, std::size_t n, CUstream) {
+  return copy_bytes(as_host(d), as_host(s), n);
+}
+FAKE_API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, std::size_t n) { return set_bytes(d, &v, 1, n); }
+FAKE_API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, std::size_t n, CUstream) {
+  return set_bytes(d, &v, 1, n);
+}
+FAKE_API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned v, std::size_t n) { return set_bytes(d, &v, 4, n); }
+
+// Queued test kernels finish first; then, as before, a context-wide sync only counts.
 long n_ctx_syncs = 0;
 FAKE_API CUresult cuCtxSynchronize() {
   FAKE_CALL(cuCtxSynchronize);
+  kernels_drain();
   std::lock_guard<std::mutex> lock(mu);
   if (tl_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   ++n_ctx_syncs;
@@ -1668,6 +1849,15 @@ const ProcEntry kProcs[] = {
     {"cuStreamWaitEvent", 3020, P(cuStreamWaitEvent), P(cuStreamWaitEvent_ptsz)},
     {"cuEventSynchronize", 2000, P(cuEventSynchronize), nullptr},
     {"cuEventDestroy", 4000, P(cuEventDestroy_v2), nullptr},
+    {"cuLaunchKernel", 4000, P(cuLaunchKernel), P(cuLaunchKernel_ptsz)},
+    {"cuGraphLaunch", 10000, P(cuGraphLaunch), P(cuGraphLaunch_ptsz)},
+    {"cuMemcpyHtoD", 3020, P(cuMemcpyHtoD_v2), P(cuMemcpyHtoD_v2_ptds)},
+    {"cuMemcpyDtoH", 3020, P(cuMemcpyDtoH_v2), P(cuMemcpyDtoH_v2_ptds)},
+    {"cuMemcpyDtoD", 3020, P(cuMemcpyDtoD_v2), P(cuMemcpyDtoD_v2_ptds)},
+    {"cuMemcpyHtoDAsync", 3020, P(cuMemcpyHtoDAsync_v2), P(cuMemcpyHtoDAsync_v2_ptsz)},
+    {"cuMemcpyDtoHAsync", 3020, P(cuMemcpyDtoHAsync_v2), P(cuMemcpyDtoHAsync_v2_ptsz)},
+    {"cuMemcpyDtoDAsync", 3020, P(cuMemcpyDtoDAsync_v2), P(cuMemcpyDtoDAsync_v2_ptsz)},
+    {"cuMemsetD8", 3020, P(cuMemsetD8_v2), nullptr},
 };
 // With FAKECUDA_PROC_EXACT_NAMES=1, exported variants are also found by their own names, as a
 // driver may resolve them; otherwise only base names resolve.

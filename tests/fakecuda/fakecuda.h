@@ -89,4 +89,10 @@ long fakecuda_host_unregister_calls();
 cudaabi::CUresult fakecuda_host_alloc_unseen(void** pp, std::size_t size);
 // Creates a non-primary context on `dev` and makes it current (cuCtxCreate without its ABI).
 cudaabi::CUresult fakecuda_create_context(cudaabi::CUcontext* ctx, int dev);
+// The test kernel's handle for cuLaunchKernel (it reads and writes its arguments' memory on the
+// fake's worker thread: fakecuda.cpp, "kernels and copies"), the words it found wrong so far, and
+// the kernels it ran.
+cudaabi::CUfunction fakecuda_test_kernel();
+long fakecuda_kernel_mismatches();
+long fakecuda_kernels_done();
 }

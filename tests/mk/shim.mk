@@ -6,9 +6,11 @@ FAKECUDA_SO := $(FAKECUDA_DIR)/libcuda.so.1
 SHIM_APP_CUDART := $(FAKECUDA_DIR)/app_cudart
 SHIM_APP_LINKED := $(FAKECUDA_DIR)/app_linked
 
-$(FAKECUDA_SO): tests/fakecuda/fakecuda.cpp tests/fakecuda/fakecuda.h shim/cuda_abi.h
+$(FAKECUDA_SO): tests/fakecuda/fakecuda.cpp tests/fakecuda/fakecuda_doors.cpp shim/entry_points.def \
+  tests/fakecuda/fakecuda.h shim/cuda_abi.h
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 $< -o $@ -pthread
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 $< \
+	  tests/fakecuda/fakecuda_doors.cpp -o $@ -pthread
 
 $(SHIM_APP_CUDART): tests/fakecuda/app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h
 	@mkdir -p $(@D)
@@ -47,6 +49,14 @@ $(SHIM_APP_VMM): tests/fakecuda/vmm_app.cpp tests/fakecuda/fakecuda.h tests/fake
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_VMM)
+
+# Parking: a -lcuda program that parks and launches the fake's test kernel, run by
+# tests/unit/shim_park_test.cpp.
+SHIM_APP_PARK := $(FAKECUDA_DIR)/park_app
+$(SHIM_APP_PARK): tests/fakecuda/park_app.cpp tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) $< -o $@ -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
+$(SHIM_TEST_BIN): | $(SHIM_APP_PARK)
 
 # CUDA IPC between processes: a -lcuda program that exports pooled blocks and runs itself as the
 # importing children (tests/unit/shim_ipc_test.cpp runs it); it speaks the shim's wire format
