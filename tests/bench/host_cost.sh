@@ -97,8 +97,28 @@ for ((r = 0; r < reps; r++)); do
 done
 
 report=(python3 tests/bench/host_cost.py --raw "$raw" --out "$out" --costs "$costs" --pairs "$pairs" --reps "$reps")
+# launches: ns per cuLaunchKernel with the shim (every launch passes the parking door) and without,
+# medians of REPS processes each, interleaved; printed with the table, not part of the gate.
+launch_ns() {
+  env LD_LIBRARY_PATH="$fake_dir" ${1:+LD_PRELOAD="$1"} "$app" --launches 200000 --chunks 15 2>&1 |
+    awk -F'\t' '$1 == "launch" { print $2 }'
+}
+launch_table() {
+  local with=() without=() r
+  for ((r = 0; r < reps; r++)); do
+    with+=("$(launch_ns "$shim")")
+    without+=("$(launch_ns "")")
+  done
+  python3 - "${with[*]}" "${without[*]}" <<'PY'
+import statistics, sys
+w = statistics.median(float(x) for x in sys.argv[1].split())
+o = statistics.median(float(x) for x in sys.argv[2].split())
+print(f"launches: {w:.2f} ns per cuLaunchKernel with the shim, {o:.2f} ns without: +{w - o:.2f} ns (median of processes)")
+PY
+}
+
 case "$mode" in
-  table) "${report[@]}" ;;
+  table) "${report[@]}"; launch_table ;;
   update)
     "${report[@]}" --write-baseline "$baseline"
     echo "wrote $baseline: check the change with git diff before committing it" ;;

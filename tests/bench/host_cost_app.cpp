@@ -6,6 +6,7 @@
 // tests/bench/host_cost.sh runs it under each policy and makes the table and the CI gate.
 //
 // host_cost_app [--pairs N] [--chunks C] [--only SCENARIO,...]
+// host_cost_app --launches N [--chunks C]   (ns per cuLaunchKernel: see launches_only)
 //
 // Scenarios: pair_4k .. pair_64m (one thread, cuMemAlloc(n)/cuMemFree in a loop), cross (one
 // thread allocates batches, another thread frees them, both running), mix (a fixed pseudo-random
@@ -468,23 +469,55 @@ bool wanted(const std::string& only, const char* name) {
 
 }  // namespace
 
+// --launches N: what a kernel launch costs the program on the host (a launch the fake driver
+// answers at once), median of the chunks, one line "launch NS_PER_LAUNCH": under the shim every
+// launch passes the parking door (shim/parking.h), whose fast path this measures.
+int launches_only(long n, int chunks) {
+  start_cuda();
+  using Launch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void**, void**);
+  Launch launch = nullptr;
+  get(launch, "cuLaunchKernel", 4000);
+  // The thread's CPU time, not wall time: other processes taking the CPU do not count.
+  const auto cpu_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+  };
+  std::vector<double> per;
+  for (int c = 0; c <= chunks; ++c) {  // chunk 0 warms up
+    const double t0 = cpu_ns();
+    for (long i = 0; i < n; ++i) CHECK_OK(launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+    const double t1 = cpu_ns();
+    if (c > 0) per.push_back((t1 - t0) / static_cast<double>(n));
+  }
+  std::sort(per.begin(), per.end());
+  std::printf("launch\t%.2f\n", per[per.size() / 2]);
+  std::printf("PASS host_cost_app\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   long pairs = 4000;
   int chunks = 15;
+  long launches = 0;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--pairs" && i + 1 < argc) {
+    if (a == "--launches" && i + 1 < argc) {
+      launches = std::atol(argv[++i]);
+    } else if (a == "--pairs" && i + 1 < argc) {
       pairs = std::atol(argv[++i]);
     } else if (a == "--chunks" && i + 1 < argc) {
       chunks = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--pairs N] [--chunks C] [--only SCENARIO,...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--pairs N] [--chunks C] [--only SCENARIO,...] [--launches N]\n", argv[0]);
       return 2;
     }
   }
+  if (launches > 0) return launches_only(launches, chunks);
   CHECK(pairs >= kBatch && chunks >= 1);
   const CUcontext ctx = start_cuda();
   Driver driver;
