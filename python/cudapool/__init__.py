@@ -13,7 +13,8 @@ import sys
 
 __all__ = ["NotLoadedError", "NoPoolError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache",
            "snapshot", "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
-           "reset_peak_memory_stats", "mem_get_info", "memory_snapshot", "last_oom_message", "library_path"]
+           "reset_peak_memory_stats", "mem_get_info", "memory_snapshot", "last_oom_message", "library_path",
+           "ParkError", "park", "unpark", "parked_bytes"]
 __version__ = "0.7.0"
 
 _HINT = ("libcudapool.so is not in this process: start Python with "
@@ -247,6 +248,54 @@ def library_path():
 def empty_cache():
     """Wait for pending frees and release every fully free segment. Returns the bytes released."""
     return int(_need().cudapool_empty_cache())
+
+
+class ParkError(RuntimeError):
+    """cudapool could not park this process, or could not restore it (the message says why)."""
+
+
+def _park_why(lib):
+    fn = lib.cudapool_park_why
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return _text(fn)
+
+
+def park(discard=False):
+    """Give this process's device memory back while it idles: calls in flight finish, the devices
+    drain, the live pages' bytes go to host memory (with discard=True they are dropped: the pages
+    come back with any contents, for a cache the program rebuilds) and the pages are released.
+    Addresses stay valid: the next launch, copy or allocation restores them first (or unpark()).
+    Raises ParkError when the process cannot be parked now (a CUDA IPC export, peer access, a
+    graph capture in progress, no expandable-segment memory)."""
+    lib = _need(4)
+    fn = lib.cudapool_park
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int]
+    if fn(1 if discard else 0) != 0:
+        raise ParkError("not parked: " + _park_why(lib))
+
+
+def unpark():
+    """Restore the parked memory now (the next GPU call would anyway). Raises ParkError when the
+    memory could not be had back (the group budget or the device had no room)."""
+    lib = _need(4)
+    fn = lib.cudapool_unpark
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    if fn() != 0:
+        raise ParkError("not restored: " + _park_why(lib))
+
+
+def parked_bytes():
+    """The bytes the process has parked (0 when it is not parked)."""
+    lib = _need(4)
+    fn = lib.cudapool_parked
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    n = ctypes.c_size_t()
+    fn(ctypes.byref(n))
+    return n.value
 
 
 def snapshot(path=None):
