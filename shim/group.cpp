@@ -108,6 +108,12 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 std::size_t budget(Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
 std::size_t group_reserved(Member& m) noexcept { return m.total(); }
 
+BudgetShares budget_shares(Member& m) noexcept {
+  BudgetShares out;
+  if (!m.broken()) m.shares(&out);
+  return out;
+}
+
 void note_oom(int device) noexcept {
   if (device >= 0 && device < kMaxDevices) state().devices.ooms[device].fetch_add(1, std::memory_order_relaxed);
 }

@@ -56,6 +56,19 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 
 // An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
 void note_oom(int device) noexcept;
+// Who holds a member's group budget, for the out-of-memory message of a refusal: each live slot's
+// reserved + outside bytes, read without the ledger's lock (a moment's view). Members that
+// exited keep their charge until the next join or refusal reclaims it. All zero once the member
+// left its group.
+struct BudgetShares {
+  std::uint64_t budget = 0;
+  std::uint64_t own = 0;     // this process
+  std::uint64_t others = 0;  // the other members that may still live
+  std::uint64_t exited = 0;  // members whose process is gone, not yet reclaimed
+  int other_members = 0, exited_members = 0;
+};
+BudgetShares budget_shares(Member& m) noexcept;
+
 // What cuMemGetInfo reports for a member: the group's budget (0 once it left the group) and
 // the bytes all members reserve together (the whole budget for a member whose ledger cannot be
 // trusted: nothing can be had under it).

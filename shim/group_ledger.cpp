@@ -17,6 +17,7 @@
 #include <new>
 #include <utility>
 
+#include "shim/group.h"
 #include "shim/log.h"
 
 namespace cudapool::shim::group {
@@ -341,6 +342,32 @@ int Member::reclaim_dead() noexcept {
     ++n;
   }
   return n;
+}
+
+void Member::shares(BudgetShares* out) noexcept {
+  if (closed()) {
+    out->budget = closed_budget_;
+    return;
+  }
+  if (!whole()) return;
+  out->budget = l_->budget;
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    const share::LedgerSlot& s = l_->slot[i];
+    if (s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+    const std::uint64_t held = sat_add(s.reserved.load(std::memory_order_relaxed),
+                                       s.outside.load(std::memory_order_relaxed));
+    if (i == slot_) {
+      out->own = held;
+    } else if (share::process_liveness(s.pid.load(std::memory_order_relaxed),
+                                       s.start_time.load(std::memory_order_relaxed),
+                                       s.pid_ns.load(std::memory_order_relaxed)) == share::Liveness::gone) {
+      out->exited = sat_add(out->exited, held);
+      ++out->exited_members;
+    } else {
+      out->others = sat_add(out->others, held);
+      ++out->other_members;
+    }
+  }
 }
 
 Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,

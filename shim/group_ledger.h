@@ -32,6 +32,8 @@
 
 namespace cudapool::shim::group {
 
+struct BudgetShares;
+
 // "12.5 MiB": sizes in the group's messages.
 std::string mib(std::uint64_t bytes);
 
@@ -73,6 +75,8 @@ class Member final : public ReserveGate {
   // A closed member reports its budget as all taken (nothing can be had under it).
   std::uint64_t budget() noexcept { return closed() ? closed_budget_ : whole() ? l_->budget : 0; }
   std::uint64_t total() noexcept;
+  // Who holds the budget now (group::budget_shares): read without the lock.
+  void shares(BudgetShares* out) noexcept;
   int device() const noexcept { return device_; }
   const std::string& name() const noexcept { return group_; }
   int wait_ms() const noexcept { return wait_ms_; }  // group_release_wait_ms

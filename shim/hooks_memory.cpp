@@ -27,8 +27,19 @@ void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::ui
 CUresult report_oom(ContextPool& cp, std::size_t bytes, const AllocResult& r) {
   std::size_t f = 0, t = 0;
   cp.upstream.mem_info(&f, &t);
-  const std::string msg = format_oom(make_oom_info(cp.device, bytes, r.asked_bytes, r.refusal, cp.pool.stats(),
-                                                   cp.pool.options(), f, t, cp.pool.external_bytes()));
+  OomInfo info = make_oom_info(cp.device, bytes, r.asked_bytes, r.refusal, cp.pool.stats(), cp.pool.options(), f, t,
+                               cp.pool.external_bytes());
+  if (r.refusal == Refusal::budget && cp.member != nullptr) {
+    // Who holds the budget, so the message can say why there is no room under it.
+    const group::BudgetShares g = group::budget_shares(*cp.member);
+    info.group_budget = g.budget;
+    info.group_own = g.own;
+    info.group_others = g.others;
+    info.group_exited = g.exited;
+    info.group_other_members = g.other_members;
+    info.group_exited_members = g.exited_members;
+  }
+  const std::string msg = format_oom(info);
   log_warn("{}", msg);
   note_oom(msg);  // cudapool_last_oom_message: the pluggable allocator's exception text
   return CUDA_ERROR_OUT_OF_MEMORY;

@@ -49,6 +49,42 @@ OomInfo make_oom_info(int device, std::size_t requested, std::size_t asked, Refu
   return info;
 }
 
+namespace {
+
+// " The group budget (64.00 MiB) refused this growth: …": who holds how much of the budget, how
+// much of it is free, and what would make room (nothing but a larger budget when the request
+// alone is more than it).
+std::string group_refusal(const OomInfo& in) {
+  if (in.group_budget == 0)
+    return " The group budget refused this growth: the processes of the group hold the rest of it (`cudapool top` "
+           "shows who).";
+  std::string s = " The group budget (" + format_size(in.group_budget) + ") refused this growth: this process holds " +
+                  format_size(in.group_own) + " of it";
+  if (in.group_other_members > 0)
+    s += ", the " + std::to_string(in.group_other_members) + " other member(s) " + format_size(in.group_others);
+  else
+    s += ", no other member holds any";
+  if (in.group_exited_members > 0)
+    s += ", " + std::to_string(in.group_exited_members) + " member(s) that exited still " +
+         format_size(in.group_exited) + " (given back when the next member joins or is refused)";
+  const std::size_t held = in.group_own + in.group_others + in.group_exited;
+  s += "; " + format_size(held < in.group_budget ? in.group_budget - held : 0) + " of it is free.";
+  if (in.requested > in.group_budget)
+    s += " The request alone (" + format_size(in.requested) +
+         ") is more than the whole budget: no release makes room for it; raise group_budget_mb (or "
+         "group_budget_fraction), or allocate less at once.";
+  else if (in.asked > in.group_budget)
+    s += " The growth the pool asked for (" + format_size(in.asked) +
+         ") is more than the whole budget; raise group_budget_mb (or group_budget_fraction).";
+  else if (in.group_other_members == 0 && in.group_exited_members == 0)
+    s += " This process alone holds it: raise group_budget_mb (or group_budget_fraction), or hold less at once.";
+  else
+    s += " `cudapool top` shows who holds what.";
+  return s;
+}
+
+}  // namespace
+
 std::string format_oom(const OomInfo& in) {
   std::string s = "CUDA out of memory. Tried to allocate " + format_size(in.requested);
   if (in.asked > 0 && in.asked != in.requested) s += " (the pool asked to grow by " + format_size(in.asked) + ")";
@@ -56,6 +92,8 @@ std::string format_oom(const OomInfo& in) {
   if (in.driver_total > 0) {
     s += " has a total capacity of " + format_size(in.driver_total) + " of which " + format_size(in.driver_free) +
          " is free";
+    // Free on the device is not free under the budget: say which one refused.
+    if (in.refusal == Refusal::budget) s += " on the device, but the group budget is what refused";
   } else {
     s += " reported no capacity";
   }
@@ -72,9 +110,7 @@ std::string format_oom(const OomInfo& in) {
     s += " The pool's limit is " + format_size(in.limit);
     s += in.refusal == Refusal::device ? "; the driver refused below it." : ".";
   }
-  if (in.refusal == Refusal::budget)
-    s += " The group budget refused this growth: the processes of the group hold the rest of it (`cudapool top` "
-         "shows who).";
+  if (in.refusal == Refusal::budget) s += group_refusal(in);
   // Fragmentation hint: a lot is cached but nothing fits. 20 % of reserved and at least the
   // request itself, so a nearly empty cache does not trigger it.
   const bool fragmented = unallocated >= in.requested && unallocated * 5 >= in.reserved && unallocated > 0;

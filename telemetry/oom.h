@@ -29,6 +29,11 @@ struct OomInfo {
   Refusal refusal = Refusal::none;  // who said no: the driver, the pool's limit or the group budget
   std::size_t external = 0;         // memory the program mapped itself, counted against the limit
   bool expandable_segments = false;
+  // Refusal::budget: the group's budget and who holds it at the refusal (group_budget 0 = not
+  // known): this process, the other members, and members that exited but are still charged.
+  std::size_t group_budget = 0;
+  std::size_t group_own = 0, group_others = 0, group_exited = 0;
+  int group_other_members = 0, group_exited_members = 0;
 };
 
 // Fills the pool-side fields from stats and options (reserved, allocated, pending, limit).
@@ -41,6 +46,7 @@ OomInfo make_oom_info(int device, std::size_t requested, std::size_t asked, Refu
 // The multi-sentence diagnosis (one line, no trailing newline). Always contains the requested
 // size, the growth asked for, reserved, allocated, driver free/total, the limit when there is one
 // and who refused;
+// for a group budget's refusal, who holds the budget, or that the request alone is more than it;
 // suggests expandable_segments:True when reserved-but-unallocated is large (≥ 20 % of reserved
 // and ≥ the request) and expandable segments are off.
 std::string format_oom(const OomInfo& info);

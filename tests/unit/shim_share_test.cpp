@@ -170,6 +170,27 @@ TEST_F(Share, IdleCacheIsReleasedOnDemand) {
   EXPECT_NE(br.output.find("of idle cached memory on request"), std::string::npos) << br.output;
 }
 
+// An allocation the budget refuses says who holds the budget: this process, the other members
+// (B's 80 MiB of idle cache here, with no release asked for), and, for a request larger than the
+// whole budget, that no release could make room; not that the device has memory free.
+TEST_F(Share, RefusalNamesWhoHoldsTheBudget) {
+  RunningChild& b = start_ready({kApp, "hold", "80"}, env(group_conf(100), 100));
+  ChildResult a = test::run_under_shim({kApp, "need", "60"}, env(group_conf(100, "group_release_wait_ms:0"), 100));
+  EXPECT_EQ(a.exit_status, 3) << a.output;
+  EXPECT_NE(a.output.find("The group budget (100.00 MiB) refused this growth: this process holds "), std::string::npos)
+      << a.output;
+  EXPECT_NE(a.output.find(", the 1 other member(s) 80.00 MiB"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("is free on the device, but the group budget is what refused"), std::string::npos)
+      << a.output;
+  EXPECT_EQ(a.output.find("hold the rest"), std::string::npos) << a.output;
+  ChildResult alone = test::run_under_shim({kApp, "need-one", "120"}, env(group_conf(100), 100));
+  EXPECT_EQ(alone.exit_status, 3) << alone.output;
+  EXPECT_NE(alone.output.find("The request alone (120.00 MiB) is more than the whole budget"), std::string::npos)
+      << alone.output;
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+}
+
 // The group's share shows from a member's first cuMemGetInfo, before it allocated anything: B
 // keeps 100 MiB live under a 300 MiB budget, so A's fresh context reports 300 MiB total and
 // 200 MiB free.

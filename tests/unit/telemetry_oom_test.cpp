@@ -91,6 +91,41 @@ TEST(TelemetryOom, TheGroupBudgetSaysItRefused) {
   EXPECT_TRUE(has(c, "The group budget refused this growth")) << c;
 }
 
+// A refusal by the group budget names who holds it, and says when the request alone is more
+// than the whole budget (then the device's free memory is beside the point).
+TEST(TelemetryOom, TheGroupRefusalNamesWhoHoldsTheBudget) {
+  Stats st;
+  st.reserved_bytes[kAll].current = static_cast<std::int64_t>(32 * MiB);
+  st.allocated_bytes[kAll].current = static_cast<std::int64_t>(32 * MiB);
+  PoolOptions opt;
+  OomInfo info = make_oom_info(0, 100 * MiB, 100 * MiB, Refusal::budget, st, opt, 992 * MiB, 1 * GiB);
+  info.group_budget = 64 * MiB;
+  info.group_own = 32 * MiB;
+  std::string t = format_oom(info);
+  EXPECT_TRUE(has(t, "992.00 MiB is free on the device, but the group budget is what refused")) << t;
+  EXPECT_TRUE(has(t,
+                  "The group budget (64.00 MiB) refused this growth: this process holds 32.00 MiB of it, no "
+                  "other member holds any; 32.00 MiB of it is free."))
+      << t;
+  EXPECT_TRUE(has(t, "The request alone (100.00 MiB) is more than the whole budget")) << t;
+  EXPECT_FALSE(has(t, "hold the rest")) << t;
+  // Others and members that exited (still charged) are named with their shares.
+  info.requested = info.asked = 16 * MiB;
+  info.group_own = 8 * MiB;
+  info.group_others = 40 * MiB;
+  info.group_other_members = 2;
+  info.group_exited = 12 * MiB;
+  info.group_exited_members = 1;
+  t = format_oom(info);
+  EXPECT_TRUE(has(t,
+                  "this process holds 8.00 MiB of it, the 2 other member(s) 40.00 MiB, 1 member(s) that exited "
+                  "still 12.00 MiB (given back when the next member joins or is refused); 4.00 MiB of it is "
+                  "free."))
+      << t;
+  EXPECT_FALSE(has(t, "The request alone")) << t;
+  EXPECT_TRUE(has(t, "`cudapool top` shows who holds what")) << t;
+}
+
 // Memory the program mapped itself counts against the limit: with 36 GiB of it, 3 + 2 GiB of
 // the pool's no longer fit under 40 GiB, and the diagnosis says why.
 TEST(TelemetryOom, MemoryMappedByTheProgramCountsAgainstTheLimit) {
