@@ -17,7 +17,6 @@
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 #include "tools/json_text.h"
-#include "tools/metrics.h"
 #include "tools/top.h"
 
 namespace cudapool::tools {
@@ -39,11 +38,21 @@ std::string mib(std::uint64_t b) {
   return buf;
 }
 
-// Fragmentation as every command defines it (tools/metrics.h): the unused share of reserved
-// memory, 1 - allocated / reserved, here at this moment.
-double frag(const share::RecordDevice& d) {
-  return d.reserved == 0 ? 0.0 : fragmentation(static_cast<double>(d.allocated), static_cast<double>(d.reserved));
+}  // namespace
+
+// At one moment, memory cached in whole free segments is not fragmented: the pool can give it
+// back or hand it out whole (CACHED shows it). FRAG is the part of reserved memory that is free
+// but cut up: free pieces of segments that still hold live blocks (inactive_split), which neither
+// empty_cache nor a request larger than the piece can use. A process whose memory is all cache
+// shows 0 %, one whose segments are all live 0 % too.
+double top_fragmentation(const share::RecordDevice& d) {
+  if (d.reserved == 0) return 0.0;
+  return static_cast<double>(std::min(d.inactive_split, d.reserved)) / static_cast<double>(d.reserved);
 }
+
+namespace {
+
+double frag(const share::RecordDevice& d) { return top_fragmentation(d); }
 
 std::string fragmentation_text(const share::RecordDevice& d) {
   if (d.reserved == 0) return "-";
@@ -61,6 +70,7 @@ std::string json_u(std::uint64_t v) { return std::to_string(v); }
 struct GroupFigures {
   std::string group, gpu;
   std::uint64_t budget = 0, total = 0, reserved = 0, outside = 0;
+  std::uint64_t gone_bytes = 0;  // still charged to members that exited
   int members = 0, gone = 0;
 };
 
@@ -75,6 +85,7 @@ std::vector<GroupFigures> group_figures(const std::vector<share::LedgerView>& le
     for (const share::SlotView& s : l.live) {
       if (share::process_liveness(s.pid, s.start_time, s.pid_ns) == share::Liveness::gone) {
         ++g.gone;
+        g.gone_bytes += s.reserved + s.outside;
         continue;
       }
       ++g.members;
@@ -116,29 +127,37 @@ std::string to_json(const std::vector<share::ProcInfo>& procs, const std::vector
     o += "{\"group\":" + json_string(g.group) + ",\"gpu\":" + json_string(g.gpu) +
          ",\"budget_bytes\":" + json_u(g.budget) + ",\"reserved_bytes\":" + json_u(g.reserved) +
          ",\"outside_bytes\":" + json_u(g.outside) + ",\"total_bytes\":" + json_u(g.total) +
-         ",\"members\":" + std::to_string(g.members) + ",\"gone_members\":" + std::to_string(g.gone) + "}";
+         ",\"members\":" + std::to_string(g.members) + ",\"gone_members\":" + std::to_string(g.gone) +
+         ",\"gone_bytes\":" + json_u(g.gone_bytes) + "}";
   }
   o += "]}\n";
   return o;
 }
 
 // One line per group under the table (names from a ledger: another process's, so printable()).
+// The members that exited are still charged until the next join or refusal reclaims their slots:
+// their bytes are a term of the sum, so the terms add up to the ledger's total.
 std::string group_lines(const std::vector<GroupFigures>& groups) {
   char line[512];
   std::string o;
   for (const GroupFigures& g : groups) {
+    const std::string gone = g.gone != 0 ? " + exited members " + mib(g.gone_bytes) + " MiB" : "";
     std::snprintf(line, sizeof line,
-                  "group %s on %s: pool %s MiB + outside the pools %s MiB = %s of %s MiB (%d member(s)",
+                  "group %s on %s: pool %s MiB + outside the pools %s MiB%s = %s of %s MiB (%d member(s)",
                   printable(g.group).c_str(), printable(g.gpu).c_str(), mib(g.reserved).c_str(), mib(g.outside).c_str(),
-                  mib(g.total).c_str(), mib(g.budget).c_str(), g.members);
+                  gone.c_str(), mib(g.total).c_str(), mib(g.budget).c_str(), g.members);
     o += line;
-    if (g.gone != 0) o += "; " + std::to_string(g.gone) + " exited, reclaimed at the next join";
+    if (g.gone != 0) o += "; " + std::to_string(g.gone) + " exited, reclaimed at the next join or refusal";
     o += ")\n";
   }
   return o;
 }
 
 }  // namespace
+
+std::string top_group_lines(const std::vector<share::LedgerView>& ledgers) {
+  return group_lines(group_figures(ledgers));
+}
 
 // Every string of a record is another process's (its command line, its group) or a file name in
 // a shared directory: printed only through printable(), so no escape sequence reaches the terminal.

@@ -1,6 +1,7 @@
 // `cudapool top` prints other processes' command lines and group names: text a hostile process
 // chose. Its table carries them escaped, so no escape sequence reaches the terminal.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -45,6 +46,52 @@ TEST(Top, TableEscapesEveryStringOfARecord) {
   const std::string plain = top_table({p});
   EXPECT_NE(plain.find("python train.py --lr 0.1 héllo"), std::string::npos) << plain;
   EXPECT_NE(plain.find("team-a"), std::string::npos) << plain;
+}
+
+// FRAG is the free share of segments that also hold live blocks: memory that is all cache, in
+// whole segments, is not fragmented.
+TEST(Top, FragCountsSplitFreeMemoryNotCache) {
+  share::ProcInfo p;
+  p.pid = 4244;
+  share::RecordDevice d{};
+  d.reserved = 64ull << 20;
+  d.cached = 64ull << 20;  // nothing allocated: all cache
+  p.devices.push_back(d);
+  EXPECT_EQ(top_fragmentation(d), 0.0);
+  const std::string t = top_table({p});
+  EXPECT_NE(t.find(" 0.0% "), std::string::npos) << t;
+  EXPECT_EQ(t.find("100.0%"), std::string::npos) << t;
+  d.allocated = 32ull << 20;
+  d.cached = 32ull << 20;
+  d.inactive_split = 16ull << 20;  // half the cache is a free piece of a live segment
+  EXPECT_DOUBLE_EQ(top_fragmentation(d), 0.25);
+}
+
+// The group line's terms add up to its total: members that exited are still charged until their
+// slots are reclaimed, and the line shows how much.
+TEST(Top, GroupLineShowsTheChargeOfExitedMembers) {
+  share::LedgerView l;
+  l.group = "team";
+  l.gpu = "GPU-1";
+  l.budget = 64ull << 20;
+  l.total = 64ull << 20;
+  share::SlotView me;
+  me.pid = static_cast<int>(::getpid());
+  me.start_time = share::process_start_time(me.pid);
+  me.pid_ns = share::pid_namespace();
+  me.reserved = 32ull << 20;
+  share::SlotView gone;
+  gone.slot = 1;
+  gone.pid = -1;  // no process has it: certainly gone
+  gone.pid_ns = share::pid_namespace();
+  gone.reserved = 24ull << 20;
+  gone.outside = 8ull << 20;
+  l.live = {me, gone};
+  const std::string line = top_group_lines({l});
+  EXPECT_NE(line.find("pool 32 MiB + outside the pools 0 MiB + exited members 32 MiB = 64 of 64 MiB (1 member(s); 1 "
+                      "exited"),
+            std::string::npos)
+      << line;
 }
 
 }  // namespace
