@@ -294,6 +294,16 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     p.group = bounded_string(r.group, sizeof r.group);
     p.updated_unix_ns = static_cast<std::int64_t>(r.updated_unix_ns);
     p.devices.assign(r.dev, r.dev + r.devices);
+    p.parking.parked = r.parked != 0;
+    p.parking.parkable = r.parkable;
+    p.parking.parked_bytes = r.parked_bytes;
+    p.parking.parks = r.parks;
+    p.parking.unparks = r.unparks;
+    p.parking.bytes_out = r.park_bytes_out;
+    p.parking.bytes_in = r.park_bytes_in;
+    p.parking.park_ns = r.park_ns;
+    p.parking.unpark_ns = r.unpark_ns;
+    p.parking.why = bounded_string(r.park_why, sizeof r.park_why);
     out.push_back(std::move(p));
   }
   ::closedir(d);

@@ -94,7 +94,7 @@ bool still_whole(const Mapping& m);
 // ---- the per-process stats records -------------------------------------------------------------
 
 inline constexpr std::uint64_t kRecordMagic = 0x3154535050555043ULL;  // "CUPPST1" + '1'
-inline constexpr std::uint32_t kRecordVersion = 3;
+inline constexpr std::uint32_t kRecordVersion = 4;                    // 4: parking
 inline constexpr std::uint32_t kRecordDevices = 8;
 
 struct RecordDevice {
@@ -127,6 +127,20 @@ struct ProcRecord {
   char command[160];  // NUL-terminated
   char group[kNameBytes];
   RecordDevice dev[kRecordDevices];
+  // Parking (shim/parking.h), the process as a whole: whether its memory is parked now, whether
+  // it may be (a RecordParkable; park_why says why not), and what parking has cost it so far.
+  std::uint32_t parked;
+  std::uint32_t parkable;
+  std::uint64_t parked_bytes;  // held in host memory now
+  std::uint64_t parks, unparks;
+  std::uint64_t park_bytes_out, park_bytes_in;  // copied out by parks, back by restores
+  std::uint64_t park_ns, unpark_ns;             // time the parks and the restores took, in total
+  char park_why[kNameBytes];                    // NUL-terminated
+};
+enum RecordParkable : std::uint32_t {
+  kRecordParkOff = 0,  // not in a group with group_park:on (it can still park itself: cudapool_park)
+  kRecordParkable = 1,
+  kRecordParkNotNow = 2,  // park_why says why
 };
 
 // The fence of a seqlock between the counter and the data (the record's writer and readers are
@@ -147,6 +161,12 @@ struct ProcInfo {
   std::string group;
   std::int64_t updated_unix_ns = 0;
   std::vector<RecordDevice> devices;
+  struct Parking {
+    bool parked = false;
+    std::uint32_t parkable = kRecordParkOff;  // as read (an unknown value means "no, for some reason")
+    std::uint64_t parked_bytes = 0, parks = 0, unparks = 0, bytes_out = 0, bytes_in = 0, park_ns = 0, unpark_ns = 0;
+    std::string why;  // another process's text: print it only through printable()
+  } parking;
 };
 
 // Every live process's record in shm_dir() for `uid` (and those whose liveness cannot be told,

@@ -71,6 +71,8 @@ struct GroupFigures {
   std::string group, gpu;
   std::uint64_t budget = 0, total = 0, reserved = 0, outside = 0;
   std::uint64_t gone_bytes = 0;  // still charged to members that exited
+  int parked = 0;
+  std::uint64_t parked_bytes = 0;  // the parked members' bytes in host memory
   int members = 0, gone = 0;
 };
 
@@ -89,6 +91,10 @@ std::vector<GroupFigures> group_figures(const std::vector<share::LedgerView>& le
         continue;
       }
       ++g.members;
+      if (s.parked) {
+        ++g.parked;
+        g.parked_bytes += s.parked_bytes;
+      }
       g.reserved += s.reserved;
       g.outside += s.outside;
     }
@@ -99,6 +105,17 @@ std::vector<GroupFigures> group_figures(const std::vector<share::LedgerView>& le
   return out;
 }
 
+// Parking (shim/parking.h): the process as a whole.
+std::string parking_json(const share::ProcInfo::Parking& k) {
+  return std::string("{\"parked\":") + (k.parked ? "true" : "false") + ",\"parked_bytes\":" + json_u(k.parked_bytes) +
+         ",\"parking_on\":" + (k.parkable != share::kRecordParkOff ? "true" : "false") +
+         ",\"parkable\":" + (k.parkable == share::kRecordParkable ? "true" : "false") +
+         ",\"why_not_parkable\":" + json_string(k.parkable == share::kRecordParkable ? std::string() : k.why) +
+         ",\"parks\":" + json_u(k.parks) + ",\"unparks\":" + json_u(k.unparks) +
+         ",\"bytes_out\":" + json_u(k.bytes_out) + ",\"bytes_in\":" + json_u(k.bytes_in) +
+         ",\"park_ns\":" + json_u(k.park_ns) + ",\"unpark_ns\":" + json_u(k.unpark_ns) + "}";
+}
+
 std::string to_json(const std::vector<share::ProcInfo>& procs, const std::vector<GroupFigures>& groups) {
   std::string o = "{\"processes\":[";
   for (std::size_t i = 0; i < procs.size(); ++i) {
@@ -106,7 +123,8 @@ std::string to_json(const std::vector<share::ProcInfo>& procs, const std::vector
     if (i != 0) o += ",";
     o += "{\"pid\":" + std::to_string(p.pid) + (p.other_namespace ? ",\"other_pid_namespace\":true" : "") +
          ",\"command\":" + json_string(p.command) + ",\"group\":" + json_string(p.group) +
-         ",\"updated_unix_ns\":" + std::to_string(p.updated_unix_ns) + ",\"devices\":[";
+         ",\"updated_unix_ns\":" + std::to_string(p.updated_unix_ns) + ",\"parking\":" + parking_json(p.parking) +
+         ",\"devices\":[";
     for (std::size_t k = 0; k < p.devices.size(); ++k) {
       const share::RecordDevice& d = p.devices[k];
       if (k != 0) o += ",";
@@ -128,7 +146,8 @@ std::string to_json(const std::vector<share::ProcInfo>& procs, const std::vector
          ",\"budget_bytes\":" + json_u(g.budget) + ",\"reserved_bytes\":" + json_u(g.reserved) +
          ",\"outside_bytes\":" + json_u(g.outside) + ",\"total_bytes\":" + json_u(g.total) +
          ",\"members\":" + std::to_string(g.members) + ",\"gone_members\":" + std::to_string(g.gone) +
-         ",\"gone_bytes\":" + json_u(g.gone_bytes) + "}";
+         ",\"gone_bytes\":" + json_u(g.gone_bytes) + ",\"parked_members\":" + std::to_string(g.parked) +
+         ",\"parked_bytes\":" + json_u(g.parked_bytes) + "}";
   }
   o += "]}\n";
   return o;
@@ -147,6 +166,7 @@ std::string group_lines(const std::vector<GroupFigures>& groups) {
                   printable(g.group).c_str(), printable(g.gpu).c_str(), mib(g.reserved).c_str(), mib(g.outside).c_str(),
                   gone.c_str(), mib(g.total).c_str(), mib(g.budget).c_str(), g.members);
     o += line;
+    if (g.parked != 0) o += "; " + std::to_string(g.parked) + " parked, " + mib(g.parked_bytes) + " MiB in host memory";
     if (g.gone != 0) o += "; " + std::to_string(g.gone) + " exited, reclaimed at the next join or refusal";
     o += ")\n";
   }
@@ -164,9 +184,9 @@ std::string top_group_lines(const std::vector<share::LedgerView>& ledgers) {
 std::string top_table(const std::vector<share::ProcInfo>& procs) {
   char line[512];
   std::string o;
-  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %9s %9s %6s %-12s %14s %5s %7s  %s\n", "PID", "GPU",
+  std::snprintf(line, sizeof line, "%7s %3s %10s %10s %9s %9s %9s %6s %-12s %14s %5s %7s %8s  %s\n", "PID", "GPU",
                 "RESERVED", "ALLOCATED", "CACHED", "EXTERNAL", "OUTSIDE", "FRAG", "GROUP", "GROUP/BUDGET", "OOMS",
-                "FWAITS", "COMMAND");
+                "FWAITS", "PARKED", "COMMAND");
   o += line;
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
@@ -179,18 +199,23 @@ std::string top_table(const std::vector<share::ProcInfo>& procs) {
     if (const std::int64_t age = now_ns - p.updated_unix_ns; p.updated_unix_ns != 0 && age > 2'000'000'000LL)
       cmd = "[not updated for " + std::to_string(age / 1'000'000'000LL) + " s] " + cmd;
     if (p.other_namespace) cmd = "[pid of another PID namespace] " + cmd;
+    // PARKED: the MiB the process holds in host memory while parked. One whose group parks but
+    // that may not be parked now says why (another process's text: printable()).
+    const std::string parked = p.parking.parked ? mib(p.parking.parked_bytes) : "-";
+    if (!p.parking.parked && p.parking.parkable == share::kRecordParkNotNow)
+      cmd = "[not parkable: " + printable(p.parking.why) + "] " + cmd;
     if (p.devices.empty()) {
-      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %9s %9s %6s %-12s %14s %5s %7s  %s\n", p.pid, "-", "-",
-                    "-", "-", "-", "-", "-", group.c_str(), "-", "-", "-", cmd.c_str());
+      std::snprintf(line, sizeof line, "%7d %3s %10s %10s %9s %9s %9s %6s %-12s %14s %5s %7s %8s  %s\n", p.pid, "-",
+                    "-", "-", "-", "-", "-", "-", group.c_str(), "-", "-", "-", parked.c_str(), cmd.c_str());
       o += line;
     }
     for (const share::RecordDevice& d : p.devices) {
       const std::string budget = d.group_budget != 0 ? mib(d.group_reserved) + "/" + mib(d.group_budget) : "-";
-      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %9s %6s %-12s %14s %5llu %7llu  %s\n", p.pid,
+      std::snprintf(line, sizeof line, "%7d %3d %10s %10s %9s %9s %9s %6s %-12s %14s %5llu %7llu %8s  %s\n", p.pid,
                     d.device, mib(d.reserved).c_str(), mib(d.allocated).c_str(), mib(d.cached).c_str(),
                     mib(d.external).c_str(), mib(d.outside).c_str(), fragmentation_text(d).c_str(), group.c_str(),
                     budget.c_str(), static_cast<unsigned long long>(d.ooms),
-                    static_cast<unsigned long long>(d.fence_waits), cmd.c_str());
+                    static_cast<unsigned long long>(d.fence_waits), parked.c_str(), cmd.c_str());
       o += line;
     }
   }

@@ -230,6 +230,20 @@ void record_seeds() {
     std::memset(r->group, '\x1b', sizeof r->group);    // escape bytes, no NUL
     put_record("seed_strings_without_nul", *r);
   }
+  {
+    auto r = record(1);  // parked, with its counts; the reason text without its NUL
+    r->parked = 1;
+    r->parkable = share::kRecordParkNotNow;
+    r->parked_bytes = std::uint64_t{6} << 30;
+    r->parks = 3;
+    r->unparks = 2;
+    r->park_bytes_out = std::uint64_t{18} << 30;
+    r->park_bytes_in = std::uint64_t{12} << 30;
+    r->park_ns = 4'000'000'000;
+    r->unpark_ns = 3'000'000'000;
+    std::memset(r->park_why, '\x9b', sizeof r->park_why);
+    put_record("seed_parked", *r);
+  }
   put_record("edge_too_many_devices", *record(share::kRecordDevices + 1));
   {
     auto r = record(1);

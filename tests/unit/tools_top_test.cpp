@@ -94,5 +94,50 @@ TEST(Top, GroupLineShowsTheChargeOfExitedMembers) {
       << line;
 }
 
+// PARKED: a parked process's bytes in host memory; one that its group would park but cannot be
+// parked now says why, in another process's words, escaped; the group line counts the parked.
+TEST(Top, ParkedProcessesAndWhyOthersCannotBe) {
+  share::ProcInfo p;
+  p.pid = 4245;
+  p.command = "serve.py";
+  p.parking.parked = true;
+  p.parking.parkable = share::kRecordParkNotNow;  // "already parked": not shown for a parked one
+  p.parking.why = "already parked";
+  p.parking.parked_bytes = 1024ull << 20;
+  p.devices.push_back(share::RecordDevice{});
+  share::ProcInfo q;
+  q.pid = 4246;
+  q.command = "train.py";
+  q.parking.parkable = share::kRecordParkNotNow;
+  q.parking.why = "a graph capture is in progress\x1b[2J";
+  q.devices.push_back(share::RecordDevice{});
+  share::ProcInfo r;  // parking off: nothing said
+  r.pid = 4247;
+  r.command = "other.py";
+  r.devices.push_back(share::RecordDevice{});
+  const std::string t = top_table({p, q, r});
+  EXPECT_FALSE(has_control(t)) << t;
+  EXPECT_NE(t.find(" PARKED "), std::string::npos) << t;
+  EXPECT_NE(t.find("     1024  serve.py"), std::string::npos) << t;
+  EXPECT_EQ(t.find("already parked"), std::string::npos) << t;
+  EXPECT_NE(t.find("        -  [not parkable: a graph capture is in progress\\x1b[2J] train.py"), std::string::npos)
+      << t;
+  EXPECT_NE(t.find("        -  other.py"), std::string::npos) << t;
+
+  share::LedgerView l;
+  l.group = "serve";
+  l.gpu = "GPU-1";
+  l.budget = 64ull << 20;
+  share::SlotView me;
+  me.pid = static_cast<int>(::getpid());
+  me.start_time = share::process_start_time(me.pid);
+  me.pid_ns = share::pid_namespace();
+  me.parked = true;
+  me.parked_bytes = 48ull << 20;
+  l.live = {me};
+  const std::string line = top_group_lines({l});
+  EXPECT_NE(line.find("(1 member(s); 1 parked, 48 MiB in host memory)"), std::string::npos) << line;
+}
+
 }  // namespace
 }  // namespace cudapool::tools
