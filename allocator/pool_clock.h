@@ -1,11 +1,13 @@
 // Internal: the pool's clock, in nanoseconds. The fence batch window and the query back-offs
-// (fence_batches.h, reclaim.cpp, the thread caches) read it on every allocation that finds fence
-// work, which under the default policy is nearly every one, so its cost is part of each pair's.
+// (fence_batches.h, reclaim.cpp, the thread caches, the shim's sweep gap in cuda_fences.cpp) read
+// it on every allocation that finds fence work, which under the default policy is nearly every
+// one, so its cost is part of each pair's.
 //
 // pool_clock_ns() reads the clock a test or the replay tool installed (set_pool_clock_for_testing,
-// pool.h), else counter_clock_ns(): steady time, interpolated from the CPU's time-stamp counter
-// where that is cheaper than steady_clock (one instruction against the vDSO's clock_gettime, which
-// on virtual machines costs 25-50 ns), else steady_clock itself. The counter is used only when
+// pool.h; cudapool_set_clock_for_testing in the shim's C API), else counter_clock_ns(): steady
+// time, interpolated from the CPU's time-stamp counter where that is cheaper than steady_clock
+// (one instruction against the vDSO's clock_gettime, which on virtual machines costs 25-50 ns),
+// else steady_clock itself. The counter is used only when
 // the CPU says it ticks at a constant rate in every power state (an invariant TSC, x86-64), and
 // only after its rate has been measured against steady_clock over kCounterMeasureNs; until then, and on
 // other CPUs, the clock is steady_clock.

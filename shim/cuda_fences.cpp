@@ -1,8 +1,8 @@
 #include "shim/cuda_fences.h"
 
 #include <algorithm>
-#include <chrono>
 
+#include "allocator/pool_clock.h"
 #include "shim/cuda_upstream.h"
 #include "shim/log.h"
 #include "shim/streams.h"
@@ -11,10 +11,9 @@ namespace cudapool::shim {
 
 namespace {
 FenceHandle handle_of(void* f) { return reinterpret_cast<FenceHandle>(f); }
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+// The pool's clock (allocator/pool_clock.h): the sweep gap and the newest fence's recheck are
+// back-offs as the pool's own are, timed by the same clock, which a test can drive.
+std::int64_t clock_ns() { return cudapool::detail::pool_clock_ns(); }
 // The context the calling thread's hook has verified as current (ContextGuard), or nullptr.
 thread_local CUcontext tl_known_current = nullptr;
 }  // namespace
@@ -241,7 +240,7 @@ void CudaFences::begin_sweep_locked() {
     sweep_events_.clear();
     ++sweep_started_;
     n_sweeps_.add();
-    last_sweep_ns_ = steady_ns();
+    last_sweep_ns_ = clock_ns();
     if (!non_blocking_.empty()) {
       if (gather_stream_locked())
         sweep_by_gathering_locked();
@@ -278,7 +277,7 @@ bool CudaFences::covered_locked(const Fence* f, std::int64_t gap_ns) {
   // No sweep begun since the fence: begin one, unless one began less than kSweepGapNs ago (a
   // sweep asks every non-blocking stream; a burst of fences shares one) or a capture is open (a
   // record on a capturing stream would join its graph).
-  if (gap_ns > 0 && steady_ns() - last_sweep_ns_ < gap_ns) return false;
+  if (gap_ns > 0 && clock_ns() - last_sweep_ns_ < gap_ns) return false;
   if (any_capture_active()) return false;
   begin_sweep_locked();
   return sweep_finished_locked();
@@ -290,7 +289,7 @@ bool CudaFences::events_complete_locked(Fence* f) {
   // the header), no driver call.
   if (known_complete_locked(f)) return f->events_done = true;
   const bool newest_asked_lately = newest_ != nullptr && newest_->seq == newest_running_seq_ &&
-                                   steady_ns() - newest_running_ns_ < kNewestRecheckNs;
+                                   clock_ns() - newest_running_ns_ < kNewestRecheckNs;
   if (f == newest_ && newest_asked_lately) return false;  // found running just now
   // Several device fences outstanding (the pool asks oldest first): ask the newest once; if it
   // completed, this one and every one in between are answered without further driver calls. Not
@@ -301,7 +300,7 @@ bool CudaFences::events_complete_locked(Fence* f) {
     if (!newest_asked_lately) {
       if (query_events_locked(newest_)) return f->events_done = true;
       newest_running_seq_ = newest_->seq;
-      newest_running_ns_ = steady_ns();
+      newest_running_ns_ = clock_ns();
     }
   }
   return query_events_locked(f);

@@ -143,6 +143,14 @@ int cudapool_get_host_stats(struct cudapool_host_stats* out);
  * reserve segment stays). Returns the bytes given back. */
 size_t cudapool_host_empty_cache(void);
 
+/* For tests: the pool's clock becomes `clock` (monotonic nanoseconds), or the library's own again
+ * for NULL. It times only heuristics, never what is safe: when a batch of frees gets its fence,
+ * how often a running fence is asked again. A test program drives it so that its checks do not
+ * depend on how fast the machine is. Install it before the first CUDA allocation, with readings
+ * no earlier than the library's own clock (CLOCK_MONOTONIC): a reading behind an earlier one
+ * counts as no time passed. */
+void cudapool_set_clock_for_testing(int64_t (*clock)(void));
+
 #ifdef __cplusplus
 }
 #endif

@@ -342,6 +342,7 @@ void resolution() {
 }
 
 void fenced_reuse() {
+  drive_pool_clock();
   start_cuda();
   CUstream nb = nullptr, blocking = nullptr;
   CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
@@ -356,7 +357,7 @@ void fenced_reuse() {
     CUdeviceptr p = 0, q = 0, r = 0;
     // The previous round's frees come back first (their batch window passes, and the sweep gap
     // of the non-blocking stream, 4 ms), so each round starts from the same free segment.
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    advance_pool_clock(kPastWindowsNs);
     CHECK_OK(api.cuMemAlloc(&p, n));
     fakecuda_hold_stream(busy);
     CHECK_OK(api.cuMemFree(p));
@@ -371,7 +372,7 @@ void fenced_reuse() {
     // q came from the segment's rest while the free's batch was open; once the batch window
     // (20 us, docs/design.md) and the sweep gap (4 ms, shim/cuda_fences.h) have passed, the next
     // allocation records the fence and queries it, and a sweep asks the non-blocking stream.
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    advance_pool_clock(kPastWindowsNs);
     CHECK_OK(api.cuMemAlloc(&r, n));
     CHECK(early || r == p);  // the fence completed: best fit takes the freed block again
     CHECK_OK(api.cuMemFree(q));
@@ -426,6 +427,7 @@ void foreign_pointers() {
 }
 
 void capture() {
+  drive_pool_clock();
   start_cuda();
   CUstream s = nullptr;
   CHECK_OK(api.cuStreamCreate(&s, 0));
@@ -465,7 +467,7 @@ void capture() {
   CHECK(api.cuStreamEndCapture(s, &graph) == 901);                           // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
   // After the capture the deferred fence is recorded (once the batch window has passed) and the
   // block comes back.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  advance_pool_clock(kPastWindowsNs);
   CUdeviceptr again = 0;
   CHECK_OK(api.cuMemAlloc(&again, 4096));
   CHECK(again == pooled);
@@ -732,7 +734,11 @@ void pitch_overflow() {
   CHECK_OK(api.cuMemFree(ok));
 }
 
+// The parent's block, freed before the fork, comes back to the parent: the pool's clock is driven
+// past the free's batch window (1 ms where ordering is free), however long the fork and the wait
+// took. Within the window the next allocation is served from the segment's rest instead.
 void fork_child() {
+  drive_pool_clock();
   start_cuda();
   CUdeviceptr p = 0;
   CHECK_OK(api.cuMemAlloc(&p, 1 << 20));
@@ -754,6 +760,7 @@ void fork_child() {
   CHECK(waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   // The parent's pool is untouched.
+  advance_pool_clock(kPastWindowsNs);
   const long before = driver_allocs();
   CUdeviceptr r = 0;
   CHECK_OK(api.cuMemAlloc(&r, 1 << 20));
@@ -978,6 +985,7 @@ void device_sync() {
 // per-thread streams, every non-blocking stream, non-blocking streams created afterwards, and
 // the case where the busy stream was destroyed after the free.
 void gpu_wait_reuse() {
+  drive_pool_clock();
   start_cuda();
   CUstream nb = nullptr, nb2 = nullptr, blocking = nullptr, doomed = nullptr;
   CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
@@ -1009,7 +1017,7 @@ void gpu_wait_reuse() {
     CHECK(fakecuda_stream_waits() - waits <= 2 * 4 + 1);
     fakecuda_release_stream(busy);
     CHECK_OK(api.cuMemFree(q));
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the fence window passes
+    advance_pool_clock(kPastWindowsNs);  // the fence window passes
   }
   // Nothing pending: no stream of the program is made to wait (a sweep's waits are on the
   // shim's own stream); with context-wide fences, at most one context-wide wait on the fence,
@@ -1035,6 +1043,7 @@ void gpu_wait_reuse() {
 // created afterwards included (it waits at creation). Once such a stream exists, reuse goes back
 // to waits on the GPU.
 void gpu_wait_legacy_only() {
+  drive_pool_clock();
   start_cuda();
   CUstream blocking = nullptr;
   CHECK_OK(api.cuStreamCreate(&blocking, 0));
@@ -1060,7 +1069,7 @@ void gpu_wait_legacy_only() {
     fakecuda_release_stream(busy);
     CUdeviceptr r = 0;
     CHECK_OK(api.cuMemFree(q));
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    advance_pool_clock(kPastWindowsNs);
     CHECK_OK(api.cuMemAlloc(&r, n));
     fakecuda_hold_stream(busy);
     CHECK_OK(api.cuMemFree(r));
@@ -1070,17 +1079,25 @@ void gpu_wait_legacy_only() {
     fakecuda_release_stream(busy);
     CHECK_OK(api.cuMemFree(q));
     CHECK_OK(api.cuStreamDestroy(later));
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    advance_pool_clock(kPastWindowsNs);
   }
   CHECK_OK(api.cuStreamDestroy(blocking));
 }
 
-// Busy-waits `us` microseconds (a sleep would overshoot the pool's 20 us window by far).
+// `us` microseconds pass: on the pool's clock where the scenario drives it, else a busy wait (a
+// sleep would overshoot the pool's 20 us window by far).
 void spin_us(int us) {
+  if (pool_clock_driven()) {
+    advance_pool_clock(std::int64_t{us} * 1000);
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(us)) {
   }
 }
+
+// Milliseconds on the pool's clock as the scenario drives it, since `t0` (pool_clock_now()).
+long pool_ms_since(std::int64_t t0) { return static_cast<long>((pool_clock_now() - t0) / 1'000'000); }
 
 // The legacy churn loop: three buffers allocated and freed per iteration, 30 us apart (longer than
 // the pool's short batch window); with `hold`, the legacy stream is held busy after the
@@ -1112,6 +1129,7 @@ void legacy_churn(int iters, bool hold) {
 // fences (one context-wide wait a batch); without them, the loop asks its fences and the stream
 // again (the negative control: ordering is not free there).
 void gpu_wait_without_queries() {
+  drive_pool_clock();  // the loops' 30 us pass on the pool's clock, however fast the machine
   start_cuda();
   CUstream blocking = nullptr;
   CHECK_OK(api.cuStreamCreate(&blocking, 0));
@@ -1120,13 +1138,12 @@ void gpu_wait_without_queries() {
   constexpr int kIters = 400;
   const long queries = fakecuda_event_queries(), allocs = driver_allocs(), syncs = fakecuda_event_syncs();
   const long records = fakecuda_event_records();
-  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t t0 = pool_clock_now();
   churn(kIters, true);
-  const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  const long ms = pool_ms_since(t0);
   // A fence per iteration's batch, but no query for each: the fences of the GPU-side waits are
   // asked once a millisecond or once 8 more are outstanding (two queries while the newest runs),
-  // plus once those the warm loop left. The loop must be fast enough for that to tell the two
-  // apart.
+  // plus once those the warm loop left.
   const long bound = 2 * (ms + kIters / 8) + 20;
   CHECK(bound < kIters);
   CHECK(fakecuda_event_records() - records >= kIters - 1);
@@ -1142,19 +1159,18 @@ void gpu_wait_without_queries() {
   {
     constexpr int kPairs = 200;
     const long rec0 = fakecuda_event_records();
-    const auto t2 = std::chrono::steady_clock::now();
+    const std::int64_t t2 = pool_clock_now();
     for (int i = 0; i < kPairs; ++i) {
       CUdeviceptr p = 0;
       CHECK_OK(api.cuMemAlloc(&p, 64 << 10));
       CHECK_OK(api.cuMemFree(p));
       spin_us(30);
     }
-    const long ms3 =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t2).count();
+    const long ms3 = pool_ms_since(t2);
     const long fences = fakecuda_event_records() - rec0;
     std::printf("frees 30 us apart, served from the rest: %ld fences in %d pairs (%ld ms)\n", fences, kPairs, ms3);
     const long bound3 = ms3 + kPairs / 16 + 2;
-    CHECK(bound3 < kPairs / 2);  // the loop is fast enough to tell
+    CHECK(bound3 < kPairs / 2);  // the bound tells the two apart
     CHECK(fences <= bound3);
   }
   CUstream later = nullptr;
@@ -1169,9 +1185,9 @@ void gpu_wait_without_queries() {
   const bool context_wide = std::getenv("FAKECUDA_NO_CONTEXT_EVENTS") == nullptr;
   const long q2 = fakecuda_event_queries(), allocs2 = driver_allocs(), syncs2 = fakecuda_event_syncs();
   const long rec2 = fakecuda_records_on(later), ctx2 = fakecuda_ctx_records(), cw2 = fakecuda_ctx_waits();
-  const auto t1 = std::chrono::steady_clock::now();
+  const std::int64_t t1 = pool_clock_now();
   churn(kIters, context_wide);
-  const long ms2 = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t1).count();
+  const long ms2 = pool_ms_since(t1);
   std::printf("with a non-blocking stream: %ld event queries, %ld events on it, %ld context-wide\n",
               fakecuda_event_queries() - q2, fakecuda_records_on(later) - rec2, fakecuda_ctx_records() - ctx2);
   if (context_wide) {
@@ -1197,6 +1213,7 @@ void gpu_wait_without_queries() {
 // poll and the newest still running, one poll costs about log2(200) queries, not one or two per
 // completed fence (context-wide fences, ordered for free; run under the default policy).
 void ordered_poll_bisection() {
+  drive_pool_clock();
   start_cuda();
   CUstream nb = nullptr;
   CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
@@ -1210,11 +1227,11 @@ void ordered_poll_bisection() {
   CUdeviceptr p = 0, q = 0;
   CHECK_OK(api.cuMemAlloc(&p, 64 << 10));
   CHECK_OK(api.cuMemFree(p));
-  std::this_thread::sleep_for(std::chrono::microseconds(100));  // the batch window passes
-  CHECK_OK(api.cuMemAlloc(&p, 64 << 10));                       // records it, orders it
+  advance_pool_clock(100'000);             // the batch window passes
+  CHECK_OK(api.cuMemAlloc(&p, 64 << 10));  // records it, orders it
   CHECK_OK(api.cuMemFree(p));
-  fakecuda_release_stream(CU_STREAM_LEGACY);                  // all but the newest complete now
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the poll gap passes
+  fakecuda_release_stream(CU_STREAM_LEGACY);  // all but the newest complete now
+  advance_pool_clock(2'000'000);              // the poll gap passes
   const long queries = fakecuda_event_queries();
   CHECK_OK(api.cuMemAlloc(&q, 64 << 10));  // polls
   const long asked = fakecuda_event_queries() - queries;
@@ -1236,6 +1253,7 @@ void ordered_poll_bisection() {
 // the freed block), the block is not reused until that work has finished; the negative control,
 // free_sync:immediate, reuses it at once. Run under the default policy.
 void gpu_wait_idle_streams() {
+  drive_pool_clock();
   start_cuda();
   constexpr int kStreams = 16;
   std::vector<CUstream> idle(kStreams);
@@ -1247,16 +1265,16 @@ void gpu_wait_idle_streams() {
   const long on_idle = fakecuda_records_on(idle[0]);
   const long ctx_records = fakecuda_ctx_records();
   const long allocs = driver_allocs();
-  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t t0 = pool_clock_now();
   churn(kIters);
-  const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  const long ms = pool_ms_since(t0);
   // One sweep asks 16 streams; at most one sweep begins per millisecond, plus those the pool's
   // misses force (memory wanted now: classic segments, which have no growth slack, ask on about
   // one iteration in four).
   const long sweeps_bound = ms + 2 + kIters / 3;
   // A sweep records an event on each stream and one on the gather stream.
   const long records_bound = 2 * kIters + (kStreams + 1) * sweeps_bound;
-  CHECK(records_bound < kStreams * kIters);  // the loop is fast enough to tell
+  CHECK(records_bound < kStreams * kIters);  // the bounds tell the two apart
   std::printf(
       "idle streams: %ld event records, %ld stream queries, %ld driver allocations in %d iterations (%ld ms); "
       "%ld context-wide records, %ld events on the first stream\n",
@@ -1277,12 +1295,12 @@ void gpu_wait_idle_streams() {
   int early = 0, reused = 0;
   for (int round = 0; round < 4; ++round) {
     CUstream busy = idle[static_cast<std::size_t>(round * 5 % kStreams)];
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // earlier frees come back, a sweep is due
+    advance_pool_clock(kPastWindowsNs);  // earlier frees come back, a sweep is due
     CUdeviceptr p = 0;
     CHECK_OK(api.cuMemAlloc(&p, n));
     fakecuda_hold_stream(busy);
     CHECK_OK(api.cuMemFree(p));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the batch window and the sweep gap pass
+    advance_pool_clock(kPastWindowsNs);  // the batch window and the sweep gap pass
     std::vector<CUdeviceptr> got;
     for (int i = 0; i < 32; ++i) {  // until the freed block comes back
       CUdeviceptr q = 0;
@@ -1614,15 +1632,18 @@ void context_fence_capture() {
   CHECK_OK(api.cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING));
   std::atomic<bool> begun{false};
   CUresult began = CUDA_SUCCESS, ended = CUDA_SUCCESS;
+  const long before = fakecuda_ctx_records();
   std::thread capturer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    // The capture begins once the churn has recorded a context-wide fence (waited for, bounded,
+    // however slow the machine), most likely while it records the next one.
+    for (int i = 0; i < 10'000 && fakecuda_ctx_records() == before; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     began = api.cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED);
     begun.store(true);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     CUgraph graph = nullptr;
     ended = api.cuStreamEndCapture(cap, &graph);
   });
-  const long before = fakecuda_ctx_records();
   long during = 0;
   while (!begun.load()) legacy_churn(1, false);
   during = fakecuda_ctx_records() - before;
@@ -1645,12 +1666,13 @@ void context_fence_capture() {
 // once: the block may come back only after that stream's work, or with the program's streams
 // ordered after it.
 void context_fence_kinds() {
+  drive_pool_clock();
   start_cuda();
   CUstream nb = nullptr, cap = nullptr;
   CHECK_OK(api.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
   CHECK_OK(api.cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING));
   constexpr std::size_t n = 24 << 20;  // beyond the growth slack, as in gpu_wait_reuse
-  auto window = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };
+  auto window = [] { advance_pool_clock(kPastWindowsNs); };
   CUdeviceptr p = 0, x = 0, y = 0, q = 0;
   CHECK_OK(api.cuMemAlloc(&p, n));
   const long ctx_records = fakecuda_ctx_records();

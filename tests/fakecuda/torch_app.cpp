@@ -128,6 +128,7 @@ void stream_reuse() {
 // The device-fenced free: under free_sync:fenced nothing freed is handed out, on any stream,
 // while work issued before the free still runs; once it has finished the block comes back.
 void free_device() {
+  drive_pool_clock(lib());
   start_primary(0);
   CUstream s = new_stream();
   auto fdev = sym<void (*)(void*, ssize_t, int, void*)>("cudapool_torch_free_device");
@@ -150,7 +151,7 @@ void free_device() {
   void* r = nullptr;
   for (int i = 0; i < 100 && q != p && r != p; ++i) {  // the fence passes, then the batch window closes
     if (r != nullptr) tfree(r, n, 0, s);
-    usleep(1000);
+    advance_pool_clock(kPastWindowsNs);
     r = talloc(n, 0, s);
   }
   CHECK(r == p || q == p);
@@ -204,7 +205,7 @@ void check_recorded_block_waits(const TorchCalls& c) {
   void* x = nullptr;
   for (int i = 0; i < 100 && x != p; ++i) {  // the fence passes, then the batch window closes
     if (x != nullptr) c.free(x, n, 0, a);
-    usleep(1000);
+    advance_pool_clock(kPastWindowsNs);
     x = c.alloc(n, 0, a);
   }
   CHECK(x == p);
@@ -219,6 +220,7 @@ void check_recorded_block_waits(const TorchCalls& c) {
 }
 
 void record_stream() {
+  drive_pool_clock(lib());
   start_primary(0);
   check_recorded_block_waits(
       {talloc, tfree, [](void* p, CUstream s) { sym<void (*)(void*, void*)>("cudapool_torch_record_stream")(p, s); }});
@@ -228,6 +230,7 @@ void record_stream() {
 // PyTorch's allocator is in use, with PyTorch's message; then the allocator it made current
 // passes record_stream to the library, with the same effect as above.
 void glue_record_stream() {
+  drive_pool_clock(lib());
   start_primary(0);
   char err[256] = "untouched";
   CHECK(cudapool_glue_register(dlsym(lib(), "cudapool_torch_record_stream"), err, sizeof err) == -1);

@@ -404,6 +404,7 @@ void scenario_recycle() {
 // needed elsewhere by a growth: the same handles are mapped a second time at the growth (no new
 // handle, no host wait), and the old mapping stays until the work that could use it has finished.
 void scenario_alias() {
+  drive_pool_clock();
   start(0);
   const std::size_t g = large_page();
   const std::size_t k = std::max<std::size_t>(2, 8 * kMiB / g + 1);  // past the 16 MiB growth slack
@@ -435,7 +436,7 @@ void scenario_alias() {
   fakecuda_release_stream(nullptr);  // the work finishes; the next fence service drops the old mappings
   auto old_mapped = [&] { return fakecuda_vmm_is_mapped(p[0]) || fakecuda_vmm_is_mapped(p[2]); };
   for (int i = 0; i < 50 && old_mapped(); ++i) {
-    usleep(200);
+    advance_pool_clock(kPastWindowsNs);  // the poll gap of the GPU-side waits passes
     CUdeviceptr t = 0;
     CHECK_OK(cuMemAlloc_v2(&t, 4096));  // small pool: maps its own page once, serves the rest
     CHECK_OK(cuMemFree_v2(t));

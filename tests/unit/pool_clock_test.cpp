@@ -11,6 +11,7 @@
 
 #include "allocator/pool.h"
 #include "allocator/stats_ledger.h"  // now_ns: steady_clock
+#include "tests/unit/pool_helpers.h"
 
 namespace cudapool::detail {
 namespace {
@@ -83,6 +84,7 @@ TEST(PoolClock, CounterClockKeepsStepWithSteadyClock) {
   set_pool_clock_for_testing(nullptr);
   const std::int64_t c = pool_clock_ns(), s = now_ns();
   EXPECT_NEAR(static_cast<double>(c), static_cast<double>(s), 1e6);  // within a millisecond of steady time
+  cudapool::testing::restore_pool_clock();  // the speed sweep's (tests/speed_sweep.sh), if one runs
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +76,32 @@ inline std::string compare_with_recount(const Stats& s, const Snapshot& snap) {
 // so the fence batch window (docs/design.md, "The batch window") never closes by itself.
 inline std::atomic<std::int64_t> g_test_clock_ns{1'000'000'000};
 inline std::int64_t test_clock() { return g_test_clock_ns.load(std::memory_order_relaxed); }
+
+// The speed sweep (tests/speed_sweep.sh): TEST_POOL_CLOCK=frozen or racing replaces the
+// library's own clock for every test that does not drive one (PoolRig and the tests that install
+// test_clock do): frozen never moves (an infinitely fast machine), racing moves 50 ms at each
+// reading (past every window and back-off by the next call). Unset or "real": the library's own.
+inline std::atomic<std::int64_t> g_sweep_clock_ns{1'000'000'000};
+inline std::int64_t frozen_clock() { return g_sweep_clock_ns.load(std::memory_order_relaxed); }
+inline std::int64_t racing_clock() {
+  constexpr std::int64_t kStepNs = 50'000'000;
+  return g_sweep_clock_ns.fetch_add(kStepNs, std::memory_order_relaxed) + kStepNs;
+}
+inline PoolClockFn sweep_clock_from_env() {
+  const char* mode = std::getenv("TEST_POOL_CLOCK");
+  if (mode == nullptr || *mode == '\0' || std::strcmp(mode, "real") == 0) return nullptr;
+  if (std::strcmp(mode, "frozen") == 0) return &frozen_clock;
+  if (std::strcmp(mode, "racing") == 0) return &racing_clock;
+  std::fprintf(stderr, "TEST_POOL_CLOCK=%s: unknown; use real, frozen or racing\n", mode);
+  std::_Exit(2);
+}
+inline const PoolClockFn g_sweep_clock = [] {
+  const PoolClockFn c = sweep_clock_from_env();
+  set_pool_clock_for_testing(c);
+  return c;
+}();
+// What a test that installed a clock of its own puts back: the sweep's, else the library's.
+inline void restore_pool_clock() { set_pool_clock_for_testing(g_sweep_clock); }
 // Comfortably past the pool's batch windows (20 us; 1 ms where ordering is free).
 inline constexpr std::int64_t kPastBatchWindowNs = 2'000'000;
 
@@ -99,7 +128,7 @@ struct PoolRig {
   }
   ~PoolRig() {
     pool.reset();
-    set_pool_clock_for_testing(nullptr);
+    restore_pool_clock();
   }
   PoolRig(const PoolRig&) = delete;
   PoolRig& operator=(const PoolRig&) = delete;

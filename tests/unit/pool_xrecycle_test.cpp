@@ -659,7 +659,7 @@ RunResult training_run(PoolOptions o, bool async_frees, unsigned seed) {
   EXPECT_EQ(up.bytes_mapped(), 0u);
   EXPECT_EQ(up.reservations_held(), 0u);
   out.peak_mapped = up.peak_bytes();
-  set_pool_clock_for_testing(nullptr);
+  restore_pool_clock();
   return out;
 }
 }  // namespace
