@@ -17,6 +17,7 @@
 #include "shim/group_publisher.h"
 #include "shim/group_responder.h"
 #include "shim/log.h"
+#include "shim/parking.h"
 
 namespace cudapool::shim::group {
 
@@ -88,6 +89,16 @@ Member* member_for(const Policy& p, const RealDriver& driver, int device, std::s
   Member* m = nullptr;
   try {
     m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms, &driver, Member::outside_setting(p));
+    if (m != nullptr && !m->closed()) {
+      Member::ParkSettings park;
+      park.on = p.group_park;
+      park.idle_ns = static_cast<std::int64_t>(p.group_park_idle_ms) * 1'000'000;
+      park.wait_ms = p.group_park_wait_ms;
+      park.host_limit = p.group_park_host;
+      m->set_park(park);
+      // A parked process that cannot have its memory back at once waits as an allocation does.
+      park::set_restore_wait(&restore_wait);
+    }
   } catch (...) {
     m = nullptr;
   }
@@ -103,6 +114,29 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
   } catch (...) {
     return false;
   }
+}
+
+bool ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept {
+  try {
+    return m.ask_park(start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000, round, request);
+  } catch (...) {
+    return false;
+  }
+}
+
+Waiting::Waiting(Member& m) noexcept : m_(m) { m_.note_asking(1); }
+Waiting::~Waiting() { m_.note_asking(-1); }
+
+bool restore_wait(int device, std::size_t bytes, std::int64_t start_ns, int round) noexcept {
+  if (device < 0 || device >= kMaxDevices) return false;
+  Member* m = state().devices.members[device].load();
+  if (m == nullptr || m->closed() || m->broken()) return false;
+  Waiting waiting(*m);
+  // Idle cached memory first, for group_release_wait_ms; then, with group_park:on, others are
+  // parked for it, for group_park_wait_ms (both from the restore's start).
+  const std::int64_t release_end = start_ns + static_cast<std::int64_t>(m->wait_ms()) * 1'000'000;
+  if (share::monotonic_ns() < release_end && ask_release(*m, start_ns, round, bytes)) return true;
+  return ask_park(*m, start_ns, round, bytes);
 }
 
 std::size_t budget(Member& m) noexcept { return m.broken() ? 0 : m.budget(); }
@@ -138,6 +172,8 @@ void on_pool_created(ProcessPools& pools, const Policy& policy, int device) noex
     log_warn("could not start a helper thread; group release requests and `cudapool top` figures are off");
   }
   if (start_responder) start_thread([p = &pools, m] { respond(*p, *m); });
+  // Park requests have a thread of their own: a park takes long, and release requests go on.
+  if (start_responder && m->park_settings().on) start_thread([p = &pools, m] { respond_parks(*p, *m); });
 }
 
 void on_exit() noexcept { remove_record(); }

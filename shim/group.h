@@ -54,6 +54,29 @@ ReserveGate* gate_of(Member* m) noexcept;
 // asked for all of its excess over the budget at once. true: try the allocation again.
 bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept;
 
+// With group_park:on, after ask_release gave up: one round of asking the least recently active
+// members that may be parked (idle for group_park_idle_ms, not parked, parkable) and whose live
+// bytes cover the shortfall to park, and waiting for their bytes, until group_park_wait_ms has
+// passed since `start_ns` (shim/group_park.h). true: try the allocation again. false: parking is
+// off, the wait is over, or no other member can ever be parked for it (a warning then names who
+// holds the budget).
+bool ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept;
+// While alive, this process waits for memory on `m`'s device: the others do not ask it to park
+// (it could not: its thread is inside a CUDA call), and it refuses if asked.
+class Waiting {
+ public:
+  explicit Waiting(Member& m) noexcept;
+  ~Waiting();
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  Member& m_;
+};
+// The restore path's wait (park::set_restore_wait): a parked process whose memory the budget does
+// not let back asks for idle cache, then parks others, as an allocation does, from `start_ns`.
+bool restore_wait(int device, std::size_t bytes, std::int64_t start_ns, int round) noexcept;
+
 // An out-of-memory answer went to the program on `device` (`cudapool top` shows the count).
 void note_oom(int device) noexcept;
 // Who holds a member's group budget, for the out-of-memory message of a refusal: each live slot's

@@ -77,6 +77,42 @@ class Member final : public ReserveGate {
   std::uint64_t total() noexcept;
   // Who holds the budget now (group::budget_shares): read without the lock.
   void shares(BudgetShares* out) noexcept;
+
+  // ---- Parking (shim/group_park.cpp; docs/design.md, "Parking in a group") ------------------
+  struct ParkSettings {
+    bool on = false;               // group_park
+    std::int64_t idle_ns = 0;      // group_park_idle_ms
+    int wait_ms = 0;               // group_park_wait_ms
+    std::int64_t host_limit = -1;  // group_park_host_mb in bytes; -1: half of MemAvailable per park
+  };
+  // Right after joining, before anyone uses the member: its settings, and its slot's parking
+  // words made its own (a slot may carry a dead member's).
+  void set_park(const ParkSettings& s) noexcept;
+  const ParkSettings& park_settings() const noexcept { return park_; }
+  // One round of asking idle members to park (group::ask_park). true: try the allocation again.
+  bool ask_park(std::int64_t deadline, int round, std::size_t request) noexcept;
+  // The answering side, for the park responder thread.
+  std::uint32_t wait_park_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;
+  std::uint32_t park_acked() noexcept;
+  struct ParkAsk {
+    std::uint64_t want = 0;  // the bytes the asker is short of
+    int from = 0;            // its pid
+  };
+  ParkAsk park_ask() noexcept;
+  void park_answered(std::uint32_t req, share::ParkAnswer answer, std::uint64_t gave, const std::string& why) noexcept;
+  // The member's parking figures for the others' choice (every ~250 ms, and at once after a park).
+  void publish_park(bool parked, std::uint64_t parked_bytes, std::uint32_t parkable, const std::string& why,
+                    std::int64_t active_ns) noexcept;
+  std::uint64_t own_reserved() noexcept;
+  // A thread of this process waits for memory (+1 at the start, -1 at the end): the others do
+  // not ask it to park meanwhile, and it refuses if asked (its thread is inside a CUDA call).
+  void note_asking(int delta) noexcept;
+  bool asking() noexcept;
+  // The bytes the other live members hold parked (for group_park_host_mb).
+  std::uint64_t others_parked_bytes() noexcept;
+  // "pid 12 holds 60.0 MiB (parked), pid 34 holds 20.0 MiB (active 0.1 s ago), ...": for the
+  // log line of an allocation or restore that nothing could make room for.
+  std::string holders() noexcept;
   int device() const noexcept { return device_; }
   const std::string& name() const noexcept { return group_; }
   int wait_ms() const noexcept { return wait_ms_; }  // group_release_wait_ms
@@ -105,6 +141,10 @@ class Member final : public ReserveGate {
   void recount_if_wrong() noexcept;
   void sub_total(std::uint64_t n) noexcept;
   int reclaim_dead() noexcept;
+  template <typename Fn>
+  bool park_touch(Fn&& fn) noexcept;  // touch() for shim/group_park.cpp
+  // 1: try again; 0: the deadline passed; -1: nobody could ever be parked for it.
+  int park_round(std::int64_t deadline, std::size_t request) noexcept;
 
   const RealDriver* driver_;
   std::int64_t outside_;  // bytes charged per process outside the pool, or kMeasure / kPoolOnly
@@ -121,6 +161,10 @@ class Member final : public ReserveGate {
   std::atomic<std::uint64_t> requests_{0};   // release rounds asked for
   std::atomic<std::uint64_t> shortfall_{0};  // bytes over the budget at the last refusal
   std::atomic<std::int64_t> last_log_{0};    // rounds are logged at most once a second
+  ParkSettings park_;
+  std::atomic<std::int64_t> park_log_{0};  // giving up is logged at most once a second
+  // Members that refused a park request: not asked again before this time (monotonic_ns), by slot.
+  std::atomic<std::int64_t> park_refused_[share::kLedgerSlots] = {};
 };
 
 }  // namespace cudapool::shim::group

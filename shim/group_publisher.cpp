@@ -12,6 +12,7 @@
 #include <new>
 
 #include "config/output_file.h"
+#include "shim/group_park.h"
 #include "shim/log.h"
 
 namespace cudapool::shim::group {
@@ -171,6 +172,7 @@ bool write_record(ProcessPools& pools, const Memberships& devices, Record& rec) 
   std::memcpy(r.dev, dev, sizeof dev);
   r.devices = static_cast<std::uint32_t>(n);
   r.updated_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+  fill_park_record(devices, r);
   if (!write_all_at(rec.file.fd, &r, sizeof r, 0)) return write_failed(rec);
   r.seq.store(r.seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // even: done
   if (!write_all_at(rec.file.fd, &r.seq, sizeof r.seq, kSeqAt)) return write_failed(rec);
@@ -198,6 +200,7 @@ void publish(ProcessPools& pools, const Memberships& devices, bool publish_stats
       const DeviceFigures f = figures(pools, d);
       m->publish(f.reserved > f.allocated ? f.reserved - f.allocated : 0, f.allocated);
     }
+    publish_parking(devices);
     timespec ts{0, kPublishNs};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }

@@ -88,11 +88,19 @@ CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::
   // Ask them, and try again after each release until group_release_wait_ms has passed. No lock
   // is held while waiting.
   if (r.status == AllocStatus::out_of_memory && cp.member != nullptr && r.refusal == Refusal::budget) {
+    group::Waiting waiting(*cp.member);  // not asked to park meanwhile
     const std::int64_t start = share::monotonic_ns();
     for (int round = 0; group::ask_release(*cp.member, start, round, bytes); ++round) {
       r = cp.pool.allocate(bytes, stream);
       if (r.status != AllocStatus::out_of_memory || r.refusal != Refusal::budget) break;
     }
+    // Still refused, and the group parks (group_park:on): idle members move their live memory to
+    // host memory for it, until group_park_wait_ms has passed (a park copies gigabytes).
+    const std::int64_t park_start = share::monotonic_ns();
+    for (int round = 0; r.status == AllocStatus::out_of_memory && r.refusal == Refusal::budget &&
+                        group::ask_park(*cp.member, park_start, round, bytes);
+         ++round)
+      r = cp.pool.allocate(bytes, stream);
   }
   switch (r.status) {
     case AllocStatus::ok: *dptr = reinterpret_cast<CUdeviceptr>(r.ptr); return CUDA_SUCCESS;

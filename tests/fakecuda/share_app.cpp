@@ -17,6 +17,12 @@
 //                       inside the ledger's critical section); no CUDA
 //   lock-and-wait       take the ledger's lock, print "ready" and hold it until SIGTERM (a
 //                       member stopped inside it); no CUDA
+//   turn ID MIB         allocate MIB in 20 MiB blocks (exit 3 at the first out-of-memory), fill
+//                       each with a pattern of its own (cuMemcpyHtoD), print "turn ID: filled";
+//                       then at each SIGUSR2 touch every block: the fake's test kernel checks
+//                       and bumps each word, a cuMemcpyDtoH reads it back, print "turn ID:
+//                       touched N ok" when every word (and the kernel's own count) is right. The
+//                       memory is never freed (a member parked at exit would be restored first)
 // The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
 #define CUDAPOOL_TEST_APP_LCUDA
 #include <dirent.h>
@@ -37,6 +43,13 @@
 #include "telemetry/share.h"
 #include "tests/fakecuda/fakecuda.h"
 #include "tests/fakecuda/test_app.h"
+
+extern "C" {
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void**, void**);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void*, std::size_t);
+CUresult cuMemcpyDtoH_v2(void*, CUdeviceptr, std::size_t);
+}
 
 namespace {
 
@@ -217,6 +230,66 @@ int lock_ledger(bool wait) {
   _exit(0);
 }
 
+volatile sig_atomic_t g_touch = 0;
+void on_touch(int) { g_touch = g_touch + 1; }
+
+int turn(int id, std::size_t mib) {
+  // The signals wait for sigsuspend below; the threads started from here on (the fake's kernel
+  // worker) inherit the mask, so they reach this one.
+  signal(SIGUSR2, on_touch);
+  sigset_t held, old;
+  sigemptyset(&held);
+  sigaddset(&held, SIGUSR2);
+  sigaddset(&held, SIGTERM);
+  sigprocmask(SIG_BLOCK, &held, &old);
+  start_primary(0);
+  constexpr std::size_t kBlock = 20 * kMiB, kWords = kBlock / 4;
+  std::vector<CUdeviceptr> blocks;
+  for (std::size_t got = 0; got < mib; got += 20) {
+    CUdeviceptr p = 0;
+    const CUresult r = cuMemAlloc_v2(&p, kBlock);
+    if (r != CUDA_SUCCESS) {
+      CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
+      std::printf("turn %d: out of memory after %zu MiB\n", id, got);
+      return 3;
+    }
+    blocks.push_back(p);
+  }
+  // Block b of process id starts as base(b) + i in word i; after N touches it holds base(b) + N + i.
+  auto base = [&](std::size_t b) {
+    return static_cast<std::uint32_t>(id) * 0x01000000u + static_cast<std::uint32_t>(b) * 0x00100000u;
+  };
+  std::vector<std::uint32_t> h(kWords);
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    for (std::size_t i = 0; i < kWords; ++i) h[i] = base(b) + static_cast<std::uint32_t>(i);
+    CHECK_OK(cuMemcpyHtoD_v2(blocks[b], h.data(), kBlock));
+  }
+  std::printf("turn %d: filled %zu MiB\n", id, mib);
+  int done = 0;
+  for (;;) {
+    while (!g_term && done == g_touch) sigsuspend(&old);
+    if (done == g_touch) break;  // SIGTERM, nothing left to do
+    ++done;
+    long bad = 0;
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+      CUdeviceptr p = blocks[b];
+      std::size_t words = kWords;
+      std::uint32_t want = base(b) + static_cast<std::uint32_t>(done - 1);
+      void* args[] = {&p, &words, &want};
+      CHECK_OK(cuLaunchKernel(fakecuda_test_kernel(), 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+    }
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+      CHECK_OK(cuMemcpyDtoH_v2(h.data(), blocks[b], kBlock));
+      for (std::size_t i = 0; i < kWords; ++i)
+        if (h[i] != base(b) + static_cast<std::uint32_t>(done) + static_cast<std::uint32_t>(i)) ++bad;
+    }
+    bad += fakecuda_kernel_mismatches();
+    std::printf("turn %d: touched %d %s (%ld wrong words)\n", id, done, bad == 0 ? "ok" : "BAD", bad);
+  }
+  std::printf("turn %d: done\n", id);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -233,6 +306,7 @@ int main(int argc, char** argv) {
   if (what == "info-first") return info_first();
   if (what == "lock-and-exit") return lock_ledger(false);
   if (what == "lock-and-wait") return lock_ledger(true);
+  if (what == "turn" && argc == 4) return turn(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   std::printf(
       "usage: share_app random SEED ITERS | hold MIB | hold-live MIB | hold-vmm MIB | need MIB | need-one MIB | "
       "lock-and-exit | "

@@ -1,0 +1,454 @@
+// Parking in a group (shim/group_park.h): the asking side (Member::ask_park), the ledger words of
+// the answering side, the published figures, and the stats record's parking fields.
+#include "shim/group_park.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "shim/group_ledger.h"
+#include "shim/log.h"
+#include "shim/parking.h"
+
+namespace cudapool::shim::group {
+
+namespace {
+
+void wait_word(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  // Not FUTEX_PRIVATE: the word lives in a mapping shared with other processes.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void wake_word(std::atomic<std::uint32_t>* word, int n) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
+
+bool answered_since(std::uint32_t ack, std::uint32_t req) { return static_cast<std::int32_t>(ack - req) >= 0; }
+
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
+std::string seconds(std::int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(std::max<std::int64_t>(ns, 0)) / 1e9);
+  return buf;
+}
+
+// Stores `text` in a slot's text field, NUL-terminated (readers bound it anyway).
+void put_text(char (&field)[share::kNameBytes], const std::string& text) {
+  const std::size_t n = std::min(text.size(), share::kNameBytes - 1);
+  std::memcpy(field, text.data(), n);
+  std::memset(field + n, 0, share::kNameBytes - n);
+}
+
+const char* answer_text(std::uint32_t a) {
+  switch (a) {
+    case share::kParkDone: return "parked";
+    case share::kParkRefused: return "refused";
+    case share::kParkBusy: return "refused: it is working";
+    case share::kParkHostFull: return "refused: its parked data would pass group_park_host_mb";
+    case share::kParkDisabled: return "refused: its policy has group_park:off";
+    default: return "gave an answer this process does not know";
+  }
+}
+
+// A member that refused a request is not asked again for a second (one that cannot park now
+// would otherwise be asked every round).
+constexpr std::int64_t kRefusedNs = 1'000'000'000;
+
+struct Activity {
+  std::mutex mu;
+  std::uint64_t seen = 0;
+  std::int64_t active_ns = 0;  // 0: not sampled yet
+};
+Activity& activity_state() {
+  static auto* a = new Activity;  // never destroyed: helper threads may run while the process exits
+  return *a;
+}
+
+// The member's own slot words are written by its publisher and its park responder: one at a
+// time (the text is plain bytes). Never held inside a SIGBUS guard's code (sigbus_guard.h).
+std::mutex& slot_write_mu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+
+}  // namespace
+
+std::int64_t sample_activity() noexcept {
+  Activity& a = activity_state();
+  const std::uint64_t now_seen = park::activity();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (a.active_ns == 0 || now_seen != a.seen) {
+    a.seen = now_seen;
+    a.active_ns = share::monotonic_ns();
+  }
+  return a.active_ns;
+}
+
+std::uint32_t parkable_now(bool on, std::string* why) noexcept {
+  try {
+    *why = park::why_not_parkable();
+  } catch (...) {
+    *why = "out of host memory";
+  }
+  if (!on) return share::kParkOff;
+  return why->empty() ? share::kParkable : share::kParkNotNow;
+}
+
+void publish_parking_of(Member& m) noexcept {
+  if (m.closed() || m.broken()) return;
+  const std::int64_t active = sample_activity();
+  std::string why;
+  const std::uint32_t code = parkable_now(m.park_settings().on, &why);
+  std::lock_guard<std::mutex> lock(slot_write_mu());
+  m.publish_park(park::parked(), park::parked_bytes(), code, why, active);
+}
+
+void publish_parking(const Memberships& devices) noexcept {
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (Member* m = devices.members[d].load(); m != nullptr) publish_parking_of(*m);
+}
+
+void fill_park_record(const Memberships& devices, share::ProcRecord& r) noexcept {
+  bool on = false;
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (Member* m = devices.members[d].load(); m != nullptr && !m->closed() && !m->broken())
+      on = on || m->park_settings().on;
+  std::string why;
+  const std::uint32_t code = parkable_now(on, &why);
+  const park::Counters c = park::counters();
+  r.parked = park::parked() ? 1 : 0;
+  r.parkable = code == share::kParkable  ? share::kRecordParkable
+               : code == share::kParkOff ? share::kRecordParkOff
+                                         : share::kRecordParkNotNow;
+  r.parked_bytes = park::parked_bytes();
+  r.parks = c.parks;
+  r.unparks = c.unparks;
+  r.park_bytes_out = c.bytes_out;
+  r.park_bytes_in = c.bytes_in;
+  r.park_ns = c.park_ns;
+  r.unpark_ns = c.unpark_ns;
+  put_text(r.park_why, why);
+}
+
+// ---- Member: the parking words -------------------------------------------------------------
+
+// Every touch of the mapping first checks that the file still covers it (group_ledger.h).
+template <typename Fn>
+bool Member::park_touch(Fn&& fn) noexcept {
+  if (!whole()) return false;
+  fn();
+  return true;
+}
+
+void Member::set_park(const ParkSettings& s) noexcept {
+  park_ = s;
+  park_touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.park_ack.store(me.park_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    me.park_want.store(0, std::memory_order_relaxed);
+    me.park_from.store(0, std::memory_order_relaxed);
+    me.park_result.store(share::kParkNone, std::memory_order_relaxed);
+    me.park_gave.store(0, std::memory_order_relaxed);
+    me.parked.store(0, std::memory_order_relaxed);
+    me.parkable.store(share::kParkOff, std::memory_order_relaxed);  // until the first publication
+    me.parked_bytes.store(0, std::memory_order_relaxed);
+    me.active_ns.store(0, std::memory_order_relaxed);
+    me.asking.store(0, std::memory_order_relaxed);
+    put_text(me.park_why, "");
+    put_text(me.park_refusal, "");
+  });
+}
+
+std::uint32_t Member::wait_park_request(std::uint32_t last, std::int64_t timeout_ns) noexcept {
+  std::uint32_t req = last;
+  park_touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    wait_word(&me.park_req, last, timeout_ns);
+    req = me.park_req.load(std::memory_order_acquire);
+  });
+  return req;
+}
+
+std::uint32_t Member::park_acked() noexcept {
+  std::uint32_t a = 0;
+  park_touch([&] { a = l_->slot[slot_].park_ack.load(std::memory_order_acquire); });
+  return a;
+}
+
+Member::ParkAsk Member::park_ask() noexcept {
+  ParkAsk a;
+  park_touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    a.want = me.park_want.exchange(0, std::memory_order_acq_rel);
+    a.from = me.park_from.load(std::memory_order_relaxed);
+  });
+  return a;
+}
+
+void Member::park_answered(std::uint32_t req, share::ParkAnswer answer, std::uint64_t gave,
+                           const std::string& why) noexcept {
+  std::lock_guard<std::mutex> lock(slot_write_mu());
+  park_touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.park_result.store(answer, std::memory_order_relaxed);
+    me.park_gave.store(gave, std::memory_order_relaxed);
+    put_text(me.park_refusal, why);
+    if (answer == share::kParkDone) {
+      // At once, not at the next publication: nobody asks a parked member again.
+      me.parked.store(1, std::memory_order_relaxed);
+      me.parked_bytes.store(park::parked_bytes(), std::memory_order_relaxed);
+    }
+    if (gave != 0) l_->released.fetch_add(1, std::memory_order_acq_rel);
+    me.park_ack.store(req, std::memory_order_release);
+    wake_word(&l_->released, INT_MAX);
+  });
+}
+
+void Member::publish_park(bool parked, std::uint64_t parked_bytes, std::uint32_t parkable, const std::string& why,
+                          std::int64_t active_ns) noexcept {
+  park_touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.parked.store(parked ? 1 : 0, std::memory_order_relaxed);
+    me.parked_bytes.store(parked_bytes, std::memory_order_relaxed);
+    me.parkable.store(parkable, std::memory_order_relaxed);
+    me.active_ns.store(static_cast<std::uint64_t>(active_ns), std::memory_order_relaxed);
+    put_text(me.park_why, why);
+  });
+}
+
+std::uint64_t Member::own_reserved() noexcept {
+  std::uint64_t n = 0;
+  park_touch([&] { n = l_->slot[slot_].reserved.load(std::memory_order_relaxed); });
+  return n;
+}
+
+void Member::note_asking(int delta) noexcept {
+  park_touch([&] {
+    std::atomic<std::uint32_t>& w = l_->slot[slot_].asking;
+    if (delta > 0)
+      w.fetch_add(1, std::memory_order_relaxed);
+    else
+      w.fetch_sub(1, std::memory_order_relaxed);
+  });
+}
+
+bool Member::asking() noexcept {
+  bool a = false;
+  park_touch([&] { a = l_->slot[slot_].asking.load(std::memory_order_relaxed) != 0; });
+  return a;
+}
+
+std::uint64_t Member::others_parked_bytes() noexcept {
+  std::uint64_t n = 0;
+  park_touch([&] {
+    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+      const share::LedgerSlot& s = l_->slot[i];
+      if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+      if (s.parked.load(std::memory_order_relaxed) != 0) n = sat_add(n, s.parked_bytes.load(std::memory_order_relaxed));
+    }
+  });
+  return n;
+}
+
+std::string Member::holders() noexcept {
+  // The figures first (under the guard, no string made there: a fault jumps out of no live
+  // object), then the text.
+  struct Held {
+    int pid = 0;
+    std::uint64_t bytes = 0, parked_bytes = 0;
+    bool parked = false, asking = false;
+    std::uint32_t parkable = 0;
+    std::int64_t active_ns = 0;
+    char why[share::kNameBytes] = {};
+  };
+  Held held[share::kLedgerSlots];
+  int n = 0;
+  std::uint64_t own = 0;
+  park_touch([&] {
+    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+      const share::LedgerSlot& s = l_->slot[i];
+      if (s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+      const std::uint64_t bytes = sat_add(s.reserved.load(std::memory_order_relaxed),
+                                          s.outside.load(std::memory_order_relaxed));
+      if (i == slot_) {
+        own = bytes;
+        continue;
+      }
+      Held& h = held[n++];
+      h.pid = s.pid.load(std::memory_order_relaxed);
+      h.bytes = bytes;
+      h.parked = s.parked.load(std::memory_order_relaxed) != 0;
+      h.parked_bytes = s.parked_bytes.load(std::memory_order_relaxed);
+      h.asking = s.asking.load(std::memory_order_relaxed) != 0;
+      h.parkable = s.parkable.load(std::memory_order_relaxed);
+      h.active_ns = static_cast<std::int64_t>(s.active_ns.load(std::memory_order_relaxed));
+      std::memcpy(h.why, s.park_why, sizeof h.why);
+    }
+  });
+  const std::int64_t now = share::monotonic_ns();
+  std::string out;
+  for (int k = 0; k < n; ++k) {
+    const Held& h = held[k];
+    out += (k == 0 ? "" : ", ") + std::string("pid ") + std::to_string(h.pid) + " holds " + mib(h.bytes) + " (";
+    if (h.parked)
+      out += "parked, " + mib(h.parked_bytes) + " in host memory";
+    else if (h.asking)
+      out += "waiting for memory itself";
+    else if (h.parkable == share::kParkOff)
+      out += "parking off in its policy";
+    else if (h.parkable != share::kParkable)
+      out += "not parkable: " + share::bounded_string(h.why, sizeof h.why);
+    else if (h.active_ns <= 0)
+      out += "no figures published yet";
+    else
+      out += "last active " + seconds(now - h.active_ns) + " ago";
+    out += ")";
+  }
+  if (n == 0) out = "no other member";
+  return out + "; this process holds " + mib(own);
+}
+
+// ---- Member: asking ------------------------------------------------------------------------
+
+bool Member::ask_park(std::int64_t deadline, int round, std::size_t request) noexcept {
+  (void)round;
+  if (closed() || broken_.load(std::memory_order_relaxed) || !park_.on) return false;
+  int again = 0;
+  if (share::monotonic_ns() < deadline) {
+    note_asking(1);
+    park_touch([&] { again = park_round(deadline, request); });
+    note_asking(-1);
+  }
+  if (again > 0) return true;
+  // Giving up: say who holds the budget (at most once a second).
+  const std::int64_t t = share::monotonic_ns();
+  std::int64_t logged = park_log_.load(std::memory_order_relaxed);
+  if ((logged == 0 || t - logged > 1'000'000'000) && park_log_.compare_exchange_strong(logged, t)) {
+    try {
+      log_warn("group {}: no room for {} under the budget of {} on device {}{}; who holds it: {}", group_, mib(request),
+               mib(budget()), device_,
+               again < 0 ? ": no other member can be parked"
+                         : " within group_park_wait_ms (" + std::to_string(park_.wait_ms) + " ms)",
+               holders());
+    } catch (...) {
+    }
+  }
+  return false;
+}
+
+// Under the guard. One round: asks the least recently active members that may be parked, and
+// whose live bytes cover what is missing, to park; waits until bytes came free, every asked
+// member answered, or the deadline. When nobody can be asked now it waits a little (a member
+// becomes idle, publishes its figures, or an earlier park finishes) unless nobody ever could.
+int Member::park_round(std::int64_t deadline, std::size_t request) noexcept {
+  const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
+  const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
+  const std::uint64_t over = sat_add(total, request) > budget ? sat_add(total, request) - budget : 0;
+  const std::uint64_t need = std::max<std::uint64_t>(shortfall_.load(std::memory_order_relaxed), over);
+  if (need == 0) return 1;  // room appeared meanwhile: try again
+  const std::int64_t now = share::monotonic_ns();
+  share::ParkCandidate cand[share::kLedgerSlots];
+  share::Passed passed[share::kLedgerSlots];
+  int n = 0;
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    const share::LedgerSlot& s = l_->slot[i];
+    if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+    share::ParkCandidate& c = cand[n++];
+    c.slot = i;
+    c.live = s.pid.load(std::memory_order_relaxed) > 0;
+    c.parked = s.parked.load(std::memory_order_relaxed) != 0;
+    c.asking = s.asking.load(std::memory_order_relaxed) != 0;
+    c.pending = !answered_since(s.park_ack.load(std::memory_order_acquire), s.park_req.load(std::memory_order_acquire));
+    c.refused = now < park_refused_[i].load(std::memory_order_relaxed);
+    c.parkable = s.parkable.load(std::memory_order_relaxed);
+    c.reserved = s.reserved.load(std::memory_order_relaxed);
+    c.parked_bytes = s.parked_bytes.load(std::memory_order_relaxed);
+    // Times another process wrote: only compared, and a value past any sane clock reads as never.
+    const std::uint64_t a = s.active_ns.load(std::memory_order_relaxed),
+                        h = s.heartbeat_ns.load(std::memory_order_relaxed);
+    c.active_ns = a > static_cast<std::uint64_t>(INT64_MAX) ? 0 : static_cast<std::int64_t>(a);
+    c.heartbeat_ns = h > static_cast<std::uint64_t>(INT64_MAX) ? 0 : static_cast<std::int64_t>(h);
+  }
+  int chosen[share::kLedgerSlots];
+  const int k = share::choose_to_park(cand, n, need, now, park_.idle_ns, chosen, passed);
+  if (k == 0) {
+    // Nobody to ask now. Wait for something to change, unless nothing can: every other member
+    // is parked already, keeps parking off, or holds no live memory.
+    bool hope = false;
+    for (int i = 0; i < n; ++i) hope = hope || share::may_park_later(cand[i], passed[i]);
+    if (!hope) return -1;
+    wait_word(&l_->released, seen, std::min<std::int64_t>(deadline - now, 20'000'000));
+    return 1;
+  }
+  std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
+  const int pid = static_cast<int>(::getpid());
+  for (int j = 0; j < k; ++j) {
+    share::LedgerSlot& s = l_->slot[chosen[j]];
+    s.park_want.store(need, std::memory_order_relaxed);
+    s.park_from.store(pid, std::memory_order_relaxed);
+    const std::uint32_t req = s.park_req.fetch_add(1, std::memory_order_acq_rel) + 1;
+    wake_word(&s.park_req, 1);
+    asked[j] = {chosen[j], req};
+  }
+  // Logged after the requests went out (a fault in a string jumps out of nothing live: the
+  // figures are copied first).
+  struct Line {
+    int pid;
+    std::uint64_t held, live;
+    std::int64_t idle_ns;
+  } lines[share::kLedgerSlots];
+  for (int j = 0; j < k; ++j) {
+    const share::LedgerSlot& s = l_->slot[chosen[j]];
+    std::int64_t active = 0;
+    std::uint64_t held = 0;
+    for (int i = 0; i < n; ++i)
+      if (cand[i].slot == chosen[j]) active = cand[i].active_ns, held = cand[i].reserved;
+    lines[j] = {s.pid.load(std::memory_order_relaxed), held, s.allocated.load(std::memory_order_relaxed), now - active};
+  }
+  for (int j = 0; j < k; ++j)
+    log_info(
+        "group {}: asking pid {} (idle {}, holding {}, {} of it live) to park: {} more for this process on device {} "
+        "would be {} over the budget of {}",
+        group_, lines[j].pid, seconds(lines[j].idle_ns), mib(lines[j].held), mib(lines[j].live), mib(request), device_,
+        mib(need), mib(budget));
+  for (;;) {
+    const std::int64_t t = share::monotonic_ns();
+    if (l_->released.load(std::memory_order_acquire) != seen) return 1;
+    bool all = true;
+    for (int j = 0; j < k; ++j) {
+      const share::LedgerSlot& s = l_->slot[asked[j].first];
+      if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
+          !answered_since(s.park_ack.load(std::memory_order_acquire), asked[j].second))
+        all = false;
+    }
+    if (all) break;
+    if (t >= deadline) return 0;
+    wait_word(&l_->released, seen, std::min<std::int64_t>(deadline - t, 20'000'000));
+  }
+  // Every asked member answered and nothing came free: say why, and do not ask them again for a
+  // while.
+  for (int j = 0; j < k; ++j) {
+    const share::LedgerSlot& s = l_->slot[asked[j].first];
+    const std::uint32_t a = s.park_result.load(std::memory_order_relaxed);
+    char why[share::kNameBytes];
+    std::memcpy(why, s.park_refusal, sizeof why);
+    if (a == share::kParkDone) continue;
+    park_refused_[asked[j].first].store(share::monotonic_ns() + kRefusedNs, std::memory_order_relaxed);
+    const std::string text = share::bounded_string(why, sizeof why);
+    log_info("group {}: pid {} {}{}{}", group_, lines[j].pid, answer_text(a), text.empty() ? "" : ": ", text);
+  }
+  return 1;
+}
+
+}  // namespace cudapool::shim::group
