@@ -10,7 +10,9 @@
 #include <cstring>
 #include <fstream>
 
+#include "config/input_file.h"
 #include "config/keys.h"
+#include "config/output_file.h"
 #include "config/path_pattern.h"
 #include "config/policy.h"
 #include "config/printable.h"
@@ -25,17 +27,15 @@ constexpr std::size_t kMaxPolicyFileBytes = 1 << 20;  // a policy is a few lines
 
 std::string read_policy_file(const std::string& path, const std::string& name, std::string& out) {
   const std::string who = (name.rfind("--", 0) == 0 ? name + " " : name + "=") + path + ": ";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::string why;
+  const int fd = open_input_file(path, &why);  // a FIFO or a device is refused without blocking
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return who + "no such file; create it or point " + name + " at an existing TOML file";
     if (err == EACCES) return who + "permission denied; make it readable or point " + name + " elsewhere";
-    return who + "cannot open: " + std::strerror(err);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return who + "is a directory; " + name + " must name a TOML file";
+    if (err == EISDIR) return who + "is a directory; " + name + " must name a TOML file";
+    if (err == EINVAL) return who + why;
+    return who + "cannot open: " + why;
   }
   out.clear();
   char buf[8192];
@@ -232,10 +232,13 @@ std::string check_output_file(const std::string& pattern, const std::string& key
   const std::string who = key + " '" + pattern + "'" +
                           (origin.empty() || origin == "default" ? "" : " (" + origin + ")");
   struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
-    return who + " is a symbolic link: refusing to write through a symbolic link; name the file itself";
-  if (::stat(path.c_str(), &st) == 0) {
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode))
+      return who + " is a symbolic link: refusing to write through a symbolic link; name the file itself";
     if (S_ISDIR(st.st_mode)) return who + " is a directory; name a file in it instead";
+    // The writers (config/output_file.h) refuse these too; here they are found before any work.
+    if (!S_ISREG(st.st_mode)) return who + " is " + not_a_regular_file(st.st_mode);
+    if (st.st_uid != ::geteuid()) return who + " is " + foreign_owner(st.st_uid);
     if (::access(path.c_str(), W_OK) != 0)
       return who + " exists and cannot be written (" + std::strerror(errno) +
              "); fix its permissions or choose another path";

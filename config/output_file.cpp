@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "config/input_file.h"
+
 namespace cudapool {
 namespace {
 
@@ -51,20 +53,69 @@ bool write_all_at(int fd, const void* data, std::size_t size, std::size_t offset
   return write_all(fd, static_cast<const char*>(data), size, static_cast<off_t>(offset));
 }
 
+std::string foreign_owner(unsigned owner) {
+  return "owned by uid " + std::to_string(owner) + ", not by this process's user (uid " + std::to_string(::geteuid()) +
+         "): remove it or choose another path";
+}
+
 int open_output_file(const std::string& path, int flags, std::string_view what, std::string* error) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | flags, kOutputFileMode);
-  if (fd >= 0) return fd;
-  const int e = errno;
-  // O_NOFOLLOW reports a link at the last component as ELOOP; say so plainly.
-  if (error != nullptr)
-    *error = describe(what, path, e == ELOOP && is_symlink(path) ? kSymlinkRefused : std::strerror(e));
+  // O_TRUNC waits until the file is known to be ours: truncating another user's file would be a
+  // write to it.
+  const int base = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (flags & ~O_TRUNC);
+  std::string why;
+  // A few rounds: the file may be removed between the two opens (then it is created again).
+  for (int round = 0; round < 4 && why.empty(); ++round) {
+    int fd = ::open(path.c_str(), base | O_CREAT | O_EXCL, kOutputFileMode);
+    const bool created = fd >= 0;
+    if (!created) {
+      if (errno != EEXIST) {
+        why = std::strerror(errno);
+        break;
+      }
+      fd = ::open(path.c_str(), base);
+      if (fd < 0) {
+        const int e = errno;
+        if (e == ENOENT) continue;
+        struct stat st {};
+        if (e == ELOOP && is_symlink(path))
+          why = kSymlinkRefused;
+        else if ((e == ENXIO || e == EISDIR) && ::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+          why = not_a_regular_file(st.st_mode);  // ENXIO: a FIFO with no reader, or a device with none
+        else
+          why = std::strerror(e);
+        break;
+      }
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0)
+      why = std::strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+      why = not_a_regular_file(st.st_mode);
+    else if (!created && st.st_uid != ::geteuid())  // one created here is ours whatever st_uid says
+      why = foreign_owner(st.st_uid);
+    else if (!created && (flags & O_TRUNC) != 0 && st.st_size != 0 && ::ftruncate(fd, 0) != 0)
+      why = std::strerror(errno);
+    else if (const int fl = ::fcntl(fd, F_GETFL); fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+      why = std::strerror(errno);
+    if (why.empty()) return fd;
+    ::close(fd);
+  }
+  if (why.empty()) why = "it was removed each time it was opened; try again";
+  if (error != nullptr) *error = describe(what, path, why);
   return -1;
 }
 
 std::string write_file_atomically(const std::string& path, std::string_view data, std::string_view what) {
-  // rename() replaces a link rather than writing through it, but a link there is still refused:
-  // the same rule as every other output file, and the link's owner keeps their link.
-  if (is_symlink(path)) return describe(what, path, kSymlinkRefused);
+  // rename() replaces what is at the path rather than writing into it, but only this user's
+  // regular file is replaced: a link, a FIFO or another user's file stays as it is, the same
+  // rule as every other output file (and in a sticky directory the rename would fail anyway,
+  // after all the work, unless this process may replace anyone's file there).
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) return describe(what, path, kSymlinkRefused);
+    if (!S_ISREG(st.st_mode)) return describe(what, path, not_a_regular_file(st.st_mode));
+    if (st.st_uid != ::geteuid()) return describe(what, path, foreign_owner(st.st_uid));
+  }
   const std::size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);

@@ -149,7 +149,8 @@ std::string describe_dropped(const std::vector<UntrustedConf::Dropped>& dropped)
 UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source);
 
 // "" when `path` can be created or overwritten by this process (its directory exists and is
-// writable, and it is neither a directory nor a symbolic link, which the writers refuse:
+// writable, and what is there already is a regular file of this process's user: not a directory,
+// a symbolic link, a FIFO, a device or another user's file, which the writers refuse:
 // config/output_file.h), else what is wrong and how to fix it. `key` and
 // `origin` name the setting in the message ("stats_file", "CUDAPOOL_CONF col 5").
 std::string check_output_file(const std::string& path, const std::string& key, const std::string& origin);

@@ -2,9 +2,10 @@
 // newer files stay readable. Not linked into libcudapool.so, which only writes summaries.
 #include "telemetry/summary_reader.h"
 
-#include <fstream>
+#include <cstring>
 #include <sstream>
 
+#include "config/input_file.h"
 #include "telemetry/json_reader.h"
 
 namespace cudapool {
@@ -102,13 +103,19 @@ bool from_json(std::string_view text, Summary* out, std::string* error) {
 }
 
 bool read_summary_file(const std::string& path, Summary* out, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (error) *error = path + ": cannot open";
+  std::string why;
+  const int fd = open_input_file(path, &why);  // a FIFO or a device is refused without blocking
+  if (fd < 0) {
+    if (error) *error = path + ": cannot open: " + why;
     return false;
   }
+  InputFileBuf file(fd);
   std::ostringstream buf;
-  buf << in.rdbuf();
+  buf << &file;
+  if (file.failed()) {
+    if (error) *error = path + ": cannot read: " + std::strerror(file.error());
+    return false;
+  }
   std::string err;
   if (!from_json(buf.str(), out, &err)) {
     if (error) *error = path + ": " + err;

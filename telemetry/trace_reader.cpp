@@ -5,9 +5,11 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <istream>
 #include <limits>
 #include <string_view>
 
+#include "config/input_file.h"
 #include "config/printable.h"
 #include "telemetry/trace.h"
 
@@ -371,12 +373,20 @@ bool read_trace_stream(std::istream& in, const std::string& name, std::vector<Tr
 
 bool read_trace_file(const std::string& path, std::vector<TraceRow>* rows, std::string* error, TraceMeta* meta,
                      const TraceLimits& limits) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (error) *error = path + ": cannot open";
+  std::string why;
+  const int fd = open_input_file(path, &why);  // a FIFO or a device is refused without blocking
+  if (fd < 0) {
+    if (error) *error = path + ": cannot open: " + why;
     return false;
   }
-  return read_trace_stream(in, path, rows, error, meta, limits);
+  InputFileBuf buf(fd);
+  std::istream in(&buf);
+  if (!read_trace_stream(in, path, rows, error, meta, limits)) return false;
+  if (buf.failed()) {
+    if (error) *error = path + ": cannot read: " + std::strerror(buf.error());
+    return false;
+  }
+  return true;
 }
 
 }  // namespace cudapool

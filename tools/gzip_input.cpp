@@ -1,6 +1,5 @@
 #include "tools/gzip_input.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -10,10 +9,12 @@
 #include <limits>
 #include <streambuf>
 
+#include "config/input_file.h"
+
 namespace cudapool::tools {
 
 bool is_gzip_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_input_file(path, nullptr);
   if (fd < 0) return false;
   unsigned char magic[2] = {0, 0};
   const ssize_t n = ::read(fd, magic, sizeof magic);
@@ -55,7 +56,7 @@ struct GzipInput::Buf : std::streambuf {
   }
 };
 
-GzipInput::GzipInput(const std::string& path) : GzipInput(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+GzipInput::GzipInput(const std::string& path) : GzipInput(open_input_file(path, nullptr)) {}
 GzipInput::GzipInput(int fd) : buf_(std::make_unique<Buf>(fd)), in_(std::make_unique<std::istream>(buf_.get())) {}
 GzipInput::~GzipInput() = default;
 bool GzipInput::opened() const { return buf_->file != nullptr; }

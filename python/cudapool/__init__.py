@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import pickle
+import stat
 import sys
 
 __all__ = ["NotLoadedError", "NoPoolError", "is_loaded", "is_active", "memory_stats", "memory_summary", "empty_cache",
@@ -319,15 +320,49 @@ def snapshot(path=None):
 
 
 def _open_output(path):
-    """`path` opened for writing as the library opens its own output files: a symbolic link there
-    is refused (never written through), a new file has mode 0600, not inherited by programs run."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno == errno.ELOOP and os.path.islink(path):
-            raise OSError(errno.ELOOP, "refusing to write through a symbolic link", path) from None
-        raise
-    return os.fdopen(fd, "wb")
+    """`path` opened for writing as the library opens its own output files (config/output_file.h):
+    a symbolic link there is refused (never written through), so is anything that is not a
+    regular file (a FIFO would block the open: it is opened without blocking, then refused) and an
+    existing file of another user; a new file has mode 0600, not inherited by programs run."""
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    for _ in range(4):  # the file may be removed between the two opens: then it is created again
+        created = True
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            created = False
+            try:
+                fd = os.open(path, flags)  # not truncated before it is known to be this user's
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                if e.errno == errno.ELOOP and os.path.islink(path):
+                    raise OSError(errno.ELOOP, "refusing to write through a symbolic link", path) from None
+                if e.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO without a reader, a device, a directory
+                    raise OSError(errno.EINVAL, _not_regular(os.lstat(path).st_mode), path) from None
+                raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, _not_regular(st.st_mode), path)
+            if not created and st.st_uid != os.geteuid():
+                raise PermissionError(errno.EPERM, "owned by uid %d, not by this process's user (uid %d): remove it or "
+                                      "choose another path" % (st.st_uid, os.geteuid()), path)
+            if not created:
+                os.ftruncate(fd, 0)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "wb")
+    raise OSError(errno.ENOENT, "it was removed each time it was opened; try again", path)
+
+
+def _not_regular(mode):
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+    kind = next((name for test, name in kinds if test(mode)), "an unknown kind of file")
+    return "not a regular file (%s): give the path of a regular file" % kind
 
 
 def _fmt(n):

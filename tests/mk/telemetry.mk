@@ -15,16 +15,17 @@ BENCH_BINS += $(if $(TELEMETRY_BENCH_SRCS),$(TELEMETRY_BENCH_BIN))
 
 # Fuzzers (tests/module.mk): the trace reader and the JSON summary reader.
 $(BUILD)/fuzz/telemetry_trace: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_trace.o \
-    telemetry/trace_reader.o telemetry/trace_format.o config/printable.o)
+    telemetry/trace_reader.o telemetry/trace_format.o config/printable.o config/input_file.o)
 	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@
 $(BUILD)/fuzz/telemetry_summary: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_summary.o \
     telemetry/summary_reader.o telemetry/json_reader.o telemetry/summary.o telemetry/json.o telemetry/logging.o \
-    telemetry/spdlog_fmt_impl.o config/output_file.o config/path_pattern.o)
+    telemetry/spdlog_fmt_impl.o config/output_file.o config/input_file.o config/path_pattern.o)
 	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@ -pthread
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_trace $(BUILD)/fuzz/telemetry_summary
 # Warm-start plans (telemetry/warm_plan.cpp): the plan file's parser and the plan a trace gives.
 $(BUILD)/fuzz/telemetry_warm_plan: $(addprefix $(FUZZ_OBJ)/,tests/fuzz/telemetry_fuzz_warm_plan.o \
-    telemetry/warm_plan.o telemetry/trace_reader.o telemetry/trace_format.o config/printable.o)
+    telemetry/warm_plan.o telemetry/trace_reader.o telemetry/trace_format.o config/printable.o \
+    config/input_file.o)
 	$(call say,LINK,$@)$(FUZZ_CXX) $(FUZZ_LINK_FLAGS) $^ -o $@
 FUZZ_TARGETS += $(BUILD)/fuzz/telemetry_warm_plan
 # The readers of the files processes of one user share (telemetry/share.cpp and the ledger's

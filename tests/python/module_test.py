@@ -8,6 +8,7 @@ calls to the driver API, which the shim serves from its pool.
 import ctypes
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -196,6 +197,39 @@ class Preloaded(unittest.TestCase):
             self.assertIn("refusing to write through a symbolic link", str(cm.exception))
             with open(victim) as f:
                 self.assertEqual(f.read(), "kept\n")
+            # A FIFO there would block the open for ever: refused at once (an alarm turns a
+            # blocked open into a failure of this test instead of a hang).
+            fifo = os.path.join(tmp, "f.pickle")
+            os.mkfifo(fifo)
+
+            class Blocked(Exception):
+                pass
+
+            def blocked(signum, frame):
+                raise Blocked("cudapool.snapshot blocked in open")
+
+            previous = signal.signal(signal.SIGALRM, blocked)
+            signal.alarm(30)
+            try:
+                with self.assertRaises(OSError) as cm:
+                    cudapool.snapshot(fifo)
+            finally:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, previous)
+            self.assertIn("not a regular file (a FIFO): give the path of a regular file", str(cm.exception))
+            # Another user's file, writable by everyone, is never written (needs root to make one).
+            theirs = os.path.join(tmp, "theirs.pickle")
+            with open(theirs, "w") as f:
+                f.write("theirs\n")
+            os.chmod(theirs, 0o666)
+            if os.geteuid() == 0:
+                os.chown(theirs, 65534, 65534)
+                with self.assertRaises(PermissionError) as cm:
+                    cudapool.snapshot(theirs)
+                self.assertIn("owned by uid 65534", str(cm.exception))
+                self.assertIn("remove it or choose another path", str(cm.exception))
+                with open(theirs) as f:
+                    self.assertEqual(f.read(), "theirs\n")
         # The policy under the names PyTorch's snapshot gives it (the defaults here).
         settings = snap["allocator_settings"]
         self.assertIsInstance(settings["PYTORCH_CUDA_ALLOC_CONF"], str)

@@ -684,5 +684,35 @@ ln -s "$tmp/victim" "$tmp/link.plan"; echo keep >"$tmp/victim"
 expect_rc 66 "plan refuses to write through a symbolic link" -- "$cp" plan $traces/train.csv -o "$tmp/link.plan"
 [ "$(cat "$tmp/victim")" = keep ] && ok || fail "plan wrote through a symbolic link"
 
+# ---- paths that are not regular files, files of another user -------------------------------
+# A FIFO at a path the command opens would block open(2) for ever: each is refused at once. Every
+# attempt runs under timeout, so a hang fails here (exit 124) instead of stopping the suite.
+mkfifo "$tmp/f.fifo"
+fifo_says="not a regular file \(a FIFO\): give the path of a regular file"
+expect_rc 78 "check --config of a FIFO" -- timeout 20 "$cp" check --config "$tmp/f.fifo"
+expect_out "--config $tmp/f.fifo: $fifo_says" "check says the policy file is a FIFO"
+expect_rc 78 "check of a stats_file that is a FIFO" -- timeout 20 "$cp" check --conf "stats_file:$tmp/f.fifo"
+expect_out "stats_file '$tmp/f.fifo' \(--conf col 1\) is $fifo_says" "check says the stats_file is a FIFO"
+expect_rc 66 "plan -o of a FIFO" -- timeout 20 "$cp" plan $traces/train.csv -o "$tmp/f.fifo"
+expect_out "^cudapool plan: -o '$tmp/f.fifo' is $fifo_says" "plan says -o is a FIFO"
+expect_rc 66 "report --json of a FIFO" -- timeout 20 "$cp" report $traces/train.csv --json "$tmp/f.fifo"
+expect_out "^cudapool report: --json '$tmp/f.fifo' is $fifo_says" "report says --json is a FIFO"
+expect_rc 66 "replay of a FIFO" -- timeout 20 "$cp" replay "$tmp/f.fifo"
+expect_out "^cudapool replay: cannot open trace '$tmp/f.fifo': not a regular file" "replay says the trace is no regular file"
+expect_rc 0 "report --json - still writes to stdout" -- timeout 20 "$cp" report $traces/train.csv --json -
+expect_out '^\{' "report --json - prints JSON"
+# Another user's file, writable by everyone, in a shared (sticky) directory: never written.
+mkdir -m 1777 "$tmp/shared"
+echo theirs >"$tmp/shared/theirs.plan"
+chmod 666 "$tmp/shared/theirs.plan"
+if chown 65534:65534 "$tmp/shared/theirs.plan" 2>/dev/null; then
+  expect_rc 66 "plan -o of another user's file" -- timeout 20 "$cp" plan $traces/train.csv -o "$tmp/shared/theirs.plan"
+  expect_out "is owned by uid 65534, not by this process's user \(uid [0-9]+\): remove it or choose another path" \
+    "plan names the file's owner and the fix"
+  [ "$(cat "$tmp/shared/theirs.plan")" = theirs ] && ok || fail "plan wrote into another user's file"
+else
+  echo "note: another user's file not tried (chown needs root)"
+fi
+
 echo "cli tests: $passes passed, $fails failed"
 if [ "$fails" -eq 0 ]; then echo "PASS tools cli"; exit 0; else echo "FAIL tools cli"; exit 1; fi

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include "config/policy.h"
 #include "config/secure.h"
+#include "tests/unit/bounded_child.h"
 #include "tests/unit/config_test_util.h"
 
 namespace cudapool {
@@ -158,6 +160,57 @@ TEST(PolicyFile, OutputFileThatIsASymbolicLinkIsRefused) {
   EXPECT_TRUE(has(e, "stats_file '" + link + "'")) << e;
   EXPECT_TRUE(has(e, "refusing to write through a symbolic link")) << e;
   EXPECT_EQ(check_output_file(target.path(), "stats_file", "CUDAPOOL_CONF"), "");
+}
+
+// A FIFO at CUDAPOOL_CONFIG would block open(2) until someone writes to it: it is refused at once.
+TEST(PolicyFile, FifoIsRefusedWithoutBlocking) {
+  TempFile f("");
+  const std::string fifo = f.path() + ".fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const testing::BoundedRun r = testing::run_bounded([&] {
+    PolicySources s;
+    s.config_path = fifo;
+    PolicyResult p = load_policy(s);
+    return p.policy ? std::string("loaded") : p.error;
+  });
+  ::unlink(fifo.c_str());
+  ASSERT_TRUE(r.finished) << r.describe();
+  EXPECT_EQ(r.answer, "CUDAPOOL_CONFIG=" + fifo + ": not a regular file (a FIFO): give the path of a regular file");
+}
+
+// The start check of trace_file and stats_file applies the writers' rules: a FIFO, a device or a
+// file of another user (0666, in a sticky directory) is a policy error now, not a hang or a lost
+// summary at exit.
+TEST(PolicyFile, OutputFileThatIsAFifoOrAnotherUsersIsRefused) {
+  TempFile f("");
+  const std::string fifo = f.path() + ".fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string e = check_output_file(fifo, "trace_file", "CUDAPOOL_CONF col 1");
+  ::unlink(fifo.c_str());
+  EXPECT_EQ(e, "trace_file '" + fifo +
+                   "' (CUDAPOOL_CONF col 1) is not a regular file (a FIFO): give the path of a regular file");
+  e = check_output_file("/dev/null", "stats_file", "");
+  EXPECT_TRUE(has(e, "stats_file '/dev/null' is not a regular file (a character device)")) << e;
+
+  char dir[] = "/tmp/cudapool-sticky-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::chmod(dir, 01777), 0);
+  const std::string theirs = std::string(dir) + "/s.json";
+  { std::ofstream(theirs) << "theirs\n"; }
+  const bool given = ::chmod(theirs.c_str(), 0666) == 0 && ::chown(theirs.c_str(), 65534, 65534) == 0;
+  if (given) {
+    e = check_output_file(theirs, "stats_file", "CUDAPOOL_STATS");
+    PolicySources s;
+    s.stats_file = theirs;
+    PolicyResult p = load_policy(s);
+    EXPECT_FALSE(p.policy);
+    EXPECT_EQ(p.error, e);
+  }
+  ::unlink(theirs.c_str());
+  ::rmdir(dir);
+  if (!given) GTEST_SKIP() << "cannot give a file to uid 65534 (needs root)";
+  EXPECT_EQ(e, "stats_file '" + theirs + "' (CUDAPOOL_STATS) is owned by uid 65534, not by this process's user (uid " +
+                   std::to_string(::geteuid()) + "): remove it or choose another path");
 }
 
 TEST(PolicyFile, UnreadableFile) {

@@ -2,6 +2,7 @@
 // one process per scenario, in both driver-resolution styles, and checks what they report.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -197,6 +198,77 @@ TEST(Shim, UnwritableStatsFileIsAPolicyError) {
   RunResult quiet = run({app(false), "no_cuda"}, env);
   EXPECT_EQ(quiet.exit_status, 0) << quiet.output;
   EXPECT_EQ(quiet.output, "hello without CUDA\nPASS no_cuda\n");
+}
+
+// Nothing at a path the shim opens can block the program: a FIFO at trace_file or
+// CUDAPOOL_CONFIG is a policy error at start (exit 78, on_error stop), at log_file a warning
+// with the log on stderr. (A blocking open would leave the program to be killed after 30 s.)
+TEST(Shim, FifoAtAPathItOpensIsRefusedWithoutBlocking) {
+  char dir[] = "/tmp/cudapool-shim-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/f.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string not_regular = "not a regular file (a FIFO): give the path of a regular file";
+  RunResult trace = run({app(false), "alloc_once"}, {{"CUDAPOOL_TRACE", fifo}});
+  EXPECT_EQ(trace.exit_status, 78) << trace.output;
+  EXPECT_NE(trace.output.find("trace_file '" + fifo + "' (CUDAPOOL_TRACE) is " + not_regular), std::string::npos)
+      << trace.output;
+  RunResult log = run({app(false), "alloc_once"}, {{"CUDAPOOL_CONF", "log_file:" + fifo}});
+  EXPECT_EQ(log.exit_status, 0) << log.output;
+  EXPECT_NE(log.output.find("cannot open log file '" + fifo + "': " + not_regular), std::string::npos) << log.output;
+  EXPECT_NE(log.output.find("PASS alloc_once"), std::string::npos) << log.output;
+  RunResult config = run({app(false), "alloc_once"}, {{"CUDAPOOL_CONFIG", fifo}});
+  EXPECT_EQ(config.exit_status, 78) << config.output;
+  EXPECT_NE(config.output.find("CUDAPOOL_CONFIG=" + fifo + ": " + not_regular), std::string::npos) << config.output;
+  std::remove(fifo.c_str());
+  ::rmdir(dir);
+}
+
+// Another user's file at an output path, left writable by everyone in a sticky directory, is
+// never written: at stats_file or trace_file the policy check refuses it at start (exit 78
+// before the first allocation; with on_error passthrough the program runs without the pool), at
+// log_file the log stays on stderr. The file keeps its contents and its owner.
+TEST(Shim, AnotherUsersFileAtAnOutputPathIsNeverWritten) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give files to another user";
+  char dir[] = "/tmp/cudapool-shim-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ASSERT_EQ(::chmod(dir, 01777), 0);
+  const std::string d = dir;
+  for (const char* name : {"/s.json", "/t.csv", "/log.txt"}) {
+    std::ofstream(d + name) << "theirs\n";
+    ASSERT_EQ(::chmod((d + name).c_str(), 0666), 0);
+    ASSERT_EQ(::chown((d + name).c_str(), 65534, 65534), 0);
+  }
+  const std::string owned =
+      "is owned by uid 65534, not by this process's user (uid 0): remove it or choose another path";
+  RunResult stats = run({app(false), "alloc_once"}, {{"CUDAPOOL_STATS", d + "/s.json"}});
+  EXPECT_EQ(stats.exit_status, 78) << stats.output;
+  EXPECT_NE(stats.output.find("stats_file '" + d + "/s.json' (CUDAPOOL_STATS) " + owned), std::string::npos)
+      << stats.output;
+  RunResult pass = run({app(false), "alloc_once"},
+                       {{"CUDAPOOL_STATS", d + "/s.json"}, {"CUDAPOOL_ON_ERROR", "passthrough"}});
+  EXPECT_EQ(pass.exit_status, 0) << pass.output;
+  EXPECT_NE(pass.output.find("active=0"), std::string::npos) << pass.output;
+  RunResult trace = run({app(false), "alloc_once"}, {{"CUDAPOOL_TRACE", d + "/t.csv"}});
+  EXPECT_EQ(trace.exit_status, 78) << trace.output;
+  EXPECT_NE(trace.output.find("trace_file '" + d + "/t.csv' (CUDAPOOL_TRACE) " + owned), std::string::npos)
+      << trace.output;
+  RunResult log = run({app(false), "alloc_once"}, {{"CUDAPOOL_CONF", "log_file:" + d + "/log.txt,log_level:info"}});
+  EXPECT_EQ(log.exit_status, 0) << log.output;
+  EXPECT_NE(log.output.find("cannot open log file '" + d + "/log.txt': owned by uid 65534"), std::string::npos)
+      << log.output;
+  for (const char* name : {"/s.json", "/t.csv", "/log.txt"}) {
+    std::ifstream in(d + name);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "theirs\n") << name;
+    struct stat st {};
+    ASSERT_EQ(::lstat((d + name).c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 65534u) << name;
+  }
+  std::set<std::string> left;  // no summary or temporary file beside them
+  for (const auto& e : std::filesystem::directory_iterator(d)) left.insert(e.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"log.txt", "s.json", "t.csv"}));
+  std::filesystem::remove_all(d);
 }
 
 TEST(Shim, PytorchAllocConfGetsAHint) {

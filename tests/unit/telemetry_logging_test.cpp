@@ -6,6 +6,7 @@
 
 #include "telemetry/logging.h"
 #include "telemetry_util.h"
+#include "tests/unit/bounded_child.h"
 
 namespace cudapool {
 namespace {
@@ -80,6 +81,37 @@ TEST(TelemetryLogging, RefusesToWriteThroughASymbolicLink) {
   log().warn("must not reach the link's target");
   flush_logs();
   EXPECT_TRUE(victim.untouched());
+  p.log_file.clear();
+  EXPECT_EQ(init_logging(p), "");
+}
+
+// A FIFO at log_file would block open(2) until someone reads it: refused at once, and the log
+// stays where it was.
+TEST(TelemetryLogging, RefusesAFifoWithoutBlocking) {
+  testing::TempPath path(".log");
+  ASSERT_EQ(::mkfifo(path.str().c_str(), 0600), 0);
+  const testing::BoundedRun r = testing::run_bounded([&] {
+    Policy p;
+    p.log_file = path.str();
+    return init_logging(p);
+  });
+  ASSERT_TRUE(r.finished) << r.describe();
+  EXPECT_EQ(r.answer,
+            "cannot open log file '" + path.str() + "': not a regular file (a FIFO): give the path of a regular file");
+}
+
+// Another user's file at log_file (mode 0666, in /tmp) gets no line of this process's log.
+TEST(TelemetryLogging, NeverWritesAnotherUsersFile) {
+  testing::ForeignFile theirs(".log");
+  if (!theirs.given()) GTEST_SKIP() << "cannot give a file to uid 65534 (needs root)";
+  Policy p;
+  p.log_level = "warn";
+  p.log_file = theirs.str();
+  const std::string err = init_logging(p);
+  EXPECT_NE(err.find("cannot open log file '" + theirs.str() + "': owned by uid 65534"), std::string::npos) << err;
+  log().warn("must not reach another user's file");
+  flush_logs();
+  EXPECT_TRUE(theirs.untouched());
   p.log_file.clear();
   EXPECT_EQ(init_logging(p), "");
 }

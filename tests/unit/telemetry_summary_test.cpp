@@ -7,6 +7,7 @@
 #include "telemetry/json_reader.h"
 #include "telemetry/summary_reader.h"
 #include "telemetry_util.h"
+#include "tests/unit/bounded_child.h"
 
 namespace cudapool {
 namespace {
@@ -183,6 +184,32 @@ TEST(TelemetrySummary, RefusesToWriteThroughASymbolicLink) {
   EXPECT_NE(err.find("refusing to write through a symbolic link"), std::string::npos) << err;
   EXPECT_TRUE(victim.untouched());
   EXPECT_TRUE(testing::is_symlink(path.str()));  // the link is left as it was, not replaced
+}
+
+// What is at the summary's path is replaced only when it is this user's regular file: a FIFO
+// stays a FIFO, another user's file (mode 0666, in /tmp) stays theirs.
+TEST(TelemetrySummary, LeavesAFifoAndAnotherUsersFile) {
+  testing::TempPath fifo(".json");
+  ASSERT_EQ(::mkfifo(fifo.str().c_str(), 0600), 0);
+  std::string err = write_summary_file(fifo.str(), sample());
+  EXPECT_NE(err.find("'" + fifo.str() + "': not a regular file (a FIFO)"), std::string::npos) << err;
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.str().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // Reading one as a summary would block until someone writes to it: refused at once.
+  const testing::BoundedRun r = testing::run_bounded([&] {
+    Summary back;
+    std::string why;
+    return read_summary_file(fifo.str(), &back, &why) ? std::string("read") : why;
+  });
+  ASSERT_TRUE(r.finished) << r.describe();
+  EXPECT_NE(r.answer.find("not a regular file (a FIFO)"), std::string::npos) << r.answer;
+
+  testing::ForeignFile theirs(".json");
+  if (!theirs.given()) GTEST_SKIP() << "cannot give a file to uid 65534 (needs root)";
+  err = write_summary_file(theirs.str(), sample());
+  EXPECT_NE(err.find("'" + theirs.str() + "': owned by uid 65534"), std::string::npos) << err;
+  EXPECT_TRUE(theirs.untouched());
 }
 
 TEST(TelemetrySummary, TemporaryFileNameIsNotPredictable) {

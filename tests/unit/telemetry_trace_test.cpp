@@ -14,6 +14,7 @@
 
 #include "telemetry/trace.h"
 #include "telemetry_util.h"
+#include "tests/unit/bounded_child.h"
 
 namespace cudapool {
 namespace {
@@ -506,6 +507,39 @@ TEST(TelemetryTrace, RefusesToWriteThroughASymbolicLink) {
   EXPECT_NE(err.find("refusing to write through a symbolic link"), std::string::npos) << err;
   EXPECT_TRUE(victim.untouched());
   EXPECT_TRUE(testing::is_symlink(path.str()));
+}
+
+// A FIFO at the trace's path would block open(2) until someone reads it: refused at once.
+TEST(TelemetryTrace, RefusesAFifoWithoutBlocking) {
+  TempPath path;
+  ASSERT_EQ(::mkfifo(path.str().c_str(), 0600), 0);
+  const testing::BoundedRun r = testing::run_bounded([&] {
+    std::string err;
+    return TraceWriter::open(path.str(), &err) ? std::string("opened") : err;
+  });
+  ASSERT_TRUE(r.finished) << r.describe();
+  EXPECT_EQ(r.answer, "cannot open trace file '" + path.str() +
+                          "': not a regular file (a FIFO): give the path of a regular file");
+  // Reading a FIFO as a trace would block the same way.
+  const testing::BoundedRun read = testing::run_bounded([&] {
+    std::vector<TraceRow> rows;
+    std::string err;
+    return read_trace_file(path.str(), &rows, &err) ? std::string("read") : err;
+  });
+  ASSERT_TRUE(read.finished) << read.describe();
+  EXPECT_NE(read.answer.find("not a regular file (a FIFO)"), std::string::npos) << read.answer;
+}
+
+// Another user's file at the trace's path (mode 0666, in /tmp) is neither emptied nor written.
+TEST(TelemetryTrace, NeverWritesAnotherUsersFile) {
+  testing::ForeignFile theirs(".csv");
+  if (!theirs.given()) GTEST_SKIP() << "cannot give a file to uid 65534 (needs root)";
+  std::string err;
+  auto w = TraceWriter::open(theirs.str(), &err);
+  EXPECT_FALSE(w);
+  EXPECT_NE(err.find("cannot open trace file '" + theirs.str() + "': owned by uid 65534"), std::string::npos) << err;
+  EXPECT_NE(err.find("remove it or choose another path"), std::string::npos) << err;
+  EXPECT_TRUE(theirs.untouched());
 }
 
 TEST(TelemetryTrace, NewFileIsTheOwnersOnlyAndClosedOnExec) {

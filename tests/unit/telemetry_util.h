@@ -54,6 +54,27 @@ class Victim {
   TempPath path_;
 };
 
+// A file another user left writable by everyone where a writer will look: kText, mode 0666, owned
+// by uid 65534. given() is false where this process may not give a file away (not root).
+class ForeignFile {
+ public:
+  static constexpr const char* kText = "another user's file\n";
+  explicit ForeignFile(const std::string& suffix) : path_(suffix) {
+    std::ofstream(path_.str(), std::ios::binary) << kText;
+    given_ = ::chmod(path_.str().c_str(), 0666) == 0 && ::chown(path_.str().c_str(), 65534, 65534) == 0;
+  }
+  const std::string& str() const { return path_.str(); }
+  bool given() const { return given_; }
+  bool untouched() const {
+    struct stat st {};
+    return read_file(path_.str()) == kText && ::lstat(path_.str().c_str(), &st) == 0 && st.st_uid == 65534;
+  }
+
+ private:
+  TempPath path_;
+  bool given_ = false;
+};
+
 inline bool is_symlink(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
