@@ -96,12 +96,15 @@ std::int64_t sample_activity() noexcept {
 }
 
 std::uint32_t parkable_now(bool on, std::string* why) noexcept {
+  why->clear();
+  // Without group parking nobody asks: the mechanism (which looks at every pool) is not asked
+  // either, four times a second in every process.
+  if (!on) return share::kParkOff;
   try {
     *why = park::why_not_parkable();
   } catch (...) {
     *why = "out of host memory";
   }
-  if (!on) return share::kParkOff;
   return why->empty() ? share::kParkable : share::kParkNotNow;
 }
 

@@ -28,8 +28,8 @@ void publish_parking_of(Member& m) noexcept;
 // The stats record's parking fields (the process as a whole).
 void fill_park_record(const Memberships& devices, share::ProcRecord& r) noexcept;
 
-// Why the process may not be parked now: the ledger's ParkBlock for a member with parking `on`,
-// and the mechanism's reason when there is one.
+// Whether the process may be parked now, as a ParkBlock: kParkOff without group parking (`on`
+// false; the mechanism is not asked), else the mechanism's answer, its reason in *why.
 std::uint32_t parkable_now(bool on, std::string* why) noexcept;
 
 }  // namespace cudapool::shim::group
