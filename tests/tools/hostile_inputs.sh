@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Hostile and careless inputs, tried the way an attacker or a careless user would, against the
+# built programs: the library under the fake driver (no GPU) and the `cudapool` command. Each row
+# of docs/design.md's trust model that can be tried here has a section below that prints
+#   row N: <what was tried> -> <what happened>
+# and the script exits 1 when any row misbehaves (a hang, a crash, another user's file written, a
+# refusal without its message). Every attempt runs under `timeout`. Rows that need a second user
+# give files away with chown, so they need root; elsewhere they print "skipped".
+# Usage: bash tests/tools/hostile_inputs.sh [BUILD_DIR]   (default build/release)
+set -u
+build=${1:-build/release}
+cp=$build/cudapool
+shim=$(readlink -f "$build/libcudapool.so")
+fake_dir=$(readlink -f "$build/tests/fakecuda")
+app=$fake_dir/app_cudart
+traces=tests/traces
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+limit=20  # seconds; every attempt here answers at once, so reaching it means the attempt hung
+other_uid=65534
+bad=0
+
+for f in "$cp" "$shim" "$app" "$fake_dir/libcuda.so.1"; do
+  [ -e "$f" ] || { echo "FAIL: $f not built"; exit 1; }
+done
+
+# In a sanitizer build the instrumented shim needs the sanitizer runtimes loaded before it
+# (CUDAPOOL_SAN_PRELOAD, set by the wrapper); it leaks its pools on purpose (no teardown at exit).
+san_preload=${CUDAPOOL_SAN_PRELOAD:-}
+unset CUDAPOOL_CONF CUDAPOOL_CONFIG CUDAPOOL_PROFILE CUDAPOOL_TRACE CUDAPOOL_STATS CUDAPOOL_ON_ERROR
+# "${under_shim[@]}" [VAR=value…] "$app" SCENARIO: the fake-driver program under the library.
+under_shim=(env LD_PRELOAD="${san_preload:+$san_preload }$shim" LD_LIBRARY_PATH="$fake_dir" CUDAPOOL_LIBRARY=
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1}"
+  UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" TSAN_OPTIONS="${TSAN_OPTIONS:-die_after_fork=0}")
+
+# attempt ROW WHAT WANT_RC PATTERN -- CMD…: runs CMD under timeout; the row holds when CMD exits
+# with WANT_RC and says something matching PATTERN (an extended regex), which is then shown.
+attempt() {
+  local row=$1 what=$2 want=$3 pattern=$4
+  shift 5
+  timeout -k 5 "$limit" "$@" >"$tmp/out" 2>&1
+  local rc=$? said
+  said=$(grep -E -m1 -o -- "$pattern" "$tmp/out")
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "row $row: $what -> HUNG: killed after $limit s"
+    bad=1
+  elif [ "$rc" -ne "$want" ] || [ -z "$said" ]; then
+    echo "row $row: $what -> exit $rc (wanted $want, saying /$pattern/):"
+    sed 's/^/    /' "$tmp/out" | tail -n 8
+    bad=1
+  else
+    echo "row $row: $what -> exit $rc: $said"
+  fi
+}
+
+# plant PATH: a file of another user (uid 65534), writable by everyone, as a careless or hostile
+# user leaves it in a shared directory. False where files cannot be given away (not root).
+plant() {
+  echo "another user's file" >"$1" && chmod 666 "$1" && chown "$other_uid:$other_uid" "$1" 2>/dev/null
+}
+# untouched ROW PATH: the planted file still holds its text and still belongs to its owner.
+untouched() {
+  if [ "$(cat "$2" 2>/dev/null)" = "another user's file" ] && [ "$(stat -c %u "$2")" = "$other_uid" ]; then
+    echo "row $1: ... and $(basename "$2") is untouched, still uid $other_uid's"
+  else
+    echo "row $1: ... and $(basename "$2") was WRITTEN or replaced: $(stat -c 'uid %u, %s bytes' "$2" 2>&1)"
+    bad=1
+  fi
+}
+
+mkdir -m 1777 "$tmp/shared"  # a directory like /tmp: anyone may create files, sticky
+fifo_says="not a regular file \(a FIFO\): give the path of a regular file"
+owner_says="owned by uid $other_uid, not by this process's user \(uid [0-9]+\): remove it or choose another path"
+
+# ---- row 1: a FIFO at a path the library or the tools open ---------------------------------
+# open(2) of a FIFO waits for the other end: without O_NONBLOCK and a check of what was opened,
+# the program would hang for ever. Anyone can create one in a shared directory.
+f=$tmp/shared/f.fifo
+mkfifo "$f"
+attempt 1 "FIFO at trace_file (CUDAPOOL_TRACE)" 78 "trace_file .* is $fifo_says" -- \
+  "${under_shim[@]}" CUDAPOOL_TRACE="$f" "$app" alloc_once
+attempt 1 "FIFO at stats_file (CUDAPOOL_STATS)" 78 "stats_file .* is $fifo_says" -- \
+  "${under_shim[@]}" CUDAPOOL_STATS="$f" "$app" alloc_once
+attempt 1 "FIFO at log_file (the log stays on stderr, the program runs)" 0 "cannot open log file .*: $fifo_says" -- \
+  "${under_shim[@]}" CUDAPOOL_CONF="log_file:$f" "$app" alloc_once
+attempt 1 "FIFO at CUDAPOOL_CONFIG" 78 "CUDAPOOL_CONFIG=.*: $fifo_says" -- \
+  "${under_shim[@]}" CUDAPOOL_CONFIG="$f" "$app" alloc_once
+attempt 1 "FIFO at cudapool check --config" 78 "--config .*: $fifo_says" -- "$cp" check --config "$f"
+attempt 1 "FIFO at cudapool plan -o" 66 "-o .* is $fifo_says" -- "$cp" plan "$traces/train.csv" -o "$f"
+attempt 1 "FIFO at cudapool report --json" 66 "--json .* is $fifo_says" -- "$cp" report "$traces/train.csv" --json "$f"
+attempt 1 "FIFO as the trace cudapool replay reads" 66 "cannot open trace .*: not a regular file.*" -- "$cp" replay "$f"
+attempt 1 "FIFO as a warm-start plan (the pool starts cold)" 0 "warm_start: .*not a regular file" -- \
+  "${under_shim[@]}" CUDAPOOL_CONF="warm_start:$f,log_level:info" "$app" alloc_once
+rm -f "$f"
+
+# ---- row 3: another user's file at trace_file / log_file -------------------------------------
+# Mode 0666 in a shared directory: writing into it would hand the trace or the log (command
+# lines, addresses) to that user. Never written: the trace is refused at start, the log stays on
+# stderr.
+if plant "$tmp/shared/t.csv" && plant "$tmp/shared/log.txt"; then
+  attempt 3 "another user's 0666 file at trace_file" 78 "trace_file .* is $owner_says" -- \
+    "${under_shim[@]}" CUDAPOOL_TRACE="$tmp/shared/t.csv" "$app" alloc_once
+  untouched 3 "$tmp/shared/t.csv"
+  attempt 3 "another user's 0666 file at log_file" 0 "cannot open log file .*: $owner_says" -- \
+    "${under_shim[@]}" CUDAPOOL_CONF="log_file:$tmp/shared/log.txt,log_level:info" "$app" alloc_once
+  untouched 3 "$tmp/shared/log.txt"
+  attempt 3 "another user's 0666 file at cudapool plan -o" 66 "-o .* is $owner_says" -- \
+    "$cp" plan "$traces/train.csv" -o "$tmp/shared/log.txt"
+  untouched 3 "$tmp/shared/log.txt"
+else
+  echo "row 3: skipped: giving a file to uid $other_uid needs root"
+fi
+
+# ---- row 9: another user's file at stats_file -------------------------------------------------
+# The summary is written at exit by a rename over the path: found only then, it would be lost (or,
+# for root, replace the other user's file). The start check refuses it, as any output path that
+# cannot be written: exit 78 before the first allocation, or the program without the pool when
+# CUDAPOOL_ON_ERROR=passthrough.
+if plant "$tmp/shared/s.json"; then
+  attempt 9 "another user's 0666 file at stats_file, sticky directory" 78 "stats_file .* is $owner_says" -- \
+    "${under_shim[@]}" CUDAPOOL_STATS="$tmp/shared/s.json" "$app" alloc_once
+  untouched 9 "$tmp/shared/s.json"
+  attempt 9 "the same with CUDAPOOL_ON_ERROR=passthrough (runs without the pool)" 0 "active=0" -- \
+    "${under_shim[@]}" CUDAPOOL_STATS="$tmp/shared/s.json" CUDAPOOL_ON_ERROR=passthrough "$app" alloc_once
+  untouched 9 "$tmp/shared/s.json"
+else
+  echo "row 9: skipped: giving a file to uid $other_uid needs root"
+fi
+
+if [ "$bad" -eq 0 ]; then echo "PASS hostile inputs"; else echo "FAIL hostile inputs"; fi
+exit "$bad"
