@@ -17,6 +17,7 @@
 #include "shim/group_publisher.h"
 #include "shim/group_responder.h"
 #include "shim/log.h"
+#include "shim/sigbus_guard.h"
 #include "shim/parking.h"
 
 namespace cudapool::shim::group {
@@ -191,6 +192,7 @@ void on_fork_child() noexcept {
   }
   st.publisher = false;
   forget_record_in_child();
+  guards_after_fork();
 }
 
 }  // namespace cudapool::shim::group

@@ -14,11 +14,13 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <utility>
 
 #include "shim/group.h"
 #include "shim/log.h"
+#include "shim/sigbus_guard.h"
 
 namespace cudapool::shim::group {
 
@@ -36,6 +38,33 @@ void futex_wake(std::atomic<std::uint32_t>* word, int n) {
 }
 
 bool seq_after_or_equal(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }
+
+// What to do about a ledger that cannot be used: one someone else could have written, or one of
+// this user's that is not a ledger of this layout.
+constexpr const char* kFixForeign =
+    "remove it (as its owner or root), or give this group another name (group:NAME), or point CUDAPOOL_SHM_DIR at a "
+    "directory of your own";
+constexpr const char* kFixOwn = "stop the group's processes and remove it, or use another group name (group:NAME)";
+
+// The header of the ledger open at `fd`, read with pread (never through a mapping: a file
+// truncated meanwhile reads short), once its creator has published it (up to a second for the
+// magic); "" when it is a ledger of this layout for (uid, gpu, group), else what is wrong.
+std::string checked_header(int fd, unsigned uid, const std::string& gpu, const std::string& group) {
+  const std::string truncated = "was truncated by another process of this user while this process joined";
+  for (int i = 0;; ++i) {
+    std::uint64_t magic = 0;
+    if (::pread(fd, &magic, sizeof magic, offsetof(share::Ledger, magic)) != static_cast<ssize_t>(sizeof magic))
+      return truncated;
+    if (magic != 0 || i >= 1000) break;
+    ::usleep(1000);  // its creator is still setting it up
+  }
+  std::unique_ptr<share::Ledger> h(new (std::nothrow) share::Ledger);
+  if (h == nullptr) return "could not be read (out of memory)";
+  if (::pread(fd, static_cast<void*>(h.get()), sizeof(share::Ledger), 0) != static_cast<ssize_t>(sizeof(share::Ledger)))
+    return truncated;
+  if (std::string why = share::validate_ledger(*h, uid, gpu, group); !why.empty()) return "is not usable: " + why;
+  return {};
+}
 
 std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
 
@@ -61,7 +90,13 @@ bool Member::acquire(std::size_t bytes) noexcept {
     refuse_closed(bytes);
     return false;
   }
-  if (broken_.load(std::memory_order_relaxed)) return true;  // left the group: own caps only
+  bool ok = true;  // left the group (now or before): own caps only
+  touch([&] { ok = acquire_locked(bytes); });
+  return ok;
+}
+
+// Under the guard.
+bool Member::acquire_locked(std::size_t bytes) noexcept {
   if (!lock()) return true;
   share::LedgerSlot& me = l_->slot[slot_];
   charge_unexplained();
@@ -87,14 +122,15 @@ bool Member::acquire(std::size_t bytes) noexcept {
 }
 
 void Member::release(std::size_t bytes) noexcept {
-  if (closed() || broken_.load(std::memory_order_relaxed)) return;
-  if (!lock()) return;
-  share::LedgerSlot& me = l_->slot[slot_];
-  const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
-  const std::uint64_t n = std::min<std::uint64_t>(bytes, held);
-  me.reserved.store(held - n, std::memory_order_relaxed);
-  sub_total(n);
-  unlock();
+  touch([&] {
+    if (!lock()) return;
+    share::LedgerSlot& me = l_->slot[slot_];
+    const std::uint64_t held = me.reserved.load(std::memory_order_relaxed);
+    const std::uint64_t n = std::min<std::uint64_t>(bytes, held);
+    me.reserved.store(held - n, std::memory_order_relaxed);
+    sub_total(n);
+    unlock();
+  });
 }
 
 // One round: asks every other live member to give back idle cached memory, then waits for a
@@ -109,7 +145,14 @@ void Member::release(std::size_t bytes) noexcept {
 // costs no extra round (a member never gives more than it has idle).
 bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) noexcept {
   if (closed() || broken_.load(std::memory_order_relaxed) || wait_ms_ == 0) return false;
-  if (share::monotonic_ns() >= deadline || !whole()) return false;
+  if (share::monotonic_ns() >= deadline) return false;
+  bool again = false;
+  touch([&] { again = ask_round(deadline, round, request); });
+  return again;
+}
+
+// Under the guard.
+bool Member::ask_round(std::int64_t deadline, int round, std::size_t request) noexcept {
   const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
   std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
   int nc = 0;
@@ -151,10 +194,12 @@ bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) 
   std::int64_t logged = last_log_.load(std::memory_order_relaxed);
   if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
       last_log_.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
+    // The figures are loaded before any text is made: a fault jumps out of no live string.
+    const std::uint64_t now_total = l_->total.load(), now_budget = l_->budget;
     log_info(
         "group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
         "other member(s) for idle cached memory",
-        group_, device_, mib(l_->total.load()), mib(l_->budget), n);
+        group_, device_, mib(now_total), mib(now_budget), n);
   }
   std::int64_t answered_at = 0;
   for (;;) {
@@ -180,35 +225,60 @@ bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) 
 // The helper thread: waits for a release request up to `timeout_ns`; returns the request to
 // answer, or `last` when none came.
 std::uint32_t Member::wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept {
-  if (!whole()) return last;
-  share::LedgerSlot& me = l_->slot[slot_];
-  futex_wait(&me.release_req, last, timeout_ns);  // a truncated page: EFAULT, no signal
-  if (!whole()) return last;
-  return me.release_req.load(std::memory_order_acquire);
+  std::uint32_t req = last;
+  touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    futex_wait(&me.release_req, last, timeout_ns);  // a truncated page: EFAULT, no signal
+    req = me.release_req.load(std::memory_order_acquire);
+  });
+  return req;
 }
 
 void Member::answered(std::uint32_t req, std::size_t freed) noexcept {
-  if (!whole()) return;
-  share::LedgerSlot& me = l_->slot[slot_];
-  if (freed != 0) {
-    me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
-    l_->released.fetch_add(1, std::memory_order_acq_rel);
-  }
-  me.release_ack.store(req, std::memory_order_release);
-  futex_wake(&l_->released, INT_MAX);
+  touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    if (freed != 0) {
+      me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
+      l_->released.fetch_add(1, std::memory_order_acq_rel);
+    }
+    me.release_ack.store(req, std::memory_order_release);
+    futex_wake(&l_->released, INT_MAX);
+  });
+}
+
+std::uint32_t Member::acked() noexcept {
+  std::uint32_t a = 0;
+  touch([&] { a = l_->slot[slot_].release_ack.load(std::memory_order_acquire); });
+  return a;
 }
 
 // The bytes the askers want back since the last call (0: asked by a member that names none).
 std::uint64_t Member::take_want() noexcept {
-  return whole() ? l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel) : 0;
+  std::uint64_t want = 0;
+  touch([&] { want = l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel); });
+  return want;
 }
 
 void Member::publish(std::uint64_t cached, std::uint64_t allocated) noexcept {
-  if (!whole()) return;
-  share::LedgerSlot& me = l_->slot[slot_];
-  me.cached.store(cached, std::memory_order_relaxed);
-  me.allocated.store(allocated, std::memory_order_relaxed);
-  me.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_release);
+  touch([&] {
+    share::LedgerSlot& me = l_->slot[slot_];
+    me.cached.store(cached, std::memory_order_relaxed);
+    me.allocated.store(allocated, std::memory_order_relaxed);
+    me.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_release);
+  });
+}
+
+std::uint64_t Member::own_outside() noexcept {
+  std::uint64_t n = 0;
+  touch([&] { n = l_->slot[slot_].outside.load(std::memory_order_relaxed); });
+  return n;
+}
+
+std::uint64_t Member::budget() noexcept {
+  if (closed()) return closed_budget_;
+  std::uint64_t b = 0;
+  touch([&] { b = l_->budget; });
+  return b;
 }
 
 std::int64_t Member::outside_setting(const Policy& p) noexcept {
@@ -216,7 +286,10 @@ std::int64_t Member::outside_setting(const Policy& p) noexcept {
 }
 
 std::uint64_t Member::total() noexcept {
-  return closed() ? closed_budget_ : whole() ? l_->total.load(std::memory_order_relaxed) : 0;
+  if (closed()) return closed_budget_;
+  std::uint64_t t = 0;
+  touch([&] { t = l_->total.load(std::memory_order_relaxed); });
+  return t;
 }
 
 // The ledger's file still covers the mapping; else (truncated under us) the member leaves the
@@ -224,12 +297,18 @@ std::uint64_t Member::total() noexcept {
 bool Member::whole() noexcept {
   if (closed() || broken_.load(std::memory_order_relaxed)) return false;
   if (share::still_whole(map_)) return true;
+  lost();
+  return false;
+}
+
+// The ledger was truncated under the member (seen by its size, or by a fault the guard caught):
+// it leaves the group, once, with a warning. The mapping is kept as it is (sigbus_guard.h).
+void Member::lost() noexcept {
   if (!broken_.exchange(true, std::memory_order_relaxed))
     log_warn(
         "group {}: the ledger {} was truncated by another process of this user (or removed and replaced); this "
         "process leaves the group and keeps only its own caps. Stop the group's processes and remove the file",
         group_, path_);
-  return false;
 }
 
 // The device's used memory as the driver reports it (every process on it); false when it
@@ -268,27 +347,48 @@ void Member::refuse_closed(std::size_t bytes) noexcept {
              closed_why_);
 }
 
-bool Member::lock() noexcept {
-  if (!whole()) return false;
-  timespec abs{};
-  clock_gettime(CLOCK_REALTIME, &abs);
-  abs.tv_sec += 2;
-  const int r = pthread_mutex_timedlock(&l_->mu, &abs);
-  if (r == 0) return true;
-  if (r == EOWNERDEAD) {
-    // The owner died inside a critical section: the slots are the truth.
-    recount_if_wrong();
-    pthread_mutex_consistent(&l_->mu);
-    log_warn("group {}: a member died holding the ledger's lock ({}); its figures were recounted", group_, path_);
-    return true;
+// Under the guard: 0 when the lock is held, else why it could not be had (ETIMEDOUT: held for
+// more than 2 s). The lock is taken by polling pthread_mutex_trylock, never by a wait in the
+// kernel: glibc ends the process when a futex wait fails with EFAULT, which a truncation of the
+// file during the wait causes, where a poll's access only faults (and the guard catches that).
+// Critical sections are a few loads and stores, so the pauses (20 us, doubling up to 1 ms) are
+// rarely taken.
+int Member::lock_result() noexcept {
+  const std::int64_t deadline = share::monotonic_ns() + 2'000'000'000;
+  long pause_ns = 20'000;
+  for (;;) {
+    const int r = pthread_mutex_trylock(&l_->mu);
+    if (r == EOWNERDEAD) {
+      // The owner died inside a critical section: the slots are the truth.
+      recount_if_wrong();
+      pthread_mutex_consistent(&l_->mu);
+      log_warn("group {}: a member died holding the ledger's lock ({}); its figures were recounted", group_, path_);
+      return 0;
+    }
+    if (r != EBUSY) return r;
+    if (share::monotonic_ns() >= deadline) return ETIMEDOUT;
+    timespec pause{0, pause_ns};
+    ::nanosleep(&pause, nullptr);
+    pause_ns = std::min(pause_ns * 2, 1'000'000L);
   }
+}
+
+// Under the guard.
+bool Member::lock() noexcept {
+  const int r = lock_result();
+  if (r == 0) return true;
+  lock_failed(r);
+  return false;
+}
+
+// The lock could not be had (`r`): the member leaves the group with a warning.
+void Member::lock_failed(int r) noexcept {
   broken_.store(true, std::memory_order_relaxed);
   log_warn(
       "group {}: the ledger {} could not be locked ({}); this process leaves the group and keeps only its "
       "own caps. If a member is stopped (SIGSTOP, a debugger), resume or kill it; if no member runs, "
       "remove the file",
       group_, path_, r == ETIMEDOUT ? std::string("held for more than 2 s") : std::string(std::strerror(r)));
-  return false;
 }
 
 // Under the lock.
@@ -370,56 +470,32 @@ void Member::shares(BudgetShares* out) noexcept {
   }
 }
 
-Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
-  const unsigned uid = ::geteuid();
-  auto refuse = [&](const std::string& why) -> Member* {
-    log_warn(
-        "group {}: the ledger {} {}; this process keeps only its own caps (max_reserved_mb, "
-        "per_process_memory_fraction). Fix: stop the group's processes and remove the file, or use "
-        "another group name",
-        name, path, why);
-    return nullptr;
-  };
-  if (std::string why = share::check_dir(share::shm_dir()); !why.empty())
-    return refuse("cannot be used: its directory " + share::shm_dir() + " " + why);
-  share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
-  if (!m && m.foreign) {
-    struct stat st {};
-    const std::string owner = ::lstat(path.c_str(), &st) == 0 ? std::to_string(st.st_uid) : std::string("?");
-    const std::string why = m.error + " (owner uid " + owner +
-                            "): another user could have written it, so its budget "
-                            "cannot be trusted. Fix: remove the file (as its owner or root), or give this group "
-                            "another name (group:NAME), or point CUDAPOOL_SHM_DIR at a directory of your own";
+// The ledger at `path` cannot be used: a closed member, with a warning that says what is wrong
+// (`what`), what is at `described` (the file or its directory: owner, type, mode) and the fix.
+Member* Member::refused(const std::string& path, const std::string& name, int device, std::uint64_t budget,
+                        const std::string& what, const std::string& described, const std::string& fix) noexcept {
+  try {
+    std::string why = what;
+    if (!described.empty()) why += " [" + described + ": " + share::describe_file(described) + "]";
+    why += "; without it the group's budget cannot be kept. Fix: " + fix;
     log_warn("group {}: allocations on device {} will be refused: the group ledger {} {}", name, device, path, why);
-    return closed(path, name, device, budget, why);
+    return closed(path, name, device, budget, std::move(why));
+  } catch (...) {
+    return closed(path, name, device, budget, "cannot be used");
   }
-  if (!m) return refuse(m.error);
-  auto* l = static_cast<share::Ledger*>(m.addr);
-  if (m.created) {
-    if (!share::init_ledger(*l, uid, gpu, name, budget)) {
-      share::unmap(m);
-      ::unlink(path.c_str());
-      return refuse("could not be set up (robust process-shared mutexes unavailable)");
-    }
-  } else {
-    // Its creator may still be initialising it: a moment for the magic to appear (each look
-    // checks the size first: the file can be truncated meanwhile, see group_ledger.h).
-    for (int i = 0; i < 1000 && share::still_whole(m) && l->magic.load(std::memory_order_acquire) == 0; ++i)
-      ::usleep(1000);
+}
+
+// Under the guard: takes the lock and a free slot, and charges what the process has outside
+// the pool. Nothing is logged here but what the lock's recovery and the reclaim say.
+void Member::take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) noexcept {
+  if (!share::still_whole(map_)) {
+    j->truncated = true;
+    return;
   }
-  if (!share::still_whole(m)) {
-    share::unmap(m);
-    return refuse("was truncated by another process while this one joined");
-  }
-  if (std::string why = share::validate_ledger(*l, uid, gpu, name); !why.empty()) {
-    share::unmap(m);
-    return refuse("is not usable: " + why);
-  }
-  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
-  if (mem == nullptr) return nullptr;
-  if (!mem->lock()) return nullptr;  // warned; the member is leaked with its mapping (rare)
-  mem->reclaim_dead();
+  j->lock_error = lock_result();
+  if (j->lock_error != 0) return;
+  share::Ledger* l = l_;
+  reclaim_dead();
   const int pid = static_cast<int>(::getpid());
   const std::uint64_t start = share::process_start_time(pid);
   const std::uint64_t ns = share::pid_namespace();
@@ -430,19 +506,15 @@ Member* Member::join(const std::string& path, const std::string& name, const std
     if (!free) ++live;
   }
   if (slot < 0) {
-    mem->unlock();
-    return refuse("has no free slot (" + std::to_string(share::kLedgerSlots) + " live members)");
+    unlock();
+    j->no_slot = true;
+    return;
   }
   // Nobody else is in the group: the ledger outlived its members, and this policy sets the budget.
   if (live == 0 && l->budget != budget) {
     l->budget = budget;
     l->total.store(0, std::memory_order_relaxed);
   }
-  if (l->budget != budget)
-    log_warn(
-        "group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
-        "the group's holds",
-        name, mib(l->budget), mib(budget));
   share::LedgerSlot& s = l->slot[slot];
   s.pid.store(pid, std::memory_order_relaxed);
   s.start_time.store(start, std::memory_order_relaxed);
@@ -456,7 +528,7 @@ Member* Member::join(const std::string& path, const std::string& name, const std
   s.release_ack.store(s.release_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
   s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
   s.state.store(share::kSlotLive, std::memory_order_release);
-  mem->slot_ = slot;
+  slot_ = slot;
   // Memory the pool cannot give back (the context, libraries loaded with it) is charged now, so
   // that a process that cannot fit is refused at its first allocation, not after it grew.
   if (outside >= 0) {
@@ -464,19 +536,92 @@ Member* Member::join(const std::string& path, const std::string& name, const std
     l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
                    std::memory_order_relaxed);
   } else {
-    mem->charge_unexplained();
+    charge_unexplained();
   }
-  const std::uint64_t own = s.outside.load(std::memory_order_relaxed), total = l->total.load(std::memory_order_relaxed);
-  mem->unlock();
+  j->slot = slot;
+  j->others = live;
+  j->budget = l->budget;
+  j->own_outside = s.outside.load(std::memory_order_relaxed);
+  j->total = l->total.load(std::memory_order_relaxed);
+  unlock();
+}
+
+Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
+                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
+  const unsigned uid = ::geteuid();
+  // Every way the ledger can fail to be opened or checked fails closed: running on without the
+  // budget would let the group exceed it.
+  const std::string dir = share::shm_dir();
+  if (std::string why = share::check_dir(dir); !why.empty())
+    return refused(path, name, device, budget, "cannot be kept: its directory " + dir + " " + why, dir,
+                   "point CUDAPOOL_SHM_DIR at a directory of your own (mode 0700)");
+  share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
+  if (!m) return refused(path, name, device, budget, m.error, path, m.foreign ? kFixForeign : kFixOwn);
+  auto* l = static_cast<share::Ledger*>(m.addr);
+  if (m.created) {
+    bool set_up = false;
+    const bool whole = guarded(m.addr, m.size, [&] { set_up = share::init_ledger(*l, uid, gpu, name, budget); });
+    if (!whole) {
+      ::close(m.fd);  // the mapping stays (sigbus_guard.h)
+      return refused(path, name, device, budget,
+                     "was truncated by another process of this user while this process set it up", path, kFixOwn);
+    }
+    if (!set_up) {
+      share::unmap(m);
+      ::unlink(path.c_str());
+      return refused(path, name, device, budget,
+                     "could not be set up (this system has no robust process-shared mutexes)", "",
+                     "remove `group` from the policy: the group budget cannot work here");
+    }
+  } else if (std::string why = checked_header(m.fd, uid, gpu, name); !why.empty()) {
+    share::unmap(m);  // never touched through the mapping
+    return refused(path, name, device, budget, why, path, kFixOwn);
+  }
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
+  if (mem == nullptr) {
+    share::unmap(m);
+    return nullptr;
+  }
+  Joined j;
+  const bool whole = guarded(m.addr, m.size, [&] { mem->take_slot(budget, outside, &j); });
+  if (!whole || j.truncated) {
+    // The mapping stays as it is (a fault may have left the ledger's lock in this thread's robust
+    // list: sigbus_guard.h); the member that never joined is dropped.
+    delete mem;
+    if (whole) {
+      share::unmap(m);
+    } else {
+      ::close(m.fd);
+    }
+    return refused(path, name, device, budget,
+                   "was truncated by another process of this user while this process joined", path, kFixOwn);
+  }
+  if (j.lock_error != 0) {
+    mem->lock_failed(j.lock_error);
+    return nullptr;  // the member is leaked with its mapping (rare)
+  }
+  if (j.no_slot) {
+    delete mem;
+    share::unmap(m);
+    return refused(path, name, device, budget,
+                   "has no free slot (" + std::to_string(share::kLedgerSlots) + " live members)", "",
+                   "at most " + std::to_string(share::kLedgerSlots) +
+                       " processes share a group: give some of them another group name (group:NAME)");
+  }
   log_info("group {}: joined {} as slot {} (budget {}, {} other member(s); {} outside the pool charged)", name, path,
-           slot, mib(l->budget), live, mib(own));
-  if (total > l->budget)
+           j.slot, mib(j.budget), j.others, mib(j.own_outside));
+  if (j.budget != budget)
+    log_warn(
+        "group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
+        "the group's holds",
+        name, mib(j.budget), mib(budget));
+  if (j.total > j.budget)
     log_warn(
         "group {}: this process's memory outside the pool (its CUDA context and libraries: {}) brings the group to "
         "{} of its {} budget: its allocations are refused until other members give memory back. Raise "
         "group_budget_mb, run fewer processes in the group, or set group_budget_counts:pool to bound the pools "
         "only",
-        name, mib(own), mib(total), mib(l->budget));
+        name, mib(j.own_outside), mib(j.total), mib(j.budget));
   return mem;
 }
 

@@ -8,14 +8,21 @@
 // liveness check of the other members). A member that dies holding it hands the next locker
 // EOWNERDEAD: the total is recounted from the slots, which are only written under the lock.
 // A lock that cannot be had within 2 s (a member stopped while holding it) makes this process
-// leave the group and keep its own caps: nothing wedges the group for good.
+// leave the group and keep its own caps: nothing wedges the group for good. It is taken by
+// polling (trylock and short pauses), never by a wait in the kernel (see lock_result).
 // The ledger is a file another process of the user can truncate at any time; a mapped page past
-// its end raises SIGBUS. Every path that touches the mapping first checks the file's size
-// (share::still_whole, one fstat): a truncated ledger makes the member leave the group with a
-// warning. A ledger someone else could have written (another user's, a symbolic link, a mode
-// other than 0600) is never used: the member is closed, and every allocation its budget would
-// gate is refused with an error naming the file, its owner and the fix (fail closed: running
-// without the budget would let the group exceed it).
+// its end raises SIGBUS. Joining reads the header with pread from the descriptor (never through
+// the mapping) until it validated; after that every path that touches the mapping first checks
+// the file's size (share::still_whole, one fstat) and runs under a SIGBUS guard
+// (shim/sigbus_guard.h), so a truncation between the check and the access cuts the access short
+// instead of killing the process. A ledger truncated during the join fails closed (below); one
+// truncated later makes the member leave the group with a warning.
+// A ledger that cannot be opened or checked — another user's, a symbolic link, a directory or any
+// other non-regular file, a mode other than 0600, one this process may not open, a file that is
+// not a ledger of this layout, one truncated while this process joined — is never used and never
+// run without: the member is closed, and every allocation its budget would gate is refused with an
+// error naming the file, its owner, its type and mode, and the fix (fail closed: running without
+// the budget would let the group exceed it).
 // Lock order: pool lock -> ledger mutex (the upstream calls the gate under the pool lock). No
 // one waits for another process while holding either: the cooperative wait runs in the hook,
 // after the pool returned.
@@ -29,6 +36,7 @@
 #include "shim/cuda_upstream.h"
 #include "shim/driver.h"
 #include "shim/group_ledger_layout.h"
+#include "shim/sigbus_guard.h"
 
 namespace cudapool::shim::group {
 
@@ -44,8 +52,10 @@ class Member final : public ReserveGate {
   static constexpr std::int64_t kPoolOnly = -2;  // nothing: the budget counts the pools only
   static std::int64_t outside_setting(const Policy& p) noexcept;
 
-  // Joins the ledger at `path` (creating it) as a new slot. nullptr (after a warning) when it
-  // cannot; a closed member (below) when the ledger cannot be trusted.
+  // Joins the ledger at `path` (creating it) as a new slot. A closed member (below, after a
+  // warning) when the ledger cannot be opened, checked or trusted, or has no free slot; nullptr
+  // (after a warning) only when its lock is held past the timeout (a stopped member) or memory
+  // runs out.
   static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
                       std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept;
   // A member that refuses everything: the ledger at `path` cannot be trusted (`why`).
@@ -65,15 +75,15 @@ class Member final : public ReserveGate {
   std::uint32_t wait_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;
   // Request `req` was answered, `freed` bytes given back.
   void answered(std::uint32_t req, std::size_t freed) noexcept;
-  std::uint32_t acked() noexcept { return whole() ? l_->slot[slot_].release_ack.load(std::memory_order_acquire) : 0; }
+  std::uint32_t acked() noexcept;
   // The bytes the askers want back since the last call (0: asked by a member that names none).
   std::uint64_t take_want() noexcept;
 
   // The member's idle and live bytes, for the others' choice of whom to ask (every ~250 ms).
   void publish(std::uint64_t cached, std::uint64_t allocated) noexcept;
-  std::uint64_t own_outside() noexcept { return whole() ? l_->slot[slot_].outside.load(std::memory_order_relaxed) : 0; }
+  std::uint64_t own_outside() noexcept;
   // A closed member reports its budget as all taken (nothing can be had under it).
-  std::uint64_t budget() noexcept { return closed() ? closed_budget_ : whole() ? l_->budget : 0; }
+  std::uint64_t budget() noexcept;
   std::uint64_t total() noexcept;
   // Who holds the budget now (group::budget_shares): read without the lock.
   void shares(BudgetShares* out) noexcept;
@@ -132,11 +142,39 @@ class Member final : public ReserveGate {
         group_(std::move(name)),
         wait_ms_(wait_ms) {}
 
+  // What joining found under the ledger's lock (join logs it once the mapping is left).
+  struct Joined {
+    bool truncated = false;  // the file was cut short during the join
+    int lock_error = 0;      // the lock could not be had (ETIMEDOUT: held past the timeout)
+    bool no_slot = false;
+    int slot = -1, others = 0;
+    std::uint64_t budget = 0, own_outside = 0, total = 0;
+  };
+  static Member* refused(const std::string& path, const std::string& name, int device, std::uint64_t budget,
+                         const std::string& what, const std::string& described, const std::string& fix) noexcept;
+  void take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) noexcept;
+
+  // Runs fn on the mapping when the file still covers it, under the SIGBUS guard; false (the
+  // member has left the group) when it does not or was truncated during fn. Every access to the
+  // mapping after the join goes through here; fn holds nothing a jump would leave behind
+  // (shim/sigbus_guard.h) and calls no other touch.
+  template <typename Fn>
+  bool touch(Fn&& fn) noexcept {
+    if (!whole()) return false;
+    if (guarded(map_.addr, map_.size, fn)) return true;
+    lost();
+    return false;
+  }
   bool whole() noexcept;
+  void lost() noexcept;
+  bool ask_round(std::int64_t deadline, int round, std::size_t request) noexcept;
+  bool acquire_locked(std::size_t bytes) noexcept;
   bool device_used(std::uint64_t* used) const noexcept;
   void charge_unexplained() noexcept;
   void refuse_closed(std::size_t bytes) noexcept;
+  int lock_result() noexcept;  // 0, or why the lock could not be had
   bool lock() noexcept;
+  void lock_failed(int r) noexcept;
   void unlock() noexcept { pthread_mutex_unlock(&l_->mu); }
   void recount_if_wrong() noexcept;
   void sub_total(std::uint64_t n) noexcept;

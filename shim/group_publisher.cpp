@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -25,8 +26,12 @@ constexpr std::int64_t kPublishNs = 250'000'000;  // stats record and slot figur
 // written with pwrite from `image`, never mapped: another process of the user may truncate it at
 // any moment, and a store to a truncated mapping raises SIGBUS, where a write only extends the
 // file again. Readers copy it with pread under the seqlock (share::read_records).
+// The record is created under `mu` only while the process is not exiting (g_exiting): exit removes
+// the record, or makes sure none is created after it looked. A process that ends while its
+// publisher thread is creating the file (a short-lived program, a forked child that logs its
+// summary at exit) would otherwise leave an empty or unfinished record behind.
 struct Record {
-  std::mutex mu;
+  std::timed_mutex mu;
   share::Mapping file;  // the open descriptor and the record's size; nothing mapped
   share::ProcRecord image{};
   std::string path;
@@ -37,6 +42,8 @@ struct Record {
 // exits). An atomic pointer rather than a function-local static: a fork while the publisher
 // thread was initialising one would leave the child's fork handler waiting on its guard.
 std::atomic<Record*> g_record{nullptr};
+// Set by remove_record at exit (sequentially consistent with g_record: see publish).
+std::atomic<bool> g_exiting{false};
 
 std::string own_command() {
   std::string out;
@@ -77,16 +84,26 @@ bool write_first(int fd, share::ProcRecord& r) {
   return write_all_at(fd, &r.magic, sizeof r.magic, offsetof(share::ProcRecord, magic));
 }
 
-bool open_record(Record& rec, const std::string& group) {
-  const int pid = static_cast<int>(::getpid());
-  const std::string path = share::record_path(::geteuid(), pid);
+// Before the record is created (outside `mu`): the directory is usable, and the records of this
+// user's processes that are gone go (a record left by a dead process that had this pid; those of
+// processes killed, ended by _exit, or that died creating theirs). false: no record.
+bool prepare_record() {
   if (std::string why = share::check_dir(share::shm_dir()); !why.empty()) {
     log_warn("publish_stats: {} {}; `cudapool top` will not list this process", share::shm_dir(), why);
     return false;
   }
-  ::unlink(path.c_str());  // a record left by a dead process that had this pid
-  // Records of this user's processes that are gone (killed, or ended by _exit) go too.
-  share::read_records(::geteuid(), true, nullptr);
+  ::unlink(share::record_path(::geteuid(), static_cast<int>(::getpid())).c_str());
+  int removed = 0;
+  share::read_records(::geteuid(), true, nullptr, &removed);
+  if (removed > 0)
+    log_info("publish_stats: removed {} stale stats record(s) of this user's processes that are gone", removed);
+  return true;
+}
+
+// Under `mu`, not exiting.
+bool open_record(Record& rec, const std::string& group) {
+  const int pid = static_cast<int>(::getpid());
+  const std::string path = share::record_path(::geteuid(), pid);
   share::ProcRecord& r = rec.image;
   r.version = share::kRecordVersion;
   r.size = sizeof(share::ProcRecord);
@@ -184,11 +201,15 @@ bool write_record(ProcessPools& pools, const Memberships& devices, Record& rec) 
 void publish(ProcessPools& pools, const Memberships& devices, bool publish_stats, const std::string& group) {
   auto* made = new (std::nothrow) Record;
   if (made == nullptr) return;
-  g_record.store(made, std::memory_order_release);
+  g_record.store(made);  // sequentially consistent: see below
   Record& rec = *made;
   bool writing = false;
-  if (publish_stats) {
-    std::lock_guard<std::mutex> lock(rec.mu);
+  if (publish_stats && prepare_record()) {
+    std::lock_guard<std::timed_mutex> lock(rec.mu);
+    // remove_record sets g_exiting before it reads g_record; this thread stored g_record before
+    // it reads g_exiting (both sequentially consistent). So either exit finds the record and
+    // waits for `mu`, or this thread sees it exiting and creates nothing.
+    if (g_exiting.load()) return;
     writing = open_record(rec, group);
   }
   for (;;) {
@@ -208,10 +229,17 @@ void publish(ProcessPools& pools, const Memberships& devices, bool publish_stats
 }
 
 void remove_record() noexcept {
-  Record* rec = g_record.load(std::memory_order_acquire);
-  if (rec == nullptr) return;
-  std::unique_lock<std::mutex> lock(rec->mu, std::try_to_lock);
-  if (!lock.owns_lock()) return;
+  g_exiting.store(true);
+  Record* rec = g_record.load();
+  if (rec == nullptr) return;  // no publisher yet: it will see g_exiting and create nothing
+  // The publisher holds `mu` only while it creates the record (a few system calls); a creation
+  // stuck longer leaves its file to the sweeps of `cudapool top` and the next process.
+  std::unique_lock<std::timed_mutex> lock(rec->mu, std::defer_lock);
+  try {
+    if (!lock.try_lock_for(std::chrono::milliseconds(100))) return;
+  } catch (...) {
+    return;
+  }
   if (!rec->path.empty() && rec->pid == static_cast<int>(::getpid())) ::unlink(rec->path.c_str());
 }
 
@@ -219,6 +247,7 @@ void forget_record_in_child() noexcept {
   // The parent's record object is left as it was (its mutex may have been held at fork); a
   // publisher the child starts makes its own.
   g_record.store(nullptr, std::memory_order_relaxed);
+  g_exiting.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace cudapool::shim::group

@@ -101,33 +101,107 @@ std::string describe_mode(mode_t m) {
   return buf;
 }
 
+const char* type_name(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "a file of unknown type";
+}
+
 }  // namespace
+
+std::string user_name(unsigned uid) {
+  // /etc/passwd alone, read as data: no name service (it may load modules or ask the network, and
+  // this runs inside other programs), nothing but a regular file, a bounded read.
+  const int fd = ::open("/etc/passwd", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return {};
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size <= (4 << 20)) {
+    text.resize(static_cast<std::size_t>(st.st_size));
+    const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+    text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  }
+  ::close(fd);
+  const std::string want = std::to_string(uid);
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    // name:password:uid:...
+    const std::size_t c1 = line.find(':'), c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    const std::size_t c3 = c2 == std::string_view::npos ? c2 : line.find(':', c2 + 1);
+    if (c3 == std::string_view::npos || line.substr(c2 + 1, c3 - c2 - 1) != want || c1 == 0 || c1 > 64) continue;
+    const std::string_view name = line.substr(0, c1);
+    bool plain = true;
+    for (const char ch : name) plain = plain && ch > ' ' && ch < 0x7f;
+    if (plain) return std::string(name);
+  }
+  return {};
+}
+
+std::string describe_file(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0)
+    return errno == ENOENT ? "gone" : std::string("cannot be examined: ") + std::strerror(errno);
+  const auto uid = static_cast<unsigned>(st.st_uid);
+  const std::string name = user_name(uid);
+  return "owner uid " + std::to_string(uid) + (name.empty() ? std::string() : " (" + name + ")") + ", " +
+         type_name(st.st_mode) + ", mode " + describe_mode(st.st_mode);
+}
 
 Mapping open_file(const std::string& path, std::size_t size, bool create, int wait_ms, long owner) {
   Mapping m;
   const auto uid = static_cast<uid_t>(owner == kEffectiveUid ? static_cast<long>(::geteuid()) : owner);
   int fd = -1;
-  if (create) {
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      // The umask may have taken bits away; the file is ours alone whatever it says.
-      if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-        m.error = std::string("cannot set up: ") + std::strerror(errno);
-        ::close(fd);
-        ::unlink(path.c_str());
+  // A file removed between a failed O_EXCL and the open that follows is created again (twice at
+  // most: a third disappearance is someone's doing).
+  for (int attempt = 0; fd < 0; ++attempt) {
+    const bool again = create && attempt < 2;
+    if (create) {
+      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+      if (fd >= 0) {
+        // The umask may have taken bits away; the file is ours alone whatever it says.
+        if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+          m.error = std::string("cannot set up: ") + std::strerror(errno);
+          ::close(fd);
+          ::unlink(path.c_str());
+          return m;
+        }
+        m.created = true;
+        break;
+      }
+      if (errno != EEXIST) {
+        m.foreign = errno == ELOOP;
+        m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be created: ") + std::strerror(errno);
         return m;
       }
-      m.created = true;
-    } else if (errno != EEXIST) {
-      m.foreign = errno == ELOOP;
-      m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be created: ") + std::strerror(errno);
+    }
+    // Something is there. Nothing but a regular file is ever opened: a FIFO or a device at the
+    // name could block the open or act on it (the descriptor is checked again below).
+    struct stat lst {};
+    if (::lstat(path.c_str(), &lst) != 0) {
+      if (errno == ENOENT && again) continue;
+      m.error = std::string("cannot be examined: ") + std::strerror(errno);
       return m;
     }
-  }
-  if (fd < 0) {
-    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (!S_ISREG(lst.st_mode)) {
+      m.foreign = true;
+      m.error = S_ISLNK(lst.st_mode) ? std::string("is a symbolic link")
+                                     : std::string("is not a regular file (") + type_name(lst.st_mode) + ")";
+      return m;
+    }
+    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-      m.foreign = errno == ELOOP;
+      if (errno == ENOENT && again) continue;
+      // Not ours to open (another owner, another mode) or replaced by a link meanwhile: someone
+      // else could have written it.
+      m.foreign = errno == ELOOP || lst.st_uid != uid || (lst.st_mode & 07777) != 0600;
       m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be opened: ") + std::strerror(errno);
       return m;
     }
@@ -140,7 +214,7 @@ Mapping open_file(const std::string& path, std::size_t size, bool create, int wa
       return m;
     }
     if (!S_ISREG(st.st_mode))
-      m.error = "is not a regular file";
+      m.error = std::string("is not a regular file (") + type_name(st.st_mode) + ")";
     else if (st.st_uid != uid)
       m.error = "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " + std::to_string(uid) + ")";
     else if ((st.st_mode & 07777) != 0600)
@@ -241,7 +315,8 @@ bool parse_record(const void* data, std::size_t bytes, int pid, ProcRecord* out,
   return false;
 }
 
-std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings) {
+std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings,
+                                   int* removed) {
   std::vector<ProcInfo> out;
   const std::string dir = shm_dir(), prefix = record_prefix(uid);
   DIR* d = ::opendir(dir.c_str());
@@ -250,6 +325,9 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     return out;
   }
   const std::uint64_t own_ns = pid_namespace();
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  int swept = 0;
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.rfind(prefix, 0) != 0) continue;
@@ -257,10 +335,30 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     if (rest.empty() || rest.size() > 9 || rest.find_first_not_of("0123456789") != std::string::npos) continue;
     const int pid = std::atoi(rest.c_str());
     const std::string path = dir + "/" + name;
+    // What is there, looked at without opening it. Only a regular file of this user is ever
+    // removed (another user may put anything at one of our names in a sticky directory). Its
+    // age is its last write: a record's creator sizes it and writes it within microseconds of
+    // creating it, and a live owner rewrites it every 250 ms.
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile
+    const bool own = S_ISREG(st.st_mode) && st.st_uid == uid;
+    const bool old = own && now.tv_sec - st.st_mtim.tv_sec > kStaleRecordS;
+    auto sweep = [&] {
+      if (::unlink(path.c_str()) == 0) ++swept;
+    };
+    if (own && st.st_size == 0) {
+      // Created and never sized: its creator ended (or was killed) in between. A young one may
+      // be being created right now.
+      if (remove_dead && old) sweep();
+      continue;
+    }
     Mapping m = open_file(path, sizeof(ProcRecord), false, 0);
     if (m.fd < 0) {
-      if (warnings != nullptr)
+      if (remove_dead && old && process_liveness(pid, 0, own_ns) == Liveness::gone) {
+        sweep();
+      } else if (warnings != nullptr) {
         warnings->push_back(path + " " + m.error + "; skipped (remove it if no cudapool process uses it)");
+      }
       continue;
     }
     alignas(ProcRecord) unsigned char buf[sizeof(ProcRecord)];
@@ -270,13 +368,12 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     std::string why = copied ? "" : "changing or truncated while read";
     const bool valid = copied && parse_record(buf, sizeof buf, pid, &r, &why);
     if (!valid) {
-      // A record its creator has not finished (magic 0) is skipped quietly: it is a few
-      // microseconds old, or its creator died, which the liveness check below will find. Its
-      // start time is unknown: only a pid that no process has any more settles that.
+      // A record its creator has not finished (magic 0) is skipped quietly while it is young: it
+      // is a few microseconds old, or its creator died setting it up, which its age tells later.
+      // Its start time is unknown: only a pid that no process has any more settles that.
       const bool unfinished = copied && r.magic == 0;
-      const Liveness l = process_liveness(pid, 0, own_ns);
-      if (remove_dead && l == Liveness::gone) {
-        ::unlink(path.c_str());
+      if (remove_dead && old && (unfinished || process_liveness(pid, 0, own_ns) == Liveness::gone)) {
+        sweep();
       } else if (!unfinished && warnings != nullptr) {
         warnings->push_back(path + " is not a valid stats record (" + why + "); skipped");
       }
@@ -284,7 +381,7 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     }
     const Liveness l = process_liveness(pid, r.start_time, r.pid_ns);
     if (l == Liveness::gone) {
-      if (remove_dead) ::unlink(path.c_str());
+      if (remove_dead) sweep();
       continue;
     }
     ProcInfo p;
@@ -307,6 +404,7 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     out.push_back(std::move(p));
   }
   ::closedir(d);
+  if (removed != nullptr) *removed = swept;
   return out;
 }
 

@@ -85,6 +85,11 @@ Mapping map_file(const std::string& path, std::size_t size, bool create, int wai
 Mapping open_file(const std::string& path, std::size_t size, bool create, int wait_ms = 1000,
                   long owner = kEffectiveUid);
 void unmap(Mapping& m);
+// "owner uid 65534 (nobody), a regular file, mode 0644": what is at `path` (not followed), for
+// the messages that refuse it; "gone" when nothing is.
+std::string describe_file(const std::string& path);
+// The name /etc/passwd gives `uid` ("" when it names none): read as data, no name service.
+std::string user_name(unsigned uid);
 // The mapping's file still has at least the mapped size. Another process of the user can
 // truncate the file at any time, and touching a mapped page past the end raises SIGBUS: whoever
 // keeps a mapping checks this before touching it (a window remains between the check and the
@@ -170,11 +175,17 @@ struct ProcInfo {
 };
 
 // Every live process's record in shm_dir() for `uid` (and those whose liveness cannot be told,
-// marked other_namespace when that is why). Records of processes that are certainly gone are
-// removed when `remove_dead`; files that are not valid records go into *warnings (when given).
-// Records are read with pread, not mapped: a file truncated meanwhile reads short, it cannot
-// raise SIGBUS.
-std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings);
+// marked other_namespace when that is why). With `remove_dead`, stale records go, counted in
+// *removed (when given): valid records of processes that are certainly gone, and records that
+// are not valid and have not been written for kStaleRecordS seconds (by their mtime) when they
+// are empty or unfinished (no magic: their creator died setting them up) or their pid is
+// certainly gone. A file of another owner is never removed, whatever its name. Other files that
+// are not valid records go into *warnings (when given); an empty or unfinished one younger than
+// that is skipped quietly (it may be being created). Records are read with pread, not mapped: a
+// file truncated meanwhile reads short, it cannot raise SIGBUS.
+inline constexpr int kStaleRecordS = 5;
+std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings,
+                                   int* removed = nullptr);
 // One record's bytes as read from its file (`bytes` of them): the checked record, or false with
 // *why set. `pid`: the pid its file name says. (What read_records does with every file.)
 bool parse_record(const void* data, std::size_t bytes, int pid, ProcRecord* out, std::string* why);

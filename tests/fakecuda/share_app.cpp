@@ -17,18 +17,18 @@
 //                       inside the ledger's critical section); no CUDA
 //   lock-and-wait       take the ledger's lock, print "ready" and hold it until SIGTERM (a
 //                       member stopped inside it); no CUDA
-//   turn ID MIB         allocate MIB in 20 MiB blocks (exit 3 at the first out-of-memory), fill
-//                       each with a pattern of its own (cuMemcpyHtoD), print "turn ID: filled";
-//                       then at each SIGUSR2 touch every block: the fake's test kernel checks
-//                       and bumps each word, a cuMemcpyDtoH reads it back, print "turn ID:
-//                       touched N ok" when every word (and the kernel's own count) is right. The
-//                       memory is never freed (a member parked at exit would be restored first)
+//   fork-exit N         allocate, then fork N children one after the other, each allocating (its
+//                       own pool, and so its own stats record) and ending with exit() at once;
+//                       after each child ended, look for a stats record of its pid in
+//                       CUDAPOOL_SHM_DIR: prints "fork-exit: N children, K records left"
 // The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
 #define CUDAPOOL_TEST_APP_LCUDA
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -290,6 +290,36 @@ int turn(int id, std::size_t mib) {
   return 0;
 }
 
+int fork_exit(int children) {
+  start_primary(0);
+  CUdeviceptr p = 0;
+  CHECK_OK(cuMemAlloc_v2(&p, kMiB));
+  int left = 0;
+  for (int i = 0; i < children; ++i) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+      CUdeviceptr q = 0;
+      if (cuMemAlloc_v2(&q, kMiB) != CUDA_SUCCESS) std::_Exit(3);
+      if (cuMemFree_v2(q) != CUDA_SUCCESS) std::_Exit(4);
+      std::exit(0);  // at once: the exit handlers run while the child's publisher may be starting
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct stat st {};
+    const std::string record = cudapool::share::record_path(geteuid(), pid);
+    if (lstat(record.c_str(), &st) == 0) {
+      ++left;
+      std::printf("left: %s (%lld bytes)\n", record.c_str(), static_cast<long long>(st.st_size));
+    }
+  }
+  CHECK_OK(cuMemFree_v2(p));
+  std::printf("fork-exit: %d children, %d records left\n", children, left);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,10 +336,11 @@ int main(int argc, char** argv) {
   if (what == "info-first") return info_first();
   if (what == "lock-and-exit") return lock_ledger(false);
   if (what == "lock-and-wait") return lock_ledger(true);
+  if (what == "fork-exit" && argc == 3) return fork_exit(std::atoi(argv[2]));
   if (what == "turn" && argc == 4) return turn(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   std::printf(
       "usage: share_app random SEED ITERS | hold MIB | hold-live MIB | hold-vmm MIB | need MIB | need-one MIB | "
       "lock-and-exit | "
-      "lock-and-wait\n");
+      "lock-and-wait | fork-exit N\n");
   return 2;
 }

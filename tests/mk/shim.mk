@@ -40,6 +40,9 @@ TEST_BINS += tests/shim_layers.sh
 # The real-driver table is checked in the test process itself against the fake libcuda.so.1
 # (tests/unit/shim_driver_test.cpp), so the tests link shim/driver.o.
 $(SHIM_TEST_BIN): $(BUILD)/shim/driver.o
+# The SIGBUS guard of the shim's shared mappings is tested in the test process itself
+# (tests/unit/shim_sigbus_guard_test.cpp).
+$(SHIM_TEST_BIN): $(BUILD)/shim/sigbus_guard.o
 $(SHIM_TEST_BIN): LDFLAGS += -ldl
 
 # Expandable segments: a -lcuda program checking the fake driver's VMM accounting,

@@ -127,5 +127,108 @@ else
   echo "row 9: skipped: giving a file to uid $other_uid needs root"
 fi
 
+# ---- rows 2, 4, 8: the group ledger and the stats records in a shared-memory directory ---------
+share_app=$fake_dir/share_app
+gpu0=GPU-a5a6a7a8-a9aa-abac-adae-afb0b1b2b300  # the fake's device 0
+me=$(id -u)
+group_conf=group:hostile,group_budget_mb:40,log_level:info
+refused_says="will be refused: the group ledger [^;]*"
+# Row 2: whatever is at the ledger's path that the process cannot open or check, the group's
+# allocations are refused (share_app's `need` exits 3 at the first one) with a message naming
+# the file, its owner and the fix; never exit 0, which would mean the budget was silently off.
+shm2=$(mktemp -d /tmp/cudapool-hostile-shm-XXXXXX)  # outside $tmp: uid 65534 must reach it
+chmod 1777 "$shm2"                                  # like /dev/shm
+l2=$shm2/cudapool-$me-g-$gpu0-hostile
+ledger_env=(CUDAPOOL_SHM_DIR="$shm2" CUDAPOOL_CONF="$group_conf")
+mkdir "$l2"
+attempt 2 "a directory at the group ledger's path" 3 "$refused_says" -- \
+  "${under_shim[@]}" "${ledger_env[@]}" "$share_app" need 20
+rmdir "$l2"
+mkfifo "$l2"
+attempt 2 "a FIFO at the group ledger's path" 3 "$refused_says" -- \
+  "${under_shim[@]}" "${ledger_env[@]}" "$share_app" need 20
+rm -f "$l2"
+printf 'junk' >"$l2"
+chmod 600 "$l2"
+attempt 2 "a file of this user at the ledger's path that is not a ledger" 3 "$refused_says" -- \
+  "${under_shim[@]}" "${ledger_env[@]}" "$share_app" need 20
+rm -f "$l2"
+if [ "$me" = 0 ] && command -v setpriv >/dev/null; then
+  for mode in 600 644; do
+    l=$shm2/cudapool-$other_uid-g-$gpu0-hostile
+    head -c 8192 /dev/zero >"$l" && chmod "$mode" "$l"  # root's file at uid 65534's ledger name
+    attempt 2 "root's file (mode 0$mode) at uid $other_uid's ledger path, which it cannot open" 3 "$refused_says" -- \
+      setpriv --reuid="$other_uid" --regid="$other_uid" --clear-groups "${under_shim[@]}" "${ledger_env[@]}" \
+      "$share_app" need 20
+    rm -f "$l"
+    head -c 8192 /dev/zero >"$l2" && chmod "$mode" "$l2" && chown "$other_uid:$other_uid" "$l2"
+    attempt 2 "uid $other_uid's file (mode 0$mode) at root's ledger path" 3 "$refused_says" -- \
+      "${under_shim[@]}" "${ledger_env[@]}" "$share_app" need 20
+    rm -f "$l2"
+  done
+else
+  echo "row 2: another user's file at the ledger's path -> skipped (needs root and setpriv)"
+fi
+rm -rf "$shm2"
+
+# Row 4: a process of the same user truncates the ledger and writes it back, again and again,
+# while 40 processes join. None may die of a signal (SIGBUS before) or hang; each either joins
+# or refuses the group's allocations with its message.
+mkdir -m 700 "$tmp/shm4"
+l4=$tmp/shm4/cudapool-$me-g-$gpu0-hostile
+env4=(CUDAPOOL_SHM_DIR="$tmp/shm4" CUDAPOOL_CONF=group:hostile,group_budget_mb:100000,log_level:warn)
+timeout -k 5 "$limit" "${under_shim[@]}" "${env4[@]}" "$share_app" need 20 >/dev/null 2>&1
+cp "$l4" "$tmp/valid-ledger"
+(for _ in $(seq 1 20000); do cp "$tmp/valid-ledger" "$l4" 2>/dev/null; : >"$l4"; done) &
+truncator=$!
+joiners=()
+for i in $(seq 1 40); do
+  timeout -k 5 60 "${under_shim[@]}" "${env4[@]}" "$share_app" need 20 >"$tmp/join.$i" 2>&1 &
+  joiners+=($!)
+done
+joined=0 refused=0 signalled=0 hung=0 other=0
+for pid in "${joiners[@]}"; do
+  wait "$pid"
+  case $? in
+    0) joined=$((joined + 1)) ;;
+    3) refused=$((refused + 1)) ;;
+    124 | 137) hung=$((hung + 1)) ;;
+    13[0-9] | 14[0-9]) signalled=$((signalled + 1)) ;;
+    *) other=$((other + 1)) ;;
+  esac
+done
+kill "$truncator" 2>/dev/null
+wait "$truncator" 2>/dev/null
+r4="$joined joined, $refused refused the group's allocations, $signalled killed by a signal, $hung hung, $other other"
+echo "row 4: 40 processes join while another truncates and rewrites the ledger -> $r4"
+if [ "$signalled" -ne 0 ] || [ "$hung" -ne 0 ] || [ "$other" -ne 0 ]; then bad=1; fi
+
+# Row 8: forked children that allocate, log and exit at once leave no stats record; `cudapool
+# top` removes an old empty record of this user without a warning, keeps a young one (it may be
+# in creation) and another user's file at one of this user's record names.
+mkdir -m 1777 "$tmp/shm8"
+attempt 8 "200 forked children that allocate, log and exit at once" 0 "200 children, 0 records left" -- \
+  "${under_shim[@]}" CUDAPOOL_SHM_DIR="$tmp/shm8" CUDAPOOL_CONF=log_level:info "$share_app" fork-exit 200
+ghost=4000000
+while [ -e "/proc/$ghost" ]; do ghost=$((ghost - 1)); done
+old8=$tmp/shm8/cudapool-$me-p-$ghost young8=$tmp/shm8/cudapool-$me-p-$((ghost - 1))
+foreign8=$tmp/shm8/cudapool-$me-p-$((ghost - 2))
+: >"$old8" && chmod 600 "$old8" && touch -d '1 hour ago' "$old8"
+: >"$young8" && chmod 600 "$young8"
+foreign=no
+if [ "$me" = 0 ]; then
+  : >"$foreign8" && touch -d '1 hour ago' "$foreign8" && chown "$other_uid:$other_uid" "$foreign8" && foreign=yes
+fi
+CUDAPOOL_SHM_DIR=$tmp/shm8 timeout -k 5 "$limit" "$cp" top --once >/dev/null 2>"$tmp/top8.err"
+rc=$?
+what="an hour-old empty record of a dead pid, a new empty one and another user's old one, then top"
+if [ "$rc" -eq 0 ] && [ ! -e "$old8" ] && [ -e "$young8" ] && { [ "$foreign" = no ] || [ -e "$foreign8" ]; } &&
+  ! grep -q -- "-p-$ghost\b" "$tmp/top8.err" && ! grep -q -- "-p-$((ghost - 1))\b" "$tmp/top8.err"; then
+  echo "row 8: $what -> exit 0: the old one removed silently, the new one kept$([ $foreign = yes ] && echo ", the other user's kept")"
+else
+  echo "row 8: $what -> exit $rc; left: $(ls "$tmp/shm8" | tr '\n' ' '); stderr: $(head -c 300 "$tmp/top8.err")"
+  bad=1
+fi
+
 if [ "$bad" -eq 0 ]; then echo "PASS hostile inputs"; else echo "FAIL hostile inputs"; fi
 exit "$bad"
