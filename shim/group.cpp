@@ -17,8 +17,8 @@
 #include "shim/group_publisher.h"
 #include "shim/group_responder.h"
 #include "shim/log.h"
-#include "shim/sigbus_guard.h"
 #include "shim/parking.h"
+#include "shim/sigbus_guard.h"
 
 namespace cudapool::shim::group {
 

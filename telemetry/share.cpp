@@ -315,8 +315,7 @@ bool parse_record(const void* data, std::size_t bytes, int pid, ProcRecord* out,
   return false;
 }
 
-std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings,
-                                   int* removed) {
+std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings, int* removed) {
   std::vector<ProcInfo> out;
   const std::string dir = shm_dir(), prefix = record_prefix(uid);
   DIR* d = ::opendir(dir.c_str());
