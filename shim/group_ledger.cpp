@@ -449,25 +449,27 @@ void Member::shares(BudgetShares* out) noexcept {
     out->budget = closed_budget_;
     return;
   }
-  if (!whole()) return;
-  out->budget = l_->budget;
-  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
-    const share::LedgerSlot& s = l_->slot[i];
-    if (s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
-    const std::uint64_t held = sat_add(s.reserved.load(std::memory_order_relaxed),
-                                       s.outside.load(std::memory_order_relaxed));
-    if (i == slot_) {
-      out->own = held;
-    } else if (share::process_liveness(s.pid.load(std::memory_order_relaxed),
-                                       s.start_time.load(std::memory_order_relaxed),
-                                       s.pid_ns.load(std::memory_order_relaxed)) == share::Liveness::gone) {
-      out->exited = sat_add(out->exited, held);
-      ++out->exited_members;
-    } else {
-      out->others = sat_add(out->others, held);
-      ++out->other_members;
+  // A moment's view for a message: a truncation midway leaves it partial (and the member out).
+  touch([&] {
+    out->budget = l_->budget;
+    for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+      const share::LedgerSlot& s = l_->slot[i];
+      if (s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+      const std::uint64_t held = sat_add(s.reserved.load(std::memory_order_relaxed),
+                                         s.outside.load(std::memory_order_relaxed));
+      if (i == slot_) {
+        out->own = held;
+      } else if (share::process_liveness(s.pid.load(std::memory_order_relaxed),
+                                         s.start_time.load(std::memory_order_relaxed),
+                                         s.pid_ns.load(std::memory_order_relaxed)) == share::Liveness::gone) {
+        out->exited = sat_add(out->exited, held);
+        ++out->exited_members;
+      } else {
+        out->others = sat_add(out->others, held);
+        ++out->other_members;
+      }
     }
-  }
+  });
 }
 
 // The ledger at `path` cannot be used: a closed member, with a warning that says what is wrong
