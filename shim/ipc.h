@@ -6,7 +6,12 @@
 #include <atomic>
 #include <cstddef>
 
-#include "shim/runtime.h"
+#include "shim/driver.h"
+
+namespace cudapool::shim {
+class Runtime;
+struct ContextPool;
+}  // namespace cudapool::shim
 
 namespace cudapool::shim::ipc {
 

@@ -21,9 +21,9 @@
 #include <mutex>
 #include <thread>
 
+#include "shim/context_pool.h"
 #include "shim/ipc.h"
 #include "shim/log.h"
-#include "shim/runtime.h"
 #include "shim/streams.h"
 #include "telemetry/share.h"
 
@@ -43,6 +43,7 @@ std::atomic<Slot*> g_slots{nullptr};
 std::atomic<bool> g_membarrier{false};
 std::atomic<bool> g_peer_access{false};
 std::atomic<RestoreWait> g_restore_wait{nullptr};
+std::atomic<Pools*> g_pools{nullptr};  // the runtime's view, once it runs the pool
 
 enum class State { open, parking, parked, restoring };
 std::mutex g_mu;  // written under it; also serialises park() and unpark()
@@ -115,15 +116,15 @@ void reopen_locked() {
   g_cv.notify_all();
 }
 
-std::string why_locked(Runtime* rt) {
-  if (rt == nullptr || !rt->native()) return "the pool is not in use in this process";
+std::string why_locked(Pools* rt) {
+  if (rt == nullptr) return "the pool is not in use in this process";
   if (ipc::detail::g_exports.load(std::memory_order_acquire) != 0)
     return "a block is exported over CUDA IPC (another process may be using it)";
   if (g_peer_access.load(std::memory_order_acquire)) return "peer access is enabled";
   if (any_capture_active()) return "a graph capture is in progress";
   std::string why;
   std::size_t mapped = 0;
-  rt->for_each_pool([&](ContextPool& cp) {
+  rt->for_each([&](ContextPool& cp) {
     if (!why.empty()) return;
     why = cp.upstream.why_not_parkable();
     mapped += cp.upstream.mapped_bytes();
@@ -136,13 +137,13 @@ std::string why_locked(Runtime* rt) {
 // Restores every pool; 0 or the CUresult to fail the door's call with. Called by the one thread
 // that set State::restoring (or by park() undoing itself), without g_mu.
 int restore_all(std::string* why) noexcept {
-  Runtime* rt = Runtime::peek();
+  Pools* rt = g_pools.load(std::memory_order_acquire);
   if (rt == nullptr) return 0;
   const std::int64_t t0 = share::monotonic_ns();
   const RestoreWait wait = g_restore_wait.load(std::memory_order_acquire);
   int result = 0;
   std::uint64_t in = 0;
-  rt->for_each_pool([&](ContextPool& cp) {
+  rt->for_each([&](ContextPool& cp) {
     if (result != 0) return;
     const std::size_t n = cp.upstream.parked_bytes();
     const CUresult r = cp.upstream.restore_units(wait, why);
@@ -226,7 +227,7 @@ std::string why_not_parkable() {
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_state == State::parked) return "already parked";
   if (g_state != State::open) return "a park or restore is in progress";
-  return why_locked(Runtime::peek());
+  return why_locked(g_pools.load(std::memory_order_acquire));
 }
 
 bool park(Mode mode, const char* reason, std::string* why) noexcept {
@@ -238,7 +239,7 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept {
   }
   const char* what = reason != nullptr ? reason : "asked";
   try {
-    Runtime* rt = Runtime::peek();
+    Pools* rt = g_pools.load(std::memory_order_acquire);
     std::unique_lock<std::mutex> lk(g_mu);
     if (g_state != State::open) {
       w = g_state == State::parked ? "already parked" : "a park or restore is in progress";
@@ -266,7 +267,7 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept {
     // Work already queued finishes before its memory goes.
     if (ok) {
       const RealDriver& d = rt->driver();
-      rt->for_each_pool([&](ContextPool& cp) {
+      rt->for_each([&](ContextPool& cp) {
         if (!ok) return;
         ScopedContext scope(d, cp.ctx);
         const CUresult r = d.cuCtxSynchronize != nullptr ? d.cuCtxSynchronize() : CUDA_ERROR_NOT_SUPPORTED;
@@ -280,8 +281,8 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept {
     std::size_t idle = 0;
     if (ok) {
       // Cached free pages are simply given back; only live memory is copied.
-      rt->for_each_pool([&](ContextPool& cp) { idle += cp.pool.empty_cache(); });
-      rt->for_each_pool([&](ContextPool& cp) {
+      rt->for_each([&](ContextPool& cp) { idle += cp.pool.empty_cache(); });
+      rt->for_each([&](ContextPool& cp) {
         if (!ok) return;
         std::size_t n = 0;
         ok = cp.upstream.park_units(mode == Mode::copy, &n, &w);
@@ -298,7 +299,7 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept {
       if (ok) w = "no memory that can move once idle pages were given back";
       // Whatever an undo could not restore is still parked: the doors stay closed for it.
       std::size_t left = 0;
-      rt->for_each_pool([&](ContextPool& cp) { left += cp.upstream.parked_bytes(); });
+      rt->for_each([&](ContextPool& cp) { left += cp.upstream.parked_bytes(); });
       if (left != 0) {
         g_state = State::parked;
         g_cv.notify_all();
@@ -357,6 +358,8 @@ Counters counters() noexcept {
                   g_bytes_out.load(std::memory_order_relaxed), g_bytes_in.load(std::memory_order_relaxed),
                   g_park_ns.load(std::memory_order_relaxed),   g_unpark_ns.load(std::memory_order_relaxed)};
 }
+
+void set_pools(Pools* pools) noexcept { g_pools.store(pools, std::memory_order_release); }
 
 void set_restore_wait(RestoreWait fn) noexcept { g_restore_wait.store(fn, std::memory_order_release); }
 

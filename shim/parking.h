@@ -12,9 +12,30 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
+namespace cudapool::shim {
+struct ContextPool;
+struct RealDriver;
+}  // namespace cudapool::shim
+
 namespace cudapool::shim::park {
+
+// What parking needs of the process: its driver and its pools. Parking sits below the runtime
+// (the upstream includes this file), so the runtime hands it this view when it starts running the
+// pool; until then nothing can be parked.
+class Pools {
+ public:
+  virtual const RealDriver& driver() const noexcept = 0;
+  // fn(pool) for every live pool of the process.
+  virtual void for_each(const std::function<void(ContextPool&)>& fn) = 0;
+
+ protected:
+  ~Pools() = default;
+};
+// Called once by the runtime (`pools` lives as long as the process).
+void set_pools(Pools* pools) noexcept;
 
 enum class Mode { copy, discard };  // discard: bytes not kept (a KV cache the program rebuilds)
 

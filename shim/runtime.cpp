@@ -16,6 +16,7 @@
 #include "shim/group.h"
 #include "shim/log.h"
 #include "shim/log_audit.h"
+#include "shim/parking.h"
 #include "shim/signal_dump.h"
 #include "shim/streams.h"
 #include "telemetry/logging.h"
@@ -160,6 +161,17 @@ class GroupView final : public group::ProcessPools {
   Runtime& rt_;
 };
 
+// The runtime's pools as parking sees them (shim/parking.h).
+class ParkView final : public park::Pools {
+ public:
+  explicit ParkView(Runtime& rt) : rt_(rt) {}
+  const RealDriver& driver() const noexcept override { return rt_.driver(); }
+  void for_each(const std::function<void(ContextPool&)>& fn) override { rt_.for_each_pool(fn); }
+
+ private:
+  Runtime& rt_;
+};
+
 // One for the process (there is one runtime), never destroyed: helper threads outlive exit.
 group::ProcessPools& group_view(Runtime& rt) {
   static auto* view = new GroupView(rt);
@@ -248,6 +260,7 @@ Runtime* Runtime::start() noexcept {
   // returns from main), which the summary reports.
   ::on_exit(&Runtime::on_exit_status, nullptr);
   instance_.store(rt, std::memory_order_release);
+  if (native) park::set_pools(new ParkView(*rt));  // never destroyed, as the runtime
   return rt;
 }
 

@@ -12,6 +12,7 @@
 #include "allocator/pool.h"
 #include "config/policy.h"
 #include "shim/cuda_fences.h"
+#include "shim/context_pool.h"
 #include "shim/cuda_upstream.h"
 #include "shim/pass_kind.h"
 
@@ -20,27 +21,6 @@ struct Summary;
 }
 
 namespace cudapool::shim {
-
-namespace group {
-class Member;
-}
-
-struct ContextPool {
-  ContextPool(const RealDriver& d, CUcontext c, int dev, const PoolOptions& o, EventSink* sink)
-      : ctx(c), device(dev), upstream(d, c), fences(d, c), pool(dev, o, upstream, fences, sink) {}
-  const CUcontext ctx;
-  const int device;
-  std::size_t driver_total = 0;     // taken at creation, for the exit summary (no CUDA at exit)
-  group::Member* member = nullptr;  // the device's group ledger slot (shim/group.h), or none
-  CudaUpstream upstream;
-  CudaFences fences;
-  DevicePool pool;
-  // The context was destroyed/reset: the pool was abandoned and is no longer found by lookups.
-  std::atomic<bool> retired{false};
-  // warm_start: the plan is still to be preallocated, before the pool's next allocation
-  // (shim/warm_start.h).
-  std::atomic<bool> warm_pending{false};
-};
 
 class Runtime {
  public:
