@@ -1,238 +1,168 @@
-// Recursive-descent JSON parser. Written for the summary file; strict (RFC 8259 grammar) so that
-// a truncated or hand-mangled file is reported, not half-read.
+// The JSON reader on nlohmann-json's SAX parser: its lexer does the grammar (strict RFC 8259, a
+// leading UTF-8 BOM skipped), string escapes and UTF-8 validation; the handler below builds the
+// Value tree, in file order and keeping duplicate keys (find() gives the first), as the summary
+// reader expects. The SAX parser is iterative; the tree is capped in depth because destroying a
+// Value recurses. No exception leaves this file.
 #include "telemetry/json_reader.h"
 
-#include <charconv>
-#include <cstdlib>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <utility>
 
 namespace cudapool::json {
 namespace {
 
-constexpr int kMaxDepth = 64;
+constexpr std::size_t kMaxDepth = 64;  // nested arrays and objects
 
-class Parser {
+// The byte offset of the bracket that opens nesting level kMaxDepth + 1 in `t`, which the
+// parser has read as valid JSON up to there (so a plain scan that skips strings finds it).
+std::size_t too_deep_offset(std::string_view t) {
+  std::size_t depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return t.size();
+}
+
+// nlohmann's message without its "[json.exception...] parse error at line L, column C: " prefix
+// and without the token it quotes (hostile bytes stay out of what the tools print): what went
+// wrong, then " at byte N" as callers expect.
+std::string describe(const std::string& what, const std::string& last_token, std::size_t offset) {
+  std::string msg = what;
+  if (msg.rfind("[json.exception.", 0) == 0) {
+    const std::size_t close = msg.find("] ");
+    if (close != std::string::npos) msg.erase(0, close + 2);
+  }
+  if (msg.rfind("parse error", 0) == 0) {
+    const std::size_t colon = msg.find(": ");
+    if (colon != std::string::npos) msg.erase(0, colon + 2);
+  }
+  const std::string quoted = "; last read: '" + last_token + "'";
+  if (const std::size_t at = msg.find(quoted); at != std::string::npos) msg.erase(at, quoted.size());
+  if (msg.find("; expected end of input") != std::string::npos) msg = "unexpected text after the JSON value";
+  return msg + " at byte " + std::to_string(offset);
+}
+
+class Builder {
  public:
-  Parser(std::string_view t, std::string* error) : t_(t), error_(error) {}
+  using number_integer_t = nlohmann::json::number_integer_t;
+  using number_unsigned_t = nlohmann::json::number_unsigned_t;
+  using number_float_t = nlohmann::json::number_float_t;
+  using string_t = nlohmann::json::string_t;
+  using binary_t = nlohmann::json::binary_t;
 
-  bool document(Value* out) {
-    ws();
-    if (!value(out, 0)) return false;
-    ws();
-    if (pos_ != t_.size()) return fail("unexpected text after the JSON value");
+  Builder(std::string_view text, Value* root, std::string* error) : text_(text), root_(root), error_(error) {}
+
+  bool null() { return put(Value{}); }
+  bool boolean(bool b) {
+    Value v;
+    v.type = Value::Type::boolean;
+    v.b = b;
+    return put(std::move(v));
+  }
+  bool number_integer(number_integer_t i) {
+    Value v;
+    v.type = Value::Type::integer;
+    v.i = i;
+    v.d = static_cast<double>(i);
+    return put(std::move(v));
+  }
+  bool number_unsigned(number_unsigned_t u) {
+    if (u <= static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max()))
+      return number_integer(static_cast<number_integer_t>(u));
+    // Above INT64_MAX: kept as a double rather than refused (the nearest one, as strtod gives).
+    Value v;
+    v.type = Value::Type::number;
+    v.d = static_cast<double>(u);
+    return put(std::move(v));
+  }
+  bool number_float(number_float_t d, const string_t& /*text*/) {
+    Value v;
+    v.type = Value::Type::number;
+    v.d = d;
+    return put(std::move(v));
+  }
+  bool string(string_t& s) {
+    Value v;
+    v.type = Value::Type::string;
+    v.s = std::move(s);
+    return put(std::move(v));
+  }
+  bool binary(binary_t& /*b*/) { return false; }  // never produced by the JSON input format
+  bool start_object(std::size_t /*elements*/) { return open(Value::Type::object); }
+  bool key(string_t& k) {
+    stack_.back()->members.push_back(Member{std::move(k), Value{}});
     return true;
+  }
+  bool end_object() { return close(); }
+  bool start_array(std::size_t /*elements*/) { return open(Value::Type::array); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::json::exception& ex) {
+    // `position` counts the bytes read, the offending one included: its offset is one less.
+    const std::size_t offset = position > 0 ? std::min(position - 1, text_.size()) : 0;
+    if (error_) *error_ = describe(ex.what(), last_token, offset);
+    return false;
   }
 
  private:
-  bool fail(const char* what) {
-    if (error_) *error_ = std::string(what) + " at byte " + std::to_string(pos_);
-    return false;
+  // Places `v` where the parser is: the root, the next item of an array, or the value of the
+  // member whose key came last. Returns where it went.
+  Value* place(Value&& v) {
+    if (stack_.empty()) {
+      *root_ = std::move(v);
+      return root_;
+    }
+    Value* parent = stack_.back();
+    if (parent->type == Value::Type::array) {
+      parent->items.push_back(std::move(v));
+      return &parent->items.back();
+    }
+    parent->members.back().value = std::move(v);
+    return &parent->members.back().value;
   }
-  void ws() {
-    while (pos_ < t_.size() && (t_[pos_] == ' ' || t_[pos_] == '\t' || t_[pos_] == '\n' || t_[pos_] == '\r')) ++pos_;
+  bool put(Value&& v) {
+    place(std::move(v));
+    return true;
   }
-  bool literal(std::string_view word) {
-    if (t_.substr(pos_, word.size()) != word) return fail("invalid literal");
-    pos_ += word.size();
+  // A container's children are added only while it is on top of the stack, so the pointers to
+  // its ancestors (elements of their parents' vectors) stay valid.
+  bool open(Value::Type type) {
+    if (stack_.size() >= kMaxDepth) {
+      if (error_)
+        *error_ = "nesting too deep (more than " + std::to_string(kMaxDepth) + " levels) at byte " +
+                  std::to_string(too_deep_offset(text_));
+      return false;
+    }
+    Value v;
+    v.type = type;
+    stack_.push_back(place(std::move(v)));
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
     return true;
   }
 
-  bool value(Value* v, int depth) {
-    if (depth > kMaxDepth) return fail("nesting too deep");
-    if (pos_ >= t_.size()) return fail("unexpected end of input");
-    char c = t_[pos_];
-    switch (c) {
-      case '{': return object(v, depth);
-      case '[': return array(v, depth);
-      case '"': v->type = Value::Type::string; return string(&v->s);
-      case 't':
-        v->type = Value::Type::boolean;
-        v->b = true;
-        return literal("true");
-      case 'f':
-        v->type = Value::Type::boolean;
-        v->b = false;
-        return literal("false");
-      case 'n': v->type = Value::Type::null; return literal("null");
-      default: return number(v);
-    }
-  }
-
-  bool object(Value* v, int depth) {
-    v->type = Value::Type::object;
-    ++pos_;
-    ws();
-    if (pos_ < t_.size() && t_[pos_] == '}') {
-      ++pos_;
-      return true;
-    }
-    while (true) {
-      ws();
-      if (pos_ >= t_.size() || t_[pos_] != '"') return fail("expected a member name");
-      std::string key;
-      if (!string(&key)) return false;
-      ws();
-      if (pos_ >= t_.size() || t_[pos_] != ':') return fail("expected ':'");
-      ++pos_;
-      ws();
-      Value member;
-      if (!value(&member, depth + 1)) return false;
-      v->members.push_back(Member{std::move(key), std::move(member)});
-      ws();
-      if (pos_ >= t_.size()) return fail("unexpected end of input in an object");
-      if (t_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      if (t_[pos_] == '}') {
-        ++pos_;
-        return true;
-      }
-      return fail("expected ',' or '}'");
-    }
-  }
-
-  bool array(Value* v, int depth) {
-    v->type = Value::Type::array;
-    ++pos_;
-    ws();
-    if (pos_ < t_.size() && t_[pos_] == ']') {
-      ++pos_;
-      return true;
-    }
-    while (true) {
-      ws();
-      Value item;
-      if (!value(&item, depth + 1)) return false;
-      v->items.push_back(std::move(item));
-      ws();
-      if (pos_ >= t_.size()) return fail("unexpected end of input in an array");
-      if (t_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      if (t_[pos_] == ']') {
-        ++pos_;
-        return true;
-      }
-      return fail("expected ',' or ']'");
-    }
-  }
-
-  static void put_utf8(std::string* out, std::uint32_t cp) {
-    if (cp < 0x80) {
-      *out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      *out += static_cast<char>(0xC0 | (cp >> 6));
-      *out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      *out += static_cast<char>(0xE0 | (cp >> 12));
-      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      *out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      *out += static_cast<char>(0xF0 | (cp >> 18));
-      *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      *out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  bool hex4(std::uint32_t* out) {
-    if (t_.size() - pos_ < 4) return fail("truncated \\u escape");
-    std::uint32_t v = 0;
-    auto [p, ec] = std::from_chars(t_.data() + pos_, t_.data() + pos_ + 4, v, 16);
-    if (ec != std::errc() || p != t_.data() + pos_ + 4) return fail("invalid \\u escape");
-    pos_ += 4;
-    *out = v;
-    return true;
-  }
-
-  bool string(std::string* out) {
-    ++pos_;  // opening quote
-    while (true) {
-      if (pos_ >= t_.size()) return fail("unterminated string");
-      char c = t_[pos_++];
-      if (c == '"') return true;
-      if (static_cast<unsigned char>(c) < 0x20) return fail("control character in a string");
-      if (c != '\\') {
-        *out += c;
-        continue;
-      }
-      if (pos_ >= t_.size()) return fail("unterminated escape");
-      char e = t_[pos_++];
-      switch (e) {
-        case '"': *out += '"'; break;
-        case '\\': *out += '\\'; break;
-        case '/': *out += '/'; break;
-        case 'b': *out += '\b'; break;
-        case 'f': *out += '\f'; break;
-        case 'n': *out += '\n'; break;
-        case 'r': *out += '\r'; break;
-        case 't': *out += '\t'; break;
-        case 'u': {
-          std::uint32_t cp = 0;
-          if (!hex4(&cp)) return false;
-          if (cp >= 0xD800 && cp < 0xDC00) {  // surrogate pair
-            std::uint32_t lo = 0;
-            if (t_.substr(pos_, 2) != "\\u") return fail("lone high surrogate");
-            pos_ += 2;
-            if (!hex4(&lo)) return false;
-            if (lo < 0xDC00 || lo > 0xDFFF) return fail("invalid low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            return fail("lone low surrogate");
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: return fail("invalid escape");
-      }
-    }
-  }
-
-  bool number(Value* v) {
-    std::size_t start = pos_;
-    if (pos_ < t_.size() && t_[pos_] == '-') ++pos_;
-    if (pos_ >= t_.size() || t_[pos_] < '0' || t_[pos_] > '9') return fail("invalid value");
-    if (t_[pos_] == '0') {
-      ++pos_;
-    } else {
-      while (pos_ < t_.size() && t_[pos_] >= '0' && t_[pos_] <= '9') ++pos_;
-    }
-    bool is_int = true;
-    if (pos_ < t_.size() && t_[pos_] == '.') {
-      is_int = false;
-      ++pos_;
-      if (pos_ >= t_.size() || t_[pos_] < '0' || t_[pos_] > '9') return fail("digit expected after '.'");
-      while (pos_ < t_.size() && t_[pos_] >= '0' && t_[pos_] <= '9') ++pos_;
-    }
-    if (pos_ < t_.size() && (t_[pos_] == 'e' || t_[pos_] == 'E')) {
-      is_int = false;
-      ++pos_;
-      if (pos_ < t_.size() && (t_[pos_] == '+' || t_[pos_] == '-')) ++pos_;
-      if (pos_ >= t_.size() || t_[pos_] < '0' || t_[pos_] > '9') return fail("digit expected in exponent");
-      while (pos_ < t_.size() && t_[pos_] >= '0' && t_[pos_] <= '9') ++pos_;
-    }
-    std::string_view text = t_.substr(start, pos_ - start);
-    if (is_int) {
-      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v->i);
-      if (ec == std::errc() && p == text.data() + text.size()) {
-        v->type = Value::Type::integer;
-        v->d = static_cast<double>(v->i);
-        return true;
-      }
-      // Out of int64 range: keep it as a double rather than failing.
-    }
-    std::string copy(text);  // strtod needs a terminator
-    char* end = nullptr;
-    v->d = std::strtod(copy.c_str(), &end);
-    if (end != copy.c_str() + copy.size()) return fail("invalid number");
-    v->type = Value::Type::number;
-    return true;
-  }
-
-  std::string_view t_;
+  std::string_view text_;
+  Value* root_;
   std::string* error_;
-  std::size_t pos_ = 0;
+  std::vector<Value*> stack_;
 };
 
 }  // namespace
@@ -247,7 +177,16 @@ const Value* Value::find(std::string_view key) const {
 
 bool parse(std::string_view text, Value* out, std::string* error) {
   *out = Value{};
-  return Parser(text, error).document(out);
+  try {
+    Builder builder(text, out, error);
+    if (nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &builder)) return true;
+  } catch (const std::exception& e) {  // out of memory, in practice
+    if (error) *error = std::string("cannot parse: ") + e.what();
+  } catch (...) {
+    if (error) *error = "cannot parse: unknown error";
+  }
+  *out = Value{};  // nothing half-read
+  return false;
 }
 
 }  // namespace cudapool::json

@@ -1,7 +1,7 @@
-// A small JSON reader for the run summary and the tools' tests: enough for objects, arrays,
-// strings, 64-bit integers, doubles, booleans and null. Integers are kept exact (counters can
-// exceed 2^53). Only the tools link it (libcudapool_telemetry_reader.a): the shim writes JSON,
-// it never reads any.
+// The JSON reader for the run summary and the tools' tests: objects (members in file order),
+// arrays, strings, 64-bit integers, doubles, booleans and null, parsed by nlohmann-json. Integers
+// are kept exact (counters can exceed 2^53); one above INT64_MAX is read as a double. Only the
+// tools link it (libcudapool_telemetry_reader.a): the shim writes JSON, it never reads any.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,8 +34,10 @@ struct Member {
   Value value;
 };
 
-// Parses one JSON document (trailing whitespace allowed). Depth is capped so hostile input
-// cannot exhaust the stack. On failure *error says what and at which byte offset.
+// Parses one JSON document (strict RFC 8259; trailing whitespace allowed). Strings must be valid
+// UTF-8 (what telemetry/json.h writes always is). Nesting is capped at 64 arrays and objects so
+// hostile input cannot exhaust the stack. A member named twice is kept twice (find() gives the
+// first). On failure *error says what and at which byte offset.
 bool parse(std::string_view text, Value* out, std::string* error);
 
 }  // namespace cudapool::json

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "telemetry/json.h"
 #include "telemetry/json_reader.h"
@@ -164,6 +165,98 @@ TEST(JsonString, SummaryWithHostileTextIsValidUtf8) {
   ASSERT_TRUE(from_json(text, &back, &err)) << err;
   EXPECT_EQ(back.command, "python \xe2\x80\xaetrain.py " + fffd(1) + "\x1b]0;owned\x07");
   EXPECT_EQ(back.policy, "trace_file:/tmp/" + fffd(2) + ".csv,log_file:/tmp/\x1b[2J" + fffd(2));
+}
+
+// The reader (telemetry/json_reader.h) on input the writer never produces.
+json::Value parsed(std::string_view text) {
+  json::Value v;
+  std::string err;
+  EXPECT_TRUE(json::parse(text, &v, &err)) << err << ": " << text;
+  return v;
+}
+
+std::string refusal(std::string_view text) {
+  json::Value v;
+  std::string err;
+  EXPECT_FALSE(json::parse(text, &v, &err)) << text;
+  EXPECT_FALSE(err.empty()) << text;
+  return err;
+}
+
+TEST(JsonReader, MembersInFileOrderAndNamedTwiceKeptTwice) {
+  const json::Value v = parsed(R"({"b":1,"a":{"y":[true,null],"x":"s"},"b":3})");
+  ASSERT_EQ(v.type, json::Value::Type::object);
+  ASSERT_EQ(v.members.size(), 3u);
+  EXPECT_EQ(v.members[0].key, "b");
+  EXPECT_EQ(v.members[1].key, "a");
+  EXPECT_EQ(v.members[2].key, "b");
+  EXPECT_EQ(v.find("b")->i, 1);  // the first
+  EXPECT_EQ(v.members[2].value.i, 3);
+  const json::Value* a = v.find("a");
+  ASSERT_EQ(a->members.size(), 2u);
+  EXPECT_EQ(a->members[0].key, "y");
+  ASSERT_EQ(a->members[0].value.items.size(), 2u);
+  EXPECT_EQ(a->members[0].value.items[0].type, json::Value::Type::boolean);
+  EXPECT_TRUE(a->members[0].value.items[0].b);
+  EXPECT_EQ(a->members[0].value.items[1].type, json::Value::Type::null);
+  EXPECT_EQ(a->find("x")->s, "s");
+}
+
+TEST(JsonReader, IntegersExactAndBeyondInt64AsDoubles) {
+  EXPECT_EQ(parsed("9223372036854775807").i, INT64_MAX);
+  EXPECT_EQ(parsed("-9223372036854775808").i, INT64_MIN);
+  EXPECT_EQ(parsed("-0").type, json::Value::Type::integer);
+  const json::Value big = parsed("18446744073709551615");  // beyond int64: a double, not refused
+  EXPECT_EQ(big.type, json::Value::Type::number);
+  EXPECT_DOUBLE_EQ(big.d, 18446744073709551615.0);
+  const json::Value small = parsed("-9223372036854775809");
+  EXPECT_EQ(small.type, json::Value::Type::number);
+  EXPECT_DOUBLE_EQ(small.d, -9223372036854775808.0);
+  const json::Value f = parsed("[1.5,2e3,1E-2]");
+  ASSERT_EQ(f.items.size(), 3u);
+  for (const json::Value& x : f.items) EXPECT_EQ(x.type, json::Value::Type::number);
+  EXPECT_EQ(f.items[1].as_double(), 2000.0);
+  EXPECT_EQ(parsed(R"("\ud83d\ude00 \u00e9")").s, "\xf0\x9f\x98\x80 \xc3\xa9");
+}
+
+// What is wrong, and the offset of the byte where it went wrong; the input's bytes are not
+// echoed (the tools print these messages).
+TEST(JsonReader, RefusalsSayWhatAndWhere) {
+  struct Case {
+    std::string text, what;
+  };
+  const Case cases[] = {
+      {"", "unexpected end of input; expected '[', '{', or a literal at byte 0"},
+      {"[1,2", "unexpected end of input; expected ']' at byte 4"},
+      {"[1,]", "at byte 3"},
+      {"{\"a\" 1}", "expected ':' at byte 5"},
+      {"{\"a\":1} x", "unexpected text after the JSON value at byte 8"},
+      {"01", "unexpected text after the JSON value at byte 1"},
+      {"\"a\xff\"", "ill-formed UTF-8 byte at byte 2"},
+      {"\"\xc0\xaf\"", "ill-formed UTF-8 byte at byte 1"},      // an overlong '/'
+      {"\"\xed\xa0\x80\"", "ill-formed UTF-8 byte at byte 2"},  // a surrogate in UTF-8
+      {"\"\x1b[2J\"", "control character U+001B"},
+      {"1e400", "number overflow"},  // not read as infinity
+      {"[tru]", "invalid literal"},
+  };
+  for (const Case& c : cases) {
+    const std::string err = refusal(c.text);
+    EXPECT_NE(err.find(c.what), std::string::npos) << c.text << " -> " << err;
+    EXPECT_EQ(err.find("last read"), std::string::npos) << err;
+  }
+}
+
+// Nesting is capped (destroying the tree recurses): 64 arrays and objects deep is read, one
+// more is refused at the bracket that opens it.
+TEST(JsonReader, NestingCapped) {
+  std::string ok;
+  for (int i = 0; i < 32; ++i) ok += "[{\"k\":";
+  ok += "1";
+  for (int i = 0; i < 32; ++i) ok += "}]";
+  EXPECT_EQ(parsed(ok).type, json::Value::Type::array);
+  const std::string deep = "{\"k\":" + ok + "}";
+  EXPECT_EQ(refusal(deep), "nesting too deep (more than 64 levels) at byte " + std::to_string(deep.find("{\"k\":1")));
+  EXPECT_NE(refusal(std::string(100000, '[') + std::string(100000, ']')).find("nesting too deep"), std::string::npos);
 }
 
 }  // namespace

@@ -148,6 +148,24 @@ TEST(TelemetrySummary, RejectsMalformedJson) {
   }
 }
 
+// A summary whose member names hold bytes that are not UTF-8 (a fuzzer's input, kept in
+// tests/fuzz/corpus/telemetry_summary/regress_invalid_utf8_key): refused, saying why and where,
+// rather than read with the bytes in the names. The writer never writes such a file: whatever
+// bytes a name holds, it writes U+FFFD for each malformed part.
+TEST(TelemetrySummary, RefusesMemberNamesThatAreNotUtf8) {
+  const std::string text = "{\"format\":\"cudapool-summary\",\"version\":1,\"pid\":3,\"passthrough\":{\"" +
+                           std::string(17, '\xff') +
+                           "a\":1},\"devices\":[{\"d-vice\":0,\"s\xce"
+                           "ats\":{\"n_ooms\":2,\"allocated_bytes.all^pdak\":5}}]}";
+  Summary out;
+  std::string err;
+  EXPECT_FALSE(from_json(text, &out, &err));
+  EXPECT_NE(err.find("invalid JSON"), std::string::npos) << err;
+  EXPECT_NE(err.find("ill-formed UTF-8"), std::string::npos) << err;
+  EXPECT_NE(err.find("at byte 65"), std::string::npos) << err;  // the first 0xff
+  EXPECT_EQ(err.find('\xff'), std::string::npos) << "the bytes echoed";
+}
+
 TEST(TelemetrySummary, UnknownKeysAreIgnored) {
   Summary out;
   std::string err;
