@@ -11,8 +11,8 @@
 
 #include "allocator/pool.h"
 #include "config/policy.h"
-#include "shim/cuda_fences.h"
 #include "shim/context_pool.h"
+#include "shim/cuda_fences.h"
 #include "shim/cuda_upstream.h"
 #include "shim/pass_kind.h"
 
