@@ -114,6 +114,8 @@ inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
 inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
 inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
 inline constexpr int CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1;
+using CUmemRangeHandleType = int;  // cuMemGetHandleForAddressRange's handle kind
+inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
 struct CUmemLocation {
   int type;  // CUmemLocationType
   int id;    // device ordinal for CU_MEM_LOCATION_TYPE_DEVICE

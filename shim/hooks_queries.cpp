@@ -203,6 +203,34 @@ CUDAPOOL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
   return ipc::export_block(*o.pool, dptr, handle);
 }
 
+// A dma-buf of a range, or the allocation handle behind an address: for pool memory, the pages go
+// to a holder that would not see a restore's new pages, so the process is never parked from then
+// on (the door first: an export of a parked range restores it, and a park in progress sees it).
+CUDAPOOL_EXPORT CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, std::size_t size,
+                                                       CUmemRangeHandleType type, unsigned long long flags) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d->cuMemGetHandleForAddressRange == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  park::Door door;
+  if (door.result() != 0) return door.result();
+  const CUresult r = d->cuMemGetHandleForAddressRange(handle, dptr, size, type, flags);
+  if (r == CUDA_SUCCESS && lookup(Runtime::peek(), dptr).pool != nullptr)
+    park::note_never_park("a range of pool memory was exported as a dma-buf (cuMemGetHandleForAddressRange)");
+  return r;
+}
+
+CUDAPOOL_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  const RealDriver* d = real_driver();
+  if (d == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d->cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  park::Door door;
+  if (door.result() != 0) return door.result();
+  const CUresult r = d->cuMemRetainAllocationHandle(handle, addr);
+  if (r == CUDA_SUCCESS && lookup(Runtime::peek(), reinterpret_cast<CUdeviceptr>(addr)).pool != nullptr)
+    park::note_never_park("the allocation handle of pool memory was taken (cuMemRetainAllocationHandle)");
+  return r;
+}
+
 namespace {
 CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned flags) {
   const RealDriver* d = real_driver();

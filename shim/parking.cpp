@@ -41,7 +41,7 @@ using detail::Slot;
 
 std::atomic<Slot*> g_slots{nullptr};
 std::atomic<bool> g_membarrier{false};
-std::atomic<bool> g_peer_access{false};
+std::atomic<const char*> g_never_park{nullptr};  // note_never_park: the first reason given
 std::atomic<RestoreWait> g_restore_wait{nullptr};
 std::atomic<Pools*> g_pools{nullptr};  // the runtime's view, once it runs the pool
 
@@ -120,7 +120,7 @@ std::string why_locked(Pools* rt) {
   if (rt == nullptr) return "the pool is not in use in this process";
   if (ipc::detail::g_exports.load(std::memory_order_acquire) != 0)
     return "a block is exported over CUDA IPC (another process may be using it)";
-  if (g_peer_access.load(std::memory_order_acquire)) return "peer access is enabled";
+  if (const char* never = g_never_park.load(std::memory_order_acquire)) return never;
   if (any_capture_active()) return "a graph capture is in progress";
   std::string why;
   std::size_t mapped = 0;
@@ -363,6 +363,9 @@ void set_pools(Pools* pools) noexcept { g_pools.store(pools, std::memory_order_r
 
 void set_restore_wait(RestoreWait fn) noexcept { g_restore_wait.store(fn, std::memory_order_release); }
 
-void note_peer_access() noexcept { g_peer_access.store(true, std::memory_order_release); }
+void note_never_park(const char* why) noexcept {
+  const char* none = nullptr;
+  g_never_park.compare_exchange_strong(none, why, std::memory_order_acq_rel);
+}
 
 }  // namespace cudapool::shim::park

@@ -133,7 +133,12 @@ class Door {
   int r_;
 };
 
-// The program enabled peer access (the cuCtxEnablePeerAccess hook): never parked from then on.
-void note_peer_access() noexcept;
+// The program handed pool pages to something the shim cannot follow: it enabled peer access
+// (cuCtxEnablePeerAccess), exported a range as a dma-buf (cuMemGetHandleForAddressRange) or took
+// the allocation handle behind a pooled address (cuMemRetainAllocationHandle). A restore maps new
+// pages, which that holder would not see: the process is never parked from then on. `why` is a
+// string literal, the reason a park is refused with.
+void note_never_park(const char* why) noexcept;
+inline void note_peer_access() noexcept { note_never_park("peer access is enabled"); }
 
 }  // namespace cudapool::shim::park

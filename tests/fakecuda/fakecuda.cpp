@@ -1424,6 +1424,34 @@ FAKE_API CUresult cuMemExportToShareableHandle(void* shareable, unsigned long lo
   *static_cast<int*>(shareable) = fd;
   return CUDA_SUCCESS;
 }
+// The handle mapped at an address (the real driver counts a reference the caller releases; the
+// fake does not), and a dma-buf of a mapped range (a descriptor of /dev/null: nothing reads it).
+FAKE_API CUresult cuMemRetainAllocationHandle(unsigned long long* handle, void* addr) {
+  std::lock_guard<std::mutex> lock(mu);
+  const auto q = reinterpret_cast<std::uintptr_t>(addr);
+  auto it = vmm_maps.upper_bound(q);
+  if (handle == nullptr || it == vmm_maps.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (q >= it->first + it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  *handle = it->second.handle;
+  return CUDA_SUCCESS;
+}
+FAKE_API CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr p, std::size_t size, int type,
+                                                unsigned long long) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (handle == nullptr || size == 0 || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) return CUDA_ERROR_INVALID_VALUE;
+  for (std::uintptr_t q = p; q < p + size;) {  // every byte mapped
+    auto it = vmm_maps.upper_bound(q);
+    if (it == vmm_maps.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --it;
+    if (it->first + it->second.size <= q) return CUDA_ERROR_INVALID_VALUE;
+    q = it->first + it->second.size;
+  }
+  const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(handle) = fd;
+  return CUDA_SUCCESS;
+}
 FAKE_API CUresult cuMemImportFromShareableHandle(unsigned long long* handle, void* os_handle, int type) {
   std::lock_guard<std::mutex> lock(mu);
   if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return vmm_bad_call();

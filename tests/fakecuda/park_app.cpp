@@ -27,6 +27,8 @@ CUresult cuMemcpyDtoH_v2(void*, CUdeviceptr, std::size_t);
 CUresult cuCtxSynchronize();
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
+CUresult cuMemGetHandleForAddressRange(void*, CUdeviceptr, std::size_t, int, unsigned long long);
+CUresult cuMemRetainAllocationHandle(unsigned long long*, void*);
 }
 
 using namespace cudaabi;
@@ -222,6 +224,32 @@ void scenario_peer() {
   CHECK(fakecuda_vmm_device_bytes(0) > 0);
 }
 
+// Pool pages handed to a holder the shim cannot follow (a dma-buf of the range, or the allocation
+// handle behind the address): parkable before, never after; each says why.
+void scenario_handed_out(bool dmabuf) {
+  start_primary(0);
+  CUdeviceptr a = 0;
+  CHECK_OK(cuMemAlloc_v2(&a, kMiB));
+  CHECK(park(0) == 0);  // parkable so far; the export below restores first (it passes the door)
+  if (dmabuf) {
+    int fd = -1;
+    CHECK_OK(cuMemGetHandleForAddressRange(&fd, a, kMiB, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    CHECK(fd >= 0);
+    close(fd);
+  } else {
+    unsigned long long h = 0;
+    CHECK_OK(cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(a)));
+    CHECK(h != 0);
+  }
+  CHECK(parked(nullptr) == 0);
+  CHECK(park(0) != 0);
+  CHECK(why().find(dmabuf ? "dma-buf" : "allocation handle") != std::string::npos);
+  CHECK(fakecuda_vmm_device_bytes(0) > 0);
+  CHECK(fakecuda_vmm_bad_calls() == 0);
+}
+void scenario_dmabuf() { scenario_handed_out(true); }
+void scenario_retain() { scenario_handed_out(false); }
+
 // Classic segments only (expandable segments off): nothing can move.
 void scenario_classic() {
   start_primary(0);
@@ -277,7 +305,7 @@ int main(int argc, char** argv) {
     void (*fn)();
   } scenarios[] = {{"basic", scenario_basic},       {"discard", scenario_discard}, {"race", scenario_race},
                    {"refusals", scenario_refusals}, {"peer", scenario_peer},       {"classic", scenario_classic},
-                   {"bypass", scenario_bypass}};
+                   {"bypass", scenario_bypass},     {"dmabuf", scenario_dmabuf},   {"retain", scenario_retain}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

@@ -113,6 +113,8 @@ TEST(ShimAbi, ValuesMatchCudaH) {
   static_assert(a::CU_MEM_HANDLE_TYPE_NONE == ::CU_MEM_HANDLE_TYPE_NONE);
   static_assert(a::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == ::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   static_assert(sizeof(::CUmemAllocationHandleType) == sizeof(int));
+  static_assert(sizeof(::CUmemRangeHandleType) == sizeof(a::CUmemRangeHandleType));
+  static_assert(a::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD == ::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD);
   static_assert(a::CU_MEM_LOCATION_TYPE_DEVICE == ::CU_MEM_LOCATION_TYPE_DEVICE);
   static_assert(a::CU_MEM_ACCESS_FLAGS_PROT_READWRITE == ::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   static_assert(a::CU_MEM_ALLOC_GRANULARITY_MINIMUM == ::CU_MEM_ALLOC_GRANULARITY_MINIMUM);

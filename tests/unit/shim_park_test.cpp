@@ -41,11 +41,14 @@ TEST(ShimPark, DiscardKeepsTheAddressesNotTheBytes) { expect_pass("discard"); }
 // parks and unparks (also under ThreadSanitizer in `make test SAN=thread`).
 TEST(ShimPark, LaunchesRacingParksAllSeeTheirBytes) { expect_pass("race"); }
 
-// Never parked: a block exported over CUDA IPC, a graph capture in progress, peer access, classic
-// segments only. Each says why, in the log too.
+// Never parked: a block exported over CUDA IPC, a graph capture in progress, peer access, a range
+// exported as a dma-buf, the allocation handle behind an address taken, classic segments only.
+// Each says why, in the log too.
 TEST(ShimPark, WhatCannotMoveIsNeverParked) {
   expect_pass("refusals");
   expect_pass("peer");
+  expect_pass("dmabuf");
+  expect_pass("retain");
   const auto o = run_app("classic", {{"CUDAPOOL_CONF", "expandable_segments:False,log_level:info"}});
   EXPECT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("parking: not parked"), std::string::npos) << o.output;
