@@ -171,6 +171,8 @@ CUDAPOOL_EXPORT size_t cudapool_empty_cache(void) {
   return freed;
 }
 
+CUDAPOOL_EXPORT void cudapool_set_clock_for_testing(int64_t (*clock)(void)) { set_pool_clock_for_testing(clock); }
+
 namespace {
 thread_local std::string tl_park_why;
 
@@ -205,8 +207,6 @@ CUDAPOOL_EXPORT int cudapool_parked(size_t* parked_bytes) {
 }
 
 CUDAPOOL_EXPORT size_t cudapool_park_why(char* buf, size_t size) { return copy_out(tl_park_why, buf, size); }
-
-CUDAPOOL_EXPORT void cudapool_set_clock_for_testing(int64_t (*clock)(void)) { set_pool_clock_for_testing(clock); }
 
 CUDAPOOL_EXPORT int cudapool_set_log_level(const char* level) {
   if (level == nullptr) return -1;

@@ -21,6 +21,12 @@
 //                       own pool, and so its own stats record) and ending with exit() at once;
 //                       after each child ended, look for a stats record of its pid in
 //                       CUDAPOOL_SHM_DIR: prints "fork-exit: N children, K records left"
+//   turn ID MIB         allocate MIB in 20 MiB blocks (exit 3 at the first out-of-memory), fill
+//                       each with a pattern of its own (cuMemcpyHtoD), print "turn ID: filled";
+//                       then at each SIGUSR2 touch every block: the fake's test kernel checks
+//                       and bumps each word, a cuMemcpyDtoH reads it back, print "turn ID:
+//                       touched N ok" when every word (and the kernel's own count) is right. The
+//                       memory is never freed (a member parked at exit would be restored first)
 // The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
 #define CUDAPOOL_TEST_APP_LCUDA
 #include <dirent.h>
@@ -230,6 +236,36 @@ int lock_ledger(bool wait) {
   _exit(0);
 }
 
+int fork_exit(int children) {
+  start_primary(0);
+  CUdeviceptr p = 0;
+  CHECK_OK(cuMemAlloc_v2(&p, kMiB));
+  int left = 0;
+  for (int i = 0; i < children; ++i) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+      CUdeviceptr q = 0;
+      if (cuMemAlloc_v2(&q, kMiB) != CUDA_SUCCESS) std::_Exit(3);
+      if (cuMemFree_v2(q) != CUDA_SUCCESS) std::_Exit(4);
+      std::exit(0);  // at once: the exit handlers run while the child's publisher may be starting
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct stat st {};
+    const std::string record = cudapool::share::record_path(geteuid(), pid);
+    if (lstat(record.c_str(), &st) == 0) {
+      ++left;
+      std::printf("left: %s (%lld bytes)\n", record.c_str(), static_cast<long long>(st.st_size));
+    }
+  }
+  CHECK_OK(cuMemFree_v2(p));
+  std::printf("fork-exit: %d children, %d records left\n", children, left);
+  return 0;
+}
+
 volatile sig_atomic_t g_touch = 0;
 void on_touch(int) { g_touch = g_touch + 1; }
 
@@ -287,36 +323,6 @@ int turn(int id, std::size_t mib) {
     std::printf("turn %d: touched %d %s (%ld wrong words)\n", id, done, bad == 0 ? "ok" : "BAD", bad);
   }
   std::printf("turn %d: done\n", id);
-  return 0;
-}
-
-int fork_exit(int children) {
-  start_primary(0);
-  CUdeviceptr p = 0;
-  CHECK_OK(cuMemAlloc_v2(&p, kMiB));
-  int left = 0;
-  for (int i = 0; i < children; ++i) {
-    std::fflush(stdout);
-    const pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-      CUdeviceptr q = 0;
-      if (cuMemAlloc_v2(&q, kMiB) != CUDA_SUCCESS) std::_Exit(3);
-      if (cuMemFree_v2(q) != CUDA_SUCCESS) std::_Exit(4);
-      std::exit(0);  // at once: the exit handlers run while the child's publisher may be starting
-    }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    struct stat st {};
-    const std::string record = cudapool::share::record_path(geteuid(), pid);
-    if (lstat(record.c_str(), &st) == 0) {
-      ++left;
-      std::printf("left: %s (%lld bytes)\n", record.c_str(), static_cast<long long>(st.st_size));
-    }
-  }
-  CHECK_OK(cuMemFree_v2(p));
-  std::printf("fork-exit: %d children, %d records left\n", children, left);
   return 0;
 }
 

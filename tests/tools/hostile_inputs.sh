@@ -127,6 +127,94 @@ else
   echo "row 9: skipped: giving a file to uid $other_uid needs root"
 fi
 
+# ---- row 7: idle connections to a process's CUDA IPC socket ---------------------------------
+# A process of the same user opens 1100 connections to an exporter's socket, more than the 1024 it
+# serves at once, and never says anything; then another process imports a block for real. The
+# silent connections that hold nothing make room (and go after 30 s idle); an importer that
+# holds a block open keeps its connection, so its block is not handed out again
+# (tests/fakecuda/ipc_app.cpp, scenario `crowd`, checks each).
+ipc_app=$fake_dir/ipc_app
+hard=$(ulimit -Hn)
+if [ ! -x "$ipc_app" ]; then
+  echo "row 7: FAIL: $ipc_app not built"
+  bad=1
+elif [ "$hard" != unlimited ] && [ "$hard" -lt 2200 ]; then
+  echo "row 7: skipped: 1100 connections on each end need a hard descriptor limit of 2200, not $hard"
+else
+  attempt 7 "1100 silent connections to an exporter's IPC socket, then a real cuIpcOpenMemHandle" 0 \
+    "crowd: 1100 idle connections, [0-9]+ of them dropped by the exporter" -- \
+    env LD_PRELOAD="${san_preload:+$san_preload }$shim" LD_LIBRARY_PATH="$fake_dir" CUDAPOOL_LIBRARY= "$ipc_app" crowd
+fi
+
+# ---- row 5: a huge trace ---------------------------------------------------------------------
+# A 15 MB gzip file of 60 M valid rows (a member of 1 M rows, repeated; gzip allows that) replayed
+# under `ulimit -v 2000000`: the row bound stops it at 5 M rows with one line and exit 65, never a
+# std::bad_alloc abort. Then one line of 1 GiB (1024 gzip members of 1 MiB): refused at its first
+# 64 KiB, not after inflating the whole of it. Reading 5 M rows takes seconds on a loaded machine:
+# these attempts get a longer limit, which is there only to tell a hang.
+printf 'Thread,Time,Action,Pointer,Size,Stream\n' | gzip -1 >"$tmp/r5.csv.gz"
+yes '1,00:00:00.000001,allocate,0x10,512,0x0' | head -n 1000000 | gzip -1 >"$tmp/r5.rows.gz"
+for _ in $(seq 60); do cat "$tmp/r5.rows.gz"; done >>"$tmp/r5.csv.gz"
+limit=300 attempt 5 "60 M valid rows, $(($(stat -c %s "$tmp/r5.csv.gz") / 1000000)) MB of gzip, to replay under ulimit -v 2000000" \
+  65 "more than 5000000 rows \(the limit\): pass --max-rows N to raise it" -- \
+  bash -c 'ulimit -v 2000000 && exec "$0" replay "$1"' "$cp" "$tmp/r5.csv.gz"
+if [ "$(wc -l <"$tmp/out")" -ne 1 ]; then
+  echo "row 5: ... but the refusal is $(wc -l <"$tmp/out") lines, not one"
+  bad=1
+fi
+rm -f "$tmp/r5.csv.gz" "$tmp/r5.rows.gz"
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,' | gzip -1 >"$tmp/r5.line.csv.gz"
+head -c 1048576 /dev/zero | tr '\0' 7 | gzip -1 >"$tmp/r5.mib.gz"
+for _ in $(seq 10); do cat "$tmp/r5.mib.gz" "$tmp/r5.mib.gz" >"$tmp/r5.2.gz" && mv "$tmp/r5.2.gz" "$tmp/r5.mib.gz"; done
+cat "$tmp/r5.mib.gz" >>"$tmp/r5.line.csv.gz"
+limit=300 attempt 5 "one line of 1 GiB in a gzip trace" 65 "line.csv.gz:2: line longer than 65536 bytes \(not a trace\?\)" -- \
+  "$cp" replay "$tmp/r5.line.csv.gz"
+
+# ---- row 6: a process named with escapes, bidi controls and invalid UTF-8 --------------------
+# A pooled process whose argv[0] holds U+202E (RIGHT-TO-LEFT OVERRIDE), a raw 0xff and an escape
+# sequence publishes its stats; `cudapool top --json -` must be JSON that a strict parser reads
+# (Python's json.loads on the bytes), with U+202E and ESC escaped and 0xff as U+FFFD.
+share_app=$fake_dir/share_app
+if [ ! -x "$share_app" ]; then
+  echo "row 6: FAIL: $share_app not built"
+  bad=1
+else
+  mkdir -m 700 "$tmp/r6shm"
+  name=$'evil\xe2\x80\xaegnp.exe\xff\x1b[2J'
+  shown='evil<U+202E>gnp.exe<0xff><ESC>[2J'  # the name itself would reorder this script's output
+  env CUDAPOOL_SHM_DIR="$tmp/r6shm" LD_PRELOAD="${san_preload:+$san_preload }$shim" LD_LIBRARY_PATH="$fake_dir" \
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1} \
+    timeout -k 5 120 bash -c 'exec -a "$0" "$1" hold-live 20' "$name" "$share_app" >"$tmp/r6.app" 2>&1 &
+  holder=$!
+  found=0
+  for _ in $(seq 300); do  # until it has published (every 250 ms once ready); at most 60 s
+    if grep -q ready "$tmp/r6.app"; then
+      timeout -k 5 "$limit" env CUDAPOOL_SHM_DIR="$tmp/r6shm" "$cp" top --once --json - >"$tmp/r6.json" 2>"$tmp/r6.err"
+      if grep -q '"pid":' "$tmp/r6.json"; then found=1; break; fi
+    fi
+    sleep 0.2
+  done
+  kill -TERM "$holder" 2>/dev/null
+  wait "$holder" 2>/dev/null
+  if [ "$found" -eq 0 ]; then
+    echo "row 6: FAIL: the process never showed in top: $(cat "$tmp/r6.app" "$tmp/r6.err" | head -c 400)"
+    bad=1
+  elif said=$(python3 - "$tmp/r6.json" 2>&1 <<'PY'
+import json, sys
+raw = open(sys.argv[1], "rb").read()
+cmd = json.loads(raw)["processes"][0]["command"]  # bytes: decoded as strict UTF-8
+assert "\u202e" in cmd and "\ufffd" in cmd and "\x1b" in cmd, ascii(cmd)
+assert b"\xe2\x80\xae" not in raw and b"\x1b" not in raw, "a control character passed raw"
+print("json.loads reads it; command " + ascii(cmd) + " (U+202E and ESC written as \\u202e and \\u001b)")
+PY
+  ); then
+    echo "row 6: a process named $shown, then top --json -> $said"
+  else
+    echo "row 6: a process named $shown, then top --json -> NOT strict JSON: $said"
+    bad=1
+  fi
+fi
+
 # ---- rows 2, 4, 8: the group ledger and the stats records in a shared-memory directory ---------
 share_app=$fake_dir/share_app
 gpu0=GPU-a5a6a7a8-a9aa-abac-adae-afb0b1b2b300  # the fake's device 0
