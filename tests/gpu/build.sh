@@ -29,7 +29,7 @@ build() {  # build NAME command...
   ( timeout 300 "$@" >"$DIR/build-$name.log" 2>&1 || { echo "build of $name failed:"; tail -n 20 "$DIR/build-$name.log"; exit 1; } ) &
   pids+=($!)
 }
-[ "$WHAT" = torch ] || for p in correctness race alias_race free_host_sync ipc stream_ordered graph_capture device_reset legacy_app alloc_bench; do
+[ "$WHAT" = torch ] || for p in correctness race alias_race free_host_sync ipc stream_ordered graph_capture device_reset park legacy_app alloc_bench; do
   build "$p" "$NVCC" "${FLAGS[@]}" -o "$DIR/$p" "tests/gpu/$p.cu"   # static cudart (nvcc default)
 done
 # Shared cudart: cudaMalloc / cudaFree reach the shim's own definitions (shim/hooks_runtime_api.cpp).

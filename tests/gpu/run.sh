@@ -16,7 +16,7 @@
 # CNN_REPS (default 3: interleaved processes per mode of the CPU-bound PyTorch workloads),
 # BENCH_ROUNDS (default 3: rounds of the size sweep inside one latency process),
 # CUDAPOOL_SHIM (path of the library), GPU_ONLY (space-separated check names to run, for reruns:
-# load correctness race ipc ordered legacy latency torch cnn pluggable pinned warm cupy jax ddp; race also
+# load correctness race ipc ordered park legacy latency torch cnn pluggable pinned warm cupy jax ddp; race also
 # runs alias_race and free_host_sync, ipc also runs torch_ipc.py, torch also runs torch_side_stream.py),
 # GPU_BIN (use programs already built there instead of compiling; default: compile into
 # build/gpu-scratch).
@@ -33,7 +33,7 @@ SHIM=${CUDAPOOL_SHIM:-$ROOT/build/release/libcudapool.so}
 BUDGET=${GPU_SUITE_BUDGET_S:-540}
 START=$(date +%s)
 REPORT=(python3 "$ROOT/tests/gpu/report.py")
-ONLY=" ${GPU_ONLY:-load correctness race ipc ordered legacy latency torch cnn pluggable pinned warm cupy jax ddp} "
+ONLY=" ${GPU_ONLY:-load correctness race ipc ordered park legacy latency torch cnn pluggable pinned warm cupy jax ddp} "
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 want() { [[ "$ONLY" == *" $1 "* ]]; }
@@ -108,7 +108,7 @@ if [ "$BUILD" = 1 ]; then
 fi
 missing=()
 for p in correctness correctness_shared driver_api race race_shared alias_race free_host_sync ipc stream_ordered graph_capture device_reset \
-         legacy_app alloc_bench nvml_peak; do
+         park legacy_app alloc_bench nvml_peak; do
   [ -x "$BIN/$p" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -208,6 +208,28 @@ if want ordered; then
   "${REPORT[@]}" compare "$OUT" "CUDA graph with cudaMallocAsync, replayed" graph_capture_ref graph_capture_shim graph:
   "${REPORT[@]}" compare "$OUT" "cudaMalloc during global capture: answer" graph_capture_ref graph_capture_shim "malloc during"
   "${REPORT[@]}" compare "$OUT" "cudaDeviceReset mid-run" device_reset_ref device_reset_shim
+fi
+
+# ---------------------------------------------------------------- 3b. parking
+# park move: 4 GiB of live blocks parked and restored (by cudapool_unpark and by the next launch),
+# every byte checked, NVML showing the memory given back, the times per GiB against a pinned
+# 1 GiB cudaMemcpy in the same process. park race: a thread launching without pause while the
+# process is parked and restored 200 times. tests/gpu/park.cu prints its rows itself.
+if want park; then
+  run park_move 120 $(shim_env park_move) -- "$BIN/park" move 4
+  run park_race 120 $(shim_env park_race) -- "$BIN/park" race 200
+  for name in park_move park_race; do
+    if ! grep -q '^ROW|' "$OUT/logs/$name.out" 2>/dev/null; then
+      "${REPORT[@]}" row "$OUT" "parking ($name)" FAIL \
+        "rc=$(cat "$OUT/logs/$name.rc" 2>/dev/null || echo none): $(head -c 300 "$OUT/logs/$name.err" 2>/dev/null)"
+      continue
+    fi
+    grep '^ROW|' "$OUT/logs/$name.out" | while IFS='|' read -r _ check status note; do
+      "${REPORT[@]}" row "$OUT" "$check" "$status" "$note"
+    done
+    rc=$(cat "$OUT/logs/$name.rc" 2>/dev/null)
+    [ "$rc" = 0 ] || [ "$rc" = 1 ] || "${REPORT[@]}" row "$OUT" "parking ($name)" FAIL "exit $rc: $(head -c 300 "$OUT/logs/$name.err")"
+  done
 fi
 
 # ---------------------------------------------------------------- 6. legacy program

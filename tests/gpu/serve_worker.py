@@ -10,7 +10,8 @@ bert-large. The allocator is chosen by the environment alone (LD_PRELOAD of libc
 PYTORCH_NO_CUDA_MEMORY_CACHING=1, or PyTorch's own); SERVE_FRACTION=F sets
 torch.cuda.set_per_process_memory_fraction(F), the static partition.
 
-Writes JSON (--out): model, loaded, served, lost requests, OOMs, seconds, torch's peak reserved.
+Writes JSON (--out): model, loaded, served, lost requests, OOMs, seconds, the latency of each
+request served (seconds, retries and any wait for memory included), torch's peak reserved.
 """
 import argparse
 import json
@@ -48,8 +49,10 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--retries", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between requests (a server that idles between them)")
     args = ap.parse_args()
-    result = {"model": args.model, "loaded": False, "served": 0, "lost": args.requests, "ooms": 0, "seconds": 0.0}
+    result = {"model": args.model, "loaded": False, "served": 0, "lost": args.requests, "ooms": 0, "seconds": 0.0,
+              "latencies": []}
 
     def write():
         result["peak_reserved"] = torch.cuda.max_memory_reserved() if torch.cuda.is_initialized() else 0
@@ -78,6 +81,9 @@ def main():
     served = 0
     g = torch.Generator(device="cpu").manual_seed(args.seed)
     for r in range(args.requests):
+        if r > 0 and args.gap > 0:
+            time.sleep(args.gap)
+        t_req = time.time()
         ids = torch.randint(0, vocab, (args.batch, args.prompt), generator=g).to(dev)
         ok = False
         for attempt in range(args.retries + 1):
@@ -94,13 +100,19 @@ def main():
                     torch.cuda.synchronize()
                 ok = True
                 break
-            except torch.cuda.OutOfMemoryError as e:
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+                # A launch can fail with the driver's out-of-memory too (a parked process whose
+                # memory could not be had back in time): a RuntimeError saying so.
+                if not isinstance(e, torch.cuda.OutOfMemoryError) and "out of memory" not in str(e):
+                    raise
                 result["ooms"] += 1
                 print(f"{args.model}: request {r} attempt {attempt}: out of memory: {str(e).splitlines()[0]}", flush=True)
                 out = None
                 torch.cuda.empty_cache()
                 time.sleep(0.5)
         served += ok
+        if ok:
+            result["latencies"].append(time.time() - t_req)
         print(f"{args.model}: request {r}: {'served' if ok else 'lost'}", flush=True)
     result["served"] = served
     result["lost"] = args.requests - served

@@ -7,6 +7,10 @@
 #               partition, the baseline
 #   group       cudapool, one group budget on each process's whole footprint (the default)
 #   group_pool  cudapool, one group budget on the pools only (group_budget_counts:pool)
+#   group_park  cudapool, one group budget with parking (group_park:on): idle servers' memory
+#               moves to their host memory and comes back, at the same addresses, at their next
+#               request; reported with each model's request latency (p50/p99) and the times of
+#               the parks and restores from the servers' logs
 #   unlimited   PyTorch's allocator, no limit: what the five need together
 # For each: requests served and lost, processes lost (could not load their model), and the NVML
 # peak of the GPU above its idle level (tests/gpu/nvml_peak.cpp) against the budget.
@@ -16,10 +20,14 @@
 # Environment: SHIM (build/release/libcudapool.so), GPU_BIN (build/gpu-bin: nvml_peak, from
 # `bash tests/gpu/build.sh build/gpu-bin cuda`), OUT (build/serve-out), BUDGETS_GIB ("7 10": one
 # round of the budgeted modes per budget), REQUESTS (8), STARTUP_S (40: time for every process to
-# import torch and build its model before the common start), GPU (0), MODES (all four).
+# import torch and build its model before the common start), GPU (0), MODES (unlimited fraction
+# group group_pool; group_park is asked for by name), GAP_S (0: seconds each server idles between
+# its requests), PARK_IDLE_MS (500: group_park_idle_ms of the group_park mode).
 # Writes $OUT/summary.md. Exit 1 when, in a group run at a budget the unlimited run's peak fits
 # under, a process or a request was lost, the NVML peak exceeded the budget by more than 2 %, or
-# fewer requests were served than under static fractions at the same budget.
+# fewer requests were served than under static fractions at the same budget; and when, in a
+# group_park run at a budget the unlimited peak exceeds, a process or a request was lost or the
+# NVML peak exceeded the budget by more than 2 %.
 set -u
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -36,16 +44,18 @@ if [ "${1:-}" = __concurrent ]; then
     conf="group:$GROUP$budget,group_budget_mb:$((budget * 1024)),group_release_wait_ms:2000,expandable_segments:True,log_level:info"
     case $mode in
       group) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUDAPOOL_CONF="$conf") ;;
+      group_park) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+                         CUDAPOOL_CONF="${conf/group:$GROUP/group:${GROUP}k},group_park:on,group_park_idle_ms:$PARK_IDLE_MS,group_park_wait_ms:120000") ;;
       group_pool) envs+=(LD_PRELOAD="$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1
                          CUDAPOOL_CONF="${conf/group:$GROUP/group:${GROUP}p},group_budget_counts:pool") ;;
       fraction) envs+=(SERVE_FRACTION="$(python3 -c "print(min(1.0, $budget * 1024 / $K / $TOTAL_MIB))")") ;;
     esac
     env "${envs[@]}" timeout 600 python3 "$REPO/tests/gpu/serve_worker.py" --model "$m" --seed "$i" \
-      --requests "$REQUESTS" --start-at "$start_at" --out "$OUT/${mode}_${budget}_$m.json" \
+      --requests "$REQUESTS" --gap "$GAP_S" --start-at "$start_at" --out "$OUT/${mode}_${budget}_$m.json" \
       >"$OUT/${mode}_${budget}_$m.log" 2>&1 &
     pids+=($!)
   done
-  if [ "$mode" = group ] && [ -x "$REPO/build/release/cudapool" ]; then
+  if [[ "$mode" = group* ]] && [ -x "$REPO/build/release/cudapool" ]; then
     ( sleep "$(python3 -c "print(${STARTUP_S:-40} + 5)")"
       "$REPO/build/release/cudapool" top --once >"$OUT/top_${mode}_$budget.txt" 2>&1 ) &
   fi
@@ -60,6 +70,8 @@ export OUT=${OUT:-$REPO/build/serve-out}
 export REQUESTS=${REQUESTS:-8}
 export STARTUP_S=${STARTUP_S:-40}
 export GPU=${GPU:-0}
+export GAP_S=${GAP_S:-0}
+export PARK_IDLE_MS=${PARK_IDLE_MS:-500}
 export GROUP=serve$$
 BUDGETS_GIB=${BUDGETS_GIB:-7 10}
 MODES=${MODES:-unlimited fraction group group_pool}
@@ -69,7 +81,7 @@ rm -f "$OUT"/*.json "$OUT"/*.log "$OUT"/top_*.txt
 [ -x "$GPU_BIN/nvml_peak" ] || { echo "no $GPU_BIN/nvml_peak (bash tests/gpu/build.sh $GPU_BIN cuda)"; exit 2; }
 python3 -c 'import torch, transformers; assert torch.cuda.is_available()' || { echo "torch with CUDA and transformers are needed"; exit 2; }
 export TOTAL_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$GPU" | tr -d ' ')
-echo "share_serve: ${MODELS[*]}, $REQUESTS requests each, budgets $BUDGETS_GIB GiB of $TOTAL_MIB MiB"
+echo "share_serve: ${MODELS[*]}, $REQUESTS requests each ${GAP_S}s apart, budgets $BUDGETS_GIB GiB of $TOTAL_MIB MiB"
 
 for mode in $MODES; do
   budgets=$BUDGETS_GIB
@@ -93,7 +105,8 @@ def run(mode, b):
             "lost_requests": requests * len(models) - served, "peak": nvml_peak_gib(os.path.join(out, f"nvml_{mode}_{b}.json")),
             "per_model": {m: (r["served"] if r else None) for m, r in zip(models, rs)}}
 names = {"unlimited": "no limit (PyTorch)", "fraction": "PyTorch per-process fraction (budget/5 each)",
-         "group": "cudapool group budget, whole footprint", "group_pool": "cudapool group budget, pools only"}
+         "group": "cudapool group budget, whole footprint", "group_pool": "cudapool group budget, pools only",
+         "group_park": "cudapool group budget with parking"}
 lines = ["| sharing | budget | served | processes lost | NVML peak above idle | per model served |", "|---|---|---|---|---|---|"]
 results = {}
 for mode in modes:
@@ -126,11 +139,62 @@ for b in budgets:
     gp = results.get(("group_pool", b))
     if gp is not None and gp["peak"] is not None:
         verdicts.append(f"INFO pools-only group at {b} GiB: NVML peak {gp['peak']:.2f} GiB ({(gp['peak'] / b - 1) * 100:+.0f} % of the budget)")
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else None
+import re
+park_re = re.compile(r"parking: parked (\d+) bytes .* in ([0-9.]+) ms")
+restore_re = re.compile(r"parking: restored (\d+) bytes in ([0-9.]+) ms")
+lat_lines = []
+for mode in ("group", "group_park", "unlimited"):
+    if mode not in modes:
+        continue
+    for b in ([0] if mode == "unlimited" else budgets):
+        lat_lines.append(f"| {names[mode]} | {'—' if b == 0 else f'{b} GiB'} | " + " | ".join(
+            (lambda r: "lost" if not r or not r.get("latencies") else
+             f"{pct(r['latencies'], 50):.2f} / {pct(r['latencies'], 99):.2f}")(load_json(os.path.join(out, f"{mode}_{b}_{m}.json")))
+            for m in models) + " |")
+if lat_lines:
+    lines += ["", "Request latency per model, p50 / p99 seconds (waits for memory included):", "",
+              "| sharing | budget | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)] + lat_lines
+for b in budgets:
+    if "group_park" not in modes:
+        break
+    p = results.get(("group_park", b))
+    parks, restores, per_model = [], [], {}
+    for m in models:
+        try:
+            log = open(os.path.join(out, f"group_park_{b}_{m}.log"), errors="replace").read()
+        except OSError:
+            continue
+        ps = [(int(n), float(ms)) for n, ms in park_re.findall(log)]
+        rs = [(int(n), float(ms)) for n, ms in restore_re.findall(log)]
+        parks += ps
+        restores += rs
+        per_model[m] = (len(ps), pct([ms for _, ms in rs], 50))
+    def per_gib(xs):
+        v = [ms / (n / 2**30) for n, ms in xs if n >= 2**28]
+        return f"{pct(v, 50):.0f} ms per GiB (median of {len(v)})" if v else "none of 256 MiB or more"
+    verdicts.append(f"INFO group_park at {b} GiB: {len(parks)} parks, {len(restores)} restores; park {per_gib(parks)}, restore {per_gib(restores)}")
+    verdicts.append("INFO group_park at " + str(b) + " GiB, switch time (median restore) per model: " + ", ".join(
+        f"{m} {k} parks, {'-' if r is None else f'{r / 1000:.2f} s'}" for m, (k, r) in per_model.items()))
+    if p is None:
+        continue
+    if p["peak"] is not None:
+        ok = p["peak"] <= b * 1.02
+        failed |= not ok
+        verdicts.append(f"{'PASS' if ok else 'FAIL'} group_park at {b} GiB: NVML peak {p['peak']:.2f} GiB <= budget + 2 % ({b * 1.02:.2f} GiB)")
+    need = "unknown" if demand is None else f"{demand / b:.2f}x"
+    ok = p["lost_procs"] == 0 and p["lost_requests"] == 0
+    failed |= not ok and demand is not None and demand >= 1.3 * b
+    verdicts.append(f"{'PASS' if ok else 'FAIL'} group_park at {b} GiB (the servers need {need} the budget together): "
+                    f"{p['served']} of {p['total']} requests served, {p['lost_procs']} processes lost")
 text = "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
 for b in budgets:
-    top = os.path.join(out, f"top_group_{b}.txt")
-    if os.path.exists(top):
-        text += f"\n`cudapool top --once` during the group run at {b} GiB:\n\n```\n" + open(top).read() + "```\n"
+    for mode in ("group", "group_park"):
+        top = os.path.join(out, f"top_{mode}_{b}.txt")
+        if os.path.exists(top):
+            text += f"\n`cudapool top --once` during the {mode} run at {b} GiB:\n\n```\n" + open(top).read() + "```\n"
 open(os.path.join(out, "summary.md"), "w").write(text)
 print(text)
 sys.exit(1 if failed else 0)
