@@ -57,7 +57,10 @@ TEST(ShimPark, WhatCannotMoveIsNeverParked) {
 // The negative control: the driver's own cuLaunchKernel, called past the shim, against a parked
 // process faults. Without this the race test could pass with a kernel that touched nothing.
 TEST(ShimPark, ALaunchPastTheDoorFaults) {
-  const auto o = run_app("bypass");
+  // Under a sanitizer the fault must still kill the child: the sanitizer's own handler would
+  // report it and exit with a status instead.
+  const auto o = run_app("bypass", {{"ASAN_OPTIONS", "detect_leaks=0:halt_on_error=1:handle_segv=0:handle_sigbus=0"},
+                                    {"TSAN_OPTIONS", "die_after_fork=0:handle_segv=0:handle_sigbus=0"}});
   EXPECT_EQ(o.exit_status, -1) << o.output;
   EXPECT_TRUE(o.signal == SIGSEGV || o.signal == SIGBUS) << "signal " << o.signal << "\n" << o.output;
   EXPECT_NE(o.output.find("launching past the shim"), std::string::npos) << o.output;
