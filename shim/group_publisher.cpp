@@ -13,6 +13,7 @@
 #include <new>
 
 #include "config/output_file.h"
+#include "config/timed_lock.h"
 #include "shim/group_park.h"
 #include "shim/log.h"
 
@@ -234,12 +235,13 @@ void remove_record() noexcept {
   if (rec == nullptr) return;  // no publisher yet: it will see g_exiting and create nothing
   // The publisher holds `mu` only while it creates the record (a few system calls); a creation
   // stuck longer leaves its file to the sweeps of `cudapool top` and the next process.
-  std::unique_lock<std::timed_mutex> lock(rec->mu, std::defer_lock);
+  // lock_within: a timed wait ThreadSanitizer follows (config/timed_lock.h).
   try {
-    if (!lock.try_lock_for(std::chrono::milliseconds(100))) return;
+    if (!lock_within(rec->mu, std::chrono::milliseconds(100))) return;
   } catch (...) {
     return;
   }
+  std::unique_lock<std::timed_mutex> lock(rec->mu, std::adopt_lock);
   if (!rec->path.empty() && rec->pid == static_cast<int>(::getpid())) ::unlink(rec->path.c_str());
 }
 
