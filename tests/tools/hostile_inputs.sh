@@ -299,8 +299,10 @@ if [ "$signalled" -ne 0 ] || [ "$hung" -ne 0 ] || [ "$other" -ne 0 ]; then bad=1
 # top` removes an old empty record of this user without a warning, keeps a young one (it may be
 # in creation) and another user's file at one of this user's record names.
 mkdir -m 1777 "$tmp/shm8"
+# (ThreadSanitizer sleeps a second at every exit unless told not to: 200 children would look hung.)
 attempt 8 "200 forked children that allocate, log and exit at once" 0 "200 children, 0 records left" -- \
-  "${under_shim[@]}" CUDAPOOL_SHM_DIR="$tmp/shm8" CUDAPOOL_CONF=log_level:info "$share_app" fork-exit 200
+  "${under_shim[@]}" TSAN_OPTIONS=die_after_fork=0:atexit_sleep_ms=0 CUDAPOOL_SHM_DIR="$tmp/shm8" \
+  CUDAPOOL_CONF=log_level:info "$share_app" fork-exit 200
 ghost=4000000
 while [ -e "/proc/$ghost" ]; do ghost=$((ghost - 1)); done
 old8=$tmp/shm8/cudapool-$me-p-$ghost young8=$tmp/shm8/cudapool-$me-p-$((ghost - 1))
