@@ -108,6 +108,9 @@ class CudaUpstream final : public Upstream {
   // units stay parked then.
   CUresult restore_units(park::RestoreWait wait, std::string* why);
   std::size_t parked_bytes();  // bytes given back by park_units and not restored yet
+  // Frees the pinned buffer a restore kept for the next park once it has been kept `keep_ns`
+  // (the publisher asks every round); the bytes freed.
+  std::size_t release_spare(std::int64_t keep_ns) noexcept;
 
   // Bounds on address space, per process (all upstreams together) and per range.
   static constexpr std::size_t kMaxReservedTotal = std::size_t{16} << 40;  // 16 TiB
@@ -171,9 +174,17 @@ class CudaUpstream final : public Upstream {
   };
   std::vector<ParkedUnit> parked_;
   std::size_t parked_total_ = 0;
-  void* host_ = nullptr;  // the host copy of the parked bytes (nullptr: discarded)
+  void* host_ = nullptr;        // the host copy of the parked bytes (nullptr: discarded)
+  std::size_t host_bytes_ = 0;  // its size (a reused spare may be larger than the parked bytes)
   bool host_pinned_ = false;
   void free_host() noexcept;
+  // Pinning gigabytes of host memory costs far more than copying them (on an H100, some 300 ms a
+  // GiB to pin and unpin against 20 ms to copy): a restore keeps its pinned buffer as the spare,
+  // which the next park reuses when it fits, until release_spare frees it.
+  void* spare_ = nullptr;
+  std::size_t spare_bytes_ = 0;
+  std::int64_t spare_since_ns_ = 0;
+  void free_spare() noexcept;
   // The pool unmapped pages that are parked (a release of idle memory): they are forgotten.
   void drop_parked(std::uintptr_t lo, std::uintptr_t hi) noexcept;
 };

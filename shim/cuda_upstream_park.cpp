@@ -56,7 +56,26 @@ void CudaUpstream::free_host() noexcept {
     }
   }
   host_ = nullptr;
+  host_bytes_ = 0;
   host_pinned_ = false;
+}
+
+// Called with vmm_mu_ held.
+void CudaUpstream::free_spare() noexcept {
+  if (spare_ != nullptr && d_.cuMemFreeHost != nullptr) {
+    ScopedContext scope(d_, ctx_);
+    d_.cuMemFreeHost(spare_);
+  }
+  spare_ = nullptr;
+  spare_bytes_ = 0;
+}
+
+std::size_t CudaUpstream::release_spare(std::int64_t keep_ns) noexcept {
+  std::lock_guard<std::mutex> lock(vmm_mu_);
+  if (spare_ == nullptr || share::monotonic_ns() - spare_since_ns_ < keep_ns) return 0;
+  const std::size_t n = spare_bytes_;
+  free_spare();
+  return n;
 }
 
 // Called with vmm_mu_ held.
@@ -93,20 +112,32 @@ bool CudaUpstream::park_units(bool keep_bytes, std::size_t* bytes, std::string* 
   }
   ScopedContext scope(d_, ctx_);
   if (keep_bytes) {
-    // Pinned host memory copies near the bus's speed; pageable memory works, slower.
+    // Pinned host memory copies near the bus's speed; pageable memory works, slower. The spare
+    // a restore kept is reused when it fits (no pinning at all).
     void* host = nullptr;
+    std::size_t capacity = total;
     bool pinned = false;
-    if (d_.cuMemHostAlloc != nullptr && d_.cuMemHostAlloc(&host, total, 0) == CUDA_SUCCESS && host != nullptr) {
+    if (spare_ != nullptr && spare_bytes_ >= total) {
+      host = spare_;
+      capacity = spare_bytes_;
       pinned = true;
+      spare_ = nullptr;
+      spare_bytes_ = 0;
     } else {
-      host = std::malloc(total);
-      if (host == nullptr) {
-        *why = "no host memory for " + std::to_string(total) + " bytes";
-        return false;
+      free_spare();  // too small for this park
+      if (d_.cuMemHostAlloc != nullptr && d_.cuMemHostAlloc(&host, total, 0) == CUDA_SUCCESS && host != nullptr) {
+        pinned = true;
+      } else {
+        host = std::malloc(total);
+        if (host == nullptr) {
+          *why = "no host memory for " + std::to_string(total) + " bytes";
+          return false;
+        }
+        log_info("parking: pinned host memory refused for {} bytes; copying through pageable memory", total);
       }
-      log_info("parking: pinned host memory refused for {} bytes; copying through pageable memory", total);
     }
     host_ = host;
+    host_bytes_ = capacity;
     host_pinned_ = pinned;
     // One copy per run of back-to-back units.
     for (std::size_t i = 0; i < list.size();) {
@@ -202,7 +233,16 @@ CUresult CudaUpstream::restore_units(park::RestoreWait wait, std::string* why) {
   for (std::size_t i = 0; i < made.size(); ++i) units_[parked_[i].addr] = made[i];
   parked_.clear();
   parked_total_ = 0;
-  free_host();
+  if (host_ != nullptr && host_pinned_) {  // kept for the next park (release_spare frees it)
+    spare_ = host_;
+    spare_bytes_ = host_bytes_;
+    spare_since_ns_ = share::monotonic_ns();
+    host_ = nullptr;
+    host_bytes_ = 0;
+    host_pinned_ = false;
+  } else {
+    free_host();
+  }
   return CUDA_SUCCESS;
 }
 

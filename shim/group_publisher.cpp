@@ -16,6 +16,7 @@
 #include "config/timed_lock.h"
 #include "shim/group_park.h"
 #include "shim/log.h"
+#include "shim/parking.h"
 
 namespace cudapool::shim::group {
 
@@ -223,6 +224,7 @@ void publish(ProcessPools& pools, const Memberships& devices, bool publish_stats
       m->publish(f.reserved > f.allocated ? f.reserved - f.allocated : 0, f.allocated);
     }
     publish_parking(devices);
+    park::release_spares();
     timespec ts{0, kPublishNs};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }

@@ -359,6 +359,18 @@ Counters counters() noexcept {
                   g_park_ns.load(std::memory_order_relaxed),   g_unpark_ns.load(std::memory_order_relaxed)};
 }
 
+void release_spares() noexcept {
+  Pools* pools = g_pools.load(std::memory_order_acquire);
+  if (pools == nullptr) return;
+  std::size_t freed = 0;
+  try {
+    pools->for_each([&](ContextPool& cp) { freed += cp.upstream.release_spare(kSpareKeepNs); });
+  } catch (...) {
+    return;
+  }
+  if (freed != 0) log_debug("parking: freed the {} bytes of pinned host memory kept since the last restore", freed);
+}
+
 void set_pools(Pools* pools) noexcept { g_pools.store(pools, std::memory_order_release); }
 
 void set_restore_wait(RestoreWait fn) noexcept { g_restore_wait.store(fn, std::memory_order_release); }

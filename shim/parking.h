@@ -54,6 +54,10 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept;
 // when nothing is parked afterwards (also when nothing was).
 bool unpark(std::string* why) noexcept;
 bool parked() noexcept;
+// A restore keeps its pinned host buffer for the next park (pinning costs far more than the
+// copy); frees those kept longer than kSpareKeepNs. The publisher thread calls it every round.
+inline constexpr std::int64_t kSpareKeepNs = 10'000'000'000;
+void release_spares() noexcept;
 // Bytes the last park gave back to the device and not restored yet (held in host memory, or
 // discarded with Mode::discard).
 std::uint64_t parked_bytes() noexcept;

@@ -224,6 +224,37 @@ void scenario_peer() {
   CHECK(fakecuda_vmm_device_bytes(0) > 0);
 }
 
+// The pinned buffer of a restore is kept for the next park: a second park of the same memory pins
+// nothing new; one that does not fit frees the spare and pins anew. The bytes survive each.
+void scenario_spare() {
+  start_primary(0);
+  const std::size_t words = 4 * kMiB / 4;
+  CUdeviceptr a = 0;
+  CHECK_OK(cuMemAlloc_v2(&a, words * 4));
+  fill(a, words, 11);
+  const long pins0 = fakecuda_calls("cuMemHostAlloc"), unpins0 = fakecuda_calls("cuMemFreeHost");
+  CHECK(park(0) == 0);
+  CHECK(unpark() == 0);
+  CHECK(fakecuda_calls("cuMemHostAlloc") == pins0 + 1);
+  CHECK(fakecuda_calls("cuMemFreeHost") == unpins0);  // kept, not freed
+  CHECK(holds(a, words, 11));
+  CHECK(park(0) == 0);
+  CHECK_OK(launch(a, words, 11));  // restores, then checks and bumps every word
+  CHECK_OK(cuCtxSynchronize());
+  CHECK(fakecuda_kernel_mismatches() == 0);
+  CHECK(fakecuda_calls("cuMemHostAlloc") == pins0 + 1);  // the spare was reused
+  CHECK(holds(a, words, 12));
+  CUdeviceptr b = 0;  // more live memory than the spare holds
+  CHECK_OK(cuMemAlloc_v2(&b, 64 * kMiB));
+  fill(b, 64 * kMiB / 4, 5);
+  CHECK(park(0) == 0);
+  CHECK(fakecuda_calls("cuMemHostAlloc") == pins0 + 2);
+  CHECK(fakecuda_calls("cuMemFreeHost") == unpins0 + 1);  // the small spare
+  CHECK(unpark() == 0);
+  CHECK(holds(a, words, 12));
+  CHECK(holds(b, 64 * kMiB / 4, 5));
+}
+
 // Pool pages handed to a holder the shim cannot follow (a dma-buf of the range, or the allocation
 // handle behind the address): parkable before, never after; each says why.
 void scenario_handed_out(bool dmabuf) {
@@ -305,7 +336,8 @@ int main(int argc, char** argv) {
     void (*fn)();
   } scenarios[] = {{"basic", scenario_basic},       {"discard", scenario_discard}, {"race", scenario_race},
                    {"refusals", scenario_refusals}, {"peer", scenario_peer},       {"classic", scenario_classic},
-                   {"bypass", scenario_bypass},     {"dmabuf", scenario_dmabuf},   {"retain", scenario_retain}};
+                   {"bypass", scenario_bypass},     {"dmabuf", scenario_dmabuf},   {"retain", scenario_retain},
+                   {"spare", scenario_spare}};
   for (auto& sc : scenarios) {
     if (s == sc.name) {
       sc.fn();

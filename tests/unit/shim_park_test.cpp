@@ -37,6 +37,11 @@ TEST(ShimPark, ParkGivesPagesBackAndTheNextCallRestoresThem) {
 
 TEST(ShimPark, DiscardKeepsTheAddressesNotTheBytes) { expect_pass("discard"); }
 
+// A restore keeps its pinned buffer: the next park that fits pins nothing (pinning gigabytes costs
+// far more than copying them); one that does not fit replaces it.
+// (No publisher thread: it frees a spare kept 10 s, which a slow machine could reach.)
+TEST(ShimPark, TheNextParkReusesThePinnedBuffer) { expect_pass("spare", {{"CUDAPOOL_CONF", "publish_stats:False"}}); }
+
 // No launch slips between the drain and the unmap: a thread launches without pause while another
 // parks and unparks (also under ThreadSanitizer in `make test SAN=thread`).
 TEST(ShimPark, LaunchesRacingParksAllSeeTheirBytes) {
