@@ -245,7 +245,14 @@ int race(const Api& api, int rounds) {
   std::string last_refusal;
   for (int r = 0; r < rounds; ++r) {
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
-    if (api.park(0) == 0) {
+    // The launcher may still be restoring the last park ("a park or restore is in progress"):
+    // asked again for up to a second before the round counts as refused.
+    int rc = api.park(0);
+    for (int tries = 0; rc != 0 && why(api).find("in progress") != std::string::npos && tries < 1000; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      rc = api.park(0);
+    }
+    if (rc == 0) {
       ++parked;
       if (r % 2 == 0) {
         if (api.unpark() != 0) {
