@@ -134,7 +134,8 @@ int move(const Api& api, int gib) {
   CK(cudaMalloc(reinterpret_cast<void**>(&counters), 2 * sizeof(unsigned long long)));
   CK(cudaDeviceSynchronize());
   const unsigned long long bad0 = count_bad(blocks, counters);
-  row("parking: the pattern before parking", bad0 == 0, std::to_string(bad0) + " bad bytes of " + std::to_string(gib) + " GiB");
+  row("parking: the pattern before parking", bad0 == 0,
+      std::to_string(bad0) + " bad bytes of " + std::to_string(gib) + " GiB");
 
   double best_park = 1e9, best_unpark = 1e9, best_door = 1e9;
   long long freed_min = -1;
@@ -176,7 +177,8 @@ int move(const Api& api, int gib) {
     size_t left = 0;
     const bool resident = api.parked(&left) == 0;
     const unsigned long long bad = count_bad(blocks, counters);
-    row(round == 0 ? "parking: every byte back after cudapool_unpark" : "parking: every byte back after a launch restored it",
+    row(round == 0 ? "parking: every byte back after cudapool_unpark"
+                   : "parking: every byte back after a launch restored it",
         resident && bad == 0,
         std::to_string(bad) + " bad bytes of " + std::to_string(gib) + " GiB" + (resident ? "" : "; still parked"));
   }
@@ -187,12 +189,14 @@ int move(const Api& api, int gib) {
   const double park_per_gib = best_park / moved_gib, unpark_per_gib = best_unpark / moved_gib,
                door_per_gib = best_door / moved_gib;
   char note[512];
-  std::snprintf(note, sizeof note, "%.1f ms per GiB (%.2f GiB); a pinned 1 GiB cudaMemcpy to the host: %.1f ms; ratio %.2f",
+  std::snprintf(note, sizeof note,
+                "%.1f ms per GiB (%.2f GiB); a pinned 1 GiB cudaMemcpy to the host: %.1f ms; ratio %.2f",
                 park_per_gib * 1e3, moved_gib, floor_d2h * 1e3, park_per_gib / floor_d2h);
   info_row("parking: park time per GiB", note);
   const double restore = std::min(unpark_per_gib, door_per_gib);
   std::snprintf(note, sizeof note,
-                "%.1f ms per GiB by cudapool_unpark, %.1f by a launch; a pinned 1 GiB cudaMemcpy to the device: %.1f ms; "
+                "%.1f ms per GiB by cudapool_unpark, %.1f by a launch; a pinned 1 GiB cudaMemcpy to the device: %.1f "
+                "ms; "
                 "ratio %.2f (at most 1.25)",
                 unpark_per_gib * 1e3, door_per_gib * 1e3, floor_h2d * 1e3, restore / floor_h2d);
   row("parking: restore time per GiB against the bus", restore <= 1.25 * floor_h2d, note);
@@ -278,10 +282,10 @@ int race(const Api& api, int rounds) {
   CK(cudaMemcpy(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost));
   std::string note = std::to_string(rounds) + " rounds: " + std::to_string(parked) + " parked (" +
                      std::to_string(by_unpark) + " restored by cudapool_unpark, the rest by a launch), " +
-                     std::to_string(refused) + " refused" + (refused != 0 ? " (last: " + last_refusal + ")" : "") + "; " +
-                     std::to_string(n) + " launches; " + std::to_string(h_bad) + " words off";
-  row("parking race: launches from another thread while the process is parked and restored", h_bad == 0 && parked >= rounds / 2,
-      note);
+                     std::to_string(refused) + " refused" + (refused != 0 ? " (last: " + last_refusal + ")" : "") +
+                     "; " + std::to_string(n) + " launches; " + std::to_string(h_bad) + " words off";
+  row("parking race: launches from another thread while the process is parked and restored",
+      h_bad == 0 && parked >= rounds / 2, note);
   CK(cudaFree(buf));
   CK(cudaFree(bad));
   return 0;
