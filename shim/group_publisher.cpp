@@ -224,7 +224,7 @@ void publish(ProcessPools& pools, const Memberships& devices, bool publish_stats
       m->publish(f.reserved > f.allocated ? f.reserved - f.allocated : 0, f.allocated);
     }
     publish_parking(devices);
-    park::release_spares();
+    if (!pools.exiting()) park::release_spares();  // CUDA calls: never once exit has begun
     timespec ts{0, kPublishNs};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }

@@ -260,7 +260,9 @@ Runtime* Runtime::start() noexcept {
   // returns from main), which the summary reports.
   ::on_exit(&Runtime::on_exit_status, nullptr);
   instance_.store(rt, std::memory_order_release);
-  if (native) park::set_pools(new ParkView(*rt));  // never destroyed, as the runtime
+  if (native) {
+    if (auto* view = new (std::nothrow) ParkView(*rt)) park::set_pools(view);  // never destroyed, as the runtime
+  }
   return rt;
 }
 
