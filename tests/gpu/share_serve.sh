@@ -190,6 +190,20 @@ for b in budgets:
     verdicts.append(f"{'PASS' if ok else 'FAIL'} group_park at {b} GiB (the servers need {need} the budget together): "
                     f"{p['served']} of {p['total']} requests served, {p['lost_procs']} processes lost")
 text = "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
+# What each budgeted server's log says about refusals and parking (the logs themselves may not
+# come back from a lent machine): the last lines of each kind, so a lost process can be explained.
+keys = re.compile(r"refus|out of memory|parking:|group budget|lost")
+for mode in modes:
+    for b in ([] if mode in ("unlimited", "fraction") else budgets):
+        for m in models:
+            try:
+                log = open(os.path.join(out, f"{mode}_{b}_{m}.log"), errors="replace").read().splitlines()
+            except OSError:
+                continue
+            hits = [l[:300] for l in log if keys.search(l)]
+            if hits:
+                text += f"\n{mode} at {b} GiB, {m}: {len(hits)} lines on memory; the last 6:\n" + "\n".join(
+                    "    " + l for l in hits[-6:]) + "\n"
 for b in budgets:
     for mode in ("group", "group_park"):
         top = os.path.join(out, f"top_{mode}_{b}.txt")
