@@ -64,6 +64,21 @@ std::string report_json(const TraceReport& r, const std::string& trace, const Re
   return o;
 }
 
+// The policy a replay of the report runs under (--conf; the default with --replay; else the
+// trace's own) and the replay's configuration from it; false after saying why the policy is bad.
+bool replay_policy(const ReportOptions& o, const TraceFacts& f, BasePolicy* base, ReplayConfig* cfg) {
+  *base = !o.conf.empty() ? BasePolicy{o.conf, "from --conf", false}
+          : o.replay      ? BasePolicy{"", "", false}
+                          : choose_base_policy(f, std::nullopt);
+  std::string err;
+  if (!pool_options_from_conf(base->conf, &cfg->pool, &err)) {
+    print_error("cudapool report: invalid policy '%s': %s\n", base->conf.c_str(), err.c_str());
+    return false;
+  }
+  o.frees.apply(cfg);
+  return true;
+}
+
 int report_main(const ReportOptions& o) {
   for (const auto& [path, flag] : {std::pair<const std::string*, const char*>{&o.html, "-o"},
                                    {&o.perfetto, "--perfetto"},
@@ -91,16 +106,9 @@ int report_main(const ReportOptions& o) {
   // do --replay and --conf; --snapshot alone does not change what the report shows.
   const bool snapshot = !o.snapshot.empty();
   if (f.rmm_only || o.replay || !o.conf.empty()) {
-    const BasePolicy base = !o.conf.empty() ? BasePolicy{o.conf, "from --conf", false}
-                            : o.replay      ? BasePolicy{"", "", false}
-                                            : choose_base_policy(f, std::nullopt);
+    BasePolicy base;
     ReplayConfig cfg;
-    std::string err;
-    if (!pool_options_from_conf(base.conf, &cfg.pool, &err)) {
-      print_error("cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
-      return kPolicyErrorExitStatus;
-    }
-    o.frees.apply(&cfg);
+    if (!replay_policy(o, f, &base, &cfg)) return kPolicyErrorExitStatus;
     cfg.collect_rows = true;
     replayed = replay_trace(loaded.prepared, cfg);
     rows = &replayed.rows;
@@ -119,16 +127,9 @@ int report_main(const ReportOptions& o) {
     // A trace records events, not where the pool placed each block: the snapshot's segments and
     // blocks come from a replay (under --conf, else the trace's policy), and the line says so
     // with how closely that replay matches the recording.
-    const BasePolicy base = !o.conf.empty() ? BasePolicy{o.conf, "from --conf", false}
-                            : o.replay      ? BasePolicy{"", "", false}
-                                            : choose_base_policy(f, std::nullopt);
+    BasePolicy base;
     ReplayConfig cfg;
-    std::string err;
-    if (!pool_options_from_conf(base.conf, &cfg.pool, &err)) {
-      print_error("cudapool report: invalid policy '%s': %s\n", base.conf.c_str(), err.c_str());
-      return kPolicyErrorExitStatus;
-    }
-    o.frees.apply(&cfg);
+    if (!replay_policy(o, f, &base, &cfg)) return kPolicyErrorExitStatus;
     SnapshotFigures fig;
     std::optional<std::int64_t> at;
     if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
