@@ -1088,6 +1088,22 @@ bool vmm_overlaps_mapping(std::uintptr_t p, std::size_t size) {
   --it;
   return it->first + it->second.size > p;
 }
+// The mapping that holds address p, or vmm_maps.end(). Called with mu held.
+std::map<std::uintptr_t, VmmMapping>::iterator vmm_mapping_at(std::uintptr_t p) {
+  auto it = vmm_maps.upper_bound(p);
+  if (it == vmm_maps.begin()) return vmm_maps.end();
+  --it;
+  return p < it->first + it->second.size ? it : vmm_maps.end();
+}
+// Whether every byte of [p, p+size) is mapped. Called with mu held.
+bool vmm_all_mapped(std::uintptr_t p, std::size_t size) {
+  for (std::uintptr_t q = p; q < p + size;) {
+    auto it = vmm_mapping_at(q);
+    if (it == vmm_maps.end()) return false;
+    q = it->first + it->second.size;
+  }
+  return true;
+}
 std::size_t vmm_used_on(int dev) {
   std::size_t u = 0;
   for (auto& [h, v] : vmm_handles)
@@ -1370,14 +1386,7 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAcc
   std::lock_guard<std::mutex> lock(mu);
   ++vmm_access_calls;
   if (desc == nullptr || count == 0) return vmm_bad_call();
-  // Every byte of [p, p+size) must be mapped.
-  for (std::uintptr_t q = p; q < p + size;) {
-    auto it = vmm_maps.upper_bound(q);
-    if (it == vmm_maps.begin()) return vmm_bad_call();
-    --it;
-    if (it->first + it->second.size <= q) return vmm_bad_call();
-    q = it->first + it->second.size;
-  }
+  if (!vmm_all_mapped(p, size)) return vmm_bad_call();
   unsigned mask = 0;
   for (std::size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
@@ -1428,25 +1437,16 @@ FAKE_API CUresult cuMemExportToShareableHandle(void* shareable, unsigned long lo
 // fake does not), and a dma-buf of a mapped range (a descriptor of /dev/null: nothing reads it).
 FAKE_API CUresult cuMemRetainAllocationHandle(unsigned long long* handle, void* addr) {
   std::lock_guard<std::mutex> lock(mu);
-  const auto q = reinterpret_cast<std::uintptr_t>(addr);
-  auto it = vmm_maps.upper_bound(q);
-  if (handle == nullptr || it == vmm_maps.begin()) return CUDA_ERROR_INVALID_VALUE;
-  --it;
-  if (q >= it->first + it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  auto it = vmm_mapping_at(reinterpret_cast<std::uintptr_t>(addr));
+  if (handle == nullptr || it == vmm_maps.end()) return CUDA_ERROR_INVALID_VALUE;
   *handle = it->second.handle;
   return CUDA_SUCCESS;
 }
 FAKE_API CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr p, std::size_t size, int type,
                                                 unsigned long long) {
   std::lock_guard<std::mutex> lock(mu);
-  if (handle == nullptr || size == 0 || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) return CUDA_ERROR_INVALID_VALUE;
-  for (std::uintptr_t q = p; q < p + size;) {  // every byte mapped
-    auto it = vmm_maps.upper_bound(q);
-    if (it == vmm_maps.begin()) return CUDA_ERROR_INVALID_VALUE;
-    --it;
-    if (it->first + it->second.size <= q) return CUDA_ERROR_INVALID_VALUE;
-    q = it->first + it->second.size;
-  }
+  if (handle == nullptr || size == 0 || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || !vmm_all_mapped(p, size))
+    return CUDA_ERROR_INVALID_VALUE;
   const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(handle) = fd;
@@ -1496,10 +1496,8 @@ FAKE_COUNTER(fakecuda_vmm_access_calls, vmm_access_calls)
 // the handle's device, no context and no legacy IPC, the mapping as the range. False when p is
 // not mapped. Called with mu held.
 static bool vmm_attribute(void* data, CUpointer_attribute attr, CUdeviceptr p, CUresult* r) {
-  auto it = vmm_maps.upper_bound(p);
-  if (it == vmm_maps.begin()) return false;
-  --it;
-  if (p >= it->first + it->second.size) return false;
+  auto it = vmm_mapping_at(p);
+  if (it == vmm_maps.end()) return false;
   auto h = vmm_handles.find(it->second.handle);
   if (h == vmm_handles.end()) return false;
   *r = CUDA_SUCCESS;
