@@ -116,15 +116,19 @@ for mode in modes:
         per = ", ".join(f"{m} {v if v is not None else 'lost'}" for m, v in r["per_model"].items())
         lines.append(f"| {names[mode]} | {'—' if b == 0 else f'{b} GiB'} | {r['served']} of {r['total']} | {r['lost_procs']} | {peak} | {per} |")
 verdicts, failed = [], False
+def peak_verdict(mode, b, r):
+    """The NVML peak of a budgeted run against the budget + 2 %: a verdict line; false when over."""
+    if r["peak"] is None:
+        return True
+    ok = r["peak"] <= b * 1.02
+    verdicts.append(f"{'PASS' if ok else 'FAIL'} {mode} at {b} GiB: NVML peak {r['peak']:.2f} GiB <= budget + 2 % ({b * 1.02:.2f} GiB)")
+    return ok
 demand = results.get(("unlimited", 0), {}).get("peak")
 for b in budgets:
     g, f = results.get(("group", b)), results.get(("fraction", b))
     if g is None:
         continue
-    if g["peak"] is not None:
-        ok = g["peak"] <= b * 1.02
-        failed |= not ok
-        verdicts.append(f"{'PASS' if ok else 'FAIL'} group at {b} GiB: NVML peak {g['peak']:.2f} GiB <= budget + 2 % ({b * 1.02:.2f} GiB)")
+    failed |= not peak_verdict("group", b, g)
     fits = demand is not None and demand <= b
     if fits:
         ok = g["lost_procs"] == 0 and g["lost_requests"] == 0
@@ -180,10 +184,7 @@ for b in budgets:
         f"{m} {k} parks, {'-' if r is None else f'{r / 1000:.2f} s'}" for m, (k, r) in per_model.items()))
     if p is None:
         continue
-    if p["peak"] is not None:
-        ok = p["peak"] <= b * 1.02
-        failed |= not ok
-        verdicts.append(f"{'PASS' if ok else 'FAIL'} group_park at {b} GiB: NVML peak {p['peak']:.2f} GiB <= budget + 2 % ({b * 1.02:.2f} GiB)")
+    failed |= not peak_verdict("group_park", b, p)
     need = "unknown" if demand is None else f"{demand / b:.2f}x"
     ok = p["lost_procs"] == 0 and p["lost_requests"] == 0
     failed |= not ok and demand is not None and demand >= 1.3 * b
