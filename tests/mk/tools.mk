@@ -62,6 +62,16 @@ $(TOOLS_RESULTS_TABLE_TEST): tests/tools/results_table_test.sh scripts/results_t
 	chmod +x $@
 TEST_BINS += $(TOOLS_RESULTS_TABLE_TEST)
 
+# scripts/long_functions.py (function bodies over 60 lines) on its fixture, a 61-line and a 60-line
+# function: python3 only. The script itself is not yet a check of the product's folders.
+TOOLS_LONG_FUNCTIONS_TEST := $(BUILD)/tests/long_functions_test.sh
+$(TOOLS_LONG_FUNCTIONS_TEST): tests/tools/long_functions_test.sh scripts/long_functions.py \
+    tests/tools/fixtures/long_functions/sample.cpp
+	@mkdir -p $(@D)
+	printf '#!/usr/bin/env bash\nexec bash tests/tools/long_functions_test.sh\n' > $@
+	chmod +x $@
+TEST_BINS += $(TOOLS_LONG_FUNCTIONS_TEST)
+
 # Fuzzers (tests/module.mk): replay, report and tune run on whole traces in memory (bounded work
 # per input: tests/fuzz/tools_fuzz_input.h), with tools/ (but its command-line files), telemetry/,
 # config/ and the pool core in the fuzzers' object tree, as archives so that each target links
