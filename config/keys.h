@@ -1,7 +1,7 @@
-// The one table of policy keys. The env grammar, the TOML loader, the error messages, describe(),
-// to_conf_string() and the tables of docs/policy.md and README.md (key_table_markdown() and
-// key_table_markdown_brief(), written by `make docs`, checked by a test) all read it,
-// so a key's name, form and bounds are written down exactly once.
+// The one table of policy keys, made from the rows of config/keys.def. The env grammar, the TOML
+// loader, the error messages, describe(), to_conf_string() and the tables of docs/policy.md and
+// README.md (key_table_markdown() and key_table_markdown_brief(), written by `make docs`, checked
+// by a test) all read it, so a key's name, form and bounds are written down exactly once.
 #pragma once
 #include <cstdint>
 #include <optional>
