@@ -44,185 +44,226 @@ class SegmentSet {
   std::map<std::uintptr_t, Range> ranges_;
 };
 
-}  // namespace
+using LiveMap = std::unordered_map<std::uintptr_t, Live>;
 
-TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::size_t top_sizes) {
-  TraceReport rep;
-  rep.device = device;
-  std::int64_t start = -1, allocated = 0, reserved = 0;
-  std::unordered_map<std::uintptr_t, Live> live;
+std::size_t row_duration(const TraceRow& r) {
+  return static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0));
+}
+
+// Pass 1's running figures: allocated and reserved bytes, the live allocations, the requested
+// sizes seen, the upstream's time so far.
+struct Running {
+  std::int64_t start = -1, allocated = 0, reserved = 0, upstream_ns = 0;
+  LiveMap live;
   std::map<std::size_t, std::size_t> sizes;
-  // Where allocated first reached its peak (a row index), and the segment figures then.
-  std::size_t peak_row = rows.size();
-  std::size_t allocs_then = 0, frees_then = 0;
-  std::int64_t upstream_ns = 0, upstream_then = 0;
-  std::size_t waits_then = 0;
-  std::int64_t wait_ns_then = 0;
-  // Pass 1: the timeline and the peaks.
+};
+
+// Where allocated first reached its peak (a row index), and the segment figures then.
+struct PeakMark {
+  std::size_t row;
+  std::size_t allocs = 0, frees = 0, waits = 0;
+  std::int64_t upstream_ns = 0, wait_ns = 0;
+};
+
+// One row's effect on the running figures and the report's counts.
+void count_row(const TraceRow& r, Running* run, TraceReport* rep) {
+  switch (r.action) {
+    case TraceAction::allocate:
+      run->live[r.ptr] = {r.size, r.requested};
+      run->allocated = add_bytes(run->allocated, r.size);
+      ++run->sizes[r.requested];
+      ++rep->allocations;
+      break;
+    case TraceAction::free:
+      if (auto it = run->live.find(r.ptr); it != run->live.end()) {
+        run->allocated = sub_bytes(run->allocated, it->second.size);
+        run->live.erase(it);
+      }
+      ++rep->frees;
+      break;
+    case TraceAction::segment_alloc:
+    case TraceAction::segment_map:
+      run->reserved = add_bytes(run->reserved, r.size);
+      ++rep->segment_allocs;
+      run->upstream_ns = add_bytes(run->upstream_ns, row_duration(r));
+      break;
+    case TraceAction::segment_free:
+    case TraceAction::segment_unmap:
+      run->reserved = sub_bytes(run->reserved, r.size);
+      ++rep->segment_frees;
+      run->upstream_ns = add_bytes(run->upstream_ns, row_duration(r));
+      break;
+    case TraceAction::fence_wait:
+      ++rep->fence_waits;
+      rep->fence_wait_ns = add_bytes(rep->fence_wait_ns, row_duration(r));
+      break;
+    case TraceAction::oom: ++rep->ooms; break;
+    case TraceAction::allocate_failure: ++rep->failed_allocations; break;
+    case TraceAction::gc: ++rep->gc_passes; break;
+    default: break;
+  }
+}
+
+// Pass 1: the timeline, the counts and the peaks; where allocated first peaked.
+PeakMark timeline_pass(const std::vector<TraceRow>& rows, int device, Running* run, TraceReport* rep) {
+  PeakMark mark{rows.size()};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const TraceRow& r = rows[i];
     if (r.device != device) continue;
-    if (start < 0) start = r.time_ns;
-    std::int64_t before_a = allocated, before_r = reserved;
-    switch (r.action) {
-      case TraceAction::allocate:
-        live[r.ptr] = {r.size, r.requested};
-        allocated = add_bytes(allocated, r.size);
-        ++sizes[r.requested];
-        ++rep.allocations;
-        break;
-      case TraceAction::free:
-        if (auto it = live.find(r.ptr); it != live.end()) {
-          allocated = sub_bytes(allocated, it->second.size);
-          live.erase(it);
-        }
-        ++rep.frees;
-        break;
-      case TraceAction::segment_alloc:
-      case TraceAction::segment_map:
-        reserved = add_bytes(reserved, r.size);
-        ++rep.segment_allocs;
-        upstream_ns = add_bytes(upstream_ns, static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
-        break;
-      case TraceAction::segment_free:
-      case TraceAction::segment_unmap:
-        reserved = sub_bytes(reserved, r.size);
-        ++rep.segment_frees;
-        upstream_ns = add_bytes(upstream_ns, static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
-        break;
-      case TraceAction::fence_wait:
-        ++rep.fence_waits;
-        rep.fence_wait_ns = add_bytes(rep.fence_wait_ns,
-                                      static_cast<std::size_t>(std::max<std::int64_t>(r.duration_ns, 0)));
-        break;
-      case TraceAction::oom: ++rep.ooms; break;
-      case TraceAction::allocate_failure: ++rep.failed_allocations; break;
-      case TraceAction::gc: ++rep.gc_passes; break;
-      default: break;
+    if (run->start < 0) run->start = r.time_ns;
+    std::int64_t before_a = run->allocated, before_r = run->reserved;
+    count_row(r, run, rep);
+    rep->duration_ns = r.time_ns - run->start;
+    if (run->allocated != before_a || run->reserved != before_r)
+      rep->timeline.push_back({r.time_ns - run->start, run->allocated, run->reserved});
+    if (run->allocated > rep->peak_allocated) {
+      mark = {i, rep->segment_allocs, rep->segment_frees, rep->fence_waits, run->upstream_ns, rep->fence_wait_ns};
+      rep->peak_cause.t_ns = r.time_ns - run->start;
     }
-    rep.duration_ns = r.time_ns - start;
-    if (allocated != before_a || reserved != before_r) rep.timeline.push_back({r.time_ns - start, allocated, reserved});
-    if (allocated > rep.peak_allocated) {
-      peak_row = i;
-      rep.peak_cause.t_ns = r.time_ns - start;
-      allocs_then = rep.segment_allocs;
-      frees_then = rep.segment_frees;
-      upstream_then = upstream_ns;
-      waits_then = rep.fence_waits;
-      wait_ns_then = rep.fence_wait_ns;
-    }
-    rep.peak_allocated = std::max(rep.peak_allocated, allocated);
-    rep.peak_reserved = std::max(rep.peak_reserved, reserved);
+    rep->peak_allocated = std::max(rep->peak_allocated, run->allocated);
+    rep->peak_reserved = std::max(rep->peak_reserved, run->reserved);
   }
-  for (auto it = sizes.rbegin(); it != sizes.rend() && rep.largest_sizes.size() < top_sizes; ++it)
-    rep.largest_sizes.push_back({it->first, it->second});
-  if (peak_row < rows.size()) {
-    PeakCause& pc = rep.peak_cause;
-    pc.found = true;
-    pc.size = rows[peak_row].size;
-    pc.requested = rows[peak_row].requested;
-    pc.stream = rows[peak_row].stream;
-    pc.later_segment_allocs = rep.segment_allocs - allocs_then;
-    pc.later_segment_frees = rep.segment_frees - frees_then;
-    pc.later_upstream_ns = upstream_ns - upstream_then;
-    pc.later_fence_waits = rep.fence_waits - waits_then;
-    pc.later_fence_wait_ns = rep.fence_wait_ns - wait_ns_then;
-    if (__builtin_sub_overflow(rep.duration_ns, pc.t_ns, &pc.later_ns) || pc.later_ns < 0) pc.later_ns = 0;
-    // What was live then, by requested size (a replay of the rows up to that one).
-    std::unordered_map<std::uintptr_t, std::size_t> held;  // pointer -> requested
-    for (std::size_t i = 0; i <= peak_row; ++i) {
-      const TraceRow& r = rows[i];
-      if (r.device != device) continue;
-      if (r.action == TraceAction::allocate) held[r.ptr] = r.requested;
-      if (r.action == TraceAction::free) held.erase(r.ptr);
-    }
-    std::map<std::size_t, std::size_t> by_size;
-    for (const auto& [ptr, req] : held) ++by_size[req];
-    std::vector<SizeCount> v;
-    v.reserve(by_size.size());
-    for (const auto& [size, n] : by_size) v.push_back({size, n});
-    auto bytes = [](const SizeCount& c) {
-      return static_cast<long double>(c.size) * static_cast<long double>(c.count);
-    };
-    std::sort(v.begin(), v.end(), [&](const SizeCount& a, const SizeCount& b) {
-      return bytes(a) != bytes(b) ? bytes(a) > bytes(b) : a.size > b.size;
-    });
-    if (v.size() > 5) v.resize(5);
-    pc.live = held.size();
-    pc.live_by_bytes = std::move(v);
-  }
+  return mark;
+}
 
-  // The moment for the segment map: reserved at its peak, allocated highest among those.
-  std::size_t snap = 0;
+// What was live after row `last`, by requested size (a replay of the rows up to that one): the
+// count, and the five sizes holding the most bytes.
+void live_at(const std::vector<TraceRow>& rows, int device, std::size_t last, PeakCause* pc) {
+  std::unordered_map<std::uintptr_t, std::size_t> held;  // pointer -> requested
+  for (std::size_t i = 0; i <= last; ++i) {
+    const TraceRow& r = rows[i];
+    if (r.device != device) continue;
+    if (r.action == TraceAction::allocate) held[r.ptr] = r.requested;
+    if (r.action == TraceAction::free) held.erase(r.ptr);
+  }
+  std::map<std::size_t, std::size_t> by_size;
+  for (const auto& [ptr, req] : held) ++by_size[req];
+  std::vector<SizeCount> v;
+  v.reserve(by_size.size());
+  for (const auto& [size, n] : by_size) v.push_back({size, n});
+  auto bytes = [](const SizeCount& c) { return static_cast<long double>(c.size) * static_cast<long double>(c.count); };
+  std::sort(v.begin(), v.end(), [&](const SizeCount& a, const SizeCount& b) {
+    return bytes(a) != bytes(b) ? bytes(a) > bytes(b) : a.size > b.size;
+  });
+  if (v.size() > 5) v.resize(5);
+  pc->live = held.size();
+  pc->live_by_bytes = std::move(v);
+}
+
+// The allocation that reached the peak, and what the upstream did from then to the end.
+void describe_peak_cause(const std::vector<TraceRow>& rows, int device, const PeakMark& mark, std::int64_t upstream_ns,
+                         TraceReport* rep) {
+  PeakCause& pc = rep->peak_cause;
+  pc.found = true;
+  pc.size = rows[mark.row].size;
+  pc.requested = rows[mark.row].requested;
+  pc.stream = rows[mark.row].stream;
+  pc.later_segment_allocs = rep->segment_allocs - mark.allocs;
+  pc.later_segment_frees = rep->segment_frees - mark.frees;
+  pc.later_upstream_ns = upstream_ns - mark.upstream_ns;
+  pc.later_fence_waits = rep->fence_waits - mark.waits;
+  pc.later_fence_wait_ns = rep->fence_wait_ns - mark.wait_ns;
+  if (__builtin_sub_overflow(rep->duration_ns, pc.t_ns, &pc.later_ns) || pc.later_ns < 0) pc.later_ns = 0;
+  live_at(rows, device, mark.row, &pc);
+}
+
+// The moment for the segment map: reserved at its peak, allocated highest among those (an index
+// of the timeline); false when nothing was reserved.
+bool snapshot_point(const TraceReport& rep, std::size_t* snap) {
   bool found = false;
   for (std::size_t i = 0; i < rep.timeline.size(); ++i) {
     const auto& p = rep.timeline[i];
-    if (p.reserved == rep.peak_reserved && (!found || p.allocated > rep.timeline[snap].allocated)) {
-      snap = i;
+    if (p.reserved == rep.peak_reserved && (!found || p.allocated > rep.timeline[*snap].allocated)) {
+      *snap = i;
       found = true;
     }
   }
-  if (!found) return rep;  // nothing reserved (a plain log not replayed): no map to draw
-  rep.snapshot_t_ns = rep.timeline[snap].t_ns;
-  rep.snapshot_allocated = rep.timeline[snap].allocated;
-  rep.snapshot_reserved = rep.timeline[snap].reserved;
+  return found;
+}
 
-  // Pass 2: rebuild the state up to that point (the snap-th changing row).
-  live.clear();
-  SegmentSet segs;
+// One row's effect on the live allocations and the segments.
+void map_row(const TraceRow& r, LiveMap* live, SegmentSet* segs, std::int64_t* allocated, std::int64_t* reserved) {
+  switch (r.action) {
+    case TraceAction::allocate:
+      (*live)[r.ptr] = {r.size, r.requested};
+      *allocated = add_bytes(*allocated, r.size);
+      break;
+    case TraceAction::free:
+      if (auto it = live->find(r.ptr); it != live->end()) {
+        *allocated = sub_bytes(*allocated, it->second.size);
+        live->erase(it);
+      }
+      break;
+    case TraceAction::segment_alloc:
+      segs->add(r.ptr, r.size, false);
+      *reserved = add_bytes(*reserved, r.size);
+      break;
+    case TraceAction::segment_map:
+      segs->add(r.ptr, r.size, true);
+      *reserved = add_bytes(*reserved, r.size);
+      break;
+    case TraceAction::segment_free:
+    case TraceAction::segment_unmap:
+      segs->remove(r.ptr, r.size);
+      *reserved = sub_bytes(*reserved, r.size);
+      break;
+    default: break;
+  }
+}
+
+// Pass 2: the live allocations and segments up to the snap-th row that changed either.
+void rebuild_until(const std::vector<TraceRow>& rows, int device, std::size_t snap, LiveMap* live, SegmentSet* segs) {
   std::size_t changes = 0;
-  allocated = reserved = 0;
+  std::int64_t allocated = 0, reserved = 0;
   for (const auto& r : rows) {
     if (r.device != device) continue;
     std::int64_t before_a = allocated, before_r = reserved;
-    switch (r.action) {
-      case TraceAction::allocate:
-        live[r.ptr] = {r.size, r.requested};
-        allocated = add_bytes(allocated, r.size);
-        break;
-      case TraceAction::free:
-        if (auto it = live.find(r.ptr); it != live.end()) {
-          allocated = sub_bytes(allocated, it->second.size);
-          live.erase(it);
-        }
-        break;
-      case TraceAction::segment_alloc:
-        segs.add(r.ptr, r.size, false);
-        reserved = add_bytes(reserved, r.size);
-        break;
-      case TraceAction::segment_map:
-        segs.add(r.ptr, r.size, true);
-        reserved = add_bytes(reserved, r.size);
-        break;
-      case TraceAction::segment_free:
-      case TraceAction::segment_unmap:
-        segs.remove(r.ptr, r.size);
-        reserved = sub_bytes(reserved, r.size);
-        break;
-      default: break;
-    }
+    map_row(r, live, segs, &allocated, &reserved);
     if (allocated != before_a || reserved != before_r) {
       if (changes == snap) break;
       ++changes;
     }
   }
-  // Expandable pages mapped back to back are one segment to the reader.
+}
+
+// The segments (expandable pages mapped back to back are one segment to the reader), each with
+// the live allocations in it.
+void fill_segments(const SegmentSet& segs, const LiveMap& live, std::vector<SegmentView>* v) {
   for (const auto& [base, range] : segs.ranges()) {
-    auto& v = rep.segments_at_peak;
-    if (range.expandable && !v.empty() && v.back().expandable && v.back().base + v.back().size == base)
-      v.back().size += range.size;
+    if (range.expandable && !v->empty() && v->back().expandable && v->back().base + v->back().size == base)
+      v->back().size += range.size;
     else
-      v.push_back({base, range.size, range.expandable, {}});
+      v->push_back({base, range.size, range.expandable, {}});
   }
   std::vector<std::pair<std::uintptr_t, Live>> blocks(live.begin(), live.end());
   std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  auto& v = rep.segments_at_peak;
   std::size_t s = 0;
   for (const auto& [ptr, l] : blocks) {
-    while (s < v.size() && v[s].base + v[s].size <= ptr) ++s;
-    if (s == v.size()) break;
-    if (ptr >= v[s].base) v[s].blocks.push_back({ptr - v[s].base, l.size, l.requested});
+    while (s < v->size() && (*v)[s].base + (*v)[s].size <= ptr) ++s;
+    if (s == v->size()) break;
+    if (ptr >= (*v)[s].base) (*v)[s].blocks.push_back({ptr - (*v)[s].base, l.size, l.requested});
   }
+}
+
+}  // namespace
+
+TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::size_t top_sizes) {
+  TraceReport rep;
+  rep.device = device;
+  Running run;
+  const PeakMark mark = timeline_pass(rows, device, &run, &rep);
+  for (auto it = run.sizes.rbegin(); it != run.sizes.rend() && rep.largest_sizes.size() < top_sizes; ++it)
+    rep.largest_sizes.push_back({it->first, it->second});
+  if (mark.row < rows.size()) describe_peak_cause(rows, device, mark, run.upstream_ns, &rep);
+  std::size_t snap = 0;
+  if (!snapshot_point(rep, &snap)) return rep;  // nothing reserved (a plain log not replayed): no map to draw
+  rep.snapshot_t_ns = rep.timeline[snap].t_ns;
+  rep.snapshot_allocated = rep.timeline[snap].allocated;
+  rep.snapshot_reserved = rep.timeline[snap].reserved;
+  LiveMap live;
+  SegmentSet segs;
+  rebuild_until(rows, device, snap, &live, &segs);
+  fill_segments(segs, live, &rep.segments_at_peak);
   return rep;
 }
 

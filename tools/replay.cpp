@@ -7,6 +7,7 @@
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "allocator/pool.h"
 #include "tools/row_sink.h"
@@ -15,131 +16,167 @@
 
 namespace cudapool::tools {
 
-PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
-  PreparedTrace out;
-  out.ops.reserve(rows.size());
-  TraceFacts& f = out.facts;
-  f.rows = rows.size();
-  if (device < 0) {  // the device with the most allocations
-    std::map<int, std::size_t> per_device;
-    for (const auto& r : rows)
-      if (r.action == TraceAction::allocate) ++per_device[r.device];
-    std::size_t best = 0;
-    device = rows.empty() ? 0 : rows.front().device;
-    for (auto [d, n] : per_device)
-      if (n > best) best = n, device = d;
+namespace {
+
+// The device with the most allocations (the first row's when none has any).
+int busiest_device(const std::vector<TraceRow>& rows) {
+  std::map<int, std::size_t> per_device;
+  for (const auto& r : rows)
+    if (r.action == TraceAction::allocate) ++per_device[r.device];
+  std::size_t best = 0;
+  int device = rows.empty() ? 0 : rows.front().device;
+  for (auto [d, n] : per_device)
+    if (n > best) best = n, device = d;
+  return device;
+}
+
+// Turns one device's rows into replay ops, gathering the trace's facts on the way.
+class Preparer {
+ public:
+  Preparer(std::size_t rows, int device) : device_(device) {
+    out_.ops.reserve(rows);
+    out_.facts.rows = rows;
+    out_.facts.device = device;
+    live_.reserve(1024);
   }
-  f.device = device;
-  struct LiveAlloc {
-    std::uint32_t slot;
-    std::size_t size;
-  };
-  std::unordered_map<std::uintptr_t, LiveAlloc> live;  // trace pointer -> its allocation
-  live.reserve(1024);
-  std::unordered_set<std::uintptr_t> streams;
-  std::unordered_set<std::uint64_t> threads;
-  std::unordered_set<int> others;
-  bool saw_segments = false;
-  std::int64_t reserved = 0, peak_reserved = 0;
-  std::size_t allocated = 0;
-  bool first = true;
-  for (const auto& r : rows) {
+
+  void add(const TraceRow& r) {
+    TraceFacts& f = out_.facts;
     // Process-wide rows, whatever their device column says.
-    if (r.action == TraceAction::policy) continue;  // its text comes through TraceMeta
+    if (r.action == TraceAction::policy) return;  // its text comes through TraceMeta
     // Pinned host memory is not the device pool's: a replay of device memory passes over it.
-    if (r.action == TraceAction::pinned_allocate || r.action == TraceAction::pinned_free) continue;
+    if (r.action == TraceAction::pinned_allocate || r.action == TraceAction::pinned_free) return;
     if (r.action == TraceAction::stream) {
       if (r.detail == TraceDetail::stream_non_blocking) {
         ++f.non_blocking_streams;
       } else {
         ++f.blocking_streams;
       }
-      continue;
+      return;
     }
-    if (r.device != device) {
-      others.insert(r.device);
-      continue;
+    if (r.device != device_) {
+      others_.insert(r.device);
+      return;
     }
-    if (first) f.start_ns = r.time_ns, first = false;
-    if (r.action == TraceAction::allocate || r.action == TraceAction::free) threads.insert(r.thread);
+    if (first_) f.start_ns = r.time_ns, first_ = false;
+    if (r.action == TraceAction::allocate || r.action == TraceAction::free) threads_.insert(r.thread);
     if (r.duration_ns > 0 && (r.action == TraceAction::segment_alloc || r.action == TraceAction::segment_map))
       f.upstream_durations = true;
     f.end_ns = std::max(f.end_ns, r.time_ns);
+    add_device_row(r);
+  }
+
+  PreparedTrace finish() {
+    TraceFacts& f = out_.facts;
+    f.streams = streams_.size();
+    f.threads = threads_.size();
+    f.other_devices.assign(others_.begin(), others_.end());
+    std::sort(f.other_devices.begin(), f.other_devices.end());
+    f.rmm_only = !saw_segments_;
+    if (saw_segments_) f.recorded_peak_reserved = static_cast<std::size_t>(peak_reserved_);
+    return std::move(out_);
+  }
+
+ private:
+  struct LiveAlloc {
+    std::uint32_t slot;
+    std::size_t size;
+  };
+
+  void add_device_row(const TraceRow& r) {
+    TraceFacts& f = out_.facts;
     switch (r.action) {
-      case TraceAction::allocate: {
-        std::uint32_t slot = out.slots++;
-        // A pointer allocated again without a free in between: the old allocation's free was
-        // lost (e.g. a trace cut short); the newest allocation owns the pointer.
-        live[r.ptr] = {slot, r.size};
-        allocated += r.size;
-        f.recorded_peak_allocated = std::max(f.recorded_peak_allocated, allocated);
-        f.largest_allocation = std::max(f.largest_allocation, r.requested);
-        out.ops.push_back({ReplayOp::allocate, slot, r.requested, r.stream, r.time_ns, TraceDetail::none, r.site});
-        ++f.allocations;
-        streams.insert(r.stream);
-        break;
-      }
-      case TraceAction::free: {
-        auto it = live.find(r.ptr);
-        if (it == live.end()) {
-          ++f.unmatched_frees;
-          break;
-        }
-        allocated -= it->second.size;
-        out.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns, r.detail});
-        if (r.detail == TraceDetail::free_sync)
-          ++f.sync_frees;
-        else if (r.detail == TraceDetail::free_async)
-          ++f.async_frees;
-        else
-          ++f.unknown_frees;
-        live.erase(it);
-        ++f.frees;
-        break;
-      }
+      case TraceAction::allocate: add_allocate(r); break;
+      case TraceAction::free: add_free(r); break;
       case TraceAction::allocate_failure:
-        out.ops.push_back({ReplayOp::failed_allocate, 0, r.requested ? r.requested : r.size, r.stream, r.time_ns});
+        out_.ops.push_back({ReplayOp::failed_allocate, 0, r.requested ? r.requested : r.size, r.stream, r.time_ns});
         ++f.failed_allocations;
         break;
       case TraceAction::empty_cache:
-        out.ops.push_back({ReplayOp::empty_cache, 0, 0, r.stream, r.time_ns});
-        saw_segments = true;
+        out_.ops.push_back({ReplayOp::empty_cache, 0, 0, r.stream, r.time_ns});
+        saw_segments_ = true;
         break;
       case TraceAction::segment_alloc:
       case TraceAction::segment_map:
         (r.action == TraceAction::segment_map ? f.expandable_rows : f.classic_rows) = true;
-        saw_segments = true;
-        reserved = add_bytes(reserved, r.size);
-        peak_reserved = std::max(peak_reserved, reserved);
+        saw_segments_ = true;
+        reserved_ = add_bytes(reserved_, r.size);
+        peak_reserved_ = std::max(peak_reserved_, reserved_);
         break;
       case TraceAction::segment_free:
       case TraceAction::segment_unmap:
-        saw_segments = true;
-        reserved = sub_bytes(reserved, r.size);
+        saw_segments_ = true;
+        reserved_ = sub_bytes(reserved_, r.size);
         break;
       case TraceAction::device:
         if (!f.device_memory) f.device_memory = r.size;
-        saw_segments = true;
+        saw_segments_ = true;
         break;
       case TraceAction::oom:
       case TraceAction::gc:
       case TraceAction::fence_wait:
       case TraceAction::gpu_wait:
-        saw_segments = true;  // the pool's own decisions: the replayed pool makes its own
+        saw_segments_ = true;  // the pool's own decisions: the replayed pool makes its own
         break;
       case TraceAction::policy:
       case TraceAction::stream:
       case TraceAction::pinned_allocate:
-      case TraceAction::pinned_free: break;  // handled above
+      case TraceAction::pinned_free: break;  // handled in add()
     }
   }
-  f.streams = streams.size();
-  f.threads = threads.size();
-  f.other_devices.assign(others.begin(), others.end());
-  std::sort(f.other_devices.begin(), f.other_devices.end());
-  f.rmm_only = !saw_segments;
-  if (saw_segments) f.recorded_peak_reserved = static_cast<std::size_t>(peak_reserved);
-  return out;
+
+  void add_allocate(const TraceRow& r) {
+    TraceFacts& f = out_.facts;
+    std::uint32_t slot = out_.slots++;
+    // A pointer allocated again without a free in between: the old allocation's free was
+    // lost (e.g. a trace cut short); the newest allocation owns the pointer.
+    live_[r.ptr] = {slot, r.size};
+    allocated_ += r.size;
+    f.recorded_peak_allocated = std::max(f.recorded_peak_allocated, allocated_);
+    f.largest_allocation = std::max(f.largest_allocation, r.requested);
+    out_.ops.push_back({ReplayOp::allocate, slot, r.requested, r.stream, r.time_ns, TraceDetail::none, r.site});
+    ++f.allocations;
+    streams_.insert(r.stream);
+  }
+
+  void add_free(const TraceRow& r) {
+    TraceFacts& f = out_.facts;
+    auto it = live_.find(r.ptr);
+    if (it == live_.end()) {
+      ++f.unmatched_frees;
+      return;
+    }
+    allocated_ -= it->second.size;
+    out_.ops.push_back({ReplayOp::free, it->second.slot, 0, r.stream, r.time_ns, r.detail});
+    if (r.detail == TraceDetail::free_sync)
+      ++f.sync_frees;
+    else if (r.detail == TraceDetail::free_async)
+      ++f.async_frees;
+    else
+      ++f.unknown_frees;
+    live_.erase(it);
+    ++f.frees;
+  }
+
+  PreparedTrace out_;
+  int device_;
+  std::unordered_map<std::uintptr_t, LiveAlloc> live_;  // trace pointer -> its allocation
+  std::unordered_set<std::uintptr_t> streams_;
+  std::unordered_set<std::uint64_t> threads_;
+  std::unordered_set<int> others_;
+  bool saw_segments_ = false;
+  bool first_ = true;
+  std::int64_t reserved_ = 0, peak_reserved_ = 0;
+  std::size_t allocated_ = 0;
+};
+
+}  // namespace
+
+PreparedTrace prepare_trace(const std::vector<TraceRow>& rows, int device) {
+  if (device < 0) device = busiest_device(rows);
+  Preparer preparer(rows.size(), device);
+  for (const auto& r : rows) preparer.add(r);
+  return preparer.finish();
 }
 
 namespace {
@@ -171,6 +208,88 @@ class CountingSink : public EventSink {
   bool stopped_ = false;
 };
 
+// Runs replay ops on the pool: keeps each slot's pointer (and call site), the peak so far and the
+// snapshot, into the result.
+class OpRunner {
+ public:
+  OpRunner(const PreparedTrace& trace, const ReplayConfig& config, DevicePool& pool, CountingSink& counter,
+           ReplayResult* res)
+      : trace_(trace), config_(config), pool_(pool), counter_(counter), res_(*res), slots_(trace.slots, nullptr) {}
+
+  void run(const ReplayOp& op) {
+    switch (op.kind) {
+      case ReplayOp::allocate: allocate_slot(op); break;
+      case ReplayOp::free: free_slot(op); break;
+      case ReplayOp::failed_allocate: {
+        // The program survived a refusal; if this policy can serve it, give it straight back.
+        AllocResult a = pool_.allocate(op.size, op.stream);
+        if (a.status == AllocStatus::ok) {
+          ++res_.recorded_failures_served;
+          pool_.free_on_stream(a.ptr, op.stream);
+        }
+        break;
+      }
+      case ReplayOp::empty_cache: pool_.empty_cache(); break;
+    }
+  }
+
+  // After the op of that index: the peak, and the snapshot when it is the one asked for.
+  void after(std::size_t done) {
+    if (config_.track_peak && (counter_.reserved > best_reserved_ ||
+                               (counter_.reserved == best_reserved_ && counter_.allocated > best_allocated_))) {
+      best_reserved_ = counter_.reserved;
+      best_allocated_ = counter_.allocated;
+      res_.peak_op = done;
+    }
+    if (config_.snapshot_after_op && *config_.snapshot_after_op == done) {
+      res_.snapshot = pool_.snapshot();
+      for (std::size_t i = 0; i < slot_sites_.size(); ++i)
+        if (slot_sites_[i] != 0 && slots_[i] != nullptr)
+          res_.block_sites[reinterpret_cast<std::uintptr_t>(slots_[i])] = slot_sites_[i];
+      counter_.stop_forwarding();  // the rows end where the snapshot is taken
+    }
+  }
+
+ private:
+  void allocate_slot(const ReplayOp& op) {
+    const std::size_t before = res_.rows.size();
+    AllocResult a = pool_.allocate(op.size, op.stream);
+    if (a.status == AllocStatus::ok)
+      slots_[op.slot] = a.ptr;
+    else
+      ++res_.failed_allocations;
+    if (op.site == 0 || a.status != AllocStatus::ok) return;
+    if (slot_sites_.empty()) slot_sites_.resize(trace_.slots, 0);
+    slot_sites_[op.slot] = op.site;
+    // The collected allocate row is this allocation's: it gets the call site too.
+    for (std::size_t i = res_.rows.size(); i > before; --i)
+      if (res_.rows[i - 1].action == TraceAction::allocate &&
+          res_.rows[i - 1].ptr == reinterpret_cast<std::uintptr_t>(a.ptr)) {
+        res_.rows[i - 1].site = op.site;
+        break;
+      }
+  }
+
+  void free_slot(const ReplayOp& op) {
+    void* p = slots_[op.slot];
+    if (!p) return;  // its allocation failed in this replay
+    const bool sync = config_.free_mode == FreeMode::sync ||
+                      (config_.free_mode == FreeMode::recorded && op.detail == TraceDetail::free_sync);
+    FreeStatus s = sync ? pool_.free(p) : pool_.free_on_stream(p, op.stream);
+    if (s != FreeStatus::ok) ++res_.bad_frees;
+    slots_[op.slot] = nullptr;
+  }
+
+  const PreparedTrace& trace_;
+  const ReplayConfig& config_;
+  DevicePool& pool_;
+  CountingSink& counter_;
+  ReplayResult& res_;
+  std::vector<void*> slots_;
+  std::vector<std::uint32_t> slot_sites_;  // call site per slot, when the trace has any
+  std::int64_t best_reserved_ = -1, best_allocated_ = -1;
+};
+
 }  // namespace
 
 std::size_t op_at_time(const PreparedTrace& trace, std::int64_t ns_since_start) {
@@ -193,75 +312,19 @@ ReplayResult replay_trace(const PreparedTrace& trace, const ReplayConfig& config
   std::int64_t now = trace.facts.start_ns;
   RowSink collector(&res.rows, &now);
   TraceClock clock(&now);
-  std::vector<void*> slots(trace.slots, nullptr);
-  std::vector<std::uint32_t> slot_sites;  // call site per slot, when the trace has any
   auto start = std::chrono::steady_clock::now();
   const bool counting = config.track_peak || config.snapshot_after_op;
   CountingSink counter(config.collect_rows ? &collector : nullptr);
   EventSink* sink = counting ? &counter : config.collect_rows ? static_cast<EventSink*>(&collector) : nullptr;
-  std::int64_t best_reserved = -1, best_allocated = -1;
   {
     DevicePool pool(trace.facts.device, config.pool, upstream, fences, sink);
+    OpRunner runner(trace, config, pool, counter, &res);
     std::uint64_t index = 0;
     for (const ReplayOp& op : trace.ops) {
       fences.advance(++index, op.time_ns);
       now = op.time_ns;
-      switch (op.kind) {
-        case ReplayOp::allocate: {
-          const std::size_t before = res.rows.size();
-          AllocResult a = pool.allocate(op.size, op.stream);
-          if (a.status == AllocStatus::ok)
-            slots[op.slot] = a.ptr;
-          else
-            ++res.failed_allocations;
-          if (op.site != 0 && a.status == AllocStatus::ok) {
-            if (slot_sites.empty()) slot_sites.resize(trace.slots, 0);
-            slot_sites[op.slot] = op.site;
-            // The collected allocate row is this allocation's: it gets the call site too.
-            for (std::size_t i = res.rows.size(); i > before; --i)
-              if (res.rows[i - 1].action == TraceAction::allocate &&
-                  res.rows[i - 1].ptr == reinterpret_cast<std::uintptr_t>(a.ptr)) {
-                res.rows[i - 1].site = op.site;
-                break;
-              }
-          }
-          break;
-        }
-        case ReplayOp::free: {
-          void* p = slots[op.slot];
-          if (!p) break;  // its allocation failed in this replay
-          const bool sync = config.free_mode == FreeMode::sync ||
-                            (config.free_mode == FreeMode::recorded && op.detail == TraceDetail::free_sync);
-          FreeStatus s = sync ? pool.free(p) : pool.free_on_stream(p, op.stream);
-          if (s != FreeStatus::ok) ++res.bad_frees;
-          slots[op.slot] = nullptr;
-          break;
-        }
-        case ReplayOp::failed_allocate: {
-          // The program survived a refusal; if this policy can serve it, give it straight back.
-          AllocResult a = pool.allocate(op.size, op.stream);
-          if (a.status == AllocStatus::ok) {
-            ++res.recorded_failures_served;
-            pool.free_on_stream(a.ptr, op.stream);
-          }
-          break;
-        }
-        case ReplayOp::empty_cache: pool.empty_cache(); break;
-      }
-      const std::size_t done = static_cast<std::size_t>(index - 1);
-      if (config.track_peak && (counter.reserved > best_reserved ||
-                                (counter.reserved == best_reserved && counter.allocated > best_allocated))) {
-        best_reserved = counter.reserved;
-        best_allocated = counter.allocated;
-        res.peak_op = done;
-      }
-      if (config.snapshot_after_op && *config.snapshot_after_op == done) {
-        res.snapshot = pool.snapshot();
-        for (std::size_t i = 0; i < slot_sites.size(); ++i)
-          if (slot_sites[i] != 0 && slots[i] != nullptr)
-            res.block_sites[reinterpret_cast<std::uintptr_t>(slots[i])] = slot_sites[i];
-        counter.stop_forwarding();  // the rows end where the snapshot is taken
-      }
+      runner.run(op);
+      runner.after(static_cast<std::size_t>(index - 1));
     }
     res.stats = pool.stats();
     // The pool's own count (tools/metrics.h), the same a run under the library reports; the

@@ -63,82 +63,119 @@ void trace_entry(PickleWriter& w, const char* action, std::uintptr_t addr, std::
   w.end();
 }
 
-}  // namespace
+using BlockSites = std::unordered_map<std::uintptr_t, std::uint32_t>;
 
-std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& rows, int device,
-                            std::size_t device_memory, const std::string& conf, const PoolOptions& options,
-                            SnapshotFigures* figures, const std::vector<std::string>* sites,
-                            const std::unordered_map<std::uintptr_t, std::uint32_t>* block_sites) {
-  auto site_of = [&](std::uint32_t id) -> const std::string* {
-    return sites != nullptr && id != 0 && id <= sites->size() ? &(*sites)[id - 1] : nullptr;
-  };
-  SnapshotFigures fig = figures ? *figures : SnapshotFigures{};
-  fig.segments = snap.segments.size();
-  fig.reserved = fig.allocated = fig.requested = 0;
-  fig.blocks = fig.active_blocks = fig.events = fig.blocks_with_frames = 0;
-  PickleWriter w;
+// The call site of a site id (telemetry/trace.h: 1-based, 0 = none), or null.
+const std::string* site_of(const std::vector<std::string>* sites, std::uint32_t id) {
+  return sites != nullptr && id != 0 && id <= sites->size() ? &(*sites)[id - 1] : nullptr;
+}
+
+void write_block(PickleWriter& w, const BlockInfo& b, const std::string* site) {
   w.begin_dict();
-  w.key("segments");
+  w.key("address");
+  w.uinteger(b.address);
+  w.key("size");
+  w.uinteger(b.size);
+  w.key("requested_size");
+  w.uinteger(b.requested_size);
+  w.key("state");
+  w.str(to_string(b.state));
+  w.key("frames");  // where the live block was allocated, when the trace says
+  frames(w, site);
+  w.end();
+}
+
+// One segments entry with its blocks; the figures counted.
+void write_segment(PickleWriter& w, const SegmentInfo& s, const std::vector<std::string>* sites,
+                   const BlockSites* block_sites, SnapshotFigures* fig) {
+  fig->reserved += s.total_size;
+  fig->allocated += s.allocated_size;
+  fig->requested += s.requested_size;
+  w.begin_dict();
+  w.key("device");
+  w.integer(s.device);
+  w.key("address");
+  w.uinteger(s.address);
+  w.key("total_size");
+  w.uinteger(s.total_size);
+  w.key("allocated_size");
+  w.uinteger(s.allocated_size);
+  w.key("active_size");
+  w.uinteger(s.active_size);
+  w.key("requested_size");
+  w.uinteger(s.requested_size);
+  w.key("stream");
+  w.uinteger(s.stream);
+  w.key("segment_type");
+  w.str(s.is_small ? "small" : "large");
+  w.key("segment_pool_id");  // (0, 0): the default pool, no CUDA graph pool
+  w.begin_tuple();
+  w.integer(0);
+  w.integer(0);
+  w.end();
+  w.key("is_expandable");
+  w.boolean(s.is_expandable);
+  w.key("frames");
   w.begin_list();
-  for (const SegmentInfo& s : snap.segments) {
-    fig.reserved += s.total_size;
-    fig.allocated += s.allocated_size;
-    fig.requested += s.requested_size;
-    w.begin_dict();
-    w.key("device");
-    w.integer(s.device);
-    w.key("address");
-    w.uinteger(s.address);
-    w.key("total_size");
-    w.uinteger(s.total_size);
-    w.key("allocated_size");
-    w.uinteger(s.allocated_size);
-    w.key("active_size");
-    w.uinteger(s.active_size);
-    w.key("requested_size");
-    w.uinteger(s.requested_size);
-    w.key("stream");
-    w.uinteger(s.stream);
-    w.key("segment_type");
-    w.str(s.is_small ? "small" : "large");
-    w.key("segment_pool_id");  // (0, 0): the default pool, no CUDA graph pool
-    w.begin_tuple();
-    w.integer(0);
-    w.integer(0);
-    w.end();
-    w.key("is_expandable");
-    w.boolean(s.is_expandable);
-    w.key("frames");
-    w.begin_list();
-    w.end();
-    w.key("blocks");
-    w.begin_list();
-    for (const BlockInfo& b : s.blocks) {
-      ++fig.blocks;
-      if (b.state == BlockState::active_allocated) ++fig.active_blocks;
-      w.begin_dict();
-      w.key("address");
-      w.uinteger(b.address);
-      w.key("size");
-      w.uinteger(b.size);
-      w.key("requested_size");
-      w.uinteger(b.requested_size);
-      w.key("state");
-      w.str(to_string(b.state));
-      w.key("frames");  // where the live block was allocated, when the trace says
-      const std::string* site = nullptr;
-      if (block_sites != nullptr && b.state == BlockState::active_allocated)
-        if (auto it = block_sites->find(b.address); it != block_sites->end()) site = site_of(it->second);
-      if (site != nullptr) ++fig.blocks_with_frames;
-      frames(w, site);
-      w.end();
-    }
-    w.end();
-    w.end();
+  w.end();
+  w.key("blocks");
+  w.begin_list();
+  for (const BlockInfo& b : s.blocks) {
+    ++fig->blocks;
+    if (b.state == BlockState::active_allocated) ++fig->active_blocks;
+    const std::string* site = nullptr;
+    if (block_sites != nullptr && b.state == BlockState::active_allocated)
+      if (auto it = block_sites->find(b.address); it != block_sites->end()) site = site_of(sites, it->second);
+    if (site != nullptr) ++fig->blocks_with_frames;
+    write_block(w, b, site);
   }
   w.end();
+  w.end();
+}
 
-  // device_traces: one list per device up to the replayed one (the others stay empty).
+// The device_traces entries of one row (none for the pool's own bookkeeping: driver refusals,
+// gc, waits have no PyTorch action); *reserved follows the segment rows.
+void write_trace_row(PickleWriter& w, const TraceRow& r, std::size_t device_memory,
+                     const std::vector<std::string>* sites, std::int64_t* reserved, SnapshotFigures* fig) {
+  switch (r.action) {
+    case TraceAction::allocate:
+      trace_entry(w, "alloc", r.ptr, r.requested, r.stream, r.time_ns, nullptr, site_of(sites, r.site));
+      ++fig->events;
+      break;
+    case TraceAction::free:
+      // The pool has no later moment at which a free "completes" for the program: both at once.
+      trace_entry(w, "free_requested", r.ptr, r.requested, r.stream, r.time_ns);
+      trace_entry(w, "free_completed", r.ptr, r.requested, r.stream, r.time_ns);
+      fig->events += 2;
+      break;
+    case TraceAction::segment_alloc:
+    case TraceAction::segment_map:
+      *reserved = add_bytes(*reserved, r.size);
+      trace_entry(w, r.action == TraceAction::segment_alloc ? "segment_alloc" : "segment_map", r.ptr, r.size, r.stream,
+                  r.time_ns);
+      ++fig->events;
+      break;
+    case TraceAction::segment_free:
+    case TraceAction::segment_unmap:
+      *reserved = sub_bytes(*reserved, r.size);
+      trace_entry(w, r.action == TraceAction::segment_free ? "segment_free" : "segment_unmap", r.ptr, r.size, r.stream,
+                  r.time_ns);
+      ++fig->events;
+      break;
+    case TraceAction::allocate_failure: {
+      // What the program saw: out of memory for this request (PyTorch's 'oom').
+      const std::int64_t device_free = std::max<std::int64_t>(0, static_cast<std::int64_t>(device_memory) - *reserved);
+      trace_entry(w, "oom", 0, r.requested ? r.requested : r.size, r.stream, r.time_ns, &device_free);
+      ++fig->events;
+      break;
+    }
+    default: break;
+  }
+}
+
+// device_traces: one list per device up to the replayed one (the others stay empty).
+void write_device_traces(PickleWriter& w, const std::vector<TraceRow>& rows, int device, std::size_t device_memory,
+                         const std::vector<std::string>* sites, SnapshotFigures* fig) {
   w.key("device_traces");
   w.begin_list();
   // Bounded: the reader takes no device above kMaxTraceDevice, and a caller's own number is cut
@@ -150,50 +187,13 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
   }
   w.begin_list();
   std::int64_t reserved = 0;
-  for (const TraceRow& r : rows) {
-    if (r.device != device) continue;
-    switch (r.action) {
-      case TraceAction::allocate:
-        trace_entry(w, "alloc", r.ptr, r.requested, r.stream, r.time_ns, nullptr, site_of(r.site));
-        ++fig.events;
-        break;
-      case TraceAction::free:
-        // The pool has no later moment at which a free "completes" for the program: both at once.
-        trace_entry(w, "free_requested", r.ptr, r.requested, r.stream, r.time_ns);
-        trace_entry(w, "free_completed", r.ptr, r.requested, r.stream, r.time_ns);
-        fig.events += 2;
-        break;
-      case TraceAction::segment_alloc:
-      case TraceAction::segment_map:
-        reserved = add_bytes(reserved, r.size);
-        trace_entry(w, r.action == TraceAction::segment_alloc ? "segment_alloc" : "segment_map", r.ptr, r.size,
-                    r.stream, r.time_ns);
-        ++fig.events;
-        break;
-      case TraceAction::segment_free:
-      case TraceAction::segment_unmap:
-        reserved = sub_bytes(reserved, r.size);
-        trace_entry(w, r.action == TraceAction::segment_free ? "segment_free" : "segment_unmap", r.ptr, r.size,
-                    r.stream, r.time_ns);
-        ++fig.events;
-        break;
-      case TraceAction::allocate_failure: {
-        // What the program saw: out of memory for this request (PyTorch's 'oom').
-        const std::int64_t device_free = std::max<std::int64_t>(0, static_cast<std::int64_t>(device_memory) - reserved);
-        trace_entry(w, "oom", 0, r.requested ? r.requested : r.size, r.stream, r.time_ns, &device_free);
-        ++fig.events;
-        break;
-      }
-      default: break;  // the pool's own bookkeeping (driver refusals, gc, waits) has no PyTorch action
-    }
-  }
+  for (const TraceRow& r : rows)
+    if (r.device == device) write_trace_row(w, r, device_memory, sites, &reserved, fig);
   w.end();
   w.end();
+}
 
-  w.key("external_annotations");  // PyTorch's record_annotations(); none in a trace
-  w.begin_list();
-  w.end();
-
+void write_allocator_settings(PickleWriter& w, const std::string& conf, const PoolOptions& options) {
   w.key("allocator_settings");
   w.begin_dict();
   w.key("PYTORCH_CUDA_ALLOC_CONF");
@@ -211,6 +211,29 @@ std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& r
   for (auto d : options.roundup_power2_divisions) w.integer(d);
   w.end();
   w.end();
+}
+
+}  // namespace
+
+std::string snapshot_pickle(const Snapshot& snap, const std::vector<TraceRow>& rows, int device,
+                            std::size_t device_memory, const std::string& conf, const PoolOptions& options,
+                            SnapshotFigures* figures, const std::vector<std::string>* sites,
+                            const std::unordered_map<std::uintptr_t, std::uint32_t>* block_sites) {
+  SnapshotFigures fig = figures ? *figures : SnapshotFigures{};
+  fig.segments = snap.segments.size();
+  fig.reserved = fig.allocated = fig.requested = 0;
+  fig.blocks = fig.active_blocks = fig.events = fig.blocks_with_frames = 0;
+  PickleWriter w;
+  w.begin_dict();
+  w.key("segments");
+  w.begin_list();
+  for (const SegmentInfo& s : snap.segments) write_segment(w, s, sites, block_sites, &fig);
+  w.end();
+  write_device_traces(w, rows, device, device_memory, sites, &fig);
+  w.key("external_annotations");  // PyTorch's record_annotations(); none in a trace
+  w.begin_list();
+  w.end();
+  write_allocator_settings(w, conf, options);
   w.end();
   if (figures) *figures = fig;
   return w.finish();
