@@ -142,11 +142,16 @@ void HostPool::insert_free_locked(Block* b) {
   free_.insert(b);
 }
 
-HostPool::Segment* HostPool::new_segment_locked(std::size_t size, unsigned flags, Owner owner, bool reserve) {
+HostPool::Segment* HostPool::new_segment_locked(std::size_t size, unsigned flags, Owner owner, bool reserve,
+                                                int* error) {
   const std::int64_t t0 = detail::now_ns();
-  void* p = up_.allocate(size, flags);
+  const HostUpstreamResult got = up_.allocate(size, flags);
   stats_.upstream_ns += detail::now_ns() - t0;
-  if (p == nullptr) return nullptr;
+  void* p = got.ptr;
+  if (p == nullptr) {
+    *error = got.error;
+    return nullptr;
+  }
   ++stats_.upstream_allocs;
   const auto base = reinterpret_cast<std::uintptr_t>(p);
   if (auto old = segments_.find(base); old != segments_.end()) {
@@ -172,7 +177,8 @@ HostPool::Result HostPool::allocate(std::size_t bytes, unsigned flags, Owner own
   std::lock_guard<std::mutex> lock(mu_);
   if (flags == 0 && opt_.reserve_segment != 0 && !reserve_tried_) {
     reserve_tried_ = true;  // one try: a reserve the driver refuses is not asked for again
-    new_segment_locked(opt_.reserve_segment, 0, owner, true);
+    int ignored = 0;  // a refused reserve is no error of the request's
+    new_segment_locked(opt_.reserve_segment, 0, owner, true, &ignored);
   }
   std::size_t running = 0;
   Block* b = take_cached_locked(bytes, flags, owner, Ask::plain, &running);
@@ -190,13 +196,14 @@ HostPool::Result HostPool::allocate(std::size_t bytes, unsigned flags, Owner own
   } else {
     ++stats_.cache_misses;
     trim_for_growth_locked(bytes, size);
-    Segment* s = new_segment_locked(size, flags, owner, false);
+    int error = 0;
+    Segment* s = new_segment_locked(size, flags, owner, false, &error);
     // Out of memory: give back what is cached (fences completed), then everything cached.
     for (int round = 0; s == nullptr && round < 2; ++round) {
       if (release_cached_locked(round == 1) == 0 && round == 0) continue;
-      s = new_segment_locked(size, flags, owner, false);
+      s = new_segment_locked(size, flags, owner, false, &error);
     }
-    if (s == nullptr) return {AllocStatus::out_of_memory, nullptr};
+    if (s == nullptr) return {AllocStatus::out_of_memory, nullptr, error};
     b = take_cached_locked(bytes, flags, owner, Ask::plain, &running);
     if (b == nullptr) return {AllocStatus::out_of_memory, nullptr};  // not reached: the segment fits
   }

@@ -34,14 +34,22 @@
 
 namespace cudapool {
 
+// What HostUpstream::allocate answers: the memory, or why it cannot be had. `error`: the
+// upstream's own code for the refusal (nonzero; the shim's: a CUresult), handed to the caller
+// through HostPool::Result::upstream_error.
+struct HostUpstreamResult {
+  void* ptr = nullptr;
+  int error = 0;
+};
+
 // Page-locked memory from the driver. `flags`: the cuMemHostAlloc flags of the request.
 // allocate() runs on the requesting thread, in the context the memory will belong to;
 // release() names that context (`owner`, HostPool::Owner), which it may have to make current.
 class HostUpstream {
  public:
   virtual ~HostUpstream() = default;
-  // nullptr when the memory cannot be had (the upstream remembers why, for the caller).
-  virtual void* allocate(std::size_t bytes, unsigned flags) = 0;
+  // ptr nullptr when the memory cannot be had, with the upstream's reason in `error`.
+  virtual HostUpstreamResult allocate(std::size_t bytes, unsigned flags) = 0;
   virtual void release(void* p, std::size_t bytes, unsigned flags, std::uintptr_t owner) = 0;
   // The owner context is gone and took the memory's pinning along: undo what is the upstream's
   // own (memory it mapped itself), without the driver. Called once no block of it is live.
@@ -91,6 +99,7 @@ class HostPool {
   struct Result {
     AllocStatus status = AllocStatus::ok;
     void* ptr = nullptr;
+    int upstream_error = 0;  // out_of_memory: the last upstream refusal's code (0: none was made)
   };
   // A block of at least `bytes` with `flags`, belonging to `owner`: a cached block of the same
   // owner and flags whose free fence has completed and whose size is within the request's bound,
@@ -157,7 +166,8 @@ class HostPool {
   Block* take_cached_locked(std::size_t bytes, unsigned flags, Owner owner, Ask ask, std::size_t* running);
   // New memory of `size` for a request of `bytes` would hold more than kHeldRatio of live requests.
   bool over_bound_locked(std::size_t bytes, std::size_t size) const;
-  Segment* new_segment_locked(std::size_t size, unsigned flags, Owner owner, bool reserve);
+  // nullptr when the upstream refuses, with its code in `*error`.
+  Segment* new_segment_locked(std::size_t size, unsigned flags, Owner owner, bool reserve, int* error);
   void split_locked(Block* b, std::size_t size);  // b keeps `size`; the rest becomes a free block
   void insert_free_locked(Block* b);              // merges with free neighbours
   void release_segment_locked(Segment* s);        // a wholly free segment back to the upstream

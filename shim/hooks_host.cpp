@@ -43,8 +43,6 @@ constexpr unsigned kHostAllocFlags = kHostAllocPortable | kHostAllocDeviceMap | 
 // cuMemHostRegister's flags for the same meanings (4 is CU_MEMHOSTREGISTER_IOMEMORY there).
 constexpr unsigned kRegisterPortable = 1, kRegisterDeviceMap = 2;
 
-thread_local CUresult tl_host_error = CUDA_SUCCESS;
-
 std::int64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -55,7 +53,7 @@ class CudaHostUpstream final : public HostUpstream {
  public:
   CudaHostUpstream(const RealDriver& d, const HostPoolOptions& o) : d_(d), opt_(o) {}
 
-  void* allocate(std::size_t bytes, unsigned flags) override {
+  HostUpstreamResult allocate(std::size_t bytes, unsigned flags) override {
     const auto t0 = std::chrono::steady_clock::now();
     void* p = nullptr;
     const bool reg = opt_.use_host_register && (flags & kHostAllocWriteCombined) == 0 &&
@@ -89,13 +87,12 @@ class CudaHostUpstream final : public HostUpstream {
       r = d_.cuMemHostAlloc(&p, bytes, flags);
       if (r != CUDA_SUCCESS) p = nullptr;
     }
-    tl_host_error = r;
     if (p != nullptr)
       log_info("pinned host memory: {} {} bytes (flags {}) in {} us", reg ? "registered" : "allocated", bytes, flags,
                elapsed_ns(t0) / 1000);
     else
       log_debug("pinned host memory: {} bytes refused by the driver (CUDA error {})", bytes, static_cast<int>(r));
-    return p;
+    return {p, p != nullptr ? CUDA_SUCCESS : r};
   }
 
   void release(void* p, std::size_t bytes, unsigned flags, std::uintptr_t owner) override {
@@ -363,7 +360,6 @@ CUresult pooled_alloc(void** pp, std::size_t bytes, unsigned flags) {
   if (cp == nullptr) return kPassThrough;
   HostState* h = host_state(*rt);
   if (h == nullptr) return kPassThrough;
-  tl_host_error = CUDA_SUCCESS;
   const HostPool::Result r = h->pool.allocate(bytes, flags, reinterpret_cast<HostPool::Owner>(cp->ctx));
   switch (r.status) {
     case AllocStatus::ok:
@@ -374,9 +370,10 @@ CUresult pooled_alloc(void** pp, std::size_t bytes, unsigned flags) {
     case AllocStatus::out_of_memory:
     case AllocStatus::upstream_error: break;
   }
+  const CUresult error = r.upstream_error != CUDA_SUCCESS ? r.upstream_error : CUDA_ERROR_OUT_OF_MEMORY;
   log_warn("pinned host memory: {} bytes could not be had (CUDA error {}), with the pool's cache given back first",
-           bytes, static_cast<int>(tl_host_error != CUDA_SUCCESS ? tl_host_error : CUDA_ERROR_OUT_OF_MEMORY));
-  return tl_host_error != CUDA_SUCCESS ? tl_host_error : CUDA_ERROR_OUT_OF_MEMORY;
+           bytes, static_cast<int>(error));
+  return error;
 }
 
 }  // namespace

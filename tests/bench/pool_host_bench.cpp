@@ -19,8 +19,9 @@ namespace {
 
 class MallocHostUpstream : public HostUpstream {
  public:
-  void* allocate(std::size_t bytes, unsigned) override {
-    return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  HostUpstreamResult allocate(std::size_t bytes, unsigned) override {
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    return {p, p != nullptr ? 0 : 2};
   }
   void release(void* p, std::size_t, unsigned, std::uintptr_t) override { std::free(p); }
 };

@@ -16,18 +16,19 @@ namespace {
 
 using testing::FakeFence;
 
-// Page-aligned host memory from malloc, counted, with a byte limit.
+// Page-aligned host memory from malloc, counted, with a byte limit (beyond it: `refusal`).
 class FakeHostUpstream : public HostUpstream {
  public:
-  void* allocate(std::size_t bytes, unsigned flags) override {
-    if (held + bytes > limit) return nullptr;
+  HostUpstreamResult allocate(std::size_t bytes, unsigned flags) override {
+    if (held + bytes > limit) return {nullptr, refusal};
     void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    if (p == nullptr) return nullptr;
+    if (p == nullptr) return {nullptr, kMallocFailed};
     live[p] = {bytes, flags};
     held += bytes;
     ++allocs;
-    return p;
+    return {p, 0};
   }
+  static constexpr int kMallocFailed = 2;
   void release(void* p, std::size_t bytes, unsigned flags, std::uintptr_t owner) override {
     owners_released.push_back(owner);
     auto it = live.find(p);
@@ -48,6 +49,7 @@ class FakeHostUpstream : public HostUpstream {
   std::map<void*, std::pair<std::size_t, unsigned>> live;
   std::vector<std::uintptr_t> owners_released;
   std::size_t held = 0, limit = SIZE_MAX;
+  int refusal = 2;  // the code of a refusal past the limit
   int allocs = 0, frees = 0, bad_releases = 0;
 };
 
@@ -288,6 +290,24 @@ TEST(HostPool, OutOfMemoryGivesCachedBlocksBackFirst) {
   EXPECT_EQ(r.fences.waits(), 2u);
   EXPECT_EQ(r.up.frees, 2);
   EXPECT_EQ(r.pool.allocate(2 * MiB, 0, kCtx).status, AllocStatus::out_of_memory);
+  EXPECT_EQ(r.pool.check_consistency(), "");
+}
+
+// The upstream's own reason for a refusal reaches the caller (the shim answers it as the
+// CUresult of cudaHostAlloc); a success after a refused reserve carries none.
+TEST(HostPool, AnUpstreamRefusalCarriesItsCode) {
+  HostPoolOptions o;
+  o.reserve_segment = 8 * MiB;
+  Rig r(o);
+  r.up.limit = 4 * MiB;
+  r.up.refusal = 999;  // not out-of-memory's code: a lost reason would read as 0
+  const HostPool::Result ok = r.pool.allocate(1 * MiB, 0, kCtx);  // the reserve refused, then this fits
+  EXPECT_EQ(ok.status, AllocStatus::ok);
+  EXPECT_EQ(ok.upstream_error, 0);
+  const HostPool::Result refused = r.pool.allocate(4 * MiB, 0, kCtx);
+  EXPECT_EQ(refused.status, AllocStatus::out_of_memory);
+  EXPECT_EQ(refused.ptr, nullptr);
+  EXPECT_EQ(refused.upstream_error, 999);
   EXPECT_EQ(r.pool.check_consistency(), "");
 }
 
