@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <utility>
 
 #include "config/policy.h"
 #include "telemetry/warm_plan.h"
@@ -58,59 +59,71 @@ bool plan_device(const PreparedTrace& trace, const ReplayConfig& cfg, WarmPlan* 
   return true;
 }
 
-int plan_main(const PlanCliOptions& o) {
-  const char* who = "cudapool plan";
-  // The summary goes to stderr when the plan itself goes to stdout: nothing but the plan may be
-  // in a file made with `-o - > PLAN`.
-  FILE* say = o.output == "-" ? stderr : stdout;
-  if (!output_option_ok(o.output, "-o", who)) return kExitNoInput;
-  ReplayConfig cfg;
-  if (!device_memory_option(o.device_memory, &cfg.device_memory, who)) return kExitUsage;
-  LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, -1, &loaded, who, o.max_rows); rc != 0) return rc;
-  const TraceFacts& first = loaded.prepared.facts;
-  // The policy the recorded pool ran under, unless --conf names another (the plan is for a run
-  // under that policy).
-  const std::string conf = o.conf_given ? o.conf : first.recorded_policy.value_or("");
+// The policy the recorded pool ran under, unless --conf names another (the plan is for a run
+// under that policy), into cfg->pool. false after printing why it is invalid.
+bool plan_policy(const PlanCliOptions& o, const TraceFacts& facts, std::string* conf, ReplayConfig* cfg) {
+  *conf = o.conf_given ? o.conf : facts.recorded_policy.value_or("");
   Policy policy;
   std::string err;
-  if (!policy_from_conf(conf, &policy, &err)) {
-    print_error("%s: invalid policy '%s'%s: %s\n", who, conf.c_str(),
+  if (!policy_from_conf(*conf, &policy, &err)) {
+    print_error("cudapool plan: invalid policy '%s'%s: %s\n", conf->c_str(),
                 o.conf_given ? "" : " (the trace's policy row; override it with --conf)", err.c_str());
-    return kPolicyErrorExitStatus;
+    return false;
   }
-  cfg.pool = policy.pool;
+  cfg->pool = policy.pool;
+  return true;
+}
 
+// Each device's segments at its replay's peak into *plan, a line each on `say`. 0, or the exit
+// status after printing why.
+int plan_devices(const PlanCliOptions& o, const LoadedTrace& loaded, const ReplayConfig& cfg, FILE* say,
+                 WarmPlan* plan) {
+  const char* who = "cudapool plan";
+  const TraceFacts& first = loaded.prepared.facts;
   std::vector<int> devices{first.device};
   devices.insert(devices.end(), first.other_devices.begin(), first.other_devices.end());
   std::sort(devices.begin(), devices.end());
-  WarmPlan plan;
-  plan.source = "cudapool plan of " + o.trace + " under " + (conf.empty() ? std::string("the defaults") : conf);
-  if (plan.source.size() > 1024) plan.source.resize(1024);
   for (int dev : devices) {
     const PreparedTrace prepared = dev == first.device ? loaded.prepared : prepare_trace(loaded.rows, dev);
     if (prepared.ops.empty()) continue;  // a device with no allocation needs nothing
     std::size_t replayed = 0;
-    const std::size_t before = plan.segments.size();
-    if (!plan_device(prepared, cfg, &plan, &replayed)) {
+    const std::size_t before = plan->segments.size();
+    if (!plan_device(prepared, cfg, plan, &replayed)) {
       print_error("%s: the replay of device %d took no snapshot\n", who, dev);
       return kExitBadInput;
     }
     std::size_t bytes = 0;
-    for (std::size_t i = before; i < plan.segments.size(); ++i) bytes += plan.segments[i].bytes;
+    for (std::size_t i = before; i < plan->segments.size(); ++i) bytes += plan->segments[i].bytes;
     if (!o.quiet) {
-      std::fprintf(say, "device %d: %zu segments, %s at the peak", dev, plan.segments.size() - before,
+      std::fprintf(say, "device %d: %zu segments, %s at the peak", dev, plan->segments.size() - before,
                    format_bytes(static_cast<double>(bytes)).c_str());
       const auto& recorded = prepared.facts.recorded_peak_reserved;
       if (recorded)
         std::fprintf(say, " (recorded peak reserved %s)", format_bytes(static_cast<double>(*recorded)).c_str());
       std::fprintf(say, "\n");
     }
-    if (plan.segments.size() > kMaxWarmSegments) {
+    if (plan->segments.size() > kMaxWarmSegments) {
       print_error("%s: more than %zu segments at the peak: more than a plan may hold\n", who, kMaxWarmSegments);
       return kExitBadInput;
     }
   }
+  return 0;
+}
+
+// Replays the trace and writes the segments held at the peak as a warm-start plan.
+int run_plan(const PlanCliOptions& o, ReplayConfig cfg) {
+  const char* who = "cudapool plan";
+  // The summary goes to stderr when the plan itself goes to stdout: nothing but the plan may be
+  // in a file made with `-o - > PLAN`.
+  FILE* say = o.output == "-" ? stderr : stdout;
+  LoadedTrace loaded;
+  if (int rc = load_trace(o.trace, -1, &loaded, who, o.max_rows); rc != 0) return rc;
+  std::string conf;
+  if (!plan_policy(o, loaded.prepared.facts, &conf, &cfg)) return kPolicyErrorExitStatus;
+  WarmPlan plan;
+  plan.source = "cudapool plan of " + o.trace + " under " + (conf.empty() ? std::string("the defaults") : conf);
+  if (plan.source.size() > 1024) plan.source.resize(1024);
+  if (int rc = plan_devices(o, loaded, cfg, say, &plan); rc != 0) return rc;
   if (plan.segments.empty()) {
     print_error("%s: %s: the replay holds no segment at its peak (no allocation in the trace)\n", who, o.trace.c_str());
     return kExitBadInput;
@@ -124,6 +137,13 @@ int plan_main(const PlanCliOptions& o) {
   if (!o.quiet)
     std::printf("plan written to %s; run with CUDAPOOL_CONF=warm_start:%s\n", o.output.c_str(), o.output.c_str());
   return 0;
+}
+
+int plan_main(const PlanCliOptions& o) {
+  if (!output_option_ok(o.output, "-o", "cudapool plan")) return kExitNoInput;
+  ReplayConfig cfg;
+  if (!device_memory_option(o.device_memory, &cfg.device_memory, "cudapool plan")) return kExitUsage;
+  return run_plan(o, std::move(cfg));
 }
 
 }  // namespace

@@ -79,19 +79,8 @@ bool replay_policy(const ReportOptions& o, const TraceFacts& f, BasePolicy* base
   return true;
 }
 
-int report_main(const ReportOptions& o) {
-  for (const auto& [path, flag] : {std::pair<const std::string*, const char*>{&o.html, "-o"},
-                                   {&o.perfetto, "--perfetto"},
-                                   {&o.snapshot, "--snapshot"},
-                                   {&o.json, "--json"}})
-    if (!output_option_ok(*path, flag, "cudapool report")) return kExitNoInput;
-  LoadedTrace loaded;
-  if (int rc = load_trace(o.trace, -1, &loaded, "cudapool report", o.max_rows); rc != 0) return rc;
-  const TraceFacts& f = loaded.prepared.facts;
-  ReportContext ctx;
-  ctx.title = o.trace;
-  const std::vector<TraceRow>* rows = &loaded.rows;
-  ReplayResult replayed;
+// --at: only with --snapshot, and within the trace. 0, or the exit status after printing why.
+int check_at_option(const ReportOptions& o, const TraceFacts& f) {
   const std::int64_t duration_ns = f.end_ns - f.start_ns;
   if (o.at_s && o.snapshot.empty()) {
     print_error("cudapool report: --at chooses the moment of --snapshot; give --snapshot FILE.pickle too\n");
@@ -102,68 +91,116 @@ int report_main(const ReportOptions& o) {
                 static_cast<double>(duration_ns) * 1e-9, static_cast<double>(duration_ns) * 1e-9);
     return kExitUsage;
   }
-  // A plain allocation log has no segments: replay it to show what the pool would reserve. So
-  // do --replay and --conf; --snapshot alone does not change what the report shows.
-  const bool snapshot = !o.snapshot.empty();
-  if (f.rmm_only || o.replay || !o.conf.empty()) {
-    BasePolicy base;
-    ReplayConfig cfg;
-    if (!replay_policy(o, f, &base, &cfg)) return kPolicyErrorExitStatus;
-    cfg.collect_rows = true;
-    replayed = replay_trace(loaded.prepared, cfg);
-    rows = &replayed.rows;
-    ctx.replayed = true;
-    ctx.source_note = "segments from a replay under " +
-                      (base.conf.empty() ? std::string("the default policy") : base.conf) +
-                      (base.recorded ? " (the trace's own)" : "") +
-                      (f.rmm_only ? " (the trace records allocations only)" : "") +
-                      ", by this version of the pool on a simulated device";
-    ctx.device_memory = replayed.device_memory == kUnknownDeviceMemory ? 0 : replayed.device_memory;
-    ctx.upstream_times = false;
-  } else {
-    ctx.device_memory = f.device_memory.value_or(0);
-  }
-  if (snapshot) {
-    // A trace records events, not where the pool placed each block: the snapshot's segments and
-    // blocks come from a replay (under --conf, else the trace's policy), and the line says so
-    // with how closely that replay matches the recording.
-    BasePolicy base;
-    ReplayConfig cfg;
-    if (!replay_policy(o, f, &base, &cfg)) return kPolicyErrorExitStatus;
-    SnapshotFigures fig;
-    std::optional<std::int64_t> at;
-    if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
-    std::string bytes = snapshot_from_replay(loaded.prepared, cfg, at, base.conf, &fig);
-    if (!write_text_file(o.snapshot, bytes, "cudapool report")) return kExitNoInput;
-    const bool say = o.json != "-";  // with --json - stdout is the JSON alone
-    if (say)
-      std::printf(
-          "snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
-          "%zu of %zu blocks active, %zu trace events, %zu active blocks with call sites\n",
-          static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at", fig.segments,
-          static_cast<unsigned long long>(fig.reserved), static_cast<unsigned long long>(fig.allocated),
-          static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events,
-          fig.blocks_with_frames);
-    const Fidelity fid = check_fidelity(f, base, replay_trace(loaded.prepared, cfg), o.frees.mode(),
-                                        o.frees.fence_latency_us);
-    if (say)
-      std::printf(
-          "wrote %s (PyTorch memory snapshot: pytorch.org/memory_viz or torch.cuda._memory_viz): block placement "
-          "from a replay under %s, since a trace records events, not placement%s%s\n",
-          o.snapshot.c_str(), base.conf.empty() ? "the defaults" : base.conf.c_str(), fid.compared ? "; " : "",
-          fid.compared ? fid.line.substr(fid.line.find(':') + 2, fid.line.find('\n') - fid.line.find(':') - 2).c_str()
-                       : "");
-  }
-  TraceReport rep = analyze_rows(*rows, f.device);
+  return 0;
+}
+
+// The rows the report shows come from a replay (into *replayed), described in ctx; false after
+// saying why the policy is bad.
+bool replay_for_report(const ReportOptions& o, const LoadedTrace& loaded, ReplayResult* replayed, ReportContext* ctx) {
+  const TraceFacts& f = loaded.prepared.facts;
+  BasePolicy base;
+  ReplayConfig cfg;
+  if (!replay_policy(o, f, &base, &cfg)) return false;
+  cfg.collect_rows = true;
+  *replayed = replay_trace(loaded.prepared, cfg);
+  ctx->replayed = true;
+  ctx->source_note = "segments from a replay under " +
+                     (base.conf.empty() ? std::string("the default policy") : base.conf) +
+                     (base.recorded ? " (the trace's own)" : "") +
+                     (f.rmm_only ? " (the trace records allocations only)" : "") +
+                     ", by this version of the pool on a simulated device";
+  ctx->device_memory = replayed->device_memory == kUnknownDeviceMemory ? 0 : replayed->device_memory;
+  ctx->upstream_times = false;
+  return true;
+}
+
+// --snapshot: a trace records events, not where the pool placed each block: the snapshot's
+// segments and blocks come from a replay (under --conf, else the trace's policy), and the line
+// says so with how closely that replay matches the recording. 0, or the exit status.
+int write_report_snapshot(const ReportOptions& o, const LoadedTrace& loaded) {
+  const TraceFacts& f = loaded.prepared.facts;
+  BasePolicy base;
+  ReplayConfig cfg;
+  if (!replay_policy(o, f, &base, &cfg)) return kPolicyErrorExitStatus;
+  SnapshotFigures fig;
+  std::optional<std::int64_t> at;
+  if (o.at_s) at = static_cast<std::int64_t>(*o.at_s * 1e9);
+  std::string bytes = snapshot_from_replay(loaded.prepared, cfg, at, base.conf, &fig);
+  if (!write_text_file(o.snapshot, bytes, "cudapool report")) return kExitNoInput;
+  const bool say = o.json != "-";  // with --json - stdout is the JSON alone
+  if (say)
+    std::printf(
+        "snapshot at %.6f s (%s): %zu segments, %llu B reserved, %llu B allocated, %llu B requested, "
+        "%zu of %zu blocks active, %zu trace events, %zu active blocks with call sites\n",
+        static_cast<double>(fig.t_ns) * 1e-9, fig.at_peak ? "the moment of peak reserved" : "--at", fig.segments,
+        static_cast<unsigned long long>(fig.reserved), static_cast<unsigned long long>(fig.allocated),
+        static_cast<unsigned long long>(fig.requested), fig.active_blocks, fig.blocks, fig.events,
+        fig.blocks_with_frames);
+  const Fidelity fid = check_fidelity(f, base, replay_trace(loaded.prepared, cfg), o.frees.mode(),
+                                      o.frees.fence_latency_us);
+  if (say)
+    std::printf(
+        "wrote %s (PyTorch memory snapshot: pytorch.org/memory_viz or torch.cuda._memory_viz): block placement "
+        "from a replay under %s, since a trace records events, not placement%s%s\n",
+        o.snapshot.c_str(), base.conf.empty() ? "the defaults" : base.conf.c_str(), fid.compared ? "; " : "",
+        fid.compared ? fid.line.substr(fid.line.find(':') + 2, fid.line.find('\n') - fid.line.find(':') - 2).c_str()
+                     : "");
+  return 0;
+}
+
+// One output file (none when `path` is empty); *ok false once any failed, and "wrote PATH" said
+// only while all went well and stdout is not the JSON alone.
+void write_report_file(const ReportOptions& o, const std::string& path, const std::string& text, bool shared,
+                       const char* note, bool* ok) {
+  if (path.empty()) return;
+  *ok &= write_text_file(path, text, "cudapool report", shared);
+  if (*ok && o.json != "-") std::printf("wrote %s%s\n", path.c_str(), note);
+}
+
+// The summary on stdout, then the JSON, the HTML page and the Perfetto trace.
+int write_report(const ReportOptions& o, const TraceReport& rep, const std::vector<TraceRow>& rows,
+                 const ReportContext& ctx) {
   if (o.json != "-") std::printf("%s", render_text_summary(rep, ctx).c_str());
   bool ok = true;
   if (!o.json.empty()) ok &= emit_json(o.json, report_json(rep, o.trace, ctx), "cudapool report");
   // The page is meant to be shared: a new one is readable by others (0644 less the umask).
-  if (!o.html.empty() && (ok &= write_text_file(o.html, render_html(rep, ctx), "cudapool report", true)))
-    if (o.json != "-") std::printf("wrote %s\n", o.html.c_str());
-  if (!o.perfetto.empty() && (ok &= write_text_file(o.perfetto, render_perfetto(rep, *rows), "cudapool report")))
-    if (o.json != "-") std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", o.perfetto.c_str());
+  if (!o.html.empty()) write_report_file(o, o.html, render_html(rep, ctx), true, "", &ok);
+  if (!o.perfetto.empty())
+    write_report_file(o, o.perfetto, render_perfetto(rep, rows), false,
+                      " (open in ui.perfetto.dev or chrome://tracing)", &ok);
   return ok ? 0 : kExitNoInput;
+}
+
+// Summarizes the trace (or a replay of it) and writes what the options ask for.
+int run_report(const ReportOptions& o) {
+  LoadedTrace loaded;
+  if (int rc = load_trace(o.trace, -1, &loaded, "cudapool report", o.max_rows); rc != 0) return rc;
+  const TraceFacts& f = loaded.prepared.facts;
+  if (int rc = check_at_option(o, f); rc != 0) return rc;
+  ReportContext ctx;
+  ctx.title = o.trace;
+  const std::vector<TraceRow>* rows = &loaded.rows;
+  ReplayResult replayed;
+  // A plain allocation log has no segments: replay it to show what the pool would reserve. So
+  // do --replay and --conf; --snapshot alone does not change what the report shows.
+  if (f.rmm_only || o.replay || !o.conf.empty()) {
+    if (!replay_for_report(o, loaded, &replayed, &ctx)) return kPolicyErrorExitStatus;
+    rows = &replayed.rows;
+  } else {
+    ctx.device_memory = f.device_memory.value_or(0);
+  }
+  if (!o.snapshot.empty())
+    if (int rc = write_report_snapshot(o, loaded); rc != 0) return rc;
+  return write_report(o, analyze_rows(*rows, f.device), *rows, ctx);
+}
+
+int report_main(const ReportOptions& o) {
+  for (const auto& [path, flag] : {std::pair<const std::string*, const char*>{&o.html, "-o"},
+                                   {&o.perfetto, "--perfetto"},
+                                   {&o.snapshot, "--snapshot"},
+                                   {&o.json, "--json"}})
+    if (!output_option_ok(*path, flag, "cudapool report")) return kExitNoInput;
+  return run_report(o);
 }
 
 }  // namespace

@@ -108,16 +108,17 @@ Fidelity check_fidelity(const TraceFacts& f, const BasePolicy& base, const Repla
 
 namespace cudapool::tools {
 
-std::string fidelity_advice(const PreparedTrace& trace, const ReplayConfig& config, const Fidelity& fidelity) {
-  if (!fidelity.compared || fidelity.within) return "";
-  const TraceFacts& f = trace.facts;
-  const double rec = static_cast<double>(*f.recorded_peak_reserved);
-  struct Try {
-    std::string flags;
-    ReplayConfig cfg;
-  };
-  // The replay's own assumptions that a flag can change: how frees replay, and how far the GPU
-  // lagged. Each is tried; only what brings the replay within the tolerance is advised.
+namespace {
+
+// A replay's settings that flags can give, with those flags.
+struct Try {
+  std::string flags;
+  ReplayConfig cfg;
+};
+
+// The replay's own assumptions that a flag can change: how frees replay, and how far the GPU
+// lagged; every combination but the one already replayed.
+std::vector<Try> advice_tries(const ReplayConfig& config) {
   std::vector<Try> tries;
   const char* modes[] = {"recorded", "sync", "async"};
   const FreeMode values[] = {FreeMode::recorded, FreeMode::sync, FreeMode::async};
@@ -137,29 +138,51 @@ std::string fidelity_advice(const PreparedTrace& trace, const ReplayConfig& conf
       tries.push_back(std::move(t));
     }
   }
+  return tries;
+}
+
+// Of the tries, the one closest to the recording within the tolerance (found), and the closest
+// gap of all (starting from the replay's own).
+struct TryOutcome {
+  bool found = false;
   std::string best_flags;
   double best_gap = 0;
-  bool found = false;
-  double closest = fidelity.gap;
+  double closest;
+};
+
+TryOutcome replay_tries(const PreparedTrace& trace, const std::vector<Try>& tries, double gap_now) {
+  const double rec = static_cast<double>(*trace.facts.recorded_peak_reserved);
+  TryOutcome out;
+  out.closest = gap_now;
   for (const Try& t : tries) {
     const double got = static_cast<double>(replay_trace(trace, t.cfg).stats.reserved_bytes[kAll].peak);
     const double gap = got / rec - 1.0;
-    if (std::fabs(gap) < std::fabs(closest)) closest = gap;
-    if (std::fabs(gap) <= kFidelityTolerance && (!found || std::fabs(gap) < std::fabs(best_gap))) {
-      found = true;
-      best_gap = gap;
-      best_flags = t.flags;
+    if (std::fabs(gap) < std::fabs(out.closest)) out.closest = gap;
+    if (std::fabs(gap) <= kFidelityTolerance && (!out.found || std::fabs(gap) < std::fabs(out.best_gap))) {
+      out.found = true;
+      out.best_gap = gap;
+      out.best_flags = t.flags;
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::string fidelity_advice(const PreparedTrace& trace, const ReplayConfig& config, const Fidelity& fidelity) {
+  if (!fidelity.compared || fidelity.within) return "";
+  const TraceFacts& f = trace.facts;
+  // Each assumption is tried; only what brings the replay within the tolerance is advised.
+  const TryOutcome r = replay_tries(trace, advice_tries(config), fidelity.gap);
   char buf[400];
-  if (found) {
+  if (r.found) {
     std::snprintf(buf, sizeof buf, "  advice: with %s the replay is within 3 %% (%+.1f %%); use it for this trace",
-                  best_flags.c_str(), best_gap * 100.0);
+                  r.best_flags.c_str(), r.best_gap * 100.0);
   } else {
     std::snprintf(buf, sizeof buf,
                   "  advice: no --free-as or --fence-latency-us setting brings it within 3 %% (closest %+.1f %%); "
                   "%s",
-                  closest * 100.0,
+                  r.closest * 100.0,
                   f.device_facts && f.recorded_policy && !f.policy_assumed ? "read its peaks as the pool's ranking of "
                                                                              "policies, not as exact figures"
                                                                            : "record the trace again with this "

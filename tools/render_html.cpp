@@ -242,6 +242,40 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
   return h;
 }
 
+namespace {
+
+// Where allocated first peaked and what the upstream did from then to the end: two lines.
+std::string peak_cause_text(const PeakCause& pc, const ReportContext& c) {
+  std::string s;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "peak allocated first reached at %s by a %s allocation (%s requested, stream 0x%llx); live then: "
+                "%zu allocations",
+                format_seconds(static_cast<double>(pc.t_ns) * 1e-9).c_str(), fbytes_u(pc.size).c_str(),
+                fbytes_u(pc.requested).c_str(), static_cast<unsigned long long>(pc.stream), pc.live);
+  s += buf;
+  for (std::size_t i = 0; i < pc.live_by_bytes.size(); ++i)
+    s += (i == 0 ? ", the most bytes in " : ", ") + fbytes_u(pc.live_by_bytes[i].size) + " ×" +
+         std::to_string(pc.live_by_bytes[i].count);
+  s += "\n";
+  std::snprintf(buf, sizeof buf, "from then to the end (%s): %zu segment allocs or maps, %zu frees or unmaps",
+                format_seconds(static_cast<double>(pc.later_ns) * 1e-9).c_str(), pc.later_segment_allocs,
+                pc.later_segment_frees);
+  s += buf;
+  if (c.upstream_times && pc.later_upstream_ns > 0) {
+    std::snprintf(buf, sizeof buf, ", %.1f ms in the upstream (%.1f %% of that time)",
+                  static_cast<double>(pc.later_upstream_ns) * 1e-6,
+                  pc.later_ns > 0 ? 100.0 * static_cast<double>(pc.later_upstream_ns) / static_cast<double>(pc.later_ns)
+                                  : 0.0);
+    s += buf;
+  }
+  if (pc.later_fence_waits != 0) s += ", " + waits_text(pc.later_fence_waits, pc.later_fence_wait_ns, c.upstream_times);
+  s += "\n";
+  return s;
+}
+
+}  // namespace
+
 std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   std::string s;
   char buf[256];
@@ -268,33 +302,7 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   s += buf;
   if (r.fence_waits != 0) s += "; " + waits_text(r.fence_waits, r.fence_wait_ns, c.upstream_times);
   s += "\n";
-  if (const PeakCause& pc = r.peak_cause; pc.found) {
-    std::snprintf(buf, sizeof buf,
-                  "peak allocated first reached at %s by a %s allocation (%s requested, stream 0x%llx); live then: "
-                  "%zu allocations",
-                  format_seconds(static_cast<double>(pc.t_ns) * 1e-9).c_str(), fbytes_u(pc.size).c_str(),
-                  fbytes_u(pc.requested).c_str(), static_cast<unsigned long long>(pc.stream), pc.live);
-    s += buf;
-    for (std::size_t i = 0; i < pc.live_by_bytes.size(); ++i)
-      s += (i == 0 ? ", the most bytes in " : ", ") + fbytes_u(pc.live_by_bytes[i].size) + " ×" +
-           std::to_string(pc.live_by_bytes[i].count);
-    s += "\n";
-    std::snprintf(buf, sizeof buf, "from then to the end (%s): %zu segment allocs or maps, %zu frees or unmaps",
-                  format_seconds(static_cast<double>(pc.later_ns) * 1e-9).c_str(), pc.later_segment_allocs,
-                  pc.later_segment_frees);
-    s += buf;
-    if (c.upstream_times && pc.later_upstream_ns > 0) {
-      std::snprintf(buf, sizeof buf, ", %.1f ms in the upstream (%.1f %% of that time)",
-                    static_cast<double>(pc.later_upstream_ns) * 1e-6,
-                    pc.later_ns > 0
-                        ? 100.0 * static_cast<double>(pc.later_upstream_ns) / static_cast<double>(pc.later_ns)
-                        : 0.0);
-      s += buf;
-    }
-    if (pc.later_fence_waits != 0)
-      s += ", " + waits_text(pc.later_fence_waits, pc.later_fence_wait_ns, c.upstream_times);
-    s += "\n";
-  }
+  if (r.peak_cause.found) s += peak_cause_text(r.peak_cause, c);
   s += "largest sizes:";
   for (std::size_t i = 0; i < r.largest_sizes.size() && i < 5; ++i)
     s += " " + format_bytes(static_cast<double>(r.largest_sizes[i].size)) + " ×" +

@@ -44,79 +44,120 @@ class Workload {
   int failures_ = 0;
 };
 
+// The model `train` runs: its layers and width, and the fixed sizes around them.
+struct TrainShape {
+  int layers;
+  std::size_t d;
+  std::size_t vocab = 32000, batch = 4, heads = 16;
+};
+
+// The weights' bytes in fp16: the embedding, then per layer qkv, proj, mlp up/down and two norms.
+std::vector<std::size_t> train_weights(const TrainShape& m) {
+  const std::size_t d = m.d;
+  std::vector<std::size_t> weights;
+  weights.push_back(m.vocab * d * 2);  // embedding
+  for (int l = 0; l < m.layers; ++l)
+    for (std::size_t elems : {3 * d * d, d * d, 4 * d * d, 4 * d * d, d, d}) weights.push_back(elems * 2);
+  return weights;
+}
+
+// The forward pass over the layers of a step of sequence length s: the activations saved for
+// the backward pass.
+std::vector<void*> train_forward(Workload& w, const TrainShape& m, std::size_t s, std::size_t tokens) {
+  const std::size_t d = m.d;
+  std::vector<void*> saved;
+  for (int l = 0; l < m.layers; ++l) {
+    saved.push_back(w.alloc(tokens * d * 2));               // layernorm out
+    saved.push_back(w.alloc(tokens * 3 * d * 2));           // qkv
+    void* scores = w.alloc(m.batch * m.heads * s * s * 2);  // attention scores: temporary
+    w.compute(10 * 200000);
+    saved.push_back(w.alloc(tokens * d * 2));  // attention out
+    w.release(scores);
+    saved.push_back(w.alloc(tokens * 4 * d * 2));  // mlp up (saved for gelu backward)
+    void* act = w.alloc(tokens * 4 * d * 2);
+    w.compute(10 * 300000);
+    saved.push_back(act);
+  }
+  return saved;
+}
+
+// The logits and the loss; the embedding's gradient into grads[0].
+void train_loss(Workload& w, const TrainShape& m, std::size_t tokens, const std::vector<std::size_t>& weights,
+                std::vector<void*>* grads) {
+  void* logits = w.alloc(tokens * m.vocab * 2);
+  void* loss_tmp = w.alloc(tokens * m.vocab * 4);  // fp32 softmax for the loss
+  w.compute(10 * 500000);
+  w.release(loss_tmp);
+  void* dlogits = w.alloc(tokens * m.vocab * 2);
+  w.release(logits);
+  (*grads)[0] = w.alloc(weights[0]);
+  w.release(dlogits);
+}
+
+// The backward pass, last layer first: each weight's gradient, the saved activations released.
+void train_backward(Workload& w, const TrainShape& m, std::size_t tokens, const std::vector<std::size_t>& weights,
+                    std::vector<void*>* saved, std::vector<void*>* grads) {
+  void* dh = w.alloc(tokens * m.d * 2);
+  for (int l = m.layers - 1; l >= 0; --l) {
+    for (int k = 5; k >= 0; --k) {
+      std::size_t idx = 1 + static_cast<std::size_t>(l) * 6 + static_cast<std::size_t>(k);
+      void* tmp = w.alloc(tokens * (k >= 2 && k < 4 ? 4 : 1) * m.d * 2);
+      (*grads)[idx] = w.alloc(weights[idx]);
+      w.compute(10 * 150000);
+      w.release(tmp);
+    }
+    for (int k = 0; k < 5; ++k) {
+      w.release(saved->back());
+      saved->pop_back();
+    }
+  }
+  w.release(dh);
+}
+
+// The optimizer step: Adam state (fp32 master weights, m, v) appears at the first step and stays;
+// foreach-style fused update temporaries; then zero_grad(set_to_none=True).
+void train_optimizer(Workload& w, const std::vector<std::size_t>& weights, bool first_step, std::vector<void*>* state,
+                     std::vector<void*>* grads) {
+  if (first_step)
+    for (auto b : weights) {
+      state->push_back(w.alloc(b * 2));
+      state->push_back(w.alloc(b * 2));
+      state->push_back(w.alloc(b * 2));
+    }
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] < 1024 * 1024) continue;
+    void* tmp = w.alloc(weights[i] * 2);
+    w.release(tmp);
+  }
+  w.compute(10 * 1000000);
+  for (void*& g : *grads) {
+    w.release(g);
+    g = nullptr;
+  }
+}
+
 // GPT-style training: layers × (qkv, proj, mlp up/down) weights in fp16, fp32 master weights and
 // Adam state, variable sequence length per step.
 void train(Workload& w, std::mt19937_64& rng, int steps, int layers, std::size_t d) {
-  const std::size_t vocab = 32000, batch = 4, heads = 16;
-  std::vector<std::size_t> weights;
-  weights.push_back(vocab * d * 2);  // embedding
-  for (int l = 0; l < layers; ++l)
-    for (std::size_t elems : {3 * d * d, d * d, 4 * d * d, 4 * d * d, d, d}) weights.push_back(elems * 2);
-  std::vector<void*> params, master, adam_m, adam_v;
+  const TrainShape m{layers, d};
+  const std::vector<std::size_t> weights = train_weights(m);
+  std::vector<void*> params, state;
   for (auto b : weights) params.push_back(w.alloc(b));
   std::uniform_int_distribution<int> seq_pick(4, 16);  // × 128 tokens
   for (int step = 0; step < steps; ++step) {
-    std::size_t s = 128 * static_cast<std::size_t>(seq_pick(rng)), tokens = batch * s;
+    std::size_t s = 128 * static_cast<std::size_t>(seq_pick(rng)), tokens = m.batch * s;
     // The loader copies the batch on its own stream; the training stream gets its own copy.
     void* staged = w.alloc(tokens * 8, kSide);
     void* ids = w.alloc(tokens * 8);
     w.release(staged, kSide);
     void* h = w.alloc(tokens * d * 2);
-    std::vector<void*> saved;
-    for (int l = 0; l < layers; ++l) {
-      saved.push_back(w.alloc(tokens * d * 2));           // layernorm out
-      saved.push_back(w.alloc(tokens * 3 * d * 2));       // qkv
-      void* scores = w.alloc(batch * heads * s * s * 2);  // attention scores: temporary
-      w.compute(10 * 200000);
-      saved.push_back(w.alloc(tokens * d * 2));  // attention out
-      w.release(scores);
-      saved.push_back(w.alloc(tokens * 4 * d * 2));  // mlp up (saved for gelu backward)
-      void* act = w.alloc(tokens * 4 * d * 2);
-      w.compute(10 * 300000);
-      saved.push_back(act);
-    }
-    void* logits = w.alloc(tokens * vocab * 2);
-    void* loss_tmp = w.alloc(tokens * vocab * 4);  // fp32 softmax for the loss
-    w.compute(10 * 500000);
-    w.release(loss_tmp);
-    void* dlogits = w.alloc(tokens * vocab * 2);
-    w.release(logits);
+    std::vector<void*> saved = train_forward(w, m, s, tokens);
     std::vector<void*> grads(weights.size(), nullptr);
-    grads[0] = w.alloc(weights[0]);
-    w.release(dlogits);
-    void* dh = w.alloc(tokens * d * 2);
-    for (int l = layers - 1; l >= 0; --l) {
-      for (int k = 5; k >= 0; --k) {
-        std::size_t idx = 1 + static_cast<std::size_t>(l) * 6 + static_cast<std::size_t>(k);
-        void* tmp = w.alloc(tokens * (k >= 2 && k < 4 ? 4 : 1) * d * 2);
-        grads[idx] = w.alloc(weights[idx]);
-        w.compute(10 * 150000);
-        w.release(tmp);
-      }
-      for (int k = 0; k < 5; ++k) {
-        w.release(saved.back());
-        saved.pop_back();
-      }
-    }
-    w.release(dh);
+    train_loss(w, m, tokens, weights, &grads);
+    train_backward(w, m, tokens, weights, &saved, &grads);
     w.release(h);
     w.release(ids);
-    if (step == 0)  // Adam state appears at the first optimizer step and stays
-      for (auto b : weights) {
-        master.push_back(w.alloc(b * 2));
-        adam_m.push_back(w.alloc(b * 2));
-        adam_v.push_back(w.alloc(b * 2));
-      }
-    for (std::size_t i = 0; i < weights.size(); ++i) {  // foreach-style fused update temporaries
-      if (weights[i] < 1024 * 1024) continue;
-      void* tmp = w.alloc(weights[i] * 2);
-      w.release(tmp);
-    }
-    w.compute(10 * 1000000);
-    for (void*& g : grads) {  // zero_grad(set_to_none=True)
-      w.release(g);
-      g = nullptr;
-    }
+    train_optimizer(w, weights, step == 0, &state, &grads);
   }
 }
 

@@ -60,39 +60,37 @@ void apply_device_facts(const std::string& text, TraceFacts* facts) {
   }
 }
 
-}  // namespace
-
-int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who, std::uint64_t max_rows) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    print_error("%s: cannot open trace '%s': %s\n", who, path.c_str(),
-                std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
-    return kExitNoInput;
+// A gzipped trace read as it is shipped (tests/traces/*.csv.gz), no zcat first.
+bool read_gzip_rows(GzipInput& gz, const std::string& path, std::vector<TraceRow>* rows, std::string* error,
+                    TraceMeta* meta, const TraceLimits& limits) {
+  bool read = read_trace_stream(gz.stream(), path, rows, error, meta, limits);
+  // A malformed row may be the first sign of damaged data: look a little further for it.
+  if (!read && !meta->over_limit) gz.drain(kDrainBytes);
+  // Rows read before a damaged end are not a trace: say so rather than replay part of it.
+  if (!gz.error().empty()) {
+    *error = path + ": " + gz.error() + " after " + std::to_string(rows->size()) + " rows; `gzip -t " + path +
+             "` checks the file";
+    read = false;
+    meta->over_limit = false;
   }
-  auto start = std::chrono::steady_clock::now();
+  return read;
+}
+
+// The trace's rows into out->rows. 0, or the exit status after printing why not.
+int read_rows(const std::string& path, LoadedTrace* out, TraceMeta* meta, std::uint64_t max_rows, const char* who) {
   std::string error;
-  TraceMeta meta;
   bool read = false;
   const TraceLimits limits = TraceLimits::for_rows(max_rows);
   try {
-    if (is_gzip_file(path)) {  // read as it is shipped (tests/traces/*.csv.gz), no zcat first
+    if (is_gzip_file(path)) {
       GzipInput gz(path);
       if (!gz.opened()) {
         print_error("%s: cannot open trace '%s'\n", who, path.c_str());
         return kExitNoInput;
       }
-      read = read_trace_stream(gz.stream(), path, &out->rows, &error, &meta, limits);
-      // A malformed row may be the first sign of damaged data: look a little further for it.
-      if (!read && !meta.over_limit) gz.drain(kDrainBytes);
-      // Rows read before a damaged end are not a trace: say so rather than replay part of it.
-      if (!gz.error().empty()) {
-        error = path + ": " + gz.error() + " after " + std::to_string(out->rows.size()) + " rows; `gzip -t " + path +
-                "` checks the file";
-        read = false;
-        meta.over_limit = false;
-      }
+      read = read_gzip_rows(gz, path, &out->rows, &error, meta, limits);
     } else {
-      read = read_trace_file(path, &out->rows, &error, &meta, limits);
+      read = read_trace_file(path, &out->rows, &error, meta, limits);
     }
   } catch (const std::bad_alloc&) {
     // Within the bounds, but more than this machine (or its ulimit) holds.
@@ -105,12 +103,15 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
     return kExitBadInput;
   }
   if (!read) {
-    if (meta.over_limit) error += ": pass --max-rows N to raise it";
+    if (meta->over_limit) error += ": pass --max-rows N to raise it";
     print_error("%s: %s\n", who, error.c_str());
     return kExitBadInput;
   }
-  auto parsed = std::chrono::steady_clock::now();
-  out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
+  return 0;
+}
+
+// out->prepared from out->rows. 0, or the exit status after printing why not.
+int prepare_rows(const std::string& path, int device, LoadedTrace* out, const char* who) {
   try {
     out->prepared = prepare_trace(out->rows, device);
   } catch (const std::bad_alloc&) {
@@ -122,13 +123,18 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
         who, path.c_str(), n, n);
     return kExitBadInput;
   }
+  return 0;
+}
+
+// What the trace's header and meta rows say (call sites, policy, device facts); warnings for
+// what a faithful replay needs that older traces lack, and what is assumed instead.
+void apply_meta(TraceMeta* meta, LoadedTrace* out, const char* who) {
   TraceFacts& facts = out->prepared.facts;
-  out->prepared.sites = std::move(meta.sites);
-  facts.recorded_policy = recorded_policy(meta.policy, who);
-  out->columns = meta.columns;
-  if (!meta.warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", who, meta.warning.c_str());
-  // What a faithful replay needs that older traces lack: say what is assumed instead.
-  if (auto it = meta.device_facts.find(facts.device); it != meta.device_facts.end())
+  out->prepared.sites = std::move(meta->sites);
+  facts.recorded_policy = recorded_policy(meta->policy, who);
+  out->columns = meta->columns;
+  if (!meta->warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", who, meta->warning.c_str());
+  if (auto it = meta->device_facts.find(facts.device); it != meta->device_facts.end())
     apply_device_facts(it->second, &facts);
   if (!facts.unit_mismatches.empty()) {
     std::string list;
@@ -143,7 +149,7 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
                  "%s: warning: the trace does not record the device's page size or the pool's allocation units "
                  "(written by an older cudapool); assuming %zu MiB pages and this build's units\n",
                  who, kAssumedGranularity >> 20);
-  if (!facts.rmm_only && !meta.policy && (facts.classic_rows != facts.expandable_rows)) {
+  if (!facts.rmm_only && !meta->policy && (facts.classic_rows != facts.expandable_rows)) {
     // No policy row: whether segments were expandable shows in the rows themselves.
     facts.recorded_policy = facts.expandable_rows ? "expandable_segments:True" : "expandable_segments:False";
     facts.policy_assumed = true;
@@ -152,6 +158,24 @@ int load_trace(const std::string& path, int device, LoadedTrace* out, const char
                  "with %s, as its segment rows show\n",
                  who, facts.recorded_policy->c_str());
   }
+}
+
+}  // namespace
+
+int load_trace(const std::string& path, int device, LoadedTrace* out, const char* who, std::uint64_t max_rows) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    print_error("%s: cannot open trace '%s': %s\n", who, path.c_str(),
+                std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
+    return kExitNoInput;
+  }
+  auto start = std::chrono::steady_clock::now();
+  TraceMeta meta;
+  if (int rc = read_rows(path, out, &meta, max_rows, who); rc != 0) return rc;
+  auto parsed = std::chrono::steady_clock::now();
+  out->parse_seconds = std::chrono::duration<double>(parsed - start).count();
+  if (int rc = prepare_rows(path, device, out, who); rc != 0) return rc;
+  apply_meta(&meta, out, who);
   out->prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - parsed).count();
   if (out->prepared.facts.allocations == 0) {
     print_error("%s: %s: no allocation to replay%s\n", who, path.c_str(), device >= 0 ? " on that device" : "");
