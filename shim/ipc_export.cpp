@@ -254,71 +254,53 @@ bool start_server(Exporter& e) {
   return true;
 }
 
-}  // namespace
+// Under mu: the live export of the block at `base` of `cp`, or nullptr.
+const Record* live_export(Exporter& e, std::uintptr_t base, const ContextPool& cp) {
+  auto b = e.by_base.find(base);
+  if (b == e.by_base.end()) return nullptr;
+  const Record& r = e.by_id.at(b->second);
+  return !r.freed && r.pool == &cp ? &r : nullptr;
+}
 
-CUresult export_block(ContextPool& cp, CUdeviceptr dptr, CUipcMemHandle* out) noexcept {
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const void* p = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(dptr));
-  const std::optional<AddressInfo> info = cp.pool.address_info(p);
-  if (!info) {
-    log_warn("cuIpcGetMemHandle({:#x}): no live block there (freed memory); CUDA_ERROR_INVALID_VALUE",
-             static_cast<unsigned long long>(dptr));
-    return CUDA_ERROR_INVALID_VALUE;
+// Expandable: the descriptors of the block's pages, for importers to map.
+CUresult take_units(ContextPool& cp, const AddressInfo& info, CUdeviceptr dptr, Record* rec) {
+  rec->kind = Kind::expandable;
+  const CUresult r = cp.upstream.export_units(info.block_base, info.block_size, &rec->units);
+  if (r != CUDA_SUCCESS) {
+    log_warn(
+        "cuIpcGetMemHandle({:#x}): the pages of this expandable segment cannot be exported (CUDA error {}{}); "
+        "returning it",
+        static_cast<unsigned long long>(dptr), r,
+        r == CUDA_ERROR_NOT_SUPPORTED ? ": the driver refused exportable pages here" : "");
+    return r;
   }
-  Exporter& e = state();
-  {
-    std::lock_guard<std::mutex> lock(e.mu);
-    auto b = e.by_base.find(info->block_base);
-    if (b != e.by_base.end()) {
-      const Record& r = e.by_id.at(b->second);
-      if (!r.freed && r.pool == &cp) {
-        *out = r.handle;
-        return CUDA_SUCCESS;
-      }
-    }
-  }
-  // What an importer will need, taken now, on the program's thread.
-  Record rec;
-  rec.base = info->block_base;
-  rec.size = info->block_size;
-  rec.pool = &cp;
+  for (const auto& u : rec->units) ::fcntl(u.fd, F_SETFD, FD_CLOEXEC);  // never leak device memory into exec'd children
+  rec->offset = info.block_base - rec->units.front().addr;
+  return CUDA_SUCCESS;
+}
+
+// Classic: the driver's IPC handle of the block's segment.
+CUresult take_segment(ContextPool& cp, const AddressInfo& info, Record* rec) {
+  rec->kind = Kind::classic;
   const RealDriver& d = cp.upstream.driver();
-  if (info->expandable) {
-    rec.kind = Kind::expandable;
-    const CUresult r = cp.upstream.export_units(info->block_base, info->block_size, &rec.units);
-    if (r != CUDA_SUCCESS) {
-      log_warn(
-          "cuIpcGetMemHandle({:#x}): the pages of this expandable segment cannot be exported (CUDA error {}{}); "
-          "returning it",
-          static_cast<unsigned long long>(dptr), r,
-          r == CUDA_ERROR_NOT_SUPPORTED ? ": the driver refused exportable pages here" : "");
-      return r;
-    }
-    for (const auto& u : rec.units)
-      ::fcntl(u.fd, F_SETFD, FD_CLOEXEC);  // never leak device memory into exec'd children
-    rec.offset = info->block_base - rec.units.front().addr;
-  } else {
-    rec.kind = Kind::classic;
-    if (d.cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-    ScopedContext scope(d, cp.ctx);
-    const CUresult r = d.cuIpcGetMemHandle(&rec.segment, static_cast<CUdeviceptr>(info->segment_base));
-    if (r != CUDA_SUCCESS) return r;  // the driver's own answer (no IPC on this device, ...)
-    rec.offset = info->block_base - info->segment_base;
-  }
-  std::lock_guard<std::mutex> lock(e.mu);
-  auto b = e.by_base.find(info->block_base);
-  if (b != e.by_base.end()) {  // another thread exported it meanwhile: one handle per block
-    const Record& r = e.by_id.at(b->second);
-    if (!r.freed && r.pool == &cp) {
-      close_units(rec);
-      *out = r.handle;
-      return CUDA_SUCCESS;
-    }
-  }
-  if (!start_server(e)) {
-    close_units(rec);
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
+  if (d.cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  ScopedContext scope(d, cp.ctx);
+  const CUresult r = d.cuIpcGetMemHandle(&rec->segment, static_cast<CUdeviceptr>(info.segment_base));
+  if (r != CUDA_SUCCESS) return r;  // the driver's own answer (no IPC on this device, ...)
+  rec->offset = info.block_base - info.segment_base;
+  return CUDA_SUCCESS;
+}
+
+// What an importer will need, taken now, on the program's thread.
+CUresult take_block(ContextPool& cp, const AddressInfo& info, CUdeviceptr dptr, Record* rec) {
+  rec->base = info.block_base;
+  rec->size = info.block_size;
+  rec->pool = &cp;
+  return info.expandable ? take_units(cp, info, dptr, rec) : take_segment(cp, info, rec);
+}
+
+// Under mu: `rec` becomes an export with a handle of its own, in *out.
+void add_export(Exporter& e, Record rec, CUdeviceptr dptr, CUipcMemHandle* out) {
   Handle h{};
   std::memcpy(h.marker, kMarker, sizeof kMarker);
   h.version = kVersion;
@@ -335,6 +317,41 @@ CUresult export_block(ContextPool& cp, CUdeviceptr dptr, CUipcMemHandle* out) no
   g_exports.fetch_add(1, std::memory_order_relaxed);
   log_debug("cuIpcGetMemHandle({:#x}): export {} of a {} block of {} bytes", static_cast<unsigned long long>(dptr),
             h.id, h.kind == Kind::classic ? "classic" : "expandable", h.size);
+}
+
+}  // namespace
+
+CUresult export_block(ContextPool& cp, CUdeviceptr dptr, CUipcMemHandle* out) noexcept {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const void* p = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(dptr));
+  const std::optional<AddressInfo> info = cp.pool.address_info(p);
+  if (!info) {
+    log_warn("cuIpcGetMemHandle({:#x}): no live block there (freed memory); CUDA_ERROR_INVALID_VALUE",
+             static_cast<unsigned long long>(dptr));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Exporter& e = state();
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (const Record* r = live_export(e, info->block_base, cp)) {
+      *out = r->handle;
+      return CUDA_SUCCESS;
+    }
+  }
+  Record rec;
+  if (const CUresult r = take_block(cp, *info, dptr, &rec); r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> lock(e.mu);
+  // Another thread exported it meanwhile: one handle per block.
+  if (const Record* r = live_export(e, info->block_base, cp)) {
+    close_units(rec);
+    *out = r->handle;
+    return CUDA_SUCCESS;
+  }
+  if (!start_server(e)) {
+    close_units(rec);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  add_export(e, std::move(rec), dptr, out);
   return CUDA_SUCCESS;
 }
 

@@ -327,12 +327,9 @@ std::string ask_open(Conn* c, const Handle& h, Answer* a) {
   return why;
 }
 
-}  // namespace
-
-CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, unsigned flags) noexcept {
-  Handle h;
-  if (!decode(raw, &h)) return kPassThrough;
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+// The handle was made by this process, or no context is current: CUDA's own error; else
+// CUDA_SUCCESS with the current context in *ctx.
+CUresult importing_context(const RealDriver& d, const Handle& h, CUcontext* ctx) {
   if (h.pid == static_cast<std::uint32_t>(::getpid())) {
     log_warn(
         "cuIpcOpenMemHandle: the handle was made by this process (pid {}); CUDA opens handles only in other "
@@ -340,93 +337,105 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
         h.pid);
     return CUDA_ERROR_INVALID_CONTEXT;
   }
-  CUcontext ctx = nullptr;
-  if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  Importer& s = state();
-  auto find_open = [&]() -> Import* {
-    for (auto& [p, im] : s.by_ptr)
-      if (im->pid == h.pid && im->nonce == h.nonce && im->id == h.id && im->ctx == ctx) return im;
-    return nullptr;
-  };
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (Import* im = find_open()) {
-      ++im->refs;
-      *out = im->ptr;
-      return CUDA_SUCCESS;
-    }
+  if (d.cuCtxGetCurrent(ctx) != CUDA_SUCCESS || *ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+
+// Under mu: this process's import of the export `h` names, in `ctx`, or nullptr.
+Import* find_open(Importer& s, const Handle& h, CUcontext ctx) {
+  for (auto& [p, im] : s.by_ptr)
+    if (im->pid == h.pid && im->nonce == h.nonce && im->id == h.id && im->ctx == ctx) return im;
+  return nullptr;
+}
+
+// Under mu: the import is opened once more (CUDA's reference count); its pointer.
+CUdeviceptr open_again(Import* im) {
+  ++im->refs;
+  return im->ptr;
+}
+
+// Under mu: the exchange with the exporter went wrong (`why`); the open fails.
+CUresult exchange_failed(Importer& s, Conn* c, const Handle& h, const std::string& why, bool broken) {
+  log_warn(
+      "cuIpcOpenMemHandle: the exporting process (pid {}) did not answer properly ({}); returning "
+      "CUDA_ERROR_INVALID_HANDLE",
+      h.pid, why);
+  // A half-finished or garbled exchange leaves the connection unusable for requests; it stays
+  // open while it holds earlier imports (closing it would let the exporter reuse their bytes).
+  if (broken) c->broken = true;
+  drop_conn_if_idle(s, c);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+// Under mu: the exporter refused the open (`status`); the code CUDA would return.
+CUresult refused(Importer& s, Conn* c, const Handle& h, Status status) {
+  // Still busy at the deadline: the exporter lacks resources, the handle is fine.
+  const CUresult code = status == Status::refused_uid ? CUDA_ERROR_NOT_PERMITTED
+                        : status == Status::busy      ? CUDA_ERROR_OUT_OF_MEMORY
+                                                      : CUDA_ERROR_INVALID_HANDLE;
+  log_warn("cuIpcOpenMemHandle: export {} of pid {}: {}; returning {}", h.id, h.pid, to_string(status),
+           code == CUDA_ERROR_NOT_PERMITTED   ? "CUDA_ERROR_NOT_PERMITTED"
+           : code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
+                                              : "CUDA_ERROR_INVALID_HANDLE");
+  drop_conn_if_idle(s, c);
+  return code;
+}
+
+// Under mu: another thread opened the export meanwhile: one import, the hold this answer took
+// goes back to the exporter.
+CUdeviceptr join_open(Importer& s, Conn* c, const Handle& h, const Answer& a, Import* im) {
+  for (int f : a.fds) ::close(f);
+  send_release(c, h.id);
+  const CUdeviceptr ptr = open_again(im);
+  drop_conn_if_idle(s, c);
+  return ptr;
+}
+
+// Under mu, classic: the block's segment mapped in `ctx`; the block must lie inside what the
+// driver mapped for it (*why says what is wrong when it does not).
+CUresult map_classic(const RealDriver& d, Importer& s, const Reply& rep, CUcontext ctx, unsigned flags, Import& im,
+                     std::string* why) {
+  CUresult r = open_segment(d, s, rep.segment, ctx, flags, &im.segment_base);
+  CUdeviceptr seg = 0;
+  std::size_t seg_bytes = 0;
+  if (r == CUDA_SUCCESS &&
+      (d.cuMemGetAddressRange_v2 == nullptr ||
+       d.cuMemGetAddressRange_v2(&seg, &seg_bytes, im.segment_base) != CUDA_SUCCESS || seg != im.segment_base)) {
+    *why = "the driver does not say how large the segment is";
+  } else if (r == CUDA_SUCCESS) {
+    *why = check_inside(rep.offset, rep.size, seg_bytes);
   }
-  Conn* c = nullptr;
-  CUresult r = connect_to(s, h, &c);
-  if (r != CUDA_SUCCESS) return r;
-  Answer a;
-  std::string why = ask_open(c, h, &a);
-  const Reply& rep = a.reply;
-  std::vector<int>& fds = a.fds;
-  std::vector<std::uint64_t>& sizes = a.sizes;
-  const bool broken = a.broken;
-  std::unique_lock<std::mutex> lock(s.mu);
-  --c->users;
-  if (!why.empty()) {
-    log_warn(
-        "cuIpcOpenMemHandle: the exporting process (pid {}) did not answer properly ({}); returning "
-        "CUDA_ERROR_INVALID_HANDLE",
-        h.pid, why);
-    // A half-finished or garbled exchange leaves the connection unusable for requests; it stays
-    // open while it holds earlier imports (closing it would let the exporter reuse their bytes).
-    if (broken) c->broken = true;
-    drop_conn_if_idle(s, c);
-    return CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && !why->empty()) {
+    close_segment(d, s, ctx, im.segment_base);
+    r = CUDA_ERROR_INVALID_HANDLE;
   }
-  if (rep.status != Status::ok) {
-    // Still busy at the deadline: the exporter lacks resources, the handle is fine.
-    const CUresult code = rep.status == Status::refused_uid ? CUDA_ERROR_NOT_PERMITTED
-                          : rep.status == Status::busy      ? CUDA_ERROR_OUT_OF_MEMORY
-                                                            : CUDA_ERROR_INVALID_HANDLE;
-    log_warn("cuIpcOpenMemHandle: export {} of pid {}: {}; returning {}", h.id, h.pid, to_string(rep.status),
-             code == CUDA_ERROR_NOT_PERMITTED   ? "CUDA_ERROR_NOT_PERMITTED"
-             : code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
-                                                : "CUDA_ERROR_INVALID_HANDLE");
-    drop_conn_if_idle(s, c);
-    return code;
-  }
-  if (Import* im = find_open()) {  // another thread opened it meanwhile: one import, this hold goes back
-    for (int f : fds) ::close(f);
-    send_release(c, h.id);
-    ++im->refs;
-    *out = im->ptr;
-    drop_conn_if_idle(s, c);
-    return CUDA_SUCCESS;
-  }
+  im.ptr = im.segment_base + rep.offset;
+  return r;
+}
+
+// Under mu: the block the exporter described mapped into this process, by its kind.
+CUresult map_block(const RealDriver& d, Importer& s, const Answer& a, CUcontext ctx, unsigned flags, Import& im,
+                   std::string* why) {
+  if (a.reply.kind == Kind::classic) return map_classic(d, s, a.reply, ctx, flags, im, why);
+  const CUresult r = map_units(d, a.fds, a.sizes, im);
+  im.ptr = im.va + a.reply.offset;
+  return r;
+}
+
+// Under mu: a new import of what the exporter on `c` answered, mapped and recorded (the
+// connection stays open for it); on failure the exporter's hold goes back.
+CUresult add_import(const RealDriver& d, Importer& s, Conn* c, const Handle& h, const Answer& a, CUcontext ctx,
+                    unsigned flags, CUdeviceptr* out) {
   auto* im = new Import;
   im->pid = h.pid;
   im->nonce = h.nonce;
   im->id = h.id;
   im->ctx = ctx;
-  im->size = rep.size;
-  im->kind = rep.kind;
+  im->size = a.reply.size;
+  im->kind = a.reply.kind;
   im->conn = c;
-  if (rep.kind == Kind::classic) {
-    r = open_segment(d, s, rep.segment, ctx, flags, &im->segment_base);
-    // The block must lie inside the segment the driver mapped for it.
-    CUdeviceptr seg = 0;
-    std::size_t seg_bytes = 0;
-    if (r == CUDA_SUCCESS &&
-        (d.cuMemGetAddressRange_v2 == nullptr ||
-         d.cuMemGetAddressRange_v2(&seg, &seg_bytes, im->segment_base) != CUDA_SUCCESS || seg != im->segment_base)) {
-      why = "the driver does not say how large the segment is";
-    } else if (r == CUDA_SUCCESS) {
-      why = check_inside(rep.offset, rep.size, seg_bytes);
-    }
-    if (r == CUDA_SUCCESS && !why.empty()) {
-      close_segment(d, s, ctx, im->segment_base);
-      r = CUDA_ERROR_INVALID_HANDLE;
-    }
-    im->ptr = im->segment_base + rep.offset;
-  } else {
-    r = map_units(d, fds, sizes, *im);
-    im->ptr = im->va + rep.offset;
-  }
+  std::string why;
+  const CUresult r = map_block(d, s, a, ctx, flags, *im, &why);
   if (r != CUDA_SUCCESS) {
     log_warn("cuIpcOpenMemHandle: mapping export {} of pid {} failed: {}", h.id, h.pid,
              why.empty() ? "CUDA error " + std::to_string(r) : why);
@@ -442,6 +451,37 @@ CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, 
   *out = im->ptr;
   log_debug("cuIpcOpenMemHandle: export {} of pid {} ({} bytes) at {:#x}", h.id, h.pid, im->size, u(im->ptr));
   return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult open(const RealDriver& d, CUdeviceptr* out, const CUipcMemHandle& raw, unsigned flags) noexcept {
+  Handle h;
+  if (!decode(raw, &h)) return kPassThrough;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUcontext ctx = nullptr;
+  if (const CUresult r = importing_context(d, h, &ctx); r != CUDA_SUCCESS) return r;
+  Importer& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (Import* im = find_open(s, h, ctx)) {
+      *out = open_again(im);
+      return CUDA_SUCCESS;
+    }
+  }
+  Conn* c = nullptr;
+  if (const CUresult r = connect_to(s, h, &c); r != CUDA_SUCCESS) return r;
+  Answer a;
+  const std::string why = ask_open(c, h, &a);
+  std::lock_guard<std::mutex> lock(s.mu);
+  --c->users;
+  if (!why.empty()) return exchange_failed(s, c, h, why, a.broken);
+  if (a.reply.status != Status::ok) return refused(s, c, h, a.reply.status);
+  if (Import* im = find_open(s, h, ctx)) {
+    *out = join_open(s, c, h, a, im);
+    return CUDA_SUCCESS;
+  }
+  return add_import(d, s, c, h, a, ctx, flags, out);
 }
 
 CUresult close(const RealDriver& d, CUdeviceptr dptr) noexcept {

@@ -110,67 +110,77 @@ void Server::run() {
 void Server::accept_one(std::int64_t t) {
   const int c = ::accept4(fds_[0].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (c < 0) {
-    const int err = errno;
-    if (err == EAGAIN || err == EINTR || err == ECONNABORTED) return;
-    std::uint64_t since = 0;
-    if (err == EMFILE || err == ENFILE) {
-      // An idle connection's descriptor serves the newcomer better; the pending connection is
-      // accepted on the next round (poll reports it again).
-      if (const std::size_t i = longest_idle_free(); i != 0) {
-        if (for_room_.tick(t, &since))
-          log_warn(
-              "CUDA IPC: out of file descriptors with an importer waiting: dropped the connection of pid {}, idle "
-              "{:.1f} s and holding nothing, to accept it ({} dropped so since the last such line)",
-              static_cast<long>(peers_[i - 1].pid), seconds(t - peers_[i - 1].last_ns), since);
-        drop(i);
-        dropped_for_room_.fetch_add(1, std::memory_order_release);
-        return;
-      }
-    }
-    // Out of descriptors or memory: the pending connection stays pending and poll would report
-    // it again at once. Stop listening for a while (connections keep being served).
-    if (accept_failed_.tick(t, &since))
-      log_warn("CUDA IPC: cannot accept an importer's connection: {}; pausing for 100 ms ({} failed accepts)",
-               std::strerror(err), since);
-    fds_[0].events = 0;
-    paused_until_ = t + kAcceptPauseNs;
+    on_accept_error(t, errno);
     return;
   }
   pid_t pid = 0;
-  uid_t uid = 0;
-  std::uint64_t since = 0;
-  if (!peer_credentials(c, &pid, &uid) || uid != ::getuid()) {
-    if (refused_.tick(t, &since))
-      log_warn(
-          "CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this process's "
-          "memory ({} refused since the last such line, {} in all; logged at most every 10 s)",
-          static_cast<long>(pid), static_cast<long>(uid), static_cast<long>(::getuid()), since, refused_.total);
-    refuse_with(c, Status::refused_uid);
-    return;
-  }
-  if (peers_.size() >= settings_.max_connections) {
-    const std::size_t i = longest_idle_free();
-    if (i == 0) {
-      if (too_many_.tick(t, &since))
-        log_warn(
-            "CUDA IPC: refused a connection from pid {}: {} importers are connected already, each holding memory "
-            "of this process open ({} refused since the last such line)",
-            static_cast<long>(pid), peers_.size(), since);
-      refuse_with(c, Status::error);
-      return;
-    }
-    if (for_room_.tick(t, &since))
-      log_warn(
-          "CUDA IPC: {} importers are connected already: dropped the connection of pid {}, idle {:.1f} s and "
-          "holding nothing, for one from pid {} ({} dropped so since the last such line)",
-          peers_.size(), static_cast<long>(peers_[i - 1].pid), seconds(t - peers_[i - 1].last_ns),
-          static_cast<long>(pid), since);
-    drop(i);
-    dropped_for_room_.fetch_add(1, std::memory_order_release);
-  }
+  if (!trusted(c, t, &pid) || !make_room(c, t, pid)) return;
   fds_.push_back({c, POLLIN, 0});
   peers_.push_back({pid, t});
   connections_.store(peers_.size(), std::memory_order_release);
+}
+
+void Server::on_accept_error(std::int64_t t, int err) {
+  if (err == EAGAIN || err == EINTR || err == ECONNABORTED) return;
+  std::uint64_t since = 0;
+  if (err == EMFILE || err == ENFILE) {
+    // An idle connection's descriptor serves the newcomer better; the pending connection is
+    // accepted on the next round (poll reports it again).
+    if (const std::size_t i = longest_idle_free(); i != 0) {
+      if (for_room_.tick(t, &since))
+        log_warn(
+            "CUDA IPC: out of file descriptors with an importer waiting: dropped the connection of pid {}, idle "
+            "{:.1f} s and holding nothing, to accept it ({} dropped so since the last such line)",
+            static_cast<long>(peers_[i - 1].pid), seconds(t - peers_[i - 1].last_ns), since);
+      drop(i);
+      dropped_for_room_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+  }
+  // Out of descriptors or memory: the pending connection stays pending and poll would report
+  // it again at once. Stop listening for a while (connections keep being served).
+  if (accept_failed_.tick(t, &since))
+    log_warn("CUDA IPC: cannot accept an importer's connection: {}; pausing for 100 ms ({} failed accepts)",
+             std::strerror(err), since);
+  fds_[0].events = 0;
+  paused_until_ = t + kAcceptPauseNs;
+}
+
+bool Server::trusted(int c, std::int64_t t, pid_t* pid) {
+  uid_t uid = 0;
+  std::uint64_t since = 0;
+  if (peer_credentials(c, pid, &uid) && uid == ::getuid()) return true;
+  if (refused_.tick(t, &since))
+    log_warn(
+        "CUDA IPC: refused a connection from pid {} (uid {}): only processes of uid {} may open this process's "
+        "memory ({} refused since the last such line, {} in all; logged at most every 10 s)",
+        static_cast<long>(*pid), static_cast<long>(uid), static_cast<long>(::getuid()), since, refused_.total);
+  refuse_with(c, Status::refused_uid);
+  return false;
+}
+
+bool Server::make_room(int c, std::int64_t t, pid_t pid) {
+  if (peers_.size() < settings_.max_connections) return true;
+  std::uint64_t since = 0;
+  const std::size_t i = longest_idle_free();
+  if (i == 0) {
+    if (too_many_.tick(t, &since))
+      log_warn(
+          "CUDA IPC: refused a connection from pid {}: {} importers are connected already, each holding memory "
+          "of this process open ({} refused since the last such line)",
+          static_cast<long>(pid), peers_.size(), since);
+    refuse_with(c, Status::error);
+    return false;
+  }
+  if (for_room_.tick(t, &since))
+    log_warn(
+        "CUDA IPC: {} importers are connected already: dropped the connection of pid {}, idle {:.1f} s and "
+        "holding nothing, for one from pid {} ({} dropped so since the last such line)",
+        peers_.size(), static_cast<long>(peers_[i - 1].pid), seconds(t - peers_[i - 1].last_ns), static_cast<long>(pid),
+        since);
+  drop(i);
+  dropped_for_room_.fetch_add(1, std::memory_order_release);
+  return true;
 }
 
 std::size_t Server::longest_idle_free() {

@@ -86,6 +86,13 @@ class Server {
 
   std::int64_t now() const;
   void accept_one(std::int64_t t);
+  // accept4 failed with `err`: a connection that holds nothing makes room, or accepting pauses.
+  void on_accept_error(std::int64_t t, int err);
+  // Whether connection `c` comes from a process of this user (its pid in *pid); else refused.
+  bool trusted(int c, std::int64_t t, pid_t* pid);
+  // Room for connection `c` from `pid`: at the limit, the connection idle longest that holds
+  // nothing is dropped for it; false (refused) when every connection holds an import.
+  bool make_room(int c, std::int64_t t, pid_t pid);
   // The connection idle longest among those that hold no import: its index in fds_, or 0.
   std::size_t longest_idle_free();
   void drop(std::size_t i);  // closes fds_[i] after ops_.closing; moves the last one into its place
