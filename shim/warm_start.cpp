@@ -120,44 +120,41 @@ void fill_kind(ContextPool& cp, StreamId stream, bool small, std::size_t target,
   out->bytes += now > start ? now - start : 0;
 }
 
-void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
-  const std::string& path = rt.policy().warm_start;
-  const int dev = cp.device;
-  // Whole segments in the plan's order, largest first, as many as fit.
+// The plan's segments for device `dev`, largest first (in the plan's order among equals).
+std::vector<const WarmSegment*> segments_for(const WarmPlan& plan, int dev) {
   std::vector<const WarmSegment*> segs;
   for (const WarmSegment& s : plan.segments)
     if (s.device == dev) segs.push_back(&s);
-  if (segs.empty()) {
-    log_info("warm_start: {} has no segment for device {}; nothing preallocated", path, dev);
-    return;
-  }
   std::stable_sort(segs.begin(), segs.end(),
                    [](const WarmSegment* a, const WarmSegment* b) { return a->bytes > b->bytes; });
-  // What each segment costs in this pool: a classic pool makes a segment of at least 20 MiB for a
-  // large request (a plan recorded with pages may list smaller runs).
-  const PoolOptions& o = cp.pool.options();
-  const bool pages = o.expandable_segments && cp.upstream.granularity() != 0;
-  auto cost = [&](const WarmSegment* s) {
-    return s->small || pages ? s->bytes : std::max(s->bytes, segment_size_for(s->bytes));
-  };
-  std::size_t need = 0;
-  for (const WarmSegment* s : segs) need += cost(s);
+  return segs;
+}
 
-  // What fits: free device memory (less a margin), the pool's cap, the group budget's room.
-  std::size_t free_bytes = 0, total = 0;
-  cp.upstream.mem_info(&free_bytes, &total);
-  const std::size_t held = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[kAll].current) +
-                           cp.pool.external_bytes();
-  struct Limit {
-    std::size_t room;
-    std::string what, fix;
-  };
-  std::vector<Limit> limits;
+// What a segment costs in this pool: a classic pool makes a segment of at least 20 MiB for a
+// large request (a plan recorded with pages may list smaller runs).
+std::size_t cost_of(const WarmSegment& s, bool pages) {
+  return s.small || pages ? s.bytes : std::max(s.bytes, segment_size_for(s.bytes));
+}
+
+// One bound on what the warm start may reserve: the room it leaves, what it is, how to lift it.
+struct Limit {
+  std::size_t room;
+  std::string what, fix;
+};
+
+// Free device memory, less a margin for what the program takes outside the pool.
+Limit device_limit(std::size_t free_bytes, std::size_t total) {
   const std::size_t margin = margin_for(total);
-  limits.push_back({free_bytes > margin ? free_bytes - margin : 0,
-                    "the device's free memory (" + mib(free_bytes) + " MiB, less " + mib(margin) +
-                        " MiB left for memory outside the pool)",
-                    "free device memory (other processes on this GPU hold the rest)"});
+  return {free_bytes > margin ? free_bytes - margin : 0,
+          "the device's free memory (" + mib(free_bytes) + " MiB, less " + mib(margin) +
+              " MiB left for memory outside the pool)",
+          "free device memory (other processes on this GPU hold the rest)"};
+}
+
+// The pool's cap (max_reserved_mb, or per_process_memory_fraction where it is lower), if any;
+// `held`: what the pool holds already, `need`: what the plan asks for.
+void add_cap_limit(const PoolOptions& o, std::size_t total, std::size_t held, std::size_t need,
+                   std::vector<Limit>* limits) {
   std::size_t cap = o.max_reserved;
   std::string cap_name = "max_reserved_mb:" + (cap == kNoLimit ? std::string("0") : mib(cap));
   if (o.per_process_memory_fraction > 0.0) {
@@ -167,63 +164,113 @@ void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
       cap_name = "per_process_memory_fraction (" + mib(cap) + " MiB of " + mib(total) + ")";
     }
   }
-  if (cap != kNoLimit) {
-    const double frac = total > 0 ? static_cast<double>(held + need) / static_cast<double>(total) : 1.0;
-    limits.push_back({cap > held ? cap - held : 0, "the pool's cap " + cap_name,
-                      "raise the cap to at least " + mib(held + need) + " MiB (max_reserved_mb:" + mib(held + need) +
-                          (frac <= 1.0 ? ", or per_process_memory_fraction:" + fraction_up(frac) : "") + ")"});
-  }
-  // A member that left its group (budget 0) runs under its own caps only.
-  if (cp.member != nullptr && group::budget(*cp.member) != 0) {
-    const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);
-    const std::size_t room = budget > used ? budget - used : 0;
-    limits.push_back({room,
-                      "the group budget's room (" + mib(room) + " MiB of its " + mib(budget) +
-                          " MiB; the group holds " + mib(used) + " MiB)",
-                      "raise group_budget_mb (or group_budget_fraction) by at least " +
-                          mib(need - std::min(need, room)) + " MiB" +
-                          (used > 0 ? ", or start this process while the group holds less" : "")});
-  }
+  if (cap == kNoLimit) return;
+  const double frac = total > 0 ? static_cast<double>(held + need) / static_cast<double>(total) : 1.0;
+  limits->push_back({cap > held ? cap - held : 0, "the pool's cap " + cap_name,
+                     "raise the cap to at least " + mib(held + need) + " MiB (max_reserved_mb:" + mib(held + need) +
+                         (frac <= 1.0 ? ", or per_process_memory_fraction:" + fraction_up(frac) : "") + ")"});
+}
+
+// The group budget's room, for a member of a group. A member that left its group (budget 0)
+// runs under its own caps only.
+void add_group_limit(const ContextPool& cp, std::size_t need, std::vector<Limit>* limits) {
+  if (cp.member == nullptr || group::budget(*cp.member) == 0) return;
+  const std::size_t budget = group::budget(*cp.member), used = group::group_reserved(*cp.member);
+  const std::size_t room = budget > used ? budget - used : 0;
+  limits->push_back({room,
+                     "the group budget's room (" + mib(room) + " MiB of its " + mib(budget) + " MiB; the group holds " +
+                         mib(used) + " MiB)",
+                     "raise group_budget_mb (or group_budget_fraction) by at least " +
+                         mib(need - std::min(need, room)) + " MiB" +
+                         (used > 0 ? ", or start this process while the group holds less" : "")});
+}
+
+// What bounds the warm start of `cp`: free device memory (less a margin), the pool's cap, the
+// group budget's room.
+std::vector<Limit> limits_for(ContextPool& cp, std::size_t need) {
+  std::size_t free_bytes = 0, total = 0;
+  cp.upstream.mem_info(&free_bytes, &total);
+  const std::size_t held = static_cast<std::size_t>(cp.pool.stats().reserved_bytes[kAll].current) +
+                           cp.pool.external_bytes();
+  std::vector<Limit> limits;
+  limits.push_back(device_limit(free_bytes, total));
+  add_cap_limit(cp.pool.options(), total, held, need, &limits);
+  add_group_limit(cp, need, &limits);
+  return limits;
+}
+
+// The tightest limit that leaves less room than `need`, or nullptr when the plan fits whole.
+const Limit* binding_limit(const std::vector<Limit>& limits, std::size_t need) {
   const Limit* binding = nullptr;
   for (const Limit& l : limits)
     if (l.room < need && (binding == nullptr || l.room < binding->room)) binding = &l;
-  const std::size_t allowed = binding != nullptr ? binding->room : need;
+  return binding;
+}
 
+// The segments chosen: whole ones in the plan's order, as many as fit in what is allowed.
+struct Choice {
   std::size_t small_target = 0, large_target = 0;
   std::vector<std::size_t> large_sizes;  // classic segments, for a pool without pages
   std::size_t chosen = 0;
+};
+
+Choice choose(const std::vector<const WarmSegment*>& segs, bool pages, std::size_t allowed) {
+  Choice out;
   for (const WarmSegment* s : segs) {
-    const std::size_t c = cost(s);
-    if (chosen + c > allowed) continue;
-    chosen += c;
+    const std::size_t c = cost_of(*s, pages);
+    if (out.chosen + c > allowed) continue;
+    out.chosen += c;
     if (s->small) {
-      small_target += c;
+      out.small_target += c;
     } else {
-      large_target += c;
-      large_sizes.push_back(s->bytes);
+      out.large_target += c;
+      out.large_sizes.push_back(s->bytes);
     }
   }
-  if (binding != nullptr)
-    log_warn(
-        "warm_start: the plan {} holds {} MiB of segments for device {}, {} MiB more than fits {}; preallocating "
-        "{} MiB of it. To preallocate all of it: {}",
-        path, mib(need), dev, mib(need - allowed), binding->what, mib(chosen), binding->fix);
-  if (chosen == 0) return;
+  return out;
+}
 
+// Reserves what was chosen, small pool first, and says how it went.
+void preallocate(ContextPool& cp, StreamId stream, const Choice& c, bool pages, const std::string& path) {
+  const int dev = cp.device;
   const std::int64_t t0 = mono_ns();
   Prealloc pre;
-  if (small_target > 0) fill_kind(cp, stream, true, small_target, {}, &pre);
-  if (large_target > 0 && pre.failed == AllocStatus::ok)
-    fill_kind(cp, stream, false, large_target, pages ? std::vector<std::size_t>{} : large_sizes, &pre);
+  if (c.small_target > 0) fill_kind(cp, stream, true, c.small_target, {}, &pre);
+  if (c.large_target > 0 && pre.failed == AllocStatus::ok)
+    fill_kind(cp, stream, false, c.large_target, pages ? std::vector<std::size_t>{} : c.large_sizes, &pre);
   const double ms = static_cast<double>(mono_ns() - t0) / 1e6;
   if (pre.failed != AllocStatus::ok)
     log_warn(
         "warm_start: device {}: {} memory ({}) after {} MiB of the plan's {} MiB; the program grows the pool "
         "for the rest as usual",
-        dev, who_refused(pre), to_string(pre.failed), mib(pre.bytes), mib(chosen));
+        dev, who_refused(pre), to_string(pre.failed), mib(pre.bytes), mib(c.chosen));
   else
     log_info("warm_start: device {}: {} MiB preallocated ({} MiB small pool, {} MiB large pool) from {} in {:.1f} ms",
-             dev, mib(pre.bytes), mib(small_target), mib(large_target), path, ms);
+             dev, mib(pre.bytes), mib(c.small_target), mib(c.large_target), path, ms);
+}
+
+void run(Runtime& rt, ContextPool& cp, StreamId stream, const WarmPlan& plan) {
+  const std::string& path = rt.policy().warm_start;
+  const int dev = cp.device;
+  const std::vector<const WarmSegment*> segs = segments_for(plan, dev);
+  if (segs.empty()) {
+    log_info("warm_start: {} has no segment for device {}; nothing preallocated", path, dev);
+    return;
+  }
+  const bool pages = cp.pool.options().expandable_segments && cp.upstream.granularity() != 0;
+  std::size_t need = 0;
+  for (const WarmSegment* s : segs) need += cost_of(*s, pages);
+  const std::vector<Limit> limits = limits_for(cp, need);
+  const Limit* binding = binding_limit(limits, need);
+  const std::size_t allowed = binding != nullptr ? binding->room : need;
+  const Choice choice = choose(segs, pages, allowed);
+  if (binding != nullptr)
+    log_warn(
+        "warm_start: the plan {} holds {} MiB of segments for device {}, {} MiB more than fits {}; preallocating "
+        "{} MiB of it. To preallocate all of it: {}",
+        path, mib(need), dev, mib(need - allowed), binding->what, mib(choice.chosen), binding->fix);
+  if (choice.chosen == 0) return;
+  preallocate(cp, stream, choice, pages, path);
 }
 
 }  // namespace
