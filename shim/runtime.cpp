@@ -196,6 +196,58 @@ PoolOptions pool_options_for(const Policy& policy, bool native) {
   return opt;
 }
 
+// What loading the policy noted, said once logging is set up: secure mode (a warning when it
+// ignored something the user set, else only at info) and the policy's own warnings.
+void announce_policy(const Policy& policy, bool secure, const std::vector<std::string>& ignored) {
+  if (secure && !ignored.empty()) log_warn("{}", secure_mode_message(ignored));
+  if (secure && ignored.empty()) log_info("{}", secure_mode_message(ignored));
+  for (const auto& w : policy.warnings) log_warn("policy: {}", w);
+}
+
+// PyTorch users bring their habit: that variable configures PyTorch's allocator, never this pool.
+void warn_pytorch_conf(bool native) {
+  const char* pt = ::secure_getenv("PYTORCH_CUDA_ALLOC_CONF");
+  if (!native || pt == nullptr || *pt == '\0') return;
+  const char* own = ::secure_getenv("CUDAPOOL_CONF");
+  log_warn(
+      "PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
+      "cudapool reads only CUDAPOOL_CONF{}: to carry the keys over, set CUDAPOOL_CONF=\"{}\" "
+      "(`cudapool check --conf '{}'` shows what cudapool accepts)",
+      pt,
+      ::secure_getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
+                                                                   : "which sits in front of it",
+      own != nullptr && *own != '\0' ? "" : " (unset here: the defaults)", pt, pt);
+}
+
+// The policy a trace records, so that a replay of it defaults to it. Where the process wrote its
+// files is no part of how its pool behaved, and a replay must not write there.
+Policy recorded_policy(const Policy& policy) {
+  Policy recorded = policy;
+  recorded.log_level = Policy{}.log_level;
+  recorded.log_file.clear();
+  recorded.trace_file.clear();
+  recorded.stats_file.clear();
+  recorded.warm_start.clear();        // read at start, not how the pool behaves afterwards
+  recorded.trace_call_sites = false;  // how the trace was written, not how the pool ran
+  recorded.dump_signal = 0;
+  return recorded;
+}
+
+// The trace of a policy with a trace_file, its policy written first; nullptr without one, or
+// when it cannot be opened (said). Leaked with the runtime; flushed at exit.
+TraceWriter* open_trace(const Policy& policy) {
+  if (policy.trace_file.empty()) return nullptr;
+  std::string err;
+  auto writer = TraceWriter::open(policy.trace_file, &err);
+  if (!writer) {
+    log_warn("trace file: {}", err);
+    return nullptr;
+  }
+  writer->note_policy(to_conf_string(recorded_policy(policy)));
+  writer->record_call_sites(policy.trace_call_sites);
+  return writer.release();
+}
+
 }  // namespace
 
 Runtime* Runtime::start() noexcept {
@@ -210,46 +262,14 @@ Runtime* Runtime::start() noexcept {
   const bool native = ok && policy.backend == Backend::native;
   std::string why = init_logging(policy);
   if (!why.empty()) log_warn("logging: {}", why);
-  // Said once: a warning when it ignored something the user set, else only at info.
-  if (secure && !ignored.empty()) log_warn("{}", secure_mode_message(ignored));
-  if (secure && ignored.empty()) log_info("{}", secure_mode_message(ignored));
-  for (const auto& w : policy.warnings) log_warn("policy: {}", w);
-  // PyTorch users bring their habit: that variable configures PyTorch's allocator, never this pool.
-  if (const char* pt = ::secure_getenv("PYTORCH_CUDA_ALLOC_CONF"); native && pt != nullptr && *pt != '\0') {
-    const char* own = ::secure_getenv("CUDAPOOL_CONF");
-    log_warn(
-        "PYTORCH_CUDA_ALLOC_CONF={} configures PyTorch's own caching allocator, not cudapool ({}); "
-        "cudapool reads only CUDAPOOL_CONF{}: to carry the keys over, set CUDAPOOL_CONF=\"{}\" "
-        "(`cudapool check --conf '{}'` shows what cudapool accepts)",
-        pt,
-        ::secure_getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ? "which PYTORCH_NO_CUDA_MEMORY_CACHING turns off"
-                                                                     : "which sits in front of it",
-        own != nullptr && *own != '\0' ? "" : " (unset here: the defaults)", pt, pt);
-  }
+  announce_policy(policy, secure, ignored);
+  warn_pytorch_conf(native);
   auto* rt = new Runtime(*d, std::move(policy), native);  // leaked on purpose: no teardown at exit
   rt->start_unix_ns_ = now_ns(CLOCK_REALTIME);
   rt->start_mono_ns_ = now_ns(CLOCK_MONOTONIC);
-  if (!rt->policy_.trace_file.empty()) {
-    std::string err;
-    auto writer = TraceWriter::open(rt->policy_.trace_file, &err);
-    if (writer) {
-      // The policy first, so that a replay of this trace defaults to it. Where the process
-      // wrote its files is no part of how its pool behaved, and a replay must not write there.
-      Policy recorded = rt->policy_;
-      recorded.log_level = Policy{}.log_level;
-      recorded.log_file.clear();
-      recorded.trace_file.clear();
-      recorded.stats_file.clear();
-      recorded.warm_start.clear();        // read at start, not how the pool behaves afterwards
-      recorded.trace_call_sites = false;  // how the trace was written, not how the pool ran
-      recorded.dump_signal = 0;
-      writer->note_policy(to_conf_string(recorded));
-      writer->record_call_sites(rt->policy_.trace_call_sites);
-      rt->call_sites_ = rt->policy_.trace_call_sites;
-      rt->sink_ = writer.release();  // leaked with the runtime; flushed at exit
-    } else {
-      log_warn("trace file: {}", err);
-    }
+  if (TraceWriter* trace = open_trace(rt->policy_)) {
+    rt->call_sites_ = rt->policy_.trace_call_sites;
+    rt->sink_ = trace;
   }
   rt->sink_ = start_audit(rt->policy_, native, rt->sink_, &dump_text);  // start report, dump signal, log sink
   log_info("cudapool {} started: backend={} policy={}", kVersion, native ? "native" : "passthrough",
