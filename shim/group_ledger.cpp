@@ -80,8 +80,8 @@ Member* Member::closed(const std::string& path, const std::string& name, int dev
                        std::string why) noexcept {
   auto* m = new (std::nothrow) Member(share::Mapping{}, -1, device, path, name, 0);
   if (m == nullptr) return nullptr;
-  m->closed_budget_ = budget;
-  m->closed_why_ = std::move(why);
+  m->closed_as_.budget = budget;
+  m->closed_as_.why = std::move(why);
   return m;
 }
 
@@ -151,10 +151,8 @@ bool Member::ask_release(std::int64_t deadline, int round, std::size_t request) 
   return again;
 }
 
-// Under the guard.
-bool Member::ask_round(std::int64_t deadline, int round, std::size_t request) noexcept {
-  const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
-  std::pair<int, std::uint64_t> cand[share::kLedgerSlots];
+// Under the guard: the other live members, most idle memory (as last published) first.
+int Member::release_candidates(Candidate* cand) noexcept {
   int nc = 0;
   for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
     share::LedgerSlot& s = l_->slot[i];
@@ -163,15 +161,23 @@ bool Member::ask_round(std::int64_t deadline, int round, std::size_t request) no
       continue;
     cand[nc++] = {i, s.cached.load(std::memory_order_relaxed)};
   }
-  if (nc == 0) return false;  // alone in the group: nobody to ask
   std::sort(cand, cand + nc, [](const auto& a, const auto& b) { return a.second > b.second; });
-  // The gate sees one physical unit at a time (expandable growth maps 16 MiB units), so its
-  // shortfall can be a unit where the allocation needs gigabytes: ask for the whole request's
-  // excess over the budget, or members give back one unit per round until the wait runs out.
+  return nc;
+}
+
+// Under the guard: the bytes to ask for. The gate sees one physical unit at a time (expandable
+// growth maps 16 MiB units), so its shortfall can be a unit where the allocation needs
+// gigabytes: ask for the whole request's excess over the budget, or members give back one unit
+// per round until the wait runs out.
+std::uint64_t Member::release_need(std::size_t request) noexcept {
   const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
   const std::uint64_t over = total + request > budget ? total + request - budget : 0;
-  const std::uint64_t need = std::max<std::uint64_t>(shortfall_.load(std::memory_order_relaxed), over);
-  std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
+  return std::max<std::uint64_t>(shortfall_.load(std::memory_order_relaxed), over);
+}
+
+// Under the guard: asks the candidates of this round (ask_release says whom, and for how much)
+// and wakes them; returns how many were asked, each in `asked` with its request number.
+int Member::ask_members(const Candidate* cand, int nc, int round, std::uint64_t need, Asked* asked) noexcept {
   int n = 0;
   std::uint64_t covered = 0;
   for (int k = 0; k < nc; ++k) {
@@ -190,17 +196,27 @@ bool Member::ask_round(std::int64_t deadline, int round, std::size_t request) no
     asked[n++] = {cand[k].first, req};
     covered = sat_add(covered, cand[k].second);
   }
+  return n;
+}
+
+// Under the guard: the first round, and then at most one a second, is logged.
+void Member::log_round(int asked) noexcept {
   const std::int64_t t = share::monotonic_ns();
-  std::int64_t logged = last_log_.load(std::memory_order_relaxed);
-  if ((requests_.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
-      last_log_.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
+  std::int64_t logged = log_.last_ns.load(std::memory_order_relaxed);
+  if ((log_.rounds.fetch_add(1, std::memory_order_relaxed) == 0 || t - logged > 1'000'000'000) &&
+      log_.last_ns.compare_exchange_strong(logged, t, std::memory_order_relaxed)) {
     // The figures are loaded before any text is made: a fault jumps out of no live string.
     const std::uint64_t now_total = l_->total.load(), now_budget = l_->budget;
     log_info(
         "group {}: an allocation on device {} was refused by the budget ({} of {} reserved); asked {} "
         "other member(s) for idle cached memory",
-        group_, device_, mib(now_total), mib(now_budget), n);
+        group_, device_, mib(now_total), mib(now_budget), asked);
   }
+}
+
+// Under the guard: waits for a release (true) or the deadline (false); once every asked member
+// has answered, up to 10 ms more before another round (true).
+bool Member::wait_answers(std::int64_t deadline, std::uint32_t seen, const Asked* asked, int n) noexcept {
   std::int64_t answered_at = 0;
   for (;;) {
     if (l_->released.load(std::memory_order_acquire) != seen) return true;
@@ -220,6 +236,18 @@ bool Member::ask_round(std::int64_t deadline, int round, std::size_t request) no
     }
     futex_wait(&l_->released, seen, std::min<std::int64_t>(deadline - now, 2'000'000));
   }
+}
+
+// Under the guard.
+bool Member::ask_round(std::int64_t deadline, int round, std::size_t request) noexcept {
+  const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
+  Candidate cand[share::kLedgerSlots];
+  const int nc = release_candidates(cand);
+  if (nc == 0) return false;  // alone in the group: nobody to ask
+  Asked asked[share::kLedgerSlots];
+  const int n = ask_members(cand, nc, round, release_need(request), asked);
+  log_round(n);
+  return wait_answers(deadline, seen, asked, n);
 }
 
 // The helper thread: waits for a release request up to `timeout_ns`; returns the request to
@@ -275,7 +303,7 @@ std::uint64_t Member::own_outside() noexcept {
 }
 
 std::uint64_t Member::budget() noexcept {
-  if (closed()) return closed_budget_;
+  if (closed()) return closed_as_.budget;
   std::uint64_t b = 0;
   touch([&] { b = l_->budget; });
   return b;
@@ -286,7 +314,7 @@ std::int64_t Member::outside_setting(const Policy& p) noexcept {
 }
 
 std::uint64_t Member::total() noexcept {
-  if (closed()) return closed_budget_;
+  if (closed()) return closed_as_.budget;
   std::uint64_t t = 0;
   touch([&] { t = l_->total.load(std::memory_order_relaxed); });
   return t;
@@ -314,9 +342,10 @@ void Member::lost() noexcept {
 // The device's used memory as the driver reports it (every process on it); false when it
 // cannot be had (no context current, no entry point).
 bool Member::device_used(std::uint64_t* used) const noexcept {
-  if (driver_ == nullptr || driver_->cuMemGetInfo_v2 == nullptr) return false;
+  const RealDriver* d = outside_.driver;
+  if (d == nullptr || d->cuMemGetInfo_v2 == nullptr) return false;
   std::size_t f = 0, t = 0;
-  if (driver_->cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS || t == 0 || f > t) return false;
+  if (d->cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS || t == 0 || f > t) return false;
   *used = t - f;
   return true;
 }
@@ -329,7 +358,7 @@ bool Member::device_used(std::uint64_t* used) const noexcept {
 // made, members about to be reclaimed) is left alone: the charge only grows, until the member
 // is gone.
 void Member::charge_unexplained() noexcept {
-  if (outside_ != kMeasure) return;
+  if (outside_.setting != kMeasure) return;
   std::uint64_t used = 0;
   if (!device_used(&used)) return;
   const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
@@ -341,10 +370,10 @@ void Member::charge_unexplained() noexcept {
 
 void Member::refuse_closed(std::size_t bytes) noexcept {
   const std::int64_t t = share::monotonic_ns();
-  std::int64_t logged = last_log_.load(std::memory_order_relaxed);
-  if ((logged == 0 || t - logged > 1'000'000'000) && last_log_.compare_exchange_strong(logged, t))
+  std::int64_t logged = log_.last_ns.load(std::memory_order_relaxed);
+  if ((logged == 0 || t - logged > 1'000'000'000) && log_.last_ns.compare_exchange_strong(logged, t))
     log_warn("group {}: refused {} on device {}: the group ledger {} {}", group_, mib(bytes), device_, path_,
-             closed_why_);
+             closed_as_.why);
 }
 
 // Under the guard: 0 when the lock is held, else why it could not be had (ETIMEDOUT: held for
@@ -446,7 +475,7 @@ int Member::reclaim_dead() noexcept {
 
 void Member::shares(BudgetShares* out) noexcept {
   if (closed()) {
-    out->budget = closed_budget_;
+    out->budget = closed_as_.budget;
     return;
   }
   // A moment's view for a message: a truncation midway leaves it partial (and the member out).
@@ -548,44 +577,57 @@ void Member::take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) no
   unlock();
 }
 
-Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
+// Opens the ledger at at.path (creating it) and checks it; true: *m maps a ledger this process
+// can join. Every way it can fail to be opened or checked fails closed (false, *refusal the
+// member that stands for it): running on without the budget would let the group exceed it.
+bool Member::open_ledger(const JoinAt& at, share::Mapping* m, Member** refusal) noexcept {
   const unsigned uid = ::geteuid();
-  // Every way the ledger can fail to be opened or checked fails closed: running on without the
-  // budget would let the group exceed it.
   const std::string dir = share::shm_dir();
-  if (std::string why = share::check_dir(dir); !why.empty())
-    return refused(path, name, device, budget, "cannot be kept: its directory " + dir + " " + why, dir,
-                   "point CUDAPOOL_SHM_DIR at a directory of your own (mode 0700)");
-  share::Mapping m = share::map_file(path, sizeof(share::Ledger), true);
-  if (!m) return refused(path, name, device, budget, m.error, path, m.foreign ? kFixForeign : kFixOwn);
+  if (std::string why = share::check_dir(dir); !why.empty()) {
+    *refusal = refused(at, "cannot be kept: its directory " + dir + " " + why, dir,
+                       "point CUDAPOOL_SHM_DIR at a directory of your own (mode 0700)");
+    return false;
+  }
+  *m = share::map_file(at.path, sizeof(share::Ledger), true);
+  if (!*m) {
+    *refusal = refused(at, m->error, at.path, m->foreign ? kFixForeign : kFixOwn);
+    return false;
+  }
+  if (m->created) return set_up_ledger(at, *m, uid, refusal);
+  if (std::string why = checked_header(m->fd, uid, at.gpu, at.name); !why.empty()) {
+    share::unmap(*m);  // never touched through the mapping
+    *refusal = refused(at, why, at.path, kFixOwn);
+    return false;
+  }
+  return true;
+}
+
+// A ledger this process just created: its header written under the SIGBUS guard (another
+// process of the user can truncate the file meanwhile). As open_ledger.
+bool Member::set_up_ledger(const JoinAt& at, share::Mapping& m, unsigned uid, Member** refusal) noexcept {
   auto* l = static_cast<share::Ledger*>(m.addr);
-  if (m.created) {
-    bool set_up = false;
-    const bool whole = guarded(m.addr, m.size, [&] { set_up = share::init_ledger(*l, uid, gpu, name, budget); });
-    if (!whole) {
-      ::close(m.fd);  // the mapping stays (sigbus_guard.h)
-      return refused(path, name, device, budget,
-                     "was truncated by another process of this user while this process set it up", path, kFixOwn);
-    }
-    if (!set_up) {
-      share::unmap(m);
-      ::unlink(path.c_str());
-      return refused(path, name, device, budget,
-                     "could not be set up (this system has no robust process-shared mutexes)", "",
-                     "remove `group` from the policy: the group budget cannot work here");
-    }
-  } else if (std::string why = checked_header(m.fd, uid, gpu, name); !why.empty()) {
-    share::unmap(m);  // never touched through the mapping
-    return refused(path, name, device, budget, why, path, kFixOwn);
+  bool set_up = false;
+  const bool whole = guarded(m.addr, m.size, [&] { set_up = share::init_ledger(*l, uid, at.gpu, at.name, at.budget); });
+  if (!whole) {
+    ::close(m.fd);  // the mapping stays (sigbus_guard.h)
+    *refusal = refused(at, "was truncated by another process of this user while this process set it up", at.path,
+                       kFixOwn);
+    return false;
   }
-  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
-  if (mem == nullptr) {
+  if (!set_up) {
     share::unmap(m);
-    return nullptr;
+    ::unlink(at.path.c_str());
+    *refusal = refused(at, "could not be set up (this system has no robust process-shared mutexes)", "",
+                       "remove `group` from the policy: the group budget cannot work here");
+    return false;
   }
-  Joined j;
-  const bool whole = guarded(m.addr, m.size, [&] { mem->take_slot(budget, outside, &j); });
+  return true;
+}
+
+// take_slot gave `mem` no slot (`whole`: the guard saw no fault; `j`: what it found): the member
+// that never joined is dropped, and what stands for it returned (nullptr when the lock could not
+// be had).
+Member* Member::not_joined(const JoinAt& at, Member* mem, share::Mapping& m, bool whole, const Joined& j) noexcept {
   if (!whole || j.truncated) {
     // The mapping stays as it is (a fault may have left the ledger's lock in this thread's robust
     // list: sigbus_guard.h); the member that never joined is dropped.
@@ -595,35 +637,52 @@ Member* Member::join(const std::string& path, const std::string& name, const std
     } else {
       ::close(m.fd);
     }
-    return refused(path, name, device, budget,
-                   "was truncated by another process of this user while this process joined", path, kFixOwn);
+    return refused(at, "was truncated by another process of this user while this process joined", at.path, kFixOwn);
   }
   if (j.lock_error != 0) {
     mem->lock_failed(j.lock_error);
     return nullptr;  // the member is leaked with its mapping (rare)
   }
-  if (j.no_slot) {
-    delete mem;
-    share::unmap(m);
-    return refused(path, name, device, budget,
-                   "has no free slot (" + std::to_string(share::kLedgerSlots) + " live members)", "",
-                   "at most " + std::to_string(share::kLedgerSlots) +
-                       " processes share a group: give some of them another group name (group:NAME)");
-  }
-  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s); {} outside the pool charged)", name, path,
-           j.slot, mib(j.budget), j.others, mib(j.own_outside));
-  if (j.budget != budget)
+  delete mem;
+  share::unmap(m);
+  return refused(at, "has no free slot (" + std::to_string(share::kLedgerSlots) + " live members)", "",
+                 "at most " + std::to_string(share::kLedgerSlots) +
+                     " processes share a group: give some of them another group name (group:NAME)");
+}
+
+// The join is done: where the member stands in the group.
+void Member::log_joined(const JoinAt& at, const Joined& j) noexcept {
+  log_info("group {}: joined {} as slot {} (budget {}, {} other member(s); {} outside the pool charged)", at.name,
+           at.path, j.slot, mib(j.budget), j.others, mib(j.own_outside));
+  if (j.budget != at.budget)
     log_warn(
         "group {}: the group's budget is {} (set by its first member); this process's policy says {}: "
         "the group's holds",
-        name, mib(j.budget), mib(budget));
+        at.name, mib(j.budget), mib(at.budget));
   if (j.total > j.budget)
     log_warn(
         "group {}: this process's memory outside the pool (its CUDA context and libraries: {}) brings the group to "
         "{} of its {} budget: its allocations are refused until other members give memory back. Raise "
         "group_budget_mb, run fewer processes in the group, or set group_budget_counts:pool to bound the pools "
         "only",
-        name, mib(j.own_outside), mib(j.total), mib(j.budget));
+        at.name, mib(j.own_outside), mib(j.total), mib(j.budget));
+}
+
+Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
+                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
+  const JoinAt at{path, name, gpu, device, budget};
+  share::Mapping m;
+  Member* refusal = nullptr;
+  if (!open_ledger(at, &m, &refusal)) return refusal;
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
+  if (mem == nullptr) {
+    share::unmap(m);
+    return nullptr;
+  }
+  Joined j;
+  const bool whole = guarded(m.addr, m.size, [&] { mem->take_slot(budget, outside, &j); });
+  if (!whole || j.truncated || j.lock_error != 0 || j.no_slot) return not_joined(at, mem, m, whole, j);
+  log_joined(at, j);
   return mem;
 }
 

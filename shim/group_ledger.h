@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "config/policy.h"
 #include "shim/cuda_upstream.h"
@@ -132,8 +133,7 @@ class Member final : public ReserveGate {
  private:
   Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms,
          const RealDriver* driver = nullptr, std::int64_t outside = kMeasure)
-      : driver_(driver),
-        outside_(outside),
+      : outside_{driver, outside},
         map_(map),
         l_(static_cast<share::Ledger*>(map.addr)),
         slot_(slot),
@@ -152,7 +152,23 @@ class Member final : public ReserveGate {
   };
   static Member* refused(const std::string& path, const std::string& name, int device, std::uint64_t budget,
                          const std::string& what, const std::string& described, const std::string& fix) noexcept;
+  // Where and as what a process joins (join's arguments), for the steps of the join.
+  struct JoinAt {
+    const std::string& path;
+    const std::string& name;
+    const std::string& gpu;
+    int device;
+    std::uint64_t budget;
+  };
+  static Member* refused(const JoinAt& at, const std::string& what, const std::string& described,
+                         const std::string& fix) noexcept {
+    return refused(at.path, at.name, at.device, at.budget, what, described, fix);
+  }
+  static bool open_ledger(const JoinAt& at, share::Mapping* m, Member** refusal) noexcept;
+  static bool set_up_ledger(const JoinAt& at, share::Mapping& m, unsigned uid, Member** refusal) noexcept;
   void take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) noexcept;
+  static Member* not_joined(const JoinAt& at, Member* mem, share::Mapping& m, bool whole, const Joined& j) noexcept;
+  static void log_joined(const JoinAt& at, const Joined& j) noexcept;
 
   // Runs fn on the mapping when the file still covers it, under the SIGBUS guard; false (the
   // member has left the group) when it does not or was truncated during fn. Every access to the
@@ -168,6 +184,15 @@ class Member final : public ReserveGate {
   bool whole() noexcept;
   void lost() noexcept;
   bool ask_round(std::int64_t deadline, int round, std::size_t request) noexcept;
+  // The steps of a round (under the guard): (slot, idle bytes as published) of the members to
+  // ask, and (slot, request number) of those asked.
+  using Candidate = std::pair<int, std::uint64_t>;
+  using Asked = std::pair<int, std::uint32_t>;
+  int release_candidates(Candidate* cand) noexcept;
+  std::uint64_t release_need(std::size_t request) noexcept;
+  int ask_members(const Candidate* cand, int nc, int round, std::uint64_t need, Asked* asked) noexcept;
+  void log_round(int asked) noexcept;
+  bool wait_answers(std::int64_t deadline, std::uint32_t seen, const Asked* asked, int n) noexcept;
   bool acquire_locked(std::size_t bytes) noexcept;
   bool device_used(std::uint64_t* used) const noexcept;
   void charge_unexplained() noexcept;
@@ -184,21 +209,34 @@ class Member final : public ReserveGate {
   // 1: try again; 0: the deadline passed; -1: nobody could ever be parked for it.
   int park_round(std::int64_t deadline, std::size_t request) noexcept;
 
-  const RealDriver* driver_;
-  std::int64_t outside_;  // bytes charged per process outside the pool, or kMeasure / kPoolOnly
+  // How the member's memory outside the pool is charged.
+  struct OutsideCharge {
+    const RealDriver* driver;  // measures the device (kMeasure)
+    std::int64_t setting;      // bytes charged per process outside the pool, or kMeasure / kPoolOnly
+  };
+  // What a closed member answers with.
+  struct ClosedLedger {
+    std::uint64_t budget = 0;
+    std::string why;
+  };
+  // What the member logged lately: lines of one kind at most once a second.
+  struct LogPace {
+    std::atomic<std::uint64_t> rounds{0};  // release rounds asked for
+    std::atomic<std::int64_t> last_ns{0};  // the last round or refusal logged
+  };
+
+  OutsideCharge outside_;
   share::Mapping map_;
   share::Ledger* l_;  // null: a closed member
-  std::uint64_t closed_budget_ = 0;
-  std::string closed_why_;
+  ClosedLedger closed_as_;
   int slot_;
   int device_;
   std::string path_;
   std::string group_;
   int wait_ms_;
   std::atomic<bool> broken_{false};
-  std::atomic<std::uint64_t> requests_{0};   // release rounds asked for
   std::atomic<std::uint64_t> shortfall_{0};  // bytes over the budget at the last refusal
-  std::atomic<std::int64_t> last_log_{0};    // rounds are logged at most once a second
+  LogPace log_;
   ParkSettings park_;
   std::atomic<std::int64_t> park_log_{0};  // giving up is logged at most once a second
   // Members that refused a park request: not asked again before this time (monotonic_ns), by slot.
