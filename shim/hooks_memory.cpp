@@ -189,9 +189,8 @@ CUresult alloc_sync(CUdeviceptr* dptr, std::size_t bytes) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const RealDriver& d = rt->driver();
-  if (tl_forced_answer.armed) [[unlikely]] {
-    if (CUresult r = 0; tl_forced_answer.take_alloc(bytes, &r))
-      return r == kPassThrough ? d.cuMemAlloc_v2(dptr, bytes) : r;
+  if (CudartCall* call = tl_cudart_call) [[unlikely]] {
+    if (CUresult r = 0; call->take_alloc(bytes, &r)) return r == kPassThrough ? d.cuMemAlloc_v2(dptr, bytes) : r;
   }
   if (dptr == nullptr || bytes == 0 || !rt->native()) {
     if (!rt->native()) rt->count_pass(PassKind::backend);
@@ -282,9 +281,8 @@ CUDAPOOL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   Runtime* rt = Runtime::get();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (dptr == 0) return rt->driver().cuMemFree_v2(dptr);
-  if (tl_forced_answer.armed) [[unlikely]] {
-    if (CUresult r = 0; tl_forced_answer.take_free(dptr, &r))
-      return r == kPassThrough ? rt->driver().cuMemFree_v2(dptr) : r;
+  if (CudartCall* call = tl_cudart_call) [[unlikely]] {
+    if (CUresult r = 0; call->take_free(dptr, &r)) return r == kPassThrough ? rt->driver().cuMemFree_v2(dptr) : r;
   }
   if (!rt->native()) {
     rt->count_pass(PassKind::backend);

@@ -15,9 +15,9 @@
 //  - cudaFree: a pointer some pool owns, with free_host_sync off.
 // Everything else goes to the caller's cudart untouched: cudaFree(nullptr) (the idiom that makes
 // cudart set up its context), a thread with no current context, foreign pointers, odd arguments.
-// A failure of the pool's goes there too, with its answer waiting for the driver hook cudart calls
-// (ForcedAnswer, shim/hooks.h): cudart returns it and records it for cudaGetLastError, and the
-// pool is not asked twice.
+// A failure of the pool's goes there too, with the pool's answer handed to the driver hook cudart
+// calls (CudartCall, shim/hooks.h): cudart returns it and records it for cudaGetLastError, and
+// the pool is not asked twice.
 //
 // The caller's cudart: the definition found in the dependency scope of the library the call came
 // from (its return address names the object), else the next one after the shim in the global
@@ -36,7 +36,7 @@
 
 namespace cudapool::shim {
 
-constinit thread_local ForcedAnswer tl_forced_answer;
+constinit thread_local CudartCall* tl_cudart_call = nullptr;
 
 namespace {
 
@@ -138,16 +138,16 @@ CallerCudart& caller(const void* ra, bool checked) {
   return c;
 }
 
-// Arms the forced answer for the length of cudart's call.
-class ForcedFor {
- public:
-  ForcedFor(std::size_t bytes, CUdeviceptr ptr, bool for_free, CUresult r) {
-    tl_forced_answer = ForcedAnswer{true, for_free, bytes, ptr, r};
-  }
-  ~ForcedFor() { tl_forced_answer.armed = false; }
-  ForcedFor(const ForcedFor&) = delete;
-  ForcedFor& operator=(const ForcedFor&) = delete;
-};
+// cudart's call with the pool's answer in hand: the driver hook cudart calls on this thread is
+// handed `call` (tl_cudart_call) while it runs.
+template <class Call>
+cudaError_t with_answer(CudartCall call, Call&& cudart) {
+  CudartCall* const outer = tl_cudart_call;
+  tl_cudart_call = &call;
+  const cudaError_t e = cudart();
+  tl_cudart_call = outer;
+  return e;
+}
 
 cudaError_t cudart_malloc(const void* ra, void** dev_ptr, std::size_t size) {
   const CallerCudart& c = caller(ra, /*checked=*/true);
@@ -180,10 +180,8 @@ CUDAPOOL_EXPORT cudaError_t cudaMalloc(void** dev_ptr, std::size_t size) {
     rt->count_served(Runtime::RuntimeApiCall::cuda_malloc);
     return kCudaSuccess;
   }
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // diagnosed and logged already: cudart only reports it
-    const ForcedFor forced(size, 0, false, r);
-    return cudart_malloc(ra, dev_ptr, size);
-  }
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)  // diagnosed and logged already: cudart only reports it
+    return with_answer(CudartCall::for_alloc(size, r), [&] { return cudart_malloc(ra, dev_ptr, size); });
   return cudart_malloc(ra, dev_ptr, size);  // the driver's error: cudart's whole path decides again
 }
 
@@ -200,6 +198,5 @@ CUDAPOOL_EXPORT cudaError_t cudaFree(void* p) {
   }
   // Not the pool's (counted as a foreign pointer already: the driver answers without asking the
   // pool again), or a bad free the pool refused and logged.
-  const ForcedFor forced(0, dptr, true, r);
-  return cudart_free(ra, p);
+  return with_answer(CudartCall::for_free(dptr, r), [&] { return cudart_free(ra, p); });
 }
