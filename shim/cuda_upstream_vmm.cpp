@@ -31,6 +31,23 @@ namespace cudapool::shim {
 namespace {
 std::atomic<std::size_t> g_reserved_total{0};
 
+// The units of `units` that tile [src, src + bytes), in address order: step(offset, entry) for
+// each until one fails (its answer is returned). CUDA_ERROR_INVALID_VALUE where the range is not
+// whole units of ours. `*off`: the bytes of the units whose step succeeded. The step may erase
+// its entry.
+template <class Units, class Step>
+CUresult walk_units(Units& units, std::uintptr_t src, std::size_t bytes, std::size_t* off, Step&& step) {
+  *off = 0;
+  while (*off < bytes) {
+    auto it = units.find(src + *off);
+    if (it == units.end() || it->second.bytes > bytes - *off) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t n = it->second.bytes;
+    if (const CUresult r = step(*off, it); r != CUDA_SUCCESS) return r;
+    *off += n;
+  }
+  return CUDA_SUCCESS;
+}
+
 CUmemAllocationProp pinned_on(int device) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -232,27 +249,21 @@ UpstreamStatus CudaUpstream::move(void* from, void* to, std::size_t bytes) {
     return UpstreamStatus::error;
   }
   ScopedContext scope(d_, ctx_);
-  CUresult r = CUDA_SUCCESS;
   std::size_t off = 0;
-  while (off < bytes) {
-    auto it = units_.find(src + off);
-    if (it == units_.end() || it->second.bytes > bytes - off) {  // not whole units of ours
-      r = CUDA_ERROR_INVALID_VALUE;
-      break;
-    }
+  CUresult r = walk_units(units_, src, bytes, &off, [&](std::size_t o, auto it) {
     const Unit u = it->second;
-    r = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + off), u.bytes);
-    if (r != CUDA_SUCCESS) break;  // still mapped at src: release_units below handles it
+    CUresult m = d_.cuMemUnmap(static_cast<CUdeviceptr>(src + o), u.bytes);
+    if (m != CUDA_SUCCESS) return m;  // still mapped at src: release_units below handles it
     units_.erase(it);
-    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), u.bytes, 0, u.handle, 0);
-    if (r != CUDA_SUCCESS) {
+    m = d_.cuMemMap(static_cast<CUdeviceptr>(dst + o), u.bytes, 0, u.handle, 0);
+    if (m != CUDA_SUCCESS) {
       d_.cuMemRelease(u.handle);
       credit(u.bytes);
-      break;
+      return m;
     }
-    units_[dst + off] = u;
-    off += u.bytes;
-  }
+    units_[dst + o] = u;
+    return CUDA_SUCCESS;
+  });
   if (r == CUDA_SUCCESS) {
     r = set_access(dev, dst, bytes);
     if (r == CUDA_SUCCESS) return UpstreamStatus::ok;
@@ -276,18 +287,10 @@ UpstreamStatus CudaUpstream::alias(void* from, void* to, std::size_t bytes) {
   const std::size_t page = page_at(src, bytes);
   if (!vmm_device(&dev) || page == 0 || page_at(dst, bytes) != page) return UpstreamStatus::error;
   ScopedContext scope(d_, ctx_);
-  CUresult r = CUDA_SUCCESS;
   std::size_t off = 0;
-  while (off < bytes) {
-    auto it = units_.find(src + off);
-    if (it == units_.end() || it->second.bytes > bytes - off) {  // not whole units of ours
-      r = CUDA_ERROR_INVALID_VALUE;
-      break;
-    }
-    r = d_.cuMemMap(static_cast<CUdeviceptr>(dst + off), it->second.bytes, 0, it->second.handle, 0);
-    if (r != CUDA_SUCCESS) break;
-    off += it->second.bytes;
-  }
+  CUresult r = walk_units(units_, src, bytes, &off, [&](std::size_t o, auto it) {
+    return d_.cuMemMap(static_cast<CUdeviceptr>(dst + o), it->second.bytes, 0, it->second.handle, 0);
+  });
   if (r == CUDA_SUCCESS) r = set_access(dev, dst, bytes);
   if (r != CUDA_SUCCESS) {
     for (std::size_t o = 0; o < off;) {  // the second mappings made so far go again
