@@ -138,62 +138,56 @@ std::string check_warm_start(const Policy& p) {
          printable(p.warm_start) + " -o PLAN`) and use warm_start:PLAN, or write the trace elsewhere";
 }
 
-PolicyResult load(const PolicySources& src) {
-  PolicyResult r;
-  if (src.secure) {
-    // Nothing from outside the program: no variable, no file (not even one to read: its lines
-    // could end up in an error message). The defaults, less the one that writes a file.
-    Policy p;
-    for (const config::KeySpec& k : config::keys())
-      if (k.format != nullptr) p.origin[std::string(k.name)] = "default";
-    p.origin["on_error"] = "default";
-    p.publish_stats = false;
-    p.origin["publish_stats"] = "secure mode";
-    r.policy = std::move(p);
-    r.secure = true;
-    r.ignored = src.ignored;
-    return r;
-  }
-  if (std::string e = parse_on_error(src.on_error, r.on_error); !e.empty()) {
-    r.error = std::move(e);
-    return r;
-  }
+// Every key at its default, each origin saying so.
+Policy defaults_with_origins() {
   Policy p;
   for (const config::KeySpec& k : config::keys())
     if (k.format != nullptr) p.origin[std::string(k.name)] = "default";
-  p.on_error = r.on_error;
-  p.origin["on_error"] = src.on_error.empty() ? "default" : "CUDAPOOL_ON_ERROR";
+  return p;
+}
 
+// Secure mode: nothing from outside the program: no variable, no file (not even one to read: its
+// lines could end up in an error message). The defaults, less the one that writes a file.
+PolicyResult secure_defaults(const PolicySources& src) {
+  PolicyResult r;
+  Policy p = defaults_with_origins();
+  p.origin["on_error"] = "default";
+  p.publish_stats = false;
+  p.origin["publish_stats"] = "secure mode";
+  r.policy = std::move(p);
+  r.secure = true;
+  r.ignored = src.ignored;
+  return r;
+}
+
+// The policy file's [policy] table and profile over `p`; "" or what is wrong.
+std::string apply_policy_file(const PolicySources& src, Policy& p) {
   if (!src.config_path.empty()) {
     std::string text;
-    if (std::string e = read_policy_file(src.config_path, src.config_name, text); !e.empty()) {
-      r.error = std::move(e);
-      return r;
-    }
-    if (std::string e = config::apply_toml(text, src.config_path, src.profile, src.command_line, p, src.profile_name,
-                                           src.config_name);
-        !e.empty()) {
-      r.error = std::move(e);
-      return r;
-    }
-  } else if (!src.profile.empty()) {
-    const bool flag = src.profile_name.rfind("--", 0) == 0;
-    r.error = (flag ? src.profile_name + " " : src.profile_name + "=") + src.profile + " is given but " +
-              src.config_name + " is not; profiles live in a TOML file: " +
-              (flag ? "add --config /path/policy.toml or drop --profile"
-                    : "set " + src.config_name + "=/path/policy.toml or unset " + src.profile_name);
-    return r;
+    if (std::string e = read_policy_file(src.config_path, src.config_name, text); !e.empty()) return e;
+    return config::apply_toml(text, src.config_path, src.profile, src.command_line, p, src.profile_name,
+                              src.config_name);
   }
-  if (!src.conf.empty()) {
-    PolicyResult c = parse_conf(src.conf, p, src.conf_name);
-    if (!c.policy) {
-      r.error = std::move(c.error);
-      return r;
-    }
-    p = std::move(*c.policy);
-  }
-  // The two file shortcuts of the environment win over every other source, like a command-line
-  // flag would: `CUDAPOOL_TRACE=/tmp/t.csv ./app` must trace whatever the policy file says.
+  if (src.profile.empty()) return {};
+  const bool flag = src.profile_name.rfind("--", 0) == 0;
+  return (flag ? src.profile_name + " " : src.profile_name + "=") + src.profile + " is given but " + src.config_name +
+         " is not; profiles live in a TOML file: " +
+         (flag ? "add --config /path/policy.toml or drop --profile"
+               : "set " + src.config_name + "=/path/policy.toml or unset " + src.profile_name);
+}
+
+// CUDAPOOL_CONF over `p`; "" or what is wrong.
+std::string apply_conf_string(const PolicySources& src, Policy& p) {
+  if (src.conf.empty()) return {};
+  PolicyResult c = parse_conf(src.conf, p, src.conf_name);
+  if (!c.policy) return std::move(c.error);
+  p = std::move(*c.policy);
+  return {};
+}
+
+// The two file shortcuts of the environment win over every other source, like a command-line
+// flag would: `CUDAPOOL_TRACE=/tmp/t.csv ./app` must trace whatever the policy file says.
+void apply_file_shortcuts(const PolicySources& src, Policy& p) {
   if (!src.trace_file.empty()) {
     p.trace_file = src.trace_file;
     p.origin["trace_file"] = src.trace_name;
@@ -202,24 +196,42 @@ PolicyResult load(const PolicySources& src) {
     p.stats_file = src.stats_file;
     p.origin["stats_file"] = src.stats_name;
   }
-  if (std::string e = check_group(p); !e.empty()) {
-    r.error = std::move(e);
-    return r;
-  }
-  if (std::string e = check_warm_start(p); !e.empty()) {
-    r.error = std::move(e);
-    return r;
-  }
+}
+
+// What the keys mean together: "" or why the policy cannot run.
+std::string check_policy(const PolicySources& src, Policy& p) {
+  if (std::string e = check_group(p); !e.empty()) return e;
+  if (std::string e = check_warm_start(p); !e.empty()) return e;
   // Files written at exit (the summary) or all along (the trace): a path that cannot be written
   // is found now, while the message can still stop the run, not after hours of work.
   if (src.check_outputs)
     for (const auto& [key, path] :
          {std::pair<const char*, const std::string*>{"trace_file", &p.trace_file}, {"stats_file", &p.stats_file}})
       if (!path->empty())
-        if (std::string e = check_output_file(*path, key, p.origin[key]); !e.empty()) {
-          r.error = std::move(e);
-          return r;
-        }
+        if (std::string e = check_output_file(*path, key, p.origin[key]); !e.empty()) return e;
+  return {};
+}
+
+PolicyResult load(const PolicySources& src) {
+  if (src.secure) return secure_defaults(src);
+  PolicyResult r;
+  if (std::string e = parse_on_error(src.on_error, r.on_error); !e.empty()) {
+    r.error = std::move(e);
+    return r;
+  }
+  Policy p = defaults_with_origins();
+  p.on_error = r.on_error;
+  p.origin["on_error"] = src.on_error.empty() ? "default" : "CUDAPOOL_ON_ERROR";
+  std::string e = apply_policy_file(src, p);
+  if (e.empty()) e = apply_conf_string(src, p);
+  if (e.empty()) {
+    apply_file_shortcuts(src, p);
+    e = check_policy(src, p);
+  }
+  if (!e.empty()) {
+    r.error = std::move(e);
+    return r;
+  }
   add_combination_warnings(p);
   r.policy = std::move(p);
   return r;

@@ -268,61 +268,87 @@ class Loader {
     return nullptr;
   }
 
-  std::string profiles(const toml::table* all, std::string_view chosen, Policy& p) const {
+  // The profiles' names, and those whose match globs match the command line (with the glob that did).
+  struct ProfileList {
     std::vector<std::string> names, matched, matched_glob;
-    if (all != nullptr) {
-      for (auto&& [k, node] : *all) {
-        const std::string name(k.str());
-        const std::string label = "[profiles." + name + "]";
-        const toml::table* t = node.as_table();
-        if (t == nullptr)
-          return where(node) + ": profile '" + name + "' must be a table (" + label + "), not " +
-                 std::string(type_name(node));
-        std::vector<std::string> gs;
-        if (std::string e = globs(*t, gs); !e.empty()) return e;
-        // Check every profile, chosen or not: a typo should fail `cudapool check`, not a later job.
-        Policy scratch = p;
-        std::map<std::string, std::string> profile_seen;
-        seen_ = &profile_seen;
-        scope_ = label;
-        if (std::string e = section(
-                *t, label, [](const toml::node&) { return std::string(); }, scratch, true);
-            !e.empty())
-          return e;
-        names.push_back(name);
-        if (const std::string* g = matching(gs)) {
-          matched.push_back(name);
-          matched_glob.push_back(*g);
-        }
+  };
+
+  // Reads every profile, chosen or not, over a copy of `p`: a typo should fail `cudapool check`,
+  // not a later job.
+  std::string check_profiles(const toml::table* all, const Policy& p, ProfileList& list) const {
+    if (all == nullptr) return {};
+    for (auto&& [k, node] : *all) {
+      const std::string name(k.str());
+      const std::string label = "[profiles." + name + "]";
+      const toml::table* t = node.as_table();
+      if (t == nullptr)
+        return where(node) + ": profile '" + name + "' must be a table (" + label + "), not " +
+               std::string(type_name(node));
+      std::vector<std::string> gs;
+      if (std::string e = globs(*t, gs); !e.empty()) return e;
+      Policy scratch = p;
+      std::map<std::string, std::string> profile_seen;
+      seen_ = &profile_seen;
+      scope_ = label;
+      if (std::string e = section(
+              *t, label, [](const toml::node&) { return std::string(); }, scratch, true);
+          !e.empty())
+        return e;
+      list.names.push_back(name);
+      if (const std::string* g = matching(gs)) {
+        list.matched.push_back(name);
+        list.matched_glob.push_back(*g);
       }
     }
-    std::string pick;
+    return {};
+  }
+
+  // `chosen` (the profile variable or flag) names no profile of the file.
+  std::string unknown_profile(std::string_view chosen, const std::vector<std::string>& names) const {
+    std::string msg = "profile '" + std::string(chosen) + "' (" + std::string(profile_name_) + ") is not in " + path_ +
+                      "; ";
+    if (names.empty())
+      return msg + "it has no [profiles.NAME] tables; add one or " +
+             (profile_name_.rfind("--", 0) == 0 ? "drop " : "unset ") + std::string(profile_name_);
+    msg += "profiles there: ";
+    for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", " : "") + names[i];
+    return msg;
+  }
+
+  // More than one profile's globs match the command line.
+  std::string ambiguous_match(const std::vector<std::string>& matched) const {
+    std::string msg = "profiles ";
+    for (std::size_t i = 0; i < matched.size(); ++i)
+      msg += (i == 0 ? "'" : i + 1 == matched.size() ? "' and '" : "', '") + matched[i];
+    return msg + "' in " + path_ + " all match the command line '" + std::string(command_line_) +
+           "'; choose one with " +
+           (profile_name_.rfind("--", 0) == 0 ? std::string(profile_name_) + " NAME"
+                                              : std::string(profile_name_) + "=NAME") +
+           " or make their match globs narrower";
+  }
+
+  // The profile to apply into `pick` ("" = none), and why into p.profile_reason: the one `chosen`
+  // names, else the one whose globs match the command line. "" or an error.
+  std::string choose_profile(const ProfileList& list, std::string_view chosen, Policy& p, std::string& pick) const {
     if (!chosen.empty()) {
-      if (std::find(names.begin(), names.end(), chosen) == names.end()) {
-        std::string msg = "profile '" + std::string(chosen) + "' (" + std::string(profile_name_) + ") is not in " +
-                          path_ + "; ";
-        if (names.empty())
-          return msg + "it has no [profiles.NAME] tables; add one or " +
-                 (profile_name_.rfind("--", 0) == 0 ? "drop " : "unset ") + std::string(profile_name_);
-        msg += "profiles there: ";
-        for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", " : "") + names[i];
-        return msg;
-      }
+      if (std::find(list.names.begin(), list.names.end(), chosen) == list.names.end())
+        return unknown_profile(chosen, list.names);
       pick = chosen;
       p.profile_reason = std::string(profile_name_);
-    } else if (matched.size() > 1) {
-      std::string msg = "profiles ";
-      for (std::size_t i = 0; i < matched.size(); ++i)
-        msg += (i == 0 ? "'" : i + 1 == matched.size() ? "' and '" : "', '") + matched[i];
-      return msg + "' in " + path_ + " all match the command line '" + std::string(command_line_) +
-             "'; choose one with " +
-             (profile_name_.rfind("--", 0) == 0 ? std::string(profile_name_) + " NAME"
-                                                : std::string(profile_name_) + "=NAME") +
-             " or make their match globs narrower";
-    } else if (matched.size() == 1) {
-      pick = matched.front();
-      p.profile_reason = "match glob '" + matched_glob.front() + "'";
+    } else if (list.matched.size() > 1) {
+      return ambiguous_match(list.matched);
+    } else if (list.matched.size() == 1) {
+      pick = list.matched.front();
+      p.profile_reason = "match glob '" + list.matched_glob.front() + "'";
     }
+    return {};
+  }
+
+  std::string profiles(const toml::table* all, std::string_view chosen, Policy& p) const {
+    ProfileList list;
+    if (std::string e = check_profiles(all, p, list); !e.empty()) return e;
+    std::string pick;
+    if (std::string e = choose_profile(list, chosen, p, pick); !e.empty()) return e;
     if (pick.empty()) return {};
     p.profile = pick;
     std::map<std::string, std::string> chosen_seen;
