@@ -44,6 +44,7 @@
 #include "config/output_file.h"
 #include "config/path_pattern.h"
 #include "telemetry/clock.h"
+#include "telemetry/event_row.h"
 #include "telemetry/logging.h"
 #include "telemetry/trace.h"
 #include "telemetry/trace_format.h"
@@ -83,6 +84,26 @@ struct Record {
   TraceAction action;
   TraceDetail detail;
   std::uint16_t site;  // allocate: 1 + index into Impl::sites (record_call_sites); 0 = none
+
+  // A row's columns but its time, which the stamp stands for until the record is formatted.
+  static Record of(const TraceRow& row, std::uint64_t stamp) noexcept {
+    return Record{stamp,      row.thread, row.ptr,    row.size, row.requested, row.stream, row.duration_ns,
+                  row.device, row.action, row.detail, 0};
+  }
+  // Back to the row, its time set from the stamp by the caller.
+  TraceRow row() const noexcept {
+    TraceRow out;
+    out.thread = thread;
+    out.action = action;
+    out.ptr = ptr;
+    out.size = size;
+    out.stream = stream;
+    out.device = device;
+    out.requested = requested;
+    out.duration_ns = duration_ns;
+    out.detail = detail;
+    return out;
+  }
 };
 static_assert(sizeof(Record) == 64, "a record stays one cache line");
 
@@ -243,19 +264,10 @@ struct TraceWriter::Impl {
     if (n == 0 || fd < 0) return;
     clock.begin_batch();
     std::size_t used = 0;
-    TraceRow row;
     for (std::size_t i = 0; i < n; ++i) {
       const Record& r = recs[i];
-      row.thread = r.thread;
+      TraceRow row = r.row();
       row.time_ns = clock.to_epoch_ns(r.stamp);
-      row.action = r.action;
-      row.ptr = r.ptr;
-      row.size = r.size;
-      row.stream = r.stream;
-      row.device = r.device;
-      row.requested = r.requested;
-      row.duration_ns = r.duration_ns;
-      row.detail = r.detail;
       used += trace_detail::format_row(row, utc_offset_s, out + used);
       if (r.site != 0 && !in_signal) {
         // The call site goes in the detail column, before the newline (a site is < 1 KiB).
@@ -335,6 +347,14 @@ struct TraceWriter::Impl {
       while (write_oldest()) {
       }
     }
+  }
+
+  // A row recorded now on this thread (unless the writer was disowned).
+  void push_now(TraceRow row) noexcept {
+    if (disowned.load(std::memory_order_relaxed)) return;
+    const std::uint64_t stamp = clock.now();
+    row.thread = thread_id();
+    push(Record::of(row, stamp));
   }
 
   void push(const Record& r) noexcept {
@@ -501,20 +521,10 @@ TraceWriter::~TraceWriter() {
 void TraceWriter::on_event(const Event& e) {
   Impl& w = *impl_;
   if (w.disowned.load(std::memory_order_relaxed)) return;
-  Record r;
-  r.stamp = w.clock.now();
-  r.thread = thread_id();
-  r.ptr = e.ptr;
-  r.size = e.size;
-  r.requested = e.requested;
-  r.stream = e.stream;
-  r.duration_ns = e.duration_ns;
-  r.device = e.device;
-  r.action = trace_action_of(e.kind);
-  r.detail = e.kind != EventKind::free ? TraceDetail::none
-             : e.on_stream             ? TraceDetail::free_async
-                                       : TraceDetail::free_sync;
-  r.site = 0;
+  const std::uint64_t stamp = w.clock.now();
+  TraceRow row = trace_row_of(e);
+  row.thread = thread_id();
+  Record r = Record::of(row, stamp);
   if (e.kind == EventKind::allocate && tl_site_set && w.call_sites.load(std::memory_order_relaxed)) {
     r.site = w.intern_site(tl_site);
     tl_site_set = false;
@@ -552,29 +562,21 @@ void TraceWriter::capture_call_site() noexcept {
 }
 
 void TraceWriter::note_stream(std::uintptr_t stream, bool non_blocking) {
-  Impl& w = *impl_;
-  if (w.disowned.load(std::memory_order_relaxed)) return;
-  Record r{};
-  r.stamp = w.clock.now();
-  r.thread = thread_id();
-  r.stream = stream;
-  r.action = TraceAction::stream;
-  r.detail = non_blocking ? TraceDetail::stream_non_blocking : TraceDetail::stream_blocking;
-  w.push(r);
+  TraceRow row;
+  row.stream = stream;
+  row.action = TraceAction::stream;
+  row.detail = non_blocking ? TraceDetail::stream_non_blocking : TraceDetail::stream_blocking;
+  impl_->push_now(row);
 }
 
 void TraceWriter::note_pinned(bool allocate, int device, std::uintptr_t ptr, std::size_t size, std::size_t requested) {
-  Impl& w = *impl_;
-  if (w.disowned.load(std::memory_order_relaxed)) return;
-  Record r{};
-  r.stamp = w.clock.now();
-  r.thread = thread_id();
-  r.ptr = ptr;
-  r.size = size;
-  r.requested = requested;
-  r.device = device;
-  r.action = allocate ? TraceAction::pinned_allocate : TraceAction::pinned_free;
-  w.push(r);
+  TraceRow row;
+  row.ptr = ptr;
+  row.size = size;
+  row.requested = requested;
+  row.device = device;
+  row.action = allocate ? TraceAction::pinned_allocate : TraceAction::pinned_free;
+  impl_->push_now(row);
 }
 
 void TraceWriter::note_policy(const std::string& conf) {
