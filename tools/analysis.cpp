@@ -4,6 +4,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "tools/metrics.h"
 #include "tools/units.h"
 
 namespace cudapool::tools {
@@ -265,6 +266,16 @@ TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::siz
   rebuild_until(rows, device, snap, &live, &segs);
   fill_segments(segs, live, &rep.segments_at_peak);
   return rep;
+}
+
+double peak_fragmentation(const TraceReport& r) {
+  return fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
+}
+
+double unused_at_snapshot(const TraceReport& r) {
+  return r.snapshot_reserved > 0
+             ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
+             : 0;
 }
 
 std::vector<TimePoint> downsample(const std::vector<TimePoint>& points, std::size_t max_points) {

@@ -73,6 +73,11 @@ struct TraceReport {
 // moments, the one with the most allocated (the fullest the pool ever was at its largest).
 TraceReport analyze_rows(const std::vector<TraceRow>& rows, int device, std::size_t top_sizes = 20);
 
+// Fragmentation at the peaks, as every command defines it (tools/metrics.h).
+double peak_fragmentation(const TraceReport& r);
+// The share of reserved that no allocation used at the segment map's moment (0 when none).
+double unused_at_snapshot(const TraceReport& r);
+
 // At most `max_points` points keeping each bucket's extremes, so a plot keeps its peaks.
 std::vector<TimePoint> downsample(const std::vector<TimePoint>& points, std::size_t max_points);
 

@@ -30,9 +30,7 @@ struct ReportOptions {
 
 std::string report_json(const TraceReport& r, const std::string& trace, const ReportContext& c) {
   const std::string& note = c.source_note;
-  const double unused = r.snapshot_reserved > 0
-                            ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
-                            : 0;
+  const double unused = unused_at_snapshot(r);
   auto n = [](double v) { return json_number(v); };
   std::string o = "{\n  \"trace\": " + json_string(trace) +
                   ",\n  \"figures\": " + json_string(c.replayed ? "replayed" : "recorded") +
@@ -42,8 +40,7 @@ std::string report_json(const TraceReport& r, const std::string& trace, const Re
   o += ",\n  \"allocations\": " + std::to_string(r.allocations) + ",\n  \"frees\": " + std::to_string(r.frees);
   o += ",\n  \"peak_allocated_bytes\": " + std::to_string(r.peak_allocated);
   o += ",\n  \"peak_reserved_bytes\": " + std::to_string(r.peak_reserved);
-  o += ",\n  \"fragmentation\": " +
-       n(fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved)));
+  o += ",\n  \"fragmentation\": " + n(peak_fragmentation(r));
   o += ",\n  \"unused_at_peak\": " + n(unused) +
        ",\n  \"segments_at_peak\": " + std::to_string(r.segments_at_peak.size());
   o += ",\n  \"upstream_calls\": " + std::to_string(r.segment_allocs + r.segment_frees);

@@ -191,10 +191,8 @@ std::string render_html(const TraceReport& r, const ReportContext& c) {
                   esc(c.title) + "</title>\n<style>" + kStyle + "</style></head><body>\n";
   h += "<h1>cudapool report: " + esc(c.title) + "</h1>\n";
   h += "<p class=\"note\">" + esc(figures_note(c)) + "</p>\n";
-  const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
-  const double unused = r.snapshot_reserved > 0
-                            ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
-                            : 0;
+  const double frag = peak_fragmentation(r);
+  const double unused = unused_at_snapshot(r);
   char fr[32], un[32];
   std::snprintf(fr, sizeof fr, "%.1f %%", frag * 100);
   std::snprintf(un, sizeof un, "%.1f %%", unused * 100);
@@ -284,10 +282,8 @@ std::string render_text_summary(const TraceReport& r, const ReportContext& c) {
   s += buf;
   s += figures_note(c) + "\n";
   // fragmentation and upstream calls as every command defines them (tools/metrics.h).
-  const double frag = fragmentation(static_cast<double>(r.peak_allocated), static_cast<double>(r.peak_reserved));
-  const double unused = r.snapshot_reserved > 0
-                            ? 1.0 - static_cast<double>(r.snapshot_allocated) / static_cast<double>(r.snapshot_reserved)
-                            : 0;
+  const double frag = peak_fragmentation(r);
+  const double unused = unused_at_snapshot(r);
   std::snprintf(buf, sizeof buf,
                 "peak allocated %s, peak reserved %s, fragmentation %.1f %%; at the peak %zu segments, "
                 "%.1f %% of reserved unused at that moment\n",

@@ -43,16 +43,23 @@ void add_instants(const std::vector<TraceRow>& rows, int device, const std::stri
   }
 }
 
-void add_slice_begin(const TraceRow& row, std::uint64_t id, const std::string& pid, std::int64_t start,
-                     std::string* o) {
+// The start of an allocation slice's event, phase 'b' (begin) or 'e' (end), up to its time.
+void add_slice_head(char phase, std::size_t bytes, std::uint64_t id, std::int64_t t, const std::string& pid,
+                    std::int64_t start, std::string* o) {
   char buf[160];
   std::snprintf(buf, sizeof buf,
                 ",\n{\"name\":\"%zu "
-                "B\",\"cat\":\"allocation\",\"ph\":\"b\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f,",
-                row.requested, static_cast<unsigned long long>(id), pid.c_str(), us_since(row.time_ns, start));
+                "B\",\"cat\":\"allocation\",\"ph\":\"%c\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f",
+                bytes, phase, static_cast<unsigned long long>(id), pid.c_str(), us_since(t, start));
   *o += buf;
+}
+
+void add_slice_begin(const TraceRow& row, std::uint64_t id, const std::string& pid, std::int64_t start,
+                     std::string* o) {
+  add_slice_head('b', row.requested, id, row.time_ns, pid, start, o);
+  char buf[160];
   std::snprintf(buf, sizeof buf,
-                "\"args\":{\"address\":\"0x%llx\",\"size\":%zu,\"requested\":%zu,\"stream\":\"0x%llx\"}}",
+                ",\"args\":{\"address\":\"0x%llx\",\"size\":%zu,\"requested\":%zu,\"stream\":\"0x%llx\"}}",
                 static_cast<unsigned long long>(row.ptr), row.size, row.requested,
                 static_cast<unsigned long long>(row.stream));
   *o += buf;
@@ -60,12 +67,8 @@ void add_slice_begin(const TraceRow& row, std::uint64_t id, const std::string& p
 
 void add_slice_end(std::uint64_t id, std::size_t bytes, std::int64_t t, const std::string& pid, std::int64_t start,
                    std::string* o) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf,
-                ",\n{\"name\":\"%zu "
-                "B\",\"cat\":\"allocation\",\"ph\":\"e\",\"id\":%llu,\"pid\":%s,\"tid\":0,\"ts\":%.3f}",
-                bytes, static_cast<unsigned long long>(id), pid.c_str(), us_since(t, start));
-  *o += buf;
+  add_slice_head('e', bytes, id, t, pid, start, o);
+  *o += "}";
 }
 
 // One slice per allocation, from its allocate row to its free row (or the trace's end), as

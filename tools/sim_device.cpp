@@ -68,24 +68,25 @@ void SimUpstream::unmap(void* addr, std::size_t bytes) {
 // The same physical memory at a new address: nothing charged, each unit keeps its size.
 UpstreamStatus SimUpstream::move(void* from, void* to, std::size_t bytes) {
   calls_ += 2;  // an unmap and a map, as the pool's statistics count upstream work
-  const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
-  const auto moved = take_units(src, src + bytes);
-  for (const auto& [at, size] : moved) units_[dst + (at - src)] = size;
-  unit_ops_ += moved.size();
+  move_units(from, to, bytes);
   return UpstreamStatus::ok;
 }
 
 // A second mapping of the same physical memory (the old one goes with unalias): nothing charged.
 UpstreamStatus SimUpstream::alias(void* from, void* to, std::size_t bytes) {
   ++calls_;
-  const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
-  const auto moved = take_units(src, src + bytes);
-  for (const auto& [at, size] : moved) units_[dst + (at - src)] = size;
-  unit_ops_ += moved.size();
+  move_units(from, to, bytes);
   return UpstreamStatus::ok;
 }
 
 void SimUpstream::unalias(void*, std::size_t) { ++calls_; }
+
+void SimUpstream::move_units(void* from, void* to, std::size_t bytes) {
+  const auto src = reinterpret_cast<std::uintptr_t>(from), dst = reinterpret_cast<std::uintptr_t>(to);
+  const auto moved = take_units(src, src + bytes);
+  for (const auto& [at, size] : moved) units_[dst + (at - src)] = size;
+  unit_ops_ += moved.size();
+}
 
 std::vector<std::pair<std::uintptr_t, std::size_t>> SimUpstream::take_units(std::uintptr_t lo, std::uintptr_t hi) {
   const auto first = units_.lower_bound(lo), last = units_.lower_bound(hi);

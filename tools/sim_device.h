@@ -51,6 +51,8 @@ class SimUpstream : public Upstream {
   std::map<std::uintptr_t, std::size_t> units_;  // mapped physical allocations: base -> bytes
   // Takes the units inside [lo, hi) out of units_; returns them (address order).
   std::vector<std::pair<std::uintptr_t, std::size_t>> take_units(std::uintptr_t lo, std::uintptr_t hi);
+  // The units of [from, from + bytes) to the same offsets from `to`, each counted as a handle op.
+  void move_units(void* from, void* to, std::size_t bytes);
   // Addresses are never reused: a stale pointer in the pool can never alias a new segment.
   std::uintptr_t next_address_ = std::uintptr_t{1} << 40;
 };

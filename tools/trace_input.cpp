@@ -76,6 +76,21 @@ bool read_gzip_rows(GzipInput& gz, const std::string& path, std::vector<TraceRow
   return read;
 }
 
+// A trace too large for this machine, reading it or preparing its replay: its rows dropped, the
+// error printed with the --max-rows that refuses it at once; the exit status.
+int out_of_memory(const std::string& path, const char* who, bool preparing, LoadedTrace* out) {
+  const std::size_t n = out->rows.size();
+  out->rows = {};
+  char when[128];
+  if (preparing)
+    std::snprintf(when, sizeof when, "preparing its %zu rows for a replay", n);
+  else
+    std::snprintf(when, sizeof when, "after %zu rows: the trace is larger than this machine can read", n);
+  print_error("%s: %s: out of memory %s; pass a --max-rows below %zu to refuse such a trace at once\n", who,
+              path.c_str(), when, n);
+  return kExitBadInput;
+}
+
 // The trace's rows into out->rows. 0, or the exit status after printing why not.
 int read_rows(const std::string& path, LoadedTrace* out, TraceMeta* meta, std::uint64_t max_rows, const char* who) {
   std::string error;
@@ -94,13 +109,7 @@ int read_rows(const std::string& path, LoadedTrace* out, TraceMeta* meta, std::u
     }
   } catch (const std::bad_alloc&) {
     // Within the bounds, but more than this machine (or its ulimit) holds.
-    const std::size_t n = out->rows.size();
-    out->rows = {};
-    print_error(
-        "%s: %s: out of memory after %zu rows: the trace is larger than this machine can read; pass a "
-        "--max-rows below %zu to refuse such a trace at once\n",
-        who, path.c_str(), n, n);
-    return kExitBadInput;
+    return out_of_memory(path, who, false, out);
   }
   if (!read) {
     if (meta->over_limit) error += ": pass --max-rows N to raise it";
@@ -115,13 +124,7 @@ int prepare_rows(const std::string& path, int device, LoadedTrace* out, const ch
   try {
     out->prepared = prepare_trace(out->rows, device);
   } catch (const std::bad_alloc&) {
-    const std::size_t n = out->rows.size();
-    out->rows = {};
-    print_error(
-        "%s: %s: out of memory preparing its %zu rows for a replay; pass a --max-rows below %zu to refuse "
-        "such a trace at once\n",
-        who, path.c_str(), n, n);
-    return kExitBadInput;
+    return out_of_memory(path, who, true, out);
   }
   return 0;
 }
