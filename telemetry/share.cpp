@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 namespace cudapool::share {
 
@@ -155,85 +156,118 @@ std::string describe_file(const std::string& path) {
          type_name(st.st_mode) + ", mode " + describe_mode(st.st_mode);
 }
 
-Mapping open_file(const std::string& path, std::size_t size, bool create, int wait_ms, long owner) {
-  Mapping m;
-  const auto uid = static_cast<uid_t>(owner == kEffectiveUid ? static_cast<long>(::geteuid()) : owner);
-  int fd = -1;
-  // A file removed between a failed O_EXCL and the open that follows is created again (twice at
-  // most: a third disappearance is someone's doing).
-  for (int attempt = 0; fd < 0; ++attempt) {
-    const bool again = create && attempt < 2;
-    if (create) {
-      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
-      if (fd >= 0) {
-        // The umask may have taken bits away; the file is ours alone whatever it says.
-        if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-          m.error = std::string("cannot set up: ") + std::strerror(errno);
-          ::close(fd);
-          ::unlink(path.c_str());
-          return m;
-        }
-        m.created = true;
-        break;
-      }
-      if (errno != EEXIST) {
-        m.foreign = errno == ELOOP;
-        m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be created: ") + std::strerror(errno);
-        return m;
-      }
+namespace {
+
+// Creates `path` (O_EXCL) at `size` bytes, mode 0600: its descriptor; -1 with m.error set when it
+// cannot be, -1 with no error when something is there already.
+int create_exclusive(const std::string& path, std::size_t size, Mapping& m) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+  if (fd >= 0) {
+    // The umask may have taken bits away; the file is ours alone whatever it says.
+    if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      m.error = std::string("cannot set up: ") + std::strerror(errno);
+      ::close(fd);
+      ::unlink(path.c_str());
+      return -1;
     }
-    // Something is there. Nothing but a regular file is ever opened: a FIFO or a device at the
-    // name could block the open or act on it (the descriptor is checked again below).
-    struct stat lst {};
-    if (::lstat(path.c_str(), &lst) != 0) {
-      if (errno == ENOENT && again) continue;
-      m.error = std::string("cannot be examined: ") + std::strerror(errno);
-      return m;
-    }
-    if (!S_ISREG(lst.st_mode)) {
-      m.foreign = true;
-      m.error = S_ISLNK(lst.st_mode) ? std::string("is a symbolic link")
-                                     : std::string("is not a regular file (") + type_name(lst.st_mode) + ")";
-      return m;
-    }
-    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) {
-      if (errno == ENOENT && again) continue;
-      // Not ours to open (another owner, another mode) or replaced by a link meanwhile: someone
-      // else could have written it.
-      m.foreign = errno == ELOOP || lst.st_uid != uid || (lst.st_mode & 07777) != 0600;
-      m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be opened: ") + std::strerror(errno);
-      return m;
-    }
+    m.created = true;
+    return fd;
   }
+  if (errno != EEXIST) {
+    m.foreign = errno == ELOOP;
+    m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be created: ") + std::strerror(errno);
+  }
+  return -1;
+}
+
+// Opens what is at `path`: its descriptor; -1 with m.error set when it cannot be, -1 with no error
+// when it was removed meanwhile and `again` (it may be created again). Nothing but a regular file
+// is ever opened: a FIFO or a device at the name could block the open or act on it (the
+// descriptor is checked again afterwards).
+int open_existing(const std::string& path, bool again, uid_t uid, Mapping& m) {
+  struct stat lst {};
+  if (::lstat(path.c_str(), &lst) != 0) {
+    if (errno == ENOENT && again) return -1;
+    m.error = std::string("cannot be examined: ") + std::strerror(errno);
+    return -1;
+  }
+  if (!S_ISREG(lst.st_mode)) {
+    m.foreign = true;
+    m.error = S_ISLNK(lst.st_mode) ? std::string("is a symbolic link")
+                                   : std::string("is not a regular file (") + type_name(lst.st_mode) + ")";
+    return -1;
+  }
+  const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    if (errno == ENOENT && again) return -1;
+    // Not ours to open (another owner, another mode) or replaced by a link meanwhile: someone
+    // else could have written it.
+    m.foreign = errno == ELOOP || lst.st_uid != uid || (lst.st_mode & 07777) != 0600;
+    m.error = errno == ELOOP ? "is a symbolic link" : std::string("cannot be opened: ") + std::strerror(errno);
+    return -1;
+  }
+  return fd;
+}
+
+// The file's descriptor, created first when `create`; -1 with m.error set. A file removed between
+// a failed O_EXCL and the open that follows is created again (twice at most: a third
+// disappearance is someone's doing).
+int open_or_create(const std::string& path, std::size_t size, bool create, uid_t uid, Mapping& m) {
+  for (int attempt = 0;; ++attempt) {
+    if (create) {
+      const int fd = create_exclusive(path, size, m);
+      if (fd >= 0 || !m.error.empty()) return fd;
+    }
+    const int fd = open_existing(path, create && attempt < 2, uid, m);
+    if (fd >= 0 || !m.error.empty()) return fd;
+  }
+}
+
+// Why an opened file is not this user's private regular file, or "".
+std::string not_private(const struct stat& st, uid_t uid) {
+  if (!S_ISREG(st.st_mode)) return std::string("is not a regular file (") + type_name(st.st_mode) + ")";
+  if (st.st_uid != uid)
+    return "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " + std::to_string(uid) + ")";
+  if ((st.st_mode & 07777) != 0600)
+    return "has mode " + describe_mode(st.st_mode) + ", not 0600 (other users could write it)";
+  return {};
+}
+
+// Whether the open file `fd` is this user's private regular file of `size` bytes, waiting up to
+// wait_ms for its creator to size it; if not, `fd` is closed and m.error says why.
+bool has_layout(int fd, std::size_t size, int wait_ms, uid_t uid, Mapping& m) {
   struct stat st {};
   for (int waited = 0;; ++waited) {
     if (::fstat(fd, &st) != 0) {
       m.error = std::string("cannot be examined: ") + std::strerror(errno);
       ::close(fd);
-      return m;
+      return false;
     }
-    if (!S_ISREG(st.st_mode))
-      m.error = std::string("is not a regular file (") + type_name(st.st_mode) + ")";
-    else if (st.st_uid != uid)
-      m.error = "belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " + std::to_string(uid) + ")";
-    else if ((st.st_mode & 07777) != 0600)
-      m.error = "has mode " + describe_mode(st.st_mode) + ", not 0600 (other users could write it)";
+    m.error = not_private(st, uid);
     if (!m.error.empty()) {
       m.foreign = true;
       ::close(fd);
-      return m;
+      return false;
     }
-    if (static_cast<std::size_t>(st.st_size) == size) break;
+    if (static_cast<std::size_t>(st.st_size) == size) return true;
     // A size of 0: its creator has not truncated it yet. Anything else is another layout.
     if (st.st_size != 0 || waited >= wait_ms) {
       m.error = "has " + std::to_string(st.st_size) + " bytes, not the " + std::to_string(size) +
                 " bytes of this version's layout";
       ::close(fd);
-      return m;
+      return false;
     }
     ::usleep(1000);
   }
+}
+
+}  // namespace
+
+Mapping open_file(const std::string& path, std::size_t size, bool create, int wait_ms, long owner) {
+  Mapping m;
+  const auto uid = static_cast<uid_t>(owner == kEffectiveUid ? static_cast<long>(::geteuid()) : owner);
+  const int fd = open_or_create(path, size, create, uid, m);
+  if (fd < 0 || !has_layout(fd, size, wait_ms, uid, m)) return m;
   m.fd = fd;
   m.size = size;
   return m;
@@ -315,6 +349,113 @@ bool parse_record(const void* data, std::size_t bytes, int pid, ProcRecord* out,
   return false;
 }
 
+namespace {
+
+// The pid a record's file name ends with (prefix, then 1 to 9 digits), or -1.
+int record_pid(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0) return -1;
+  const std::string rest = name.substr(prefix.size());
+  if (rest.empty() || rest.size() > 9 || rest.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::atoi(rest.c_str());
+}
+
+// What `cudapool top` shows of a valid record.
+ProcInfo proc_info(const ProcRecord& r, int pid, std::uint64_t own_ns) {
+  ProcInfo p;
+  p.pid = pid;
+  p.other_namespace = r.pid_ns != own_ns;
+  p.command = bounded_string(r.command, sizeof r.command);
+  p.group = bounded_string(r.group, sizeof r.group);
+  p.updated_unix_ns = static_cast<std::int64_t>(r.updated_unix_ns);
+  p.devices.assign(r.dev, r.dev + r.devices);
+  p.parking.parked = r.parked != 0;
+  p.parking.parkable = r.parkable;
+  p.parking.parked_bytes = r.parked_bytes;
+  p.parking.parks = r.parks;
+  p.parking.unparks = r.unparks;
+  p.parking.bytes_out = r.park_bytes_out;
+  p.parking.bytes_in = r.park_bytes_in;
+  p.parking.park_ns = r.park_ns;
+  p.parking.unpark_ns = r.unpark_ns;
+  p.parking.why = bounded_string(r.park_why, sizeof r.park_why);
+  return p;
+}
+
+// One pass over the records of a user: what it reads, the dead records it removes, what it warns of.
+struct RecordScan {
+  unsigned uid;
+  bool remove_dead;
+  std::vector<std::string>* warnings;
+  std::uint64_t own_ns = pid_namespace();
+  timespec now = [] {
+    timespec t{};
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t;
+  }();
+  int swept = 0;
+
+  void sweep(const std::string& path) {
+    if (::unlink(path.c_str()) == 0) ++swept;
+  }
+  void warn(std::string message) const {
+    if (warnings != nullptr) warnings->push_back(std::move(message));
+  }
+
+  // The record of process `pid` at `path`, when there is one to show: none when it is gone, being
+  // created, invalid or its process has ended (then removed, if asked and old enough).
+  std::optional<ProcInfo> read(const std::string& path, int pid) {
+    // What is there, looked at without opening it. Only a regular file of this user is ever
+    // removed (another user may put anything at one of our names in a sticky directory). Its
+    // age is its last write: a record's creator sizes it and writes it within microseconds of
+    // creating it, and a live owner rewrites it every 250 ms.
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return std::nullopt;  // gone meanwhile
+    const bool own = S_ISREG(st.st_mode) && st.st_uid == uid;
+    const bool old = own && now.tv_sec - st.st_mtim.tv_sec > kStaleRecordS;
+    if (own && st.st_size == 0) {
+      // Created and never sized: its creator ended (or was killed) in between. A young one may
+      // be being created right now.
+      if (remove_dead && old) sweep(path);
+      return std::nullopt;
+    }
+    Mapping m = open_file(path, sizeof(ProcRecord), false, 0);
+    if (m.fd < 0) {
+      if (remove_dead && old && process_liveness(pid, 0, own_ns) == Liveness::gone)
+        sweep(path);
+      else
+        warn(path + " " + m.error + "; skipped (remove it if no cudapool process uses it)");
+      return std::nullopt;
+    }
+    ProcRecord r;
+    if (!valid_record(m, path, pid, old, r)) return std::nullopt;
+    if (process_liveness(pid, r.start_time, r.pid_ns) == Liveness::gone) {
+      if (remove_dead) sweep(path);
+      return std::nullopt;
+    }
+    return proc_info(r, pid, own_ns);
+  }
+
+  // Whether the open file `m` (unmapped here) holds a valid record of process `pid`, copied to `r`.
+  bool valid_record(Mapping& m, const std::string& path, int pid, bool old, ProcRecord& r) {
+    alignas(ProcRecord) unsigned char buf[sizeof(ProcRecord)];
+    const bool copied = read_record(m.fd, buf);
+    unmap(m);
+    std::string why = copied ? "" : "changing or truncated while read";
+    if (copied && parse_record(buf, sizeof buf, pid, &r, &why)) return true;
+    // A record its creator has not finished (magic 0) is skipped quietly while it is young: it
+    // is a few microseconds old, or its creator died setting it up, which its age tells later.
+    // Its start time is unknown: only a pid that no process has any more settles that.
+    const bool unfinished = copied && r.magic == 0;
+    if (remove_dead && old && (unfinished || process_liveness(pid, 0, own_ns) == Liveness::gone))
+      sweep(path);
+    else if (!unfinished)
+      warn(path + " is not a valid stats record (" + why + "); skipped");
+    return false;
+  }
+};
+
+}  // namespace
+
 std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<std::string>* warnings, int* removed) {
   std::vector<ProcInfo> out;
   const std::string dir = shm_dir(), prefix = record_prefix(uid);
@@ -323,87 +464,15 @@ std::vector<ProcInfo> read_records(unsigned uid, bool remove_dead, std::vector<s
     if (warnings != nullptr) warnings->push_back(dir + ": " + std::strerror(errno));
     return out;
   }
-  const std::uint64_t own_ns = pid_namespace();
-  timespec now{};
-  clock_gettime(CLOCK_REALTIME, &now);
-  int swept = 0;
+  RecordScan scan{uid, remove_dead, warnings};
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string rest = name.substr(prefix.size());
-    if (rest.empty() || rest.size() > 9 || rest.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int pid = std::atoi(rest.c_str());
-    const std::string path = dir + "/" + name;
-    // What is there, looked at without opening it. Only a regular file of this user is ever
-    // removed (another user may put anything at one of our names in a sticky directory). Its
-    // age is its last write: a record's creator sizes it and writes it within microseconds of
-    // creating it, and a live owner rewrites it every 250 ms.
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile
-    const bool own = S_ISREG(st.st_mode) && st.st_uid == uid;
-    const bool old = own && now.tv_sec - st.st_mtim.tv_sec > kStaleRecordS;
-    auto sweep = [&] {
-      if (::unlink(path.c_str()) == 0) ++swept;
-    };
-    if (own && st.st_size == 0) {
-      // Created and never sized: its creator ended (or was killed) in between. A young one may
-      // be being created right now.
-      if (remove_dead && old) sweep();
-      continue;
-    }
-    Mapping m = open_file(path, sizeof(ProcRecord), false, 0);
-    if (m.fd < 0) {
-      if (remove_dead && old && process_liveness(pid, 0, own_ns) == Liveness::gone) {
-        sweep();
-      } else if (warnings != nullptr) {
-        warnings->push_back(path + " " + m.error + "; skipped (remove it if no cudapool process uses it)");
-      }
-      continue;
-    }
-    alignas(ProcRecord) unsigned char buf[sizeof(ProcRecord)];
-    const bool copied = read_record(m.fd, buf);
-    unmap(m);
-    ProcRecord r;
-    std::string why = copied ? "" : "changing or truncated while read";
-    const bool valid = copied && parse_record(buf, sizeof buf, pid, &r, &why);
-    if (!valid) {
-      // A record its creator has not finished (magic 0) is skipped quietly while it is young: it
-      // is a few microseconds old, or its creator died setting it up, which its age tells later.
-      // Its start time is unknown: only a pid that no process has any more settles that.
-      const bool unfinished = copied && r.magic == 0;
-      if (remove_dead && old && (unfinished || process_liveness(pid, 0, own_ns) == Liveness::gone)) {
-        sweep();
-      } else if (!unfinished && warnings != nullptr) {
-        warnings->push_back(path + " is not a valid stats record (" + why + "); skipped");
-      }
-      continue;
-    }
-    const Liveness l = process_liveness(pid, r.start_time, r.pid_ns);
-    if (l == Liveness::gone) {
-      if (remove_dead) sweep();
-      continue;
-    }
-    ProcInfo p;
-    p.pid = pid;
-    p.other_namespace = r.pid_ns != own_ns;
-    p.command = bounded_string(r.command, sizeof r.command);
-    p.group = bounded_string(r.group, sizeof r.group);
-    p.updated_unix_ns = static_cast<std::int64_t>(r.updated_unix_ns);
-    p.devices.assign(r.dev, r.dev + r.devices);
-    p.parking.parked = r.parked != 0;
-    p.parking.parkable = r.parkable;
-    p.parking.parked_bytes = r.parked_bytes;
-    p.parking.parks = r.parks;
-    p.parking.unparks = r.unparks;
-    p.parking.bytes_out = r.park_bytes_out;
-    p.parking.bytes_in = r.park_bytes_in;
-    p.parking.park_ns = r.park_ns;
-    p.parking.unpark_ns = r.unpark_ns;
-    p.parking.why = bounded_string(r.park_why, sizeof r.park_why);
-    out.push_back(std::move(p));
+    const int pid = record_pid(name, prefix);
+    if (pid < 0) continue;
+    if (std::optional<ProcInfo> p = scan.read(dir + "/" + name, pid)) out.push_back(std::move(*p));
   }
   ::closedir(d);
-  if (removed != nullptr) *removed = swept;
+  if (removed != nullptr) *removed = scan.swept;
   return out;
 }
 

@@ -174,83 +174,101 @@ bool set_stat(Stats* s, std::string_view name, std::int64_t value) {
   return false;
 }
 
+namespace {
+
+// The run's own fields, "format" to "upstream_ns", each line ending with its comma.
+void put_run(std::string* o, const Summary& s) {
+  put_key(o, 2, "format");
+  *o += "\"cudapool-summary\",\n";
+  put_key(o, 2, "version");
+  *o += std::to_string(Summary::kFormatVersion) + ",\n";
+  put_key(o, 2, "pid");
+  *o += std::to_string(s.pid) + ",\n";
+  put_key(o, 2, "command");
+  json::append_string(o, s.command);
+  *o += ",\n";
+  put_key(o, 2, "policy");
+  json::append_string(o, s.policy);
+  *o += ",\n";
+  put_key(o, 2, "backend");
+  json::append_string(o, s.backend);
+  *o += ",\n";
+  put_key(o, 2, "start_unix_ns");
+  *o += std::to_string(s.start_unix_ns) + ",\n";
+  put_key(o, 2, "wall_time_s");
+  json::append_double(o, s.wall_time_s);
+  *o += ",\n";
+  put_key(o, 2, "exit_status");
+  *o += std::to_string(s.exit_status) + ",\n";
+  put_key(o, 2, "hit_rate");
+  json::append_double(o, s.hit_rate());
+  *o += ",\n";
+  put_key(o, 2, "upstream_ns");
+  *o += std::to_string(s.upstream_ns()) + ",\n";
+}
+
+// "passthrough": the calls handed to CUDA untouched, by kind; written even when there are none.
+void put_passthrough(std::string* o, const std::map<std::string, std::int64_t>& passthrough) {
+  put_key(o, 2, "passthrough");
+  *o += "{";
+  bool first = true;
+  for (const auto& [kind, count] : passthrough) {
+    *o += first ? "\n" : ",\n";
+    first = false;
+    put_key(o, 4, kind);
+    *o += std::to_string(count);
+  }
+  *o += first ? "},\n" : "\n  },\n";
+}
+
+// One element of "devices", without the separator before it.
+void put_device(std::string* o, const DeviceSummary& d) {
+  *o += "    {\n";
+  put_key(o, 6, "device");
+  *o += std::to_string(d.device) + ",\n";
+  put_key(o, 6, "driver_total_bytes");
+  *o += std::to_string(d.driver_total_bytes) + ",\n";
+  put_key(o, 6, "hit_rate");
+  json::append_double(o, d.hit_rate());
+  *o += ",\n";
+  if (!d.driver_calls.empty()) {
+    put_key(o, 6, "driver_calls");
+    *o += "{";
+    bool first_call = true;
+    for (const auto& [name, count] : d.driver_calls) {
+      *o += first_call ? "\n" : ",\n";
+      first_call = false;
+      put_key(o, 8, name);
+      *o += std::to_string(count);
+    }
+    *o += "\n      },\n";
+  }
+  put_key(o, 6, "stats");
+  *o += "{\n";
+  auto flat = flatten_stats(d.stats);
+  for (std::size_t k = 0; k < flat.size(); ++k) {
+    put_key(o, 8, flat[k].first);
+    *o += std::to_string(flat[k].second);
+    *o += k + 1 < flat.size() ? ",\n" : "\n";
+  }
+  *o += "      }\n    }";
+}
+
+}  // namespace
+
 std::string to_json(const Summary& s) {
   std::string o;
   o.reserve(16 * 1024);
   o += "{\n";
-  put_key(&o, 2, "format");
-  o += "\"cudapool-summary\",\n";
-  put_key(&o, 2, "version");
-  o += std::to_string(Summary::kFormatVersion) + ",\n";
-  put_key(&o, 2, "pid");
-  o += std::to_string(s.pid) + ",\n";
-  put_key(&o, 2, "command");
-  json::append_string(&o, s.command);
-  o += ",\n";
-  put_key(&o, 2, "policy");
-  json::append_string(&o, s.policy);
-  o += ",\n";
-  put_key(&o, 2, "backend");
-  json::append_string(&o, s.backend);
-  o += ",\n";
-  put_key(&o, 2, "start_unix_ns");
-  o += std::to_string(s.start_unix_ns) + ",\n";
-  put_key(&o, 2, "wall_time_s");
-  json::append_double(&o, s.wall_time_s);
-  o += ",\n";
-  put_key(&o, 2, "exit_status");
-  o += std::to_string(s.exit_status) + ",\n";
-  put_key(&o, 2, "hit_rate");
-  json::append_double(&o, s.hit_rate());
-  o += ",\n";
-  put_key(&o, 2, "upstream_ns");
-  o += std::to_string(s.upstream_ns()) + ",\n";
-  put_key(&o, 2, "passthrough");
-  o += "{";
-  bool first = true;
-  for (const auto& [kind, count] : s.passthrough) {
-    o += first ? "\n" : ",\n";
-    first = false;
-    put_key(&o, 4, kind);
-    o += std::to_string(count);
-  }
-  o += first ? "},\n" : "\n  },\n";
+  put_run(&o, s);
+  put_passthrough(&o, s.passthrough);
   put_counts(&o, "pinned_host", s.pinned_host);
   put_counts(&o, "runtime_api", s.runtime_api);
   put_key(&o, 2, "devices");
   o += "[";
   for (std::size_t i = 0; i < s.devices.size(); ++i) {
-    const DeviceSummary& d = s.devices[i];
     o += i == 0 ? "\n" : ",\n";
-    o += "    {\n";
-    put_key(&o, 6, "device");
-    o += std::to_string(d.device) + ",\n";
-    put_key(&o, 6, "driver_total_bytes");
-    o += std::to_string(d.driver_total_bytes) + ",\n";
-    put_key(&o, 6, "hit_rate");
-    json::append_double(&o, d.hit_rate());
-    o += ",\n";
-    if (!d.driver_calls.empty()) {
-      put_key(&o, 6, "driver_calls");
-      o += "{";
-      bool first_call = true;
-      for (const auto& [name, count] : d.driver_calls) {
-        o += first_call ? "\n" : ",\n";
-        first_call = false;
-        put_key(&o, 8, name);
-        o += std::to_string(count);
-      }
-      o += "\n      },\n";
-    }
-    put_key(&o, 6, "stats");
-    o += "{\n";
-    auto flat = flatten_stats(d.stats);
-    for (std::size_t k = 0; k < flat.size(); ++k) {
-      put_key(&o, 8, flat[k].first);
-      o += std::to_string(flat[k].second);
-      o += k + 1 < flat.size() ? ",\n" : "\n";
-    }
-    o += "      }\n    }";
+    put_device(&o, s.devices[i]);
   }
   o += s.devices.empty() ? "]\n" : "\n  ]\n";
   o += "}\n";

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "telemetry/oom.h"
 #include "telemetry/summary.h"
@@ -38,75 +39,92 @@ void count_line(std::string& out, const char* label, const std::map<std::string,
   out += '\n';
 }
 
-}  // namespace
+// One row of the table: its label and a device's value.
+struct Row {
+  const char* label;
+  std::string (*value)(const DeviceSummary&);
+};
+constexpr Row kRows[] = {
+    {"allocated (current)", [](const DeviceSummary& d) { return bytes(d.stats.allocated_bytes[kAll].current); }},
+    {"allocated (peak)", [](const DeviceSummary& d) { return bytes(d.stats.allocated_bytes[kAll].peak); }},
+    {"reserved (current)", [](const DeviceSummary& d) { return bytes(d.stats.reserved_bytes[kAll].current); }},
+    {"reserved (peak)", [](const DeviceSummary& d) { return bytes(d.stats.reserved_bytes[kAll].peak); }},
+    {"allocations", [](const DeviceSummary& d) { return std::to_string(d.stats.allocation[kAll].allocated); }},
+    {"cache hit rate", [](const DeviceSummary& d) { return pct(d.hit_rate()); }},
+    {"upstream allocs / frees",
+     [](const DeviceSummary& d) {
+       return std::to_string(d.stats.num_device_alloc) + " / " + std::to_string(d.stats.num_device_free);
+     }},
+    {"upstream time", [](const DeviceSummary& d) { return ms(d.stats.upstream_ns); }},
+    {"fence waits (host / GPU)",
+     [](const DeviceSummary& d) {
+       return std::to_string(d.stats.fence_waits) + " / " + std::to_string(d.stats.gpu_waits);
+     }},
+    {"alloc retries / OOMs",
+     [](const DeviceSummary& d) {
+       return std::to_string(d.stats.num_alloc_retries) + " / " + std::to_string(d.stats.num_ooms);
+     }},
+    {"GC passes (freed)",
+     [](const DeviceSummary& d) {
+       return std::to_string(d.stats.gc_passes) + " (" + bytes(d.stats.gc_freed_bytes) + ")";
+     }},
+    {"bad frees", [](const DeviceSummary& d) { return std::to_string(d.stats.bad_frees); }},
+};
 
-std::string format_summary_table(const Summary& s) {
-  struct Row {
-    const char* label;
-    std::string (*value)(const DeviceSummary&);
-  };
-  static const Row rows[] = {
-      {"allocated (current)", [](const DeviceSummary& d) { return bytes(d.stats.allocated_bytes[kAll].current); }},
-      {"allocated (peak)", [](const DeviceSummary& d) { return bytes(d.stats.allocated_bytes[kAll].peak); }},
-      {"reserved (current)", [](const DeviceSummary& d) { return bytes(d.stats.reserved_bytes[kAll].current); }},
-      {"reserved (peak)", [](const DeviceSummary& d) { return bytes(d.stats.reserved_bytes[kAll].peak); }},
-      {"allocations", [](const DeviceSummary& d) { return std::to_string(d.stats.allocation[kAll].allocated); }},
-      {"cache hit rate", [](const DeviceSummary& d) { return pct(d.hit_rate()); }},
-      {"upstream allocs / frees",
-       [](const DeviceSummary& d) {
-         return std::to_string(d.stats.num_device_alloc) + " / " + std::to_string(d.stats.num_device_free);
-       }},
-      {"upstream time", [](const DeviceSummary& d) { return ms(d.stats.upstream_ns); }},
-      {"fence waits (host / GPU)",
-       [](const DeviceSummary& d) {
-         return std::to_string(d.stats.fence_waits) + " / " + std::to_string(d.stats.gpu_waits);
-       }},
-      {"alloc retries / OOMs",
-       [](const DeviceSummary& d) {
-         return std::to_string(d.stats.num_alloc_retries) + " / " + std::to_string(d.stats.num_ooms);
-       }},
-      {"GC passes (freed)",
-       [](const DeviceSummary& d) {
-         return std::to_string(d.stats.gc_passes) + " (" + bytes(d.stats.gc_freed_bytes) + ")";
-       }},
-      {"bad frees", [](const DeviceSummary& d) { return std::to_string(d.stats.bad_frees); }},
-  };
+std::string pad_left(const std::string& t, std::size_t w) {
+  return std::string(w > t.size() ? w - t.size() : 0, ' ') + t;
+}
+std::string pad_right(const std::string& t, std::size_t w) {
+  return t + std::string(w > t.size() ? w - t.size() : 0, ' ');
+}
 
-  std::size_t label_w = 0;
-  for (const Row& r : rows) label_w = std::max(label_w, std::string(r.label).size());
+// Every device's column of values, and each column's width (its heading's or its widest value's).
+struct Columns {
   std::vector<std::vector<std::string>> cells;  // [device][row]
-  std::vector<std::size_t> col_w;
+  std::vector<std::size_t> width;
+};
+Columns device_columns(const Summary& s) {
+  Columns c;
   for (const DeviceSummary& d : s.devices) {
     std::vector<std::string> col;
     std::size_t w = ("GPU " + std::to_string(d.device)).size();
-    for (const Row& r : rows) {
+    for (const Row& r : kRows) {
       col.push_back(r.value(d));
       w = std::max(w, col.back().size());
     }
-    cells.push_back(std::move(col));
-    col_w.push_back(w);
+    c.cells.push_back(std::move(col));
+    c.width.push_back(w);
   }
+  return c;
+}
 
-  auto pad_left = [](std::string t, std::size_t w) { return std::string(w > t.size() ? w - t.size() : 0, ' ') + t; };
-  auto pad_right = [](std::string t, std::size_t w) { return t + std::string(w > t.size() ? w - t.size() : 0, ' '); };
+// The heading line of GPUs, then one line per row.
+void device_table(std::string& out, const Summary& s) {
+  std::size_t label_w = 0;
+  for (const Row& r : kRows) label_w = std::max(label_w, std::string(r.label).size());
+  const Columns c = device_columns(s);
+  out += "  " + pad_right("", label_w);
+  for (std::size_t i = 0; i < s.devices.size(); ++i)
+    out += "  " + pad_left("GPU " + std::to_string(s.devices[i].device), c.width[i]);
+  out += "\n";
+  for (std::size_t r = 0; r < std::size(kRows); ++r) {
+    out += "  " + pad_right(kRows[r].label, label_w);
+    for (std::size_t i = 0; i < s.devices.size(); ++i) out += "  " + pad_left(c.cells[i][r], c.width[i]);
+    out += "\n";
+  }
+}
 
+}  // namespace
+
+std::string format_summary_table(const Summary& s) {
   char head[128];
   std::snprintf(head, sizeof head, "cudapool summary: pid %lld, %.3f s, backend %s\n", static_cast<long long>(s.pid),
                 s.wall_time_s, s.backend.empty() ? "native" : s.backend.c_str());
   std::string out = head;
-  if (s.devices.empty()) {
+  if (s.devices.empty())
     out += "  (no device pool was used)\n";
-  } else {
-    out += "  " + pad_right("", label_w);
-    for (std::size_t i = 0; i < s.devices.size(); ++i)
-      out += "  " + pad_left("GPU " + std::to_string(s.devices[i].device), col_w[i]);
-    out += "\n";
-    for (std::size_t r = 0; r < std::size(rows); ++r) {
-      out += "  " + pad_right(rows[r].label, label_w);
-      for (std::size_t i = 0; i < s.devices.size(); ++i) out += "  " + pad_left(cells[i][r], col_w[i]);
-      out += "\n";
-    }
-  }
+  else
+    device_table(out, s);
   count_line(out, "passed through", s.passthrough);
   count_line(out, "served at cudart's entry points", s.runtime_api);
   return out;

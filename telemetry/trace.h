@@ -204,8 +204,14 @@ class TraceReader {
   bool read_header();
   bool next_line(std::string_view* line);
   bool next_row(TraceRow* row);
+  // Columns 1 to 10 of a row, then the 11th (the detail), into *r; false with error_ set.
+  bool read_columns(const std::string_view (&f)[11], TraceRow* r);
+  bool read_detail(std::string_view d, TraceRow* r);
+  // The call site `text` (read from the detail `d`) as an index into sites_, kept once.
+  bool add_site(std::string_view d, std::string text, TraceRow* r);
   static const char* quoted(std::string_view field, std::string* text);
   bool fail(std::string what);
+  bool bad_column(std::size_t col, std::string_view value, const std::string& what);
   std::istream& in_;
   std::string buf_;  // a window of the input; lines are views into it
   std::size_t pos_ = 0, end_ = 0;

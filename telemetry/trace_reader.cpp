@@ -214,6 +214,28 @@ const char* TraceReader::quoted(std::string_view d, std::string* text) {
   return nullptr;
 }
 
+namespace {
+
+// Splits a row at its commas into f: how many columns it has, or want + 1 when it has more than
+// `want`. The detail column (the 11th, the last) may be a quoted CSV field with commas in it (the
+// policy).
+std::size_t split_columns(std::string_view rest, std::size_t want, std::string_view (&f)[11]) {
+  std::size_t n = 0;
+  while (true) {
+    if (n == want) return want + 1;
+    if (n == 10 && !rest.empty() && rest.front() == '"') {
+      f[n++] = rest;
+      return n;
+    }
+    std::size_t comma = rest.find(',');
+    f[n++] = rest.substr(0, comma);
+    if (comma == std::string_view::npos) return n;
+    rest.remove_prefix(comma + 1);
+  }
+}
+
+}  // namespace
+
 bool TraceReader::next_row(TraceRow* row) {
   std::string_view line;
   if (!next_line(&line)) return false;  // clean end of input, or error_ set
@@ -222,103 +244,104 @@ bool TraceReader::next_row(TraceRow* row) {
 
   const auto want = static_cast<std::size_t>(columns_);
   std::string_view f[11];
-  std::size_t n = 0;
-  std::string_view rest = line;
-  while (true) {
-    if (n == want) {
-      return fail("more than " + std::to_string(want) + " columns");
-    }
-    // The detail column (the last) may be a quoted CSV field with commas in it (the policy).
-    if (n == 10 && !rest.empty() && rest.front() == '"') {
-      f[n++] = rest;
-      break;
-    }
-    std::size_t comma = rest.find(',');
-    f[n++] = rest.substr(0, comma);
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  if (n != want) {
-    return fail("has " + std::to_string(n) + " columns, expected " + std::to_string(want));
-  }
-  auto bad = [&](std::size_t col, const std::string& what) {
-    return fail("column " + std::to_string(col + 1) + " (" + kColumnNames[col] + "): " + show(f[col]) + " " + what);
-  };
-
+  const std::size_t n = split_columns(line, want, f);
+  if (n > want) return fail("more than " + std::to_string(want) + " columns");
+  if (n != want) return fail("has " + std::to_string(n) + " columns, expected " + std::to_string(want));
   TraceRow r;
-  if (!parse_dec(f[0], &r.thread)) return bad(0, "is not a thread id (decimal integer)");
-  std::int64_t tod = 0;
-  if (!parse_time_of_day(f[1], &tod)) return bad(1, "is not a time of day HH:MM:SS.ffffff");
-  if (!parse_action(f[2], &r.action)) {
-    return bad(2, rmm_only_ ? "is not an action (allocate, free, allocate failure)"
-                            : "is not a cudapool action (see docs/trace-format.md)");
-  }
-  if (rmm_only_ && r.action != TraceAction::allocate && r.action != TraceAction::free &&
-      r.action != TraceAction::allocate_failure) {
-    return bad(2, "is a cudapool action, but the header is RMM's 6 columns");
-  }
-  std::uint64_t v = 0;
-  if (!parse_hex(f[3], &v)) return bad(3, "is not a hex pointer (0x…)");
-  r.ptr = static_cast<std::uintptr_t>(v);
-  if (!parse_dec(f[4], &r.size)) return bad(4, "is not a size in bytes (decimal integer)");
-  if (!parse_stream(f[5], &v)) return bad(5, "is not a stream (0x… hex or decimal)");
-  r.stream = static_cast<std::uintptr_t>(v);
-  if (rmm_only_) {
-    r.time_ns = tod;
-    r.device = 0;
-    r.requested = r.size;
-    r.duration_ns = 0;
-  } else {
-    if (!parse_dec(f[6], &r.device) || r.device < 0 || r.device > kMaxTraceDevice)
-      return bad(6, "is not a device ordinal (0 to " + std::to_string(kMaxTraceDevice) + ")");
-    if (!parse_dec(f[7], &r.requested)) return bad(7, "is not a size in bytes");
-    if (!parse_dec(f[8], &r.time_ns) || r.time_ns < 0) return bad(8, "is not a time in ns");
-    if (!parse_dec(f[9], &r.duration_ns) || r.duration_ns < 0) return bad(9, "is not a duration in ns");
-  }
+  if (!read_columns(f, &r)) return false;
   if (columns_ == 11) {
-    const std::string_view d = f[10];
-    if (r.action == TraceAction::policy) {
-      std::string text;
-      if (const char* why = quoted(d, &text))
-        return bad(10, d.empty() || d.front() != '"' ? "is not a quoted policy string" : why);
-      r.detail = TraceDetail::policy;
-      if (!policy_) policy_ = std::move(text);
-    } else if (r.action == TraceAction::device && !d.empty()) {
-      std::string text;
-      if (const char* why = quoted(d, &text)) return bad(10, why);
-      r.detail = TraceDetail::device_facts;
-      device_facts_.emplace(r.device, std::move(text));
-    } else if (r.action == TraceAction::allocate && d.front() == '"') {
-      std::string text;
-      if (const char* why = quoted(d, &text)) return bad(10, why);
-      // Each site once: a long trace repeats a few dozen sites many times.
-      auto it = site_ids_.find(text);
-      if (it == site_ids_.end()) {
-        if (sites_.size() >= kMaxTraceSites) return bad(10, "is one call site more than a trace may hold");
-        if (site_bytes_ + text.size() > kMaxTraceSiteBytes)
-          return bad(10, "is a call site past the " + std::to_string(kMaxTraceSiteBytes >> 20) +
-                             " MiB the call sites of a trace may take");
-        site_bytes_ += text.size();
-        sites_.push_back(text);
-        it = site_ids_.emplace(std::move(text), static_cast<std::uint32_t>(sites_.size())).first;
-      }
-      r.site = it->second;
-    } else if (d.empty()) {
-      r.detail = TraceDetail::none;
-    } else if (r.action == TraceAction::free && (d == "sync" || d == "async")) {
-      r.detail = d == "sync" ? TraceDetail::free_sync : TraceDetail::free_async;
-    } else if (r.action == TraceAction::stream && (d == "blocking" || d == "non_blocking")) {
-      r.detail = d == "blocking" ? TraceDetail::stream_blocking : TraceDetail::stream_non_blocking;
-    } else {
-      return bad(10, r.action == TraceAction::free     ? "is not a free kind (sync, async or empty)"
-                     : r.action == TraceAction::stream ? "is not a stream kind (blocking, non_blocking or empty)"
-                                                       : "must be empty for this action");
-    }
+    if (!read_detail(f[10], &r)) return false;
   } else if (r.action == TraceAction::policy) {
     // A policy row in a trace without the detail column: its text is unknown, it is still one.
     r.detail = TraceDetail::policy;
   }
   *row = r;
+  return true;
+}
+
+bool TraceReader::bad_column(std::size_t col, std::string_view value, const std::string& what) {
+  return fail("column " + std::to_string(col + 1) + " (" + kColumnNames[col] + "): " + show(value) + " " + what);
+}
+
+bool TraceReader::read_columns(const std::string_view (&f)[11], TraceRow* r) {
+  if (!parse_dec(f[0], &r->thread)) return bad_column(0, f[0], "is not a thread id (decimal integer)");
+  std::int64_t tod = 0;
+  if (!parse_time_of_day(f[1], &tod)) return bad_column(1, f[1], "is not a time of day HH:MM:SS.ffffff");
+  if (!parse_action(f[2], &r->action)) {
+    return bad_column(2, f[2],
+                      rmm_only_ ? "is not an action (allocate, free, allocate failure)"
+                                : "is not a cudapool action (see docs/trace-format.md)");
+  }
+  if (rmm_only_ && r->action != TraceAction::allocate && r->action != TraceAction::free &&
+      r->action != TraceAction::allocate_failure) {
+    return bad_column(2, f[2], "is a cudapool action, but the header is RMM's 6 columns");
+  }
+  std::uint64_t v = 0;
+  if (!parse_hex(f[3], &v)) return bad_column(3, f[3], "is not a hex pointer (0x…)");
+  r->ptr = static_cast<std::uintptr_t>(v);
+  if (!parse_dec(f[4], &r->size)) return bad_column(4, f[4], "is not a size in bytes (decimal integer)");
+  if (!parse_stream(f[5], &v)) return bad_column(5, f[5], "is not a stream (0x… hex or decimal)");
+  r->stream = static_cast<std::uintptr_t>(v);
+  if (rmm_only_) {
+    r->time_ns = tod;
+    r->device = 0;
+    r->requested = r->size;
+    r->duration_ns = 0;
+    return true;
+  }
+  if (!parse_dec(f[6], &r->device) || r->device < 0 || r->device > kMaxTraceDevice)
+    return bad_column(6, f[6], "is not a device ordinal (0 to " + std::to_string(kMaxTraceDevice) + ")");
+  if (!parse_dec(f[7], &r->requested)) return bad_column(7, f[7], "is not a size in bytes");
+  if (!parse_dec(f[8], &r->time_ns) || r->time_ns < 0) return bad_column(8, f[8], "is not a time in ns");
+  if (!parse_dec(f[9], &r->duration_ns) || r->duration_ns < 0) return bad_column(9, f[9], "is not a duration in ns");
+  return true;
+}
+
+bool TraceReader::read_detail(std::string_view d, TraceRow* r) {
+  if (r->action == TraceAction::policy) {
+    std::string text;
+    if (const char* why = quoted(d, &text))
+      return bad_column(10, d, d.empty() || d.front() != '"' ? "is not a quoted policy string" : why);
+    r->detail = TraceDetail::policy;
+    if (!policy_) policy_ = std::move(text);
+  } else if (r->action == TraceAction::device && !d.empty()) {
+    std::string text;
+    if (const char* why = quoted(d, &text)) return bad_column(10, d, why);
+    r->detail = TraceDetail::device_facts;
+    device_facts_.emplace(r->device, std::move(text));
+  } else if (r->action == TraceAction::allocate && d.front() == '"') {
+    std::string text;
+    if (const char* why = quoted(d, &text)) return bad_column(10, d, why);
+    return add_site(d, std::move(text), r);
+  } else if (d.empty()) {
+    r->detail = TraceDetail::none;
+  } else if (r->action == TraceAction::free && (d == "sync" || d == "async")) {
+    r->detail = d == "sync" ? TraceDetail::free_sync : TraceDetail::free_async;
+  } else if (r->action == TraceAction::stream && (d == "blocking" || d == "non_blocking")) {
+    r->detail = d == "blocking" ? TraceDetail::stream_blocking : TraceDetail::stream_non_blocking;
+  } else {
+    return bad_column(10, d,
+                      r->action == TraceAction::free     ? "is not a free kind (sync, async or empty)"
+                      : r->action == TraceAction::stream ? "is not a stream kind (blocking, non_blocking or empty)"
+                                                         : "must be empty for this action");
+  }
+  return true;
+}
+
+bool TraceReader::add_site(std::string_view d, std::string text, TraceRow* r) {
+  // Each site once: a long trace repeats a few dozen sites many times.
+  auto it = site_ids_.find(text);
+  if (it == site_ids_.end()) {
+    if (sites_.size() >= kMaxTraceSites) return bad_column(10, d, "is one call site more than a trace may hold");
+    if (site_bytes_ + text.size() > kMaxTraceSiteBytes)
+      return bad_column(10, d,
+                        "is a call site past the " + std::to_string(kMaxTraceSiteBytes >> 20) +
+                            " MiB the call sites of a trace may take");
+    site_bytes_ += text.size();
+    sites_.push_back(text);
+    it = site_ids_.emplace(std::move(text), static_cast<std::uint32_t>(sites_.size())).first;
+  }
+  r->site = it->second;
   return true;
 }
 
