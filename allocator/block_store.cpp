@@ -15,33 +15,33 @@ std::string failure(const char* what, const Block* b) {
 }  // namespace
 
 Segment* BlockStore::add_segment(std::uintptr_t base, std::size_t size, bool small, StreamId stream) {
-  Segment* seg = segment_pool.get();
+  Segment* seg = segment_pool_.get();
   seg->base = base;
   seg->size = size;
   seg->stream = stream;
   seg->small = small;
-  Block* b = block_pool.get();
+  Block* b = block_pool_.get();
   b->ptr = base;
   b->size = size;
   b->seg = seg;
   seg->head = b;
-  segments.emplace(base, seg);
+  segments_.emplace(base, seg);
   return seg;
 }
 
 void BlockStore::detach_segment(Block* b, std::vector<Detached>& out) {
   Segment* seg = b->seg;
-  erase_block(shared[kind_index(seg->small)], b);
-  segments.erase(seg->base);
+  erase_block(shared_[kind_index(seg->small)], b);
+  segments_.erase(seg->base);
   ledger_.segment_removed(seg->small, seg->size);
   out.push_back(Detached{seg->base, seg->size});
-  block_pool.put(b);
-  segment_pool.put(seg);
+  block_pool_.put(b);
+  segment_pool_.put(seg);
 }
 
 Segment* BlockStore::segment_containing(std::uintptr_t p) const {
-  auto it = segments.upper_bound(p);
-  if (it == segments.begin()) return nullptr;
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin()) return nullptr;
   --it;
   Segment* seg = it->second;
   return p < seg->base + seg->size ? seg : nullptr;
@@ -83,8 +83,8 @@ std::optional<AddressInfo> BlockStore::address_info(std::uintptr_t p) const {
 
 Snapshot BlockStore::snapshot(int device) const {
   Snapshot snap;
-  snap.segments.reserve(segments.size());
-  for (auto& [base, seg] : segments) {
+  snap.segments.reserve(segments_.size());
+  for (auto& [base, seg] : segments_) {
     for (const Block* first = seg->head; first != nullptr;) {
       if (!first->mapped()) {
         first = first->next;
@@ -121,32 +121,32 @@ Snapshot BlockStore::snapshot(int device) const {
 }
 
 void BlockStore::forget_all() {
-  for (auto& [base, seg] : segments) {
+  for (auto& [base, seg] : segments_) {
     for (Block* b = seg->head; b != nullptr;) {
       Block* next = b->next;
-      block_pool.put(b);
+      block_pool_.put(b);
       b = next;
     }
-    segment_pool.put(seg);
+    segment_pool_.put(seg);
   }
-  segments.clear();
-  live.clear();
-  for (FreeSet& s : shared) s.clear();
+  segments_.clear();
+  live_.clear();
+  for (FreeSet& s : shared_) s.clear();
   last_stream_free_ = nullptr;
-  streams.clear();
-  retired.clear();
+  streams_.clear();
+  retired_.clear();
 }
 
 std::string BlockStore::check(Tally& tally) const {
-  for (auto& [base, seg] : segments) {
+  for (auto& [base, seg] : segments_) {
     if (seg->base != base || seg->head == nullptr || seg->head->prev != nullptr)
       return failure("bad segment head", seg->head);
     if (std::string e = check_segment(seg, tally); !e.empty()) return e;
   }
-  std::size_t in_sets = shared[0].size() + shared[1].size();
-  for (auto& [id, stream_free] : streams) in_sets += stream_free->sets[0].size() + stream_free->sets[1].size();
+  std::size_t in_sets = shared_[0].size() + shared_[1].size();
+  for (auto& [id, stream_free] : streams_) in_sets += stream_free->sets[0].size() + stream_free->sets[1].size();
   if (in_sets != tally.free_blocks) return failure("free sets hold blocks that are not free", nullptr);
-  if (live.size() != static_cast<std::size_t>(tally.recount.view().allocation[kAll].current))
+  if (live_.size() != static_cast<std::size_t>(tally.recount.view().allocation[kAll].current))
     return failure("pointer map size", nullptr);
   return "";
 }
@@ -204,7 +204,7 @@ std::string BlockStore::check_block(const Block* b, Tally& tally) const {
   const Segment* seg = b->seg;
   switch (b->state) {
     case BState::allocated:
-      if (live.find(b->ptr) != b) return failure("allocated block missing from the pointer map", b);
+      if (live_.find(b->ptr) != b) return failure("allocated block missing from the pointer map", b);
       tally.recount.block_allocated(seg->small, b->size, b->requested);
       return "";
     case BState::pending:  // allocated, then unallocated: still active
@@ -235,10 +235,10 @@ std::string BlockStore::check_block(const Block* b, Tally& tally) const {
   } else {
     const FreeSet* set = nullptr;
     if (b->state == BState::shared) {
-      set = &shared[kind_index(seg->small)];
+      set = &shared_[kind_index(seg->small)];
     } else {
-      auto it = streams.find(b->owner);
-      if (it == streams.end()) return failure("local block of an unknown stream", b);
+      auto it = streams_.find(b->owner);
+      if (it == streams_.end()) return failure("local block of an unknown stream", b);
       set = &it->second->sets[kind_index(seg->small)];
     }
     if (set->find(const_cast<Block*>(b)) == set->end()) return failure("free block missing from its set", b);

@@ -4,7 +4,8 @@
 // streams and the counters that age and order free blocks. blocks.h has the data types.
 //
 //   find_fit / take:         best fit for a request, split by PyTorch's rules (the hot path);
-//   insert_free / make_local: a block becomes free, merged with free neighbours of its class;
+//   insert_free:             a block is filed free in the state Reuse gave it (reuse.h), merged
+//                            with free neighbours of its class;
 //   add_segment / detach_segment: a segment enters or leaves the map.
 //
 // Every counter change goes through the pool's StatsLedger. The pool lock guards the store, as
@@ -32,54 +33,73 @@ namespace cudapool::detail {
 class BlockStore {
  public:
   BlockStore(const PoolOptions& opt, StatsLedger& ledger)
-      : shared{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena)),
-               FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena))},
+      : shared_{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena_)),
+                FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(&arena_))},
         max_split_size_(opt.max_split_size),
         max_non_split_rounding_(opt.max_non_split_rounding),
         ledger_(ledger) {}
   BlockStore(const BlockStore&) = delete;
   BlockStore& operator=(const BlockStore&) = delete;
 
-  // ---- storage (arena first: the sets below allocate from it and must die before it) ----
-  NodeArena arena;
-  ObjectPool<Block> block_pool;
-  ObjectPool<Segment> segment_pool;
-  PtrMap<Block*> live;                          // allocated blocks by start address
-  std::map<std::uintptr_t, Segment*> segments;  // by base; slow paths and queries only
-  FreeSet shared[2];                            // by pool kind (kind_index)
-  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams;
-  // Streams retired and not seen since: a block allocated there and freed with free() under
-  // FreeSync::immediate must not become local to a dead stream (no fence could ever be recorded
-  // on it), so it takes the device-fenced path instead. A later use of the same handle value
-  // means CUDA reused it for a new stream: it leaves the set.
-  std::unordered_set<StreamId> retired;
-  std::uint64_t epoch = 0;             // bumped by every stream-local free
-  std::uint64_t searches[2] = {0, 0};  // find_fit calls per pool kind (the GC age clock)
-
   // ---- streams ----
   StreamFree* stream_find(StreamId s) {
     if (last_stream_free_ != nullptr && last_stream_ == s) return last_stream_free_;
-    auto it = streams.find(s);
-    if (it == streams.end()) return nullptr;
+    auto it = streams_.find(s);
+    if (it == streams_.end()) return nullptr;
     last_stream_free_ = it->second.get();
     last_stream_ = s;
     return last_stream_free_;
   }
   StreamFree* stream_get(StreamId s) {
     if (StreamFree* stream_free = stream_find(s)) return stream_free;
-    auto& slot = streams[s];
-    slot = std::make_unique<StreamFree>(s, &arena);
+    auto& slot = streams_[s];
+    slot = std::make_unique<StreamFree>(s, &arena_);
     last_stream_free_ = slot.get();
     last_stream_ = s;
     return last_stream_free_;
   }
+  // The stream's free sets, without touching the one-entry cache; null if it has none.
+  StreamFree* stream_lookup(StreamId s) const {
+    auto it = streams_.find(s);
+    return it == streams_.end() ? nullptr : it->second.get();
+  }
   // The stream's free sets leave the store (retire_stream: its blocks went into a batch).
   void erase_stream(StreamId s) {
-    auto it = streams.find(s);
-    if (it == streams.end()) return;
+    auto it = streams_.find(s);
+    if (it == streams_.end()) return;
     if (last_stream_free_ == it->second.get()) last_stream_free_ = nullptr;
-    streams.erase(it);
+    streams_.erase(it);
   }
+  // f(id, stream_free) for every stream with free sets, in the map's order.
+  template <class F>
+  void for_each_stream(F f) {
+    for (auto& [sid, owned] : streams_) f(sid, owned.get());
+  }
+  // Retired streams (Reuse: rule 6): not seen since their retirement. A free() under
+  // FreeSync::immediate of a block allocated there takes the device-fenced path instead (no
+  // fence could ever be recorded on a dead stream). A later use of the same handle value means
+  // CUDA reused it for a new stream: it leaves the set.
+  bool is_retired(StreamId s) const { return !retired_.empty() && retired_.count(s) != 0; }
+  void mark_retired(StreamId s) { retired_.insert(s); }
+  void unretire(StreamId s) {
+    if (!retired_.empty()) retired_.erase(s);
+  }
+
+  // ---- the free-stamp and search counters ----
+  std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t next_epoch() { return ++epoch_; }               // a stream-local free
+  std::uint64_t searches(int k) const { return searches_[k]; }  // find_fit calls per pool kind (the GC age clock)
+
+  // ---- storage ----
+  FreeSet& shared_set(bool small) { return shared_[kind_index(small)]; }
+  const FreeSet& shared_set(bool small) const { return shared_[kind_index(small)]; }
+  Block* new_block() { return block_pool_.get(); }
+  void recycle_block(Block* b) { block_pool_.put(b); }
+  // The pointer map of allocated blocks.
+  Block* find_live(std::uintptr_t p) const { return live_.find(p); }
+  Block* take_live(std::uintptr_t p) { return live_.take(p); }
+  void put_live(Block* b) { live_.insert(b->ptr, b); }
+  const std::map<std::uintptr_t, Segment*>& segments() const { return segments_; }
 
   // ---- finding and taking (the hot path) ----
   bool fits_oversize_rules(std::size_t rounded, std::size_t block) const {
@@ -92,10 +112,10 @@ class BlockStore {
   // Best fit for `rounded` on `stream`: the smaller of the stream's local candidate and the shared one.
   Fit find_fit(std::size_t rounded, StreamId stream) {
     const int k = kind_index(is_small(rounded));
-    ++searches[k];
+    ++searches_[k];
     const BySizeAddr::Key key{rounded, 0};
     Fit best;
-    FreeSet& shared_set = shared[k];
+    FreeSet& shared_set = shared_[k];
     if (!shared_set.empty()) {
       auto it = shared_set.lower_bound(key);
       if (it != shared_set.end()) best = Fit{&shared_set, it};
@@ -129,7 +149,7 @@ class BlockStore {
                                                      : (rounded < max_split_size_ && rest > kSmallSize);
     if (split) {
       // The remainder keeps b's place in the same set: same class, larger address.
-      Block* r = block_pool.get();
+      Block* r = block_pool_.get();
       r->ptr = b->ptr + rounded;
       r->size = rest;
       r->seg = b->seg;
@@ -153,7 +173,7 @@ class BlockStore {
     b->owner = stream;
     b->requested = requested;
     ledger_.block_allocated(small, b->size, requested);
-    live.insert(b->ptr, b);
+    live_.insert(b->ptr, b);
     return b;
   }
 
@@ -176,7 +196,7 @@ class BlockStore {
   }
   FreeSet& set_of(Block* n) {
     const int k = kind_index(n->seg->small);
-    return n->state == BState::shared ? shared[k] : stream_find(n->owner)->sets[k];
+    return n->state == BState::shared ? shared_[k] : stream_find(n->owner)->sets[k];
   }
 
   // Put an inactive block that is in no set and not counted in inactive_split into `set` as
@@ -189,42 +209,23 @@ class BlockStore {
     while ((n = b->prev) != nullptr && can_absorb(b, n)) {
       erase_block(set_of(n), n);
       count_inactive_split(n, -1);
-      b->ptr = n->ptr;
-      b->size += n->size;
-      b->prev = n->prev;
-      if (n->prev != nullptr)
-        n->prev->next = b;
-      else
-        b->seg->head = b;
+      absorb_neighbour(b, n);
       if (n->epoch > b->epoch) b->epoch = n->epoch;
       if (n->hot > b->hot) b->hot = n->hot;
-      block_pool.put(n);
+      block_pool_.put(n);
     }
     while ((n = b->next) != nullptr && can_absorb(b, n)) {
       erase_block(set_of(n), n);
       count_inactive_split(n, -1);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
+      absorb_neighbour(b, n);
       if (n->epoch > b->epoch) b->epoch = n->epoch;
       if (n->hot > b->hot) b->hot = n->hot;
-      block_pool.put(n);
+      block_pool_.put(n);
     }
     if (b->is_split()) count_inactive_split(b, +1);
-    b->gc_base = searches[kind_index(b->seg->small)];
+    b->gc_base = searches_[kind_index(b->seg->small)];
     set.insert(b);
   }
-  // The same, into its pool kind's shared set.
-  void insert_shared(Block* b) { insert_free(b, BState::shared, 0, shared[kind_index(b->seg->small)]); }
-
-  // An active block becomes free and local to `stream` (cudaFreeAsync meaning).
-  void make_local(Block* b, StreamId stream) {
-    StreamFree* stream_free = stream_get(stream);
-    deactivate(b);
-    b->epoch = ++epoch;
-    insert_free(b, BState::local, stream, stream_free->sets[kind_index(b->seg->small)]);
-  }
-
   // ---- segments (block_store.cpp) ----
   // A segment of [base, base + size) with one block spanning it (its head), entered in
   // `segments`; classic and expandable segments alike, the caller sets the rest.
@@ -257,7 +258,18 @@ class BlockStore {
   std::string check_segment(const Segment* seg, Tally& tally) const;
   std::string check_block(const Block* b, Tally& tally) const;
 
-  StreamFree* last_stream_free_ = nullptr;  // one-entry cache in front of `streams`
+  // Storage first: the sets below allocate from the arena and must die before it.
+  NodeArena arena_;
+  ObjectPool<Block> block_pool_;
+  ObjectPool<Segment> segment_pool_;
+  PtrMap<Block*> live_;                          // allocated blocks by start address
+  std::map<std::uintptr_t, Segment*> segments_;  // by base; slow paths and queries only
+  FreeSet shared_[2];                            // by pool kind (kind_index)
+  std::unordered_map<StreamId, std::unique_ptr<StreamFree>> streams_;
+  std::unordered_set<StreamId> retired_;    // is_retired()
+  std::uint64_t epoch_ = 0;                 // bumped by every stream-local free
+  std::uint64_t searches_[2] = {0, 0};      // find_fit calls per pool kind
+  StreamFree* last_stream_free_ = nullptr;  // one-entry cache in front of `streams_`
   StreamId last_stream_ = 0;
   const std::size_t max_split_size_;
   const std::size_t max_non_split_rounding_;

@@ -2,7 +2,7 @@
 // range); its Blocks tile it in address order. Free blocks sit in free sets ordered by
 // (size, address): one shared set per pool kind, one local set per pool kind per stream
 // (StreamFree). These are plain data; the rules that move blocks between states are the block
-// store's (block_store.h: take / insert_free) and reclaim's (reclaim.cpp: promotion, batches).
+// store's (block_store.h: take / insert_free) and reuse's (reuse.h: every freed block's state).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -81,6 +81,25 @@ struct HotUnit {
   bool used = false;  // aliased, or given up
 };
 
+// b swallows its address neighbour n (b->prev or b->next, in no free set): b covers both, n
+// leaves the segment's block list and goes back to the caller, which recycles it. The one
+// splice of every merge: free blocks (BlockStore::insert_free) and holes of an expandable range
+// (ExpandableRanges::merge_unmapped).
+inline void absorb_neighbour(Block* b, Block* n) {
+  if (n == b->prev) {
+    b->ptr = n->ptr;
+    b->prev = n->prev;
+    if (n->prev != nullptr)
+      n->prev->next = b;
+    else
+      b->seg->head = b;
+  } else {
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+  }
+  b->size += n->size;
+}
+
 // The block containing p (p must lie in seg): a walk, for the slow paths only.
 inline Block* block_at(Segment* seg, std::uintptr_t p) {
   for (Block* b = seg->head; b != nullptr; b = b->next)
@@ -117,7 +136,7 @@ struct StreamFree {
   FreeSet sets[2];
   FenceHandle promo_fence = 0;    // outstanding fence on this stream, 0 = none
   std::uint64_t promo_epoch = 0;  // local blocks with epoch <= this are covered by promo_fence
-  std::uint64_t promo_miss = 0;   // Reclaim::slow_calls when promo_fence was recorded
+  std::uint64_t promo_miss = 0;   // Reuse's miss count when promo_fence was recorded
   StreamFree(StreamId s, NodeArena* arena)
       : id(s),
         sets{FreeSet(BySizeAddr{}, ArenaAllocator<Block*>(arena)),

@@ -57,20 +57,12 @@ void ExpandableRanges::count_runs_change(Block* piece, int sign) {
 void ExpandableRanges::merge_unmapped(Block* b) {
   Block* n;
   while ((n = b->prev) != nullptr && n->state == BState::unmapped) {
-    b->ptr = n->ptr;
-    b->size += n->size;
-    b->prev = n->prev;
-    if (n->prev != nullptr)
-      n->prev->next = b;
-    else
-      b->seg->head = b;
-    store_.block_pool.put(n);
+    absorb_neighbour(b, n);
+    store_.recycle_block(n);
   }
   while ((n = b->next) != nullptr && n->state == BState::unmapped) {
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    store_.block_pool.put(n);
+    absorb_neighbour(b, n);
+    store_.recycle_block(n);
   }
 }
 
@@ -144,7 +136,7 @@ std::size_t ExpandableRanges::recycle_candidates(const Segment* seg, const GrowP
     // physical allocation upstream, which cannot be split, and merging small ones into a large
     // page would break the whole-page promise made at reserve().
     if (range_of[k] == nullptr || range_of[k]->page != seg->page) continue;
-    const FreeSet& set = store_.shared[k];
+    const FreeSet& set = store_.shared_set(k == 0);
     // Blocks smaller than a page hold no whole page.
     for (auto it = set.lower_bound(BySizeAddr::Key{range_of[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
@@ -337,7 +329,7 @@ Block* ExpandableRanges::release_page_range(Block* b, std::uintptr_t lo, std::ui
   erase_block(set, b);
   if (b->is_split()) store_.count_inactive_split(b, -1);
   auto cut_after = [&](Block* x, std::uintptr_t at) {  // split x at address `at`, return the back
-    Block* r = store_.block_pool.get();
+    Block* r = store_.new_block();
     r->ptr = at;
     r->size = x->ptr + x->size - at;
     r->seg = seg;
@@ -551,7 +543,7 @@ void ExpandableRanges::unmap_placed(Segment* range, std::uintptr_t at, std::size
 
 void ExpandableRanges::split_hole(Block* u, std::size_t amount, bool back) {
   if (amount >= u->size) return;
-  Block* rest = store_.block_pool.get();
+  Block* rest = store_.new_block();
   rest->seg = u->seg;
   rest->state = BState::unmapped;
   rest->size = u->size - amount;
@@ -596,11 +588,11 @@ Block* ExpandableRanges::add_mapped(Block* u, std::size_t amount, StreamId strea
   // after now completed: stamped as a free of now, which only such a fence covers.
   auto own = [&](const Block* n) { return n != nullptr && n->state == BState::local && n->owner == stream; };
   const int k = kind_index(range->small);
-  if (alias_own) u->epoch = store_.epoch;
+  if (alias_own) u->epoch = store_.epoch();
   if (alias_own || own(u->prev) || own(u->next))
     store_.insert_free(u, BState::local, stream, store_.stream_get(stream)->sets[k]);
   else
-    store_.insert_free(u, BState::shared, 0, store_.shared[k]);
+    store_.insert_free(u, BState::shared, 0, store_.shared_set(range->small));
   return u;
 }
 

@@ -48,31 +48,11 @@ HostPool::~HostPool() {
 }
 
 bool HostPool::fences_done_locked(Block* b, Ask ask) {
-  if (ask == Ask::wait && !b->fences.empty()) {
-    // A fence that cannot be completed now (a graph capture is open) is not waited for.
-    for (FenceHandle f : b->fences)
-      if (!fences_.can_wait(f)) return false;
-    ++stats_.bound_waits;
-  }
-  for (std::size_t i = 0; i < b->fences.size();) {
-    const FenceHandle f = b->fences[i];
-    switch (ask) {
-      case Ask::plain:
-        if (!fences_.query(f)) return false;
-        break;
-      case Ask::urgent:
-        if (!fences_.query_urgent(f)) return false;
-        break;
-      case Ask::wait:
-        ++stats_.fence_waits;
-        fences_.wait(f);
-        break;
-    }
-    fences_.release(f);
-    b->fences[i] = b->fences.back();
-    b->fences.pop_back();
-  }
-  return true;
+  detail::FenceWaitCounts counts;
+  const bool done = b->fences.done(fences_, ask, counts);
+  stats_.fence_waits += counts.fence_waits;
+  stats_.bound_waits += counts.bound_waits;
+  return done;
 }
 
 HostPool::Block* HostPool::take_cached_locked(std::size_t bytes, unsigned flags, Owner owner, Ask ask,
@@ -135,7 +115,7 @@ void HostPool::insert_free_locked(Block* b) {
       if (n->next != nullptr) n->next->prev = b;
     }
     b->size += n->size;
-    b->fences.insert(b->fences.end(), n->fences.begin(), n->fences.end());
+    b->fences.absorb(n->fences);
     delete n;
   }
   add(stats_.cached_bytes, b->size);
@@ -249,7 +229,7 @@ FreeStatus HostPool::free(void* p) {
     return FreeStatus::ok;
   }
   // The program's cudaFreeHost would wait for the device: the block waits for a fence instead.
-  b->fences.push_back(fences_.record_device());
+  b->fences.add(fences_.record_device());
   b->freed_at = ++clock_;
   insert_free_locked(b);
   trim_to_cap_locked();
@@ -262,7 +242,7 @@ void HostPool::release_segment_locked(Segment* s) {
   for (Block* f : free_)
     if (f->seg == s) b = f;
   free_.erase(b);
-  for (FenceHandle f : b->fences) fences_.release(f);
+  b->fences.release(fences_);
   sub(stats_.cached_bytes, b->size);
   delete b;
   const std::int64_t t0 = detail::now_ns();
@@ -284,10 +264,9 @@ std::size_t HostPool::release_cached_locked(bool wait) {
   for (Block* b : whole) {
     if (!fences_done_locked(b, Ask::plain)) {
       if (!wait) continue;
-      for (FenceHandle f : b->fences) {
-        ++stats_.fence_waits;
-        fences_.wait(f);
-      }
+      detail::FenceWaitCounts counts;
+      b->fences.wait_all(fences_, counts);
+      stats_.fence_waits += counts.fence_waits;
     }
     n += b->seg->size;
     release_segment_locked(b->seg);
@@ -349,7 +328,7 @@ void HostPool::drop_segment_locked(Segment* s) {
       ++it;
       continue;
     }
-    for (FenceHandle f : b->fences) fences_.release(f);
+    b->fences.release(fences_);
     sub(stats_.cached_bytes, b->size);
     if (b->prev != nullptr) b->prev->next = b->next;
     if (b->next != nullptr) b->next->prev = b->prev;

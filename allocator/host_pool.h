@@ -29,6 +29,7 @@
 #include "allocator/fence.h"
 #include "allocator/host_options.h"
 #include "allocator/options.h"
+#include "allocator/reuse.h"
 #include "allocator/stats.h"
 #include "allocator/types.h"
 
@@ -134,8 +135,8 @@ class HostPool {
     Block* prev = nullptr;  // address neighbours in the segment
     Block* next = nullptr;
     bool live = false;
-    std::uint64_t freed_at = 0;       // free: when (a counter), for the longest-cached order
-    std::vector<FenceHandle> fences;  // free: reusable once all of these completed
+    std::uint64_t freed_at = 0;  // free: when (a counter), for the longest-cached order
+    detail::FenceList fences;    // free: reusable once all of these completed (reuse.h, rule 8)
   };
   struct Segment {
     std::uintptr_t base = 0;
@@ -152,12 +153,9 @@ class HostPool {
     }
   };
 
-  // How a cached block whose fences were not yet seen complete is treated.
-  enum class Ask {
-    plain,   // the provider's ordinary query (it may learn of a completion only a while later)
-    urgent,  // query_urgent: the provider finds out now (memory is wanted)
-    wait,    // wait for the fences (the held-memory bound forbids new memory)
-  };
+  // How a cached block whose fences were not yet seen complete is asked: plain, urgent (memory
+  // is wanted), or wait (the held-memory bound forbids new memory).
+  using Ask = detail::Ask;
   bool fences_done_locked(Block* b, Ask ask);
   // The best-fitting cached block for the request whose fences are done (Ask::wait: the first
   // fitting one whose fences can be waited for, after waiting), split to the request's class;

@@ -11,7 +11,6 @@
 
 namespace cudapool {
 
-using detail::BState;
 using detail::ThreadBlockCache;
 
 DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, FenceProvider& fence_provider,
@@ -21,10 +20,10 @@ DevicePool::Impl::Impl(int dev, const PoolOptions& options, Upstream& upstream, 
 DevicePool::Impl::~Impl() {
   caches.detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
-  reclaim.batches.release_all(fences);
+  reuse.release_all();
   for (const Drain& d : ranges.draining)
     if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
-  for (auto& [base, seg] : store.segments) {
+  for (auto& [base, seg] : store.segments()) {
     if (seg->expandable)
       ranges.destroy(seg);
     else
@@ -43,8 +42,6 @@ namespace {
 using detail::CachedBlock;
 using detail::ThreadBlockCache;
 
-constexpr std::int64_t kCacheQueryGapNs = 2'000;  // a cache's closed batch is asked at most this often
-
 // A free cached entry is lent (+1): the pool's take() of it, or a lent entry is freed
 // stream-locally (-1): the pool's unallocate() and make_local(), in the ledger's terms.
 void count_lent(detail::StatsDelta& d, const CachedBlock& e, int sign) {
@@ -56,19 +53,6 @@ void count_lent(detail::StatsDelta& d, const CachedBlock& e, int sign) {
     d.block_deactivated(e.small, e.size, e.requested);
     if (e.split) d.inactive_split_changed(e.small, e.size, +1);
   }
-}
-
-// A fenced free of a lent entry: no longer allocated, still active (its fence is pending).
-void count_pend(detail::StatsDelta& d, const CachedBlock& e) {
-  d.block_unallocated(e.small, e.size);
-  d.pending_added(e.size);
-}
-
-// A fenced entry's fence completed: inactive now (the rest of count_lent(-1)).
-void count_fence_done(detail::StatsDelta& d, const CachedBlock& e) {
-  d.block_deactivated(e.small, e.size, e.requested);
-  if (e.split) d.inactive_split_changed(e.small, e.size, +1);
-  d.pending_removed(e.size);
 }
 
 // Under cache.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
@@ -118,61 +102,6 @@ bool cache_put(ThreadBlockCache& cache, std::uintptr_t p, StreamId stream, bool 
   return true;
 }
 
-// Under cache.mu: a fenced free(p) of the block lent at p joins the cache's open batch. False: not
-// lent by this cache, or the open batch is full (its fence waits for the closed one's).
-bool cache_put_pending(ThreadBlockCache& cache, std::uintptr_t p) REQUIRES(cache.mu) {
-  if (cache.npend == ThreadBlockCache::kMaxPend) return false;
-  const int i = cache.lent_find(p);
-  if (i < 0) return false;
-  CachedBlock e = cache.lent[i];
-  cache.lent_erase(i);
-  count_pend(cache.delta, e);
-  cache.dirty.store(true, std::memory_order_relaxed);
-  cache.pend[cache.npend++] = e;
-  return true;
-}
-
-// Under cache.mu only (fence calls need no pool lock: FenceProvider is thread-safe). The cache's
-// fenced batches move on: the closed batch's fence is asked (at most once per kCacheQueryGapNs, a
-// query costs ~0.3 us on an H200) and once complete its blocks become free for any stream; the
-// open batch is closed (its fence recorded) when the closed slot is empty and the batch is full
-// or older than the pool's batch window. True if blocks became free.
-bool cache_service(ThreadBlockCache& cache, FenceProvider& fences) REQUIRES(cache.mu) {
-  bool freed = false;
-  const std::int64_t now = detail::Reclaim::clock_ns();
-  if (cache.fence != 0 && now - cache.last_query >= kCacheQueryGapNs &&
-      cache.nfree + cache.nclosed <= ThreadBlockCache::kMaxFree + ThreadBlockCache::kMaxPend) {
-    cache.last_query = now;
-    if (fences.query(cache.fence)) {
-      fences.release(cache.fence);
-      cache.fence = 0;
-      for (int i = 0; i < cache.nclosed; ++i) {
-        CachedBlock e = cache.closed[i];
-        count_fence_done(cache.delta, e);
-        e.any_stream = true;
-        e.requested = 0;
-        cache.free_[cache.nfree++] = e;
-        cache.free_bytes += e.size;
-      }
-      freed = cache.nclosed > 0;
-      cache.nclosed = 0;
-      cache.dirty.store(true, std::memory_order_relaxed);
-    }
-  }
-  if (cache.fence == 0 && cache.npend > 0 &&
-      (cache.npend == ThreadBlockCache::kMaxPend || now - cache.pend_since >= detail::FenceBatches::kBatchWindowNs)) {
-    cache.fence = fences.record_device();
-    cache.delta.fence_recorded();
-    cache.dirty.store(true, std::memory_order_relaxed);
-    for (int i = 0; i < cache.npend; ++i) cache.closed[i] = cache.pend[i];
-    cache.nclosed = cache.npend;
-    cache.npend = 0;
-    cache.last_query = now - kCacheQueryGapNs;  // the next miss may ask at once: an idle GPU is done already
-    cache.closed_since = now;
-  }
-  return freed;
-}
-
 }  // namespace
 
 // After a locked allocation: lend the block through this thread's cache when its free could be
@@ -201,7 +130,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
     auto no_evict = [](std::uintptr_t) { return false; };
     if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
       return {reinterpret_cast<void*>(p), AllocStatus::ok};
-    if ((cache->npend | cache->nclosed) != 0 && cache_service(*cache, pool.fences)) {
+    if (cache->has_fenced() && detail::service_cache(*cache, pool.fences)) {
       if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
         return {reinterpret_cast<void*>(p), AllocStatus::ok};
     }
@@ -223,8 +152,8 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
     }
   }
   if (!pool.caches.multi_threaded()) pool.caches.note_thread();
-  if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
-  if (pool.has_fence_work()) pool.reclaim.service_fences();
+  pool.store.unretire(stream);  // a retired handle in use again: a new stream (reuse.h, rule 6)
+  if (pool.has_fence_work()) pool.reuse.service_fences();
   Impl::Fit fit = pool.store.find_fit(rounded, stream);
   AllocResult r;
   Impl::Block* b;
@@ -236,7 +165,7 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   } else {
     r = pool.allocate_slow(lk, size, rounded, stream);
     if (r.status != AllocStatus::ok) return r;
-    b = pool.store.live.find(reinterpret_cast<std::uintptr_t>(r.ptr));
+    b = pool.store.find_live(reinterpret_cast<std::uintptr_t>(r.ptr));
   }
   pool.lend(cache, b, rounded);
   return r;
@@ -251,13 +180,7 @@ FreeStatus DevicePool::free(void* ptr) {
     if (cache_put(*cache, p, 0, true)) return FreeStatus::ok;
   } else if (cache != nullptr && (pool.opt.free_sync == FreeSync::fenced || pool.opt.free_sync == FreeSync::gpu_wait)) {
     Impl::Guard g(cache->mu);
-    if (cache_put_pending(*cache, p)) {
-      if (cache->npend == 1)
-        cache->pend_since = detail::Reclaim::clock_ns();  // the cache's batch opens: its window starts
-      else if (cache->npend == ThreadBlockCache::kMaxPend)
-        cache_service(*cache, pool.fences);  // full: recorded now unless the previous batch still waits
-      return FreeStatus::ok;
-    }
+    if (detail::cache_free_fenced(*cache, p, pool.fences)) return FreeStatus::ok;
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.caches.merge_own();
@@ -265,15 +188,7 @@ FreeStatus DevicePool::free(void* ptr) {
   if (b == nullptr) return pool.store.diagnose_bad_free(p);
   pool.store.unallocate(b);
   pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, b->owner);
-  if (pool.opt.free_sync == FreeSync::immediate &&
-      (pool.store.retired.empty() || pool.store.retired.count(b->owner) == 0)) {
-    pool.store.make_local(b, b->owner);
-  } else {
-    // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
-    // The fence is recorded once for the whole batch, when its window closes (add_pending).
-    b->state = BState::pending;
-    pool.reclaim.add_pending(b);
-  }
+  pool.reuse.free(b);  // local to its stream, or pending behind a device fence (reuse.h)
   return FreeStatus::ok;
 }
 
@@ -291,8 +206,8 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   if (b == nullptr) return pool.store.diagnose_bad_free(p);
   pool.store.unallocate(b);
   pool.events.emit(EventKind::free, b->ptr, b->size, b->requested, stream, 0, true);
-  if (!pool.store.retired.empty()) pool.store.retired.erase(stream);
-  pool.store.make_local(b, stream);
+  pool.store.unretire(stream);  // a retired handle in use again: a new stream (reuse.h, rule 6)
+  pool.reuse.free_local(b, stream);
   if (!pool.caches.multi_threaded()) pool.caches.note_thread();
   if (pool.caches.on()) {
     // This thread frees on streams: later allocations may be lent through its cache.
@@ -308,7 +223,7 @@ std::optional<AddressInfo> DevicePool::address_info(const void* ptr) const {
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   Impl::Guard lock(pool.mu);
   if (pool.store.segment_containing(p) == nullptr) return std::nullopt;
-  if (!pool.caches.empty() && pool.store.live.find(p) == nullptr)
+  if (!pool.caches.empty() && pool.store.find_live(p) == nullptr)
     pool.caches.reclaim_lent(p);  // lent via a thread cache
   return pool.store.address_info(p);
 }
@@ -367,14 +282,14 @@ void DevicePool::set_event_sink(EventSink* sink) {
 void DevicePool::Impl::forget_all() {
   store.forget_all();
   ranges.forget();
-  reclaim.batches.forget_all();
+  reuse.forget_all();
   ledger.forget_all();
 }
 
 void DevicePool::retire_stream(StreamId stream) {
   Impl::Lock lk(impl_->mu);
   impl_->caches.flush_all();  // no cache may keep (or later cache) a block of the dying stream
-  impl_->reclaim.retire(stream);
+  impl_->reuse.retire(stream);
 }
 
 void DevicePool::abandon() {
@@ -398,8 +313,8 @@ std::string DevicePool::Impl::check() const {
   };
   if (!std::all_of(tally.draining.begin(), tally.draining.end(), listed))
     return "draining block missing from the draining list";
-  if (reclaim.batches.pending_count() != tally.pending_blocks) return "pending blocks and reclaim.batches disagree";
-  if (reclaim.batches.retiring_count() != tally.retiring_blocks) return "retiring blocks and reclaim.batches disagree";
+  if (reuse.pending_count() != tally.pending_blocks) return "pending blocks and the fence batches disagree";
+  if (reuse.retiring_count() != tally.retiring_blocks) return "retiring blocks and the fence batches disagree";
   if (ranges.draining.size() != tally.draining.size()) return "draining list and draining blocks disagree";
   const Stats& st = ledger.view();
   if (tally.pending_bytes != st.pending_bytes) return "pending_bytes stat";
@@ -470,7 +385,7 @@ std::size_t DevicePool::empty_cache() {
   Impl& pool = *impl_;
   Impl::Lock lk(pool.mu);
   pool.caches.flush_all();  // blocks parked in threads' caches are reclaimable too
-  pool.reclaim.wait_all();
+  pool.reuse.wait_all();
   const std::size_t bytes = pool.release_cached(lk);
   pool.ledger.empty_cache_call();
   pool.events.emit(EventKind::empty_cache, 0, bytes, 0, 0);

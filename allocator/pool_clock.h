@@ -1,5 +1,5 @@
-// Internal: the pool's clock, in nanoseconds. The fence batch window and the query back-offs
-// (fence_batches.h, reclaim.cpp, the thread caches, the shim's sweep gap in cuda_fences.cpp) read
+// Internal: the pool's clock, in nanoseconds. The fence batch windows and the query back-offs
+// (reuse.h: the pool's and the thread caches'; the shim's sweep gap in cuda_fences.cpp) read
 // it on every allocation that finds fence work, which under the default policy is nearly every
 // one, so its cost is part of each pair's.
 //

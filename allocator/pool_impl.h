@@ -4,7 +4,7 @@
 //   ledger   (stats_ledger.h)      every statistics counter;
 //   limits   (limits.h)            the reserve limit and the device facts it needs;
 //   ranges   (expandable_ranges.h) expandable segments: plan, recycle, map, alias, release;
-//   reclaim  (reclaim.h)           what waits on which fence, and the rules that free it;
+//   reuse    (reuse.h)             when a freed block may be reused: fences, batches, promotions;
 //   caches   (thread_caches.h)     the threads' block caches (thread_cache.h: one cache);
 //   events   (events.h)            the event sink.
 // Impl itself holds the lock and the order of the slow paths: the miss path, make_room and
@@ -20,12 +20,11 @@
 #include "allocator/block_store.h"
 #include "allocator/blocks.h"
 #include "allocator/expandable_ranges.h"
-#include "allocator/fence_batches.h"
 #include "allocator/limits.h"
 #include "allocator/node_pool.h"
 #include "allocator/pool.h"
 #include "allocator/ptr_map.h"
-#include "allocator/reclaim.h"
+#include "allocator/reuse.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
 #include "allocator/thread_caches.h"
@@ -35,7 +34,6 @@ namespace cudapool {
 struct DevicePool::Impl {
   using Block = detail::Block;
   using Segment = detail::Segment;
-  using Batch = detail::Batch;
   using FreeSet = detail::FreeSet;
   using StreamFree = detail::StreamFree;
   using Fit = detail::Fit;
@@ -63,20 +61,19 @@ struct DevicePool::Impl {
 
   detail::Limits limits GUARDED_BY(mu);  // the reserve limit and the device facts it needs (limits.h)
   detail::ExpandableRanges ranges GUARDED_BY(mu){opt, up, limits, store, ledger, events};  // (expandable_ranges.h)
-  detail::Reclaim reclaim GUARDED_BY(mu){opt, fences, store, ledger, events, ranges};      // fence rules (reclaim.h)
+  detail::Reuse reuse GUARDED_BY(mu){opt, fences, store, ledger, events, ranges};          // reuse rules (reuse.h)
   // This pool's key in every thread's cache list (never reused); read without the lock.
   const std::uint64_t uid = detail::new_pool_uid();
-  detail::ThreadCaches caches GUARDED_BY(mu){uid,   mu,     opt,     fences,
-                                             store, ledger, reclaim, events};  // (thread_caches.h)
+  detail::ThreadCaches caches GUARDED_BY(mu){uid, mu, opt, fences, ledger, reuse, events};  // (thread_caches.h)
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const REQUIRES(mu) { return reclaim.batches.has_work() || !ranges.draining.empty(); }
+  bool has_fence_work() const REQUIRES(mu) { return reuse.has_work() || !ranges.draining.empty(); }
   // A free's block: the live block at p, also when a thread cache had lent it; null when p is
   // no live block of this pool.
   Block* take_live(std::uintptr_t p) REQUIRES(mu) {
     if (p == 0) return nullptr;
-    Block* b = store.live.take(p);
-    if (b == nullptr && !caches.empty() && caches.reclaim_lent(p)) b = store.live.take(p);
+    Block* b = store.take_live(p);
+    if (b == nullptr && !caches.empty() && caches.reclaim_lent(p)) b = store.take_live(p);
     return b;
   }
   // After a locked allocation: lend block b through this thread's cache (pool.cpp, inline there).
@@ -151,6 +148,7 @@ struct DevicePool::Impl {
   // *out may then be a free block that became usable (no pages mapped).
   UpstreamStatus grow_expandable(Lock& lk, Request& req, Block** out, bool may_wait) REQUIRES(mu);
   bool plan_growth(Lock& lk, Request& req, detail::Growth& growth, bool may_wait, Block** out) REQUIRES(mu);
+  void take_pages(Request& req, detail::Growth& growth, std::size_t over, std::size_t avail) REQUIRES(mu);
   UpstreamStatus place_growth(Lock& lk, Request& req, detail::Growth& growth, Block** out) REQUIRES(mu);
   Block* map_piece(Lock& lk, Request& req, detail::Growth& growth, Block* u, std::size_t amount, bool back,
                    UpstreamStatus* failed) REQUIRES(mu);

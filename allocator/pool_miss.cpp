@@ -29,7 +29,7 @@ AllocResult allocated(const detail::Block* b) { return AllocResult{reinterpret_c
 
 AllocResult DevicePool::Impl::allocate_slow(Lock& lk, std::size_t size, std::size_t rounded, StreamId stream) {
   Request req{.size = size, .rounded = rounded, .small = is_small(rounded), .stream = stream};
-  ++reclaim.slow_calls;
+  reuse.note_miss();
   // Memory that fences or other streams hold back, cheapest first: search again after each step
   // that freed blocks.
   while (make_room(lk, req, rounded, Room::reuse, true) != Made::nothing) {
@@ -75,11 +75,11 @@ DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::
     case Room::upstream: return upstream_step(lk, req);
     case Room::idle:
       caches.flush_all();        // blocks parked in threads' caches count as idle too
-      reclaim.service_fences();  // fences that have passed, without waiting
+      reuse.service_fences();  // fences that have passed, without waiting
       req.released = release_idle_now(lk, bytes);
       if (req.released < bytes && may_wait) {
         caches.flush_all();  // blocks parked in threads' caches are reclaimable too
-        reclaim.wait_all();
+        reuse.wait_all();
         req.released += release_idle_now(lk, bytes - req.released);
       }
       return req.released != 0 ? Made::memory_released : Made::nothing;
@@ -98,27 +98,27 @@ bool DevicePool::Impl::reuse_step(Request& req) {
   const std::size_t rounded = req.rounded;
   auto order = [&]() REQUIRES(mu) {
     return opt.free_sync == FreeSync::gpu_wait && !ranges.growth_within_slack(rounded, req.small) &&
-           reclaim.order_device_batches(rounded, req.small, false);
+           reuse.order_device_batches(rounded, req.small, false);
   };
   for (;;) {
     switch (req.reuse_step++) {
       case 0:
-        if (reclaim.service_miss()) return true;
+        if (reuse.service_miss()) return true;
         break;
       case 1:
-        if (limits.granularity() != 0 && reclaim.promote_own(req.stream, 0, false)) return true;
+        if (limits.granularity() != 0 && reuse.promote_own(req.stream, 0, false)) return true;
         break;
       case 2:
-        if (reclaim.try_promote_for(rounded, req.stream)) return true;
+        if (reuse.try_promote_for(rounded, req.stream)) return true;
         break;
       case 3:
         if (order()) return true;
         break;
       case 4:
-        if (opt.free_sync == FreeSync::device && reclaim.wait_device_batches()) return true;
+        if (opt.free_sync == FreeSync::device && reuse.wait_device_batches()) return true;
         break;
       case 5:
-        if (!caches.empty() && caches.collect_fenced() && (reclaim.service_miss() || order())) return true;
+        if (!caches.empty() && caches.collect_fenced() && (reuse.service_miss() || order())) return true;
         break;
       default: return false;
     }
@@ -136,7 +136,7 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
         break;
       case 1:
         caches.flush_all();  // blocks parked in threads' caches are reclaimable too
-        reclaim.wait_all();
+        reuse.wait_all();
         return Made::blocks_freed;
       case 2:
         release_cached(lk);
@@ -160,15 +160,15 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
 bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
   const bool wait = may_wait && opt.expandable_wait;
   const bool own_wait = wait && !ranges.alias_ok;
-  if (reclaim.promote_own(req.stream, bytes, own_wait)) return true;
-  if (opt.free_sync == FreeSync::gpu_wait && reclaim.order_device_batches(bytes, req.small, true)) return true;
+  if (reuse.promote_own(req.stream, bytes, own_wait)) return true;
+  if (opt.free_sync == FreeSync::gpu_wait && reuse.order_device_batches(bytes, req.small, true)) return true;
   if (!wait || (ranges.alias_ok && req.hot_bytes + req.own_bytes >= bytes)) return false;
-  if (reclaim.wait_device_batches_for(bytes)) return true;
+  if (reuse.wait_device_batches_for(bytes)) return true;
   if (!ranges.alias_ok && req.hot_bytes >= bytes && req.hot_bytes != 0) {
-    reclaim.settle_ordered();
+    reuse.settle_ordered();
     return true;
   }
-  return own_wait && reclaim.sync_own(req.stream, bytes);
+  return own_wait && reuse.sync_own(req.stream, bytes);
 }
 
 UpstreamStatus DevicePool::Impl::grow(Lock& lk, Request& req, bool may_wait, Block** out) {
@@ -236,7 +236,7 @@ UpstreamStatus DevicePool::Impl::new_segment(Lock& lk, Request& req, std::size_t
   ledger.device_alloc();
   events.emit(EventKind::segment_alloc, seg->base, seg_size, seg_size, stream, dt);
   // Fresh memory has never been used by any stream: shared at once.
-  store.insert_free(b, BState::shared, 0, store.shared[detail::kind_index(small)]);
+  reuse.fresh_shared(b);
   *out = b;
   return UpstreamStatus::ok;
 }
@@ -306,10 +306,10 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
     growth.cands.clear();
     growth.hot_cands.clear();
     growth.own_cands.clear();
-    if (reclaim.batches.has_ordered()) reclaim.poll_ordered();  // blocks whose GPU-side wait has passed may move again
+    if (reuse.has_ordered()) reuse.poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0, own = 0;
-    const std::size_t avail = ranges.recycle_candidates(range, growth.plan, reclaim.batches.order_done(), growth.cands,
-                                                        &hot, &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
+    const std::size_t avail = ranges.recycle_candidates(range, growth.plan, reuse.order_done(), growth.cands, &hot,
+                                                        &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
     const std::size_t own_local = ranges.alias_ok
                                       ? ranges.own_candidates(range, growth.plan, req.stream, growth.own_cands)
                                       : 0;
@@ -336,16 +336,21 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
         continue;
       }
     }
-    if (avail != 0) ranges.recycle_pages(growth.cands, std::min(over, avail), growth.spare);
-    if (avail < over) {
-      const std::size_t got = ranges.pick_hot_units(growth.hot_cands, over - avail, growth.hot_units);
-      // The stream's own pages after the hot ones: they need a fence of their own.
-      const std::size_t first_own = growth.hot_units.size();
-      if (got < over - avail) ranges.pick_hot_units(growth.own_cands, over - avail - got, growth.hot_units);
-      if (growth.hot_units.size() > first_own) growth.own_order = reclaim.order_stream(req.stream);
-    }
+    take_pages(req, growth, over, avail);
     return true;
   }
+}
+
+// The growth maps `over` bytes less: `avail` of them recycled from cold free pages, the rest
+// picked from hot pages and then from the stream's own free pages, to be aliased.
+void DevicePool::Impl::take_pages(Request& req, detail::Growth& growth, std::size_t over, std::size_t avail) {
+  if (avail != 0) ranges.recycle_pages(growth.cands, std::min(over, avail), growth.spare);
+  if (avail >= over) return;
+  const std::size_t got = ranges.pick_hot_units(growth.hot_cands, over - avail, growth.hot_units);
+  // The stream's own pages after the hot ones: they need a fence of their own.
+  const std::size_t first_own = growth.hot_units.size();
+  if (got < over - avail) ranges.pick_hot_units(growth.own_cands, over - avail - got, growth.hot_units);
+  if (growth.hot_units.size() > first_own) growth.own_order = reuse.order_stream(req.stream);
 }
 
 // Map the plan: the back of its hole, or hole after hole from its start until the block that
@@ -412,7 +417,7 @@ UpstreamStatus DevicePool::Impl::fill(Lock& lk, detail::Growth& growth, std::uin
   if (us != UpstreamStatus::ok && done != 0) {
     // Fresh and recycled units only, but the rule stays simple: nothing goes back to the
     // upstream while a GPU-side wait may still run (the out-of-memory path: a wait is cheap).
-    if (reclaim.batches.has_ordered()) reclaim.settle_ordered();
+    if (reuse.has_ordered()) reuse.settle_ordered();
     ranges.unmap_placed(growth.seg, at, done);
   }
   if (us == UpstreamStatus::ok) growth.placed += amount;

@@ -21,7 +21,7 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
   if (list.empty()) return 0;
   // Memory handed out under a GPU-side wait may belong to a block whose old work still runs;
   // the driver's unmap would pull the pages from under it. Rare: releases are the cold path.
-  if (reclaim.batches.has_ordered()) reclaim.settle_ordered();
+  if (reuse.has_ordered()) reuse.settle_ordered();
   std::vector<std::int64_t> ns(list.size());
   bool unmaps = false;
   for (const Detached& d : list) unmaps |= d.unmap;
@@ -66,7 +66,7 @@ std::size_t DevicePool::Impl::release_segments(Lock& lk, std::vector<Detached>& 
 // down until the request's size is covered. Only shared (fence-safe) whole-segment blocks.
 bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
   if (opt.max_split_size == kNoLimit) return false;
-  FreeSet& set = store.shared[1];
+  FreeSet& set = store.shared_set(/*small=*/false);
   const std::size_t key_size = std::max(rounded, opt.max_split_size);
   std::vector<Detached> out;
   for (auto it = set.lower_bound(detail::BySizeAddr::Key{key_size, 0}); it != set.end(); ++it) {
@@ -94,8 +94,8 @@ bool DevicePool::Impl::release_oversize(Lock& lk, std::size_t rounded) {
 // whole free page of an expandable range is unmapped.
 std::size_t DevicePool::Impl::release_cached(Lock& lk) {
   std::vector<Block*> victims, paged;
-  for (FreeSet& set : store.shared)
-    for (Block* b : set) {
+  for (const bool small : {true, false})
+    for (Block* b : store.shared_set(small)) {
       if (b->seg->expandable) {
         if (ranges.releasable_pages(b) != 0) paged.push_back(b);
       } else if (!b->is_split()) {
@@ -114,9 +114,9 @@ std::size_t DevicePool::Impl::release_idle_now(Lock& lk, std::size_t want) {
   // (longest since cached, in its pool kind's searches) first.
   std::vector<std::pair<std::uint64_t, Block*>> cands;
   for (int k = 0; k < 2; ++k)
-    for (Block* b : store.shared[k])
+    for (Block* b : store.shared_set(k == 0))
       if (b->seg->expandable ? ranges.releasable_pages(b) != 0 : !b->is_split())
-        cands.emplace_back(store.searches[k] - b->gc_base, b);
+        cands.emplace_back(store.searches(k) - b->gc_base, b);
   std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<Detached> out;
   std::size_t planned = 0;
@@ -152,10 +152,10 @@ void DevicePool::Impl::garbage_collect(Lock& lk) {
   // Whole free segments, and free blocks of the expandable range that hold whole pages.
   std::vector<Block*> candidates;
   auto gain = [&](const Block* b) REQUIRES(mu) { return b->seg->expandable ? ranges.releasable_pages(b) : b->size; };
-  for (Block* b : store.shared[1])
+  for (Block* b : store.shared_set(/*small=*/false))
     if (b->seg->expandable ? ranges.releasable_pages(b) != 0 : !b->is_split()) candidates.push_back(b);
   if (candidates.empty()) return;
-  const std::uint64_t now = store.searches[1];
+  const std::uint64_t now = store.searches(1);
   double total_age = 0;
   for (Block* b : candidates) total_age += static_cast<double>(now - b->gc_base);
   std::size_t count = candidates.size();

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "allocator/reuse.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
 #include "allocator/types.h"
@@ -35,25 +36,11 @@ class DevicePool;
 
 namespace cudapool::detail {
 
-struct Block;
-
-struct CachedBlock {
-  Block* block = nullptr;
-  std::uintptr_t ptr = 0;
-  std::size_t size = 0;       // the block's size (what the stats count)
-  std::size_t rounded = 0;    // the rounded request it serves (the cache key with stream)
-  std::size_t requested = 0;  // lent: what the caller asked for
-  StreamId stream = 0;        // lent: allocation stream; free: the stream it is local to
-  bool small = false;
-  bool split = false;       // counted in inactive_split while free (never changes while cached)
-  bool any_stream = false;  // free: its device fence completed, so it serves any stream
-};
-
 struct ThreadBlockCache {
-  static constexpr int kMaxFree = 32;                    // free blocks kept (stream-local puts)
-  static constexpr int kMaxPend = 32;                    // fenced frees per batch
-  static constexpr std::size_t kMaxFreeBytes = 8 * MiB;  // ... and their bytes
-  static constexpr std::size_t kMaxBlock = 1 * MiB;      // larger blocks never enter a cache
+  static constexpr int kMaxFree = 32;                      // free blocks kept (stream-local puts)
+  static constexpr int kMaxPend = CacheBatches::kMaxPend;  // fenced frees per batch
+  static constexpr std::size_t kMaxFreeBytes = 8 * MiB;    // ... and their bytes
+  static constexpr std::size_t kMaxBlock = 1 * MiB;        // larger blocks never enter a cache
   // Lent blocks: an open-addressing table by address (linear probing, deletion by backward
   // shift), at most 3/4 full; O(1) expected on the free path. (It was direct-mapped once: 69
   // neighbouring 4 KiB blocks hashed to only 39 distinct slots, and every collision sent a block
@@ -83,16 +70,8 @@ struct ThreadBlockCache {
   CachedBlock free_[kMaxFree + kMaxPend];
   int nfree = 0;
   std::size_t free_bytes = 0;
-  // Fenced frees: the open batch (no fence yet, opened at pend_since) and the closed one,
-  // waiting for `fence` (0: none closed). The cache's FenceHandle is the pool's to release.
-  CachedBlock pend[kMaxPend];
-  int npend = 0;
-  std::int64_t pend_since = 0;
-  CachedBlock closed[kMaxPend];
-  int nclosed = 0;
-  std::int64_t closed_since = 0;  // when `fence` was recorded
-  std::uint64_t fence = 0;
-  std::int64_t last_query = 0;   // when `fence` was last asked (queries are rate-limited)
+  // Fenced frees: the open batch and the closed one waiting for its fence (reuse.h, rule 7).
+  CacheBatches fenced;
   CachedBlock lent[kLentSlots];  // ptr == 0: empty slot
   int nlent = 0;
   int credit = kProbeEvery;
@@ -103,7 +82,16 @@ struct ThreadBlockCache {
   std::atomic<bool> dirty{false};
   bool async_seen = false;  // the owner has used free_on_stream on this pool
 
-  bool empty() const { return nfree == 0 && nlent == 0 && npend == 0 && nclosed == 0; }
+  bool empty() const { return nfree == 0 && nlent == 0 && !fenced.any(); }
+
+  // ---- the fenced batches (under mu; their rules are reuse.cpp's: cache_free_fenced, service_cache) ----
+  bool has_fenced() const { return fenced.any(); }
+  bool fenced_stale(std::int64_t now, std::int64_t stale_ns) const { return fenced.stale(now, stale_ns); }
+  // Every fenced entry to f (closed batch first); the batches emptied, their fence released.
+  template <class F>
+  void drain_fenced(FenceProvider& fences, F f) {
+    fenced.drain(fences, f);
+  }
 
   // ---- the lent table (under mu) ----
   // Index of the entry lent at exactly p, or -1.

@@ -1,7 +1,8 @@
 // The pool side of the per-thread caches (thread_caches.h): registration, check-out, stat
 // merging, flushing back into the pool, thread exit, teardown. Lock order everywhere: cache
-// registry mutex -> pool lock -> a cache's mu. The owner's fast path (pool.cpp,
-// cache_take / cache_put / cache_service) takes only its own cache's mu.
+// registry mutex -> pool lock -> a cache's mu. The owner's fast path (pool.cpp, cache_take /
+// cache_put; reuse.cpp, cache_free_fenced / service_cache) takes only its own cache's mu. What a
+// cached block's state becomes when it goes back is Reuse's (reuse.cpp).
 #include <algorithm>
 #include <mutex>
 #include <utility>
@@ -85,8 +86,7 @@ void ThreadCaches::exit_flush(ThreadBlockCache& cache) {
 void ThreadCaches::checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
   // A full table: one older block goes back to the pool (it stays allocated, uncached).
   if (cache.nlent >= ThreadBlockCache::kMaxLent) return_lent(cache, cache.lent_any(b->ptr));
-  store_.live.take(b->ptr);
-  b->state = BState::tcache;
+  reuse_.lend_to_cache(b);
   CachedBlock e;
   e.block = b;
   e.ptr = b->ptr;
@@ -99,16 +99,8 @@ void ThreadCaches::checkout(ThreadBlockCache& cache, Block* b, std::size_t round
   cache.lent_insert(e);
 }
 
-void ThreadCaches::unlend(const CachedBlock& e) {
-  Block* b = e.block;
-  b->state = BState::allocated;
-  b->owner = e.stream;
-  b->requested = e.requested;
-  store_.live.insert(b->ptr, b);
-}
-
 void ThreadCaches::return_lent(ThreadBlockCache& cache, int i) {
-  unlend(cache.lent[i]);
+  reuse_.unlend(cache.lent[i]);
   cache.lent_erase(i);
 }
 
@@ -123,50 +115,23 @@ void ThreadCaches::flush(ThreadBlockCache& cache) {
   // Every lent block back (no erase while walking: erasing shifts entries backwards).
   for (CachedBlock& e : cache.lent) {
     if (e.ptr == 0) continue;
-    unlend(e);
+    reuse_.unlend(e);
     e = CachedBlock{};
   }
   cache.nlent = 0;
-  for (int i = 0; i < cache.nfree; ++i) {
-    const CachedBlock& e = cache.free_[i];
-    Block* b = e.block;
-    // Already counted inactive (and in inactive_split) by the merged deltas; insert_free
-    // recounts the split after merging with neighbours.
-    if (e.split) store_.count_inactive_split(b, -1);
-    b->requested = 0;
-    if (e.any_stream) {  // its device fence completed
-      store_.insert_free(b, BState::shared, 0, store_.shared[kind_index(e.small)]);
-      continue;
-    }
-    StreamFree* stream_free = store_.stream_get(e.stream);
-    b->epoch = ++store_.epoch;  // freed "now" as far as promotion fences go: later is only safer
-    store_.insert_free(b, BState::local, e.stream, stream_free->sets[kind_index(e.small)]);
-  }
+  for (int i = 0; i < cache.nfree; ++i) reuse_.return_cached_free(cache.free_[i]);
   cache.nfree = 0;
   cache.free_bytes = 0;
   flush_fenced(cache);
 }
 
-// Fenced frees, open or closed: into the pool's open batch, whose fence is recorded later than
-// the cache's own (later is only safer); the cache's fence is dropped. Already counted pending
-// and unallocated by the deltas, which are merged first.
+// Fenced frees, open or closed: into the pool's open batch (Reuse::return_cached_fenced); the
+// cache's fence is dropped. Already counted pending and unallocated by the deltas, which are
+// merged first.
 void ThreadCaches::flush_fenced(ThreadBlockCache& cache) {
-  if ((cache.npend | cache.nclosed) == 0) return;
+  if (!cache.has_fenced()) return;
   merge(cache);
-  auto to_pool_batch = [&](const CachedBlock& e) {
-    Block* b = e.block;
-    b->state = BState::pending;
-    b->requested = e.requested;
-    b->owner = e.stream;
-    reclaim_.add_pending_counted(b);
-  };
-  for (int i = 0; i < cache.nclosed; ++i) to_pool_batch(cache.closed[i]);
-  for (int i = 0; i < cache.npend; ++i) to_pool_batch(cache.pend[i]);
-  cache.nclosed = cache.npend = 0;
-  if (cache.fence != 0) {
-    fences_.release(cache.fence);
-    cache.fence = 0;
-  }
+  cache.drain_fenced(fences_, [&](const CachedBlock& e) { reuse_.return_cached_fenced(e); });
 }
 
 // Only stale batches: an active owner closes its open batch within the window and collects its
@@ -179,11 +144,9 @@ bool ThreadCaches::collect_fenced() {
   std::int64_t now = 0;
   for (auto& cache : list_) {
     SpinGuard g(cache->mu);
-    if ((cache->npend | cache->nclosed) == 0) continue;
-    if (now == 0) now = Reclaim::clock_ns();
-    const bool open_stale = cache->npend == 0 || now - cache->pend_since >= kStaleNs;
-    const bool closed_stale = cache->nclosed == 0 || now - cache->closed_since >= kStaleNs;
-    if (!open_stale || !closed_stale) continue;
+    if (!cache->has_fenced()) continue;
+    if (now == 0) now = Reuse::clock_ns();
+    if (!cache->fenced_stale(now, kStaleNs)) continue;
     flush_fenced(*cache);
     moved = true;
   }
@@ -236,9 +199,8 @@ void ThreadCaches::detach_all() {
   for (auto& cache : list_) {
     SpinGuard g(cache->mu);
     for (CachedBlock& e : cache->lent) e = CachedBlock{};
-    if (cache->fence != 0) fences_.release(cache->fence);
-    cache->fence = 0;
-    cache->nfree = cache->nlent = cache->npend = cache->nclosed = 0;
+    cache->drain_fenced(fences_, [](const CachedBlock&) {});
+    cache->nfree = cache->nlent = 0;
     cache->free_bytes = 0;
     cache->delta = StatsDelta{};
     cache->dirty.store(false, std::memory_order_relaxed);

@@ -10,11 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/block_store.h"
 #include "allocator/events.h"
 #include "allocator/fence.h"
 #include "allocator/options.h"
-#include "allocator/reclaim.h"
+#include "allocator/reuse.h"
 #include "allocator/spin_lock.h"
 #include "allocator/stats_ledger.h"
 #include "allocator/thread_cache.h"
@@ -25,16 +24,15 @@ std::uint64_t new_pool_uid();  // a key no other pool of the process has had
 
 class ThreadCaches {
  public:
-  ThreadCaches(std::uint64_t uid, SpinLock& pool_mu, const PoolOptions& opt, FenceProvider& fences, BlockStore& store,
-               StatsLedger& ledger, Reclaim& reclaim, EventLog& events)
+  ThreadCaches(std::uint64_t uid, SpinLock& pool_mu, const PoolOptions& opt, FenceProvider& fences, StatsLedger& ledger,
+               Reuse& reuse, EventLog& events)
       : uid_(uid),
         pool_mu_(pool_mu),
         from_first_thread_(opt.cache_from_first_thread),
         max_split_size_(opt.max_split_size),
         fences_(fences),
-        store_(store),
         ledger_(ledger),
-        reclaim_(reclaim),
+        reuse_(reuse),
         events_(events) {}
   ThreadCaches(const ThreadCaches&) = delete;
   ThreadCaches& operator=(const ThreadCaches&) = delete;
@@ -82,16 +80,14 @@ class ThreadCaches {
 
  private:
   static void exit_flush(ThreadBlockCache& cache);  // thread exit (registry mutex held)
-  void unlend(const CachedBlock& e);                // e's block is an allocated block again
 
   const std::uint64_t uid_;           // the pool's key in every thread's cache list (never reused)
   SpinLock& pool_mu_;                 // taken by thread exit and teardown only
   const bool from_first_thread_;      // PoolOptions::cache_from_first_thread
   const std::size_t max_split_size_;  // PoolOptions::max_split_size
   FenceProvider& fences_;
-  BlockStore& store_;
   StatsLedger& ledger_;
-  Reclaim& reclaim_;
+  Reuse& reuse_;  // every change of a cached block's state (reuse.h, rule 7)
   EventLog& events_;
   std::thread::id first_thread_{};
   bool multi_threaded_ = false;

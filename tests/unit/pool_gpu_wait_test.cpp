@@ -3,7 +3,7 @@
 // (FenceProvider::order_after); nothing goes back to the upstream before such a fence completed.
 #include <gtest/gtest.h>
 
-#include "allocator/fence_batches.h"
+#include "allocator/reuse.h"
 #include "tests/unit/pool_helpers.h"
 
 using namespace cudapool;

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/fence_batches.h"
+#include "allocator/reuse.h"
 #include "tests/unit/pool_helpers.h"
 
 using namespace cudapool;
