@@ -1,4 +1,10 @@
-// The pool's FenceProvider on CUDA events, for one context.
+// The pool's FenceProvider on CUDA events, for one context: a facade over the fence layer's
+// parts, each in its own file: recycled events (shim/event_pool.h), the context made current
+// (shim/fence_context.h), the fences themselves (shim/fence_record.h), their order and what is
+// known complete (shim/fence_sequence.h), context-wide fences (shim/context_wide_fences.h),
+// sweeps of the non-blocking streams (shim/fence_sweeps.h), recording and capture deferral
+// (shim/fence_recorder.h), GPU-side ordering (shim/gpu_ordering.h) and the context's streams with
+// their per-thread cache (shim/fence_streams.h).
 //
 // record_device, where the driver has cuCtxRecordEvent (CUDA 12.5) and the context has a
 // non-blocking stream: one CONTEXT-WIDE event, which covers the work issued so far on every
@@ -66,13 +72,21 @@
 // event: everything), so older ones are answered without a driver call; likewise a finished
 // sweep covers every fence recorded before it began.
 #pragma once
-#include <atomic>
 #include <cstdint>
 #include <mutex>
-#include <vector>
 
 #include "allocator/fence.h"
+#include "shim/context_wide_fences.h"
 #include "shim/driver.h"
+#include "shim/event_pool.h"
+#include "shim/fence_calls.h"
+#include "shim/fence_context.h"
+#include "shim/fence_record.h"
+#include "shim/fence_recorder.h"
+#include "shim/fence_sequence.h"
+#include "shim/fence_streams.h"
+#include "shim/fence_sweeps.h"
+#include "shim/gpu_ordering.h"
 
 namespace cudapool::shim {
 
@@ -80,18 +94,9 @@ class CudaFences final : public FenceProvider {
  public:
   // While alive, the calling thread's current context is known to be `ctx` (the hook just read it
   // with cuCtxGetCurrent): fence recording in that context needs no context check. Nests.
-  class ContextGuard {
-   public:
-    explicit ContextGuard(CUcontext ctx) noexcept;
-    ~ContextGuard();
-    ContextGuard(const ContextGuard&) = delete;
-    ContextGuard& operator=(const ContextGuard&) = delete;
+  using ContextGuard = FenceContext::Guard;
 
-   private:
-    CUcontext prev_;
-  };
-
-  CudaFences(const RealDriver& d, CUcontext ctx) : d_(d), ctx_(ctx) {}
+  CudaFences(const RealDriver& d, CUcontext ctx);
 
   FenceHandle record_device() override;
   FenceHandle record_stream(StreamId stream) override;
@@ -119,122 +124,31 @@ class CudaFences final : public FenceProvider {
   // (16 threads freeing on their own streams must not meet on this context's mutex).
   bool knows_stream(CUstream s);
 
-  // The driver calls this provider made so far, by function (the exit summary's driver_calls):
-  // what the pool's stream safety costs a program, counted where it is paid.
-  struct CallCounts {
-    std::int64_t event_record = 0, event_query = 0, event_sync = 0, stream_wait = 0, context_switch = 0,
-                 stream_query = 0, sweeps = 0, non_blocking_streams = 0, context_record = 0, context_wait = 0;
-  };
-  CallCounts call_counts() const noexcept;
+  // The driver calls this provider made so far, by function (the exit summary's driver_calls).
+  using CallCounts = FenceCallCounts;
+  CallCounts call_counts() const noexcept { return calls_.counts(); }
 
   // The context is gone: forget every event and stream without calling CUDA. Fences handed out
   // before stay valid handles (they count as complete) but their events are never reused.
   void abandon();
 
  private:
-  struct Fence {
-    std::vector<CUevent> events;
-    std::vector<CUstream> on;  // the stream each event was recorded on
-    StreamId stream = 0;
-    bool device = false;
-    bool deferred = false;
-    bool done = false;          // complete: its events, and the sweep it needs
-    bool events_done = false;   // its own events have completed
-    bool context_wide = false;  // its one event is cuCtxRecordEvent's: it needs no sweep
-    unsigned generation = 0;
-    std::uint64_t seq = 0;    // device fences: recording order (0: not recorded, or legacy record failed)
-    std::uint64_t cover = 0;  // device fences: the sweep that covers the non-blocking streams (0: none needed)
-  };
-  struct SweepEvent {
-    CUevent event;  // nullptr: none could be recorded (the sweep cannot finish)
-    CUstream stream;
-  };
-  // Minimum time between sweeps begun by queries (see above). A sweep asking 16 idle streams cost
-  // ResNet-50 inference under PyTorch ~34 µs of cuStreamQuery on a lent H100 (~2 µs a call), the
-  // largest part of the pool's host time there (tests/gpu/host_sampler.cpp); at one sweep per
-  // millisecond that was ~5 % of a CPU-bound step. Every 4 ms cut its stream queries by a quarter
-  // with the same peak: memory wanted sooner begins its own sweep (query_urgent, order_after).
-  static constexpr std::int64_t kSweepGapNs = 4'000'000;
-
-  Fence* new_fence_locked();
-  CUevent take_event_locked();
-  bool record_on_locked(Fence* f, CUstream s);
-  void record_locked(Fence* f);              // the fence's events, now (context made current by the caller)
-  bool record_context_locked(Fence* f);      // a device fence as one context-wide event, where it should be
-  bool wait_context_locked(const Fence* f);  // cuCtxWaitEvent on its event
-  void record_now_locked(Fence* f);          // record_locked with the context made current if needed
-  // Runs f with the pool's context current: as it is when the hook verified it (ContextGuard),
-  // else made current around f (ScopedContext, counted as a context switch).
-  template <class F>
-  auto in_context_locked(F&& f);
-  bool query_events_locked(Fence* f);     // asks the driver; notes completion
-  bool events_complete_locked(Fence* f);  // its events completed (the newest-fence shortcuts first)
-  void note_complete_locked(const Fence* f);
-  // A newer fence that covers what f does was seen complete (no driver call).
-  bool known_complete_locked(const Fence* f) const;
-  void begin_sweep_locked();    // a new sweep, now (see above)
-  bool gather_stream_locked();  // the gather stream exists (made at the first sweep)
-  void sweep_by_gathering_locked();
-  void sweep_by_queries_locked();  // without a gather stream: cuStreamQuery each, events on the busy ones
-  bool sweep_finished_locked();    // the sweep in flight has finished
-  // A finished sweep covers f; may begin one once gap_ns has passed since the last (0: at once).
-  bool covered_locked(const Fence* f, std::int64_t gap_ns);
+  static Fence* fence_of(FenceHandle h) { return reinterpret_cast<Fence*>(h); }
   bool query_locked(Fence* f, std::int64_t gap_ns);
   void finish_stream_locked(CUstream s);  // host-waits for the work issued on s so far
 
   const RealDriver& d_;
-  CUcontext ctx_;
   std::mutex mu_;
-  // Counted under mu_ (or by the one thread that holds it), read at any time: relaxed atomics.
-  struct Counter {
-    std::atomic<std::int64_t> n{0};
-    void add() noexcept { n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-    std::int64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
-  };
-  Counter n_record_, n_query_, n_sync_, n_wait_, n_ctx_, n_stream_query_, n_sweeps_, n_non_blocking_, n_context_record_,
-      n_context_wait_;
-  unsigned generation_ = 0;
-  std::uint64_t next_seq_ = 1;
-  Fence* newest_ = nullptr;  // the newest recorded device fence, until released
-  // Every device fence with seq <= completed_seq_ has its legacy event complete (a context-wide
-  // fence: its event covers the legacy stream's work too); every one with seq <= completed_all_seq_
-  // is complete, whatever it needed (a context-wide fence completed after it).
-  std::uint64_t completed_seq_ = 0;
-  std::uint64_t completed_all_seq_ = 0;
-  std::uint64_t last_context_seq_ = 0;  // the newest context-wide fence's seq
-  // The newest fence, as last asked on behalf of an older one and found running, and when
-  // (events_complete_locked): within kNewestRecheckNs it is not asked again for another.
-  std::uint64_t newest_running_seq_ = 0;
-  std::int64_t newest_running_ns_ = 0;
-  static constexpr std::int64_t kNewestRecheckNs = 50'000;
-  bool context_events_ = true;  // until the driver lacks or refuses them
-  // Sweeps (above): ids count up from 1; every fence with cover <= sweep_done_ is covered.
-  std::uint64_t sweep_started_ = 0;
-  std::uint64_t sweep_done_ = 0;
-  std::uint64_t cover_wanted_ = 0;  // the highest cover handed to a fence
-  std::int64_t last_sweep_ns_ = 0;
-  // The events of the sweep in flight: the gather stream's one (plus any stream whose wait could
-  // not be made), or, asking each stream, one per busy stream.
-  std::vector<SweepEvent> sweep_events_;
-  CUstream gather_ = nullptr;   // the gather stream (above)
-  bool gather_failed_ = false;  // it could not be created: sweeps ask each stream
-  std::vector<CUevent> free_events_;
-  std::vector<Fence*> free_fences_;
-  std::vector<CUstream> non_blocking_;
-  // The join events of order_after that may still be running: non-blocking streams created later
-  // wait for them. Owned here (not in free_events_): the newest join, which covers every older
-  // one, and the legacy events of fences released while reused without a join (below).
-  std::vector<CUevent> joins_;
-  // The newest device fence whose memory order_after handed out without a join (a legacy-stream
-  // event, no non-blocking stream then): a non-blocking stream created while it may still run
-  // waits for its event. Cleared when the fence is released; its event then joins joins_ unless
-  // it is known complete.
-  Fence* unjoined_ = nullptr;
-  void prune_joins_locked();  // recycles the join events that have completed
-  std::vector<CUstream> streams_;
-  // Bumped (under mu_) whenever a stream is forgotten: per-thread knows_stream answers made
-  // before it are stale.
-  std::atomic<unsigned> streams_version_{0};
+  FenceCalls calls_;
+  EventPool events_;
+  FenceContext context_;
+  FenceStreams streams_;
+  FenceSlab slab_;
+  FenceSequence seq_;
+  ContextWideFences wide_;
+  FenceSweeps sweeps_;
+  FenceRecorder recorder_;
+  GpuOrdering ordering_;
 };
 
 }  // namespace cudapool::shim

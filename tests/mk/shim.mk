@@ -124,3 +124,11 @@ $(HOST_COST_BENCH) $(HOST_COST_TEST): $(FAKECUDART_SO)
 # Archives the test objects above need (the logger, for shim/ipc_server.o): after every object,
 # so that the linker takes from them only what no object defines.
 $(SHIM_TEST_BIN): $(TELEMETRY_LIB) $(CONFIG_LIB)
+
+# The fence layer's parts in the test process, on the fake driver (tests/unit/shim_fences_test.cpp):
+# their objects, the upstream's for ScopedContext (with the rest of it), the capture bookkeeping,
+# and the pool's archive for its clock.
+SHIM_FENCE_OBJS := $(addprefix $(BUILD)/shim/,cuda_fences.o context_wide_fences.o event_pool.o fence_context.o \
+  fence_record.o fence_recorder.o fence_sequence.o fence_streams.o fence_sweeps.o gpu_ordering.o streams.o \
+  cuda_upstream.o cuda_upstream_vmm.o cuda_upstream_park.o)
+$(SHIM_TEST_BIN): $(SHIM_FENCE_OBJS) $(ALLOCATOR_LIB)
