@@ -135,10 +135,10 @@ std::size_t ExpandableRanges::recycle_candidates(const Segment* seg, const GrowP
     // Pages move between the two ranges only when they have the same page size: a page is one
     // physical allocation upstream, which cannot be split, and merging small ones into a large
     // page would break the whole-page promise made at reserve().
-    if (range_of[k] == nullptr || range_of[k]->page != seg->page) continue;
+    if (range_of_[k] == nullptr || range_of_[k]->page != seg->page) continue;
     const FreeSet& set = store_.shared_set(k == 0);
     // Blocks smaller than a page hold no whole page.
-    for (auto it = set.lower_bound(BySizeAddr::Key{range_of[k]->page, 0}); it != set.end(); ++it) {
+    for (auto it = set.lower_bound(BySizeAddr::Key{range_of_[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
@@ -166,9 +166,9 @@ std::size_t ExpandableRanges::own_candidates(const Segment* seg, const GrowPlan&
   std::vector<std::pair<std::size_t, Block*>> ranked;
   std::size_t total = 0;
   for (int k = 0; k < 2; ++k) {
-    if (range_of[k] == nullptr || range_of[k]->page != seg->page) continue;  // as recycle_candidates
+    if (range_of_[k] == nullptr || range_of_[k]->page != seg->page) continue;  // as recycle_candidates
     const FreeSet& set = stream_free->sets[k];
-    for (auto it = set.lower_bound(BySizeAddr::Key{range_of[k]->page, 0}); it != set.end(); ++it) {
+    for (auto it = set.lower_bound(BySizeAddr::Key{range_of_[k]->page, 0}); it != set.end(); ++it) {
       Block* b = *it;
       if (!b->seg->expandable) continue;
       if (b->seg == seg && b->ptr < plan.keep_hi && b->ptr + b->size > plan.keep_lo) continue;
@@ -198,7 +198,7 @@ std::size_t ExpandableRanges::pick_hot_units(const std::vector<Block*>& cands, s
 }
 
 void ExpandableRanges::drop_aliases(std::uint64_t order_done) {
-  for (Drain& d : draining) {
+  for (Drain& d : draining_) {
     if (d.dropped || d.b->hot > order_done) continue;
     const std::int64_t t0 = now_ns();
     up_.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
@@ -210,16 +210,16 @@ void ExpandableRanges::drop_aliases(std::uint64_t order_done) {
 
 void ExpandableRanges::reclaim_drained() {
   std::size_t keep = 0;
-  for (const Drain& d : draining) {
+  for (const Drain& d : draining_) {
     if (!d.dropped) {
-      draining[keep++] = d;
+      draining_[keep++] = d;
       continue;
     }
     // Later entries are still draining while this one merges: merging never takes them.
     d.b->state = BState::unmapped;
     merge_unmapped(d.b);
   }
-  draining.resize(keep);
+  draining_.resize(keep);
 }
 
 std::size_t ExpandableRanges::recycle_pages(const std::vector<Block*>& cands, std::size_t want,
@@ -269,16 +269,16 @@ std::size_t ExpandableRanges::recycle_pages(const std::vector<Block*>& cands, st
 // together (what separate pools, PyTorch's, would hold); a hard limit still moves the pages.
 std::size_t ExpandableRanges::bounce_allowance(const Segment* seg, std::size_t short_by) const {
   const int k = kind_index(seg->small);
-  const Segment* other = range_of[1 - k];
+  const Segment* other = range_of_[1 - k];
   if (other == nullptr || other->page != seg->page) return 0;
-  return std::min({short_by, lent[k], other->mapped});
+  return std::min({short_by, lent_[k], other->mapped});
 }
 
 // Mapping is free below the high-water mark, and below the live peak plus the headroom (a bound
 // that does not move with the pool's own mapping, so growth into it cannot ratchet).
 std::size_t ExpandableRanges::growth_cap() const {
   const auto live_peak = static_cast<double>(ledger_.allocated_peak());
-  return std::max(hwm, static_cast<std::size_t>(live_peak * (1.0 + opt_.expandable_headroom)));
+  return std::max(hwm_, static_cast<std::size_t>(live_peak * (1.0 + opt_.expandable_headroom)));
 }
 
 // Within the slack (PoolOptions::expandable_slack says why) growth past the cap still recycles
@@ -393,7 +393,7 @@ namespace cudapool::detail {
 
 Segment* ExpandableRanges::range_for(bool small, StreamId stream) {
   const int k = kind_index(small);
-  if (range_of[k] != nullptr) return range_of[k];
+  if (range_of_[k] != nullptr) return range_of_[k];
   // About 9/8 of the device, like PyTorch: the mapped part can never fill the range, and one
   // range per pool kind keeps address space use bounded however many streams there are.
   const std::size_t g = limits_.page_bytes(small, opt_);
@@ -405,8 +405,8 @@ Segment* ExpandableRanges::range_for(bool small, StreamId stream) {
   range->expandable = true;
   range->page = g;
   range->head->state = BState::unmapped;
-  range_of[k] = range;
-  alias_ok = up_.can_alias();
+  range_of_[k] = range;
+  alias_ok_ = up_.can_alias();
   return range;
 }
 
@@ -472,7 +472,7 @@ UpstreamStatus ExpandableRanges::alias_hot_units(Growth& growth, std::uintptr_t 
       ledger_.device_map();
       ledger_.device_alias();
       Block* old = release_page_range(src, h.base, h.base + n, none, nullptr, /*drain=*/true);
-      draining.push_back(Drain{old});
+      draining_.push_back(Drain{old});
       if (h.own) {
         old->hot = std::max(old->hot, growth.own_order);  // drains once the stream's fence completed
         growth.alias_own = true;

@@ -13,6 +13,7 @@
 //   release: whole free units unmapped (release_pages, release_page_range).
 // The pool lock guards it, as everything else in the pool.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -45,7 +46,7 @@ struct Growth {
   StreamId stream = 0;
   GrowPlan plan;
   std::vector<Block*> cands, hot_cands;  // recycling candidates, cold and hot
-  std::vector<Block*> own_cands;         // the stream's own free blocks, to alias (alias_ok)
+  std::vector<Block*> own_cands;         // the stream's own free blocks, to alias (can_alias)
   std::vector<Unit> spare;               // recycled units, already unmapped in the pool's structures
   std::vector<HotUnit> hot_units;        // units of hot (then own) blocks to alias, still in place
   std::size_t placed = 0;                // bytes of the plan mapped or moved into place so far
@@ -72,33 +73,38 @@ class ExpandableRanges {
     bool dropped = false;  // its old mapping is gone (Upstream::unalias): it may become a hole
   };
 
-  Segment* range_of[2] = {nullptr, nullptr};  // the range of each pool kind (kind_index), once reserved
-  // The most bytes ever reserved (not reset by reset_peak_stats). Growth beyond it is what
-  // recycling, aliasing and the waits avoid.
-  std::size_t hwm = 0;
-  std::vector<Drain> draining;
-  bool alias_ok = false;  // the upstream can alias (asked when the first range is reserved)
-  // Bytes of pages that the range of kind k gave to the other range's growth and the other has
-  // not given back. Growth of kind k that would take them back maps fresh pages instead (the
-  // bounce rule, expandable_ranges.cpp), so the same pages do not move to and fro.
-  std::size_t lent[2] = {0, 0};
+  // ---- what other concepts ask ----
+  bool has_draining() const { return !draining_.empty(); }
+  std::size_t draining_count() const { return draining_.size(); }
+  bool drains(const Block* b) const {
+    return std::any_of(draining_.begin(), draining_.end(), [&](const Drain& d) { return d.b == b; });
+  }
+  bool can_alias() const { return alias_ok_; }
+  // A growth of kind `kind` mapped `bytes` fresh by the bounce rule: the other range keeps the
+  // pages it had lent as its own from now on.
+  void keep_bounced(int kind, std::size_t bytes) { lent_[kind] -= bytes; }
+  // Teardown: every draining range still aliased loses its old mapping.
+  void unalias_remaining() {
+    for (const Drain& d : draining_)
+      if (!d.dropped) up_.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
+  }
 
   void note_reserved() {
-    if (ledger_.reserved_bytes() > hwm) hwm = ledger_.reserved_bytes();
+    if (ledger_.reserved_bytes() > hwm_) hwm_ = ledger_.reserved_bytes();
   }
   // `bytes` of pages moved from the range of kind `from` into the other one: first they repay
   // what the other range had lent, the rest is lent by `from`.
   void moved_across(int from, std::size_t bytes) {
-    std::size_t& repaid = lent[1 - from];
+    std::size_t& repaid = lent_[1 - from];
     const std::size_t r = bytes < repaid ? bytes : repaid;
     repaid -= r;
-    lent[from] += bytes - r;
+    lent_[from] += bytes - r;
   }
   // The context is gone: its ranges went with it (the high-water mark stays a fact of the past).
   void forget() {
-    range_of[0] = range_of[1] = nullptr;
-    draining.clear();
-    lent[0] = lent[1] = 0;
+    range_of_[0] = range_of_[1] = nullptr;
+    draining_.clear();
+    lent_[0] = lent_[1] = 0;
   }
 
   // ---- growth ----
@@ -188,6 +194,17 @@ class ExpandableRanges {
  private:
   void merge_unmapped(Block* b);
   void count_runs_change(Block* piece, int sign);
+
+  Segment* range_of_[2] = {nullptr, nullptr};  // the range of each pool kind (kind_index), once reserved
+  // The most bytes ever reserved (not reset by reset_peak_stats). Growth beyond it is what
+  // recycling, aliasing and the waits avoid.
+  std::size_t hwm_ = 0;
+  std::vector<Drain> draining_;
+  bool alias_ok_ = false;  // the upstream can alias (asked when the first range is reserved)
+  // Bytes of pages that the range of kind k gave to the other range's growth and the other has
+  // not given back. Growth of kind k that would take them back maps fresh pages instead (the
+  // bounce rule, expandable_ranges.cpp), so the same pages do not move to and fro.
+  std::size_t lent_[2] = {0, 0};
 
   const PoolOptions& opt_;
   Upstream& up_;

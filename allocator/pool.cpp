@@ -21,8 +21,7 @@ DevicePool::Impl::~Impl() {
   caches.detach_all();  // threads' caches forget this pool (their blocks go back with the segments)
   // Outstanding fences are handed back; every segment goes back to the upstream, live or not.
   reuse.release_all();
-  for (const Drain& d : ranges.draining)
-    if (!d.dropped) up.unalias(reinterpret_cast<void*>(d.b->ptr), d.b->size);
+  ranges.unalias_remaining();
   for (auto& [base, seg] : store.segments()) {
     if (seg->expandable)
       ranges.destroy(seg);
@@ -308,14 +307,12 @@ std::string DevicePool::check_consistency() const {
 std::string DevicePool::Impl::check() const {
   detail::BlockStore::Tally tally(opt.max_split_size);
   if (std::string e = store.check(tally); !e.empty()) return e;
-  auto listed = [&](const Block* b) REQUIRES(mu) {
-    return std::any_of(ranges.draining.begin(), ranges.draining.end(), [&](const Drain& d) { return d.b == b; });
-  };
+  auto listed = [&](const Block* b) REQUIRES(mu) { return ranges.drains(b); };
   if (!std::all_of(tally.draining.begin(), tally.draining.end(), listed))
     return "draining block missing from the draining list";
   if (reuse.pending_count() != tally.pending_blocks) return "pending blocks and the fence batches disagree";
   if (reuse.retiring_count() != tally.retiring_blocks) return "retiring blocks and the fence batches disagree";
-  if (ranges.draining.size() != tally.draining.size()) return "draining list and draining blocks disagree";
+  if (ranges.draining_count() != tally.draining.size()) return "draining list and draining blocks disagree";
   const Stats& st = ledger.view();
   if (tally.pending_bytes != st.pending_bytes) return "pending_bytes stat";
   const Stats& recount = tally.recount.view();

@@ -67,7 +67,7 @@ struct DevicePool::Impl {
   detail::ThreadCaches caches GUARDED_BY(mu){uid, mu, opt, fences, ledger, reuse, events};  // (thread_caches.h)
 
   // ---- fast-path primitives (inline: used by every translation unit of the pool) ----
-  bool has_fence_work() const REQUIRES(mu) { return reuse.has_work() || !ranges.draining.empty(); }
+  bool has_fence_work() const REQUIRES(mu) { return reuse.has_work() || ranges.has_draining(); }
   // A free's block: the live block at p, also when a thread cache had lent it; null when p is
   // no live block of this pool.
   Block* take_live(std::uintptr_t p) REQUIRES(mu) {
@@ -153,7 +153,6 @@ struct DevicePool::Impl {
   Block* map_piece(Lock& lk, Request& req, detail::Growth& growth, Block* u, std::size_t amount, bool back,
                    UpstreamStatus* failed) REQUIRES(mu);
   UpstreamStatus fill(Lock& lk, detail::Growth& growth, std::uintptr_t at, std::size_t amount) REQUIRES(mu);
-  using Drain = detail::ExpandableRanges::Drain;
 
   // ---- consistency and teardown (pool.cpp) ----
   std::string check() const REQUIRES(mu);

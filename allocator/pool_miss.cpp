@@ -159,12 +159,12 @@ DevicePool::Impl::Made DevicePool::Impl::upstream_step(Lock& lk, Request& req) {
 // True if free blocks changed.
 bool DevicePool::Impl::free_pages(Request& req, std::size_t bytes, bool may_wait) {
   const bool wait = may_wait && opt.expandable_wait;
-  const bool own_wait = wait && !ranges.alias_ok;
+  const bool own_wait = wait && !ranges.can_alias();
   if (reuse.promote_own(req.stream, bytes, own_wait)) return true;
   if (opt.free_sync == FreeSync::gpu_wait && reuse.order_device_batches(bytes, req.small, true)) return true;
-  if (!wait || (ranges.alias_ok && req.hot_bytes + req.own_bytes >= bytes)) return false;
+  if (!wait || (ranges.can_alias() && req.hot_bytes + req.own_bytes >= bytes)) return false;
   if (reuse.wait_device_batches_for(bytes)) return true;
-  if (!ranges.alias_ok && req.hot_bytes >= bytes && req.hot_bytes != 0) {
+  if (!ranges.can_alias() && req.hot_bytes >= bytes && req.hot_bytes != 0) {
     reuse.settle_ordered();
     return true;
   }
@@ -253,7 +253,7 @@ UpstreamStatus DevicePool::Impl::grow_expandable(Lock& lk, Request& req, Block**
   growth.kind = detail::kind_index(req.small);
   growth.stream = req.stream;
   if (!plan_growth(lk, req, growth, may_wait, out)) return UpstreamStatus::ok;  // *out, or range exhausted
-  ranges.lent[growth.kind] -= growth.bounced;  // the other range keeps those pages as its own from now on
+  ranges.keep_bounced(growth.kind, growth.bounced);
   // Units recycled and not moved into the growth (a failure, more than needed, or too large
   // for what is left of a hole) are unmapped when this function returns, whatever the path.
   struct SpareGuard {
@@ -290,7 +290,7 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
   Segment* range = growth.seg;
   bool room_tried = false;
   for (;;) {
-    if (!ranges.draining.empty()) ranges.reclaim_drained();  // before planning: it merges holes
+    if (ranges.has_draining()) ranges.reclaim_drained();  // before planning: it merges holes
     growth.plan = ranges.plan(range, req.rounded, req.stream);
     if (!growth.plan) return false;  // range exhausted: classic segment instead
     // A warm start reserves what the recorded run held: nothing of it is taken back from the
@@ -309,8 +309,8 @@ bool DevicePool::Impl::plan_growth(Lock& lk, Request& req, detail::Growth& growt
     if (reuse.has_ordered()) reuse.poll_ordered();  // blocks whose GPU-side wait has passed may move again
     std::size_t hot = 0, own = 0;
     const std::size_t avail = ranges.recycle_candidates(range, growth.plan, reuse.order_done(), growth.cands, &hot,
-                                                        &own, ranges.alias_ok ? &growth.hot_cands : nullptr);
-    const std::size_t own_local = ranges.alias_ok
+                                                        &own, ranges.can_alias() ? &growth.hot_cands : nullptr);
+    const std::size_t own_local = ranges.can_alias()
                                       ? ranges.own_candidates(range, growth.plan, req.stream, growth.own_cands)
                                       : 0;
     // What the own range's free pages cannot cover would come from the other range: pages it

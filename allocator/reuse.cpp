@@ -370,7 +370,7 @@ void Reuse::service_fences() {
     poll_ordered();
     batches_.ordered_polled(now);
   }
-  if (!ranges_.draining.empty()) ranges_.reclaim_drained();
+  if (ranges_.has_draining()) ranges_.reclaim_drained();
   batches_.queried(now, running);
 }
 
@@ -499,12 +499,12 @@ std::uint64_t Reuse::order_stream(StreamId stream) {
 
 void Reuse::poll_ordered() {
   batches_.poll_ordered(fences_);
-  if (!ranges_.draining.empty()) ranges_.drop_aliases(batches_.order_done());
+  if (ranges_.has_draining()) ranges_.drop_aliases(batches_.order_done());
 }
 
 void Reuse::settle_ordered() {
   batches_.settle_ordered(fences_, [&](FenceHandle f) { return wait_fence(f, 0); });
-  if (!ranges_.draining.empty()) ranges_.drop_aliases(batches_.order_done());
+  if (ranges_.has_draining()) ranges_.drop_aliases(batches_.order_done());
 }
 
 // Bytes of expandable-range blocks in the recorded device batches, oldest first, until `need`
