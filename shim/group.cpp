@@ -119,7 +119,8 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 
 bool ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept {
   try {
-    return m.ask_park(start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000, round, request);
+    (void)round;
+    return m.ask_park(start_ns, start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000, request);
   } catch (...) {
     return false;
   }

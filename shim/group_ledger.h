@@ -100,14 +100,16 @@ class Member final : public ReserveGate {
   // words made its own (a slot may carry a dead member's).
   void set_park(const ParkSettings& s) noexcept;
   const ParkSettings& park_settings() const noexcept { return park_; }
-  // One round of asking idle members to park (group::ask_park). true: try the allocation again.
-  bool ask_park(std::int64_t deadline, int round, std::size_t request) noexcept;
+  // One round of asking idle members to park (group::ask_park), for a wait that began at
+  // `start_ns` and ends at `deadline`. true: try the allocation again.
+  bool ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
   // The answering side, for the park responder thread.
   std::uint32_t wait_park_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;
   std::uint32_t park_acked() noexcept;
   struct ParkAsk {
     std::uint64_t want = 0;  // the bytes the asker is short of
     int from = 0;            // its pid
+    bool turn = false;       // everyone works: park after the call in flight, idle or not
   };
   ParkAsk park_ask() noexcept;
   void park_answered(std::uint32_t req, share::ParkAnswer answer, std::uint64_t gave, const std::string& why) noexcept;
@@ -207,7 +209,7 @@ class Member final : public ReserveGate {
   template <typename Fn>
   bool park_touch(Fn&& fn) noexcept;  // touch() for shim/group_park.cpp
   // 1: try again; 0: the deadline passed; -1: nobody could ever be parked for it.
-  int park_round(std::int64_t deadline, std::size_t request) noexcept;
+  int park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
 
   // How the member's memory outside the pool is charged.
   struct OutsideCharge {

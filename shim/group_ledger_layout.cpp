@@ -134,6 +134,29 @@ std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* war
   return out;
 }
 
+// The slot's fields after the parking words live in what was its tail padding: a change that
+// moves the file's size is a new layout version.
+static_assert(sizeof(LedgerSlot) == 320 && sizeof(Ledger) == 20736, "the ledger's size changed: bump kLedgerVersion");
+
+namespace {
+
+// The first of `m` ordered candidates (indices into c) whose reserved bytes cover `need`: writes
+// their slots to `chosen` and returns how many; the rest are marked spare.
+int take_until_covered(const ParkCandidate* c, const int* order, int m, std::uint64_t need, int* chosen,
+                       Passed* passed) {
+  int k = 0;
+  std::uint64_t covered = 0;
+  for (; k < m && (k == 0 || covered < need); ++k) {
+    chosen[k] = c[order[k]].slot;
+    covered = covered + c[order[k]].reserved < covered ? UINT64_MAX : covered + c[order[k]].reserved;
+  }
+  if (passed != nullptr)
+    for (int j = k; j < m; ++j) passed[order[j]] = Passed::spare;  // the need was covered without them
+  return k;
+}
+
+}  // namespace
+
 int choose_to_park(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
                    int* chosen, Passed* passed) {
   constexpr std::int64_t kSilentNs = 2'000'000'000;  // no publication for this long: stopped or stuck
@@ -166,15 +189,27 @@ int choose_to_park(const ParkCandidate* c, int n, std::uint64_t need, std::int64
   std::sort(order, order + m, [&](int a, int b) {
     return c[a].active_ns != c[b].active_ns ? c[a].active_ns < c[b].active_ns : c[a].slot < c[b].slot;
   });
-  int k = 0;
-  std::uint64_t covered = 0;
-  for (; k < m && (k == 0 || covered < need); ++k) {
-    chosen[k] = c[order[k]].slot;
-    covered = covered + c[order[k]].reserved < covered ? UINT64_MAX : covered + c[order[k]].reserved;
+  return take_until_covered(c, order, m, need, chosen, passed);
+}
+
+int choose_turn(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
+                int* chosen, Passed* passed) {
+  int order[kLedgerSlots];
+  int m = 0;
+  for (int i = 0; i < n && i < static_cast<int>(kLedgerSlots); ++i) {
+    if (passed[i] != Passed::not_idle || c[i].reserved == 0) continue;
+    // A value past the clock reads as resident since ever.
+    const std::int64_t since = c[i].resident_ns > now_ns ? 0 : c[i].resident_ns;
+    if (now_ns - since < idle_ns) continue;  // restored a moment ago: its turn has just begun
+    order[m++] = i;
   }
-  if (passed != nullptr)
-    for (int j = k; j < m; ++j) passed[order[j]] = Passed::spare;  // the need was covered without them
-  return k;
+  std::sort(order, order + m, [&](int a, int b) {
+    const std::int64_t ra = c[a].resident_ns > now_ns ? 0 : c[a].resident_ns;
+    const std::int64_t rb = c[b].resident_ns > now_ns ? 0 : c[b].resident_ns;
+    return ra != rb ? ra < rb : c[a].slot < c[b].slot;
+  });
+  for (int j = 0; j < m; ++j) passed[order[j]] = Passed::chosen;
+  return take_until_covered(c, order, m, need, chosen, passed);
 }
 
 bool may_park_later(const ParkCandidate& c, Passed passed) {

@@ -50,6 +50,10 @@ enum ParkAnswer : std::uint32_t {
   kParkDisabled = 5,  // its policy has group_park:off
 };
 
+// In park_want: the asker takes turns (every member works): park after the call in flight,
+// however recently the member worked. The bytes wanted are the other bits.
+inline constexpr std::uint64_t kParkTurn = std::uint64_t{1} << 63;
+
 // One member process. Written by the member under the ledger's mutex (reserved, state, pid,
 // start_time) or by itself alone (cached, allocated, heartbeat, acks); read by anyone.
 struct alignas(64) LedgerSlot {
@@ -92,6 +96,10 @@ struct alignas(64) LedgerSlot {
   std::atomic<std::uint32_t> pad_park;
   char park_why[kNameBytes];      // why it may not be parked now (kParkNotNow); NUL-terminated
   char park_refusal[kNameBytes];  // why it refused the last request, with park_result; NUL-terminated
+  // monotonic_ns() since when its memory is on the device (its join, or its last restore;
+  // published with `parked`). Taken from the slot's tail padding: the layout's size is unchanged,
+  // and a member that does not write it reads as resident since ever (asked first in a turn).
+  std::atomic<std::uint64_t> resident_ns;
 };
 
 struct Ledger {
@@ -158,6 +166,7 @@ struct ParkCandidate {
   std::uint64_t parked_bytes = 0;  // as published, while parked
   std::int64_t active_ns = 0;      // its last GPU call seen (0: never published)
   std::int64_t heartbeat_ns = 0;
+  std::int64_t resident_ns = 0;  // since when its memory is on the device (0: unknown)
 };
 // Why a member was passed over, for the log when nobody could be parked.
 enum class Passed { chosen, spare, parked, busy_asking, pending, refused, not_parkable, not_idle, silent, empty };
@@ -168,6 +177,13 @@ enum class Passed { chosen, spare, parked, busy_asking, pending, refused, not_pa
 // how many; `passed[i]` (when given, one per candidate) says what became of each.
 int choose_to_park(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
                    int* chosen, Passed* passed = nullptr);
+// Taking turns, when every member works and none has been idle for `idle_ns`: the asker, after
+// waiting `idle_ns` itself, picks among the members passed over as not idle those whose memory
+// has been on the device for at least `idle_ns` (their turn is over), the one resident longest
+// first, until their bytes cover `need`. Such a member finishes the call in flight, then parks.
+// Same outputs as choose_to_park; `passed` marks the chosen and the spare among the not idle.
+int choose_turn(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
+                int* chosen, Passed* passed);
 // Whether a member passed over this time could still be parked later (it becomes idle, publishes,
 // answers, stops waiting, or was restored and its figures lag): false for members that are gone,
 // parked, hold nothing, or keep parking off.

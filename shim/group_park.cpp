@@ -168,6 +168,7 @@ void Member::set_park(const ParkSettings& s) noexcept {
     me.parked_bytes.store(0, std::memory_order_relaxed);
     me.active_ns.store(0, std::memory_order_relaxed);
     me.asking.store(0, std::memory_order_relaxed);
+    me.resident_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
     put_text(me.park_why, "");
     put_text(me.park_refusal, "");
   });
@@ -193,7 +194,9 @@ Member::ParkAsk Member::park_ask() noexcept {
   ParkAsk a;
   park_touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    a.want = me.park_want.exchange(0, std::memory_order_acq_rel);
+    const std::uint64_t want = me.park_want.exchange(0, std::memory_order_acq_rel);
+    a.want = want & ~share::kParkTurn;
+    a.turn = (want & share::kParkTurn) != 0;
     a.from = me.park_from.load(std::memory_order_relaxed);
   });
   return a;
@@ -226,6 +229,8 @@ void Member::publish_park(bool parked, std::uint64_t parked_bytes, std::uint32_t
     me.parked_bytes.store(parked_bytes, std::memory_order_relaxed);
     me.parkable.store(parkable, std::memory_order_relaxed);
     me.active_ns.store(static_cast<std::uint64_t>(active_ns), std::memory_order_relaxed);
+    if (const std::int64_t restored = park::resident_since_ns(); restored != 0)
+      me.resident_ns.store(static_cast<std::uint64_t>(restored), std::memory_order_relaxed);
     put_text(me.park_why, why);
   });
 }
@@ -324,13 +329,12 @@ std::string Member::holders() noexcept {
 
 // ---- Member: asking ------------------------------------------------------------------------
 
-bool Member::ask_park(std::int64_t deadline, int round, std::size_t request) noexcept {
-  (void)round;
+bool Member::ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept {
   if (closed() || broken_.load(std::memory_order_relaxed) || !park_.on) return false;
   int again = 0;
   if (share::monotonic_ns() < deadline) {
     note_asking(1);
-    park_touch([&] { again = park_round(deadline, request); });
+    park_touch([&] { again = park_round(start_ns, deadline, request); });
     note_asking(-1);
   }
   if (again > 0) return true;
@@ -350,11 +354,103 @@ bool Member::ask_park(std::int64_t deadline, int round, std::size_t request) noe
   return false;
 }
 
+namespace {
+
+// A time another process wrote: only compared, and a value past any sane clock reads as never.
+std::int64_t their_time(const std::atomic<std::uint64_t>& word) {
+  const std::uint64_t v = word.load(std::memory_order_relaxed);
+  return v > static_cast<std::uint64_t>(INT64_MAX) ? 0 : static_cast<std::int64_t>(v);
+}
+
+// One request sent: the slot asked and the request number its answer must reach.
+struct ParkAsked {
+  int slot;
+  std::uint32_t req;
+  int pid;
+  std::uint64_t held, live;
+  std::int64_t idle_ns, resident_ns;
+};
+
+// Under the guard: stores the request in each chosen member's slot and wakes its responder.
+void send_park_requests(share::Ledger& l, const int* chosen, int k, std::uint64_t want, bool turn,
+                        const share::ParkCandidate* cand, int n, std::int64_t now, ParkAsked* asked) {
+  const int pid = static_cast<int>(::getpid());
+  for (int j = 0; j < k; ++j) {
+    share::LedgerSlot& s = l.slot[chosen[j]];
+    s.park_want.store(turn ? want | share::kParkTurn : want & ~share::kParkTurn, std::memory_order_relaxed);
+    s.park_from.store(pid, std::memory_order_relaxed);
+    const std::uint32_t req = s.park_req.fetch_add(1, std::memory_order_acq_rel) + 1;
+    wake_word(&s.park_req, 1);
+    ParkAsked& a = asked[j];
+    a = {chosen[j], req, s.pid.load(std::memory_order_relaxed), 0, s.allocated.load(std::memory_order_relaxed), 0, 0};
+    for (int i = 0; i < n; ++i)
+      if (cand[i].slot == chosen[j])
+        a.held = cand[i].reserved, a.idle_ns = now - cand[i].active_ns,
+        a.resident_ns = now - std::min(cand[i].resident_ns, now);
+  }
+}
+
+// Under the guard: true when every asked member that is still live has answered.
+bool all_answered(const share::Ledger& l, const ParkAsked* asked, int k) {
+  for (int j = 0; j < k; ++j) {
+    const share::LedgerSlot& s = l.slot[asked[j].slot];
+    if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
+        !answered_since(s.park_ack.load(std::memory_order_acquire), asked[j].req))
+      return false;
+  }
+  return true;
+}
+
+// Under the guard: every other live member as a park request sees it, into `cand`; returns how many.
+int park_candidates(const share::Ledger& l, int self, const std::atomic<std::int64_t>* refused_until, std::int64_t now,
+                    share::ParkCandidate* cand) {
+  int n = 0;
+  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+    const share::LedgerSlot& s = l.slot[i];
+    if (i == self || s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+    share::ParkCandidate& c = cand[n++];
+    c.slot = i;
+    c.live = s.pid.load(std::memory_order_relaxed) > 0;
+    c.parked = s.parked.load(std::memory_order_relaxed) != 0;
+    c.asking = s.asking.load(std::memory_order_relaxed) != 0;
+    c.pending = !answered_since(s.park_ack.load(std::memory_order_acquire), s.park_req.load(std::memory_order_acquire));
+    c.refused = now < refused_until[i].load(std::memory_order_relaxed);
+    c.parkable = s.parkable.load(std::memory_order_relaxed);
+    c.reserved = s.reserved.load(std::memory_order_relaxed);
+    c.parked_bytes = s.parked_bytes.load(std::memory_order_relaxed);
+    c.active_ns = their_time(s.active_ns);
+    c.heartbeat_ns = their_time(s.heartbeat_ns);
+    c.resident_ns = their_time(s.resident_ns);
+  }
+  return n;
+}
+
+// Under the guard: every asked member answered and nothing came free: says why, and does not
+// ask them again for a while.
+void note_refusals(const share::Ledger& l, const ParkAsked* asked, int k, std::atomic<std::int64_t>* refused_until,
+                   const std::string& group) {
+  for (int j = 0; j < k; ++j) {
+    const share::LedgerSlot& s = l.slot[asked[j].slot];
+    const std::uint32_t a = s.park_result.load(std::memory_order_relaxed);
+    char why[share::kNameBytes];
+    std::memcpy(why, s.park_refusal, sizeof why);
+    if (a == share::kParkDone) continue;
+    refused_until[asked[j].slot].store(share::monotonic_ns() + kRefusedNs, std::memory_order_relaxed);
+    const std::string text = share::bounded_string(why, sizeof why);
+    log_info("group {}: pid {} {}{}{}", group, asked[j].pid, answer_text(a), text.empty() ? "" : ": ", text);
+  }
+}
+
+}  // namespace
+
 // Under the guard. One round: asks the least recently active members that may be parked, and
 // whose live bytes cover what is missing, to park; waits until bytes came free, every asked
-// member answered, or the deadline. When nobody can be asked now it waits a little (a member
-// becomes idle, publishes its figures, or an earlier park finishes) unless nobody ever could.
-int Member::park_round(std::int64_t deadline, std::size_t request) noexcept {
+// member answered, or the deadline. When nobody is idle and this process has waited
+// group_park_idle_ms itself, members take turns (share::choose_turn): the one whose memory has
+// been on the device longest is asked to park after the call it is in. When nobody can be asked
+// now it waits a little (a member becomes idle, publishes its figures, or an earlier park
+// finishes) unless nobody ever could.
+int Member::park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept {
   const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
   const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
   const std::uint64_t over = sat_add(total, request) > budget ? sat_add(total, request) - budget : 0;
@@ -363,28 +459,11 @@ int Member::park_round(std::int64_t deadline, std::size_t request) noexcept {
   const std::int64_t now = share::monotonic_ns();
   share::ParkCandidate cand[share::kLedgerSlots];
   share::Passed passed[share::kLedgerSlots];
-  int n = 0;
-  for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
-    const share::LedgerSlot& s = l_->slot[i];
-    if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
-    share::ParkCandidate& c = cand[n++];
-    c.slot = i;
-    c.live = s.pid.load(std::memory_order_relaxed) > 0;
-    c.parked = s.parked.load(std::memory_order_relaxed) != 0;
-    c.asking = s.asking.load(std::memory_order_relaxed) != 0;
-    c.pending = !answered_since(s.park_ack.load(std::memory_order_acquire), s.park_req.load(std::memory_order_acquire));
-    c.refused = now < park_refused_[i].load(std::memory_order_relaxed);
-    c.parkable = s.parkable.load(std::memory_order_relaxed);
-    c.reserved = s.reserved.load(std::memory_order_relaxed);
-    c.parked_bytes = s.parked_bytes.load(std::memory_order_relaxed);
-    // Times another process wrote: only compared, and a value past any sane clock reads as never.
-    const std::uint64_t a = s.active_ns.load(std::memory_order_relaxed),
-                        h = s.heartbeat_ns.load(std::memory_order_relaxed);
-    c.active_ns = a > static_cast<std::uint64_t>(INT64_MAX) ? 0 : static_cast<std::int64_t>(a);
-    c.heartbeat_ns = h > static_cast<std::uint64_t>(INT64_MAX) ? 0 : static_cast<std::int64_t>(h);
-  }
+  const int n = park_candidates(*l_, slot_, park_refused_, now, cand);
   int chosen[share::kLedgerSlots];
-  const int k = share::choose_to_park(cand, n, need, now, park_.idle_ns, chosen, passed);
+  int k = share::choose_to_park(cand, n, need, now, park_.idle_ns, chosen, passed);
+  const bool turn = k == 0 && now - start_ns >= park_.idle_ns;
+  if (turn) k = share::choose_turn(cand, n, need, now, park_.idle_ns, chosen, passed);
   if (k == 0) {
     // Nobody to ask now. Wait for something to change, unless nothing can: every other member
     // is parked already, keeps parking off, or holds no live memory.
@@ -394,63 +473,26 @@ int Member::park_round(std::int64_t deadline, std::size_t request) noexcept {
     wait_word(&l_->released, seen, std::min<std::int64_t>(deadline - now, 20'000'000));
     return 1;
   }
-  std::pair<int, std::uint32_t> asked[share::kLedgerSlots];
-  const int pid = static_cast<int>(::getpid());
-  for (int j = 0; j < k; ++j) {
-    share::LedgerSlot& s = l_->slot[chosen[j]];
-    s.park_want.store(need, std::memory_order_relaxed);
-    s.park_from.store(pid, std::memory_order_relaxed);
-    const std::uint32_t req = s.park_req.fetch_add(1, std::memory_order_acq_rel) + 1;
-    wake_word(&s.park_req, 1);
-    asked[j] = {chosen[j], req};
-  }
+  ParkAsked asked[share::kLedgerSlots];
+  send_park_requests(*l_, chosen, k, need, turn, cand, n, now, asked);
   // Logged after the requests went out (a fault in a string jumps out of nothing live: the
-  // figures are copied first).
-  struct Line {
-    int pid;
-    std::uint64_t held, live;
-    std::int64_t idle_ns;
-  } lines[share::kLedgerSlots];
-  for (int j = 0; j < k; ++j) {
-    const share::LedgerSlot& s = l_->slot[chosen[j]];
-    std::int64_t active = 0;
-    std::uint64_t held = 0;
-    for (int i = 0; i < n; ++i)
-      if (cand[i].slot == chosen[j]) active = cand[i].active_ns, held = cand[i].reserved;
-    lines[j] = {s.pid.load(std::memory_order_relaxed), held, s.allocated.load(std::memory_order_relaxed), now - active};
-  }
+  // figures were copied first).
   for (int j = 0; j < k; ++j)
     log_info(
-        "group {}: asking pid {} (idle {}, holding {}, {} of it live) to park: {} more for this process on device {} "
+        "group {}: asking pid {} ({}, holding {}, {} of it live) to park: {} more for this process on device {} "
         "would be {} over the budget of {}",
-        group_, lines[j].pid, seconds(lines[j].idle_ns), mib(lines[j].held), mib(lines[j].live), mib(request), device_,
-        mib(need), mib(budget));
+        group_, asked[j].pid,
+        turn ? "in turn: every member works; its memory has been on the device for " + seconds(asked[j].resident_ns)
+             : "idle " + seconds(asked[j].idle_ns),
+        mib(asked[j].held), mib(asked[j].live), mib(request), device_, mib(need), mib(budget));
   for (;;) {
     const std::int64_t t = share::monotonic_ns();
     if (l_->released.load(std::memory_order_acquire) != seen) return 1;
-    bool all = true;
-    for (int j = 0; j < k; ++j) {
-      const share::LedgerSlot& s = l_->slot[asked[j].first];
-      if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
-          !answered_since(s.park_ack.load(std::memory_order_acquire), asked[j].second))
-        all = false;
-    }
-    if (all) break;
+    if (all_answered(*l_, asked, k)) break;
     if (t >= deadline) return 0;
     wait_word(&l_->released, seen, std::min<std::int64_t>(deadline - t, 20'000'000));
   }
-  // Every asked member answered and nothing came free: say why, and do not ask them again for a
-  // while.
-  for (int j = 0; j < k; ++j) {
-    const share::LedgerSlot& s = l_->slot[asked[j].first];
-    const std::uint32_t a = s.park_result.load(std::memory_order_relaxed);
-    char why[share::kNameBytes];
-    std::memcpy(why, s.park_refusal, sizeof why);
-    if (a == share::kParkDone) continue;
-    park_refused_[asked[j].first].store(share::monotonic_ns() + kRefusedNs, std::memory_order_relaxed);
-    const std::string text = share::bounded_string(why, sizeof why);
-    log_info("group {}: pid {} {}{}{}", group_, lines[j].pid, answer_text(a), text.empty() ? "" : ": ", text);
-  }
+  note_refusals(*l_, asked, k, park_refused_, group_);
   return 1;
 }
 

@@ -98,7 +98,8 @@ void answer_park(ProcessPools& pools, Member& m, std::uint32_t req, const Member
   }
   const std::int64_t active = sample_activity();
   const std::int64_t idle = share::monotonic_ns() - active;
-  if (s.idle_ns > 0 && idle < s.idle_ns) {
+  // A turn (every member works): the park below waits for the call in flight, whatever the idle time.
+  if (!ask.turn && s.idle_ns > 0 && idle < s.idle_ns) {
     m.park_answered(req, share::kParkBusy, 0, "its last GPU call was " + std::to_string(idle / 1'000'000) + " ms ago");
     log_info("group {}: not parked for {}: the last GPU call was {} ms ago (group_park_idle_ms {})", m.name(), asker,
              idle / 1'000'000, s.idle_ns / 1'000'000);
@@ -126,8 +127,8 @@ void answer_park(ProcessPools& pools, Member& m, std::uint32_t req, const Member
     return;
   }
   m.park_answered(req, share::kParkDone, gave, {});
-  log_info("group {}: parked for {}, which needs {} on device {}: {} given back, {} in host memory", m.name(), asker,
-           mib(ask.want), m.device(), mib(gave), mib(park::parked_bytes()));
+  log_info("group {}: parked for {}{}, which needs {} on device {}: {} given back, {} in host memory", m.name(), asker,
+           ask.turn ? " in turn" : "", mib(ask.want), m.device(), mib(gave), mib(park::parked_bytes()));
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ std::atomic<State> g_state{State::open};
 // Counters (written under g_mu, read anywhere).
 std::atomic<std::uint64_t> g_parks{0}, g_unparks{0}, g_bytes_out{0}, g_bytes_in{0}, g_park_ns{0}, g_unpark_ns{0};
 std::atomic<std::uint64_t> g_parked_bytes{0};
+std::atomic<std::int64_t> g_resident_ns{0};  // when the last restore finished
 
 // How long a park waits for the threads inside a door to leave before it gives up (a call that
 // blocks for long, such as a synchronous copy behind a long kernel, keeps the process working).
@@ -158,6 +159,7 @@ int restore_all(std::string* why) noexcept {
     g_bytes_in.fetch_add(in, std::memory_order_relaxed);
     g_unpark_ns.fetch_add(dt, std::memory_order_relaxed);
     g_parked_bytes.store(0, std::memory_order_relaxed);
+    g_resident_ns.store(share::monotonic_ns(), std::memory_order_relaxed);
     log_info("parking: restored {} bytes in {:.1f} ms", in, static_cast<double>(dt) / 1e6);
   }
   return result;
@@ -344,6 +346,7 @@ bool unpark(std::string* why) noexcept {
 }
 
 bool parked() noexcept { return g_state.load(std::memory_order_acquire) == State::parked; }
+std::int64_t resident_since_ns() noexcept { return g_resident_ns.load(std::memory_order_relaxed); }
 std::uint64_t parked_bytes() noexcept { return g_parked_bytes.load(std::memory_order_relaxed); }
 
 std::uint64_t activity() noexcept {

@@ -54,6 +54,9 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept;
 // when nothing is parked afterwards (also when nothing was).
 bool unpark(std::string* why) noexcept;
 bool parked() noexcept;
+// monotonic_ns() when the last restore finished; 0 when the process was never restored (it has
+// been resident since it started). The group's turns park the member resident longest first.
+std::int64_t resident_since_ns() noexcept;
 // A restore keeps its pinned host buffer for the next park (pinning costs far more than the
 // copy); frees those kept longer than kSpareKeepNs. The publisher thread calls it every round.
 inline constexpr std::int64_t kSpareKeepNs = 10'000'000'000;

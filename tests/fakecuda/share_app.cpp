@@ -27,6 +27,9 @@
 //                       and bumps each word, a cuMemcpyDtoH reads it back, print "turn ID:
 //                       touched N ok" when every word (and the kernel's own count) is right. The
 //                       memory is never freed (a member parked at exit would be restored first)
+//   work ID MIB         fill as turn does, then from the first SIGUSR2 on touch the memory
+//                       without a pause until SIGTERM (a member that always works), printing
+//                       "work ID: round N ok" after each touch; exit 0, or 4 when a word was wrong
 // The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
 #define CUDAPOOL_TEST_APP_LCUDA
 #include <dirent.h>
@@ -269,61 +272,102 @@ int fork_exit(int children) {
 volatile sig_atomic_t g_touch = 0;
 void on_touch(int) { g_touch = g_touch + 1; }
 
-int turn(int id, std::size_t mib) {
-  // The signals wait for sigsuspend below; the threads started from here on (the fake's kernel
-  // worker) inherit the mask, so they reach this one.
-  signal(SIGUSR2, on_touch);
-  sigset_t held, old;
-  sigemptyset(&held);
-  sigaddset(&held, SIGUSR2);
-  sigaddset(&held, SIGTERM);
-  sigprocmask(SIG_BLOCK, &held, &old);
-  start_primary(0);
-  constexpr std::size_t kBlock = 20 * kMiB, kWords = kBlock / 4;
-  std::vector<CUdeviceptr> blocks;
+constexpr std::size_t kBlock = 20 * kMiB, kWords = kBlock / 4;
+
+// Block b of process id starts as base(b) + i in word i; after N touches it holds base(b) + N + i.
+std::uint32_t base(int id, std::size_t b) {
+  return static_cast<std::uint32_t>(id) * 0x01000000u + static_cast<std::uint32_t>(b) * 0x00100000u;
+}
+
+// Allocates MIB in 20 MiB blocks and fills each with its pattern; false (having printed "TAG ID:
+// out of memory after N MiB") at the first out-of-memory.
+bool fill(const char* tag, int id, std::size_t mib, std::vector<CUdeviceptr>* blocks) {
   for (std::size_t got = 0; got < mib; got += 20) {
     CUdeviceptr p = 0;
     const CUresult r = cuMemAlloc_v2(&p, kBlock);
     if (r != CUDA_SUCCESS) {
       CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
-      std::printf("turn %d: out of memory after %zu MiB\n", id, got);
-      return 3;
+      std::printf("%s %d: out of memory after %zu MiB\n", tag, id, got);
+      return false;
     }
-    blocks.push_back(p);
+    blocks->push_back(p);
   }
-  // Block b of process id starts as base(b) + i in word i; after N touches it holds base(b) + N + i.
-  auto base = [&](std::size_t b) {
-    return static_cast<std::uint32_t>(id) * 0x01000000u + static_cast<std::uint32_t>(b) * 0x00100000u;
-  };
+  std::vector<std::uint32_t> h(kWords);
+  for (std::size_t b = 0; b < blocks->size(); ++b) {
+    for (std::size_t i = 0; i < kWords; ++i) h[i] = base(id, b) + static_cast<std::uint32_t>(i);
+    CHECK_OK(cuMemcpyHtoD_v2((*blocks)[b], h.data(), kBlock));
+  }
+  std::printf("%s %d: filled %zu MiB\n", tag, id, mib);
+  return true;
+}
+
+// The touch number `done` (from 1): the fake's test kernel checks and bumps every word of every
+// block, a cuMemcpyDtoH reads each back. Returns the words found wrong (0: all right).
+long touch(int id, const std::vector<CUdeviceptr>& blocks, int done) {
+  long bad = 0;
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    CUdeviceptr p = blocks[b];
+    std::size_t words = kWords;
+    std::uint32_t want = base(id, b) + static_cast<std::uint32_t>(done - 1);
+    void* args[] = {&p, &words, &want};
+    CHECK_OK(cuLaunchKernel(fakecuda_test_kernel(), 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+  }
   std::vector<std::uint32_t> h(kWords);
   for (std::size_t b = 0; b < blocks.size(); ++b) {
-    for (std::size_t i = 0; i < kWords; ++i) h[i] = base(b) + static_cast<std::uint32_t>(i);
-    CHECK_OK(cuMemcpyHtoD_v2(blocks[b], h.data(), kBlock));
+    CHECK_OK(cuMemcpyDtoH_v2(h.data(), blocks[b], kBlock));
+    for (std::size_t i = 0; i < kWords; ++i)
+      if (h[i] != base(id, b) + static_cast<std::uint32_t>(done) + static_cast<std::uint32_t>(i)) ++bad;
   }
-  std::printf("turn %d: filled %zu MiB\n", id, mib);
+  return bad + fakecuda_kernel_mismatches();
+}
+
+// Blocks SIGUSR2 and SIGTERM until sigsuspend; the threads started from here on (the fake's
+// kernel worker) inherit the mask, so the signals reach this thread. *old: the mask to wait with.
+void hold_signals(sigset_t* old) {
+  signal(SIGUSR2, on_touch);
+  sigset_t held;
+  sigemptyset(&held);
+  sigaddset(&held, SIGUSR2);
+  sigaddset(&held, SIGTERM);
+  sigprocmask(SIG_BLOCK, &held, old);
+}
+
+int turn(int id, std::size_t mib) {
+  sigset_t old;
+  hold_signals(&old);
+  start_primary(0);
+  std::vector<CUdeviceptr> blocks;
+  if (!fill("turn", id, mib, &blocks)) return 3;
   int done = 0;
   for (;;) {
     while (!g_term && done == g_touch) sigsuspend(&old);
     if (done == g_touch) break;  // SIGTERM, nothing left to do
     ++done;
-    long bad = 0;
-    for (std::size_t b = 0; b < blocks.size(); ++b) {
-      CUdeviceptr p = blocks[b];
-      std::size_t words = kWords;
-      std::uint32_t want = base(b) + static_cast<std::uint32_t>(done - 1);
-      void* args[] = {&p, &words, &want};
-      CHECK_OK(cuLaunchKernel(fakecuda_test_kernel(), 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
-    }
-    for (std::size_t b = 0; b < blocks.size(); ++b) {
-      CHECK_OK(cuMemcpyDtoH_v2(h.data(), blocks[b], kBlock));
-      for (std::size_t i = 0; i < kWords; ++i)
-        if (h[i] != base(b) + static_cast<std::uint32_t>(done) + static_cast<std::uint32_t>(i)) ++bad;
-    }
-    bad += fakecuda_kernel_mismatches();
+    const long bad = touch(id, blocks, done);
     std::printf("turn %d: touched %d %s (%ld wrong words)\n", id, done, bad == 0 ? "ok" : "BAD", bad);
   }
   std::printf("turn %d: done\n", id);
   return 0;
+}
+
+// Fills like `turn`, then from the first SIGUSR2 on touches its memory without a pause until
+// SIGTERM (a member that always works), printing "work ID: round N ok" (or BAD) after each touch.
+// Exit 0 when every word was right every time, 4 when not, 3 at an out-of-memory of the fill.
+int work(int id, std::size_t mib) {
+  sigset_t old;
+  hold_signals(&old);
+  start_primary(0);
+  std::vector<CUdeviceptr> blocks;
+  if (!fill("work", id, mib, &blocks)) return 3;
+  while (!g_term && g_touch == 0) sigsuspend(&old);
+  sigprocmask(SIG_SETMASK, &old, nullptr);  // SIGTERM now ends the loop below (no sigsuspend there)
+  long bad = 0;
+  for (int done = 1; !g_term; ++done) {
+    const long b = touch(id, blocks, done);
+    bad += b;
+    std::printf("work %d: round %d %s (%ld wrong words)\n", id, done, b == 0 ? "ok" : "BAD", b);
+  }
+  return bad == 0 ? 0 : 4;
 }
 
 }  // namespace
@@ -332,6 +376,7 @@ int main(int argc, char** argv) {
   signal(SIGTERM, on_term);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "work" && argc == 4) return work(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   if (what == "random" && argc == 4) return random_run(static_cast<unsigned>(std::atoi(argv[2])), std::atoi(argv[3]));
   if (what == "hold" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false);
   if (what == "hold-late" && argc == 3) return hold(std::strtoull(argv[2], nullptr, 10), false, 400'000);

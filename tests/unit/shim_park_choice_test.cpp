@@ -1,4 +1,5 @@
-// Whom a park request chooses (share::choose_to_park, shim/group_ledger_layout.h): plain code over
+// Whom a park request chooses (share::choose_to_park and, when every member works,
+// share::choose_turn; shim/group_ledger_layout.h): plain code over
 // the figures other members published, so it is tested here on figures made up for it; the
 // processes that act on the choice are tested in shim_park_group_test.cpp.
 #include <gtest/gtest.h>
@@ -77,6 +78,59 @@ TEST(ChooseToPark, LeastRecentlyActiveFirstUntilTheNeedIsCovered) {
   EXPECT_TRUE(share::may_park_later(quiet, passed[0]));
   EXPECT_FALSE(share::may_park_later(empty, passed[1]));
   EXPECT_TRUE(share::may_park_later(refused, passed[2]));
+}
+
+// Every member works: none is idle for the threshold, so choose_to_park finds nobody; taking
+// turns picks among them the one whose memory has been on the device longest, as many as cover
+// the need, never one restored less than the threshold ago (its turn has just begun) and never
+// one passed over for another reason.
+TEST(ChooseTurn, TheMemberResidentLongestParksWhenEveryoneWorks) {
+  constexpr std::int64_t s = 1'000'000'000;
+  const std::int64_t now = 100 * s;
+  auto working = [&](int slot, std::int64_t resident_for, std::uint64_t mib) {
+    share::ParkCandidate c;
+    c.slot = slot;
+    c.live = true;
+    c.parkable = share::kParkable;
+    c.reserved = mib * kMiB;
+    c.active_ns = now - s / 10;  // worked 100 ms ago
+    c.heartbeat_ns = now - s / 4;
+    c.resident_ns = now - resident_for;
+    return c;
+  };
+  std::vector<share::ParkCandidate> c = {working(2, 5 * s, 40), working(4, 30 * s, 40), working(6, s / 2, 40),
+                                         working(8, 12 * s, 40)};
+  int chosen[64];
+  share::Passed passed[64];
+  ASSERT_EQ(share::choose_to_park(c.data(), 4, 30 * kMiB, now, 2 * s, chosen, passed), 0) << "nobody is idle";
+  // 30 MiB: slot 4 alone, on the device for 30 s.
+  ASSERT_EQ(share::choose_turn(c.data(), 4, 30 * kMiB, now, 2 * s, chosen, passed), 1);
+  EXPECT_EQ(chosen[0], 4);
+  EXPECT_EQ(passed[3], share::Passed::spare);
+  // 70 MiB: slot 4, then slot 8 (12 s), then nobody else needed.
+  share::choose_to_park(c.data(), 4, 70 * kMiB, now, 2 * s, chosen, passed);
+  ASSERT_EQ(share::choose_turn(c.data(), 4, 70 * kMiB, now, 2 * s, chosen, passed), 2);
+  EXPECT_EQ(chosen[0], 4);
+  EXPECT_EQ(chosen[1], 8);
+  // More than they all hold: slot 6, restored half a second ago, keeps its turn.
+  share::choose_to_park(c.data(), 4, 1000 * kMiB, now, 2 * s, chosen, passed);
+  EXPECT_EQ(share::choose_turn(c.data(), 4, 1000 * kMiB, now, 2 * s, chosen, passed), 3);
+  EXPECT_EQ(passed[2], share::Passed::not_idle);
+  // A member that did not say since when it is resident counts as resident since ever; a time
+  // past the clock reads the same.
+  c[0].resident_ns = 0;
+  c[2].resident_ns = now + 50 * s;
+  share::choose_to_park(c.data(), 4, 50 * kMiB, now, 2 * s, chosen, passed);
+  ASSERT_EQ(share::choose_turn(c.data(), 4, 50 * kMiB, now, 2 * s, chosen, passed), 2);
+  EXPECT_EQ(chosen[0], 2);  // slot 2 and 6 both "since ever": the lower slot first
+  EXPECT_EQ(chosen[1], 6);
+  // Passed over for another reason: never taken in turn.
+  c[0].asking = true;
+  c[1].parkable = share::kParkNotNow;
+  c[2].pending = true;
+  c[3].reserved = 0;
+  share::choose_to_park(c.data(), 4, 10 * kMiB, now, 2 * s, chosen, passed);
+  EXPECT_EQ(share::choose_turn(c.data(), 4, 10 * kMiB, now, 2 * s, chosen, passed), 0);
 }
 
 }  // namespace

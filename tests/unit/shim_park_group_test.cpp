@@ -160,6 +160,39 @@ TEST_F(GroupPark, MembersTakeTurnsWithEveryByteIntact) {
   }
 }
 
+// Members that all work at once take turns. A, B and C each keep 40 MiB live under a 100 MiB
+// budget (any two fit, not three) and, once all three are filled, touch their memory without a
+// pause: none is ever idle for group_park_idle_ms. A parked member's restore waits that long, then
+// asks the member resident longest to park after the call it is in; every member goes on
+// working, every word right, and the device never holds more than the budget. Without turns the
+// restore would wait for an idle member that never comes and fail after group_park_wait_ms.
+TEST_F(GroupPark, MembersThatAllWorkTakeTurns) {
+  const auto e = env("group_park:on,group_park_idle_ms:300,group_park_wait_ms:20000");
+  RunningChild* w[3];
+  for (int i = 0; i < 3; ++i) {
+    w[i] = &start({kApp, "work", std::to_string(i + 1), "40"}, e);
+    ASSERT_TRUE(wait_for(*w[i], "work " + std::to_string(i + 1) + ": filled 40 MiB")) << w[i]->output;
+  }
+  for (RunningChild* r : w) kill(r->pid, SIGUSR2);
+  // Each works through rounds while the others work too: at least one park and restore of each.
+  for (int round = 1; round <= 3; ++round)
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE(wait_for(*w[i], "work " + std::to_string(i + 1) + ": round " + std::to_string(round) + " "))
+          << w[i]->output;
+  std::string all;
+  for (RunningChild* r : w) {
+    ChildResult res = stop(*r);
+    EXPECT_EQ(res.exit_status, 0) << res.output;
+    EXPECT_EQ(res.output.find("BAD"), std::string::npos) << res.output;
+    all += res.output;
+  }
+  EXPECT_NE(all.find(") to park"), std::string::npos) << all;
+  EXPECT_NE(all.find("in turn: every member works"), std::string::npos) << "a working member was asked in turn\n"
+                                                                        << all;
+  EXPECT_NE(all.find("parked for pid "), std::string::npos) << all;
+  EXPECT_LE(machine_peak(), 100 * kMiB) << "the device never held more than the budget";
+}
+
 // The control: the same start without group_park. B's allocation is refused once A's 60 MiB and
 // its own 40 fill the budget, and A is never parked.
 TEST_F(GroupPark, WithoutParkingTheSameTurnRunsOutOfMemory) {
