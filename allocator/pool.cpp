@@ -36,83 +36,16 @@ DevicePool::DevicePool(int device, const PoolOptions& options, Upstream& upstrea
 
 DevicePool::~DevicePool() = default;
 
-namespace {
-
-using detail::CachedBlock;
-using detail::ThreadBlockCache;
-
-// A free cached entry is lent (+1): the pool's take() of it, or a lent entry is freed
-// stream-locally (-1): the pool's unallocate() and make_local(), in the ledger's terms.
-void count_lent(detail::StatsDelta& d, const CachedBlock& e, int sign) {
-  if (sign > 0) {
-    if (e.split) d.inactive_split_changed(e.small, e.size, -1);
-    d.block_allocated(e.small, e.size, e.requested);
-  } else {
-    d.block_unallocated(e.small, e.size);
-    d.block_deactivated(e.small, e.size, e.requested);
-    if (e.split) d.inactive_split_changed(e.small, e.size, +1);
-  }
-}
-
-// Under cache.mu: a free cached block for exactly (stream, rounded) becomes lent. 0 = none.
-// `evict(ptr)` makes room in a full lent table; it can only when the pool lock is held.
-// *slot_busy: an entry matched but the lent table was full (the locked path can evict).
-template <class Evict>
-std::uintptr_t cache_take(ThreadBlockCache& cache, std::size_t rounded, std::size_t requested, StreamId stream,
-                          Evict evict, bool* slot_busy) REQUIRES(cache.mu) {
-  for (int i = cache.nfree - 1; i >= 0; --i) {  // newest first: the warmest block
-    if (cache.free_[i].rounded != rounded || (cache.free_[i].stream != stream && !cache.free_[i].any_stream)) continue;
-    if (cache.nlent >= ThreadBlockCache::kMaxLent && !evict(cache.free_[i].ptr)) {
-      *slot_busy = true;
-      return 0;
-    }
-    CachedBlock e = cache.free_[i];
-    cache.free_[i] = cache.free_[--cache.nfree];
-    cache.free_bytes -= e.size;
-    e.requested = requested;
-    e.stream = stream;  // lent: the allocation stream
-    e.any_stream = false;
-    cache.lent_insert(e);
-    count_lent(cache.delta, e, +1);
-    cache.delta.cache_hit();
-    cache.dirty.store(true, std::memory_order_relaxed);
-    cache.credit = std::min(cache.credit + ThreadBlockCache::kHitCredit, ThreadBlockCache::kMaxCredit);
-    return e.ptr;
-  }
-  return 0;
-}
-
-// Under cache.mu: the block lent at p becomes free in the cache, local to `stream` (or to its
-// allocation stream when use_owner). False: not lent by this cache, or no room.
-bool cache_put(ThreadBlockCache& cache, std::uintptr_t p, StreamId stream, bool use_owner) REQUIRES(cache.mu) {
-  const int i = cache.lent_find(p);
-  if (i < 0) return false;
-  if (cache.nfree >= ThreadBlockCache::kMaxFree ||
-      cache.free_bytes + cache.lent[i].size > ThreadBlockCache::kMaxFreeBytes)
-    return false;
-  CachedBlock e = cache.lent[i];
-  cache.lent_erase(i);
-  count_lent(cache.delta, e, -1);
-  cache.dirty.store(true, std::memory_order_relaxed);
-  if (!use_owner) e.stream = stream;
-  e.requested = 0;
-  cache.free_[cache.nfree++] = e;
-  cache.free_bytes += e.size;
-  return true;
-}
-
-}  // namespace
-
 // After a locked allocation: lend the block through this thread's cache when its free could be
 // stream-local; then the free and the next allocation of the same size on the same stream skip
 // the pool lock.
 inline void DevicePool::Impl::lend(ThreadBlockCache* cache, Block* b, std::size_t rounded) {
-  if ((opt.free_sync != FreeSync::device || (cache != nullptr && cache->async_seen)) && caches.may_cache(b)) {
+  if ((opt.free_sync != FreeSync::device || (cache != nullptr && cache->async_seen())) && caches.may_cache(b)) {
     if (cache == nullptr) cache = caches.create();
     detail::SpinGuard g(cache->mu);
     if (cache->wants_checkout())
       caches.checkout(*cache, b, rounded);
-    else if (cache->nfree != 0)
+    else if (cache->has_free())
       caches.flush(*cache);  // the cache does not hit: its parked blocks are better off in the pool
   }
 }
@@ -127,24 +60,24 @@ AllocResult DevicePool::allocate(std::size_t size, StreamId stream) {
   if (cache != nullptr) {
     Impl::Guard g(cache->mu);
     auto no_evict = [](std::uintptr_t) { return false; };
-    if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
+    if (std::uintptr_t p = cache->take(rounded, size, stream, no_evict, &slot_busy))
       return {reinterpret_cast<void*>(p), AllocStatus::ok};
     if (cache->has_fenced() && detail::service_cache(*cache, pool.fences)) {
-      if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, no_evict, &slot_busy))
+      if (std::uintptr_t p = cache->take(rounded, size, stream, no_evict, &slot_busy))
         return {reinterpret_cast<void*>(p), AllocStatus::ok};
     }
   }
   Impl::Lock lk(pool.mu);
-  if (cache != nullptr && (slot_busy || cache->dirty.load(std::memory_order_relaxed))) {
+  if (cache != nullptr && (slot_busy || cache->dirty())) {
     Impl::Guard g(cache->mu);
     pool.caches.merge(*cache);  // this thread's cached operations come first (program order)
     if (slot_busy) {            // a cached block fits but its lent slot is taken: make room now
-      // Runs inside cache_take, which knows nothing of the pool lock: both locks are held here.
+      // Runs inside take(), which knows nothing of the pool lock: both locks are held here.
       auto evict = [&](std::uintptr_t near) NO_THREAD_SAFETY_ANALYSIS {
         pool.caches.return_lent(*cache, cache->lent_any(near));
         return true;
       };
-      if (std::uintptr_t p = cache_take(*cache, rounded, size, stream, evict, &slot_busy)) {
+      if (std::uintptr_t p = cache->take(rounded, size, stream, evict, &slot_busy)) {
         pool.caches.merge(*cache);
         return {reinterpret_cast<void*>(p), AllocStatus::ok};
       }
@@ -176,7 +109,7 @@ FreeStatus DevicePool::free(void* ptr) {
   ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
   if (cache != nullptr && pool.opt.free_sync == FreeSync::immediate) {
     Impl::Guard g(cache->mu);
-    if (cache_put(*cache, p, 0, true)) return FreeStatus::ok;
+    if (cache->put(p, 0, true)) return FreeStatus::ok;
   } else if (cache != nullptr && (pool.opt.free_sync == FreeSync::fenced || pool.opt.free_sync == FreeSync::gpu_wait)) {
     Impl::Guard g(cache->mu);
     if (detail::cache_free_fenced(*cache, p, pool.fences)) return FreeStatus::ok;
@@ -197,7 +130,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
   ThreadBlockCache* cache = detail::ThreadCaches::find(pool.uid);
   if (cache != nullptr) {
     Impl::Guard g(cache->mu);
-    if (cache_put(*cache, p, stream, false)) return FreeStatus::ok;
+    if (cache->put(p, stream, false)) return FreeStatus::ok;
   }
   Impl::Lock lk(pool.mu);
   if (cache != nullptr) pool.caches.merge_own();
@@ -212,7 +145,7 @@ FreeStatus DevicePool::free_on_stream(void* ptr, StreamId stream) {
     // This thread frees on streams: later allocations may be lent through its cache.
     if (cache == nullptr) cache = pool.caches.create();
     Impl::Guard g(cache->mu);
-    cache->async_seen = true;
+    cache->note_async();
   }
   return FreeStatus::ok;
 }

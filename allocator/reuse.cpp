@@ -112,14 +112,14 @@ void count_fence_done(StatsDelta& d, const CachedBlock& e) {
 }  // namespace
 
 bool cache_free_fenced(ThreadBlockCache& cache, std::uintptr_t p, FenceProvider& fences) {
-  CacheBatches& fb = cache.fenced;
+  CacheBatches& fb = cache.fenced_;
   if (fb.open_full()) return false;
   const int i = cache.lent_find(p);
   if (i < 0) return false;
-  CachedBlock e = cache.lent[i];
+  CachedBlock e = cache.lent_[i];
   cache.lent_erase(i);
-  count_pend(cache.delta, e);
-  cache.dirty.store(true, std::memory_order_relaxed);
+  count_pend(cache.delta_, e);
+  cache.mark_dirty();
   fb.open_.entries().push(e);
   if (fb.open_.count() == 1)
     fb.open_.open_at(Reuse::clock_ns());  // the cache's batch opens: its window starts
@@ -129,34 +129,33 @@ bool cache_free_fenced(ThreadBlockCache& cache, std::uintptr_t p, FenceProvider&
 }
 
 bool service_cache(ThreadBlockCache& cache, FenceProvider& fences) {
-  CacheBatches& fb = cache.fenced;
+  CacheBatches& fb = cache.fenced_;
   bool freed = false;
   const std::int64_t now = Reuse::clock_ns();
   const int room = ThreadBlockCache::kMaxFree + CacheBatches::kMaxPend;
   if (fb.closed_.fence() != 0 && now - fb.last_query_ >= CacheBatches::kQueryGapNs &&
-      cache.nfree + fb.closed_.entries().size() <= room) {
+      cache.nfree_ + fb.closed_.entries().size() <= room) {
     fb.last_query_ = now;
     if (fb.closed_.done(fences, Ask::plain)) {
       fences.release(fb.closed_.take_fence());
       const CacheBatches::Run& run = fb.closed_.entries();
       for (int i = 0; i < run.size(); ++i) {
         CachedBlock e = run[i];
-        count_fence_done(cache.delta, e);
+        count_fence_done(cache.delta_, e);
         e.any_stream = true;
         e.requested = 0;
-        cache.free_[cache.nfree++] = e;
-        cache.free_bytes += e.size;
+        cache.add_free(e);
       }
       freed = run.size() > 0;
       fb.closed_.entries().clear();
-      cache.dirty.store(true, std::memory_order_relaxed);
+      cache.mark_dirty();
     }
   }
   if (fb.closed_.fence() == 0 && fb.open_.count() > 0 &&
       (fb.open_full() || now - fb.open_.since() >= FenceBatches::kBatchWindowNs)) {
     const FenceHandle f = fences.record_device();
-    cache.delta.fence_recorded();
-    cache.dirty.store(true, std::memory_order_relaxed);
+    cache.delta_.fence_recorded();
+    cache.mark_dirty();
     fb.closed_.entries().take_from(fb.open_.entries());
     fb.closed_.close(f, now);
     fb.last_query_ = now - CacheBatches::kQueryGapNs;  // the next miss may ask at once: an idle GPU is done already

@@ -51,7 +51,7 @@ class BlockStore;
 class ExpandableRanges;
 class StatsLedger;
 struct EventLog;
-struct ThreadBlockCache;
+class ThreadBlockCache;
 
 // ---- asking a fence ----
 // How a fence of freed memory is asked.

@@ -1,8 +1,8 @@
 // The pool side of the per-thread caches (thread_caches.h): registration, check-out, stat
 // merging, flushing back into the pool, thread exit, teardown. Lock order everywhere: cache
-// registry mutex -> pool lock -> a cache's mu. The owner's fast path (pool.cpp, cache_take /
-// cache_put; reuse.cpp, cache_free_fenced / service_cache) takes only its own cache's mu. What a
-// cached block's state becomes when it goes back is Reuse's (reuse.cpp).
+// registry mutex -> pool lock -> a cache's mu. The owner's fast path (ThreadBlockCache::take /
+// put, called by pool.cpp; reuse.cpp, cache_free_fenced / service_cache) takes only its own
+// cache's mu. What a cached block's state becomes when it goes back is Reuse's (reuse.cpp).
 #include <algorithm>
 #include <mutex>
 #include <utility>
@@ -32,7 +32,7 @@ struct ThisThreadCaches {
   ~ThisThreadCaches() {
     std::lock_guard<std::mutex> reg(registry_mutex());
     for (auto& cache : list)
-      if (cache->pool.load(std::memory_order_acquire) != nullptr) cache->exit_flush(*cache);  // else its pool is gone
+      if (cache->pool() != nullptr) cache->exit_flush();  // else its pool is gone
   }
 };
 
@@ -44,9 +44,9 @@ std::uint64_t new_pool_uid() { return next_uid.fetch_add(1, std::memory_order_re
 
 ThreadBlockCache* ThreadCaches::find(std::uint64_t uid) {
   ThisThreadCaches& tl = t_caches;
-  if (tl.last != nullptr && tl.last->pool_uid == uid) return tl.last;
+  if (tl.last != nullptr && tl.last->pool_uid() == uid) return tl.last;
   for (auto& cache : tl.list) {
-    if (cache->pool_uid == uid) {
+    if (cache->pool_uid() == uid) {
       tl.last = cache.get();
       return tl.last;
     }
@@ -58,13 +58,9 @@ ThreadBlockCache* ThreadCaches::create() {
   if (ThreadBlockCache* cache = find(uid_)) return cache;
   ThisThreadCaches& tl = t_caches;
   // Caches of destroyed pools are dead weight: drop them now.
-  std::erase_if(tl.list, [](const std::shared_ptr<ThreadBlockCache>& c) {
-    return c->pool.load(std::memory_order_acquire) == nullptr;
-  });
+  std::erase_if(tl.list, [](const std::shared_ptr<ThreadBlockCache>& c) { return c->pool() == nullptr; });
   auto cache = std::make_shared<ThreadBlockCache>();
-  cache->pool_uid = uid_;
-  cache->exit_flush = &ThreadCaches::exit_flush;
-  cache->pool.store(this, std::memory_order_release);
+  cache->attach(this, uid_, &ThreadCaches::exit_flush);
   list_.push_back(cache);
   tl.list.push_back(cache);
   tl.last = cache.get();
@@ -72,7 +68,7 @@ ThreadBlockCache* ThreadCaches::create() {
 }
 
 void ThreadCaches::exit_flush(ThreadBlockCache& cache) {
-  auto* caches = static_cast<ThreadCaches*>(cache.pool.load(std::memory_order_acquire));
+  auto* caches = static_cast<ThreadCaches*>(cache.pool());
   SpinGuard pool_lock(caches->pool_mu_);
   {
     SpinGuard cache_lock(cache.mu);
@@ -80,12 +76,12 @@ void ThreadCaches::exit_flush(ThreadBlockCache& cache) {
   }
   auto& v = caches->list_;
   std::erase_if(v, [&](const std::shared_ptr<ThreadBlockCache>& c) { return c.get() == &cache; });
-  cache.pool.store(nullptr, std::memory_order_release);
+  cache.detach();
 }
 
 void ThreadCaches::checkout(ThreadBlockCache& cache, Block* b, std::size_t rounded) {
   // A full table: one older block goes back to the pool (it stays allocated, uncached).
-  if (cache.nlent >= ThreadBlockCache::kMaxLent) return_lent(cache, cache.lent_any(b->ptr));
+  if (cache.lent_count() >= ThreadBlockCache::kMaxLent) return_lent(cache, cache.lent_any(b->ptr));
   reuse_.lend_to_cache(b);
   CachedBlock e;
   e.block = b;
@@ -100,28 +96,16 @@ void ThreadCaches::checkout(ThreadBlockCache& cache, Block* b, std::size_t round
 }
 
 void ThreadCaches::return_lent(ThreadBlockCache& cache, int i) {
-  reuse_.unlend(cache.lent[i]);
+  reuse_.unlend(cache.lent_at(i));
   cache.lent_erase(i);
 }
 
-void ThreadCaches::merge(ThreadBlockCache& cache) {
-  if (!cache.dirty.load(std::memory_order_relaxed)) return;
-  ledger_.merge(cache.delta);
-  cache.dirty.store(false, std::memory_order_relaxed);
-}
+void ThreadCaches::merge(ThreadBlockCache& cache) { cache.merge_into(ledger_); }
 
 void ThreadCaches::flush(ThreadBlockCache& cache) {
   merge(cache);
-  // Every lent block back (no erase while walking: erasing shifts entries backwards).
-  for (CachedBlock& e : cache.lent) {
-    if (e.ptr == 0) continue;
-    reuse_.unlend(e);
-    e = CachedBlock{};
-  }
-  cache.nlent = 0;
-  for (int i = 0; i < cache.nfree; ++i) reuse_.return_cached_free(cache.free_[i]);
-  cache.nfree = 0;
-  cache.free_bytes = 0;
+  cache.drain_lent([&](const CachedBlock& e) { reuse_.unlend(e); });  // every lent block back
+  cache.drain_free([&](const CachedBlock& e) { reuse_.return_cached_free(e); });
   flush_fenced(cache);
 }
 
@@ -162,7 +146,7 @@ void ThreadCaches::flush_all() {
 
 void ThreadCaches::merge_own() {
   ThreadBlockCache* cache = find(uid_);
-  if (cache != nullptr && cache->dirty.load(std::memory_order_relaxed)) {
+  if (cache != nullptr && cache->dirty()) {
     SpinGuard g(cache->mu);
     merge(*cache);
   }
@@ -171,18 +155,12 @@ void ThreadCaches::merge_own() {
 bool ThreadCaches::reclaim_lent(std::uintptr_t p) {
   auto reclaim_from = [&](ThreadBlockCache& cache) {
     SpinGuard g(cache.mu);
-    if (cache.nlent == 0) return false;
-    const int home = ThreadBlockCache::slot_of(p);
-    for (int k = 0; k < ThreadBlockCache::kLentSlots; ++k) {  // from p's home slot (p is usually a start)
-      const int i = (home + k) % ThreadBlockCache::kLentSlots;
-      const CachedBlock& e = cache.lent[i];
-      if (e.ptr != 0 && p >= e.ptr && p < e.ptr + e.size) {
-        merge(cache);  // its deltas describe this block's history
-        return_lent(cache, i);
-        return true;
-      }
-    }
-    return false;
+    if (cache.lent_count() == 0) return false;
+    const int i = cache.lent_containing(p);
+    if (i < 0) return false;
+    merge(cache);  // its deltas describe this block's history
+    return_lent(cache, i);
+    return true;
   };
   // Usually the freeing thread lent it itself (e.g. free() of a lent block in a fenced pool):
   // look there first; other threads' caches only for cross-thread frees.
@@ -198,13 +176,8 @@ void ThreadCaches::detach_all() {
   SpinGuard pool_lock(pool_mu_);
   for (auto& cache : list_) {
     SpinGuard g(cache->mu);
-    for (CachedBlock& e : cache->lent) e = CachedBlock{};
-    cache->drain_fenced(fences_, [](const CachedBlock&) {});
-    cache->nfree = cache->nlent = 0;
-    cache->free_bytes = 0;
-    cache->delta = StatsDelta{};
-    cache->dirty.store(false, std::memory_order_relaxed);
-    cache->pool.store(nullptr, std::memory_order_release);
+    cache->forget(fences_);
+    cache->detach();
   }
   list_.clear();
 }

@@ -1,7 +1,8 @@
 // Internal: the pool side of the per-thread block caches (thread_cache.h has one cache and its
 // fast path, docs/design.md "Thread caches" the why): which threads' caches a pool has,
 // registration, check-out, stat merging, flushing back into the pool, thread exit, teardown.
-// A cache's own fast path (no pool lock) is the front's: pool.cpp, cache_take / cache_put.
+// A cache's own fast path (no pool lock) is its own (thread_cache.h: take / put, called by
+// pool.cpp) and, for fenced frees, reuse's (reuse.cpp: cache_free_fenced / service_cache).
 // Lock order everywhere: cache registry mutex -> pool lock -> a cache's mu. The pool lock guards
 // this object, as everything else in the pool; each cache's own state its mu.
 #pragma once

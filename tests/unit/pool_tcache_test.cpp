@@ -53,17 +53,17 @@ TEST(PoolTcache, LentTableFindsEveryEntryAfterRandomErases) {
     if (in.count(p) != 0) {
       const int i = tc->lent_find(p);
       ASSERT_GE(i, 0);
-      ASSERT_EQ(tc->lent[i].ptr, p);
+      ASSERT_EQ(tc->lent_at(i).ptr, p);
       tc->lent_erase(i);
       in.erase(p);
-    } else if (tc->nlent < detail::ThreadBlockCache::kMaxLent) {
+    } else if (tc->lent_count() < detail::ThreadBlockCache::kMaxLent) {
       detail::CachedBlock e;
       e.ptr = p;
       e.size = 4096;
       tc->lent_insert(e);
       in.insert(p);
     }
-    ASSERT_EQ(tc->nlent, static_cast<int>(in.size()));
+    ASSERT_EQ(tc->lent_count(), static_cast<int>(in.size()));
     if (step % 97 == 0) {
       for (std::uintptr_t q : in) ASSERT_GE(tc->lent_find(q), 0) << "step " << step;
       for (int k = 0; k < 20; ++k) {
