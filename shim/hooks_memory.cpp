@@ -114,12 +114,12 @@ CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
-  void* p = as_ptr(dptr);
-  park::Door door;  // restored first: the pool may give the freed pages back
-  if (door.result() != 0) return door.result();
-  // A block exported with CUDA IPC and still open in another process is freed into the pool only
-  // once the last importer closed it: that process may still be using the bytes.
+namespace {
+
+// A block exported with CUDA IPC and still open in another process is freed into the pool only
+// once the last importer closed it: that process may still be using the bytes. kPassThrough: go
+// on freeing; else the free's answer.
+CUresult ipc_free_answer(void* p) {
   switch (ipc::on_free(p)) {
     case ipc::FreeVerdict::free: break;
     case ipc::FreeVerdict::held: return CUDA_SUCCESS;
@@ -130,23 +130,60 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
           p);
       return CUDA_ERROR_INVALID_VALUE;
   }
+  return kPassThrough;
+}
+
+// A stream every context may use without question: none (cuMemFree), the legacy or the
+// per-thread default stream.
+bool any_context_may_use(CUstream raw_stream) {
+  return raw_stream == nullptr || raw_stream == CU_STREAM_LEGACY || raw_stream == CU_STREAM_PER_THREAD;
+}
+
+// Fast path: hand the pointer straight to the pool this thread last used; its answer is
+// authoritative unless it says "not mine" (pools never overlap). No owns() (the pool's shared
+// lock), no scan: a stream-ordered free can stay in the pool's per-thread cache. For a
+// stream-ordered free the stream must be one this pool's context may use without question;
+// anything else takes the checked path. kPassThrough: that pool did not answer.
+CUresult free_in_last_pool(Runtime& rt, void* p, const StreamId* stream, CUstream raw_stream) {
+  ContextPool* last = rt.last_owner();
+  if (last == nullptr || last->retired.load(std::memory_order_acquire)) return kPassThrough;
+  if (stream == nullptr) {
+    const FreeStatus s = last->pool.free(p);
+    if (s != FreeStatus::not_owned) return finish_free(s, *last, p, false);
+  } else if (any_context_may_use(raw_stream) || last->fences.knows_stream(raw_stream)) {
+    const FreeStatus s = last->pool.free_on_stream(p, *stream);
+    if (s != FreeStatus::not_owned) return finish_free(s, *last, p, true);
+  }
+  return kPassThrough;
+}
+
+// A stream another context created cannot order work on cp's device: true (with a warning)
+// when `raw_stream` is one.
+bool stream_of_another_context(Runtime& rt, ContextPool& cp, void* p, CUstream raw_stream) {
+  if (any_context_may_use(raw_stream) || cp.fences.knows_stream(raw_stream)) return false;
+  bool elsewhere = false;
+  rt.for_each_pool([&](ContextPool& other) {
+    if (&other != &cp && other.fences.knows_stream(raw_stream)) elsewhere = true;
+  });
+  if (elsewhere) {
+    log_warn(
+        "cuMemFreeAsync({}) on a stream of another context (the block belongs to device {}): "
+        "CUDA_ERROR_INVALID_VALUE",
+        p, cp.device);
+  }
+  return elsewhere;
+}
+
+}  // namespace
+
+CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstream raw_stream) {
+  void* p = as_ptr(dptr);
+  park::Door door;  // restored first: the pool may give the freed pages back
+  if (door.result() != 0) return door.result();
+  if (const CUresult r = ipc_free_answer(p); r != kPassThrough) return r;
   ipc::drain_frees(rt);
-  // Fast path: hand the pointer straight to the pool this thread last used; its answer is
-  // authoritative unless it says "not mine" (pools never overlap). No owns() (the pool's shared
-  // lock), no scan: a stream-ordered free can stay in the pool's per-thread cache. For a
-  // stream-ordered free the stream must be one this pool's context may use without question;
-  // anything else takes the checked path below.
   if (!Runtime::exiting()) {
-    if (ContextPool* last = rt.last_owner(); last != nullptr && !last->retired.load(std::memory_order_acquire)) {
-      if (stream == nullptr) {
-        const FreeStatus s = last->pool.free(p);
-        if (s != FreeStatus::not_owned) return finish_free(s, *last, p, false);
-      } else if (raw_stream == nullptr || raw_stream == CU_STREAM_LEGACY || raw_stream == CU_STREAM_PER_THREAD ||
-                 last->fences.knows_stream(raw_stream)) {
-        const FreeStatus s = last->pool.free_on_stream(p, *stream);
-        if (s != FreeStatus::not_owned) return finish_free(s, *last, p, true);
-      }
-    }
+    if (const CUresult r = free_in_last_pool(rt, p, stream, raw_stream); r != kPassThrough) return r;
   }
   ContextPool* cp = rt.owner_of(p);
   if (cp == nullptr) {
@@ -159,21 +196,7 @@ CUresult pool_free(Runtime& rt, CUdeviceptr dptr, const StreamId* stream, CUstre
     rt.count_pass(PassKind::exiting);
     return CUDA_SUCCESS;
   }
-  if (stream != nullptr && raw_stream != nullptr && raw_stream != CU_STREAM_LEGACY &&
-      raw_stream != CU_STREAM_PER_THREAD && !cp->fences.knows_stream(raw_stream)) {
-    // A stream another context created cannot order work on this pool's device.
-    bool elsewhere = false;
-    rt.for_each_pool([&](ContextPool& other) {
-      if (&other != cp && other.fences.knows_stream(raw_stream)) elsewhere = true;
-    });
-    if (elsewhere) {
-      log_warn(
-          "cuMemFreeAsync({}) on a stream of another context (the block belongs to device {}): "
-          "CUDA_ERROR_INVALID_VALUE",
-          p, cp->device);
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-  }
+  if (stream != nullptr && stream_of_another_context(rt, *cp, p, raw_stream)) return CUDA_ERROR_INVALID_VALUE;
   FreeStatus s = stream != nullptr ? cp->pool.free_on_stream(p, *stream) : cp->pool.free(p);
   if (s == FreeStatus::not_owned) {  // raced with a reset: let the driver answer
     rt.count_pass(PassKind::foreign_pointer);
