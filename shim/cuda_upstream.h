@@ -10,6 +10,7 @@
 
 #include "allocator/upstream.h"
 #include "shim/driver.h"
+#include "shim/park_store.h"
 #include "shim/parking.h"
 
 namespace cudapool::shim {
@@ -165,28 +166,13 @@ class CudaUpstream final : public Upstream {
   // Old mappings left by alias(), address -> bytes: the handles belong to units_ elsewhere.
   std::map<std::uintptr_t, std::size_t> aliases_;
   std::map<std::uintptr_t, Range> ranges_;  // reservations by base
-  // Parked units: their addresses stay reserved, their bytes (if kept) lie in host_ at `offset`.
-  struct ParkedUnit {
-    std::uintptr_t addr = 0;
-    std::size_t bytes = 0;
-    bool exportable = false;
-    std::size_t offset = 0;
-  };
-  std::vector<ParkedUnit> parked_;
-  std::size_t parked_total_ = 0;
-  void* host_ = nullptr;        // the host copy of the parked bytes (nullptr: discarded)
-  std::size_t host_bytes_ = 0;  // its size (a reused spare may be larger than the parked bytes)
-  bool host_pinned_ = false;
-  void free_host() noexcept;
-  // Pinning gigabytes of host memory costs far more than copying them (on an H100, some 300 ms a
-  // GiB to pin and unpin against 20 ms to copy): a restore keeps its pinned buffer as the spare,
-  // which the next park reuses when it fits, until release_spare frees it.
-  void* spare_ = nullptr;
-  std::size_t spare_bytes_ = 0;
-  std::int64_t spare_since_ns_ = 0;
-  void free_spare() noexcept;
-  // The pool unmapped pages that are parked (a release of idle memory): they are forgotten.
-  void drop_parked(std::uintptr_t lo, std::uintptr_t hi) noexcept;
+  // Parking's steps (shim/cuda_upstream_park.cpp).
+  CUresult copy_out(const std::vector<ParkStore::Unit>& list, void* host, std::string* why);
+  void give_back(const std::vector<ParkStore::Unit>& list) noexcept;
+  bool charge_waiting(std::size_t bytes, int dev, park::RestoreWait wait, std::string* why);
+  CUresult map_again(int dev, std::vector<Unit>* made);
+  // Parked units (their addresses stay reserved) and the host copy of their bytes.
+  ParkStore parked_{d_, ctx_};
 };
 
 }  // namespace cudapool::shim

@@ -341,7 +341,7 @@ void CudaUpstream::unmap(void* addr, std::size_t bytes) {
 
 // Called with vmm_mu_ held.
 void CudaUpstream::release_units(std::uintptr_t lo, std::uintptr_t hi) {
-  if (!parked_.empty()) drop_parked(lo, hi);  // parked pages the pool gives up: nothing to restore
+  if (!parked_.empty()) parked_.drop(lo, hi);  // parked pages the pool gives up: nothing to restore
   if (gran_ == 0 || units_.empty()) return;
   ScopedContext scope(d_, ctx_);
   auto it = units_.lower_bound(lo);

@@ -232,6 +232,88 @@ std::string why_not_parkable() {
   return why_locked(g_pools.load(std::memory_order_acquire));
 }
 
+namespace {
+
+// With the doors closed and every thread outside: work already queued finishes before its memory
+// goes (every context drained). false with *why when a drain failed.
+bool drain_all(Pools* rt, std::string* why) {
+  const RealDriver& d = rt->driver();
+  bool ok = true;
+  rt->for_each([&](ContextPool& cp) {
+    if (!ok) return;
+    ScopedContext scope(d, cp.ctx);
+    const CUresult r = d.cuCtxSynchronize != nullptr ? d.cuCtxSynchronize() : CUDA_ERROR_NOT_SUPPORTED;
+    if (r != CUDA_SUCCESS) {
+      ok = false;
+      *why = "draining device " + std::to_string(cp.device) + " failed: CUDA error " + std::to_string(r);
+    }
+  });
+  return ok;
+}
+
+// Drained: gives cached free pages back (*idle) and moves every pool's mapped units out (*out
+// bytes). A failure undoes what it can and returns false with *why.
+bool move_out(Pools* rt, Mode mode, std::uint64_t* out, std::size_t* idle, std::string* why) {
+  rt->for_each([&](ContextPool& cp) { *idle += cp.pool.empty_cache(); });
+  bool ok = true;
+  rt->for_each([&](ContextPool& cp) {
+    if (!ok) return;
+    std::size_t n = 0;
+    ok = cp.upstream.park_units(mode == Mode::copy, &n, why);
+    *out += n;
+  });
+  if (!ok) {
+    std::string again;
+    if (restore_all(&again) != 0)
+      log_warn("parking: undoing a failed park failed too ({}); the next call restores", again);
+  }
+  return ok;
+}
+
+// Closes the doors and waits for every thread inside one to leave; then the process can neither
+// start GPU work nor change what may be parked. Called with `lk` held, returns with it released.
+// false with *why when a thread stayed inside or the process became unparkable meanwhile.
+bool close_doors(std::unique_lock<std::mutex>& lk, Pools* rt, std::string* why) {
+  setup_barrier();
+  g_state = State::parking;
+  detail::g_closed.store(1, std::memory_order_seq_cst);
+  lk.unlock();
+  heavy_barrier();
+  if (!wait_outside()) {
+    *why = "a thread stayed inside a CUDA call for more than 5 s";
+    return false;
+  }
+  // The hooks that export, capture or enable peer access pass the door too: asked again now,
+  // the answer is final.
+  *why = why_locked(rt);
+  return why->empty();
+}
+
+// Under g_mu, after a park that failed (or found nothing to move): whatever an undo could not
+// restore stays parked behind closed doors; else the doors open again.
+void settle_failed_park(Pools* rt) {
+  std::size_t left = 0;
+  rt->for_each([&](ContextPool& cp) { left += cp.upstream.parked_bytes(); });
+  if (left != 0) {
+    g_state = State::parked;
+    g_cv.notify_all();
+  } else {
+    reopen_locked();
+  }
+}
+
+// Under g_mu, after a park that moved `out` bytes out in `dt` ns.
+void note_parked(std::uint64_t out, std::uint64_t dt) {
+  g_state = State::parked;
+  g_parks.fetch_add(1, std::memory_order_relaxed);
+  g_bytes_out.fetch_add(out, std::memory_order_relaxed);
+  g_park_ns.fetch_add(dt, std::memory_order_relaxed);
+  g_parked_bytes.store(out, std::memory_order_relaxed);
+  g_cv.notify_all();
+}
+
+}  // namespace
+
 bool park(Mode mode, const char* reason, std::string* why) noexcept {
   std::string local;
   std::string& w = why != nullptr ? *why : local;
@@ -253,71 +335,18 @@ bool park(Mode mode, const char* reason, std::string* why) noexcept {
       return false;
     }
     const std::int64_t t0 = share::monotonic_ns();
-    setup_barrier();
-    g_state = State::parking;
-    detail::g_closed.store(1, std::memory_order_seq_cst);
-    lk.unlock();
-    heavy_barrier();
-    bool ok = wait_outside();
-    if (!ok) w = "a thread stayed inside a CUDA call for more than 5 s";
-    // Nothing can change the answers below now (the hooks that export, capture or enable peer
-    // access pass the door too): asked again, they are final.
-    if (ok) {
-      w = why_locked(rt);
-      ok = w.empty();
-    }
-    // Work already queued finishes before its memory goes.
-    if (ok) {
-      const RealDriver& d = rt->driver();
-      rt->for_each([&](ContextPool& cp) {
-        if (!ok) return;
-        ScopedContext scope(d, cp.ctx);
-        const CUresult r = d.cuCtxSynchronize != nullptr ? d.cuCtxSynchronize() : CUDA_ERROR_NOT_SUPPORTED;
-        if (r != CUDA_SUCCESS) {
-          ok = false;
-          w = "draining device " + std::to_string(cp.device) + " failed: CUDA error " + std::to_string(r);
-        }
-      });
-    }
     std::uint64_t out = 0;
     std::size_t idle = 0;
-    if (ok) {
-      // Cached free pages are simply given back; only live memory is copied.
-      rt->for_each([&](ContextPool& cp) { idle += cp.pool.empty_cache(); });
-      rt->for_each([&](ContextPool& cp) {
-        if (!ok) return;
-        std::size_t n = 0;
-        ok = cp.upstream.park_units(mode == Mode::copy, &n, &w);
-        out += n;
-      });
-      if (!ok) {
-        std::string again;
-        if (restore_all(&again) != 0)
-          log_warn("parking: undoing a failed park failed too ({}); the next call restores", again);
-      }
-    }
+    const bool ok = close_doors(lk, rt, &w) && drain_all(rt, &w) && move_out(rt, mode, &out, &idle, &w);
     lk.lock();
     if (!ok || out == 0) {
       if (ok) w = "no memory that can move once idle pages were given back";
-      // Whatever an undo could not restore is still parked: the doors stay closed for it.
-      std::size_t left = 0;
-      rt->for_each([&](ContextPool& cp) { left += cp.upstream.parked_bytes(); });
-      if (left != 0) {
-        g_state = State::parked;
-        g_cv.notify_all();
-      } else {
-        reopen_locked();
-      }
+      settle_failed_park(rt);
       log_info("parking: not parked ({}): {}", what, w);
       return false;
     }
     const auto dt = static_cast<std::uint64_t>(share::monotonic_ns() - t0);
-    g_state = State::parked;
-    g_parks.fetch_add(1, std::memory_order_relaxed);
-    g_bytes_out.fetch_add(out, std::memory_order_relaxed);
-    g_park_ns.fetch_add(dt, std::memory_order_relaxed);
-    g_parked_bytes.store(out, std::memory_order_relaxed);
-    g_cv.notify_all();
+    note_parked(out, dt);
     log_info("parking: parked {} bytes ({}, {} idle bytes given back first) in {:.1f} ms ({})", out,
              mode == Mode::copy ? "copied to host memory" : "discarded", idle, static_cast<double>(dt) / 1e6, what);
     return true;

@@ -130,5 +130,5 @@ $(SHIM_TEST_BIN): $(TELEMETRY_LIB) $(CONFIG_LIB)
 # and the pool's archive for its clock.
 SHIM_FENCE_OBJS := $(addprefix $(BUILD)/shim/,cuda_fences.o context_wide_fences.o event_pool.o fence_context.o \
   fence_record.o fence_recorder.o fence_sequence.o fence_streams.o fence_sweeps.o gpu_ordering.o streams.o \
-  cuda_upstream.o cuda_upstream_vmm.o cuda_upstream_park.o)
+  cuda_upstream.o cuda_upstream_vmm.o cuda_upstream_park.o park_store.o)
 $(SHIM_TEST_BIN): $(SHIM_FENCE_OBJS) $(ALLOCATOR_LIB)
