@@ -27,49 +27,7 @@ bool fence_done(FenceProvider& fences, FenceHandle f, Ask ask) {
   return false;
 }
 
-// ---- a block is freed ----
-
-void Reuse::free(Block* b) {
-  if (opt_.free_sync == FreeSync::immediate && !store_.is_retired(b->owner)) {
-    free_local(b, b->owner);
-    return;
-  }
-  // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
-  // The fence is recorded once for the whole batch, when its window closes (add_pending).
-  b->state = BState::pending;
-  ledger_.pending_added(b->size);
-  add_pending(b);
-}
-
-void Reuse::free_local(Block* b, StreamId stream) {
-  StreamFree* stream_free = store_.stream_get(stream);
-  store_.deactivate(b);
-  b->epoch = store_.next_epoch();
-  store_.insert_free(b, BState::local, stream, stream_free->sets[kind_index(b->seg->small)]);
-}
-
-void Reuse::fresh_shared(Block* b) { become_shared(b); }
-
-void Reuse::become_shared(Block* b) { store_.insert_free(b, BState::shared, 0, store_.shared_set(b->seg->small)); }
-
-void Reuse::add_pending(Block* b) {
-  if (batches_.add_open(b, ledger_.reserved_bytes())) close_open();
-}
-
 // ---- thread caches ----
-
-void Reuse::lend_to_cache(Block* b) {
-  store_.take_live(b->ptr);
-  b->state = BState::tcache;
-}
-
-void Reuse::unlend(const CachedBlock& e) {
-  Block* b = e.block;
-  b->state = BState::allocated;
-  b->owner = e.stream;
-  b->requested = e.requested;
-  store_.put_live(b);
-}
 
 void Reuse::return_cached_free(const CachedBlock& e) {
   Block* b = e.block;

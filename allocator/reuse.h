@@ -27,10 +27,10 @@
 //  9. Graph capture: a fence that cannot be waited for now (FenceProvider::can_wait false) is
 //     never waited for: its memory stays pending until the fence can be asked.
 //
-// Every change of a freed device block's state is made here (reuse.cpp): pending, local, shared,
-// retiring, and the checked-out state of a thread cache's blocks; BlockStore::insert_free files
-// a block in the state given to it, ExpandableRanges handles the mapping states (unmapped,
-// draining). The pool lock guards Reuse and FenceBatches, as everything else in the pool; a
+// Every change of a freed device block's state is made by Reuse (the hot path's inline below,
+// the rest in reuse.cpp): pending, local, shared, retiring, and the checked-out state of a thread
+// cache's blocks; BlockStore::insert_free files a block in the state given to it,
+// ExpandableRanges handles the mapping states (unmapped, draining). The pool lock guards Reuse and FenceBatches, as everything else in the pool; a
 // thread cache's fenced batches are under the cache's own lock.
 #pragma once
 #include <algorithm>
@@ -39,17 +39,17 @@
 #include <utility>
 #include <vector>
 
+#include "allocator/block_store.h"
 #include "allocator/blocks.h"
 #include "allocator/fence.h"
 #include "allocator/node_pool.h"
 #include "allocator/options.h"
+#include "allocator/stats_ledger.h"
 #include "allocator/types.h"
 
 namespace cudapool::detail {
 
-class BlockStore;
 class ExpandableRanges;
-class StatsLedger;
 struct EventLog;
 class ThreadBlockCache;
 
@@ -441,20 +441,44 @@ class Reuse {
 
   static std::int64_t clock_ns() { return FenceBatches::clock_ns(); }
 
-  // ---- a block is freed (rules 1, 2, 6) ----
+  // ---- a block is freed (rules 1, 2, 6; inline: the hot path) ----
   // free() of allocated block b (already unallocated): local to its allocation stream under
   // FreeSync::immediate unless that stream was retired, else pending in the open batch.
-  void free(Block* b);
+  void free(Block* b) {
+    if (opt_.free_sync == FreeSync::immediate && !store_.is_retired(b->owner)) {
+      free_local(b, b->owner);
+      return;
+    }
+    // cudaFree meaning: nobody may reuse it before a device fence recorded after this point.
+    // The fence is recorded once for the whole batch, when its window closes (add_pending).
+    b->state = BState::pending;
+    ledger_.pending_added(b->size);
+    add_pending(b);
+  }
   // free_on_stream(): b becomes free and local to `stream`.
-  void free_local(Block* b, StreamId stream);
+  void free_local(Block* b, StreamId stream) {
+    StreamFree* stream_free = store_.stream_get(stream);
+    store_.deactivate(b);
+    b->epoch = store_.next_epoch();
+    store_.insert_free(b, BState::local, stream, stream_free->sets[kind_index(b->seg->small)]);
+  }
   // Fresh memory no stream has used: a shared free block at once.
-  void fresh_shared(Block* b);
+  void fresh_shared(Block* b) { become_shared(b); }
 
   // ---- thread caches (rule 7; the cache's fast path: service_cache, cache_free_fenced) ----
   // An allocated block (just taken) is checked out to a thread cache: in no set, not in `live`.
-  void lend_to_cache(Block* b);
+  void lend_to_cache(Block* b) {
+    store_.take_live(b->ptr);
+    b->state = BState::tcache;
+  }
   // A cache's lent entry is an ordinary allocated block again.
-  void unlend(const CachedBlock& e);
+  void unlend(const CachedBlock& e) {
+    Block* b = e.block;
+    b->state = BState::allocated;
+    b->owner = e.stream;
+    b->requested = e.requested;
+    store_.put_live(b);
+  }
   // A cache's free entry goes back: shared when its cache fence completed, else local to its stream.
   void return_cached_free(const CachedBlock& e);
   // A cache's fenced entry (open or closed batch) joins the pool's open batch: its fence is
@@ -511,9 +535,13 @@ class Reuse {
   void forget_all() { batches_.forget_all(); }           // the context is gone
 
  private:
-  void add_pending(Block* b);  // b (pending, counted) joins the open batch
+  // b (pending, counted) joins the open batch.
+  void add_pending(Block* b) {
+    if (batches_.add_open(b, ledger_.reserved_bytes())) close_open();
+  }
   void close_open();
-  void become_shared(Block* b);  // an inactive block in no set and not counted split: shared
+  // An inactive block in no set and not counted in inactive_split becomes shared.
+  void become_shared(Block* b) { store_.insert_free(b, BState::shared, 0, store_.shared_set(b->seg->small)); }
   void complete_batch(Batch* b);
   void complete_promo(StreamFree* stream_free);
   void drop_promo(StreamFree* stream_free);
