@@ -62,6 +62,14 @@ $(TOOLS_RESULTS_TABLE_TEST): tests/tools/results_table_test.sh scripts/results_t
 	chmod +x $@
 TEST_BINS += $(TOOLS_RESULTS_TABLE_TEST)
 
+# docs/design.md's backquoted paths (`dir/file.ext`) all exist: bash only.
+TOOLS_DESIGN_PATHS_TEST := $(BUILD)/tests/design_paths_test.sh
+$(TOOLS_DESIGN_PATHS_TEST): tests/tools/design_paths_test.sh docs/design.md
+	@mkdir -p $(@D)
+	printf '#!/usr/bin/env bash\nexec bash tests/tools/design_paths_test.sh\n' > $@
+	chmod +x $@
+TEST_BINS += $(TOOLS_DESIGN_PATHS_TEST)
+
 # scripts/long_functions.py (function bodies over 60 lines) on its fixture, a 61-line and a 60-line
 # function: python3 only. The script itself is not yet a check of the product's folders.
 TOOLS_LONG_FUNCTIONS_TEST := $(BUILD)/tests/long_functions_test.sh
