@@ -78,9 +78,9 @@ bool cache_free_fenced(ThreadBlockCache& cache, std::uintptr_t p, FenceProvider&
   cache.lent_erase(i);
   count_pend(cache.delta_, e);
   cache.mark_dirty();
-  fb.open_.entries().push(e);
-  if (fb.open_.count() == 1)
-    fb.open_.open_at(Reuse::clock_ns());  // the cache's batch opens: its window starts
+  const std::size_t n = fb.add(e);
+  if (n == 1)
+    fb.opened_at(Reuse::clock_ns());  // the cache's batch opens: its window starts
   else if (fb.open_full())
     service_cache(cache, fences);  // full: recorded now unless the previous batch still waits
   return true;
@@ -91,32 +91,21 @@ bool service_cache(ThreadBlockCache& cache, FenceProvider& fences) {
   bool freed = false;
   const std::int64_t now = Reuse::clock_ns();
   const int room = ThreadBlockCache::kMaxFree + CacheBatches::kMaxPend;
-  if (fb.closed_.fence() != 0 && now - fb.last_query_ >= CacheBatches::kQueryGapNs &&
-      cache.nfree_ + fb.closed_.entries().size() <= room) {
-    fb.last_query_ = now;
-    if (fb.closed_.done(fences, Ask::plain)) {
-      fences.release(fb.closed_.take_fence());
-      const CacheBatches::Run& run = fb.closed_.entries();
-      for (int i = 0; i < run.size(); ++i) {
-        CachedBlock e = run[i];
-        count_fence_done(cache.delta_, e);
-        e.any_stream = true;
-        e.requested = 0;
-        cache.add_free(e);
-      }
-      freed = run.size() > 0;
-      fb.closed_.entries().clear();
-      cache.mark_dirty();
-    }
+  if (fb.closed_due(now) && cache.nfree_ + fb.closed_size() <= room && fb.ask_closed(fences, now)) {
+    fb.take_closed([&](CachedBlock e) {
+      count_fence_done(cache.delta_, e);
+      e.any_stream = true;
+      e.requested = 0;
+      cache.add_free(e);
+      freed = true;
+    });
+    cache.mark_dirty();
   }
-  if (fb.closed_.fence() == 0 && fb.open_.count() > 0 &&
-      (fb.open_full() || now - fb.open_.since() >= FenceBatches::kBatchWindowNs)) {
+  if (fb.may_close(now, FenceBatches::kBatchWindowNs)) {
     const FenceHandle f = fences.record_device();
     cache.delta_.fence_recorded();
     cache.mark_dirty();
-    fb.closed_.entries().take_from(fb.open_.entries());
-    fb.closed_.close(f, now);
-    fb.last_query_ = now - CacheBatches::kQueryGapNs;  // the next miss may ask at once: an idle GPU is done already
+    fb.close(f, now);
   }
   return freed;
 }

@@ -172,6 +172,39 @@ class CacheBatches {
 
   bool any() const { return open_.count() != 0 || closed_.count() != 0; }
   bool open_full() const { return open_.entries().full(); }
+  // e joins the open batch (not full); the open batch's count after it.
+  std::size_t add(const CachedBlock& e) {
+    open_.entries().push(e);
+    return open_.count();
+  }
+  void opened_at(std::int64_t now) { open_.open_at(now); }  // its first entry came: the window starts
+  // The closed batch waits for its fence and was not asked within kQueryGapNs.
+  bool closed_due(std::int64_t now) const { return closed_.fence() != 0 && now - last_query_ >= kQueryGapNs; }
+  int closed_size() const { return closed_.entries().size(); }
+  // Asks the closed batch's fence now; true (the fence released) when it completed.
+  bool ask_closed(FenceProvider& fences, std::int64_t now) {
+    last_query_ = now;
+    if (!closed_.done(fences, Ask::plain)) return false;
+    fences.release(closed_.take_fence());
+    return true;
+  }
+  // Every entry of the closed batch (its fence completed) to f; the closed slot empty again.
+  template <class F>
+  void take_closed(F f) {
+    for (int i = 0; i < closed_.entries().size(); ++i) f(closed_.entries()[i]);
+    closed_.entries().clear();
+  }
+  // The open batch may be closed: no closed one waits, and it is full or older than `window`.
+  bool may_close(std::int64_t now, std::int64_t window) const {
+    return closed_.fence() == 0 && open_.count() > 0 && (open_full() || now - open_.since() >= window);
+  }
+  // The open batch becomes the closed one, fenced by `f` (recorded now); the next miss may ask
+  // it at once: an idle GPU is done already.
+  void close(FenceHandle f, std::int64_t now) {
+    closed_.entries().take_from(open_.entries());
+    closed_.close(f, now);
+    last_query_ = now - kQueryGapNs;
+  }
   // Untouched for `stale` ns: the open batch opened and the closed one was recorded that long ago.
   bool stale(std::int64_t now, std::int64_t stale_ns) const {
     return (open_.count() == 0 || now - open_.since() >= stale_ns) &&
@@ -188,8 +221,6 @@ class CacheBatches {
   }
 
  private:
-  friend bool cache_free_fenced(ThreadBlockCache& cache, std::uintptr_t p, FenceProvider& fences);
-  friend bool service_cache(ThreadBlockCache& cache, FenceProvider& fences);
   FencedBatch<Run> open_;
   FencedBatch<Run> closed_;
   std::int64_t last_query_ = 0;  // when the closed batch's fence was last asked
