@@ -7,7 +7,7 @@
 //  2. Any stream, behind a device fence: free(p) (cudaFree meaning) puts the block pending in the
 //     open batch; ONE device fence is recorded for the whole batch when its window closes (or it
 //     reaches its bounds, or on a miss); once that fence completed, the batch's blocks are shared
-//     (Reuse::free_fenced, close_open, service_fences, drain_device_batches).
+//     (Reuse::free, close_open, service_fences, service_miss, drain_device_batches).
 //  3. Other streams, behind a stream fence: a miss on stream t records one fence on stream s
 //     (at most one outstanding per stream); once it completed, s's local blocks freed before it
 //     are shared (promotion: try_promote_for, promote_own, sync_own).
@@ -26,12 +26,16 @@
 //     FenceList completed (asked plain, urgent or waited for: Ask).
 //  9. Graph capture: a fence that cannot be waited for now (FenceProvider::can_wait false) is
 //     never waited for: its memory stays pending until the fence can be asked.
+// 10. Fresh memory: a new segment no stream has used is shared at once (Reuse::fresh_shared);
+//     fresh pages of an expandable range likewise, or local to the growing stream next to its own
+//     free blocks or where they alias its own pages (ExpandableRanges::add_mapped).
 //
 // Every change of a freed device block's state is made by Reuse (the hot path's inline below,
-// the rest in reuse.cpp): pending, local, shared, retiring, and the checked-out state of a thread
-// cache's blocks; BlockStore::insert_free files a block in the state given to it,
-// ExpandableRanges handles the mapping states (unmapped, draining). The pool lock guards Reuse and FenceBatches, as everything else in the pool; a
-// thread cache's fenced batches are under the cache's own lock.
+// the rest in reuse.cpp): pending, local, shared, retiring, and the checked-out state of a
+// thread cache's blocks; BlockStore::insert_free files a block in the state given to it, and
+// ExpandableRanges handles the mapping states (unmapped, draining). The pool lock guards Reuse
+// and FenceBatches, as everything else in the pool; a thread cache's fenced batches are under
+// the cache's own lock.
 #pragma once
 #include <algorithm>
 #include <cstddef>

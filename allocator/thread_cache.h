@@ -11,8 +11,10 @@
 //
 // Ownership: a block the pool handed to this thread's cache ("checked out") is in state
 // BState::tcache, in no free set and not in the pool's live map. The cache knows whether it is
-// lent to the program (allocated; a direct-mapped table by address) or free (a short list). The cache never writes a Block field (other threads
-// read neighbours' fields under the pool lock); it keeps copies of what it needs in its entries.
+// lent to the program (allocated; an open-addressing table by address), free (a short list) or
+// waiting in its fenced batches (reuse.h). The cache never writes a Block field (other threads
+// read neighbours' fields under the pool lock); it keeps copies of what it needs in its entries
+// (CachedBlock, reuse.h).
 //
 // Stats: the cache's operations are not applied to the pool's counters at once; the cache
 // replays them as deltas (StatCounter with current = net change, peak = highest running net,
