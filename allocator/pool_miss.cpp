@@ -74,7 +74,7 @@ DevicePool::Impl::Made DevicePool::Impl::make_room(Lock& lk, Request& req, std::
     case Room::pages: return free_pages(req, bytes, may_wait) ? Made::blocks_freed : Made::nothing;
     case Room::upstream: return upstream_step(lk, req);
     case Room::idle:
-      caches.flush_all();        // blocks parked in threads' caches count as idle too
+      caches.flush_all();      // blocks parked in threads' caches count as idle too
       reuse.service_fences();  // fences that have passed, without waiting
       req.released = release_idle_now(lk, bytes);
       if (req.released < bytes && may_wait) {
