@@ -190,9 +190,9 @@ int Member::ask_members(const Candidate* cand, int nc, int round, std::uint64_t 
     const std::uint64_t rest = need > covered ? need - covered : 0;
     const bool last = k + 1 == nc || sat_add(covered, cand[k].second) >= need || cand[k + 1].second == 0;
     const std::uint64_t portion = !covering ? need : last ? rest : std::min(rest, cand[k].second);
-    s.release_want.fetch_add(std::max<std::uint64_t>(portion, 1), std::memory_order_relaxed);
-    const std::uint32_t req = s.release_req.fetch_add(1, std::memory_order_acq_rel) + 1;
-    futex_wake(&s.release_req, 1);
+    s.release.want.fetch_add(std::max<std::uint64_t>(portion, 1), std::memory_order_relaxed);
+    const std::uint32_t req = s.release.req.fetch_add(1, std::memory_order_acq_rel) + 1;
+    futex_wake(&s.release.req, 1);
     asked[n++] = {cand[k].first, req};
     covered = sat_add(covered, cand[k].second);
   }
@@ -227,7 +227,7 @@ bool Member::wait_answers(std::int64_t deadline, std::uint32_t seen, const Asked
       for (int k = 0; k < n && all; ++k) {
         share::LedgerSlot& s = l_->slot[asked[k].first];
         if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
-            !seq_after_or_equal(s.release_ack.load(std::memory_order_acquire), asked[k].second))
+            !seq_after_or_equal(s.release.ack.load(std::memory_order_acquire), asked[k].second))
           all = false;
       }
       if (all) answered_at = now;
@@ -256,8 +256,8 @@ std::uint32_t Member::wait_request(std::uint32_t last, std::int64_t timeout_ns) 
   std::uint32_t req = last;
   touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    futex_wait(&me.release_req, last, timeout_ns);  // a truncated page: EFAULT, no signal
-    req = me.release_req.load(std::memory_order_acquire);
+    futex_wait(&me.release.req, last, timeout_ns);  // a truncated page: EFAULT, no signal
+    req = me.release.req.load(std::memory_order_acquire);
   });
   return req;
 }
@@ -266,24 +266,24 @@ void Member::answered(std::uint32_t req, std::size_t freed) noexcept {
   touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
     if (freed != 0) {
-      me.released_bytes.fetch_add(freed, std::memory_order_relaxed);
+      me.release.given.fetch_add(freed, std::memory_order_relaxed);
       l_->released.fetch_add(1, std::memory_order_acq_rel);
     }
-    me.release_ack.store(req, std::memory_order_release);
+    me.release.ack.store(req, std::memory_order_release);
     futex_wake(&l_->released, INT_MAX);
   });
 }
 
 std::uint32_t Member::acked() noexcept {
   std::uint32_t a = 0;
-  touch([&] { a = l_->slot[slot_].release_ack.load(std::memory_order_acquire); });
+  touch([&] { a = l_->slot[slot_].release.ack.load(std::memory_order_acquire); });
   return a;
 }
 
 // The bytes the askers want back since the last call (0: asked by a member that names none).
 std::uint64_t Member::take_want() noexcept {
   std::uint64_t want = 0;
-  touch([&] { want = l_->slot[slot_].release_want.exchange(0, std::memory_order_acq_rel); });
+  touch([&] { want = l_->slot[slot_].release.want.exchange(0, std::memory_order_acq_rel); });
   return want;
 }
 
@@ -554,9 +554,9 @@ void Member::take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) no
   s.outside.store(0, std::memory_order_relaxed);
   s.cached.store(0, std::memory_order_relaxed);
   s.allocated.store(0, std::memory_order_relaxed);
-  s.released_bytes.store(0, std::memory_order_relaxed);
-  s.release_want.store(0, std::memory_order_relaxed);
-  s.release_ack.store(s.release_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  s.release.given.store(0, std::memory_order_relaxed);
+  s.release.want.store(0, std::memory_order_relaxed);
+  s.release.ack.store(s.release.req.load(std::memory_order_relaxed), std::memory_order_relaxed);
   s.heartbeat_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
   s.state.store(share::kSlotLive, std::memory_order_release);
   slot_ = slot;

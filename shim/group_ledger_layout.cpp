@@ -96,10 +96,10 @@ bool parse_ledger(const void* data, std::size_t bytes, unsigned uid, LedgerView*
     v.outside = sl.outside.load(std::memory_order_relaxed);
     v.cached = sl.cached.load(std::memory_order_relaxed);
     v.allocated = sl.allocated.load(std::memory_order_relaxed);
-    v.parked = sl.parked.load(std::memory_order_relaxed) != 0;
-    v.parkable = sl.parkable.load(std::memory_order_relaxed);
-    v.parked_bytes = sl.parked_bytes.load(std::memory_order_relaxed);
-    v.park_why = bounded_string(sl.park_why, sizeof sl.park_why);
+    v.parked = sl.parking.parked.load(std::memory_order_relaxed) != 0;
+    v.parkable = sl.parking.parkable.load(std::memory_order_relaxed);
+    v.parked_bytes = sl.parking.parked_bytes.load(std::memory_order_relaxed);
+    v.park_why = bounded_string(sl.parking.why, sizeof sl.parking.why);
     out->live.push_back(v);
   }
   return true;
@@ -137,6 +137,19 @@ std::vector<LedgerView> read_ledgers(unsigned uid, std::vector<std::string>* war
 // The slot's fields after the parking words live in what was its tail padding: a change that
 // moves the file's size is a new layout version.
 static_assert(sizeof(LedgerSlot) == 320 && sizeof(Ledger) == 20736, "the ledger's size changed: bump kLedgerVersion");
+// Every field keeps its offset in the file: the first fields of each group, and the last one.
+static_assert(offsetof(LedgerSlot, heartbeat_ns) == 56, "the ledger's layout changed: bump kLedgerVersion");
+static_assert(offsetof(LedgerSlot, release.req) == 64 && offsetof(LedgerSlot, release.ack) == 68 &&
+                  offsetof(LedgerSlot, release.want) == 72 && offsetof(LedgerSlot, release.given) == 80,
+              "the ledger's layout changed: bump kLedgerVersion");
+static_assert(offsetof(LedgerSlot, park.req) == 88 && offsetof(LedgerSlot, park.ack) == 92 &&
+                  offsetof(LedgerSlot, park.want) == 96 && offsetof(LedgerSlot, park.from) == 104 &&
+                  offsetof(LedgerSlot, park.gave) == 112,
+              "the ledger's layout changed: bump kLedgerVersion");
+static_assert(offsetof(LedgerSlot, parking.parked) == 120 && offsetof(LedgerSlot, parking.parkable) == 124 &&
+                  offsetof(LedgerSlot, parking.parked_bytes) == 128 && offsetof(LedgerSlot, parking.why) == 152 &&
+                  offsetof(LedgerSlot, parking.refusal) == 216 && offsetof(LedgerSlot, parking.resident_ns) == 280,
+              "the ledger's layout changed: bump kLedgerVersion");
 
 namespace {
 

@@ -33,30 +33,70 @@ inline constexpr std::uint32_t kLedgerSlots = 64;
 
 enum SlotState : std::uint32_t { kSlotFree = 0, kSlotLive = 1 };
 
-// Whether a member may be parked now (LedgerSlot::parkable); a reader takes any other value as
+// Whether a member may be parked now (LedgerSlot::Parking::parkable); a reader takes any other value as
 // "no, for a reason it does not know".
 enum ParkBlock : std::uint32_t {
   kParkable = 0,
   kParkOff = 1,     // its policy does not let it be parked (group_park:off)
-  kParkNotNow = 2,  // the mechanism says not now; park_why says why (an IPC export, a capture, ...)
+  kParkNotNow = 2,  // the mechanism says not now; parking.why says why (an IPC export, a capture, ...)
 };
-// A member's answer to a park request (LedgerSlot::park_result).
+// A member's answer to a park request (LedgerSlot::ParkRequest::result).
 enum ParkAnswer : std::uint32_t {
   kParkNone = 0,      // no answer yet
-  kParkDone = 1,      // parked: park_gave bytes went back to the group
-  kParkRefused = 2,   // the mechanism refused or failed (park_why says why)
+  kParkDone = 1,      // parked: park.gave bytes went back to the group
+  kParkRefused = 2,   // the mechanism refused or failed (parking.refusal says why)
   kParkBusy = 3,      // it worked within group_park_idle_ms (its own clock)
   kParkHostFull = 4,  // the host memory parked data may take (group_park_host_mb) would be passed
   kParkDisabled = 5,  // its policy has group_park:off
 };
 
-// In park_want: the asker takes turns (every member works): park after the call in flight,
+// In park.want: the asker takes turns (every member works): park after the call in flight,
 // however recently the member worked. The bytes wanted are the other bits.
 inline constexpr std::uint64_t kParkTurn = std::uint64_t{1} << 63;
 
 // One member process. Written by the member under the ledger's mutex (reserved, state, pid,
 // start_time) or by itself alone (cached, allocated, heartbeat, acks); read by anyone.
 struct alignas(64) LedgerSlot {
+  // Cooperative release: another member that needs memory adds the bytes it wants from this one
+  // to `want`, increments `req` and wakes the word (futex); this member's helper thread takes
+  // `want` (back to 0), gives back about that much idle cached memory, the longest-cached first
+  // (all of it when `want` was 0), and stores the request it answered in `ack`.
+  struct Release {
+    std::atomic<std::uint32_t> req;
+    std::atomic<std::uint32_t> ack;
+    std::atomic<std::uint64_t> want;
+    std::atomic<std::uint64_t> given;  // given back on request, in total
+  };
+  // Parking (group_park). Another member that needs memory stores its pid in `from` and the
+  // bytes it wants in `want`, increments `req` and wakes the word; this member's park responder
+  // parks the process (all its memory goes to its own host memory, shim/parking.h), stores the
+  // outcome in `result` (a ParkAnswer), the bytes given back in `gave` and the request answered
+  // in `ack`, increments the header's `released` when bytes came free and wakes its waiters.
+  struct ParkRequest {
+    std::atomic<std::uint32_t> req;
+    std::atomic<std::uint32_t> ack;
+    std::atomic<std::uint64_t> want;
+    std::atomic<std::int32_t> from;
+    std::atomic<std::uint32_t> result;
+    std::atomic<std::uint64_t> gave;
+  };
+  // Published by the member (every ~250 ms, and at once when it parks):
+  struct Parking {
+    std::atomic<std::uint32_t> parked;        // 1 while its memory is parked
+    std::atomic<std::uint32_t> parkable;      // a ParkBlock
+    std::atomic<std::uint64_t> parked_bytes;  // its bytes held in host memory
+    std::atomic<std::uint64_t> active_ns;     // monotonic_ns() when its last GPU call was seen (0: not yet)
+    std::atomic<std::uint32_t> asking;        // non-zero while it waits for others to park (not asked then)
+    std::atomic<std::uint32_t> pad;
+    char why[kNameBytes];      // why it may not be parked now (kParkNotNow); NUL-terminated
+    char refusal[kNameBytes];  // why it refused the last request, with park.result; NUL-terminated
+    // monotonic_ns() since when its memory is on the device (its join, or its last restore;
+    // published with `parked`). Taken from the slot's tail padding: the layout's size is
+    // unchanged, and a member that does not write it reads as resident since ever (asked first in
+    // a turn).
+    std::atomic<std::uint64_t> resident_ns;
+  };
+
   std::atomic<std::uint32_t> state;
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint64_t> start_time;    // process_start_time(pid) when it joined
@@ -66,40 +106,9 @@ struct alignas(64) LedgerSlot {
   std::atomic<std::uint64_t> cached;        // of which idle in its pool (published every ~250 ms)
   std::atomic<std::uint64_t> allocated;     // live bytes (published with cached)
   std::atomic<std::uint64_t> heartbeat_ns;  // monotonic_ns() of the last publication
-  // Cooperative release: another member that needs memory adds the bytes it wants from this one
-  // to release_want, increments release_req and wakes the word (futex); this member's helper
-  // thread takes release_want (back to 0), gives back about that much idle cached memory, the
-  // longest-cached first (all of it when release_want was 0), and stores the request it
-  // answered in release_ack.
-  std::atomic<std::uint32_t> release_req;
-  std::atomic<std::uint32_t> release_ack;
-  std::atomic<std::uint64_t> release_want;
-  std::atomic<std::uint64_t> released_bytes;  // given back on request, in total
-  // Parking (group_park). Another member that needs memory stores its pid in park_from and the
-  // bytes it wants in park_want, increments park_req and wakes the word; this member's park
-  // responder parks the process (all its memory goes to its own host memory, shim/parking.h),
-  // stores the outcome in park_result (a ParkAnswer), the bytes given back in park_gave and
-  // the request answered in park_ack, increments the header's `released` when bytes came free
-  // and wakes its waiters.
-  std::atomic<std::uint32_t> park_req;
-  std::atomic<std::uint32_t> park_ack;
-  std::atomic<std::uint64_t> park_want;
-  std::atomic<std::int32_t> park_from;
-  std::atomic<std::uint32_t> park_result;
-  std::atomic<std::uint64_t> park_gave;
-  // Published by the member (every ~250 ms, and at once when it parks):
-  std::atomic<std::uint32_t> parked;        // 1 while its memory is parked
-  std::atomic<std::uint32_t> parkable;      // a ParkBlock
-  std::atomic<std::uint64_t> parked_bytes;  // its bytes held in host memory
-  std::atomic<std::uint64_t> active_ns;     // monotonic_ns() when its last GPU call was seen (0: not yet)
-  std::atomic<std::uint32_t> asking;        // non-zero while it waits for others to park (not asked then)
-  std::atomic<std::uint32_t> pad_park;
-  char park_why[kNameBytes];      // why it may not be parked now (kParkNotNow); NUL-terminated
-  char park_refusal[kNameBytes];  // why it refused the last request, with park_result; NUL-terminated
-  // monotonic_ns() since when its memory is on the device (its join, or its last restore;
-  // published with `parked`). Taken from the slot's tail padding: the layout's size is unchanged,
-  // and a member that does not write it reads as resident since ever (asked first in a turn).
-  std::atomic<std::uint64_t> resident_ns;
+  Release release;
+  ParkRequest park;
+  Parking parking;
 };
 
 struct Ledger {

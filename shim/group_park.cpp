@@ -158,19 +158,19 @@ void Member::set_park(const ParkSettings& s) noexcept {
   park_ = s;
   park_touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    me.park_ack.store(me.park_req.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    me.park_want.store(0, std::memory_order_relaxed);
-    me.park_from.store(0, std::memory_order_relaxed);
-    me.park_result.store(share::kParkNone, std::memory_order_relaxed);
-    me.park_gave.store(0, std::memory_order_relaxed);
-    me.parked.store(0, std::memory_order_relaxed);
-    me.parkable.store(share::kParkOff, std::memory_order_relaxed);  // until the first publication
-    me.parked_bytes.store(0, std::memory_order_relaxed);
-    me.active_ns.store(0, std::memory_order_relaxed);
-    me.asking.store(0, std::memory_order_relaxed);
-    me.resident_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
-    put_text(me.park_why, "");
-    put_text(me.park_refusal, "");
+    me.park.ack.store(me.park.req.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    me.park.want.store(0, std::memory_order_relaxed);
+    me.park.from.store(0, std::memory_order_relaxed);
+    me.park.result.store(share::kParkNone, std::memory_order_relaxed);
+    me.park.gave.store(0, std::memory_order_relaxed);
+    me.parking.parked.store(0, std::memory_order_relaxed);
+    me.parking.parkable.store(share::kParkOff, std::memory_order_relaxed);  // until the first publication
+    me.parking.parked_bytes.store(0, std::memory_order_relaxed);
+    me.parking.active_ns.store(0, std::memory_order_relaxed);
+    me.parking.asking.store(0, std::memory_order_relaxed);
+    me.parking.resident_ns.store(static_cast<std::uint64_t>(share::monotonic_ns()), std::memory_order_relaxed);
+    put_text(me.parking.why, "");
+    put_text(me.parking.refusal, "");
   });
 }
 
@@ -178,15 +178,15 @@ std::uint32_t Member::wait_park_request(std::uint32_t last, std::int64_t timeout
   std::uint32_t req = last;
   park_touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    wait_word(&me.park_req, last, timeout_ns);
-    req = me.park_req.load(std::memory_order_acquire);
+    wait_word(&me.park.req, last, timeout_ns);
+    req = me.park.req.load(std::memory_order_acquire);
   });
   return req;
 }
 
 std::uint32_t Member::park_acked() noexcept {
   std::uint32_t a = 0;
-  park_touch([&] { a = l_->slot[slot_].park_ack.load(std::memory_order_acquire); });
+  park_touch([&] { a = l_->slot[slot_].park.ack.load(std::memory_order_acquire); });
   return a;
 }
 
@@ -194,10 +194,10 @@ Member::ParkAsk Member::park_ask() noexcept {
   ParkAsk a;
   park_touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    const std::uint64_t want = me.park_want.exchange(0, std::memory_order_acq_rel);
+    const std::uint64_t want = me.park.want.exchange(0, std::memory_order_acq_rel);
     a.want = want & ~share::kParkTurn;
     a.turn = (want & share::kParkTurn) != 0;
-    a.from = me.park_from.load(std::memory_order_relaxed);
+    a.from = me.park.from.load(std::memory_order_relaxed);
   });
   return a;
 }
@@ -207,16 +207,16 @@ void Member::park_answered(std::uint32_t req, share::ParkAnswer answer, std::uin
   std::lock_guard<std::mutex> lock(slot_write_mu());
   park_touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    me.park_result.store(answer, std::memory_order_relaxed);
-    me.park_gave.store(gave, std::memory_order_relaxed);
-    put_text(me.park_refusal, why);
+    me.park.result.store(answer, std::memory_order_relaxed);
+    me.park.gave.store(gave, std::memory_order_relaxed);
+    put_text(me.parking.refusal, why);
     if (answer == share::kParkDone) {
       // At once, not at the next publication: nobody asks a parked member again.
-      me.parked.store(1, std::memory_order_relaxed);
-      me.parked_bytes.store(park::parked_bytes(), std::memory_order_relaxed);
+      me.parking.parked.store(1, std::memory_order_relaxed);
+      me.parking.parked_bytes.store(park::parked_bytes(), std::memory_order_relaxed);
     }
     if (gave != 0) l_->released.fetch_add(1, std::memory_order_acq_rel);
-    me.park_ack.store(req, std::memory_order_release);
+    me.park.ack.store(req, std::memory_order_release);
     wake_word(&l_->released, INT_MAX);
   });
 }
@@ -225,13 +225,13 @@ void Member::publish_park(bool parked, std::uint64_t parked_bytes, std::uint32_t
                           std::int64_t active_ns) noexcept {
   park_touch([&] {
     share::LedgerSlot& me = l_->slot[slot_];
-    me.parked.store(parked ? 1 : 0, std::memory_order_relaxed);
-    me.parked_bytes.store(parked_bytes, std::memory_order_relaxed);
-    me.parkable.store(parkable, std::memory_order_relaxed);
-    me.active_ns.store(static_cast<std::uint64_t>(active_ns), std::memory_order_relaxed);
+    me.parking.parked.store(parked ? 1 : 0, std::memory_order_relaxed);
+    me.parking.parked_bytes.store(parked_bytes, std::memory_order_relaxed);
+    me.parking.parkable.store(parkable, std::memory_order_relaxed);
+    me.parking.active_ns.store(static_cast<std::uint64_t>(active_ns), std::memory_order_relaxed);
     if (const std::int64_t restored = park::resident_since_ns(); restored != 0)
-      me.resident_ns.store(static_cast<std::uint64_t>(restored), std::memory_order_relaxed);
-    put_text(me.park_why, why);
+      me.parking.resident_ns.store(static_cast<std::uint64_t>(restored), std::memory_order_relaxed);
+    put_text(me.parking.why, why);
   });
 }
 
@@ -243,7 +243,7 @@ std::uint64_t Member::own_reserved() noexcept {
 
 void Member::note_asking(int delta) noexcept {
   park_touch([&] {
-    std::atomic<std::uint32_t>& w = l_->slot[slot_].asking;
+    std::atomic<std::uint32_t>& w = l_->slot[slot_].parking.asking;
     if (delta > 0)
       w.fetch_add(1, std::memory_order_relaxed);
     else
@@ -253,7 +253,7 @@ void Member::note_asking(int delta) noexcept {
 
 bool Member::asking() noexcept {
   bool a = false;
-  park_touch([&] { a = l_->slot[slot_].asking.load(std::memory_order_relaxed) != 0; });
+  park_touch([&] { a = l_->slot[slot_].parking.asking.load(std::memory_order_relaxed) != 0; });
   return a;
 }
 
@@ -263,7 +263,8 @@ std::uint64_t Member::others_parked_bytes() noexcept {
     for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
       const share::LedgerSlot& s = l_->slot[i];
       if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
-      if (s.parked.load(std::memory_order_relaxed) != 0) n = sat_add(n, s.parked_bytes.load(std::memory_order_relaxed));
+      if (s.parking.parked.load(std::memory_order_relaxed) != 0)
+        n = sat_add(n, s.parking.parked_bytes.load(std::memory_order_relaxed));
     }
   });
   return n;
@@ -296,12 +297,12 @@ std::string Member::holders() noexcept {
       Held& h = held[n++];
       h.pid = s.pid.load(std::memory_order_relaxed);
       h.bytes = bytes;
-      h.parked = s.parked.load(std::memory_order_relaxed) != 0;
-      h.parked_bytes = s.parked_bytes.load(std::memory_order_relaxed);
-      h.asking = s.asking.load(std::memory_order_relaxed) != 0;
-      h.parkable = s.parkable.load(std::memory_order_relaxed);
-      h.active_ns = static_cast<std::int64_t>(s.active_ns.load(std::memory_order_relaxed));
-      std::memcpy(h.why, s.park_why, sizeof h.why);
+      h.parked = s.parking.parked.load(std::memory_order_relaxed) != 0;
+      h.parked_bytes = s.parking.parked_bytes.load(std::memory_order_relaxed);
+      h.asking = s.parking.asking.load(std::memory_order_relaxed) != 0;
+      h.parkable = s.parking.parkable.load(std::memory_order_relaxed);
+      h.active_ns = static_cast<std::int64_t>(s.parking.active_ns.load(std::memory_order_relaxed));
+      std::memcpy(h.why, s.parking.why, sizeof h.why);
     }
   });
   const std::int64_t now = share::monotonic_ns();
@@ -377,10 +378,10 @@ void send_park_requests(share::Ledger& l, const int* chosen, int k, std::uint64_
   const int pid = static_cast<int>(::getpid());
   for (int j = 0; j < k; ++j) {
     share::LedgerSlot& s = l.slot[chosen[j]];
-    s.park_want.store(turn ? want | share::kParkTurn : want & ~share::kParkTurn, std::memory_order_relaxed);
-    s.park_from.store(pid, std::memory_order_relaxed);
-    const std::uint32_t req = s.park_req.fetch_add(1, std::memory_order_acq_rel) + 1;
-    wake_word(&s.park_req, 1);
+    s.park.want.store(turn ? want | share::kParkTurn : want & ~share::kParkTurn, std::memory_order_relaxed);
+    s.park.from.store(pid, std::memory_order_relaxed);
+    const std::uint32_t req = s.park.req.fetch_add(1, std::memory_order_acq_rel) + 1;
+    wake_word(&s.park.req, 1);
     ParkAsked& a = asked[j];
     a = {chosen[j], req, s.pid.load(std::memory_order_relaxed), 0, s.allocated.load(std::memory_order_relaxed), 0, 0};
     for (int i = 0; i < n; ++i)
@@ -395,7 +396,7 @@ bool all_answered(const share::Ledger& l, const ParkAsked* asked, int k) {
   for (int j = 0; j < k; ++j) {
     const share::LedgerSlot& s = l.slot[asked[j].slot];
     if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
-        !answered_since(s.park_ack.load(std::memory_order_acquire), asked[j].req))
+        !answered_since(s.park.ack.load(std::memory_order_acquire), asked[j].req))
       return false;
   }
   return true;
@@ -411,16 +412,16 @@ int park_candidates(const share::Ledger& l, int self, const std::atomic<std::int
     share::ParkCandidate& c = cand[n++];
     c.slot = i;
     c.live = s.pid.load(std::memory_order_relaxed) > 0;
-    c.parked = s.parked.load(std::memory_order_relaxed) != 0;
-    c.asking = s.asking.load(std::memory_order_relaxed) != 0;
-    c.pending = !answered_since(s.park_ack.load(std::memory_order_acquire), s.park_req.load(std::memory_order_acquire));
+    c.parked = s.parking.parked.load(std::memory_order_relaxed) != 0;
+    c.asking = s.parking.asking.load(std::memory_order_relaxed) != 0;
+    c.pending = !answered_since(s.park.ack.load(std::memory_order_acquire), s.park.req.load(std::memory_order_acquire));
     c.refused = now < refused_until[i].load(std::memory_order_relaxed);
-    c.parkable = s.parkable.load(std::memory_order_relaxed);
+    c.parkable = s.parking.parkable.load(std::memory_order_relaxed);
     c.reserved = s.reserved.load(std::memory_order_relaxed);
-    c.parked_bytes = s.parked_bytes.load(std::memory_order_relaxed);
-    c.active_ns = their_time(s.active_ns);
+    c.parked_bytes = s.parking.parked_bytes.load(std::memory_order_relaxed);
+    c.active_ns = their_time(s.parking.active_ns);
     c.heartbeat_ns = their_time(s.heartbeat_ns);
-    c.resident_ns = their_time(s.resident_ns);
+    c.resident_ns = their_time(s.parking.resident_ns);
   }
   return n;
 }
@@ -431,9 +432,9 @@ void note_refusals(const share::Ledger& l, const ParkAsked* asked, int k, std::a
                    const std::string& group) {
   for (int j = 0; j < k; ++j) {
     const share::LedgerSlot& s = l.slot[asked[j].slot];
-    const std::uint32_t a = s.park_result.load(std::memory_order_relaxed);
+    const std::uint32_t a = s.park.result.load(std::memory_order_relaxed);
     char why[share::kNameBytes];
-    std::memcpy(why, s.park_refusal, sizeof why);
+    std::memcpy(why, s.parking.refusal, sizeof why);
     if (a == share::kParkDone) continue;
     refused_until[asked[j].slot].store(share::monotonic_ns() + kRefusedNs, std::memory_order_relaxed);
     const std::string text = share::bounded_string(why, sizeof why);

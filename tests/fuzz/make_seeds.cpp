@@ -151,20 +151,20 @@ void ledger_seeds() {
     // codes this reader does not know and times past any clock.
     auto l = ledger();
     live(*l, 0, 501, 0);
-    l->slot[0].parked.store(1);
-    l->slot[0].parked_bytes.store(std::uint64_t{6} << 30);
-    l->slot[0].parkable.store(share::kParkNotNow);
-    std::snprintf(l->slot[0].park_why, sizeof l->slot[0].park_why, "already parked");
+    l->slot[0].parking.parked.store(1);
+    l->slot[0].parking.parked_bytes.store(std::uint64_t{6} << 30);
+    l->slot[0].parking.parkable.store(share::kParkNotNow);
+    std::snprintf(l->slot[0].parking.why, sizeof l->slot[0].parking.why, "already parked");
     live(*l, 1, 502, std::uint64_t{2} << 30);
-    l->slot[1].parkable.store(share::kParkNotNow);
-    std::memset(l->slot[1].park_why, 'w', sizeof l->slot[1].park_why);
-    std::memset(l->slot[1].park_refusal, '\x1b', sizeof l->slot[1].park_refusal);
+    l->slot[1].parking.parkable.store(share::kParkNotNow);
+    std::memset(l->slot[1].parking.why, 'w', sizeof l->slot[1].parking.why);
+    std::memset(l->slot[1].parking.refusal, '\x1b', sizeof l->slot[1].parking.refusal);
     live(*l, 2, 503, std::uint64_t{1} << 30);
-    l->slot[2].parkable.store(99);
-    l->slot[2].park_result.store(77);
-    l->slot[2].active_ns.store(~std::uint64_t{0});
-    l->slot[2].park_req.store(5);
-    l->slot[2].park_ack.store(~std::uint32_t{0});
+    l->slot[2].parking.parkable.store(99);
+    l->slot[2].park.result.store(77);
+    l->slot[2].parking.active_ns.store(~std::uint64_t{0});
+    l->slot[2].park.req.store(5);
+    l->slot[2].park.ack.store(~std::uint32_t{0});
     put_ledger("seed_parking", *l);
   }
   {
