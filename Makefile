@@ -1,6 +1,6 @@
 # cudapool — `make` builds everything, `make test` runs the tests (no GPU needed),
 # `make bench` runs the CPU benchmarks, `make fuzz` runs the fuzzers (clang), `make docs`
-# writes the policy-key tables of README.md and docs/policy.md from config/keys.cpp,
+# writes the policy-key tables of README.md and docs/policy.md from config/keys.def,
 # `make install PREFIX=/usr/local [DESTDIR=/staging]` (stripped; `make uninstall` with the same
 # variables removes it again). Sanitizers: `make test SAN=address,undefined` or SAN=thread.
 # `make ci-sanitize` runs both. `make WERROR=1` turns warnings into errors.

@@ -1,4 +1,4 @@
-// cudapool-gen-docs ROOT: writes the policy-key tables made from the key table (config/keys.cpp)
+// cudapool-gen-docs ROOT: writes the policy-key tables made from the key table (config/keys.def)
 // into ROOT/README.md (the short table) and ROOT/docs/policy.md (every key, every column), between
 // their <!-- keys:begin --> and <!-- keys:end --> lines. `make docs` runs it; the test
 // Docs.KeyTablesMatchTheCode fails while either file differs from what it would write.

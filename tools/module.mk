@@ -21,7 +21,7 @@ $(CUDAPOOL_BIN): $(BUILD)/tools/main.o $(TOOLS_LINK)
 $(GEN_TRACE_BIN): $(BUILD)/tools/gen_trace_main.o $(TOOLS_LINK)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS) $< $(TOOLS_LINK) $(TOOLS_LDLIBS) -o $@
 
-# `make docs`: the policy-key tables of README.md and docs/policy.md, from config/keys.cpp, and
+# `make docs`: the policy-key tables of README.md and docs/policy.md, from config/keys.def, and
 # the fidelity table of tests/traces/README.md, from the replays of the shipped traces, and
 # README.md's results table, from docs/results.tsv
 # (built with the programs, so it always compiles; not installed).
