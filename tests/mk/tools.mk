@@ -71,7 +71,7 @@ $(TOOLS_DESIGN_PATHS_TEST): tests/tools/design_paths_test.sh docs/design.md
 TEST_BINS += $(TOOLS_DESIGN_PATHS_TEST)
 
 # scripts/long_functions.py (function bodies over 60 lines) on its fixture, a 61-line and a 60-line
-# function: python3 only. The script itself is not yet a check of the product's folders.
+# function, then on the product's folders (no function over 60 lines): python3 only.
 TOOLS_LONG_FUNCTIONS_TEST := $(BUILD)/tests/long_functions_test.sh
 $(TOOLS_LONG_FUNCTIONS_TEST): tests/tools/long_functions_test.sh scripts/long_functions.py \
     tests/tools/fixtures/long_functions/sample.cpp
