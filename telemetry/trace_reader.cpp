@@ -309,7 +309,7 @@ bool TraceReader::read_detail(std::string_view d, TraceRow* r) {
     if (const char* why = quoted(d, &text)) return bad_column(10, d, why);
     r->detail = TraceDetail::device_facts;
     device_facts_.emplace(r->device, std::move(text));
-  } else if (r->action == TraceAction::allocate && d.front() == '"') {
+  } else if (r->action == TraceAction::allocate && !d.empty() && d.front() == '"') {
     std::string text;
     if (const char* why = quoted(d, &text)) return bad_column(10, d, why);
     return add_site(d, std::move(text), r);
