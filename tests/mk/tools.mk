@@ -38,7 +38,8 @@ TEST_BINS += $(if $(SAN),,$(TOOLS_FIDELITY_TEST))
 # Hostile and careless inputs (a FIFO or another user's file at a path the programs open, …):
 # a script of labelled rows, each attempt under a timeout, on the fake driver. A few seconds.
 TOOLS_HOSTILE_TEST := $(BUILD)/tests/hostile_inputs.sh
-$(TOOLS_HOSTILE_TEST): tests/tools/hostile_inputs.sh $(CUDAPOOL_BIN) $(SHIM_SO) $(FAKECUDA_SO) $(SHIM_APP_CUDART)
+$(TOOLS_HOSTILE_TEST): tests/tools/hostile_inputs.sh $(CUDAPOOL_BIN) $(SHIM_SO) $(FAKECUDA_SO) $(SHIM_APP_CUDART) \
+    $(SHIM_APP_IPC) $(SHIM_APP_SHARE)
 	@mkdir -p $(@D)
 	printf '#!/usr/bin/env bash\nCUDAPOOL_SAN_PRELOAD="%s" exec bash tests/tools/hostile_inputs.sh %s\n' \
 	  "$(strip $(SHIM_SAN_PRELOAD))" "$(BUILD)" > $@
