@@ -19,7 +19,7 @@ FenceHandle CudaFences::record_device() {
   Fence* f = slab_.make();
   f->device = true;
   recorder_.take(f);
-  return reinterpret_cast<FenceHandle>(f);
+  return f->handle();
 }
 
 FenceHandle CudaFences::record_stream(StreamId stream) {
@@ -28,17 +28,17 @@ FenceHandle CudaFences::record_stream(StreamId stream) {
   f->device = false;
   f->stream = stream;
   recorder_.take(f);
-  return reinterpret_cast<FenceHandle>(f);
+  return f->handle();
 }
 
 bool CudaFences::query(FenceHandle fence) {
   std::lock_guard<std::mutex> lock(mu_);
-  return query_locked(fence_of(fence), FenceSweeps::kSweepGapNs);
+  return query_locked(Fence::of(fence), FenceSweeps::kSweepGapNs);
 }
 
 bool CudaFences::query_urgent(FenceHandle fence) {
   std::lock_guard<std::mutex> lock(mu_);
-  return query_locked(fence_of(fence), 0);
+  return query_locked(Fence::of(fence), 0);
 }
 
 bool CudaFences::query_locked(Fence* f, std::int64_t gap_ns) {
@@ -53,7 +53,7 @@ bool CudaFences::query_locked(Fence* f, std::int64_t gap_ns) {
 }
 
 bool CudaFences::can_wait(FenceHandle fence) {
-  Fence* f = fence_of(fence);
+  Fence* f = Fence::of(fence);
   std::lock_guard<std::mutex> lock(mu_);
   if (f->done || slab_.stale(f)) return true;
   if (!any_capture_active()) return true;
@@ -63,7 +63,7 @@ bool CudaFences::can_wait(FenceHandle fence) {
 }
 
 void CudaFences::wait(FenceHandle fence) {
-  Fence* f = fence_of(fence);
+  Fence* f = Fence::of(fence);
   std::lock_guard<std::mutex> lock(mu_);
   if (f->done || slab_.stale(f)) return;
   recorder_.settle_for_wait(f);
@@ -81,7 +81,7 @@ void CudaFences::wait(FenceHandle fence) {
 }
 
 void CudaFences::release(FenceHandle fence) {
-  Fence* f = fence_of(fence);
+  Fence* f = Fence::of(fence);
   std::lock_guard<std::mutex> lock(mu_);
   const bool stale = slab_.stale(f);
   ordering_.released(f, stale);

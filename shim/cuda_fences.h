@@ -133,7 +133,6 @@ class CudaFences final : public FenceProvider {
   void abandon();
 
  private:
-  static Fence* fence_of(FenceHandle h) { return reinterpret_cast<Fence*>(h); }
   bool query_locked(Fence* f, std::int64_t gap_ns);
   void finish_stream_locked(CUstream s);  // host-waits for the work issued on s so far
 

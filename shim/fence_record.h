@@ -5,12 +5,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "allocator/fence.h"
 #include "allocator/types.h"
 #include "shim/driver.h"
 
 namespace cudapool::shim {
 
 struct Fence {
+  static Fence* of(FenceHandle h) noexcept { return reinterpret_cast<Fence*>(h); }
+  FenceHandle handle() noexcept { return reinterpret_cast<FenceHandle>(this); }
+
   std::vector<CUevent> events;
   std::vector<CUstream> on;  // the stream each event was recorded on (nullptr: the whole context)
   StreamId stream = 0;

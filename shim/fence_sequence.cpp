@@ -4,12 +4,6 @@
 
 namespace cudapool::shim {
 
-namespace {
-// The pool's clock (allocator/pool_clock.h): the recheck is a back-off as the pool's own are,
-// timed by the same clock, which a test can drive.
-std::int64_t clock_ns() { return cudapool::detail::pool_clock_ns(); }
-}  // namespace
-
 void FenceSequence::recorded(Fence* f) {
   f->seq = next_seq_++;
   if (f->context_wide) last_context_seq_ = f->seq;
@@ -34,7 +28,7 @@ bool FenceSequence::query_events(Fence* f) {
 
 bool FenceSequence::newest_asked_lately() const {
   return newest_ != nullptr && newest_->seq == newest_running_seq_ &&
-         clock_ns() - newest_running_ns_ < kNewestRecheckNs;
+         cudapool::detail::pool_clock_ns() - newest_running_ns_ < kNewestRecheckNs;
 }
 
 bool FenceSequence::newest_completed_for(const Fence* f) {
@@ -44,7 +38,7 @@ bool FenceSequence::newest_completed_for(const Fence* f) {
   if (newest_asked_lately()) return false;
   if (query_events(newest_)) return true;
   newest_running_seq_ = newest_->seq;
-  newest_running_ns_ = clock_ns();
+  newest_running_ns_ = cudapool::detail::pool_clock_ns();
   return false;
 }
 

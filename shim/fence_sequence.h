@@ -40,6 +40,7 @@ class FenceSequence {
  private:
   // Within this time after the newest fence was asked for an older one and found running, it is
   // not asked again for another (a poll asking several fences in a row would pay it each time).
+  // Timed by the pool's clock (allocator/pool_clock.h), which a test drives.
   static constexpr std::int64_t kNewestRecheckNs = 50'000;
   bool newest_asked_lately() const;
   // Asks the newest fence on f's behalf (f is older and covered by it): true if it completed.

@@ -8,12 +8,6 @@
 
 namespace cudapool::shim {
 
-namespace {
-// The pool's clock (allocator/pool_clock.h): the sweep gap is a back-off as the pool's own are,
-// timed by the same clock, which a test can drive.
-std::int64_t clock_ns() { return cudapool::detail::pool_clock_ns(); }
-}  // namespace
-
 std::uint64_t FenceSweeps::cover_for_new() {
   // The non-blocking streams are not asked now: the next sweep begun from here on covers them.
   if (!streams_.any_non_blocking()) return 0;
@@ -37,7 +31,7 @@ bool FenceSweeps::covered(std::uint64_t cover, std::int64_t gap_ns) {
   // No sweep begun since the fence: begin one, unless one began less than gap_ns ago (a sweep
   // asks every non-blocking stream; a burst of fences shares one) or a capture is open (a record
   // on a capturing stream would join its graph).
-  if (gap_ns > 0 && clock_ns() - last_ns_ < gap_ns) return false;
+  if (gap_ns > 0 && cudapool::detail::pool_clock_ns() - last_ns_ < gap_ns) return false;
   if (any_capture_active()) return false;
   begin();
   return finished();
@@ -74,7 +68,7 @@ void FenceSweeps::begin_now() {
   events_in_flight_.clear();
   ++started_;
   calls_.add(FenceCall::sweeps);
-  last_ns_ = clock_ns();
+  last_ns_ = cudapool::detail::pool_clock_ns();
   if (streams_.any_non_blocking()) {
     if (gather_stream())
       sweep_by_gathering();

@@ -25,7 +25,8 @@ class FenceSweeps {
   // inference under PyTorch ~34 µs of cuStreamQuery on a lent H100 (~2 µs a call), the largest
   // part of the pool's host time there (tests/gpu/host_sampler.cpp); at one sweep per millisecond
   // that was ~5 % of a CPU-bound step. Every 4 ms cut its stream queries by a quarter with the
-  // same peak: memory wanted sooner begins its own sweep (query_urgent, order_after).
+  // same peak: memory wanted sooner begins its own sweep (query_urgent, order_after). Timed by
+  // the pool's clock (allocator/pool_clock.h), as the pool's own back-offs are: a test drives it.
   static constexpr std::int64_t kSweepGapNs = 4'000'000;
 
   FenceSweeps(const RealDriver& d, FenceContext& context, EventPool& events, const FenceStreams& streams,

@@ -2,14 +2,10 @@
 
 namespace cudapool::shim {
 
-namespace {
-Fence* as_fence(FenceHandle h) { return reinterpret_cast<Fence*>(h); }
-}  // namespace
-
 Fence* GpuOrdering::newest_running_wide(const FenceHandle* fences, std::size_t n) {
   Fence* wide = nullptr;
   for (std::size_t i = 0; i < n; ++i) {
-    Fence* f = as_fence(fences[i]);
+    Fence* f = Fence::of(fences[i]);
     if (f->done || parts_.slab.stale(f) || !f->context_wide) continue;
     // Not asked: a wait on an event that has completed costs the GPU nothing, and a query finding
     // it complete costs the host ~10 times the wait (see free_now).
@@ -53,7 +49,7 @@ bool GpuOrdering::order(const FenceHandle* fences, std::size_t n) {
   // the legacy stream runs before anything issued from now on, on any of them.
   p.legacy_orders_all = !parts_.streams.any_non_blocking();
   for (std::size_t i = 0; i < n; ++i)
-    if (!classify(as_fence(fences[i]), &p)) return false;
+    if (!classify(Fence::of(fences[i]), &p)) return false;
   if (p.unjoined != nullptr && (unjoined_ == nullptr || p.unjoined->seq > unjoined_->seq)) unjoined_ = p.unjoined;
   if (!p.legacy_running && !p.sweep_running) return true;  // all complete or ordered: nothing to wait for
   return join(p);

@@ -326,7 +326,7 @@ TEST_F(FenceParts, OrderingByTheLegacyStreamAloneReachesStreamsMadeLater) {
   f->device = true;
   l.recorder.take(f);
   const long records = l.calls.get(FenceCall::event_record);
-  const auto h = reinterpret_cast<FenceHandle>(f);
+  const FenceHandle h = f->handle();
   EXPECT_TRUE(ordering.free_now());
   EXPECT_TRUE(ordering.order(&h, 1));  // every stream follows the legacy stream: no driver call
   EXPECT_EQ(l.calls.get(FenceCall::event_record), records);
@@ -354,7 +354,7 @@ TEST_F(FenceParts, OrderingJoinsRunningFencesForTheNonBlockingStreams) {
   CUstream s = fake().stream(CU_STREAM_NON_BLOCKING);
   l.streams.add(s, true);
   EXPECT_EQ(fake().would_wait(s, CU_STREAM_LEGACY), 0);
-  const auto h = reinterpret_cast<FenceHandle>(f);
+  const FenceHandle h = f->handle();
   EXPECT_TRUE(ordering.order(&h, 1));  // joined on the legacy stream, which s now waits for
   EXPECT_EQ(fake().would_wait(s, CU_STREAM_LEGACY), 1);
   EXPECT_GE(l.calls.get(FenceCall::stream_wait), 1);
