@@ -57,6 +57,7 @@ INSTALL_HEADERS := # installed into $(PREFIX)/include
 all: programs
 
 include allocator/module.mk
+include sys/module.mk
 include config/module.mk
 include telemetry/module.mk
 include shim/module.mk

@@ -157,7 +157,7 @@ HostPool::Result HostPool::allocate(std::size_t bytes, unsigned flags, Owner own
   std::lock_guard<std::mutex> lock(mu_);
   if (flags == 0 && opt_.reserve_segment != 0 && !reserve_tried_) {
     reserve_tried_ = true;  // one try: a reserve the driver refuses is not asked for again
-    int ignored = 0;  // a refused reserve is no error of the request's
+    int ignored = 0;        // a refused reserve is no error of the request's
     new_segment_locked(opt_.reserve_segment, 0, owner, true, &ignored);
   }
   std::size_t running = 0;

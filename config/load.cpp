@@ -10,15 +10,15 @@
 #include <cstring>
 #include <fstream>
 
-#include "config/input_file.h"
 #include "config/keys.h"
-#include "config/output_file.h"
 #include "config/path_pattern.h"
 #include "config/policy.h"
-#include "config/printable.h"
-#include "config/secure.h"
 #include "config/toml_loader.h"
 #include "config/values.h"
+#include "sys/input_file.h"
+#include "sys/output_file.h"
+#include "sys/printable.h"
+#include "sys/secure.h"
 
 namespace cudapool {
 namespace {
@@ -248,7 +248,7 @@ std::string check_output_file(const std::string& pattern, const std::string& key
     if (S_ISLNK(st.st_mode))
       return who + " is a symbolic link: refusing to write through a symbolic link; name the file itself";
     if (S_ISDIR(st.st_mode)) return who + " is a directory; name a file in it instead";
-    // The writers (config/output_file.h) refuse these too; here they are found before any work.
+    // The writers (sys/output_file.h) refuse these too; here they are found before any work.
     if (!S_ISREG(st.st_mode)) return who + " is " + not_a_regular_file(st.st_mode);
     if (st.st_uid != ::geteuid()) return who + " is " + foreign_owner(st.st_uid);
     if (::access(path.c_str(), W_OK) != 0)

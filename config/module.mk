@@ -1,5 +1,5 @@
 # config/: policy grammar (CUDAPOOL_CONF), TOML profiles, validation.
-CONFIG_SRCS := $(wildcard config/*.cpp)
+CONFIG_SRCS := $(wildcard config/*.cpp) $(SYS_SRCS)
 CONFIG_LIB := $(BUILD)/libcudapool_config.a
 $(CONFIG_LIB): $(CONFIG_SRCS:%.cpp=$(BUILD)/%.o)
 	@mkdir -p $(@D)

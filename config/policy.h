@@ -32,7 +32,7 @@ struct Policy {
   bool trace_call_sites = false;   // the trace records where each allocation was made
   std::string stats_file;          // empty = no JSON summary
   // A plan (`cudapool plan`) or a trace (trace_file) of an earlier run: the segments it held at
-  // its peak are preallocated when a device's pool starts (shim/warm_start.h). Empty = none.
+  // its peak are preallocated when a device's pool starts (shim/warm_start/warm_start.h). Empty = none.
   std::string warm_start;
   int dump_signal = 0;  // 0 = off; else the signal that dumps stats + snapshot to the log
   // expandable_segments: pages are also readable/writable by every other GPU that can reach the
@@ -99,7 +99,7 @@ struct PolicySources {
   // Check that trace_file and stats_file can be written (see check_output_file). On for every
   // caller: a process that would lose its trace or summary at exit should hear so at start.
   bool check_outputs = true;
-  // Secure mode (config/secure.h): every source above is ignored; the policy is the default with
+  // Secure mode (sys/secure.h): every source above is ignored; the policy is the default with
   // nothing that writes a file (publish_stats off). `ignored` names the CUDAPOOL_* variables that
   // were set, for the message.
   bool secure = false;
@@ -151,7 +151,7 @@ UntrustedConf pool_shaping_conf(std::string_view text, std::string_view source);
 // "" when `path` can be created or overwritten by this process (its directory exists and is
 // writable, and what is there already is a regular file of this process's user: not a directory,
 // a symbolic link, a FIFO, a device or another user's file, which the writers refuse:
-// config/output_file.h), else what is wrong and how to fix it. `key` and
+// sys/output_file.h), else what is wrong and how to fix it. `key` and
 // `origin` name the setting in the message ("stats_file", "CUDAPOOL_CONF col 5").
 std::string check_output_file(const std::string& path, const std::string& key, const std::string& origin);
 

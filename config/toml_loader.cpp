@@ -42,8 +42,8 @@ struct TomlCheckFailed : std::runtime_error {
 #pragma pop_macro("NDEBUG")
 
 #include "config/keys.h"
-#include "config/printable.h"
 #include "config/values.h"
+#include "sys/printable.h"
 
 namespace cudapool::config {
 namespace {

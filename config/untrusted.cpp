@@ -6,7 +6,7 @@
 
 #include "config/keys.h"
 #include "config/policy.h"
-#include "config/printable.h"
+#include "sys/printable.h"
 
 namespace cudapool {
 

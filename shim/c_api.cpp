@@ -12,7 +12,7 @@
 #include "allocator/pool.h"
 #include "config/policy.h"
 #include "shim/export.h"
-#include "shim/parking.h"
+#include "shim/parking/parking.h"
 #include "shim/runtime.h"
 #include "telemetry/json.h"
 #include "telemetry/logging.h"

@@ -6,8 +6,8 @@
 #include <cstddef>
 
 #include "allocator/pool.h"
-#include "shim/cuda_fences.h"
-#include "shim/cuda_upstream.h"
+#include "shim/fences/cuda_fences.h"
+#include "shim/upstream/cuda_upstream.h"
 
 namespace cudapool::shim {
 
@@ -21,14 +21,14 @@ struct ContextPool {
   const CUcontext ctx;
   const int device;
   std::size_t driver_total = 0;     // taken at creation, for the exit summary (no CUDA at exit)
-  group::Member* member = nullptr;  // the device's group ledger slot (shim/group.h), or none
+  group::Member* member = nullptr;  // the device's group ledger slot (shim/group/group.h), or none
   CudaUpstream upstream;
   CudaFences fences;
   DevicePool pool;
   // The context was destroyed/reset: the pool was abandoned and is no longer found by lookups.
   std::atomic<bool> retired{false};
   // warm_start: the plan is still to be preallocated, before the pool's next allocation
-  // (shim/warm_start.h).
+  // (shim/warm_start/warm_start.h).
   std::atomic<bool> warm_pending{false};
 };
 

@@ -25,7 +25,7 @@ using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 using CUmemoryPool = CUmemPoolHandle_st*;
 using CUgraph = CUgraph_st*;
-// Only passed on by the door wrappers (shim/hooks_doors.cpp): opaque here, by pointer or handle.
+// Only passed on by the door wrappers (shim/hooks/hooks_doors.cpp): opaque here, by pointer or handle.
 struct CUfunc_st;
 struct CUgraphExec_st;
 struct CUarray_st;

@@ -2,7 +2,7 @@
 # Hidden by default, exports only what the version script made from shim/exports.map.in and
 # shim/entry_points.def lists, libstdc++/libgcc linked in, the pool, config and telemetry archives
 # linked in (they are built with -fPIC).
-SHIM_SRCS := $(wildcard shim/*.cpp)
+SHIM_SRCS := $(wildcard shim/*.cpp shim/*/*.cpp)
 SHIM_OBJS := $(SHIM_SRCS:%.cpp=$(BUILD)/%.o)
 SHIM_SO := $(BUILD)/libcudapool.so
 SHIM_EXPORTS := $(BUILD)/shim/exports.map
@@ -23,7 +23,7 @@ PROGRAMS += $(SHIM_SO)
 # The group ledger's layout and its checked readers (plain POSIX, no CUDA): also linked by the
 # tools (`cudapool top`) and the tests that read ledgers.
 SHIM_LEDGER_LIB := $(BUILD)/libcudapool_ledger.a
-$(SHIM_LEDGER_LIB): $(BUILD)/shim/group_ledger_layout.o
+$(SHIM_LEDGER_LIB): $(BUILD)/shim/group/group_ledger_layout.o
 	@mkdir -p $(@D)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 INSTALL_LIBS += $(SHIM_SO)

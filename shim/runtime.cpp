@@ -11,14 +11,14 @@
 #include <new>
 
 #include "config/path_pattern.h"
-#include "config/secure.h"
 #include "config/version.h"
-#include "shim/group.h"
+#include "shim/fences/streams.h"
+#include "shim/group/group.h"
 #include "shim/log.h"
 #include "shim/log_audit.h"
-#include "shim/parking.h"
+#include "shim/parking/parking.h"
 #include "shim/signal_dump.h"
-#include "shim/streams.h"
+#include "sys/secure.h"
 #include "telemetry/logging.h"
 #include "telemetry/summary.h"
 #include "telemetry/trace.h"
@@ -85,7 +85,7 @@ std::atomic<int> g_exit_status{-1};  // the status given to exit(), once the on_
 thread_local int tl_shard = -1;
 
 // Loads the policy; on failure follows CUDAPOOL_ON_ERROR. Returns false to mean "pass through".
-// *secure: loaded in secure mode (config/secure.h), *ignored: the variables that mode ignored.
+// *secure: loaded in secure mode (sys/secure.h), *ignored: the variables that mode ignored.
 bool load(Policy* out, bool* secure, std::vector<std::string>* ignored) {
   PolicyResult r = load_policy_from_environment();
   *secure = r.secure;
@@ -148,7 +148,7 @@ std::string dump_text(int signo) {
   return format_dump(signo, s, snapshots);
 }
 
-// The runtime's pools as the group's helper threads see them (shim/group.h).
+// The runtime's pools as the group's helper threads see them (shim/group/group.h).
 class GroupView final : public group::ProcessPools {
  public:
   explicit GroupView(Runtime& rt) : rt_(rt) {}
@@ -161,7 +161,7 @@ class GroupView final : public group::ProcessPools {
   Runtime& rt_;
 };
 
-// The runtime's pools as parking sees them (shim/parking.h).
+// The runtime's pools as parking sees them (shim/parking/parking.h).
 class ParkView final : public park::Pools {
  public:
   explicit ParkView(Runtime& rt) : rt_(rt) {}

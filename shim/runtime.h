@@ -12,9 +12,9 @@
 #include "allocator/pool.h"
 #include "config/policy.h"
 #include "shim/context_pool.h"
-#include "shim/cuda_fences.h"
-#include "shim/cuda_upstream.h"
+#include "shim/fences/cuda_fences.h"
 #include "shim/pass_kind.h"
+#include "shim/upstream/cuda_upstream.h"
 
 namespace cudapool {
 struct Summary;
@@ -77,7 +77,7 @@ class Runtime {
     if (shards_[shard_index()].n[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed) == 0) log_first_pass(k);
   }
   std::int64_t passes(PassKind k) const noexcept;
-  // Calls of cudart's cudaMalloc / cudaFree the shim served itself (shim/hooks_runtime_api.cpp),
+  // Calls of cudart's cudaMalloc / cudaFree the shim served itself (shim/hooks/hooks_runtime_api.cpp),
   // counted like the passes; the exit summary's "runtime_api".
   enum class RuntimeApiCall : std::uint8_t { cuda_malloc, cuda_free, count_ };
   void count_served(RuntimeApiCall c) noexcept {
@@ -86,7 +86,7 @@ class Runtime {
   std::int64_t served(RuntimeApiCall c) const noexcept;
 
   // A part of the exit summary kept outside the runtime (the pinned host pool's counters,
-  // shim/hooks_host.cpp), set by its owner when it starts; called at exit, no CUDA.
+  // shim/hooks/hooks_host.cpp), set by its owner when it starts; called at exit, no CUDA.
   using SummaryPart = void (*)(Summary& s) noexcept;
   void set_summary_part(SummaryPart part) noexcept { summary_part_.store(part, std::memory_order_release); }
 

@@ -24,10 +24,10 @@
 
 #include "shim/cudapool.h"
 #include "shim/export.h"
-#include "shim/hooks.h"
+#include "shim/fences/streams.h"
+#include "shim/hooks/hooks.h"
 #include "shim/log.h"
 #include "shim/oom_note.h"
-#include "shim/streams.h"
 #include "telemetry/logging.h"
 
 using namespace cudapool;

@@ -18,8 +18,8 @@
 
 #include <spdlog/sinks/base_sink.h>
 
-#include "config/output_file.h"
-#include "config/timed_lock.h"
+#include "sys/output_file.h"
+#include "sys/timed_lock.h"
 
 namespace cudapool {
 namespace {

@@ -13,7 +13,7 @@
 namespace cudapool {
 
 // (Re)configures the logger from policy.log_level and policy.log_file (expanded by
-// expand_path_pattern, config/path_pattern.h; opened as config/output_file.h says).
+// expand_path_pattern, config/path_pattern.h; opened as sys/output_file.h says).
 // Returns "" on success, else why (unknown level, file not writable); on failure the logger
 // keeps writing to stderr at the previous level. Registers an atexit flush once.
 // Thread-safe; the previous logger object is kept alive (leaked) so concurrent callers of log()

@@ -1,7 +1,7 @@
 // Files that the pooled processes of one user share on one machine, in shared memory (/dev/shm):
 //  * the group ledger: one per (user, GPU, group), the reserved bytes of every member process,
 //    whose sum stays under the group's budget; its layout is beside the code that keeps it,
-//    shim/group_ledger_layout.h (docs/design.md, "The group ledger");
+//    shim/group/group_ledger_layout.h (docs/design.md, "The group ledger");
 //  * the stats records: one per pooled process, its pool figures, read by `cudapool top`.
 // This file has their names, the checks every opener makes, process liveness and the stats
 // record's layout. Plain POSIX (open, fstat, mmap), no CUDA: the shim writes these files, the
@@ -132,7 +132,7 @@ struct ProcRecord {
   char command[160];  // NUL-terminated
   char group[kNameBytes];
   RecordDevice dev[kRecordDevices];
-  // Parking (shim/parking.h), the process as a whole: whether its memory is parked now, whether
+  // Parking (shim/parking/parking.h), the process as a whole: whether its memory is parked now, whether
   // it may be (a RecordParkable; park_why says why not), and what parking has cost it so far.
   std::uint32_t parked;
   std::uint32_t parkable;

@@ -2,8 +2,8 @@
 // knowledge of our struct layout (the reader, for the tools: telemetry/summary_reader.cpp).
 #include "telemetry/summary.h"
 
-#include "config/output_file.h"
 #include "config/path_pattern.h"
+#include "sys/output_file.h"
 #include "telemetry/json.h"
 #include "telemetry/logging.h"
 
@@ -277,7 +277,7 @@ std::string to_json(const Summary& s) {
 
 std::string write_summary_file(const std::string& path, const Summary& s) {
   // A temporary file beside the path, renamed over it: a reader (cudapool ab) never sees half
-  // a file (config/output_file.h: no link followed, an unpredictable temporary name, mode 0600).
+  // a file (sys/output_file.h: no link followed, an unpredictable temporary name, mode 0600).
   return write_file_atomically(expand_path_pattern(path), to_json(s), "summary file");
 }
 

@@ -52,7 +52,7 @@ struct Summary {
 std::string to_json(const Summary& s);
 // Writes the summary to `path` (patterns of expand_path_pattern expanded) with plain
 // open/write/rename/close, safe at exit: a temporary file beside it, renamed over it
-// (config/output_file.h: a symbolic link at `path` is refused, the file has mode 0600).
+// (sys/output_file.h: a symbolic link at `path` is refused, the file has mode 0600).
 // Returns "" or why it failed.
 std::string write_summary_file(const std::string& path, const Summary& s);
 

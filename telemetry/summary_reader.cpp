@@ -5,7 +5,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "config/input_file.h"
+#include "sys/input_file.h"
 #include "telemetry/json_reader.h"
 
 namespace cudapool {

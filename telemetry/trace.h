@@ -95,7 +95,7 @@ class TraceWriter : public EventSink {
   };
 
   // Creates/truncates `path` (patterns of expand_path_pattern are expanded; opened as
-  // config/output_file.h says: a symbolic link there is refused, a new file has mode 0600) and
+  // sys/output_file.h says: a symbolic link there is refused, a new file has mode 0600) and
   // writes the header. nullptr and *error set on failure. The writer registers itself so that exit()
   // and flush_all_writers() flush it.
   static std::unique_ptr<TraceWriter> open(const std::string& path, std::string* error);

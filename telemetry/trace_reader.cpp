@@ -9,8 +9,8 @@
 #include <limits>
 #include <string_view>
 
-#include "config/input_file.h"
-#include "config/printable.h"
+#include "sys/input_file.h"
+#include "sys/printable.h"
 #include "telemetry/trace.h"
 
 namespace cudapool {
@@ -84,7 +84,7 @@ bool parse_time_of_day(std::string_view s, std::int64_t* out) {
   return true;
 }
 
-// A field quoted in an error message: at most 40 bytes of it, escaped (config/printable.h), so
+// A field quoted in an error message: at most 40 bytes of it, escaped (sys/printable.h), so
 // that a crafted trace cannot put escape sequences on the terminal that shows the error.
 std::string show(std::string_view field) {
   constexpr std::size_t kMax = 40;

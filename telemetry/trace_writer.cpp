@@ -41,8 +41,8 @@
 #include <thread>
 #include <vector>
 
-#include "config/output_file.h"
 #include "config/path_pattern.h"
+#include "sys/output_file.h"
 #include "telemetry/clock.h"
 #include "telemetry/event_row.h"
 #include "telemetry/logging.h"

@@ -12,7 +12,7 @@
 #include <unordered_map>
 
 #include "allocator/types.h"
-#include "config/printable.h"
+#include "sys/printable.h"
 #include "telemetry/trace.h"
 
 namespace cudapool {

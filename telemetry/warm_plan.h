@@ -1,6 +1,6 @@
 // A warm-start plan: the segments each device's pool held when its reserved memory peaked in a
 // recorded run, so that a later run of the same program can preallocate them when its pool
-// starts (policy key warm_start; shim/warm_start.cpp) and its first step does not grow the pool.
+// starts (policy key warm_start; shim/warm_start/warm_start.cpp) and its first step does not grow the pool.
 //
 // Two sources: a plan file written by `cudapool plan` (replays the trace on the pool core and
 // also records how each segment was split at the peak), or a trace itself (trace_file), read

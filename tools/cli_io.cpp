@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "config/output_file.h"
 #include "config/policy.h"
+#include "sys/output_file.h"
 #include "tools/json_text.h"
 #include "tools/units.h"
 

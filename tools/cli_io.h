@@ -29,7 +29,7 @@ void finish_json(const std::string& json_path, int exit_status);
 // The error object alone (tests and finish_json).
 std::string error_json(const std::string& message, int exit_status);
 
-// Writes `text` to `path`, opened as config/output_file.h says (a symbolic link there is
+// Writes `text` to `path`, opened as sys/output_file.h says (a symbolic link there is
 // refused, a new file has mode 0600); false (after printing "<who>: why") on failure. `shared`:
 // a file this call creates gets mode 0644 less the umask instead (a page meant to be passed
 // around); an existing file keeps its mode.

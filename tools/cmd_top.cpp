@@ -11,8 +11,8 @@
 #include <set>
 #include <string>
 
-#include "config/printable.h"
-#include "shim/group_ledger_layout.h"
+#include "shim/group/group_ledger_layout.h"
+#include "sys/printable.h"
 #include "telemetry/share.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
@@ -105,7 +105,7 @@ std::vector<GroupFigures> group_figures(const std::vector<share::LedgerView>& le
   return out;
 }
 
-// Parking (shim/parking.h): the process as a whole.
+// Parking (shim/parking/parking.h): the process as a whole.
 std::string parking_json(const share::ProcInfo::Parking& k) {
   return std::string("{\"parked\":") + (k.parked ? "true" : "false") + ",\"parked_bytes\":" + json_u(k.parked_bytes) +
          ",\"parking_on\":" + (k.parkable != share::kRecordParkOff ? "true" : "false") +

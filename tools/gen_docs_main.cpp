@@ -11,7 +11,7 @@
 #include <string>
 
 #include "config/keys.h"
-#include "config/output_file.h"
+#include "sys/output_file.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <streambuf>
 
-#include "config/input_file.h"
+#include "sys/input_file.h"
 
 namespace cudapool::tools {
 

@@ -19,7 +19,7 @@ bool is_gzip_file(const std::string& path);
 // otherwise.
 class GzipInput {
  public:
-  // Opens `path` as config/input_file.h says (anything but a regular file is not opened).
+  // Opens `path` as sys/input_file.h says (anything but a regular file is not opened).
   explicit GzipInput(const std::string& path);
   // Reads the descriptor `fd` (from its current offset) and closes it when done.
   explicit GzipInput(int fd);

@@ -5,8 +5,8 @@
 #include <exception>
 #include <new>
 
-#include "config/printable.h"
 #include "config/version.h"
+#include "sys/printable.h"
 #include "tools/cli_io.h"
 #include "tools/commands.h"
 

@@ -3,13 +3,13 @@
 #include <string>
 #include <vector>
 
-#include "shim/group_ledger_layout.h"
+#include "shim/group/group_ledger_layout.h"
 #include "telemetry/share.h"
 
 namespace cudapool::tools {
 
 // One line per process and device, with a header line; every string from a record escaped with
-// printable() (config/printable.h).
+// printable() (sys/printable.h).
 std::string top_table(const std::vector<share::ProcInfo>& procs);
 
 // FRAG: the share of reserved memory that is free inside segments that still hold live blocks

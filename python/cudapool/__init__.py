@@ -320,7 +320,7 @@ def snapshot(path=None):
 
 
 def _open_output(path):
-    """`path` opened for writing as the library opens its own output files (config/output_file.h):
+    """`path` opened for writing as the library opens its own output files (sys/output_file.h):
     a symbolic link there is refused (never written through), so is anything that is not a
     regular file (a FIFO would block the open: it is opened without blocking, then refused) and an
     existing file of another user; a new file has mode 0600, not inherited by programs run."""

@@ -471,7 +471,7 @@ bool wanted(const std::string& only, const char* name) {
 
 // --launches N: what a kernel launch costs the program on the host (a launch the fake driver
 // answers at once), median of the chunks, one line "launch NS_PER_LAUNCH": under the shim every
-// launch passes the parking door (shim/parking.h), whose fast path this measures.
+// launch passes the parking door (shim/parking/parking.h), whose fast path this measures.
 int launches_only(long n, int chunks) {
   start_cuda();
   using Launch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,

@@ -370,7 +370,7 @@ void fenced_reuse() {
     }
     fakecuda_release_stream(busy);
     // q came from the segment's rest while the free's batch was open; once the batch window
-    // (20 us, docs/design.md) and the sweep gap (4 ms, shim/cuda_fences.h) have passed, the next
+    // (20 us, docs/design.md) and the sweep gap (4 ms, shim/fences/cuda_fences.h) have passed, the next
     // allocation records the fence and queries it, and a sweep asks the non-blocking stream.
     advance_pool_clock(kPastWindowsNs);
     CHECK_OK(api.cuMemAlloc(&r, n));

@@ -58,7 +58,7 @@
 #include <vector>
 
 #include "shim/cudapool.h"
-#include "shim/ipc_wire.h"
+#include "shim/ipc/ipc_wire.h"
 #include "tests/fakecuda/fakecuda.h"
 #define CUDAPOOL_TEST_APP_LCUDA
 #include "tests/fakecuda/test_app.h"
@@ -493,7 +493,7 @@ rlim_t raise_nofile(rlim_t want) {
 }
 
 constexpr int kCrowd = 1100;
-constexpr int kServedAtOnce = 1024;  // the exporter's cap (shim/ipc_server.h)
+constexpr int kServedAtOnce = 1024;  // the exporter's cap (shim/ipc/ipc_server.h)
 
 void scenario_crowd() {
   // Enough descriptors here and in the crowd that the cap, not the limit, is what binds.

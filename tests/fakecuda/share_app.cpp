@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "shim/group_ledger_layout.h"
+#include "shim/group/group_ledger_layout.h"
 #include "telemetry/share.h"
 #include "tests/fakecuda/fakecuda.h"
 #include "tests/fakecuda/test_app.h"

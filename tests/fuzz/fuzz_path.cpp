@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "config/path_pattern.h"
-#include "config/printable.h"
+#include "sys/printable.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {

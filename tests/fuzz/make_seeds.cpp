@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "shim/group_ledger_layout.h"
-#include "shim/ipc_wire.h"
+#include "shim/group/group_ledger_layout.h"
+#include "shim/ipc/ipc_wire.h"
 #include "telemetry/share.h"
 
 namespace {

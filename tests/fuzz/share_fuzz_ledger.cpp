@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "shim/group_ledger_layout.h"
+#include "shim/group/group_ledger_layout.h"
 #include "telemetry/share.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {

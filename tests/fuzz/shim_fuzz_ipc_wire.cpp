@@ -1,4 +1,4 @@
-// libFuzzer target: what a CUDA IPC importer and exporter accept from their peer (shim/ipc_wire.h)
+// libFuzzer target: what a CUDA IPC importer and exporter accept from their peer (shim/ipc/ipc_wire.h)
 // on arbitrary bytes: a handle, a reply to `open`, its unit batches, a request. Whatever the
 // checks accept must describe a block the importer can map: inside the bytes received for it,
 // with no wrap-around, of the size and kind its handle names.
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "shim/ipc_wire.h"
+#include "shim/ipc/ipc_wire.h"
 
 namespace {
 

@@ -32,7 +32,7 @@ build() {  # build NAME command...
 [ "$WHAT" = torch ] || for p in correctness race alias_race free_host_sync ipc stream_ordered graph_capture device_reset park legacy_app alloc_bench; do
   build "$p" "$NVCC" "${FLAGS[@]}" -o "$DIR/$p" "tests/gpu/$p.cu"   # static cudart (nvcc default)
 done
-# Shared cudart: cudaMalloc / cudaFree reach the shim's own definitions (shim/hooks_runtime_api.cpp).
+# Shared cudart: cudaMalloc / cudaFree reach the shim's own definitions (shim/hooks/hooks_runtime_api.cpp).
 for p in correctness race; do
   [ "$WHAT" = torch ] || build ${p}_shared "$NVCC" "${FLAGS[@]}" -cudart shared -Xlinker -rpath -Xlinker "$CUDA_LIB" \
     -o "$DIR/${p}_shared" tests/gpu/$p.cu

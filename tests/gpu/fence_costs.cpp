@@ -1,5 +1,5 @@
 // What the driver calls behind the shim's fences cost the host on this machine, without the shim:
-// the numbers that decide how a fence covers the program's non-blocking streams (shim/cuda_fences.cpp).
+// the numbers that decide how a fence covers the program's non-blocking streams (shim/fences/cuda_fences.cpp).
 // PyTorch creates its pool of non-blocking streams early and most of them never run anything, so
 // what matters is the cost per call against an IDLE stream, next to the legacy stream's.
 //

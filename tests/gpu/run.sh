@@ -319,7 +319,7 @@ PY
 )"
   fi
   # A device fence over 16 idle non-blocking streams: a sweep asking each, one gathering them,
-  # one context-wide event (shim/cuda_fences.h), with the GPU idle and with work queued on the
+  # one context-wide event (shim/fences/cuda_fences.h), with the GPU idle and with work queued on the
   # legacy stream (no shim); and the driver's promises the context-wide fences rest on.
   if [ -x "$BIN/fence_costs" ]; then
     run fence_costs 60 -- "$BIN/fence_costs" 16

@@ -63,24 +63,24 @@ $(SHIM_TEST_BIN): | $(SHIM_APP_PARK)
 
 # CUDA IPC between processes: a -lcuda program that exports pooled blocks and runs itself as the
 # importing children (tests/unit/shim_ipc_test.cpp runs it); it speaks the shim's wire format
-# directly for the foreign-user check, so it links shim/ipc_wire.cpp.
+# directly for the foreign-user check, so it links shim/ipc/ipc_wire.cpp.
 SHIM_APP_IPC := $(FAKECUDA_DIR)/ipc_app
-$(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp shim/ipc_wire.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
+$(SHIM_APP_IPC): tests/fakecuda/ipc_app.cpp shim/ipc/ipc_wire.cpp shim/ipc/ipc_wire.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cudapool.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
-	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/ipc_app.cpp shim/ipc_wire.cpp -o $@ \
+	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/ipc_app.cpp shim/ipc/ipc_wire.cpp -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
 $(SHIM_TEST_BIN): | $(SHIM_APP_IPC)
 # The exporter's server loop itself runs in the test process, on a clock the test moves
-# (tests/unit/shim_ipc_server_test.cpp): shim/ipc_server.o and the wire helpers; the logger's
+# (tests/unit/shim_ipc_server_test.cpp): shim/ipc/ipc_server.o and the wire helpers; the logger's
 # archives are linked at the end of this file.
-$(SHIM_TEST_BIN): $(BUILD)/shim/ipc_server.o $(BUILD)/shim/ipc_wire.o
+$(SHIM_TEST_BIN): $(BUILD)/shim/ipc/ipc_server.o $(BUILD)/shim/ipc/ipc_wire.o
 
 # Processes sharing one GPU (group budget, cooperative release, `cudapool top`): a -lcuda program
 # run several times at once by tests/unit/shim_share_test.cpp; it reads the group ledger itself,
 # so it links telemetry/share.cpp and the ledger's layout, and so do the tests.
 SHIM_APP_SHARE := $(FAKECUDA_DIR)/share_app
-SHIM_SHARE_SRCS := telemetry/share.cpp shim/group_ledger_layout.cpp
-$(SHIM_APP_SHARE): tests/fakecuda/share_app.cpp $(SHIM_SHARE_SRCS) telemetry/share.h shim/group_ledger_layout.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cuda_abi.h $(FAKECUDA_SO)
+SHIM_SHARE_SRCS := telemetry/share.cpp shim/group/group_ledger_layout.cpp
+$(SHIM_APP_SHARE): tests/fakecuda/share_app.cpp $(SHIM_SHARE_SRCS) telemetry/share.h shim/group/group_ledger_layout.h tests/fakecuda/fakecuda.h tests/fakecuda/test_app.h shim/cuda_abi.h $(FAKECUDA_SO)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) -std=c++20 -O2 -g $(WARNFLAGS) tests/fakecuda/share_app.cpp $(SHIM_SHARE_SRCS) -o $@ \
 	  -L$(FAKECUDA_DIR) -l:libcuda.so.1 -pthread -ldl
@@ -121,14 +121,15 @@ $(SHIM_TEST_BIN): | $(FAKECUDART_SO) $(SHIM_CUDART_APP_LIB) $(SHIM_CUDART_APP)
 # The host-cost benchmark's mix_cudart scenario loads the fake cudart (tests/mk/host_cost.mk).
 $(HOST_COST_BENCH) $(HOST_COST_TEST): $(FAKECUDART_SO)
 
-# Archives the test objects above need (the logger, for shim/ipc_server.o): after every object,
+# Archives the test objects above need (the logger, for shim/ipc/ipc_server.o): after every object,
 # so that the linker takes from them only what no object defines.
 $(SHIM_TEST_BIN): $(TELEMETRY_LIB) $(CONFIG_LIB)
 
 # The fence layer's parts in the test process, on the fake driver (tests/unit/shim_fences_test.cpp):
 # their objects, the upstream's for ScopedContext (with the rest of it), the capture bookkeeping,
 # and the pool's archive for its clock.
-SHIM_FENCE_OBJS := $(addprefix $(BUILD)/shim/,cuda_fences.o context_wide_fences.o event_pool.o fence_context.o \
-  fence_record.o fence_recorder.o fence_sequence.o fence_streams.o fence_sweeps.o gpu_ordering.o streams.o \
-  cuda_upstream.o cuda_upstream_vmm.o cuda_upstream_park.o park_store.o)
+SHIM_FENCE_OBJS := $(addprefix $(BUILD)/shim/fences/,cuda_fences.o context_wide_fences.o event_pool.o \
+  fence_context.o fence_record.o fence_recorder.o fence_sequence.o fence_streams.o fence_sweeps.o gpu_ordering.o \
+  streams.o) $(addprefix $(BUILD)/shim/upstream/,cuda_upstream.o cuda_upstream_vmm.o cuda_upstream_park.o \
+  park_store.o) $(BUILD)/shim/scoped_context.o
 $(SHIM_TEST_BIN): $(SHIM_FENCE_OBJS) $(ALLOCATOR_LIB)

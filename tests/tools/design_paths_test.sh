@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every repository path that docs/design.md names in backquotes (`dir/file.ext`, a glob such as
-# `shim/cuda_fences.*` too) exists, so the document's tables ("Where each rule lives", "Where
+# `shim/fences/cuda_fences.*` too) exists, so the document's tables ("Where each rule lives", "Where
 # things live") cannot point a reader at a file that moved or was split. A path is a backquoted
 # token of one or more folders and a file name with an extension, nothing else in the quotes.
 # The check also runs on a copy of the document with a missing path added and must fail there.

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "config/policy.h"
-#include "config/secure.h"
+#include "sys/secure.h"
 #include "tests/unit/bounded_child.h"
 #include "tests/unit/config_test_util.h"
 

@@ -1,5 +1,5 @@
-// Opening the files the library and the tools write and read (config/output_file.h,
-// config/input_file.h): nothing at a path blocks the open, anything but a regular file is
+// Opening the files the library and the tools write and read (sys/output_file.h,
+// sys/input_file.h): nothing at a path blocks the open, anything but a regular file is
 // refused, and a file another user owns is never written.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "config/input_file.h"
-#include "config/output_file.h"
+#include "sys/input_file.h"
+#include "sys/output_file.h"
 #include "tests/unit/bounded_child.h"
 
 namespace cudapool {

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "config/printable.h"
+#include "sys/printable.h"
 
 namespace cudapool {
 namespace {

@@ -30,8 +30,10 @@ struct RunningChild {
 };
 
 // `env` is applied last; an empty value unsets the variable.
+// The child is killed after `alarm_s` seconds (SIGALRM): a hung child fails its test instead of
+// holding the suite; a scenario whose work grows with the machine's slowness passes more.
 inline RunningChild start_under_shim(std::vector<std::string> argv, const std::map<std::string, std::string>& env = {},
-                                     bool preload = true) {
+                                     bool preload = true, unsigned alarm_s = 30) {
   std::map<std::string, std::string> vars;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -79,7 +81,7 @@ inline RunningChild start_under_shim(std::vector<std::string> argv, const std::m
     dup2(fds[1], 2);
     close(fds[0]);
     close(fds[1]);
-    alarm(30);
+    alarm(alarm_s);
     execve(cargv[0], cargv.data(), cenv.data());
     _exit(127);
   }

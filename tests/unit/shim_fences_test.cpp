@@ -1,4 +1,4 @@
-// The fence layer's parts (shim/cuda_fences.h and the files it names) in the test process, on the
+// The fence layer's parts (shim/fences/cuda_fences.h and the files it names) in the test process, on the
 // fake libcuda.so.1 loaded by its path (the driver table takes that copy, as in
 // shim_driver_test.cpp). A stream the fake holds keeps the events recorded behind it running
 // until it is released; the fake counts every driver call by function.
@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "allocator/pool.h"
-#include "shim/cuda_fences.h"
-#include "shim/streams.h"
+#include "shim/fences/cuda_fences.h"
+#include "shim/fences/streams.h"
 
 namespace cudapool::shim {
 namespace {

@@ -1,4 +1,4 @@
-// The CUDA IPC exporter's server loop (shim/ipc_server.h), run in this process on a clock only the
+// The CUDA IPC exporter's server loop (shim/ipc/ipc_server.h), run in this process on a clock only the
 // test moves: a connection that holds nothing is dropped once it has sent no request for the idle
 // timeout, one that holds an import open never is; past the cap (or out of descriptors) a
 // newcomer takes the place of the connection idle longest that holds nothing, and is refused only
@@ -8,7 +8,7 @@
 // No test waits for time to pass. Each waits, bounded, for the state it asserts: a connection
 // counted, a reply, the server's close. `settle` makes sure the server finished a whole round of
 // its loop at the current test time (the idle check runs at the end of every round).
-#include "shim/ipc_server.h"
+#include "shim/ipc/ipc_server.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,5 +1,5 @@
 // Whom a park request chooses (share::choose_to_park and, when every member works,
-// share::choose_turn; shim/group_ledger_layout.h): plain code over
+// share::choose_turn; shim/group/group_ledger_layout.h): plain code over
 // the figures other members published, so it is tested here on figures made up for it; the
 // processes that act on the choice are tested in shim_park_group_test.cpp.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "shim/group_ledger_layout.h"
+#include "shim/group/group_ledger_layout.h"
 
 namespace cudapool {
 namespace {

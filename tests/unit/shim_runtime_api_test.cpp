@@ -1,4 +1,4 @@
-// cudart's cudaMalloc / cudaFree answered by the shim itself (shim/hooks_runtime_api.cpp): runs
+// cudart's cudaMalloc / cudaFree answered by the shim itself (shim/hooks/hooks_runtime_api.cpp): runs
 // tests/fakecuda/cudart_app, one process per scenario, under the preloaded shim. The scenarios
 // live in a library linked against a fake shared cudart (tests/fakecuda/fakecudart.cpp) that the
 // program loads with dlopen, globally or locally (where the shim finds that cudart only through

@@ -29,7 +29,7 @@
 
 #include <gtest/gtest.h>
 
-#include "shim/group_ledger_layout.h"
+#include "shim/group/group_ledger_layout.h"
 #include "telemetry/share.h"
 #include "tests/unit/shim_child.h"
 
