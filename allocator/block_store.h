@@ -205,23 +205,17 @@ class BlockStore {
     b->state = state;
     b->owner = owner;
     // Loops: a local block that swallows a shared neighbour may then touch a local one.
+    const auto absorb = [&](Block* n) {
+      erase_block(set_of(n), n);
+      count_inactive_split(n, -1);
+      absorb_neighbour(b, n);
+      if (n->epoch > b->epoch) b->epoch = n->epoch;
+      if (n->hot > b->hot) b->hot = n->hot;
+      block_pool_.put(n);
+    };
     Block* n;
-    while ((n = b->prev) != nullptr && can_absorb(b, n)) {
-      erase_block(set_of(n), n);
-      count_inactive_split(n, -1);
-      absorb_neighbour(b, n);
-      if (n->epoch > b->epoch) b->epoch = n->epoch;
-      if (n->hot > b->hot) b->hot = n->hot;
-      block_pool_.put(n);
-    }
-    while ((n = b->next) != nullptr && can_absorb(b, n)) {
-      erase_block(set_of(n), n);
-      count_inactive_split(n, -1);
-      absorb_neighbour(b, n);
-      if (n->epoch > b->epoch) b->epoch = n->epoch;
-      if (n->hot > b->hot) b->hot = n->hot;
-      block_pool_.put(n);
-    }
+    while ((n = b->prev) != nullptr && can_absorb(b, n)) absorb(n);
+    while ((n = b->next) != nullptr && can_absorb(b, n)) absorb(n);
     if (b->is_split()) count_inactive_split(b, +1);
     b->gc_base = searches_[kind_index(b->seg->small)];
     set.insert(b);

@@ -61,6 +61,17 @@ void append_allocator_settings(std::string& out, const Policy& policy) {
   out += "]}";
 }
 
+// Copies `text` into buf (NUL-terminated, cut to size - 1; nothing when buf is NULL or size 0);
+// returns its full length, so a caller can size a second try.
+size_t copy_out(const std::string& text, char* buf, size_t size) {
+  if (buf != nullptr && size > 0) {
+    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+    std::memcpy(buf, text.data(), n);
+    buf[n] = '\0';
+  }
+  return text.size();
+}
+
 }  // namespace
 
 CUDAPOOL_EXPORT int cudapool_api_version(void) { return CUDAPOOL_API_VERSION; }
@@ -126,12 +137,7 @@ CUDAPOOL_EXPORT size_t cudapool_memory_stats_json(int device, char* buf, size_t 
     }
   }
   out += "}";
-  if (buf != nullptr && size > 0) {
-    const size_t n = out.size() < size - 1 ? out.size() : size - 1;
-    std::memcpy(buf, out.data(), n);
-    buf[n] = '\0';
-  }
-  return out.size();
+  return copy_out(out, buf, size);
 }
 
 CUDAPOOL_EXPORT int64_t cudapool_passthrough_count(const char* kind) {
@@ -155,12 +161,7 @@ CUDAPOOL_EXPORT size_t cudapool_snapshot_json(char* buf, size_t size) {
   out += first ? "]" : "\n]";
   if (rt != nullptr) append_allocator_settings(out, rt->policy());
   out += "}";
-  if (buf != nullptr && size > 0) {
-    const size_t n = out.size() < size - 1 ? out.size() : size - 1;
-    std::memcpy(buf, out.data(), n);
-    buf[n] = '\0';
-  }
-  return out.size();
+  return copy_out(out, buf, size);
 }
 
 CUDAPOOL_EXPORT size_t cudapool_empty_cache(void) {
@@ -176,14 +177,6 @@ CUDAPOOL_EXPORT void cudapool_set_clock_for_testing(int64_t (*clock)(void)) { se
 namespace {
 thread_local std::string tl_park_why;
 
-size_t copy_out(const std::string& text, char* buf, size_t size) {
-  if (buf != nullptr && size > 0) {
-    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
-    std::memcpy(buf, text.data(), n);
-    buf[n] = '\0';
-  }
-  return text.size();
-}
 }  // namespace
 
 CUDAPOOL_EXPORT int cudapool_park(int discard) {
