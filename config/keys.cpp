@@ -35,17 +35,28 @@ struct MiBSize {
   bool zero_means_no_limit = false;     // 0 reads as kNoLimit, which prints as "0"
   std::string_view no_limit_text = {};  // non-empty: kNoLimit prints as this
 
+  // Each returns a copy with one setting changed (written out, not through a generic editor
+  // taking a lambda: clang 14 cannot evaluate that in the table's constant expressions).
   constexpr MiBSize at_least(std::uint64_t n) const {
-    return with([&](MiBSize& m) { m.min = n; });
+    MiBSize m = *this;
+    m.min = n;
+    return m;
   }
   constexpr MiBSize at_most(std::uint64_t n) const {
-    return with([&](MiBSize& m) { m.max = n; });
+    MiBSize m = *this;
+    m.max = n;
+    return m;
   }
   constexpr MiBSize zero_is_no_limit() const {
-    return with([](MiBSize& m) { m.zero_means_no_limit = true, m.no_limit_text = "0"; });
+    MiBSize m = *this;
+    m.zero_means_no_limit = true;
+    m.no_limit_text = "0";
+    return m;
   }
   constexpr MiBSize no_limit_shown_as(std::string_view text) const {
-    return with([&](MiBSize& m) { m.no_limit_text = text; });
+    MiBSize m = *this;
+    m.no_limit_text = text;
+    return m;
   }
 
   std::string apply(std::size_t& field, std::string_view v, Warnings&) const {
@@ -66,13 +77,6 @@ struct MiBSize {
   }
   bool is_default(const std::size_t& field, const std::size_t& def) const { return field == def; }
 
- private:
-  template <class Edit>
-  constexpr MiBSize with(Edit edit) const {
-    MiBSize m = *this;
-    edit(m);
-    return m;
-  }
 };
 constexpr MiBSize mib() { return {}; }
 
