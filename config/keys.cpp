@@ -76,7 +76,6 @@ struct MiBSize {
     return std::to_string(field / MiB);
   }
   bool is_default(const std::size_t& field, const std::size_t& def) const { return field == def; }
-
 };
 constexpr MiBSize mib() { return {}; }
 
