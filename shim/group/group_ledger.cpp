@@ -92,7 +92,27 @@ bool Member::acquire(std::size_t bytes) noexcept {
   }
   bool ok = true;  // left the group (now or before): own caps only
   touch([&] { ok = acquire_locked(bytes); });
+  log_unexplained();
   return ok;
+}
+
+// What charge_unexplained charged, at most once a second: the group's memory outside the pools
+// grew after the members were admitted (kernels loaded at their first launch, library handles,
+// another program), which the budget can only follow.
+void Member::log_unexplained() noexcept {
+  if (unexplained_.load(std::memory_order_relaxed) == 0) return;
+  const std::int64_t t = share::monotonic_ns();
+  std::int64_t logged = unexplained_log_.load(std::memory_order_relaxed);
+  if (logged != 0 && t - logged < 1'000'000'000) return;
+  if (!unexplained_log_.compare_exchange_strong(logged, t)) return;
+  const std::uint64_t n = unexplained_.exchange(0, std::memory_order_relaxed);
+  try {
+    log_info(
+        "group {}: device {} holds {} more than the group counted (memory outside the pools grew: kernels loaded "
+        "at first use, library handles, other programs); charged to this process, the group counts {} of {}",
+        group_, device_, mib(n), mib(total()), mib(budget()));
+  } catch (...) {
+  }
 }
 
 // Under the guard.
@@ -366,6 +386,7 @@ void Member::charge_unexplained() noexcept {
   share::LedgerSlot& me = l_->slot[slot_];
   me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), used - total), std::memory_order_relaxed);
   l_->total.store(used, std::memory_order_relaxed);
+  unexplained_.fetch_add(used - total, std::memory_order_relaxed);
 }
 
 void Member::refuse_closed(std::size_t bytes) noexcept {

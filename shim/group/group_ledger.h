@@ -198,6 +198,7 @@ class Member final : public ReserveGate {
   bool acquire_locked(std::size_t bytes) noexcept;
   bool device_used(std::uint64_t* used) const noexcept;
   void charge_unexplained() noexcept;
+  void log_unexplained() noexcept;
   void refuse_closed(std::size_t bytes) noexcept;
   int lock_result() noexcept;  // 0, or why the lock could not be had
   bool lock() noexcept;
@@ -241,6 +242,9 @@ class Member final : public ReserveGate {
   LogPace log_;
   ParkSettings park_;
   std::atomic<std::int64_t> park_log_{0};  // giving up is logged at most once a second
+  // Bytes charge_unexplained charged since the last line about it (logged outside the guard).
+  std::atomic<std::uint64_t> unexplained_{0};
+  std::atomic<std::int64_t> unexplained_log_{0};
   // Members that refused a park request: not asked again before this time (monotonic_ns), by slot.
   std::atomic<std::int64_t> park_refused_[share::kLedgerSlots] = {};
 };
