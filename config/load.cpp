@@ -81,8 +81,9 @@ void add_combination_warnings(Policy& p) {
   // expandable_page_mb, expandable_unit_mb, ... tune the expandable ranges only: set without
   // them (a profile that dropped expandable_segments, a typo in an A/B) they silently do nothing.
   if (p.group.empty())
-    for (const char* key : {"group_release_wait_ms", "group_budget_counts", "group_outside_mb", "group_park",
-                            "group_park_host_mb", "group_park_idle_ms", "group_park_wait_ms"})
+    for (const char* key :
+         {"group_release_wait_ms", "group_budget_counts", "group_outside_mb", "group_outside_growth_mb", "group_park",
+          "group_park_host_mb", "group_park_idle_ms", "group_park_wait_ms"})
       if (p.origin.count(key) != 0 && p.origin.at(key) != "default")
         config::warn_once(p.warnings, std::string(key) + " has no effect without group");
   // The parking figures without parking, and parking where nothing can move.

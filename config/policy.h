@@ -57,6 +57,10 @@ struct Policy {
   // The memory outside the pool charged to each member: measured from the device's used memory
   // (-1, the default) or this many bytes per process.
   std::int64_t group_outside = -1;
+  // With the measured charge: what each member's context may still grow by after it joins
+  // (kernels loaded at their first launch, library handles), held for it in the budget from its
+  // join, so that the device stays under the budget while contexts grow.
+  std::uint64_t group_outside_growth = 128ull << 20;
   // Parking (docs/policy.md, "Parking"): with it on, an allocation the group's budget still
   // refuses after the idle-cache release asks members that have been idle for group_park_idle_ms
   // to move their live memory to host memory (their ranges kept, restored at their next GPU

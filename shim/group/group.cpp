@@ -89,7 +89,8 @@ Member* member_for(const Policy& p, const RealDriver& driver, int device, std::s
   const std::string path = share::ledger_path(::geteuid(), gpu, p.group);
   Member* m = nullptr;
   try {
-    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms, &driver, Member::outside_setting(p));
+    m = Member::join(path, p.group, gpu, device, budget, p.group_release_wait_ms, &driver, Member::outside_setting(p),
+                     p.group_outside_growth);
     if (m != nullptr && !m->closed()) {
       Member::ParkSettings park;
       park.on = p.group_park;
@@ -117,12 +118,12 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
   }
 }
 
-bool ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept {
+ParkWait ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept {
   try {
     (void)round;
     return m.ask_park(start_ns, start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000, request);
   } catch (...) {
-    return false;
+    return ParkWait::give_up;
   }
 }
 
@@ -138,7 +139,8 @@ bool restore_wait(int device, std::size_t bytes, std::int64_t start_ns, int roun
   // parked for it, for group_park_wait_ms (both from the restore's start).
   const std::int64_t release_end = start_ns + static_cast<std::int64_t>(m->wait_ms()) * 1'000'000;
   if (share::monotonic_ns() < release_end && ask_release(*m, start_ns, round, bytes)) return true;
-  return ask_park(*m, start_ns, round, bytes);
+  // A parked process holds nothing on the device, so it is never the one to park itself.
+  return ask_park(*m, start_ns, round, bytes) == ParkWait::again;
 }
 
 std::size_t budget(Member& m) noexcept { return m.broken() ? 0 : m.budget(); }

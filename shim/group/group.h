@@ -26,6 +26,11 @@ namespace cudapool::shim::group {
 
 class Member;
 
+// What one round of asking others to park tells an allocation the budget refused: try it again,
+// give up (out of memory), or park this process first (every member waits for memory and this
+// one was resident longest: share::yield_to_waiting), then try again.
+enum class ParkWait { again, give_up, park_self };
+
 // What the group's helper threads need of the process's pools (the runtime gives it).
 class ProcessPools {
  public:
@@ -57,10 +62,15 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 // With group_park:on, after ask_release gave up: one round of asking the least recently active
 // members that may be parked (idle for group_park_idle_ms, not parked, parkable) and whose live
 // bytes cover the shortfall to park, and waiting for their bytes, until group_park_wait_ms has
-// passed since `start_ns` (shim/group/group_park.h). true: try the allocation again. false: parking is
-// off, the wait is over, or no other member can ever be parked for it (a warning then names who
-// holds the budget).
-bool ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept;
+// passed since `start_ns` (shim/group/group_park.h). give_up: parking is off, the wait is over, or
+// no other member can ever be parked for it (a warning then names who holds the budget);
+// park_self: every member waits for memory, and this one is to park (park_self below, outside
+// any CUDA call) before it tries again.
+ParkWait ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept;
+// Parks this process for the other members that wait for memory (ask_park said park_self), unless
+// group_park_wait_ms has passed since `start_ns` (the allocation's first try); false, logged, when
+// it did not.
+bool park_self(Member& m, std::size_t request, std::int64_t start_ns) noexcept;
 // While alive, this process waits for memory on `m`'s device: the others do not ask it to park
 // (it could not: its thread is inside a CUDA call), and it refuses if asked.
 class Waiting {

@@ -376,17 +376,42 @@ bool Member::device_used(std::uint64_t* used) const noexcept {
 // member as memory outside its pool, so the total the budget bounds covers what the driver
 // shows. Memory the group counted but the device does not show (reservations about to be
 // made, members about to be reclaimed) is left alone: the charge only grows, until the member
-// is gone.
-void Member::charge_unexplained() noexcept {
+// is gone. The members' growth allowances (group_outside_growth_mb) are counted already but not
+// in use yet: growth is taken from them first, and only what passes them is charged anew.
+void Member::charge_unexplained(bool consume) noexcept {
   if (outside_.setting != kMeasure) return;
   std::uint64_t used = 0;
   if (!device_used(&used)) return;
   const std::uint64_t total = l_->total.load(std::memory_order_relaxed);
-  if (used <= total) return;
+  // Held for growth, not in use: never what explains the device's memory.
+  std::uint64_t allowed = 0;
+  for (const share::LedgerSlot& s : l_->slot)
+    if (s.state.load(std::memory_order_acquire) == share::kSlotLive)
+      allowed = sat_add(allowed, s.growth_left.load(std::memory_order_relaxed));
+  const std::uint64_t explained = total > allowed ? total - allowed : 0;
+  if (used <= explained) return;
+  const std::uint64_t rest = consume ? take_growth(used - explained) : used - explained;
+  if (rest == 0) return;
   share::LedgerSlot& me = l_->slot[slot_];
-  me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), used - total), std::memory_order_relaxed);
-  l_->total.store(used, std::memory_order_relaxed);
-  unexplained_.fetch_add(used - total, std::memory_order_relaxed);
+  me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), rest), std::memory_order_relaxed);
+  l_->total.store(sat_add(total, rest), std::memory_order_relaxed);
+  unexplained_.fetch_add(rest, std::memory_order_relaxed);
+}
+
+// Under the lock: `bytes` of growth taken from the live members' allowances, this member's
+// first (the bytes stay in their `outside`, now in use); returns what the allowances did not cover.
+std::uint64_t Member::take_growth(std::uint64_t bytes) noexcept {
+  for (int k = -1; k < static_cast<int>(share::kLedgerSlots) && bytes != 0; ++k) {
+    const int i = k < 0 ? slot_ : k;
+    if (k == slot_) continue;
+    share::LedgerSlot& s = l_->slot[i];
+    if (s.state.load(std::memory_order_acquire) != share::kSlotLive) continue;
+    const std::uint64_t left = s.growth_left.load(std::memory_order_relaxed);
+    const std::uint64_t t = std::min(left, bytes);
+    s.growth_left.store(left - t, std::memory_order_relaxed);
+    bytes -= t;
+  }
+  return bytes;
 }
 
 void Member::refuse_closed(std::size_t bytes) noexcept {
@@ -583,12 +608,18 @@ void Member::take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) no
   slot_ = slot;
   // Memory the pool cannot give back (the context, libraries loaded with it) is charged now, so
   // that a process that cannot fit is refused at its first allocation, not after it grew.
+  s.growth_left.store(0, std::memory_order_relaxed);
   if (outside >= 0) {
     s.outside.store(static_cast<std::uint64_t>(outside), std::memory_order_relaxed);
     l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
                    std::memory_order_relaxed);
-  } else {
-    charge_unexplained();
+  } else if (outside == kMeasure) {
+    charge_unexplained(false);
+    // What the context may still grow by is held for it from now on.
+    const std::uint64_t g = outside_.growth;
+    s.growth_left.store(g, std::memory_order_relaxed);
+    s.outside.store(sat_add(s.outside.load(std::memory_order_relaxed), g), std::memory_order_relaxed);
+    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), g), std::memory_order_relaxed);
   }
   j->slot = slot;
   j->others = live;
@@ -690,12 +721,13 @@ void Member::log_joined(const JoinAt& at, const Joined& j) noexcept {
 }
 
 Member* Member::join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept {
+                     std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside,
+                     std::uint64_t growth) noexcept {
   const JoinAt at{path, name, gpu, device, budget};
   share::Mapping m;
   Member* refusal = nullptr;
   if (!open_ledger(at, &m, &refusal)) return refusal;
-  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside);
+  auto* mem = new (std::nothrow) Member(m, -1, device, path, name, wait_ms, driver, outside, growth);
   if (mem == nullptr) {
     share::unmap(m);
     return nullptr;

@@ -35,6 +35,7 @@
 
 #include "config/policy.h"
 #include "shim/driver.h"
+#include "shim/group/group.h"
 #include "shim/group/group_ledger_layout.h"
 #include "shim/sigbus_guard.h"
 #include "shim/upstream/cuda_upstream.h"
@@ -58,7 +59,8 @@ class Member final : public ReserveGate {
   // (after a warning) only when its lock is held past the timeout (a stopped member) or memory
   // runs out.
   static Member* join(const std::string& path, const std::string& name, const std::string& gpu, int device,
-                      std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside) noexcept;
+                      std::uint64_t budget, int wait_ms, const RealDriver* driver, std::int64_t outside,
+                      std::uint64_t growth = 0) noexcept;
   // A member that refuses everything: the ledger at `path` cannot be trusted (`why`).
   static Member* closed(const std::string& path, const std::string& name, int device, std::uint64_t budget,
                         std::string why) noexcept;
@@ -101,8 +103,8 @@ class Member final : public ReserveGate {
   void set_park(const ParkSettings& s) noexcept;
   const ParkSettings& park_settings() const noexcept { return park_; }
   // One round of asking idle members to park (group::ask_park), for a wait that began at
-  // `start_ns` and ends at `deadline`. true: try the allocation again.
-  bool ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
+  // `start_ns` and ends at `deadline`.
+  ParkWait ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
   // The answering side, for the park responder thread.
   std::uint32_t wait_park_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;
   std::uint32_t park_acked() noexcept;
@@ -134,8 +136,8 @@ class Member final : public ReserveGate {
 
  private:
   Member(share::Mapping map, int slot, int device, std::string path, std::string name, int wait_ms,
-         const RealDriver* driver = nullptr, std::int64_t outside = kMeasure)
-      : outside_{driver, outside},
+         const RealDriver* driver = nullptr, std::int64_t outside = kMeasure, std::uint64_t growth = 0)
+      : outside_{driver, outside, growth},
         map_(map),
         l_(static_cast<share::Ledger*>(map.addr)),
         slot_(slot),
@@ -197,7 +199,10 @@ class Member final : public ReserveGate {
   bool wait_answers(std::int64_t deadline, std::uint32_t seen, const Asked* asked, int n) noexcept;
   bool acquire_locked(std::size_t bytes) noexcept;
   bool device_used(std::uint64_t* used) const noexcept;
-  void charge_unexplained() noexcept;
+  // `consume`: growth is taken from the members' growth allowances first (false at join: the
+  // joining process's own context is not growth of the others).
+  void charge_unexplained(bool consume = true) noexcept;
+  std::uint64_t take_growth(std::uint64_t bytes) noexcept;
   void log_unexplained() noexcept;
   void refuse_closed(std::size_t bytes) noexcept;
   int lock_result() noexcept;  // 0, or why the lock could not be had
@@ -209,13 +214,23 @@ class Member final : public ReserveGate {
   int reclaim_dead() noexcept;
   template <typename Fn>
   bool park_touch(Fn&& fn) noexcept;  // touch() for shim/group/group_park.cpp
-  // 1: try again; 0: the deadline passed; -1: nobody could ever be parked for it.
-  int park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
+  // 1: try again; 0: the deadline passed; -1: nobody could ever be parked for it; 2: park this
+  // process (`self_parkable`: it may be parked now); 3: others hold idle cached memory, ask for it.
+  int park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request, bool self_parkable) noexcept;
+  share::ParkCandidate self_candidate(bool parkable) const noexcept;
 
+ public:
+  // After this process parked itself for the others (group::park_self): waits, until `until` at
+  // most, while every other resident member still waits for memory, so that the bytes it gave up
+  // go to them rather than straight back to its own restore.
+  void let_others_go(std::int64_t until) noexcept;
+
+ private:
   // How the member's memory outside the pool is charged.
   struct OutsideCharge {
     const RealDriver* driver;  // measures the device (kMeasure)
     std::int64_t setting;      // bytes charged per process outside the pool, or kMeasure / kPoolOnly
+    std::uint64_t growth;      // kMeasure: held at join for the context's growth (group_outside_growth_mb)
   };
   // What a closed member answers with.
   struct ClosedLedger {
@@ -244,6 +259,8 @@ class Member final : public ReserveGate {
   std::atomic<std::int64_t> park_log_{0};  // giving up is logged at most once a second
   // Bytes charge_unexplained charged since the last line about it (logged outside the guard).
   std::atomic<std::uint64_t> unexplained_{0};
+  // When a park round last sent this process to ask for others' idle cache (monotonic_ns).
+  std::atomic<std::int64_t> cache_asked_ns_{0};
   std::atomic<std::int64_t> unexplained_log_{0};
   // Members that refused a park request: not asked again before this time (monotonic_ns), by slot.
   std::atomic<std::int64_t> park_refused_[share::kLedgerSlots] = {};

@@ -150,6 +150,7 @@ static_assert(offsetof(LedgerSlot, parking.parked) == 120 && offsetof(LedgerSlot
                   offsetof(LedgerSlot, parking.parked_bytes) == 128 && offsetof(LedgerSlot, parking.why) == 152 &&
                   offsetof(LedgerSlot, parking.refusal) == 216 && offsetof(LedgerSlot, parking.resident_ns) == 280,
               "the ledger's layout changed: bump kLedgerVersion");
+static_assert(offsetof(LedgerSlot, growth_left) == 288, "the ledger's layout changed: bump kLedgerVersion");
 
 namespace {
 
@@ -223,6 +224,26 @@ int choose_turn(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t 
   });
   for (int j = 0; j < m; ++j) passed[order[j]] = Passed::chosen;
   return take_until_covered(c, order, m, need, chosen, passed);
+}
+
+bool yield_to_waiting(const ParkCandidate* c, int n, const Passed* passed, const ParkCandidate& self,
+                      std::int64_t now_ns) {
+  if (!self.live || self.parked || self.reserved == 0 || self.parkable != kParkable) return false;
+  // A value past the clock reads as resident since ever, as in choose_turn.
+  auto since = [now_ns](const ParkCandidate& k) { return k.resident_ns > now_ns ? 0 : k.resident_ns; };
+  for (int i = 0; i < n && i < static_cast<int>(kLedgerSlots); ++i) {
+    switch (passed[i]) {
+      case Passed::parked:
+      case Passed::empty: continue;
+      case Passed::busy_asking:
+        if (c[i].reserved != 0 && c[i].parkable == kParkable &&
+            (since(c[i]) < since(self) || (since(c[i]) == since(self) && c[i].slot < self.slot)))
+          return false;  // another waiting member goes first
+        continue;
+      default: return false;  // someone works, or will answer: no deadlock
+    }
+  }
+  return true;
 }
 
 bool may_park_later(const ParkCandidate& c, Passed passed) {

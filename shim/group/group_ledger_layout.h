@@ -109,6 +109,11 @@ struct alignas(64) LedgerSlot {
   Release release;
   ParkRequest park;
   Parking parking;
+  // Of `outside`, the bytes held for what the member's context may still grow by after it joined
+  // (group_outside_growth_mb: kernels loaded at their first launch, library handles): growth the
+  // device shows is taken from these first (any member's), so the group's total covers it before
+  // it happens. From the slot's tail padding, like parking.resident_ns.
+  std::atomic<std::uint64_t> growth_left;
 };
 
 struct Ledger {
@@ -193,6 +198,13 @@ int choose_to_park(const ParkCandidate* c, int n, std::uint64_t need, std::int64
 // Same outputs as choose_to_park; `passed` marks the chosen and the spare among the not idle.
 int choose_turn(const ParkCandidate* c, int n, std::uint64_t need, std::int64_t now_ns, std::int64_t idle_ns,
                 int* chosen, Passed* passed);
+// Members that all wait for memory wait for each other until their deadlines (none can be asked
+// to park: each is inside a CUDA call). When every other member is parked, holds nothing or waits
+// itself, the waiting member resident longest (then the lower slot) that holds memory and may be
+// parked parks itself, so that the others can go on. true when that member is `self` (this
+// process, which waits too). `c`, `n` and `passed` as choose_to_park left them.
+bool yield_to_waiting(const ParkCandidate* c, int n, const Passed* passed, const ParkCandidate& self,
+                      std::int64_t now_ns);
 // Whether a member passed over this time could still be parked later (it becomes idle, publishes,
 // answers, stops waiting, or was restored and its figures lag): false for members that are gone,
 // parked, hold nothing, or keep parking off.

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "shim/group/group.h"
 #include "shim/group/group_ledger.h"
 #include "shim/log.h"
 #include "shim/parking/parking.h"
@@ -60,6 +61,19 @@ const char* answer_text(std::uint32_t a) {
     default: return "gave an answer this process does not know";
   }
 }
+
+// How long an asker waits with every other member waiting too before one of them parks itself
+// (share::yield_to_waiting): a member still in its idle-cache stage may get memory meanwhile.
+constexpr std::int64_t kYieldAfterNs = 100'000'000;
+
+// When nobody can be parked, others' idle cached memory (freed after this wait began) is asked
+// for, waiting this long for it, at most every kCacheAskEveryNs (cache that cannot be given
+// back, still fenced, must not keep the members that all wait from giving way).
+constexpr std::int64_t kCacheAskNs = 200'000'000;
+constexpr std::int64_t kCacheAskEveryNs = 500'000'000;
+
+// A member that parked itself for the others waits this long at most for one of them to go on.
+constexpr std::int64_t kGiveWayNs = 1'000'000'000;
 
 // A member that refused a request is not asked again for a second (one that cannot park now
 // would otherwise be asked every round).
@@ -330,15 +344,24 @@ std::string Member::holders() noexcept {
 
 // ---- Member: asking ------------------------------------------------------------------------
 
-bool Member::ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept {
-  if (closed() || broken_.load(std::memory_order_relaxed) || !park_.on) return false;
+ParkWait Member::ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept {
+  if (closed() || broken_.load(std::memory_order_relaxed) || !park_.on) return ParkWait::give_up;
   int again = 0;
   if (share::monotonic_ns() < deadline) {
+    // Whether this process could park itself, asked before the guard (it makes strings).
+    std::string why;
+    const bool self_parkable = parkable_now(true, &why) == share::kParkable;
     note_asking(1);
-    park_touch([&] { again = park_round(start_ns, deadline, request); });
+    park_touch([&] { again = park_round(start_ns, deadline, request, self_parkable); });
     note_asking(-1);
   }
-  if (again > 0) return true;
+  if (again == 2) return ParkWait::park_self;
+  // Memory others freed while this process waited is asked for before anyone is parked for it.
+  if (again == 3) {
+    ask_release(share::monotonic_ns() + kCacheAskNs, 0, request);
+    return ParkWait::again;
+  }
+  if (again > 0) return ParkWait::again;
   // Giving up: say who holds the budget (at most once a second).
   const std::int64_t t = share::monotonic_ns();
   std::int64_t logged = park_log_.load(std::memory_order_relaxed);
@@ -351,6 +374,66 @@ bool Member::ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t 
                holders());
     } catch (...) {
     }
+  }
+  return ParkWait::give_up;
+}
+
+// Under the guard: this process as another member's park request would see it.
+share::ParkCandidate Member::self_candidate(bool parkable) const noexcept {
+  const share::LedgerSlot& me = l_->slot[slot_];
+  share::ParkCandidate c;
+  c.slot = slot_;
+  c.live = true;
+  c.parked = me.parking.parked.load(std::memory_order_relaxed) != 0;
+  c.asking = true;
+  c.parkable = parkable ? share::kParkable : share::kParkNotNow;
+  c.reserved = me.reserved.load(std::memory_order_relaxed);
+  const std::uint64_t r = me.parking.resident_ns.load(std::memory_order_relaxed);
+  c.resident_ns = r > static_cast<std::uint64_t>(INT64_MAX) ? 0 : static_cast<std::int64_t>(r);
+  return c;
+}
+
+void Member::let_others_go(std::int64_t until) noexcept {
+  park_touch([&] {
+    for (;;) {
+      const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
+      int waiting = 0, others = 0;
+      for (int i = 0; i < static_cast<int>(share::kLedgerSlots); ++i) {
+        const share::LedgerSlot& s = l_->slot[i];
+        if (i == slot_ || s.state.load(std::memory_order_acquire) != share::kSlotLive ||
+            s.pid.load(std::memory_order_relaxed) <= 0 || s.parking.parked.load(std::memory_order_relaxed) != 0)
+          continue;
+        ++others;
+        waiting += s.parking.asking.load(std::memory_order_relaxed) != 0 ? 1 : 0;
+      }
+      const std::int64_t t = share::monotonic_ns();
+      if (others == 0 || waiting < others || t >= until) return;
+      wait_word(&l_->released, seen, std::min<std::int64_t>(until - t, 20'000'000));
+    }
+  });
+}
+
+bool park_self(Member& m, std::size_t request, std::int64_t start_ns) noexcept {
+  if (share::monotonic_ns() - start_ns >= static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000) {
+    log_info("group {}: every member waits for memory; group_park_wait_ms passed, so this process stops waiting",
+             m.name());
+    return false;
+  }
+  try {
+    const std::string reason = "group " + m.name() +
+                               ": every member waits for memory; this process, resident "
+                               "longest, parks so that the others can go on (it needs " +
+                               mib(request) + " more)";
+    std::string why;
+    if (park::park(park::Mode::copy, reason.c_str(), &why)) {
+      publish_parking_of(m);  // at once: nobody asks a parked member, nor counts it as waiting
+      const std::int64_t t = share::monotonic_ns();
+      m.let_others_go(
+          std::min(t + kGiveWayNs, start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000));
+      return true;
+    }
+    log_info("group {}: every member waits for memory, but this process could not park itself: {}", m.name(), why);
+  } catch (...) {
   }
   return false;
 }
@@ -450,8 +533,9 @@ void note_refusals(const share::Ledger& l, const ParkAsked* asked, int k, std::a
 // group_park_idle_ms itself, members take turns (share::choose_turn): the one whose memory has
 // been on the device longest is asked to park after the call it is in. When nobody can be asked
 // now it waits a little (a member becomes idle, publishes its figures, or an earlier park
-// finishes) unless nobody ever could.
-int Member::park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept {
+// finishes) unless nobody ever could; when every other member waits for memory too, the one
+// resident longest parks itself (2: when that is this process).
+int Member::park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request, bool self_parkable) noexcept {
   const std::uint32_t seen = l_->released.load(std::memory_order_acquire);
   const std::uint64_t budget = l_->budget, total = l_->total.load(std::memory_order_relaxed);
   const std::uint64_t over = sat_add(total, request) > budget ? sat_add(total, request) - budget : 0;
@@ -469,8 +553,19 @@ int Member::park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t
     // Nobody to ask now. Wait for something to change, unless nothing can: every other member
     // is parked already, keeps parking off, or holds no live memory.
     bool hope = false;
-    for (int i = 0; i < n; ++i) hope = hope || share::may_park_later(cand[i], passed[i]);
+    std::uint64_t cached = 0;
+    for (int i = 0; i < n; ++i) {
+      hope = hope || share::may_park_later(cand[i], passed[i]);
+      cached = sat_add(cached, l_->slot[cand[i].slot].cached.load(std::memory_order_relaxed));
+    }
+    if (cached != 0 && now - cache_asked_ns_.load(std::memory_order_relaxed) >= kCacheAskEveryNs) {
+      cache_asked_ns_.store(now, std::memory_order_relaxed);
+      return 3;
+    }
     if (!hope) return -1;
+    // Every other member waits for memory too (or is parked, or holds nothing): one must give way.
+    if (now - start_ns >= kYieldAfterNs && share::yield_to_waiting(cand, n, passed, self_candidate(self_parkable), now))
+      return 2;
     wait_word(&l_->released, seen, std::min<std::int64_t>(deadline - now, 20'000'000));
     return 1;
   }

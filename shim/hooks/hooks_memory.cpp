@@ -53,6 +53,34 @@ CUresult finish_free(FreeStatus s, const ContextPool& cp, void* p, bool on_strea
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+// The group's budget refused `r` (not the device): the other members may hold idle cached memory.
+// Asks them, and tries again after each release until group_release_wait_ms has passed; then,
+// with group_park:on, idle members move their live memory to host memory for it, until
+// group_park_wait_ms has passed (a park copies gigabytes). No lock is held while waiting.
+// *park_self: every member waits for memory and this process is to park before it tries again.
+AllocResult wait_for_budget(ContextPool& cp, std::size_t bytes, StreamId stream, AllocResult r, bool* park_self) {
+  auto refused = [](const AllocResult& a) {
+    return a.status == AllocStatus::out_of_memory && a.refusal == Refusal::budget;
+  };
+  group::Waiting waiting(*cp.member);  // not asked to park meanwhile
+  const std::int64_t start = share::monotonic_ns();
+  for (int round = 0; group::ask_release(*cp.member, start, round, bytes); ++round) {
+    r = cp.pool.allocate(bytes, stream);
+    if (!refused(r)) return r;
+  }
+  const std::int64_t park_start = share::monotonic_ns();
+  for (int round = 0; refused(r); ++round) {
+    const group::ParkWait w = group::ask_park(*cp.member, park_start, round, bytes);
+    if (w == group::ParkWait::give_up) break;
+    if (w == group::ParkWait::park_self) {
+      *park_self = true;
+      break;
+    }
+    r = cp.pool.allocate(bytes, stream);
+  }
+  return r;
+}
+
 }  // namespace
 
 CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, StreamId stream, int device) {
@@ -72,7 +100,12 @@ CUresult pool_allocate(Runtime& rt, CUdeviceptr* dptr, std::size_t bytes, Stream
   return pool_allocate_in(rt, *cp, dptr, bytes, stream);
 }
 
-CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+namespace {
+
+// One attempt through the door; *park_self: see wait_for_budget (the answer is then not the
+// program's: pool_allocate_in parks and tries again, or reports *refused).
+CUresult allocate_once(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::size_t bytes, StreamId stream,
+                       bool* park_self, AllocResult* refused) {
   // A parked process is restored before it allocates (its pool's pages are away).
   park::Door door;
   if (door.result() != 0) return door.result();
@@ -84,23 +117,12 @@ CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::
   // Where the program allocated, for the trace: taken here, before the pool's lock.
   if (rt.call_sites()) TraceWriter::capture_call_site();
   AllocResult r = cp.pool.allocate(bytes, stream);
-  // The group's budget said no (not the device): the other members may hold idle cached memory.
-  // Ask them, and try again after each release until group_release_wait_ms has passed. No lock
-  // is held while waiting.
   if (r.status == AllocStatus::out_of_memory && cp.member != nullptr && r.refusal == Refusal::budget) {
-    group::Waiting waiting(*cp.member);  // not asked to park meanwhile
-    const std::int64_t start = share::monotonic_ns();
-    for (int round = 0; group::ask_release(*cp.member, start, round, bytes); ++round) {
-      r = cp.pool.allocate(bytes, stream);
-      if (r.status != AllocStatus::out_of_memory || r.refusal != Refusal::budget) break;
+    r = wait_for_budget(cp, bytes, stream, r, park_self);
+    if (*park_self) {
+      *refused = r;
+      return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    // Still refused, and the group parks (group_park:on): idle members move their live memory to
-    // host memory for it, until group_park_wait_ms has passed (a park copies gigabytes).
-    const std::int64_t park_start = share::monotonic_ns();
-    for (int round = 0; r.status == AllocStatus::out_of_memory && r.refusal == Refusal::budget &&
-                        group::ask_park(*cp.member, park_start, round, bytes);
-         ++round)
-      r = cp.pool.allocate(bytes, stream);
   }
   switch (r.status) {
     case AllocStatus::ok: *dptr = reinterpret_cast<CUdeviceptr>(r.ptr); return CUDA_SUCCESS;
@@ -112,6 +134,25 @@ CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::
       return r.upstream_error != CUDA_SUCCESS ? static_cast<CUresult>(r.upstream_error) : CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+}  // namespace
+
+CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
+  // Members that all wait for memory would wait for each other: the one chosen parks itself
+  // (outside the door: a park waits for the threads inside), then tries again, which restores it
+  // first. Bounded by the wait the policy allows one allocation (group_park_wait_ms).
+  const std::int64_t start = share::monotonic_ns();
+  for (;;) {
+    bool park_self = false;
+    AllocResult refused;
+    const CUresult r = allocate_once(rt, cp, dptr, bytes, stream, &park_self, &refused);
+    if (!park_self) return r;
+    if (!group::park_self(*cp.member, bytes, start)) {
+      group::note_oom(cp.device);
+      return report_oom(cp, bytes, refused);
+    }
+  }
 }
 
 namespace {

@@ -190,7 +190,8 @@ struct Context {
   bool primary;
   bool alive;
   int refs;
-  bool charged = false;  // its FAKECUDA_CONTEXT_MB are counted as device memory in use
+  bool charged = false;   // its FAKECUDA_CONTEXT_MB are counted as device memory in use
+  bool launched = false;  // its first launch added FAKECUDA_LAUNCH_MB
 };
 
 struct Stream {
@@ -379,6 +380,17 @@ std::size_t context_bytes() {
   }();
   return n;
 }
+// FAKECUDA_LAUNCH_MB=N: a context's first kernel launch adds N MiB to its memory (a real driver
+// loads a module's code at its first launch, lazily: memory that appears after the process began).
+std::size_t launch_bytes() {
+  static const std::size_t n = [] {
+    const char* e = std::getenv("FAKECUDA_LAUNCH_MB");
+    return e != nullptr ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) << 20 : std::size_t{0};
+  }();
+  return n;
+}
+// What a charged context holds now.
+std::size_t context_held(const Context* c) { return context_bytes() + (c->launched ? launch_bytes() : 0); }
 std::vector<Context*> charged_contexts;
 void charge_context(Context* c) {
   if (c->charged || context_bytes() == 0) return;
@@ -390,14 +402,25 @@ void uncharge_context(Context* c) {
   if (!c->charged) return;
   c->charged = false;
   std::erase(charged_contexts, c);
-  machine_sub(context_bytes());
+  machine_sub(context_held(c));
+}
+// Under mu: the context's first launch.
+void grow_on_launch(Context* c) {
+  if (c == nullptr || c->launched || launch_bytes() == 0) return;
+  if (!c->charged) {
+    c->charged = true;
+    charged_contexts.push_back(c);
+    machine_add(context_bytes());
+  }
+  c->launched = true;
+  machine_add(launch_bytes());
 }
 
 std::size_t vmm_used_on(int dev);  // physical VMM handles (below)
 std::size_t used_on(int dev) {
   std::size_t u = vmm_used_on(dev);
   for (const Context* c : charged_contexts)
-    if (c->device == dev) u += context_bytes();
+    if (c->device == dev) u += context_held(c);
   for (auto& [p, a] : allocs)
     if (a.ctx->device == dev && !a.imported) u += a.size;
   return u;
@@ -1118,7 +1141,7 @@ void machine_exit() {
   for (auto& [p, a] : allocs)
     if (!a.imported) held += a.size;
   for (int d = 0; d < kDevices; ++d) held += vmm_used_on(d);
-  held += charged_contexts.size() * context_bytes();
+  for (const Context* c : charged_contexts) held += context_held(c);
   machine_sub(held);
   machine_gone = true;
 }
@@ -1182,6 +1205,10 @@ void kernels_drain() {
 CUfunction test_kernel_handle() { return reinterpret_cast<CUfunction>(std::uintptr_t{0xC0DE0001}); }
 CUresult launch(CUfunction f, void** params) {
   FAKE_COUNT();
+  if (launch_bytes() != 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    grow_on_launch(tl_current);
+  }
   if (f != test_kernel_handle()) return CUDA_SUCCESS;  // any other kernel does nothing
   if (params == nullptr || params[0] == nullptr || params[1] == nullptr || params[2] == nullptr)
     return CUDA_ERROR_INVALID_VALUE;

@@ -30,6 +30,11 @@
 //   work ID MIB         fill as turn does, then from the first SIGUSR2 on touch the memory
 //                       without a pause until SIGTERM (a member that always works), printing
 //                       "work ID: round N ok" after each touch; exit 0, or 4 when a word was wrong
+//   grow ID MIB MORE    fill as turn does; at SIGUSR2 allocate MORE MiB more in 20 MiB blocks (each
+//                       allocation waits for memory as the group lets it; exit 3 at an
+//                       out-of-memory), fill the new blocks only, touch every block once (the
+//                       first blocks' words show whether a park lost them), print "grow ID: grew
+//                       to N MiB, touched ok" (or BAD), free every block, print "grow ID: freed"
 // The waiting scenarios end on SIGTERM (exit 0 when their checks hold).
 #define CUDAPOOL_TEST_APP_LCUDA
 #include <dirent.h>
@@ -370,6 +375,35 @@ int work(int id, std::size_t mib) {
   return bad == 0 ? 0 : 4;
 }
 
+int grow(int id, std::size_t mib, std::size_t more) {
+  sigset_t old;
+  hold_signals(&old);
+  start_primary(0);
+  std::vector<CUdeviceptr> blocks;
+  if (!fill("grow", id, mib, &blocks)) return 3;
+  while (!g_term && g_touch == 0) sigsuspend(&old);
+  if (g_term) return 0;
+  std::vector<std::uint32_t> h(kWords);
+  for (std::size_t got = 0; got < more; got += 20) {
+    CUdeviceptr p = 0;
+    const CUresult r = cuMemAlloc_v2(&p, kBlock);
+    if (r != CUDA_SUCCESS) {
+      CHECK(r == CUDA_ERROR_OUT_OF_MEMORY);
+      std::printf("grow %d: out of memory after %zu MiB more\n", id, got);
+      return 3;
+    }
+    blocks.push_back(p);
+    for (std::size_t i = 0; i < kWords; ++i) h[i] = base(id, blocks.size() - 1) + static_cast<std::uint32_t>(i);
+    CHECK_OK(cuMemcpyHtoD_v2(p, h.data(), kBlock));
+  }
+  const long bad = touch(id, blocks, 1);
+  std::printf("grow %d: grew to %zu MiB, touched %s (%ld wrong words)\n", id, mib + more, bad == 0 ? "ok" : "BAD", bad);
+  for (CUdeviceptr p : blocks) CHECK_OK(cuMemFree_v2(p));
+  std::printf("grow %d: freed\n", id);
+  while (!g_term) sigsuspend(&old);
+  return bad == 0 ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -389,9 +423,11 @@ int main(int argc, char** argv) {
   if (what == "lock-and-wait") return lock_ledger(true);
   if (what == "fork-exit" && argc == 3) return fork_exit(std::atoi(argv[2]));
   if (what == "turn" && argc == 4) return turn(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  if (what == "grow" && argc == 5)
+    return grow(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
   std::printf(
       "usage: share_app random SEED ITERS | hold MIB | hold-live MIB | hold-vmm MIB | need MIB | need-one MIB | "
       "lock-and-exit | "
-      "lock-and-wait | fork-exit N\n");
+      "lock-and-wait | fork-exit N | turn ID MIB | work ID MIB | grow ID MIB MORE\n");
   return 2;
 }

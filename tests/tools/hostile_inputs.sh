@@ -223,7 +223,7 @@ fi
 share_app=$fake_dir/share_app
 gpu0=GPU-a5a6a7a8-a9aa-abac-adae-afb0b1b2b300  # the fake's device 0
 me=$(id -u)
-group_conf=group:hostile,group_budget_mb:40,log_level:info
+group_conf=group:hostile,group_budget_mb:40,group_outside_growth_mb:0,log_level:info
 refused_says="will be refused: the group ledger [^;]*"
 # Row 2: whatever is at the ledger's path that the process cannot open or check, the group's
 # allocations are refused (share_app's `need` exits 3 at the first one) with a message naming

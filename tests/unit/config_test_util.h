@@ -79,6 +79,7 @@ inline void expect_same_policy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.group_budget_fraction, b.group_budget_fraction);
   EXPECT_EQ(a.group_pool_only, b.group_pool_only);
   EXPECT_EQ(a.group_outside, b.group_outside);
+  EXPECT_EQ(a.group_outside_growth, b.group_outside_growth);
   EXPECT_EQ(a.group_release_wait_ms, b.group_release_wait_ms);
   EXPECT_EQ(a.group_park, b.group_park);
   EXPECT_EQ(a.group_park_host, b.group_park_host);

@@ -513,8 +513,8 @@ TEST(Shim, CapIsVisibleFromAContextsFirstCall) {
   };
   const Case cases[] = {{"max_reserved_mb:256", 256},
                         {"per_process_memory_fraction:0.25", 256},
-                        {"group:caps_first,group_budget_mb:300", 300},
-                        {"max_reserved_mb:512,group:caps_first,group_budget_mb:300", 300}};
+                        {"group:caps_first,group_budget_mb:300,group_outside_growth_mb:0", 300},
+                        {"max_reserved_mb:512,group:caps_first,group_budget_mb:300,group_outside_growth_mb:0", 300}};
   for (const Case& c : cases) {
     for (bool linked : {false, true}) {
       for (const char* scenario : {"info_first_primary", "info_first_ctx_create"}) {

@@ -133,5 +133,69 @@ TEST(ChooseTurn, TheMemberResidentLongestParksWhenEveryoneWorks) {
   EXPECT_EQ(share::choose_turn(c.data(), 4, 10 * kMiB, now, 2 * s, chosen, passed), 0);
 }
 
+// Members that all wait for memory: the one resident longest that holds memory and may be parked
+// gives way; nobody does while another member works or will answer a request.
+TEST(YieldToWaiting, TheWaitingMemberResidentLongestParksItself) {
+  constexpr std::int64_t s = 1'000'000'000;
+  const std::int64_t now = 100 * s;
+  auto member = [&](int slot, std::int64_t resident_ago, std::uint64_t mib) {
+    share::ParkCandidate c;
+    c.slot = slot;
+    c.live = true;
+    c.asking = true;
+    c.parkable = share::kParkable;
+    c.reserved = mib * kMiB;
+    c.active_ns = now - 50 * s;
+    c.heartbeat_ns = now - s / 4;
+    c.resident_ns = now - resident_ago;
+    return c;
+  };
+  // Others: slot 2 (resident 30 s) and slot 6 (10 s), both waiting; this process: slot 4, 20 s.
+  std::vector<share::ParkCandidate> c = {member(2, 30 * s, 40), member(6, 10 * s, 40)};
+  share::ParkCandidate self = member(4, 20 * s, 40);
+  int chosen[64];
+  share::Passed passed[64];
+  ASSERT_EQ(share::choose_to_park(c.data(), 2, 10 * kMiB, now, 2 * s, chosen, passed), 0);
+  EXPECT_FALSE(share::yield_to_waiting(c.data(), 2, passed, self, now)) << "slot 2 has been resident longer";
+  self.resident_ns = now - 40 * s;
+  EXPECT_TRUE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  // Ties go to the lower slot; a time past the clock reads as resident since ever.
+  self.resident_ns = c[0].resident_ns;
+  EXPECT_FALSE(share::yield_to_waiting(c.data(), 2, passed, self, now)) << "slot 2 before slot 4";
+  self.resident_ns = now + 5 * s;
+  EXPECT_TRUE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  // An earlier member that cannot give way (holds nothing, or may not be parked) is passed over.
+  self.resident_ns = now - 20 * s;
+  c[0].parkable = share::kParkNotNow;
+  share::choose_to_park(c.data(), 2, 10 * kMiB, now, 2 * s, chosen, passed);
+  EXPECT_TRUE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  c[0].parkable = share::kParkable;
+  c[0].reserved = 0;
+  share::choose_to_park(c.data(), 2, 10 * kMiB, now, 2 * s, chosen, passed);
+  EXPECT_TRUE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  // Nobody gives way while a member works (not idle) or a request to it is pending; parked
+  // members wait for nothing the others hold.
+  c[0] = member(2, 30 * s, 40);
+  c[0].asking = false;
+  c[0].active_ns = now - s / 10;
+  share::choose_to_park(c.data(), 2, 10 * kMiB, now, 2 * s, chosen, passed);
+  ASSERT_EQ(passed[0], share::Passed::not_idle);
+  EXPECT_FALSE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  c[0].pending = true;
+  share::choose_to_park(c.data(), 2, 10 * kMiB, now, 2 * s, chosen, passed);
+  EXPECT_FALSE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  c[0] = member(2, 30 * s, 0);
+  c[0].parked = true;
+  c[0].parked_bytes = 40 * kMiB;
+  share::choose_to_park(c.data(), 2, 10 * kMiB, now, 2 * s, chosen, passed);
+  EXPECT_TRUE(share::yield_to_waiting(c.data(), 2, passed, self, now)) << "slot 6 waits, slot 2 is parked";
+  // This process gives way only holding memory it may park.
+  self.parkable = share::kParkNotNow;
+  EXPECT_FALSE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+  self.parkable = share::kParkable;
+  self.reserved = 0;
+  EXPECT_FALSE(share::yield_to_waiting(c.data(), 2, passed, self, now));
+}
+
 }  // namespace
 }  // namespace cudapool

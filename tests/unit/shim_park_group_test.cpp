@@ -55,7 +55,9 @@ class GroupPark : public ::testing::Test {
   std::map<std::string, std::string> env(const std::string& extra) const {
     return {{"CUDAPOOL_SHM_DIR", dir_},
             {"FAKECUDA_MACHINE_FILE", machine_},
-            {"CUDAPOOL_CONF", "group:park_test,group_budget_mb:100,group_release_wait_ms:20,log_level:info," + extra}};
+            {"CUDAPOOL_CONF",
+             "group:park_test,group_budget_mb:100,group_release_wait_ms:20,group_outside_growth_mb:0,log_level:info," +
+                 extra}};
   }
 
   RunningChild& start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& e,
@@ -198,6 +200,38 @@ TEST_F(GroupPark, MembersThatAllWorkTakeTurns) {
                                                                         << all;
   EXPECT_NE(all.find("parked for pid "), std::string::npos) << all;
   EXPECT_LE(machine_peak(), 100 * kMiB) << "the device never held more than the budget";
+}
+
+// Members that all wait for memory at once: A and B each hold 40 MiB under a 100 MiB budget and
+// then each want 40 MiB more, which neither can have while the other holds its 40. Nobody is idle
+// (group_park_idle_ms is longer than the test) and nobody works, so nobody can be asked to park:
+// the one resident longest (A, which joined first) parks itself, B grows, touches every word and
+// frees; A is restored, grows and touches; every word right, the device never over the budget.
+// Before members gave way they waited for each other until group_park_wait_ms and both ran out
+// of memory.
+TEST_F(GroupPark, MembersThatAllWaitForMemoryGiveWay) {
+  const auto e = env("group_park:on,group_park_idle_ms:3600000,group_park_wait_ms:120000");
+  constexpr unsigned kAlarmS = 600;
+  constexpr int kWaitS = 180;
+  RunningChild& a = start({kApp, "grow", "1", "40", "40"}, e, kAlarmS);
+  ASSERT_TRUE(wait_for(a, "grow 1: filled 40 MiB", 0, kWaitS)) << a.output;
+  RunningChild& b = start({kApp, "grow", "2", "40", "40"}, e, kAlarmS);
+  ASSERT_TRUE(wait_for(b, "grow 2: filled 40 MiB", 0, kWaitS)) << b.output;
+  kill(a.pid, SIGUSR2);
+  kill(b.pid, SIGUSR2);
+  ASSERT_TRUE(wait_for(b, "grow 2: freed", 0, kWaitS)) << b.output;
+  ASSERT_TRUE(wait_for(a, "grow 1: freed", 0, kWaitS)) << a.output;
+  EXPECT_NE(a.output.find("grow 1: grew to 80 MiB, touched ok"), std::string::npos) << a.output;
+  EXPECT_NE(b.output.find("grow 2: grew to 80 MiB, touched ok"), std::string::npos) << b.output;
+  EXPECT_NE(a.output.find("parks so that the others can go on"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("parking: restored"), std::string::npos) << a.output;
+  EXPECT_EQ(b.output.find("parks so that the others can go on"), std::string::npos) << "only A gave way\n"
+                                                                                    << b.output << a.output;
+  EXPECT_LE(machine_peak(), 100 * kMiB) << "the device never held more than the budget";
+  for (RunningChild* r : {&a, &b}) {
+    ChildResult res = stop(*r);
+    EXPECT_EQ(res.exit_status, 0) << res.output;
+  }
 }
 
 // The control: the same start without group_park. B's allocation is refused once A's 60 MiB and

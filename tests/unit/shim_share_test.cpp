@@ -58,8 +58,11 @@ class Share : public ::testing::Test {
   std::map<std::string, std::string> env(const std::string& conf, int budget_mb) {
     return {{"CUDAPOOL_SHM_DIR", dir_}, {"CUDAPOOL_CONF", conf}, {"SHARE_BUDGET_MB", std::to_string(budget_mb)}};
   }
+  // The fake's contexts do not grow after their first allocation unless a test says so
+  // (FAKECUDA_LAUNCH_MB), so nothing is held for growth unless a test asks for it.
   static std::string group_conf(int budget_mb, const std::string& extra = "") {
     return "group:share_test,group_budget_mb:" + std::to_string(budget_mb) + ",log_level:info" +
+           (extra.find("group_outside_growth_mb") == std::string::npos ? ",group_outside_growth_mb:0" : "") +
            (extra.empty() ? "" : "," + extra);
   }
   std::string ledger() const { return dir_ + "/cudapool-" + std::to_string(geteuid()) + "-g-" + kGpu0 + "-share_test"; }
@@ -545,6 +548,57 @@ TEST_F(Share, BudgetBoundsTheWholeFootprint) {
   const auto [pb, ppeak, ptop] = run("group_budget_counts:pool");
   EXPECT_EQ(pb.exit_status, 0) << pb.output;
   EXPECT_EQ(ppeak, 260 * kMiB) << "counting the pools only, the contexts come on top of the budget";
+}
+
+// A context grows after its process joined (a real driver loads a kernel's module at its first
+// launch): FAKECUDA_LAUNCH_MB adds 20 MiB at a context's first launch. Under a 200 MiB budget with
+// 30 MiB contexts, A holds 60 MiB, B as much as the budget lets it, then A launches. Holding
+// group_outside_growth_mb:20 for each from its join, B gets 20 MiB less and the device never holds
+// more than the budget; holding nothing, B gets those 20 MiB and A's launch takes the device 20 MiB
+// over it (the budget can only follow growth it did not hold for).
+TEST_F(Share, ContextGrowthStaysInsideTheBudget) {
+  auto run = [&](int growth_mb, int b_mib) {
+    const std::string machine = dir_ + "/machine";
+    { std::ofstream(machine, std::ios::binary | std::ios::trunc) << std::string(16, '\0'); }
+    std::filesystem::remove(ledger());
+    auto e = env(group_conf(200, "group_outside_growth_mb:" + std::to_string(growth_mb)), 1 << 20);
+    e["FAKECUDA_MACHINE_FILE"] = machine;
+    e["FAKECUDA_CONTEXT_MB"] = "30";
+    e["FAKECUDA_LAUNCH_MB"] = "20";
+    running_.push_back(test::start_under_shim({kApp, "turn", "1", "60"}, e));
+    RunningChild& a = running_.back();
+    auto read_until = [](RunningChild& c, const std::string& text) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      char buf[4096];
+      while (c.output.find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+        pollfd p{c.fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        const ssize_t n = read(c.fd, buf, sizeof buf);
+        if (n <= 0) break;
+        c.output.append(buf, static_cast<std::size_t>(n));
+      }
+      return c.output.find(text) != std::string::npos;
+    };
+    EXPECT_TRUE(read_until(a, "turn 1: filled 60 MiB")) << a.output;
+    // What is left for a second member is what B then takes.
+    ChildResult probe = test::run_under_shim({kApp, "need", std::to_string(b_mib + 20)}, e);
+    EXPECT_NE(probe.output.find("need: out of memory after " + std::to_string(b_mib) + " MiB"), std::string::npos)
+        << probe.output;
+    RunningChild& b = start_ready({kApp, "hold-live", std::to_string(b_mib)}, e);
+    kill(a.pid, SIGUSR2);  // A's first launch: its context grows by 20 MiB
+    EXPECT_TRUE(read_until(a, "turn 1: touched 1 ok")) << a.output;
+    ChildResult ar = stop(a), br = stop(b);
+    EXPECT_EQ(ar.exit_status, 0) << ar.output;
+    EXPECT_EQ(br.exit_status, 0) << br.output;
+    std::uint64_t counts[2] = {};
+    std::ifstream(machine, std::ios::binary).read(reinterpret_cast<char*>(counts), sizeof counts);
+    return counts[1];
+  };
+  // A: 30 + 20 held + 60; B: 30 + 20 held + 40 = the budget (B is refused a 60th MiB). After A's
+  // launch the device holds 180.
+  EXPECT_LE(run(20, 40), 200 * kMiB) << "the growth was held for";
+  // Nothing held: B fits 80 MiB, and A's launch takes the device to 220 MiB.
+  EXPECT_EQ(run(0, 80), 220 * kMiB) << "the control: growth nobody held for passes the budget";
 }
 
 // A process whose own context does not fit what the group has left is refused at its first

@@ -53,7 +53,7 @@ class ShareTrust : public ::testing::Test {
 
   std::map<std::string, std::string> env(const std::string& extra = "") const {
     return {{"CUDAPOOL_SHM_DIR", dir_},
-            {"CUDAPOOL_CONF", "group:share_test,group_budget_mb:40,log_level:info" + extra}};
+            {"CUDAPOOL_CONF", "group:share_test,group_budget_mb:40,group_outside_growth_mb:0,log_level:info" + extra}};
   }
   std::string ledger(unsigned uid = geteuid()) const {
     return dir_ + "/cudapool-" + std::to_string(uid) + "-g-" + kGpu0 + "-share_test";

@@ -149,7 +149,8 @@ TEST(ShimVmm, MemoryTheProgramCreatesCountsAgainstTheCap) {
       << capped.output;
   const std::string group = "vmmforeign" + std::to_string(::getpid());
   const auto grouped = run_app("foreign", {{"CUDAPOOL_CONF", "expandable_segments:True,group:" + group +
-                                                                 ",group_budget_mb:64,group_release_wait_ms:20"},
+                                                                 ",group_budget_mb:64,group_release_wait_ms:20,group_"
+                                                                 "outside_growth_mb:0"},
                                            {"VMM_APP_CAP_MB", "64"}});
   EXPECT_EQ(grouped.exit_status, 0) << grouped.output;
   EXPECT_NE(grouped.output.find("PASS foreign"), std::string::npos) << grouped.output;
