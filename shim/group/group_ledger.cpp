@@ -562,6 +562,25 @@ Member* Member::refused(const std::string& path, const std::string& name, int de
   }
 }
 
+// Under the lock, at join: what the new member holds outside its pool (fixed, or measured from
+// the device, plus what its context may still grow by).
+void Member::charge_outside_at_join(share::LedgerSlot& s, std::int64_t outside) noexcept {
+  share::Ledger* l = l_;
+  s.growth_left.store(0, std::memory_order_relaxed);
+  if (outside >= 0) {
+    s.outside.store(static_cast<std::uint64_t>(outside), std::memory_order_relaxed);
+    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
+                   std::memory_order_relaxed);
+  } else if (outside == kMeasure) {
+    charge_unexplained(false);
+    // What the context may still grow by is held for it from now on.
+    const std::uint64_t g = outside_.growth;
+    s.growth_left.store(g, std::memory_order_relaxed);
+    s.outside.store(sat_add(s.outside.load(std::memory_order_relaxed), g), std::memory_order_relaxed);
+    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), g), std::memory_order_relaxed);
+  }
+}
+
 // Under the guard: takes the lock and a free slot, and charges what the process has outside
 // the pool. Nothing is logged here but what the lock's recovery and the reclaim say.
 void Member::take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) noexcept {
@@ -608,19 +627,7 @@ void Member::take_slot(std::uint64_t budget, std::int64_t outside, Joined* j) no
   slot_ = slot;
   // Memory the pool cannot give back (the context, libraries loaded with it) is charged now, so
   // that a process that cannot fit is refused at its first allocation, not after it grew.
-  s.growth_left.store(0, std::memory_order_relaxed);
-  if (outside >= 0) {
-    s.outside.store(static_cast<std::uint64_t>(outside), std::memory_order_relaxed);
-    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), static_cast<std::uint64_t>(outside)),
-                   std::memory_order_relaxed);
-  } else if (outside == kMeasure) {
-    charge_unexplained(false);
-    // What the context may still grow by is held for it from now on.
-    const std::uint64_t g = outside_.growth;
-    s.growth_left.store(g, std::memory_order_relaxed);
-    s.outside.store(sat_add(s.outside.load(std::memory_order_relaxed), g), std::memory_order_relaxed);
-    l->total.store(sat_add(l->total.load(std::memory_order_relaxed), g), std::memory_order_relaxed);
-  }
+  charge_outside_at_join(s, outside);
   j->slot = slot;
   j->others = live;
   j->budget = l->budget;

@@ -203,6 +203,7 @@ class Member final : public ReserveGate {
   // joining process's own context is not growth of the others).
   void charge_unexplained(bool consume = true) noexcept;
   std::uint64_t take_growth(std::uint64_t bytes) noexcept;
+  void charge_outside_at_join(share::LedgerSlot& s, std::int64_t outside) noexcept;
   void log_unexplained() noexcept;
   void refuse_closed(std::size_t bytes) noexcept;
   int lock_result() noexcept;  // 0, or why the lock could not be had

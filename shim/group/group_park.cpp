@@ -453,6 +453,7 @@ struct ParkAsked {
   int pid;
   std::uint64_t held, live;
   std::int64_t idle_ns, resident_ns;
+  bool gone;  // its process ended before it answered
 };
 
 // Under the guard: stores the request in each chosen member's slot and wakes its responder.
@@ -466,7 +467,8 @@ void send_park_requests(share::Ledger& l, const int* chosen, int k, std::uint64_
     const std::uint32_t req = s.park.req.fetch_add(1, std::memory_order_acq_rel) + 1;
     wake_word(&s.park.req, 1);
     ParkAsked& a = asked[j];
-    a = {chosen[j], req, s.pid.load(std::memory_order_relaxed), 0, s.allocated.load(std::memory_order_relaxed), 0, 0};
+    a = {chosen[j], req,  s.pid.load(std::memory_order_relaxed), 0, s.allocated.load(std::memory_order_relaxed), 0,
+         0,         false};
     for (int i = 0; i < n; ++i)
       if (cand[i].slot == chosen[j])
         a.held = cand[i].reserved, a.idle_ns = now - cand[i].active_ns,
@@ -474,13 +476,21 @@ void send_park_requests(share::Ledger& l, const int* chosen, int k, std::uint64_
   }
 }
 
-// Under the guard: true when every asked member that is still live has answered.
-bool all_answered(const share::Ledger& l, const ParkAsked* asked, int k) {
+// Under the guard: true when every asked member that is still live has answered. One whose
+// process ended never will (it died, or exited while asked): it counts as answered, marked
+// `gone`, and its charge goes back at the next refusal (Member::reclaim_dead).
+bool all_answered(const share::Ledger& l, ParkAsked* asked, int k) {
   for (int j = 0; j < k; ++j) {
     const share::LedgerSlot& s = l.slot[asked[j].slot];
-    if (s.state.load(std::memory_order_acquire) == share::kSlotLive &&
-        !answered_since(s.park.ack.load(std::memory_order_acquire), asked[j].req))
-      return false;
+    if (asked[j].gone || s.state.load(std::memory_order_acquire) != share::kSlotLive ||
+        answered_since(s.park.ack.load(std::memory_order_acquire), asked[j].req))
+      continue;
+    if (share::process_liveness(s.pid.load(std::memory_order_relaxed), s.start_time.load(std::memory_order_relaxed),
+                                s.pid_ns.load(std::memory_order_relaxed)) == share::Liveness::gone) {
+      asked[j].gone = true;
+      continue;
+    }
+    return false;
   }
   return true;
 }
@@ -515,6 +525,11 @@ void note_refusals(const share::Ledger& l, const ParkAsked* asked, int k, std::a
                    const std::string& group) {
   for (int j = 0; j < k; ++j) {
     const share::LedgerSlot& s = l.slot[asked[j].slot];
+    if (asked[j].gone) {
+      log_info("group {}: pid {} ended before it answered; its share comes back when its slot is reclaimed", group,
+               asked[j].pid);
+      continue;
+    }
     const std::uint32_t a = s.park.result.load(std::memory_order_relaxed);
     char why[share::kNameBytes];
     std::memcpy(why, s.parking.refusal, sizeof why);

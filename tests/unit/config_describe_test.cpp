@@ -58,6 +58,7 @@ TEST(ToConfString, EveryKeyRoundTrips) {
   p.group_release_wait_ms = 250;
   p.group_pool_only = true;
   p.group_outside = static_cast<std::int64_t>(600 * MiB);
+  p.group_outside_growth = 64 * MiB;
   p.group_park = true;
   p.group_park_host = static_cast<std::int64_t>(2 * GiB);
   p.group_park_idle_ms = 0;

@@ -45,7 +45,7 @@ constexpr std::size_t count_fields(Fields... f) {
 // value came from, not what it is).
 inline void expect_same_policy(const Policy& a, const Policy& b) {
   static_assert(count_fields<PoolOptions>() == 16, "a PoolOptions field is not compared below");
-  static_assert(count_fields<Policy>() == 28, "a Policy field is not compared below");
+  static_assert(count_fields<Policy>() == 29, "a Policy field is not compared below");
   static_assert(count_fields<HostPoolOptions>() == 6, "a HostPoolOptions field is not compared below");
   EXPECT_EQ(a.pool.max_split_size, b.pool.max_split_size);
   EXPECT_EQ(a.pool.max_non_split_rounding, b.pool.max_non_split_rounding);

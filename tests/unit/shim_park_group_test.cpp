@@ -234,6 +234,31 @@ TEST_F(GroupPark, MembersThatAllWaitForMemoryGiveWay) {
   }
 }
 
+// A member asked to park that ends before it answers (killed here in the middle of its park: its
+// drain takes 3 s on the fake) will never answer: the asker sees its process gone, takes its slot
+// back and goes on, instead of waiting group_park_wait_ms (five minutes here) for the answer.
+TEST_F(GroupPark, AnAskedMemberThatEndsDoesNotHoldUpTheAsker) {
+  auto e = env("group_park:on,group_park_idle_ms:0,group_park_wait_ms:300000");
+  // Without the machine file the fake's cuMemGetInfo counts this process alone: a killed process
+  // cannot take its bytes out of that file, where a real driver frees them.
+  e.erase("FAKECUDA_MACHINE_FILE");
+  auto slow = e;
+  slow["FAKECUDA_CALL_COST_NS"] = "cuCtxSynchronize=3000000000";
+  RunningChild& a = start({kApp, "turn", "1", "60"}, slow, 600);
+  ASSERT_TRUE(wait_for(a, "turn 1: filled 60 MiB", 0, 180)) << a.output;
+  RunningChild& b = start({kApp, "turn", "2", "60"}, e, 600);
+  ASSERT_TRUE(wait_for(b, "asking pid " + std::to_string(a.pid) + " (", 0, 180)) << b.output;
+  const int apid = a.pid;
+  kill(a.pid, SIGKILL);
+  test::finish(a);
+  a.pid = -1;
+  ASSERT_TRUE(wait_for(b, "turn 2: filled 60 MiB", 0, 180)) << b.output;
+  EXPECT_NE(b.output.find("pid " + std::to_string(apid) + " ended before it answered"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("reclaimed the slot of pid " + std::to_string(apid)), std::string::npos) << b.output;
+  ChildResult br = stop(b);
+  EXPECT_EQ(br.exit_status, 0) << br.output;
+}
+
 // The control: the same start without group_park. B's allocation is refused once A's 60 MiB and
 // its own 40 fill the budget, and A is never parked.
 TEST_F(GroupPark, WithoutParkingTheSameTurnRunsOutOfMemory) {
