@@ -163,6 +163,15 @@ def share_cell(rows, notes, mode, how):
     return f"{bold}{served['value']}{bold} served, {lost['value']} lost ({how}) {notes.mark(served, lost)}"
 
 
+def park_cell(rows, notes):
+    got = [find(rows, "share_5_servers_park_7gib", metric, "default") for metric in ("served", "lost", "peak_gib")]
+    if any(r is None for r in got):
+        return MISSING
+    served, lost, peak = got
+    return (f"**{served['value']}** served, {lost['value']} lost, NVML peak {peak['value']} GiB "
+            f"(group budget with parking) {notes.mark(served, lost, peak)}")
+
+
 def render(rows):
     notes = Notes()
     head = "| figure | " + " | ".join(m[1] for m in MODES) + " |"
@@ -181,6 +190,8 @@ def render(rows):
     line("5 HF model servers sharing one GPU in 7 GiB: requests served, processes lost",
          [share_cell(rows, notes, "native", "`set_per_process_memory_fraction`"), MISSING,
           share_cell(rows, notes, "default", "one group budget")])
+    line("5 HF model servers needing 1.45× a 7 GiB budget, with parking: requests served, processes lost, NVML peak",
+         ["no way to move a process's memory out", MISSING, park_cell(rows, notes)])
     line("`cudaMalloc`/`cudaFree` pair, 256 B–512 MiB: a tight loop in a program with no other stream",
          [simple_cell(rows, notes, "alloc_free_pair_tight", "pair_ns", m, pair_text) for m, _ in MODES])
     out.append("")

@@ -395,7 +395,8 @@ void Member::charge_unexplained(bool consume) noexcept {
   share::LedgerSlot& me = l_->slot[slot_];
   me.outside.store(sat_add(me.outside.load(std::memory_order_relaxed), rest), std::memory_order_relaxed);
   l_->total.store(sat_add(total, rest), std::memory_order_relaxed);
-  unexplained_.fetch_add(rest, std::memory_order_relaxed);
+  // At join the charge is the joining context, which the join's own line reports.
+  if (consume) unexplained_.fetch_add(rest, std::memory_order_relaxed);
 }
 
 // Under the lock: `bytes` of growth taken from the live members' allowances, this member's
