@@ -105,6 +105,10 @@ class Member final : public ReserveGate {
   // One round of asking idle members to park (group::ask_park), for a wait that began at
   // `start_ns` and ends at `deadline`.
   ParkWait ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
+  // After this process parked itself for the others (group::park_self): waits, until `until` at
+  // most, while every other resident member still waits for memory, so that the bytes it gave up
+  // go to them rather than straight back to its own restore.
+  void let_others_go(std::int64_t until) noexcept;
   // The answering side, for the park responder thread.
   std::uint32_t wait_park_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;
   std::uint32_t park_acked() noexcept;
@@ -220,13 +224,6 @@ class Member final : public ReserveGate {
   int park_round(std::int64_t start_ns, std::int64_t deadline, std::size_t request, bool self_parkable) noexcept;
   share::ParkCandidate self_candidate(bool parkable) const noexcept;
 
- public:
-  // After this process parked itself for the others (group::park_self): waits, until `until` at
-  // most, while every other resident member still waits for memory, so that the bytes it gave up
-  // go to them rather than straight back to its own restore.
-  void let_others_go(std::int64_t until) noexcept;
-
- private:
   // How the member's memory outside the pool is charged.
   struct OutsideCharge {
     const RealDriver* driver;  // measures the device (kMeasure)
@@ -258,11 +255,12 @@ class Member final : public ReserveGate {
   LogPace log_;
   ParkSettings park_;
   std::atomic<std::int64_t> park_log_{0};  // giving up is logged at most once a second
-  // Bytes charge_unexplained charged since the last line about it (logged outside the guard).
+  // Bytes charge_unexplained charged since the last line about it (logged outside the guard,
+  // at most once a second).
   std::atomic<std::uint64_t> unexplained_{0};
+  std::atomic<std::int64_t> unexplained_log_{0};
   // When a park round last sent this process to ask for others' idle cache (monotonic_ns).
   std::atomic<std::int64_t> cache_asked_ns_{0};
-  std::atomic<std::int64_t> unexplained_log_{0};
   // Members that refused a park request: not asked again before this time (monotonic_ns), by slot.
   std::atomic<std::int64_t> park_refused_[share::kLedgerSlots] = {};
 };

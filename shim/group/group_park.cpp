@@ -420,10 +420,8 @@ bool park_self(Member& m, std::size_t request, std::int64_t start_ns) noexcept {
     return false;
   }
   try {
-    const std::string reason = "group " + m.name() +
-                               ": every member waits for memory; this process, resident "
-                               "longest, parks so that the others can go on (it needs " +
-                               mib(request) + " more)";
+    const std::string reason = "group " + m.name() + ": every member waits for memory; this process, resident " +
+                               "longest, parks so that the others can go on (it needs " + mib(request) + " more)";
     std::string why;
     if (park::park(park::Mode::copy, reason.c_str(), &why)) {
       publish_parking_of(m);  // at once: nobody asks a parked member, nor counts it as waiting
@@ -467,8 +465,11 @@ void send_park_requests(share::Ledger& l, const int* chosen, int k, std::uint64_
     const std::uint32_t req = s.park.req.fetch_add(1, std::memory_order_acq_rel) + 1;
     wake_word(&s.park.req, 1);
     ParkAsked& a = asked[j];
-    a = {chosen[j], req,  s.pid.load(std::memory_order_relaxed), 0, s.allocated.load(std::memory_order_relaxed), 0,
-         0,         false};
+    a = ParkAsked{};
+    a.slot = chosen[j];
+    a.req = req;
+    a.pid = s.pid.load(std::memory_order_relaxed);
+    a.live = s.allocated.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i)
       if (cand[i].slot == chosen[j])
         a.held = cand[i].reserved, a.idle_ns = now - cand[i].active_ns,
