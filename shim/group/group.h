@@ -68,8 +68,8 @@ bool ask_release(Member& m, std::int64_t start_ns, int round, std::size_t reques
 // any CUDA call) before it tries again.
 ParkWait ask_park(Member& m, std::int64_t start_ns, int round, std::size_t request) noexcept;
 // Parks this process for the other members that wait for memory (ask_park said park_self), unless
-// group_park_wait_ms has passed since `start_ns` (the allocation's first try); false, logged, when
-// it did not.
+// group_park_wait_ms has passed since `start_ns` (when the allocation first gave way); false,
+// logged, when it did not.
 bool park_self(Member& m, std::size_t request, std::int64_t start_ns) noexcept;
 // While alive, this process waits for memory on `m`'s device: the others do not ask it to park
 // (it could not: its thread is inside a CUDA call), and it refuses if asked.

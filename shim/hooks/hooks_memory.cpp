@@ -141,14 +141,16 @@ CUresult allocate_once(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::siz
 CUresult pool_allocate_in(Runtime& rt, ContextPool& cp, CUdeviceptr* dptr, std::size_t bytes, StreamId stream) {
   // Members that all wait for memory would wait for each other: the one chosen parks itself
   // (outside the door: a park waits for the threads inside), then tries again, which restores it
-  // first. Bounded by the wait the policy allows one allocation (group_park_wait_ms).
-  const std::int64_t start = share::monotonic_ns();
+  // first. Bounded by group_park_wait_ms from the first time it gave way (the clock is read only
+  // then: the fast path reads none).
+  std::int64_t first_yield = 0;
   for (;;) {
     bool park_self = false;
     AllocResult refused;
     const CUresult r = allocate_once(rt, cp, dptr, bytes, stream, &park_self, &refused);
     if (!park_self) return r;
-    if (!group::park_self(*cp.member, bytes, start)) {
+    if (first_yield == 0) first_yield = share::monotonic_ns();
+    if (!group::park_self(*cp.member, bytes, first_yield)) {
       group::note_oom(cp.device);
       return report_oom(cp, bytes, refused);
     }
