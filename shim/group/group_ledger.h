@@ -107,7 +107,9 @@ class Member final : public ReserveGate {
   ParkWait ask_park(std::int64_t start_ns, std::int64_t deadline, std::size_t request) noexcept;
   // After this process parked itself for the others (group::park_self): waits, until `until` at
   // most, while every other resident member still waits for memory, so that the bytes it gave up
-  // go to them rather than straight back to its own restore.
+  // go to them rather than straight back to its own restore. Not bounded by a shorter time: a
+  // slow machine must not let the restore win that race (members that stay waiting give way in
+  // turn, and a parked one no longer counts).
   void let_others_go(std::int64_t until) noexcept;
   // The answering side, for the park responder thread.
   std::uint32_t wait_park_request(std::uint32_t last, std::int64_t timeout_ns) noexcept;

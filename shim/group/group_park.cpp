@@ -72,9 +72,6 @@ constexpr std::int64_t kYieldAfterNs = 100'000'000;
 constexpr std::int64_t kCacheAskNs = 200'000'000;
 constexpr std::int64_t kCacheAskEveryNs = 500'000'000;
 
-// A member that parked itself for the others waits this long at most for one of them to go on.
-constexpr std::int64_t kGiveWayNs = 1'000'000'000;
-
 // A member that refused a request is not asked again for a second (one that cannot park now
 // would otherwise be asked every round).
 constexpr std::int64_t kRefusedNs = 1'000'000'000;
@@ -425,9 +422,7 @@ bool park_self(Member& m, std::size_t request, std::int64_t start_ns) noexcept {
     std::string why;
     if (park::park(park::Mode::copy, reason.c_str(), &why)) {
       publish_parking_of(m);  // at once: nobody asks a parked member, nor counts it as waiting
-      const std::int64_t t = share::monotonic_ns();
-      m.let_others_go(
-          std::min(t + kGiveWayNs, start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000));
+      m.let_others_go(start_ns + static_cast<std::int64_t>(m.park_settings().wait_ms) * 1'000'000);
       return true;
     }
     log_info("group {}: every member waits for memory, but this process could not park itself: {}", m.name(), why);

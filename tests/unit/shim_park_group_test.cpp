@@ -235,7 +235,7 @@ TEST_F(GroupPark, MembersThatAllWaitForMemoryGiveWay) {
 }
 
 // A member asked to park that ends before it answers (killed here in the middle of its park: its
-// drain takes 3 s on the fake) will never answer: the asker sees its process gone, takes its slot
+// drain spins for 300 s on the fake, so the kill always comes first) will never answer: the asker sees its process gone, takes its slot
 // back and goes on, instead of waiting group_park_wait_ms (five minutes here) for the answer.
 TEST_F(GroupPark, AnAskedMemberThatEndsDoesNotHoldUpTheAsker) {
   auto e = env("group_park:on,group_park_idle_ms:0,group_park_wait_ms:300000");
@@ -243,7 +243,7 @@ TEST_F(GroupPark, AnAskedMemberThatEndsDoesNotHoldUpTheAsker) {
   // cannot take its bytes out of that file, where a real driver frees them.
   e.erase("FAKECUDA_MACHINE_FILE");
   auto slow = e;
-  slow["FAKECUDA_CALL_COST_NS"] = "cuCtxSynchronize=3000000000";
+  slow["FAKECUDA_CALL_COST_NS"] = "cuCtxSynchronize=300000000000";
   RunningChild& a = start({kApp, "turn", "1", "60"}, slow, 600);
   ASSERT_TRUE(wait_for(a, "turn 1: filled 60 MiB", 0, 180)) << a.output;
   RunningChild& b = start({kApp, "turn", "2", "60"}, e, 600);
