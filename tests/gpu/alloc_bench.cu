@@ -6,6 +6,9 @@
 //                                       cudaMallocAsync / cudaFreeAsync, one stream per thread;
 //                                       --release-max keeps the driver pool from trimming
 //                                       (release threshold = max), the driver-pool baseline.
+//   --side-stream                       first creates one non-blocking stream and leaves it idle,
+//                                       as most programs and every framework do: cudaFree then
+//                                       names no stream the pool could order the reuse on.
 #include <cstring>
 #include <string>
 
@@ -44,20 +47,24 @@ class AsyncApi : public bench::Allocator {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s LABEL malloc|async [--release-max] [--scale X]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s LABEL malloc|async [--release-max] [--side-stream] [--scale X]\n", argv[0]);
     return 64;
   }
   const std::string api = argv[2];
-  bool release_max = false;
+  bool release_max = false, side_stream = false;
   double scale = 1.0;
   for (int i = 3; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--release-max"))
       release_max = true;
+    else if (!std::strcmp(argv[i], "--side-stream"))
+      side_stream = true;
     else if (!std::strcmp(argv[i], "--scale") && i + 1 < argc)
       scale = std::atof(argv[++i]);
   }
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));  // create the context outside the measurements
+  cudaStream_t side{};
+  if (side_stream) CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));  // idle, kept to the end
   if (release_max) {
     cudaMemPool_t pool;
     CK(cudaDeviceGetDefaultMemPool(&pool, 0));

@@ -530,7 +530,7 @@ def cmd_ipc(out):
 
 # ---- allocation latency
 LAT_LABELS = ["raw", "floor", "driverpool", "torch", "passthrough", "cudapool-immediate", "cudapool-default",
-              "cudapool-default-async"]
+              "cudapool-default-side", "cudapool-default-async"]
 
 
 def load_latency(out):
@@ -628,6 +628,8 @@ def cmd_latency(out):
     floor_row("pair vs same-run floor, tight, default", "cudapool-default", "tight", 1200)
     floor_row("pair vs same-run floor, bursts, default", "cudapool-default", "burst", 300)
     target_row("pair, tight, default vs PyTorch C++", "cudapool-default", "tight", None, "torch")
+    target_row("pair, tight, default, with an idle non-blocking stream vs PyTorch C++", "cudapool-default-side",
+               "tight", None, "torch")
     target_row("async pair, tight, default vs driver pool", "cudapool-default-async", "tight", None, "driverpool")
     target_row("hooks only (backend:passthrough) vs raw", "passthrough", "tight", None, "raw")
 

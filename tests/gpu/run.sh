@@ -261,6 +261,10 @@ if want latency; then
   run lat_cudapool-default 60 $(shim_env lat_cudapool-default) -- "$BIN/alloc_bench" cudapool-default malloc
   run lat_cudapool-default-async 60 $(shim_env lat_cudapool-default-async) -- \
     "$BIN/alloc_bench" cudapool-default-async async
+  # The same pairs in a program that first created one (idle) non-blocking stream, as most
+  # programs and every framework do: the pool's device fences must then cover that stream too.
+  run lat_cudapool-default-side 60 $(shim_env lat_cudapool-default-side) -- \
+    "$BIN/alloc_bench" cudapool-default-side malloc --side-stream
   # A whole process can run slow on these shared machines (run 7: immediate 0.42 us per pair at
   # every size and in every round while default ran at 0.23 us): the pool's own modes and the
   # floor run LAT_REPS times in all, interleaved, and report.py keeps each size's best process.
@@ -269,6 +273,8 @@ if want latency; then
     run lat_cudapool-immediate_r$rep 60 $(shim_env lat_cudapool-immediate_r$rep free_sync:immediate) -- \
       "$BIN/alloc_bench" cudapool-immediate malloc
     run lat_cudapool-default_r$rep 60 $(shim_env lat_cudapool-default_r$rep) -- "$BIN/alloc_bench" cudapool-default malloc
+    run lat_cudapool-default-side_r$rep 60 $(shim_env lat_cudapool-default-side_r$rep) -- \
+      "$BIN/alloc_bench" cudapool-default-side malloc --side-stream
   done
   if [ -x "$BIN/torch_alloc_bench" ]; then
     run lat_torch 60 -- "$BIN/torch_alloc_bench"
