@@ -5,8 +5,10 @@
 // function by name and version), as tests/fakecuda/app.cpp's cudart build does.
 // tests/bench/host_cost.sh runs it under each policy and makes the table and the CI gate.
 //
-// host_cost_app [--pairs N] [--chunks C] [--only SCENARIO,...]
+// host_cost_app [--pairs N] [--chunks C] [--only SCENARIO,...] [--side-stream]
 // host_cost_app --launches N [--chunks C]   (ns per cuLaunchKernel: see launches_only)
+// --side-stream: one idle non-blocking stream exists before the first scenario, as in most
+// programs: the pool's device fences must then cover it (not part of the table or the gate).
 //
 // Scenarios: pair_4k .. pair_64m (one thread, cuMemAlloc(n)/cuMemFree in a loop), cross (one
 // thread allocates batches, another thread frees them, both running), mix (a fixed pseudo-random
@@ -502,6 +504,7 @@ int main(int argc, char** argv) {
   int chunks = 15;
   long launches = 0;
   std::string only;
+  bool side_stream = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--launches" && i + 1 < argc) {
@@ -512,8 +515,11 @@ int main(int argc, char** argv) {
       chunks = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--side-stream") {
+      side_stream = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--pairs N] [--chunks C] [--only SCENARIO,...] [--launches N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--pairs N] [--chunks C] [--only SCENARIO,...] [--side-stream] [--launches N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -522,6 +528,8 @@ int main(int argc, char** argv) {
   const CUcontext ctx = start_cuda();
   Driver driver;
   Floor floor;
+  CUstream side = nullptr;
+  if (side_stream) CHECK_OK(api.cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));  // idle to the end
   const struct {
     const char* name;
     std::size_t size;
