@@ -11,7 +11,9 @@
 #
 # Options: --build DIR (default build/release), --reps N (rounds; default 5, 9 for
 # --update-baseline), --pairs N (pairs per timed chunk; default 4000, a twentieth of it without
-# the shim, whose every call costs microseconds). FAKECUDA_CALL_COST_NS set in the environment
+# the shim, whose every call costs microseconds).
+# --side-stream (the table only): every process first creates one idle non-blocking stream, as
+# most programs do, so the pool's device fences must cover it (host_cost_app --side-stream). FAKECUDA_CALL_COST_NS set in the environment
 # replaces the costs below for the table (the gate refuses it: the baseline holds for these).
 #
 # Policies: nocache (no shim: the fake's cuMemAlloc/cuMemFree, each with its cost), default
@@ -33,6 +35,7 @@ build=build/release
 mode=table
 reps=
 pairs=4000
+side=
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -40,10 +43,15 @@ while [ $# -gt 0 ]; do
     --update-baseline) mode=update; shift ;;
     --reps) reps=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--check | --update-baseline] [--reps N] [--pairs N]" >&2; exit 2 ;;
+    --side-stream) side=--side-stream; shift ;;
+    *) echo "usage: $0 [--build DIR] [--check | --update-baseline] [--reps N] [--pairs N] [--side-stream]" >&2; exit 2 ;;
   esac
 done
 [ -n "$reps" ] || { [ "$mode" = update ] && reps=9 || reps=5; }
+if [ -n "$side" ] && [ "$mode" != table ]; then
+  echo "host_cost: --side-stream makes a table only; the baseline and the gate hold for programs without it" >&2
+  exit 2
+fi
 
 app=$build/bench/host_cost_app
 shim=$PWD/$build/libcudapool.so
@@ -73,7 +81,7 @@ declare -A conf=([nocache]="" [default]="" [immediate]="free_sync:immediate" [cl
 run() {
   local policy=$1 round=$2 only=${3:-} n=$pairs chunks=15 preload=$shim
   if [ "$policy" = nocache ]; then n=$(( pairs / 20 > 64 ? pairs / 20 : 64 )); chunks=5; preload=; fi
-  local args=(--pairs "$n" --chunks "$chunks")
+  local args=(--pairs "$n" --chunks "$chunks" $side)
   [ -n "$only" ] && args+=(--only "$only")
   local res
   if ! res=$(env LD_LIBRARY_PATH="$fake_dir" FAKECUDA_TOTAL_MB=65536 FAKECUDA_CALL_COST_NS="$costs" \

@@ -8,7 +8,8 @@
 // host_cost_app [--pairs N] [--chunks C] [--only SCENARIO,...] [--side-stream]
 // host_cost_app --launches N [--chunks C]   (ns per cuLaunchKernel: see launches_only)
 // --side-stream: one idle non-blocking stream exists before the first scenario, as in most
-// programs: the pool's device fences must then cover it (not part of the table or the gate).
+// programs: the pool's device fences must then cover it (host_cost.sh --side-stream: a table
+// only, never the gate).
 //
 // Scenarios: pair_4k .. pair_64m (one thread, cuMemAlloc(n)/cuMemFree in a loop), cross (one
 // thread allocates batches, another thread frees them, both running), mix (a fixed pseudo-random

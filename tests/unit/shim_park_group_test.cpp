@@ -235,8 +235,9 @@ TEST_F(GroupPark, MembersThatAllWaitForMemoryGiveWay) {
 }
 
 // A member asked to park that ends before it answers (killed here in the middle of its park: its
-// drain spins for 300 s on the fake, so the kill always comes first) will never answer: the asker sees its process gone, takes its slot
-// back and goes on, instead of waiting group_park_wait_ms (five minutes here) for the answer.
+// drain spins for 300 s on the fake, so the kill always comes first) will never answer: the asker
+// sees its process gone, takes its slot back and goes on, instead of waiting group_park_wait_ms
+// (five minutes here) for the answer.
 TEST_F(GroupPark, AnAskedMemberThatEndsDoesNotHoldUpTheAsker) {
   auto e = env("group_park:on,group_park_idle_ms:0,group_park_wait_ms:300000");
   // Without the machine file the fake's cuMemGetInfo counts this process alone: a killed process
